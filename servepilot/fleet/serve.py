@@ -1,0 +1,58 @@
+"""Start the gateway in front of the replicas `up` launched."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import socket
+from dataclasses import dataclass
+
+from servepilot.core.config import GatewayConfig
+from servepilot.core.errors import FleetError
+from servepilot.gateway import Gateway
+
+
+@dataclass(frozen=True, slots=True)
+class ServedGateway:
+    gateway: Gateway
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def stop(self, drain_timeout_s: float) -> None:
+        await self.gateway.stop(drain_timeout_s)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail early, before minutes of replica startup, if the gateway's port is taken."""
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise FleetError(
+                    f"port {port} on {host} is already in use",
+                    hint="pass --port with another port, or stop what listens there "
+                    "(`servepilot status` shows the fleets servepilot started)",
+                ) from None
+            raise FleetError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+async def start_gateway(config: GatewayConfig, replicas: list[tuple[str, str]]) -> ServedGateway:
+    """Start the gateway with `replicas` as (id, url) pairs; returns where it listens."""
+    gateway = Gateway(config)
+    await asyncio.gather(*(gateway.pool.add(rid, url) for rid, url in replicas))
+    try:
+        port = await gateway.start()
+    except OSError as exc:
+        await gateway.stop(0)
+        raise FleetError(
+            f"the gateway cannot listen on {config.host}:{config.port}: {exc.strerror}"
+        ) from None
+    return ServedGateway(gateway=gateway, host=config.host, port=port)

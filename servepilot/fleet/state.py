@@ -1,0 +1,93 @@
+"""What a running `servepilot up` leaves so `status` and `down` find it from another shell.
+
+One JSON file per gateway port under `state_dir()/fleets/`. It is written atomically once the
+fleet is serving and removed when `up` stops; a record whose `up` process is gone is stale and
+is cleaned away by whoever finds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from servepilot.core.errors import FleetError
+from servepilot.core.paths import state_dir
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRecord:
+    replica_id: str
+    url: str
+    pid: int
+    log_path: str
+
+
+@dataclass(frozen=True, slots=True)
+class FleetRecord:
+    pid: int
+    """The `servepilot up` process."""
+    gateway_url: str
+    port: int
+    started_at_s: float
+    """Unix time the fleet started serving."""
+    run_dir: str
+    replicas: tuple[ReplicaRecord, ...]
+
+    def is_alive(self) -> bool:
+        return pid_alive(self.pid)
+
+
+def fleets_dir() -> Path:
+    return state_dir() / "fleets"
+
+
+def record_path(port: int) -> Path:
+    return fleets_dir() / f"{port}.json"
+
+
+def write_record(record: FleetRecord) -> Path:
+    path = record_path(record.port)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(asdict(record), indent=2), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def remove_record(port: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        record_path(port).unlink()
+
+
+def read_records() -> list[FleetRecord]:
+    """Every fleet record, stale ones included (check `is_alive()`)."""
+    records = []
+    for path in sorted(fleets_dir().glob("*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            replicas = tuple(ReplicaRecord(**r) for r in data.pop("replicas"))
+            records.append(FleetRecord(**data, replicas=replicas))
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise FleetError(
+                f"{path}: unreadable fleet record ({exc})",
+                hint="delete the file if no `servepilot up` is running",
+            ) from None
+    return records
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie still answers kill(0); it is not alive for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True

@@ -1,0 +1,87 @@
+"""OpenAI-shaped error responses: `{"error": {"message", "type", "code"}}`.
+
+Handlers raise `GatewayError`; the app's middleware turns it (and anything unexpected) into
+one of these JSON bodies, so a client never sees an HTML page or a bare traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from aiohttp import web
+
+INVALID_REQUEST = "invalid_request_error"
+NOT_FOUND = "not_found_error"
+UNAVAILABLE = "service_unavailable_error"
+UPSTREAM = "upstream_error"
+INTERNAL = "internal_error"
+
+
+class GatewayError(Exception):
+    """An error the gateway answers with, as an HTTP status and an OpenAI error body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        error_type: str,
+        code: str,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.error_type = error_type
+        self.code = code
+        self.headers = dict(headers or {})
+
+    def to_response(self) -> web.Response:
+        return error_response(
+            self.status,
+            self.message,
+            error_type=self.error_type,
+            code=self.code,
+            headers=self.headers,
+        )
+
+
+def error_body(message: str, *, error_type: str, code: str) -> bytes:
+    payload = {"error": {"message": message, "type": error_type, "code": code}}
+    return json.dumps(payload).encode()
+
+
+def error_response(
+    status: int,
+    message: str,
+    *,
+    error_type: str,
+    code: str,
+    headers: Mapping[str, str] | None = None,
+) -> web.Response:
+    return web.Response(
+        status=status,
+        body=error_body(message, error_type=error_type, code=code),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def bad_request(message: str, code: str = "invalid_value") -> GatewayError:
+    return GatewayError(400, message, error_type=INVALID_REQUEST, code=code)
+
+
+def no_ready_replica(retry_after_s: int) -> GatewayError:
+    return GatewayError(
+        503,
+        "no replica is ready to serve this request; retry later",
+        error_type=UNAVAILABLE,
+        code="no_ready_replica",
+        headers={"Retry-After": str(retry_after_s)},
+    )
+
+
+def sse_error_event(message: str, *, code: str) -> bytes:
+    """A server-sent event carrying an error, for failures after a stream has started."""
+    return b"data: " + error_body(message, error_type=UPSTREAM, code=code) + b"\n\n"

@@ -1,0 +1,356 @@
+"""The registry of upstream replicas: live per-replica state, draining and health checks.
+
+The pool owns the one shared HTTP client session (keep-alive connections to every replica)
+and the background health checker. The proxy asks it for a `snapshot()` to route on, then
+brackets each upstream request with `acquire()` / `release()` so in-flight counts stay true.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from yarl import URL
+
+from servepilot.core.config import GatewayConfig
+from servepilot.gateway.scrape import NO_LOAD, LoadGauges, parse_load_gauges
+from servepilot.routing.base import ReplicaView
+
+log = logging.getLogger(__name__)
+
+# uvicorn (which serves vLLM) closes idle connections after 5 s; dropping ours first avoids
+# reusing a connection the replica is closing at that moment, which a POST cannot survive.
+_UPSTREAM_KEEPALIVE_S = 4.0
+# How often draining (replica removal, gateway stop) looks at in-flight counts; polling keeps
+# the per-request hot path free of wake-up bookkeeping.
+_DRAIN_POLL_S = 0.02
+
+
+class ReplicaNotFound(LookupError):
+    """No replica with this id is registered."""
+
+
+class DuplicateReplica(ValueError):
+    """A replica with this id is already registered."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaInfo:
+    """One replica's state as reported by the admin API and the metrics."""
+
+    replica_id: str
+    url: str
+    healthy: bool
+    draining: bool
+    in_flight: int
+    consecutive_failures: int
+    running: int
+    waiting: int
+    kv_cache_usage: float
+    models: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.replica_id,
+            "url": self.url,
+            "healthy": self.healthy,
+            "draining": self.draining,
+            "in_flight": self.in_flight,
+            "consecutive_failures": self.consecutive_failures,
+            "running": self.running,
+            "waiting": self.waiting,
+            "kv_cache_usage": self.kv_cache_usage,
+            "models": list(self.models),
+        }
+
+
+class Replica:
+    """Live, mutable state of one upstream replica (only the pool and the proxy touch it)."""
+
+    __slots__ = (
+        "_endpoints",
+        "base_url",
+        "consecutive_failures",
+        "draining",
+        "gauges",
+        "healthy",
+        "in_flight",
+        "model_cards",
+        "model_ids",
+        "replica_id",
+        "url",
+    )
+
+    def __init__(self, replica_id: str, url: str) -> None:
+        self.replica_id = replica_id
+        self.url = url
+        self.base_url = URL(url)
+        self.in_flight = 0
+        self.consecutive_failures = 0
+        # Not routable until a first check succeeds: a replica still loading its model
+        # would otherwise get (and fail) the first requests.
+        self.healthy = False
+        self.draining = False
+        self.gauges: LoadGauges = NO_LOAD
+        self.model_cards: tuple[Mapping[str, Any], ...] = ()
+        self.model_ids: frozenset[str] = frozenset()
+        self._endpoints: dict[str, URL] = {}
+
+    def endpoint(self, path: str) -> URL:
+        """The replica's URL for `path`, built once per path (URL joins are not free)."""
+        found = self._endpoints.get(path)
+        if found is None:
+            found = self._endpoints[path] = self.base_url.join(URL(path))
+        return found
+
+    def info(self) -> ReplicaInfo:
+        return ReplicaInfo(
+            replica_id=self.replica_id,
+            url=self.url,
+            healthy=self.healthy,
+            draining=self.draining,
+            in_flight=self.in_flight,
+            consecutive_failures=self.consecutive_failures,
+            running=self.gauges.running,
+            waiting=self.gauges.waiting,
+            kv_cache_usage=self.gauges.kv_cache_usage,
+            models=tuple(sorted(self.model_ids)),
+        )
+
+
+def normalize_url(url: str) -> str:
+    """`url` without a trailing slash; ValueError unless it is an absolute http(s) URL."""
+    parsed = URL(url.strip())
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(f"replica url must look like http://host:port, got {url!r}")
+    return str(parsed).rstrip("/")
+
+
+class ReplicaPool:
+    """Upstream replicas, their health and load, and the HTTP session used to reach them."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self._config = config
+        self._replicas: dict[str, Replica] = {}
+        self._known_models: frozenset[str] = frozenset()
+        self._session: aiohttp.ClientSession | None = None
+        self._checker: asyncio.Task[None] | None = None
+        self._probe_timeout = aiohttp.ClientTimeout(total=config.connect_timeout_s)
+        self._ids = itertools.count()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The shared client session; created on first use, inside the running loop."""
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=_UPSTREAM_KEEPALIVE_S)
+            self._session = aiohttp.ClientSession(
+                connector=connector, cookie_jar=aiohttp.DummyCookieJar()
+            )
+        return self._session
+
+    # --- registry -------------------------------------------------------------------------
+
+    def new_id(self) -> str:
+        while True:
+            candidate = f"r{next(self._ids)}"
+            if candidate not in self._replicas:
+                return candidate
+
+    async def add(self, replica_id: str, url: str) -> ReplicaInfo:
+        """Register a replica and check it once, so a ready one is routable on return."""
+        if replica_id in self._replicas:
+            raise DuplicateReplica(f"a replica with id {replica_id!r} is already registered")
+        replica = Replica(replica_id, normalize_url(url))
+        self._replicas[replica_id] = replica
+        await self._check(replica)
+        log.info("replica %s added (%s), healthy=%s", replica_id, replica.url, replica.healthy)
+        return replica.info()
+
+    async def remove(self, replica_id: str, timeout_s: float) -> bool:
+        """Stop routing to the replica, wait for its in-flight requests, then drop it.
+
+        Returns whether it drained; after `timeout_s` it is dropped anyway (the requests
+        still running on it finish or fail on their own).
+        """
+        replica = self._replicas.get(replica_id)
+        if replica is None:
+            raise ReplicaNotFound(replica_id)
+        replica.draining = True
+        drained = await _wait_until(lambda: replica.in_flight == 0, timeout_s)
+        if self._replicas.get(replica_id) is replica:
+            del self._replicas[replica_id]
+            self._refresh_known_models()
+        log.info("replica %s removed (drained=%s)", replica_id, drained)
+        return drained
+
+    def replicas(self) -> list[ReplicaInfo]:
+        return [replica.info() for replica in self._replicas.values()]
+
+    def get(self, replica_id: str) -> ReplicaInfo:
+        replica = self._replicas.get(replica_id)
+        if replica is None:
+            raise ReplicaNotFound(replica_id)
+        return replica.info()
+
+    # --- what the proxy asks --------------------------------------------------------------
+
+    @property
+    def known_models(self) -> frozenset[str]:
+        """Every model id some registered replica said it serves (empty: none known yet)."""
+        return self._known_models
+
+    def snapshot(self, model: str | None = None) -> list[ReplicaView]:
+        """Routable replicas (healthy, not draining, serving `model` if it is known)."""
+        return [
+            ReplicaView(
+                replica_id=r.replica_id,
+                in_flight=r.in_flight,
+                num_requests_running=r.gauges.running,
+                num_requests_waiting=r.gauges.waiting,
+                kv_cache_usage=r.gauges.kv_cache_usage,
+            )
+            for r in self._replicas.values()
+            if r.healthy
+            and not r.draining
+            and (model is None or not r.model_ids or model in r.model_ids)
+        ]
+
+    def ready(self) -> bool:
+        return any(r.healthy and not r.draining for r in self._replicas.values())
+
+    def model_cards(self) -> list[Mapping[str, Any]]:
+        """The /v1/models entries of the routable replicas, one per model id."""
+        cards: dict[str, Mapping[str, Any]] = {}
+        for replica in self._replicas.values():
+            if replica.healthy and not replica.draining:
+                for card in replica.model_cards:
+                    cards.setdefault(str(card["id"]), card)
+        return list(cards.values())
+
+    def acquire(self, replica_id: str) -> Replica:
+        """Count a request as in flight on the replica; pair with `release` in a finally."""
+        replica = self._replicas[replica_id]
+        replica.in_flight += 1
+        return replica
+
+    @staticmethod
+    def release(replica: Replica) -> None:
+        replica.in_flight -= 1
+
+    def record_failure(self, replica: Replica) -> None:
+        """A failed check or a refused/reset connection; enough in a row take it out."""
+        replica.consecutive_failures += 1
+        if replica.healthy and replica.consecutive_failures >= self._config.unhealthy_after:
+            replica.healthy = False
+            log.warning(
+                "replica %s taken out of rotation after %d consecutive failures",
+                replica.replica_id,
+                replica.consecutive_failures,
+            )
+
+    @staticmethod
+    def record_success(replica: Replica) -> None:
+        replica.consecutive_failures = 0
+
+    def total_in_flight(self) -> int:
+        return sum(r.in_flight for r in self._replicas.values())
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no request is in flight on any replica; False on timeout."""
+        return await _wait_until(lambda: self.total_in_flight() == 0, timeout_s)
+
+    # --- health checking ------------------------------------------------------------------
+
+    def start_health_checks(self) -> None:
+        if self._checker is None or self._checker.done():
+            self._checker = asyncio.create_task(self._check_loop(), name="replica-health")
+
+    async def stop_health_checks(self) -> None:
+        checker, self._checker = self._checker, None
+        if checker is not None:
+            checker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await checker
+
+    async def close(self) -> None:
+        """Stop the health checker and close the client session (and its connections)."""
+        await self.stop_health_checks()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def check_all(self) -> None:
+        """Check every replica once, concurrently; each check is bounded by its timeout."""
+        await asyncio.gather(*(self._check(r) for r in list(self._replicas.values())))
+
+    async def _check_loop(self) -> None:
+        # Sleep first: `add` has just checked every replica.
+        while True:
+            await asyncio.sleep(self._config.health_interval_s)
+            try:
+                await self.check_all()
+            except Exception:  # a bug here must not silently end health checking
+                log.exception("health check round failed")
+
+    async def _check(self, replica: Replica) -> None:
+        if await self._get_body(replica.endpoint("/health")) is None:
+            self.record_failure(replica)
+            return
+        metrics_text, models_doc = await asyncio.gather(
+            self._get_body(replica.endpoint("/metrics")),
+            self._get_body(replica.endpoint("/v1/models")),
+        )
+        replica.gauges = (
+            NO_LOAD
+            if metrics_text is None
+            else parse_load_gauges(metrics_text.decode("utf-8", "replace"))
+        )
+        if models_doc is not None:
+            self._learn_models(replica, models_doc)
+        replica.consecutive_failures = 0
+        if not replica.healthy:
+            replica.healthy = True
+            log.info("replica %s is healthy and in rotation", replica.replica_id)
+
+    async def _get_body(self, url: URL) -> bytes | None:
+        """The body of a 200 answer, or None when the replica gave none in time."""
+        try:
+            async with self.session.get(url, timeout=self._probe_timeout) as resp:
+                return await resp.read() if resp.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+
+    def _learn_models(self, replica: Replica, body: bytes) -> None:
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            return
+        data = doc.get("data") if isinstance(doc, dict) else None
+        if not isinstance(data, list):
+            return
+        cards = tuple(c for c in data if isinstance(c, dict) and isinstance(c.get("id"), str))
+        replica.model_cards = cards
+        ids = frozenset(str(c["id"]) for c in cards)
+        if ids != replica.model_ids:
+            replica.model_ids = ids
+            self._refresh_known_models()
+
+    def _refresh_known_models(self) -> None:
+        self._known_models = frozenset[str]().union(*(r.model_ids for r in self._replicas.values()))
+
+
+async def _wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(_DRAIN_POLL_S)
+    return True

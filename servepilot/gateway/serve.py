@@ -1,0 +1,72 @@
+"""Running a gateway as the foreground process (what the CLI calls)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable, Sequence
+
+from servepilot.core import loop
+from servepilot.core.config import GatewayConfig
+from servepilot.gateway.app import Gateway
+from servepilot.routing.base import RoutingPolicy
+
+log = logging.getLogger(__name__)
+
+
+def run_gateway(
+    config: GatewayConfig,
+    replicas: Sequence[tuple[str, str]],
+    *,
+    policy: RoutingPolicy | None = None,
+    drain_timeout_s: float = 30.0,
+    on_started: Callable[[int], None] | None = None,
+) -> None:
+    """Serve `replicas` ((replica_id, url) pairs) until SIGINT/SIGTERM, then drain and stop.
+
+    Runs its own event loop, on uvloop when it is installed.
+    """
+    loop.run(
+        serve(
+            config,
+            replicas,
+            policy=policy,
+            drain_timeout_s=drain_timeout_s,
+            on_started=on_started,
+        )
+    )
+
+
+async def serve(
+    config: GatewayConfig,
+    replicas: Sequence[tuple[str, str]],
+    *,
+    policy: RoutingPolicy | None = None,
+    drain_timeout_s: float = 30.0,
+    on_started: Callable[[int], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Start a gateway in front of `replicas` and serve until `stop` is set (by default:
+    until SIGINT or SIGTERM)."""
+    stop = stop if stop is not None else _stop_on_signals()
+    gateway = Gateway(config, policy)
+    try:
+        # Probe every replica before listening, so /ready is right from the first request.
+        await asyncio.gather(*(gateway.pool.add(rid, url) for rid, url in replicas))
+        port = await gateway.start()
+        if on_started is not None:
+            on_started(port)
+        await stop.wait()
+    finally:
+        await gateway.stop(drain_timeout_s)
+
+
+def _stop_on_signals() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):  # not available on Windows
+            loop.add_signal_handler(signum, stop.set)
+    return stop

@@ -1,0 +1,91 @@
+"""The little the gateway checks in an inference request before forwarding its bytes.
+
+Only what routing needs (`model`, `stream`) and what would make every replica refuse the
+request anyway (missing `messages`/`prompt`, wrong types) is checked here; everything else
+is the engine's to judge, and its 4xx answers are passed through unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from servepilot.gateway.errors import INVALID_REQUEST, GatewayError, bad_request
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceRequest:
+    model: str
+    stream: bool
+    prompt_chars: int
+
+
+async def read_body(request: web.Request, max_body_bytes: int) -> bytes:
+    """The request body, refusing (413) one longer than `max_body_bytes` before reading it
+    when Content-Length says so, and while reading it otherwise (chunked uploads)."""
+    declared = request.content_length
+    if declared is not None and declared > max_body_bytes:
+        raise _too_large(max_body_bytes)
+    try:
+        # The app's client_max_size is max_body_bytes, so read() stops at the cap.
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise _too_large(max_body_bytes) from None
+
+
+def parse_inference_request(body: bytes, prompt_field: str) -> InferenceRequest:
+    """Validate a chat (`prompt_field="messages"`) or completions (`"prompt"`) body."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        raise bad_request("the request body is not valid JSON", "invalid_json") from None
+    if not isinstance(doc, dict):
+        raise bad_request("the request body must be a JSON object", "invalid_json")
+    model = doc.get("model")
+    if model is None:
+        raise _missing("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("`model` must be a non-empty string")
+    stream = doc.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise bad_request("`stream` must be true or false")
+    prompt = doc.get(prompt_field)
+    if prompt is None:
+        raise _missing(prompt_field)
+    if prompt_field == "messages":
+        if not isinstance(prompt, list) or not prompt:
+            raise bad_request("`messages` must be a non-empty list of message objects")
+        if not all(isinstance(m, dict) for m in prompt):
+            raise bad_request("each entry of `messages` must be an object")
+    elif not isinstance(prompt, str | list):
+        raise bad_request("`prompt` must be a string or a list")
+    return InferenceRequest(model=model, stream=bool(stream), prompt_chars=_chars(prompt))
+
+
+def _chars(prompt: Any) -> int:
+    """Characters of text in a prompt or a message list (a routing hint, not a token count)."""
+    if isinstance(prompt, str):
+        return len(prompt)
+    total = 0
+    for item in prompt:
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict) and isinstance(item.get("content"), str):
+            total += len(item["content"])
+    return total
+
+
+def _missing(field: str) -> GatewayError:
+    return bad_request(f"the request body has no `{field}`", "missing_field")
+
+
+def _too_large(max_body_bytes: int) -> GatewayError:
+    return GatewayError(
+        413,
+        f"the request body is larger than {max_body_bytes} bytes",
+        error_type=INVALID_REQUEST,
+        code="body_too_large",
+    )

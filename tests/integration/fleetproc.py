@@ -1,0 +1,115 @@
+"""Run `servepilot up` as a user would, in a subprocess, and find it through its fleet record."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+STARTUP_TIMEOUT_S = 480.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def cli(
+    args: list[str], env: dict[str, str], timeout_s: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "servepilot", *args],
+        env=env, capture_output=True, text=True, timeout=timeout_s, check=False,
+    )  # fmt: skip
+
+
+@dataclass
+class RunningFleet:
+    proc: subprocess.Popen[bytes]
+    port: int
+    env: dict[str, str]
+    output: Path
+    record: dict[str, Any]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def replica_pids(self) -> dict[str, int]:
+        return {r["replica_id"]: r["pid"] for r in self.record["replicas"]}
+
+    def log(self) -> str:
+        return self.output.read_text(errors="replace")
+
+    def kill_everything(self) -> None:
+        """Last-resort cleanup so a failed test never leaves vLLM running."""
+        for pid in [self.proc.pid, *self.replica_pids().values()]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+
+def start_fleet(state_dir: Path, replicas: int, extra: list[str] | None = None) -> RunningFleet:
+    port = free_port()
+    env = {**os.environ, "SERVEPILOT_STATE": str(state_dir)}
+    output = state_dir / f"up-{port}.out"
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with open(output, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "servepilot", "up", "--replicas", str(replicas),
+             "--port", str(port), *(extra or [])],
+            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )  # fmt: skip
+    record_path = state_dir / "fleets" / f"{port}.json"
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while not record_path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"servepilot up did not start:\n{output.read_text()[-4000:]}")
+        time.sleep(0.5)
+    record = json.loads(record_path.read_text())
+    return RunningFleet(proc=proc, port=port, env=env, output=output, record=record)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def vllm_processes_in_group(pgid: int) -> list[int]:
+    """Pids whose process group is `pgid` (the replica's API server and its engine core)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def wait_until(predicate: Any, timeout_s: float, interval_s: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return bool(predicate())

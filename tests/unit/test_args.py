@@ -1,0 +1,79 @@
+from servepilot.core.config import Device, EngineConfig
+from servepilot.engine.args import ServerSpec, launch_command, server_args, server_env, split_cores
+
+SPEC = ServerSpec(model_path="/models/m", served_name="m", host="127.0.0.1", port=8123)
+
+
+def _flag(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+def test_defaults_render_a_cpu_command() -> None:
+    args = server_args(EngineConfig(), SPEC, Device.CPU)
+    assert args[:8] == ["--model", "/models/m", "--served-model-name", "m",
+                        "--host", "127.0.0.1", "--port", "8123"]  # fmt: skip
+    assert _flag(args, "--kv-cache-memory-bytes") == str(2 * 2**30)
+    assert _flag(args, "--max-model-len") == "2048"
+    assert "--enforce-eager" in args
+    assert "--gpu-memory-utilization" not in args
+    # Knobs left at None keep vLLM's own defaults: no flag at all.
+    for absent in (
+        "--max-num-seqs",
+        "--max-num-batched-tokens",
+        "--block-size",
+        "--enable-chunked-prefill",
+        "--no-enable-chunked-prefill",
+        "--quantization",
+    ):
+        assert absent not in args  # fmt: skip
+
+
+def test_every_knob_becomes_its_vllm_flag() -> None:
+    engine = EngineConfig(
+        tensor_parallel_size=8, data_parallel_size=2, enable_expert_parallel=True,
+        gpu_memory_utilization=0.92, max_model_len=8192, max_num_seqs=64,
+        max_num_batched_tokens=8192, enable_chunked_prefill=False, block_size=16,
+        quantization="fp8", kv_cache_dtype="fp8", enforce_eager=False,
+        enable_prefix_caching=True, extra_args=("--seed", "7"),
+    )  # fmt: skip
+    args = server_args(engine, SPEC, Device.GPU)
+    assert _flag(args, "--tensor-parallel-size") == "8"
+    assert _flag(args, "--data-parallel-size") == "2"
+    assert "--enable-expert-parallel" in args
+    assert _flag(args, "--gpu-memory-utilization") == "0.92"
+    assert _flag(args, "--max-num-seqs") == "64"
+    assert _flag(args, "--max-num-batched-tokens") == "8192"
+    assert _flag(args, "--block-size") == "16"
+    assert _flag(args, "--quantization") == "fp8"
+    assert _flag(args, "--kv-cache-dtype") == "fp8"
+    assert "--no-enable-chunked-prefill" in args
+    assert "--enable-prefix-caching" in args
+    assert "--enforce-eager" not in args
+    assert "--kv-cache-memory-bytes" not in args
+    assert args[-2:] == ["--seed", "7"]
+
+
+def test_fractional_cpu_kv_space_is_exact_bytes() -> None:
+    args = server_args(EngineConfig(cpu_kv_cache_space_gib=1.5), SPEC, Device.CPU)
+    assert _flag(args, "--kv-cache-memory-bytes") == str(3 * 2**29)
+
+
+def test_env_pins_cpu_cores_and_passes_user_env() -> None:
+    env = server_env(EngineConfig(env={"FOO": "1"}), Device.CPU, (2, 3))
+    assert env == {"VLLM_CPU_OMP_THREADS_BIND": "2-3", "FOO": "1"}
+    assert server_env(EngineConfig(), Device.GPU, ()) == {}
+
+
+def test_launch_command_uses_the_module_not_the_console_script() -> None:
+    cmd = launch_command(EngineConfig(), SPEC, Device.CPU, (0,))
+    assert cmd.argv[1:3] == ("-m", "vllm.entrypoints.openai.api_server")
+    assert cmd.shell().startswith("VLLM_CPU_OMP_THREADS_BIND=0 ")
+
+
+def test_cores_are_split_between_replicas() -> None:
+    assert split_cores(2, 2, None) == [(0,), (1,)]
+    assert split_cores(8, 2, None) == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    assert split_cores(2, 1, None) == [(0, 1)]
+    # More replicas than cores: they share, round the ring.
+    assert split_cores(2, 3, None) == [(0,), (1,), (0,)]
+    assert split_cores(4, 2, 1) == [(0,), (1,)]

