@@ -12,7 +12,6 @@ from rich.table import Table
 from servepilot.cli.console import err_console, out_console, print_step, print_warning
 from servepilot.cli.options import add_config_flag, config_from_args
 from servepilot.core import loop
-from servepilot.engine.model_source import resolve_model
 from servepilot.engine.process import ReplicaInfo
 from servepilot.fleet.up import UpReporter, UpStarted, run_up
 
@@ -47,7 +46,6 @@ def run(args: argparse.Namespace) -> int:
         args,
         {"replicas.count": args.replicas, "gateway.port": args.port, "model.source": args.model},
     )
-    model = resolve_model(config.model, progress=print_step)
     # A spinner while the replicas load (tens of seconds on CPU, minutes for large models);
     # it stops as soon as the fleet serves so the endpoint stays on screen.
     spinner = err_console.status("waiting for the replicas to load the model…")
@@ -61,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     )
     spinner.start()
     try:
-        loop.run(run_up(config, model, reporter))
+        loop.run(run_up(config, reporter))
     finally:
         spinner.stop()
     print_step("stopped")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from servepilot.core.config import FleetConfig
 from servepilot.core.paths import state_dir
-from servepilot.engine.model_source import ResolvedModel
+from servepilot.engine.model_source import resolve_model
 from servepilot.engine.process import ReplicaInfo
 from servepilot.fleet.local import LocalReplicas
 from servepilot.fleet.serve import ServedGateway, check_port_free, start_gateway
@@ -52,10 +52,12 @@ class UpReporter:
         self.warn = warn
 
 
-async def run_up(config: FleetConfig, model: ResolvedModel, report: UpReporter) -> None:
+async def run_up(config: FleetConfig, report: UpReporter) -> None:
     """Serve until SIGINT or SIGTERM, then drain and stop everything."""
     gw = config.gateway
     check_port_free(gw.host, gw.port)
+    # Converting the embedded model takes tens of seconds the first time: off the loop.
+    model = await asyncio.to_thread(resolve_model, config.model, progress=report.step)
     run_dir = state_dir() / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     replicas = LocalReplicas(config, model, run_dir)
     stop = _stop_event()

@@ -5,18 +5,15 @@ from __future__ import annotations
 from servepilot.gateway.app import Gateway, build_app
 from servepilot.gateway.pool import ReplicaInfo, ReplicaNotFound, ReplicaPool
 from servepilot.gateway.proxy import REPLICA_HEADER
-from servepilot.gateway.scrape import LoadGauges, parse_load_gauges
 from servepilot.gateway.serve import run_gateway, serve
 
 __all__ = [
     "REPLICA_HEADER",
     "Gateway",
-    "LoadGauges",
     "ReplicaInfo",
     "ReplicaNotFound",
     "ReplicaPool",
     "build_app",
-    "parse_load_gauges",
     "run_gateway",
     "serve",
 ]

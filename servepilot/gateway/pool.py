@@ -20,7 +20,7 @@ import aiohttp
 from yarl import URL
 
 from servepilot.core.config import GatewayConfig
-from servepilot.gateway.scrape import NO_LOAD, LoadGauges, parse_load_gauges
+from servepilot.engine.metrics import NO_LOAD, LoadGauges, parse_load
 from servepilot.routing.base import ReplicaView
 
 log = logging.getLogger(__name__)
@@ -308,9 +308,7 @@ class ReplicaPool:
             self._get_body(replica.endpoint("/v1/models")),
         )
         replica.gauges = (
-            NO_LOAD
-            if metrics_text is None
-            else parse_load_gauges(metrics_text.decode("utf-8", "replace"))
+            NO_LOAD if metrics_text is None else parse_load(metrics_text.decode("utf-8", "replace"))
         )
         if models_doc is not None:
             self._learn_models(replica, models_doc)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +24,7 @@ from tests.integration.fleetproc import (
     RunningFleet,
     alive,
     cli,
+    free_port,
     start_fleet,
     vllm_processes_in_group,
     wait_until,
@@ -159,6 +162,37 @@ def test_status_shows_the_fleet(fleet: RunningFleet) -> None:
     assert f"fleet on port {fleet.port}: serving" in result.stdout
     for replica_id in fleet.replica_pids():
         assert replica_id in result.stdout
+
+
+def test_standalone_gateway_in_front_of_a_running_replica(fleet: RunningFleet) -> None:
+    replica_url = fleet.record["replicas"][0]["url"]
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "servepilot", "gateway", "--replica", f"{replica_url}/v1",
+         "--port", str(port), "--policy", "round_robin"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=fleet.env, text=True,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert wait_until(lambda: _status(f"{url}/ready") == 200, 30), proc.stderr
+        standalone = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        raw = standalone.completions.with_raw_response.create(
+            model=MODEL, prompt="Hello", max_tokens=4
+        )
+        assert raw.headers["x-servepilot-replica"] == "r0"
+        assert raw.parse().choices[0].text is not None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert f"gateway on {url}/v1 -> {replica_url}" in out
+
+
+def _status(url: str) -> int:
+    try:
+        return httpx.get(url, timeout=2).status_code
+    except httpx.HTTPError:
+        return 0
 
 
 def test_killed_replica_leaves_the_gateway_serving(

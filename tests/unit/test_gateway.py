@@ -19,7 +19,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from servepilot.core.config import GatewayConfig, PolicyName
-from servepilot.gateway import Gateway, parse_load_gauges
+from servepilot.gateway import Gateway
 from servepilot.routing.base import ReplicaView, RequestView
 
 HEADER = "X-Servepilot-Replica"
@@ -630,21 +630,3 @@ def test_metrics_and_scraped_load() -> None:
         assert "servepilot_request_errors" in families
 
     run(body())
-
-
-# --- parsing vLLM's /metrics -------------------------------------------------------------------
-
-
-def test_parse_load_gauges_sums_label_sets_and_takes_the_fullest_kv_cache() -> None:
-    assert parse_load_gauges(VLLM_METRICS) == (5, 4, 0.5)
-
-
-def test_parse_load_gauges_without_the_gauges_is_zero() -> None:
-    assert parse_load_gauges("") == (0, 0, 0.0)
-    assert parse_load_gauges("# TYPE other gauge\nother 3\n") == (0, 0, 0.0)
-    assert parse_load_gauges("vllm:num_requests_running{ not prometheus") == (0, 0, 0.0)
-
-
-def test_parse_load_gauges_reads_the_legacy_kv_name() -> None:
-    text = "# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc 0.75\n"
-    assert parse_load_gauges(text).kv_cache_usage == 0.75
