@@ -53,6 +53,8 @@ def build_app(config: GatewayConfig, pool: ReplicaPool, policy: RoutingPolicy) -
     router = app.router
     router.add_post("/v1/chat/completions", proxy.chat_completions)
     router.add_post("/v1/completions", proxy.completions)
+    router.add_post("/tokenize", proxy.tokenize)
+    router.add_post("/detokenize", proxy.detokenize)
     router.add_get("/v1/models", info.models, allow_head=False)
     router.add_get("/health", info.health, allow_head=False)
     router.add_get("/ready", info.ready, allow_head=False)

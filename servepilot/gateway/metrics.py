@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from servepilot.gateway.pool import ReplicaPool
@@ -30,6 +30,9 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.registry.register(_StateCollector(self, pool))
+        # process_resident_memory_bytes and CPU seconds of the gateway process: what a soak
+        # test watches for leaks.
+        ProcessCollector(registry=self.registry)
 
     def count_request(self, route: str, status: int) -> None:
         key = (route, status)

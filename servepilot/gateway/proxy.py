@@ -72,6 +72,14 @@ class Proxy:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._proxy(request, "/v1/completions", "prompt")
 
+    # vLLM's tokenizer endpoints, so a load tester pointed at the gateway can build prompts
+    # of exact token counts with the replicas' own tokenizer.
+    async def tokenize(self, request: web.Request) -> web.StreamResponse:
+        return await self._proxy(request, "/tokenize", "prompt")
+
+    async def detokenize(self, request: web.Request) -> web.StreamResponse:
+        return await self._proxy(request, "/detokenize", "tokens")
+
     async def _proxy(
         self, request: web.Request, path: str, prompt_field: str
     ) -> web.StreamResponse:

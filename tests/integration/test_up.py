@@ -149,11 +149,24 @@ def test_client_mistakes_get_openai_shaped_4xx(
     assert error["message"] and error["type"]
 
 
+def test_tokenizer_endpoints_are_proxied(fleet: RunningFleet) -> None:
+    tokens = httpx.post(
+        f"{fleet.url}/tokenize",
+        json={"model": MODEL, "prompt": "Hello world", "add_special_tokens": False},
+    ).json()
+    assert tokens["count"] == len(tokens["tokens"]) == 2
+    text = httpx.post(
+        f"{fleet.url}/detokenize", json={"model": MODEL, "tokens": tokens["tokens"]}
+    ).json()
+    assert text["prompt"] == "Hello world"
+
+
 def test_health_ready_and_metrics(fleet: RunningFleet) -> None:
     assert httpx.get(f"{fleet.url}/health").status_code == 200
     assert httpx.get(f"{fleet.url}/ready").status_code == 200
     metrics = httpx.get(f"{fleet.url}/metrics").text
     assert "servepilot_requests_total" in metrics
+    assert "process_resident_memory_bytes" in metrics
 
 
 def test_status_shows_the_fleet(fleet: RunningFleet) -> None:
