@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 
 from servepilot.cli.console import out_console, print_step
-from servepilot.cli.options import add_config_flag, config_from_args
+from servepilot.cli.options import add_config_flag, base_url, config_from_args
 from servepilot.core.config import PolicyName
-from servepilot.core.errors import ConfigError
 from servepilot.fleet.serve import check_port_free
 from servepilot.gateway import run_gateway
 
@@ -44,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(
         args, {"gateway.policy": args.policy, "gateway.port": args.port, "gateway.host": args.host}
     ).gateway
-    urls = [_base_url(u) for u in args.replica]
+    urls = [base_url(u, "--replica") for u in args.replica]
     check_port_free(config.host, config.port)
 
     def started(port: int) -> None:
@@ -56,10 +55,3 @@ def run(args: argparse.Namespace) -> int:
     run_gateway(config, [(f"r{i}", url) for i, url in enumerate(urls)], on_started=started)
     print_step("stopped")
     return 0
-
-
-def _base_url(url: str) -> str:
-    if not url.startswith(("http://", "https://")):
-        raise ConfigError(f"--replica {url!r}: expected a URL such as http://127.0.0.1:8001")
-    url = url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from servepilot import __version__
-from servepilot.cli import config_cmd, fleet_cmd, gateway_cmd, models_cmd, up_cmd
+from servepilot.cli import bench_cmd, config_cmd, fleet_cmd, gateway_cmd, models_cmd, up_cmd
 from servepilot.cli.console import err_console, print_error
 from servepilot.core.errors import ConfigError, ServepilotError
 
@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"servepilot {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (up_cmd, fleet_cmd, gateway_cmd, models_cmd, config_cmd):
+    for module in (up_cmd, fleet_cmd, gateway_cmd, bench_cmd, models_cmd, config_cmd):
         module.register(sub)
     return parser
 

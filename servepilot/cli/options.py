@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from servepilot.core.config import FleetConfig, load_config
+from servepilot.core.errors import ConfigError
 
 
 def add_config_flag(parser: argparse.ArgumentParser) -> None:
@@ -24,3 +25,11 @@ def config_from_args(args: argparse.Namespace, overrides: dict[str, Any]) -> Fle
     config = load_config(args.config)
     given = {key: value for key, value in overrides.items() if value is not None}
     return config.with_overrides(given) if given else config
+
+
+def base_url(url: str, flag: str) -> str:
+    """A server's root URL from what a user typed (a trailing /v1 or / is dropped)."""
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"{flag} {url!r}: expected a URL such as http://127.0.0.1:8000")
+    url = url.rstrip("/")
+    return url.removesuffix("/v1")

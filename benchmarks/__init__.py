@@ -1,0 +1,1 @@
+"""Benchmarks of servepilot itself (run by make targets; not part of the package)."""

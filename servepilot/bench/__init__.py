@@ -1,0 +1,1 @@
+"""`servepilot bench`: load generation, metrics, the sweep and its reports."""

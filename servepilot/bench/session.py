@@ -1,0 +1,251 @@
+"""One `servepilot bench` invocation: levels (given or swept), soak, then the result.
+
+I/O lives here and in the runner; the decisions (next sweep level, sweet spot) and the numbers
+(metrics) are pure functions imported from their modules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import aiohttp
+
+from servepilot.bench.arrivals import Arrival
+from servepilot.bench.client import Target
+from servepilot.bench.loadplan import LoadPlan
+from servepilot.bench.metrics import Slo, summarize, windows
+from servepilot.bench.records import RequestRecord, RequestSpec
+from servepilot.bench.runner import LoadOutcome, run_load
+from servepilot.bench.sweep import SweepConfig, next_step, sweet_spot
+from servepilot.bench.tokenizer import Tokenizer
+from servepilot.bench.workload import WorkloadSpec, build_workload, describe
+from servepilot.core.results import BenchResult, Load, LoadMode, Run, Source
+from servepilot.engine.metrics import parse_metrics
+
+# A leak, in seed 000's words: memory growing by more than 2 MB per request served.
+LEAK_BYTES_PER_REQUEST = 2 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class BenchOptions:
+    target: Target
+    workload: WorkloadSpec
+    loads: tuple[Load, ...]
+    """Explicit load levels; empty when sweeping."""
+    sweep: SweepConfig | None
+    requests: int | None
+    """Requests per level; None with a duration, or for the default."""
+    duration_s: float | None
+    warmup_requests: int
+    arrival: Arrival
+    burstiness: float
+    seed: int
+    slo: Slo
+    soak_s: float | None = None
+    window_s: float = 30.0
+    processes: int | None = None
+    metrics_url: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LevelProgress:
+    load: Load
+    completed: int
+    failed: int
+    elapsed_s: float
+    planned: int | None
+    planned_s: float | None
+
+
+class BenchReporter:
+    """Callbacks the CLI turns into a progress bar and lines."""
+
+    def __init__(
+        self,
+        level_started: Callable[[Load, int | None, float | None], None],
+        progress: Callable[[LevelProgress], None],
+        level_done: Callable[[Run], None],
+        note: Callable[[str], None],
+    ) -> None:
+        self.level_started = level_started
+        self.progress = progress
+        self.level_done = level_done
+        self.note = note
+
+
+@dataclass(frozen=True, slots=True)
+class BenchOutput:
+    result: BenchResult
+    records: tuple[tuple[Load, RequestRecord], ...]
+
+
+def default_requests(load: Load) -> int:
+    """Enough requests for a P99 to mean something, and for every worker to cycle a few times."""
+    if load.mode is LoadMode.CONCURRENCY:
+        return max(100, int(5 * load.value))
+    return max(100, int(30 * load.value))
+
+
+async def run_bench(opts: BenchOptions, tokenizer: Tokenizer, report: BenchReporter) -> BenchOutput:
+    runs: list[Run] = []
+    records: list[tuple[Load, RequestRecord]] = []
+    soak_memory: list[int | None] = []
+    levels = _levels(opts, runs)
+    for index, load in enumerate(levels):
+        workload = await asyncio.to_thread(
+            build_workload,
+            replace(opts.workload, seed=opts.workload.seed + index),
+            tokenizer,
+            _workload_size(opts, load),
+        )
+        plan = _plan(opts, load)
+        report.level_started(load, plan.max_requests, plan.duration_s)
+        outcome, soak_memory = await _run_level(opts, plan, workload, report)
+        if outcome.no_usage:
+            report.note(
+                f"{outcome.no_usage} answers carried no token usage: output tokens were "
+                "counted as streamed chunks (enable stream_options.include_usage on the server)"
+            )
+        run = summarize(
+            load, outcome.records, opts.slo, duration_s=outcome.duration_s, client=outcome.client
+        )
+        if opts.soak_s is not None:
+            run = _with_soak(run, outcome.records, opts.window_s, soak_memory)
+        runs.append(run)
+        records += [(load, r) for r in outcome.records]
+        report.level_done(run)
+    if isinstance(levels, _SweepLevels):
+        report.note(f"sweep stopped: {levels.stop_reason}")
+    result = BenchResult(
+        source=Source.MEASURED,
+        target={
+            "url": opts.target.base_url,
+            "model": opts.target.model,
+            "endpoint": opts.target.endpoint.value,
+        },
+        workload=describe(opts.workload),
+        slo=opts.slo.as_dict(),
+        runs=tuple(runs),
+        sweet_spot=sweet_spot(runs, slo_set=bool(opts.slo.as_dict())) if len(runs) > 1 else None,
+    )
+    return BenchOutput(result=result, records=tuple(records))
+
+
+def _levels(opts: BenchOptions, runs: Sequence[Run]) -> Sequence[Load] | _SweepLevels:
+    if opts.sweep is None:
+        return opts.loads
+    return _SweepLevels(opts.sweep, runs)
+
+
+class _SweepLevels:
+    """Iterates the sweep: each next level is decided from the runs finished so far."""
+
+    def __init__(self, config: SweepConfig, runs: Sequence[Run]) -> None:
+        self._config = config
+        self._runs = runs
+        self.stop_reason = ""
+
+    def __iter__(self) -> _SweepLevels:
+        return self
+
+    def __next__(self) -> Load:
+        step = next_step(self._config, self._runs)
+        if step.load is None:
+            self.stop_reason = step.reason
+            raise StopIteration
+        return step.load
+
+
+def _plan(opts: BenchOptions, load: Load) -> LoadPlan:
+    duration = opts.soak_s if opts.soak_s is not None else opts.duration_s
+    requests = None if duration is not None else (opts.requests or default_requests(load))
+    return LoadPlan(
+        load=load,
+        max_requests=requests,
+        duration_s=duration,
+        warmup_requests=opts.warmup_requests,
+        arrival=opts.arrival,
+        burstiness=opts.burstiness,
+        seed=opts.seed,
+        processes=opts.processes,
+    )
+
+
+def _workload_size(opts: BenchOptions, load: Load) -> int:
+    plan = _plan(opts, load)
+    if plan.max_requests is not None:
+        return plan.max_requests + opts.warmup_requests
+    # Duration-bound: enough distinct prompts that repeats (and so prefix-cache hits that a
+    # real workload would not get) are rare; the runner cycles beyond this.
+    per_s = load.value if load.mode is LoadMode.RATE else 4 * load.value
+    return min(20_000, int(per_s * (plan.duration_s or 0) * 1.2) + opts.warmup_requests + 100)
+
+
+async def _run_level(
+    opts: BenchOptions, plan: LoadPlan, workload: Sequence[RequestSpec], report: BenchReporter
+) -> tuple[LoadOutcome, list[int | None]]:
+    def progress(completed: int, failed: int, elapsed_s: float) -> None:
+        report.progress(
+            LevelProgress(
+                plan.load, completed, failed, elapsed_s, plan.max_requests, plan.duration_s
+            )
+        )
+
+    if opts.soak_s is None:
+        return await run_load(opts.target, plan, workload, on_progress=progress), []
+    memory: list[int | None] = []
+    sampler = asyncio.ensure_future(_sample_memory(opts, memory))
+    try:
+        outcome = await run_load(opts.target, plan, workload, on_progress=progress)
+    finally:
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
+    memory.append(await _resident_memory(_metrics_url(opts)))
+    return outcome, memory
+
+
+async def _sample_memory(opts: BenchOptions, samples: list[int | None]) -> None:
+    """The target's resident memory at the start and at the end of every soak window."""
+    url = _metrics_url(opts)
+    samples.append(await _resident_memory(url))
+    while True:
+        await asyncio.sleep(opts.window_s)
+        samples.append(await _resident_memory(url))
+
+
+def _metrics_url(opts: BenchOptions) -> str:
+    return opts.metrics_url or f"{opts.target.base_url}/metrics"
+
+
+async def _resident_memory(url: str) -> int | None:
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session,
+            session.get(url) as resp,
+        ):
+            if resp.status != 200:
+                return None
+            return parse_metrics(await resp.text()).process_resident_memory_bytes
+    except Exception:  # a soak must not die because the target's /metrics hiccuped
+        return None
+
+
+def _with_soak(
+    run: Run, records: Sequence[RequestRecord], window_s: float, memory: Sequence[int | None]
+) -> Run:
+    # memory[0] is the start; memory[i] (i >= 1) the end of window i - 1.
+    per_window = list(memory[1:])
+    growth = None
+    known = [m for m in memory if m is not None]
+    if len(known) >= 2 and run.completed:
+        growth = (known[-1] - known[0]) / run.completed
+    return run.model_copy(
+        update={
+            "windows": windows(records, window_s, per_window),
+            "memory_growth_bytes_per_request": growth,
+        }
+    )

@@ -1,0 +1,201 @@
+"""The tokenizer prompts are measured with: the server's own, or a local copy of it.
+
+Prompt lengths are only exact by the tokenizer that serves the model, so the default asks the
+server: vLLM's `POST /tokenize` and `POST /detokenize` on the replica's base URL. A servepilot
+gateway (and most non-vLLM servers) do not expose those, so `--tokenizer PATH` loads the same
+tokenizer from a local Hugging Face folder instead.
+
+Token ids never include special tokens (`add_special_tokens: false`): a prompt's length is the
+length of its text; whatever BOS token or chat template the server adds comes on top.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import aiohttp
+
+from servepilot.core.errors import ConfigError
+
+_T = TypeVar("_T")
+_GATEWAY_HINT = (
+    "the target has no vLLM /tokenize endpoint (vLLM and the servepilot gateway have one); "
+    "pass --tokenizer PATH with the model's Hugging Face folder"
+)
+
+
+class Tokenizer(Protocol):
+    """Text <-> token ids, by the tokenizer of the model under test."""
+
+    @property
+    def name(self) -> str: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
+
+    def decode_batch(self, ids: Sequence[Sequence[int]]) -> list[str]: ...
+
+
+class LocalTokenizer:
+    """A Hugging Face tokenizer loaded from a local folder (transformers is imported lazily)."""
+
+    def __init__(self, folder: Path) -> None:
+        folder = folder.expanduser()
+        if not folder.is_dir():
+            raise ConfigError(f"--tokenizer {folder}: no such folder")
+        try:
+            from transformers import AutoTokenizer
+        except ImportError as exc:
+            raise ConfigError(
+                f"--tokenizer {folder}: the transformers package cannot be imported ({exc})",
+                hint="pip install transformers, or drop --tokenizer to use the server's /tokenize",
+            ) from exc
+        try:
+            self._tok: Any = AutoTokenizer.from_pretrained(str(folder))
+        except (OSError, ValueError, KeyError) as exc:
+            raise ConfigError(f"--tokenizer {folder}: cannot load a tokenizer: {exc}") from exc
+        self._name = str(folder)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_batch([text])[0]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.decode_batch([ids])[0]
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        if not texts:
+            return []
+        encoded = self._tok(list(texts), add_special_tokens=False)["input_ids"]
+        return [list(ids) for ids in encoded]
+
+    def decode_batch(self, ids: Sequence[Sequence[int]]) -> list[str]:
+        if not ids:
+            return []
+        decoded: list[str] = self._tok.batch_decode([list(one) for one in ids])
+        return decoded
+
+
+class ServerTokenizer:
+    """vLLM's `/tokenize` and `/detokenize`; a batch is sent as concurrent requests."""
+
+    def __init__(
+        self, base_url: str, model: str, *, concurrency: int = 8, timeout_s: float = 60.0
+    ) -> None:
+        # concurrency 8: on a two-core machine 8 to 64 requests in flight tokenized 2,000
+        # prompts equally fast (the server is the bottleneck); more only queue in it.
+        # Accept the OpenAI base URL too: /tokenize lives at the server root, not under /v1.
+        self._base_url = base_url.rstrip("/").removesuffix("/v1")
+        self._model = model
+        self._concurrency = concurrency
+        self._timeout_s = timeout_s
+
+    @property
+    def name(self) -> str:
+        return f"{self._base_url}/tokenize ({self._model})"
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_batch([text])[0]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.decode_batch([ids])[0]
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        bodies = [
+            {"model": self._model, "prompt": text, "add_special_tokens": False} for text in texts
+        ]
+        answers = _run_blocking(lambda: self._post_all("/tokenize", bodies))
+        return [_tokens_of(answer, self._url("/tokenize")) for answer in answers]
+
+    def decode_batch(self, ids: Sequence[Sequence[int]]) -> list[str]:
+        bodies = [{"model": self._model, "tokens": list(one)} for one in ids]
+        answers = _run_blocking(lambda: self._post_all("/detokenize", bodies))
+        return [_text_of(answer, self._url("/detokenize")) for answer in answers]
+
+    def _url(self, path: str) -> str:
+        return self._base_url + path
+
+    async def _post_all(self, path: str, bodies: list[dict[str, Any]]) -> list[Any]:
+        if not bodies:
+            return []
+        timeout = aiohttp.ClientTimeout(total=self._timeout_s)
+        connector = aiohttp.TCPConnector(limit=self._concurrency)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+            answers = await asyncio.gather(
+                *(self._post(session, path, body) for body in bodies), return_exceptions=True
+            )
+        # Every request is let finish, so a failure leaves no task running on a closed session.
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                raise answer
+        return answers
+
+    async def _post(self, session: aiohttp.ClientSession, path: str, body: dict[str, Any]) -> Any:
+        url = self._url(path)
+        try:
+            async with session.post(url, json=body) as response:
+                if response.status == 404:
+                    raise ConfigError(f"--url: POST {url} answered 404", hint=_GATEWAY_HINT)
+                text = await response.text()
+                if response.status != 200:
+                    raise ConfigError(
+                        f"--url: POST {url} answered {response.status}: {text[:300]}",
+                        hint=_GATEWAY_HINT,
+                    )
+                return await response.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise ConfigError(
+                f"--url: POST {url} failed: {type(exc).__name__}: {exc}", hint=_GATEWAY_HINT
+            ) from exc
+
+
+def open_tokenizer(url: str, model: str, tokenizer_path: Path | None) -> Tokenizer:
+    """The local tokenizer when `--tokenizer` was given, else the server's."""
+    if tokenizer_path is not None:
+        return LocalTokenizer(tokenizer_path)
+    return ServerTokenizer(url, model)
+
+
+def _tokens_of(answer: Any, url: str) -> list[int]:
+    tokens = answer.get("tokens") if isinstance(answer, dict) else None
+    if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+        raise ConfigError(
+            f"--url: POST {url} did not answer with a token list: {str(answer)[:200]}",
+            hint=_GATEWAY_HINT,
+        )
+    return tokens
+
+
+def _text_of(answer: Any, url: str) -> str:
+    text = answer.get("prompt") if isinstance(answer, dict) else None
+    if not isinstance(text, str):
+        raise ConfigError(
+            f"--url: POST {url} did not answer with a prompt text: {str(answer)[:200]}",
+            hint=_GATEWAY_HINT,
+        )
+    return text
+
+
+def _run_blocking(make: Callable[[], Awaitable[_T]]) -> _T:
+    """Runs a coroutine to completion from sync code, even when called inside an event loop."""
+
+    async def _main() -> _T:
+        return await make()
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(_main())
+    # Inside a running loop asyncio.run is refused; a private loop on a worker thread is not.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, _main()).result()

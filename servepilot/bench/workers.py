@@ -1,0 +1,174 @@
+"""Several client processes for one load, when one process cannot generate it.
+
+Each process (multiprocessing, spawn) runs its own uvloop, `Client` and `Driver` on its share
+of the slots (see drive.py) and sends its records back pickled. All share one time origin:
+on Linux (and macOS, Windows) `time.perf_counter()` reads a system-wide monotonic clock, so
+the parent's t0 means the same instant in every process; a process that finds the clocks
+disagree (another platform) falls back to the wall clock to place t0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import time
+import traceback
+from collections.abc import Sequence
+from multiprocessing.connection import Connection as Pipe
+from typing import Any
+
+from servepilot.bench.client import Client, Target
+from servepilot.bench.drive import (
+    PROGRESS_EVERY_S,
+    Driver,
+    ProgressFn,
+    Tally,
+    concurrency_share,
+    raise_fd_limit,
+)
+from servepilot.bench.loadplan import LoadPlan
+from servepilot.bench.records import RequestSpec
+from servepilot.core import loop
+from servepilot.core.errors import ServepilotError
+from servepilot.core.results import LoadMode
+
+START_MARGIN_S = 0.2
+"""Between the go message and t0, so every process is waiting when the load starts."""
+PRECONNECT_MAX = 512
+
+
+async def run_processes(
+    target: Target,
+    plan: LoadPlan,
+    requests: Sequence[RequestSpec],
+    processes: int,
+    on_progress: ProgressFn | None,
+) -> list[Tally]:
+    """Run `plan` on `processes` spawned processes; the tallies of all, in process order."""
+    ctx = multiprocessing.get_context("spawn")
+    pipes: list[Pipe] = []
+    children = []
+    try:
+        for part in range(processes):
+            ours, theirs = ctx.Pipe()
+            child = ctx.Process(
+                target=_child,
+                args=(theirs, target, plan, tuple(requests), part, processes),
+                daemon=True,
+            )
+            child.start()
+            theirs.close()
+            pipes.append(ours)
+            children.append(child)
+        await _gather(pipes, children, "ready")
+        t0 = time.perf_counter() + START_MARGIN_S
+        wall0 = time.time() + START_MARGIN_S
+        for pipe in pipes:
+            pipe.send(("go", t0, wall0, time.perf_counter(), time.time()))
+        return await _collect(pipes, children, t0, on_progress)
+    finally:
+        for child in children:
+            if child.is_alive():
+                child.terminate()
+            child.join(5)
+        for pipe in pipes:
+            pipe.close()
+
+
+async def _gather(pipes: list[Pipe], children: list[Any], kind: str) -> list[Any]:
+    """One message of `kind` from every child (their order), failing if one died or erred."""
+    got: list[Any] = [None] * len(pipes)
+    while any(g is None for g in got):
+        for part, pipe in enumerate(pipes):
+            if got[part] is None and (message := _receive(pipe, children, part)) is not None:
+                got[part] = _expect(message, kind, part)
+        await asyncio.sleep(0.02)
+    return got
+
+
+async def _collect(
+    pipes: list[Pipe], children: list[Any], t0: float, on_progress: ProgressFn | None
+) -> list[Tally]:
+    counts = [(0, 0)] * len(pipes)
+    tallies: list[Tally | None] = [None] * len(pipes)
+    reported = 0.0
+    while any(t is None for t in tallies):
+        for part, pipe in enumerate(pipes):
+            while tallies[part] is None and (message := _receive(pipe, children, part)):
+                if message[0] == "progress":
+                    counts[part] = (message[1], message[2])
+                else:
+                    tallies[part] = _expect(message, "done", part)
+        now = time.perf_counter()
+        if on_progress is not None and now - reported >= PROGRESS_EVERY_S:
+            reported = now
+            on_progress(sum(c for c, _ in counts), sum(f for _, f in counts), now - t0)
+        await asyncio.sleep(0.05)
+    return [t for t in tallies if t is not None]
+
+
+def _receive(pipe: Pipe, children: list[Any], part: int) -> tuple[Any, ...] | None:
+    """The child's next message, None if there is none yet; raises if the child died."""
+    try:
+        if pipe.poll():
+            message: tuple[Any, ...] = pipe.recv()
+            return message
+    except (EOFError, OSError):
+        pass
+    else:
+        if children[part].is_alive():
+            return None
+    code = children[part].exitcode
+    raise ServepilotError(f"bench client process {part} died (exit code {code})")
+
+
+def _expect(message: tuple[Any, ...], kind: str, part: int) -> Any:
+    if message[0] == "error":
+        raise ServepilotError(f"bench client process {part} failed:\n{message[1]}")
+    if message[0] != kind:
+        raise ServepilotError(f"bench client process {part} sent {message[0]!r}, not {kind!r}")
+    return message[1]
+
+
+def _child(
+    pipe: Pipe,
+    target: Target,
+    plan: LoadPlan,
+    requests: tuple[RequestSpec, ...],
+    part: int,
+    parts: int,
+) -> None:
+    try:
+        loop.run(_child_main(pipe, target, plan, requests, part, parts))
+    except BaseException:
+        pipe.send(("error", traceback.format_exc()))
+    finally:
+        pipe.close()
+
+
+async def _child_main(
+    pipe: Pipe,
+    target: Target,
+    plan: LoadPlan,
+    requests: tuple[RequestSpec, ...],
+    part: int,
+    parts: int,
+) -> None:
+    raise_fd_limit()
+    client = Client(target)
+    driver = Driver(client, plan, requests, part, parts)
+    if plan.load.mode is LoadMode.CONCURRENCY:
+        share = concurrency_share(int(plan.load.value), part, parts)
+        await client.preconnect(min(share, PRECONNECT_MAX))
+    pipe.send(("ready", part))
+    _, t0, wall0, their_perf, their_wall = pipe.recv()
+    # Same clock if perf_counter advanced like the wall clock since the parent read both.
+    same_clock = abs((time.perf_counter() - their_perf) - (time.time() - their_wall)) < 0.05
+    client.t0 = t0 if same_clock else time.perf_counter() + (wall0 - time.time())
+
+    def progress(completed: int, failed: int, elapsed_s: float) -> None:
+        pipe.send(("progress", completed, failed))
+
+    tally = await driver.run(progress)
+    await client.aclose()
+    pipe.send(("done", tally))

@@ -1,0 +1,137 @@
+"""The result schema `servepilot.bench/v1`, written by `bench` (measured) and `sim` (simulated).
+
+One schema for both, so a prediction and a measurement of the same load can be diffed by a
+program (`servepilot bench compare`). Times are in milliseconds, rates per second.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from servepilot.core.errors import ConfigError
+
+SCHEMA: Literal["servepilot.bench/v1"] = "servepilot.bench/v1"
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class Source(enum.StrEnum):
+    MEASURED = "measured"
+    SIMULATED = "simulated"
+
+
+class LoadMode(enum.StrEnum):
+    CONCURRENCY = "concurrency"
+    """Closed loop: this many requests in flight at all times."""
+    RATE = "rate"
+    """Open loop: requests sent at this many per second on a fixed schedule."""
+
+
+class Load(_Record):
+    mode: LoadMode
+    value: float
+
+
+class Stats(_Record):
+    """Summary of one latency metric over a run's requests (ms); None where no sample."""
+
+    mean: float | None
+    p50: float | None
+    p90: float | None
+    p99: float | None
+    count: int = 0
+
+
+class Window(_Record):
+    """One window of a soak run."""
+
+    start_s: float
+    end_s: float
+    completed: int
+    failed: int
+    request_throughput: float
+    output_throughput: float
+    ttft_p99_ms: float | None
+    e2e_p99_ms: float | None
+    resident_memory_bytes: int | None = None
+
+
+class ClientHealth(_Record):
+    """How well the load generator kept to its schedule (its own honesty report)."""
+
+    requested_rate: float | None
+    achieved_rate: float
+    send_lag_ms: Stats
+    """Actual send time minus intended send time."""
+    client_bound: bool
+    """True when the client, not the server, limited the load."""
+    processes: int = 1
+
+
+class Run(_Record):
+    load: Load
+    duration_s: float
+    completed: int
+    failed: int
+    request_throughput: float
+    output_throughput: float
+    total_token_throughput: float
+    ttft_ms: Stats
+    tpot_ms: Stats
+    itl_ms: Stats
+    e2e_ms: Stats
+    goodput_rps: float
+    """Requests per second that met every SLO (all completed ones when no SLO is set)."""
+    slo_attainment: float
+    """Share of requests (failed ones included) that met every SLO."""
+    input_tokens_mean: float | None = None
+    output_tokens_mean: float | None = None
+    errors: dict[str, int] = Field(default_factory=dict)
+    """Failed requests by reason."""
+    client: ClientHealth | None = None
+    windows: tuple[Window, ...] = ()
+    memory_growth_bytes_per_request: float | None = None
+    """Soak only: the target's resident memory growth divided by requests served."""
+
+
+class SweetSpot(_Record):
+    load: Load
+    reason: str
+
+
+class BenchResult(_Record):
+    schema_: Literal["servepilot.bench/v1"] = Field(default=SCHEMA, alias="schema")
+    source: Source
+    target: dict[str, Any]
+    workload: dict[str, Any]
+    slo: dict[str, float] = Field(default_factory=dict)
+    runs: tuple[Run, ...]
+    sweet_spot: SweetSpot | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json", by_alias=True), indent=2)
+
+
+def load_result(path: Path) -> BenchResult:
+    """Read a results.json; errors name the file and what is wrong."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: not a readable JSON file ({exc})") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ConfigError(f"{path}: not a {SCHEMA} result (its `schema` field says otherwise)")
+    try:
+        return BenchResult.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"{path}: {where}: {first['msg']}") from None

