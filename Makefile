@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.servepilot-installed
 ARGS ?=
 
-.PHONY: install model serve down status test lint typecheck unit clean
+.PHONY: install model serve down status test lint typecheck unit bench-client clean
 
 install: $(STAMP)
 
@@ -34,8 +34,8 @@ status: $(STAMP)
 	$(BIN)/servepilot status
 
 lint: $(STAMP)
-	$(BIN)/ruff check servepilot tests
-	$(BIN)/ruff format --check servepilot tests
+	$(BIN)/ruff check servepilot tests benchmarks
+	$(BIN)/ruff format --check servepilot tests benchmarks
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -45,6 +45,12 @@ unit: $(STAMP)
 
 test: model lint typecheck
 	$(BIN)/pytest
+
+# servepilot bench against `vllm bench serve` on a zero-cost stub (see docs/benchmarks.md);
+# ARGS="--url http://127.0.0.1:PORT --model smollm2 --requests 200 --concurrency 4" compares
+# the two against a real server instead.
+bench-client: model
+	$(BIN)/python benchmarks/bench_client.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
