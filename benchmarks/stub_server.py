@@ -4,7 +4,8 @@ Every byte of every answer is formatted once at start-up, so the server's own co
 is a header search and one write: what a client reports as TTFT against it is (almost) all
 client overhead. Serves GET /v1/models, POST /v1/completions and POST /v1/chat/completions
 (always streamed, the way vLLM streams: a role chunk, N content chunks, a finish chunk, a usage
-chunk, [DONE], all in chunked transfer encoding).
+chunk, [DONE], all in chunked transfer encoding), plus GET /health and GET /metrics (vLLM's load
+gauges) so that routers can health-check and scrape it.
 
     python benchmarks/stub_server.py --port 8765 --chunks 16 [--delay-ms 0]
 
@@ -111,6 +112,7 @@ _MODELS = _plain(
         }
     ).encode(),
 )
+_HEALTHY = _plain(b"200 OK", b"")
 _NOT_FOUND = _plain(b"404 Not Found", b'{"error":{"message":"no such route","code":404}}')
 
 
@@ -144,6 +146,10 @@ class _StubProtocol(asyncio.Protocol):
             self.server.stream(self.transport, self.server.completions)
         elif path.endswith(b"/models"):
             self.transport.write(_MODELS)
+        elif path == b"/health":
+            self.transport.write(_HEALTHY)
+        elif path == b"/metrics":
+            self.transport.write(self.server.metrics())
         else:
             self.transport.write(_NOT_FOUND)
 
@@ -176,6 +182,16 @@ class StubServer:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+
+    def metrics(self) -> bytes:
+        """vLLM's load gauges, so a gateway in front scrapes what it would from vLLM."""
+        label = f'{{model_name="{MODEL}"}}'
+        text = (
+            f"vllm:num_requests_running{label} {self.stats.in_flight}\n"
+            f"vllm:num_requests_waiting{label} 0\n"
+            f"vllm:kv_cache_usage_perc{label} 0.0\n"
+        )
+        return _plain(b"200 OK", text.encode(), b"text/plain; version=0.0.4")
 
     def stream(self, transport: asyncio.Transport, answer: _Answer) -> None:
         stats, config = self.stats, self.config

@@ -16,6 +16,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from servepilot.core.errors import ConfigError
+from servepilot.core.gateway_config import GatewayConfig, PolicyName, Priority
+
+__all__ = ["FleetConfig", "GatewayConfig", "PolicyName", "Priority", "load_config", "parse_config"]
 
 EMBEDDED_MODEL = "smollm2"
 
@@ -31,11 +34,6 @@ class Device(enum.StrEnum):
 
 class EngineKind(enum.StrEnum):
     VLLM = "vllm"
-
-
-class PolicyName(enum.StrEnum):
-    ROUND_ROBIN = "round_robin"
-    LEAST_LOAD = "least_load"
 
 
 class ModelConfig(_Section):
@@ -147,35 +145,6 @@ class ReplicasConfig(_Section):
 
     host: str = "127.0.0.1"
     """Address the replicas listen on."""
-
-
-class GatewayConfig(_Section):
-    host: str = "127.0.0.1"
-    """Address the gateway listens on."""
-
-    port: int = Field(default=8000, ge=0, le=65535)
-    """Port the gateway listens on (0 picks a free one)."""
-
-    policy: PolicyName = PolicyName.LEAST_LOAD
-    """Routing policy: round_robin, or least_load (fewest in-flight plus queued requests)."""
-
-    health_interval_s: float = Field(default=2.0, gt=0)
-    """How often each replica's /health is checked."""
-
-    unhealthy_after: int = Field(default=2, ge=1)
-    """Consecutive failed checks (or failed requests) that take a replica out of rotation."""
-
-    connect_timeout_s: float = Field(default=5.0, gt=0)
-    """Time allowed to open a connection to a replica."""
-
-    request_timeout_s: float = Field(default=600.0, gt=0)
-    """Time allowed for a whole upstream request."""
-
-    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
-    """Largest request body accepted; larger ones get 413."""
-
-    retry_after_s: int = Field(default=2, ge=1)
-    """Retry-After sent with 503 when no replica is ready."""
 
 
 class SloConfig(_Section):

@@ -44,10 +44,18 @@ def check_port_free(host: str, port: int) -> None:
             raise FleetError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
-async def start_gateway(config: GatewayConfig, replicas: list[tuple[str, str]]) -> ServedGateway:
-    """Start the gateway with `replicas` as (id, url) pairs; returns where it listens."""
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    replica_id: str
+    url: str
+    capacity: int | None = None
+    """Concurrency budget (None: the gateway's default)."""
+
+
+async def start_gateway(config: GatewayConfig, replicas: list[Upstream]) -> ServedGateway:
+    """Start the gateway in front of `replicas`; returns where it listens."""
     gateway = Gateway(config)
-    await asyncio.gather(*(gateway.pool.add(rid, url) for rid, url in replicas))
+    await asyncio.gather(*(gateway.pool.add(r.replica_id, r.url, r.capacity) for r in replicas))
     try:
         port = await gateway.start()
     except OSError as exc:

@@ -18,8 +18,9 @@ from servepilot.core.config import FleetConfig
 from servepilot.core.paths import state_dir
 from servepilot.engine.model_source import resolve_model
 from servepilot.engine.process import ReplicaInfo
+from servepilot.fleet.budget import replica_capacity
 from servepilot.fleet.local import LocalReplicas
-from servepilot.fleet.serve import ServedGateway, check_port_free, start_gateway
+from servepilot.fleet.serve import ServedGateway, Upstream, check_port_free, start_gateway
 from servepilot.fleet.state import FleetRecord, ReplicaRecord, remove_record, write_record
 
 # Draining waits this long for in-flight requests when `up` is told to stop.
@@ -75,7 +76,8 @@ async def run_up(config: FleetConfig, report: UpReporter) -> None:
     infos = start.result()
     served: ServedGateway | None = None
     try:
-        served = await start_gateway(gw, [(i.replica_id, i.url) for i in infos])
+        upstreams = [Upstream(i.replica_id, i.url, replica_capacity(config, i.kv)) for i in infos]
+        served = await start_gateway(gw, upstreams)
         write_record(_record(served, infos, run_dir))
         report.serving(UpStarted(served.url, model.served_name, tuple(infos)))
         await _watch(replicas, stop, report)

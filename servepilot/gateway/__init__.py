@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from servepilot.gateway.app import Gateway, build_app
+from servepilot.gateway.app import Gateway
 from servepilot.gateway.pool import ReplicaInfo, ReplicaNotFound, ReplicaPool
 from servepilot.gateway.proxy import REPLICA_HEADER
 from servepilot.gateway.serve import run_gateway, serve
@@ -13,7 +13,6 @@ __all__ = [
     "ReplicaInfo",
     "ReplicaNotFound",
     "ReplicaPool",
-    "build_app",
     "run_gateway",
     "serve",
 ]

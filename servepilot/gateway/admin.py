@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import dataclass
 from typing import Any
-
-from aiohttp import web
+from urllib.parse import parse_qs
 
 from servepilot.gateway.errors import INVALID_REQUEST, GatewayError, bad_request
 from servepilot.gateway.pool import DuplicateReplica, ReplicaNotFound, ReplicaPool, normalize_url
+from servepilot.gateway.server import HttpRequest
 
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 # Ids appear in URLs (DELETE /admin/replicas/{id}) and as Prometheus label values.
@@ -22,20 +23,23 @@ class AdminHandlers:
     def __init__(self, pool: ReplicaPool) -> None:
         self._pool = pool
 
-    async def list_replicas(self, request: web.Request) -> web.Response:
-        return web.json_response([info.to_json() for info in self._pool.replicas()])
+    async def list_replicas(self, request: HttpRequest) -> None:
+        _respond(request, 200, [info.to_json() for info in self._pool.replicas()])
 
-    async def add_replica(self, request: web.Request) -> web.Response:
-        replica_id, url = _parse_add(await _read_small_body(request))
+    async def add_replica(self, request: HttpRequest) -> None:
+        if len(request.body) > _MAX_ADMIN_BODY_BYTES:
+            raise bad_request("the request body is too large for an admin request")
+        added = _parse_add(request.body)
         try:
-            info = await self._pool.add(replica_id or self._pool.new_id(), url)
+            info = await self._pool.add(
+                added.replica_id or self._pool.new_id(), added.url, added.capacity, added.group
+            )
         except DuplicateReplica as exc:
             raise GatewayError(409, str(exc), error_type=INVALID_REQUEST, code="conflict") from None
-        return web.json_response(info.to_json(), status=201)
+        _respond(request, 201, info.to_json())
 
-    async def remove_replica(self, request: web.Request) -> web.Response:
-        replica_id = request.match_info["replica_id"]
-        timeout_s = _parse_timeout(request.query.get("timeout_s"))
+    async def remove_replica(self, request: HttpRequest, replica_id: str) -> None:
+        timeout_s = _parse_timeout(parse_qs(request.query).get("timeout_s", [None])[-1])
         try:
             drained = await self._pool.remove(replica_id, timeout_s)
         except ReplicaNotFound:
@@ -45,17 +49,22 @@ class AdminHandlers:
                 error_type=INVALID_REQUEST,
                 code="replica_not_found",
             ) from None
-        return web.json_response({"id": replica_id, "removed": True, "drained": drained})
+        _respond(request, 200, {"id": replica_id, "removed": True, "drained": drained})
 
 
-async def _read_small_body(request: web.Request) -> bytes:
-    declared = request.content_length
-    if declared is not None and declared > _MAX_ADMIN_BODY_BYTES:
-        raise bad_request("the request body is too large for an admin request")
-    return await request.read()
+def _respond(request: HttpRequest, status: int, doc: Any) -> None:
+    request.respond(status, json.dumps(doc).encode())
 
 
-def _parse_add(body: bytes) -> tuple[str | None, str]:
+@dataclass(frozen=True, slots=True)
+class _NewReplica:
+    replica_id: str | None
+    url: str
+    capacity: int | None
+    group: str | None
+
+
+def _parse_add(body: bytes) -> _NewReplica:
     try:
         doc: Any = json.loads(body)
     except ValueError:
@@ -70,7 +79,15 @@ def _parse_add(body: bytes) -> tuple[str | None, str]:
         not isinstance(replica_id, str) or not _ID_PATTERN.fullmatch(replica_id)
     ):
         raise bad_request("`id` must be 1-64 letters, digits, '_', '.', ':' or '-'")
-    return replica_id, _normalized(url)
+    capacity = doc.get("capacity")
+    if capacity is not None and (
+        not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1
+    ):
+        raise bad_request("`capacity` (requests in flight at most) must be an integer >= 1")
+    group = doc.get("group")
+    if group is not None and group not in ("short", "long"):
+        raise bad_request('`group` must be "short" or "long" (length sharding)')
+    return _NewReplica(replica_id, _normalized(url), capacity, group)
 
 
 def _normalized(url: str) -> str:

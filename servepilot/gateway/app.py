@@ -1,140 +1,43 @@
-"""The gateway's aiohttp application and the `Gateway` that serves it.
+"""The gateway: its routes, and the `Gateway` object that serves them.
 
 A `Gateway(config)` takes its policy from `config.policy`; register replicas with
 `await gateway.pool.add(replica_id, url)`, serve with `await gateway.start()` (which also
-starts the health checker and returns the bound port) and end with `await gateway.stop()`.
+starts the health checker and the dispatcher's clock, and returns the bound port) and end
+with `await gateway.stop()`, which drains in-flight requests first.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
+from collections.abc import Awaitable, Callable
 
-from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from servepilot.core.config import GatewayConfig
+from servepilot.core.gateway_config import GatewayConfig
 from servepilot.gateway.admin import AdminHandlers
-from servepilot.gateway.errors import (
-    INTERNAL,
-    INVALID_REQUEST,
-    GatewayError,
-    error_response,
-    no_ready_replica,
-)
+from servepilot.gateway.auth import Authenticator, Caller
+from servepilot.gateway.dispatch import Dispatcher
+from servepilot.gateway.errors import INVALID_REQUEST, GatewayError, no_ready_replica
 from servepilot.gateway.metrics import GatewayMetrics
 from servepilot.gateway.pool import ReplicaPool
 from servepilot.gateway.proxy import Proxy
+from servepilot.gateway.server import HttpRequest, HttpServer
 from servepilot.routing import make_policy
 from servepilot.routing.base import RoutingPolicy
 
 log = logging.getLogger(__name__)
 
-METRICS_KEY = web.AppKey("metrics", GatewayMetrics)
-POOL_KEY = web.AppKey("pool", ReplicaPool)
-
-# Once the drain timeout has passed, how long requests still running get before aiohttp
-# cancels their handlers (which closes their upstream connections).
-_CANCEL_GRACE_S = 1.0
 _HEALTH_BODY = json.dumps({"status": "ok"}).encode()
+_ADMIN_PREFIX = "/admin/replicas/"
 
-
-def build_app(config: GatewayConfig, pool: ReplicaPool, policy: RoutingPolicy) -> web.Application:
-    metrics = GatewayMetrics(pool)
-    proxy = Proxy(config, pool, policy, metrics)
-    info = _InfoHandlers(config, pool, metrics)
-    admin = AdminHandlers(pool)
-    app = web.Application(
-        middlewares=[_error_middleware(metrics)], client_max_size=config.max_body_bytes
-    )
-    app[METRICS_KEY] = metrics
-    app[POOL_KEY] = pool
-    router = app.router
-    router.add_post("/v1/chat/completions", proxy.chat_completions)
-    router.add_post("/v1/completions", proxy.completions)
-    router.add_post("/tokenize", proxy.tokenize)
-    router.add_post("/detokenize", proxy.detokenize)
-    router.add_get("/v1/models", info.models, allow_head=False)
-    router.add_get("/health", info.health, allow_head=False)
-    router.add_get("/ready", info.ready, allow_head=False)
-    router.add_get("/metrics", info.metrics, allow_head=False)
-    router.add_get("/admin/replicas", admin.list_replicas, allow_head=False)
-    router.add_post("/admin/replicas", admin.add_replica)
-    router.add_delete("/admin/replicas/{replica_id}", admin.remove_replica)
-    return app
-
-
-def _error_middleware(metrics: GatewayMetrics) -> Middleware:
-    @web.middleware
-    async def handle_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-        try:
-            response = await handler(request)
-        except GatewayError as exc:
-            response = exc.to_response()
-        except web.HTTPException as exc:
-            response = _from_http_exception(request, exc)
-        except Exception:
-            # A bug must still answer in the API's error shape, never with an HTML page.
-            log.exception("unexpected error answering %s %s", request.method, request.path)
-            response = error_response(
-                500,
-                "the gateway failed to handle this request",
-                error_type=INTERNAL,
-                code="internal_error",
-            )
-        resource = request.match_info.route.resource
-        # Unmatched paths share one label so scanners cannot blow up the series count.
-        metrics.count_request(resource.canonical if resource else "unmatched", response.status)
-        return response
-
-    return handle_errors
-
-
-def _from_http_exception(request: web.Request, exc: web.HTTPException) -> web.Response:
-    status = exc.status
-    headers: dict[str, str] = {}
-    if status == 404:
-        message, code = f"no route {request.method} {request.path}", "not_found"
-    elif status == 405:
-        message, code = f"{request.method} is not allowed on {request.path}", "method_not_allowed"
-        if "Allow" in exc.headers:
-            headers["Allow"] = exc.headers["Allow"]
-    elif status == 413:
-        message, code = "the request body is too large", "body_too_large"
-    else:
-        message, code = exc.reason, f"http_{status}"
-    return error_response(status, message, error_type=INVALID_REQUEST, code=code, headers=headers)
-
-
-class _InfoHandlers:
-    def __init__(self, config: GatewayConfig, pool: ReplicaPool, metrics: GatewayMetrics) -> None:
-        self._config = config
-        self._pool = pool
-        self._metrics = metrics
-
-    async def health(self, request: web.Request) -> web.Response:
-        return web.Response(body=_HEALTH_BODY, content_type="application/json")
-
-    async def ready(self, request: web.Request) -> web.Response:
-        if not self._pool.ready():
-            raise no_ready_replica(self._config.retry_after_s)
-        healthy = sum(1 for r in self._pool.replicas() if r.healthy and not r.draining)
-        return web.json_response({"status": "ready", "ready_replicas": healthy})
-
-    async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(
-            body=self._metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
-
-    async def models(self, request: web.Request) -> web.Response:
-        if not self._pool.ready():
-            raise no_ready_replica(self._config.retry_after_s)
-        return web.json_response({"object": "list", "data": self._pool.model_cards()})
+Route = Callable[[HttpRequest], Awaitable[None]]
+InferenceRoute = Callable[[HttpRequest, Caller], Awaitable[None]]
 
 
 class Gateway:
-    """The gateway server: the app, its replica pool and its health checker, on one port."""
+    """The gateway server: routes, replica pool, dispatcher and health checker, on one port."""
 
     def __init__(
         self,
@@ -142,59 +45,146 @@ class Gateway:
         policy: RoutingPolicy | None = None,
         *,
         seed: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
+        self.auth = Authenticator(config.auth)
         self.pool = ReplicaPool(config)
-        self.policy = policy if policy is not None else make_policy(config.policy, seed)
-        self.app = build_app(config, self.pool, self.policy)
-        self._runner: web.AppRunner | None = None
-        self._site: web.TCPSite | None = None
-
-    @property
-    def metrics(self) -> GatewayMetrics:
-        return self.app[METRICS_KEY]
+        self.policy = (
+            policy if policy is not None else make_policy(config.policy, config.routing, seed)
+        )
+        self.pool.on_remove(self.policy.forget)
+        self.metrics = GatewayMetrics(self.pool, self.policy)
+        self.dispatcher = Dispatcher(config, self.pool, self.policy, self.metrics, clock, seed)
+        self.metrics.watch(self.dispatcher)
+        proxy = Proxy(config, self.pool, self.policy, self.dispatcher, self.metrics)
+        admin = AdminHandlers(self.pool)
+        self._inference: dict[str, InferenceRoute] = {
+            "/v1/chat/completions": proxy.chat_completions,
+            "/v1/completions": proxy.completions,
+            "/tokenize": proxy.tokenize,
+            "/detokenize": proxy.detokenize,
+        }
+        self._gets: dict[str, Route] = {
+            "/v1/models": self._models,
+            "/health": self._health,
+            "/ready": self._ready,
+            "/metrics": self._metrics,
+        }
+        self._admin_list = admin.list_replicas
+        self._admin_add = admin.add_replica
+        self._admin_remove = admin.remove_replica
+        self._clock = clock
+        self._server = HttpServer(self.handle, config.max_body_bytes, self._count_rejected)
+        self._started = False
 
     async def start(self, host: str | None = None, port: int | None = None) -> int:
         """Listen (on the config's host/port unless given) and return the bound port."""
-        if self._runner is not None:
+        if self._started:
             raise RuntimeError("the gateway is already started")
-        runner = web.AppRunner(
-            self.app,
-            access_log=None,  # a log line per request costs more CPU than the proxying
-            # Cancel a handler when its client disconnects, so the upstream request is
-            # closed (and the generation aborted) instead of running to its end.
-            handler_cancellation=True,
-            shutdown_timeout=_CANCEL_GRACE_S,
+        bound = await self._server.start(
+            host or self.config.host, self.config.port if port is None else port
         )
-        await runner.setup()
-        site = web.TCPSite(
-            runner, host or self.config.host, self.config.port if port is None else port
-        )
-        try:
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._runner, self._site = runner, site
+        self._started = True
         self.pool.start_health_checks()
-        bound_port: int = runner.addresses[0][1]
-        log.info("gateway listening on %s:%d", host or self.config.host, bound_port)
-        return bound_port
+        self.dispatcher.start()
+        log.info("gateway listening on %s:%d", host or self.config.host, bound)
+        return bound
 
     async def stop(self, drain_timeout_s: float = 30.0) -> None:
         """Stop accepting, let in-flight requests finish (up to the timeout), then stop the
-        health checker and close the upstream connections."""
-        runner, site = self._runner, self._site
-        self._runner = self._site = None
-        if runner is not None and site is not None:
-            await site.stop()
-            if runner.server is not None:
-                # Idle keep-alive connections close now and busy ones after their response,
-                # so a client cannot slip new requests in while we drain.
-                runner.server.pre_shutdown()
+        dispatcher and the health checker and close every connection."""
+        if self._started:
+            self._started = False
+            self._server.stop_listening()
+            await self.dispatcher.drain(drain_timeout_s)
             if not await self.pool.wait_idle(drain_timeout_s):
                 log.warning(
                     "drain timeout: %d requests still in flight", self.pool.total_in_flight()
                 )
-            await runner.cleanup()
+            await self._server.close()
+        await self.dispatcher.stop()
         await self.pool.close()
+
+    # --- routing of HTTP requests -----------------------------------------------------------
+
+    async def handle(self, request: HttpRequest) -> None:
+        """Answer one request; errors become OpenAI-shaped JSON, never a traceback."""
+        path = request.path
+        route = path
+        try:
+            inference = self._inference.get(path)
+            if inference is not None:
+                self._allow(request, "POST")
+                caller = self.auth.caller(request.headers.get("authorization"), self._clock())
+                await inference(request, caller)
+            elif path in self._gets:
+                self._allow(request, "GET")
+                await self._gets[path](request)
+            elif path == "/admin/replicas" or path.startswith(_ADMIN_PREFIX):
+                route = "/admin/replicas" if path == "/admin/replicas" else "/admin/replicas/{id}"
+                await self._admin(request)
+            else:
+                route = "unmatched"  # one label, so scanners cannot blow up the series count
+                raise GatewayError(
+                    404,
+                    f"no route {request.method} {path}",
+                    error_type=INVALID_REQUEST,
+                    code="not_found",
+                )
+        except GatewayError as exc:
+            if request.responded:
+                raise RuntimeError(f"{exc.status} after the response started: {exc}") from exc
+            request.respond(exc.status, exc.body(), headers=exc.header_pairs())
+        except Exception:
+            # A bug must still answer in the API's error shape (the server does that), and
+            # be counted.
+            self.metrics.count_request(route, 500)
+            raise
+        self.metrics.count_request(route, request.status)
+
+    async def _admin(self, request: HttpRequest) -> None:
+        self.auth.check_admin(request.headers.get("authorization"))
+        if request.path == "/admin/replicas":
+            if request.method == "GET":
+                await self._admin_list(request)
+            else:
+                self._allow(request, "GET, POST", "POST")
+                await self._admin_add(request)
+            return
+        self._allow(request, "DELETE")
+        await self._admin_remove(request, request.path[len(_ADMIN_PREFIX) :])
+
+    @staticmethod
+    def _allow(request: HttpRequest, allowed: str, method: str | None = None) -> None:
+        if request.method != (method or allowed):
+            raise GatewayError(
+                405,
+                f"{request.method} is not allowed on {request.path}",
+                error_type=INVALID_REQUEST,
+                code="method_not_allowed",
+                headers={"Allow": allowed},
+            )
+
+    def _count_rejected(self, status: int) -> None:
+        self.metrics.count_request("unparsed", status)
+
+    # --- informational routes ---------------------------------------------------------------
+
+    async def _health(self, request: HttpRequest) -> None:
+        request.respond(200, _HEALTH_BODY)
+
+    async def _ready(self, request: HttpRequest) -> None:
+        if not self.pool.ready():
+            raise no_ready_replica(self.config.retry_after_s)
+        healthy = sum(1 for r in self.pool.replicas() if r.healthy and not r.draining)
+        request.respond(200, json.dumps({"status": "ready", "ready_replicas": healthy}).encode())
+
+    async def _metrics(self, request: HttpRequest) -> None:
+        request.respond(200, self.metrics.render(), CONTENT_TYPE_LATEST.encode())
+
+    async def _models(self, request: HttpRequest) -> None:
+        if not self.pool.ready():
+            raise no_ready_replica(self.config.retry_after_s)
+        body = {"object": "list", "data": self.pool.model_cards()}
+        request.respond(200, json.dumps(body).encode())

@@ -1,7 +1,7 @@
 """OpenAI-shaped error responses: `{"error": {"message", "type", "code"}}`.
 
-Handlers raise `GatewayError`; the app's middleware turns it (and anything unexpected) into
-one of these JSON bodies, so a client never sees an HTML page or a bare traceback.
+Handlers raise `GatewayError`; the app turns it (and anything unexpected) into one of these
+JSON bodies, so a client never sees an HTML page or a bare traceback.
 """
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from aiohttp import web
-
 INVALID_REQUEST = "invalid_request_error"
 NOT_FOUND = "not_found_error"
 UNAVAILABLE = "service_unavailable_error"
 UPSTREAM = "upstream_error"
 INTERNAL = "internal_error"
+OVERLOADED = "rate_limit_error"
+AUTH = "authentication_error"
 
 
 class GatewayError(Exception):
@@ -37,14 +37,11 @@ class GatewayError(Exception):
         self.code = code
         self.headers = dict(headers or {})
 
-    def to_response(self) -> web.Response:
-        return error_response(
-            self.status,
-            self.message,
-            error_type=self.error_type,
-            code=self.code,
-            headers=self.headers,
-        )
+    def body(self) -> bytes:
+        return error_body(self.message, error_type=self.error_type, code=self.code)
+
+    def header_pairs(self) -> list[tuple[bytes, bytes]]:
+        return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()]
 
 
 def error_body(message: str, *, error_type: str, code: str) -> bytes:
@@ -52,24 +49,19 @@ def error_body(message: str, *, error_type: str, code: str) -> bytes:
     return json.dumps(payload).encode()
 
 
-def error_response(
-    status: int,
-    message: str,
-    *,
-    error_type: str,
-    code: str,
-    headers: Mapping[str, str] | None = None,
-) -> web.Response:
-    return web.Response(
-        status=status,
-        body=error_body(message, error_type=error_type, code=code),
-        content_type="application/json",
-        headers=headers,
-    )
-
-
 def bad_request(message: str, code: str = "invalid_value") -> GatewayError:
     return GatewayError(400, message, error_type=INVALID_REQUEST, code=code)
+
+
+def shed(message: str, code: str, retry_after_s: int) -> GatewayError:
+    """429: the gateway refuses work to protect the latency of the rest."""
+    return GatewayError(
+        429,
+        message,
+        error_type=OVERLOADED,
+        code=code,
+        headers={"Retry-After": str(retry_after_s)},
+    )
 
 
 def no_ready_replica(retry_after_s: int) -> GatewayError:

@@ -1,98 +1,280 @@
-"""The gateway's own Prometheus metrics, in a registry per Gateway (tests run several).
+"""The gateway's Prometheus metrics (all prefixed `servepilot_`), one registry per Gateway.
 
-Request and error counts are plain dict increments on the hot path, and per-replica gauges
-are read from the pool only when /metrics is scraped: a prometheus_client labelled child
-takes a lock per update, which the proxied request would pay for nothing.
+The hot path only bumps plain ints and bucket counts (a prometheus_client labelled child takes
+a lock per update, which every proxied request would pay for); everything is turned into
+metric families when /metrics is scraped, together with the state read from the pool, the
+dispatcher and the routing policy at that moment. The README lists every metric.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import bisect
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
-from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 from servepilot.gateway.pool import ReplicaPool
+from servepilot.routing.base import RoutingPolicy
 
-# Upstream time to first byte spans a cached short answer (ms) to a long queued prefill (min).
-_TTFB_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+if TYPE_CHECKING:
+    from servepilot.gateway.relay import Outcome
+    from servepilot.routing.admission import AdmissionQueue, BreakerBoard, HardLimit, SoftLimit
+
+# From a cached short answer (ms) to a long queued prefill (minutes).
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_BREAKER_VALUE = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
+
+
+class _Watched(Protocol):
+    """What the metrics read from the dispatcher at scrape time."""
+
+    queue: AdmissionQueue[Any]
+    breakers: BreakerBoard
+    hard_limit: HardLimit
+    soft_limit: SoftLimit
+
+
+class Histogram:
+    """Bucket counts and a sum: one bisect and two additions per observation."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: Sequence[float] = LATENCY_BUCKETS_S) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def buckets(self) -> list[tuple[str, float]]:
+        out, running = [], 0
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            running += count
+            out.append(("+Inf" if bound == float("inf") else repr(bound), float(running)))
+        return out
+
+
+class _Counts(dict[tuple[str, ...], int]):
+    def add(self, key: tuple[str, ...], amount: int = 1) -> None:
+        self[key] = self.get(key, 0) + amount
+
+
+class _Histograms(dict[tuple[str, ...], Histogram]):
+    def observe(self, key: tuple[str, ...], value: float) -> None:
+        histogram = self.get(key)
+        if histogram is None:
+            histogram = self[key] = Histogram()
+        histogram.observe(value)
+
+
+_CLASS = ("0", "1", "2")
 
 
 class GatewayMetrics:
-    def __init__(self, pool: ReplicaPool) -> None:
+    def __init__(self, pool: ReplicaPool, policy: RoutingPolicy) -> None:
         self.registry = CollectorRegistry()
-        self._requests: dict[tuple[str, int], int] = {}
-        self._errors: dict[str, int] = {}
-        self.upstream_ttfb = Histogram(
-            "servepilot_upstream_ttfb_seconds",
-            "Time from sending a request to a replica to receiving its response headers.",
-            buckets=_TTFB_BUCKETS_S,
-            registry=self.registry,
-        )
-        self.registry.register(_StateCollector(self, pool))
+        self._pool = pool
+        self._policy = policy
+        self._watched: _Watched | None = None
+        self.requests = _Counts()
+        self.errors = _Counts()
+        self.upstream = _Counts()
+        self.sheds = _Counts()
+        self.queued = _Counts()
+        self.retries = 0
+        self.breaker_moves = _Counts()
+        self.degradation_steps = _Counts()
+        self.ttfb = _Histograms()
+        self.ttft = _Histograms()
+        self.e2e = _Histograms()
+        self.queue_wait = _Histograms()
+        self.registry.register(_Collector(self))
         # process_resident_memory_bytes and CPU seconds of the gateway process: what a soak
         # test watches for leaks.
         ProcessCollector(registry=self.registry)
 
+    def watch(self, dispatcher: _Watched) -> None:
+        self._watched = dispatcher
+
+    # --- hot path -------------------------------------------------------------------------
+
     def count_request(self, route: str, status: int) -> None:
-        key = (route, status)
-        self._requests[key] = self._requests.get(key, 0) + 1
+        self.requests.add((route, str(status)))
 
     def count_error(self, reason: str) -> None:
-        self._errors[reason] = self._errors.get(reason, 0) + 1
-
-    def request_counts(self) -> dict[tuple[str, int], int]:
-        return dict(self._requests)
+        self.errors.add((reason,))
 
     def error_counts(self) -> dict[str, int]:
-        return dict(self._errors)
+        return {key[0]: count for key, count in self.errors.items()}
+
+    def count_shed(self, reason: str, priority: int) -> None:
+        self.sheds.add((str(reason), _CLASS[priority]))
+
+    def count_queued(self, priority: int) -> None:
+        self.queued.add((_CLASS[priority],))
+
+    def count_retry(self) -> None:
+        self.retries += 1
+
+    def observe_queue_wait(self, priority: int, wait_s: float) -> None:
+        self.queue_wait.observe((_CLASS[priority],), wait_s)
+
+    def observe_outcome(self, replica_id: str, priority: int, outcome: Outcome | None) -> None:
+        cls_ = _CLASS[priority]
+        if outcome is None:
+            result = "abandoned"
+        elif outcome.timed_out:
+            result = "timeout"
+        elif outcome.failure is not None:
+            result = "failed" if outcome.retryable else "interrupted"
+        elif outcome.status >= 500:
+            result = "5xx"
+        else:
+            result = "ok"
+        self.upstream.add((replica_id, cls_, result))
+        if outcome is not None and outcome.status:
+            self.ttfb.observe((replica_id,), outcome.ttfb_s)
+
+    def observe_latency(self, priority: int, ttft_s: float | None, e2e_s: float) -> None:
+        """TTFT (streamed answers) and E2E as the gateway saw them, queue wait included."""
+        cls_ = (_CLASS[priority],)
+        if ttft_s is not None:
+            self.ttft.observe(cls_, ttft_s)
+        self.e2e.observe(cls_, e2e_s)
+
+    def count_degradation(self, level: int) -> None:
+        self.degradation_steps.add((str(int(level)),))
+
+    def count_breaker(self, replica_id: str, state: str) -> None:
+        self.breaker_moves.add((replica_id, str(state)))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
-class _StateCollector:
-    def __init__(self, metrics: GatewayMetrics, pool: ReplicaPool) -> None:
-        self._metrics = metrics
-        self._pool = pool
+class _Collector:
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self._m = metrics
 
     def describe(self) -> Iterable[Metric]:
-        return self._families()
+        return []
 
-    def collect(self) -> Iterable[Metric]:
-        requests, errors, in_flight, healthy = self._families()
-        for (route, status), count in self._metrics.request_counts().items():
-            requests.add_metric([route, str(status)], count)
-        for reason, count in self._metrics.error_counts().items():
-            errors.add_metric([reason], count)
-        for info in self._pool.replicas():
-            in_flight.add_metric([info.replica_id], info.in_flight)
-            healthy.add_metric([info.replica_id], 1.0 if info.healthy else 0.0)
-        return [requests, errors, in_flight, healthy]
+    def collect(self) -> Iterator[Metric]:
+        m = self._m
+        yield _counter("requests", "Requests answered, by route and HTTP status.",
+                       ["route", "code"], m.requests)  # fmt: skip
+        yield _counter("request_errors", "Requests that failed in or behind the gateway, by "
+                       "reason.", ["reason"], m.errors)  # fmt: skip
+        yield _counter("upstream_requests", "Requests sent to a replica, by replica, class "
+                       "and result.", ["replica", "class", "result"], m.upstream)  # fmt: skip
+        yield _counter("shed", "Requests refused with 429/503 by admission, by reason and "
+                       "class.", ["reason", "class"], m.sheds)  # fmt: skip
+        yield _counter("queued", "Requests that waited in the gateway's queue, by class.",
+                       ["class"], m.queued)  # fmt: skip
+        retries = CounterMetricFamily("servepilot_retries", "Requests sent to another "
+                                      "replica after a failure before any answer.")  # fmt: skip
+        retries.add_metric([], m.retries)
+        yield retries
+        yield _counter("breaker_transitions", "Circuit breaker state changes, by replica and "
+                       "new state.", ["replica", "state"], m.breaker_moves)  # fmt: skip
+        yield _counter("degradation_steps", "Soft-limit degradation steps, by new level "
+                       "(0 normal, 1 shed P2, 2 cap P1 max_tokens).", ["level"],
+                       m.degradation_steps)  # fmt: skip
+        yield _histogram("upstream_ttfb_seconds", "Time from sending a request to a replica "
+                         "to its response head.", ["replica"], m.ttfb)  # fmt: skip
+        yield _histogram("ttft_seconds", "Time to first streamed chunk at the gateway, queue "
+                         "wait included, by class.", ["class"], m.ttft)  # fmt: skip
+        yield _histogram("e2e_seconds", "Time from arrival to the end of the answer at the "
+                         "gateway, by class.", ["class"], m.e2e)  # fmt: skip
+        yield _histogram("queue_wait_seconds", "Time a request waited in the gateway's "
+                         "queue, by class.", ["class"], m.queue_wait)  # fmt: skip
+        yield from _replica_state(m)
+        yield from _dispatch_state(m)
+        yield from _policy_stats(m)
 
-    @staticmethod
-    def _families() -> tuple[
-        CounterMetricFamily, CounterMetricFamily, GaugeMetricFamily, GaugeMetricFamily
-    ]:
-        return (
-            CounterMetricFamily(
-                "servepilot_requests_total",
-                "Requests answered by the gateway, by route and HTTP status.",
-                labels=["route", "code"],
-            ),
-            CounterMetricFamily(
-                "servepilot_request_errors_total",
-                "Requests that failed in or behind the gateway, by reason.",
-                labels=["reason"],
-            ),
-            GaugeMetricFamily(
-                "servepilot_in_flight_requests",
-                "Requests sent to a replica and not yet finished.",
-                labels=["replica"],
-            ),
-            GaugeMetricFamily(
-                "servepilot_replica_healthy",
-                "1 if the replica is in rotation, else 0.",
-                labels=["replica"],
-            ),
-        )
+
+def _counter(name: str, doc: str, labels: list[str], counts: _Counts) -> CounterMetricFamily:
+    family = CounterMetricFamily(f"servepilot_{name}", doc, labels=labels)
+    for key, count in list(counts.items()):
+        family.add_metric(list(key), count)
+    return family
+
+
+def _histogram(
+    name: str, doc: str, labels: list[str], histograms: _Histograms
+) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(f"servepilot_{name}", doc, labels=labels)
+    for key, histogram in list(histograms.items()):
+        family.add_metric(list(key), histogram.buckets(), histogram.total)
+    return family
+
+
+def _gauge(name: str, doc: str, labels: Sequence[str] = ()) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"servepilot_{name}", doc, labels=list(labels))
+
+
+def _replica_state(m: GatewayMetrics) -> Iterator[Metric]:
+    rows = {
+        "in_flight_requests": "Requests sent to the replica and not yet finished.",
+        "replica_healthy": "1 if the replica is in rotation, else 0.",
+        "replica_capacity": "The replica's concurrency budget (requests in flight at most).",
+        "replica_num_requests_running": "vllm:num_requests_running at the last scrape.",
+        "replica_num_requests_waiting": "vllm:num_requests_waiting at the last scrape.",
+        "replica_kv_cache_usage": "vllm:kv_cache_usage_perc at the last scrape (0..1).",
+    }
+    families = {name: _gauge(name, doc, ["replica"]) for name, doc in rows.items()}
+    for info in m._pool.replicas():
+        values = (info.in_flight, 1.0 if info.healthy else 0.0, info.capacity, info.running,
+                  info.waiting, info.kv_cache_usage)  # fmt: skip
+        for family, value in zip(families.values(), values, strict=True):
+            family.add_metric([info.replica_id], float(value))
+    yield from families.values()
+
+
+def _dispatch_state(m: GatewayMetrics) -> Iterator[Metric]:
+    watched = m._watched
+    if watched is None:
+        return
+    depth = _gauge("queue_depth", "Requests waiting in the gateway's queue, by class.", ["class"])
+    for cls_, count in zip(_CLASS, watched.queue.depth_by_class(), strict=True):
+        depth.add_metric([cls_], count)
+    yield depth
+    breaker = _gauge("breaker_state", "Circuit breaker per replica: 0 closed, 1 half-open, "
+                     "2 open.", ["replica"])  # fmt: skip
+    for rid, state in watched.breakers.states().items():
+        breaker.add_metric([rid], _BREAKER_VALUE.get(str(state), 0.0))
+    yield breaker
+    level = _gauge("degradation_level", "Soft-limit degradation: 0 normal, 1 P2 shed, 2 P1 "
+                   "max_tokens capped too.")  # fmt: skip
+    level.add_metric([], float(watched.soft_limit.level))
+    yield level
+    hard = _gauge("hard_limit_crossed", "1 while a replica's median upstream time to first "
+                  "byte is over the hard limit (a share of P2 is shed).")  # fmt: skip
+    hard.add_metric([], 1.0 if watched.hard_limit.crossed() else 0.0)
+    yield hard
+
+
+def _policy_stats(m: GatewayMetrics) -> Iterator[Metric]:
+    stats = m._policy.stats()
+    if not stats:
+        return
+    family = _gauge("routing_stat", "Counters of the routing policy (prefix blocks looked up "
+                    "and matched, session hits, shard moves...).", ["policy", "stat"])  # fmt: skip
+    for name, value in stats.items():
+        family.add_metric([m._policy.name, name], float(value))
+    yield family
+    total = stats.get("prefix_blocks_total")
+    if total:
+        rate = _gauge("prefix_hit_rate_estimate", "Share of prompt prefix blocks routed to "
+                      "the replica that most likely holds them in its prefix cache.")  # fmt: skip
+        rate.add_metric([], float(stats.get("prefix_blocks_matched", 0.0)) / total)
+        yield rate

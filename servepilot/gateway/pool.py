@@ -21,13 +21,11 @@ from yarl import URL
 
 from servepilot.core.config import GatewayConfig
 from servepilot.engine.metrics import NO_LOAD, LoadGauges, parse_load
+from servepilot.gateway.upstream import KEEPALIVE_S, HostPool
 from servepilot.routing.base import ReplicaView
 
 log = logging.getLogger(__name__)
 
-# uvicorn (which serves vLLM) closes idle connections after 5 s; dropping ours first avoids
-# reusing a connection the replica is closing at that moment, which a POST cannot survive.
-_UPSTREAM_KEEPALIVE_S = 4.0
 # How often draining (replica removal, gateway stop) looks at in-flight counts; polling keeps
 # the per-request hot path free of wake-up bookkeeping.
 _DRAIN_POLL_S = 0.02
@@ -55,6 +53,8 @@ class ReplicaInfo:
     waiting: int
     kv_cache_usage: float
     models: tuple[str, ...]
+    capacity: int
+    group: str | None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -68,6 +68,8 @@ class ReplicaInfo:
             "waiting": self.waiting,
             "kv_cache_usage": self.kv_cache_usage,
             "models": list(self.models),
+            "capacity": self.capacity,
+            "group": self.group,
         }
 
 
@@ -76,28 +78,50 @@ class Replica:
 
     __slots__ = (
         "_endpoints",
+        "_heads",
         "base_url",
+        "capacity",
         "consecutive_failures",
         "draining",
+        "ever_healthy",
         "gauges",
+        "group",
+        "header",
         "healthy",
         "in_flight",
         "model_cards",
         "model_ids",
         "replica_id",
+        "upstream",
         "url",
     )
 
-    def __init__(self, replica_id: str, url: str) -> None:
+    def __init__(
+        self,
+        replica_id: str,
+        url: str,
+        *,
+        capacity: int,
+        connect_timeout_s: float,
+        group: str | None = None,
+    ) -> None:
         self.replica_id = replica_id
         self.url = url
         self.base_url = URL(url)
+        self.capacity = capacity
+        """Requests in flight the replica is given at most (its concurrency budget)."""
+        self.group = group
+        host, port = self.base_url.host or "127.0.0.1", self.base_url.port or 80
+        self.upstream = HostPool(host, port, connect_timeout_s)
+        self.header = (b"x-servepilot-replica", replica_id.encode())
+        self._heads: dict[str, bytes] = {}
         self.in_flight = 0
         self.consecutive_failures = 0
         # Not routable until a first check succeeds: a replica still loading its model
         # would otherwise get (and fail) the first requests.
         self.healthy = False
         self.draining = False
+        self.ever_healthy = False
         self.gauges: LoadGauges = NO_LOAD
         self.model_cards: tuple[Mapping[str, Any], ...] = ()
         self.model_ids: frozenset[str] = frozenset()
@@ -109,6 +133,15 @@ class Replica:
         if found is None:
             found = self._endpoints[path] = self.base_url.join(URL(path))
         return found
+
+    def request_head(self, path: str, length: int, extra: bytes) -> bytes:
+        """The head of a JSON POST of `length` bytes to `path` on this replica."""
+        start = self._heads.get(path)
+        if start is None:
+            host = f"{self.base_url.host}:{self.base_url.port}"
+            line = f"POST {self.base_url.path.rstrip('/')}{path} HTTP/1.1\r\nhost: {host}\r\n"
+            start = self._heads[path] = (line + "content-type: application/json\r\n").encode()
+        return b"%bcontent-length: %d\r\n%b\r\n" % (start, length, extra)
 
     def info(self) -> ReplicaInfo:
         return ReplicaInfo(
@@ -122,6 +155,8 @@ class Replica:
             waiting=self.gauges.waiting,
             kv_cache_usage=self.gauges.kv_cache_usage,
             models=tuple(sorted(self.model_ids)),
+            capacity=self.capacity,
+            group=self.group,
         )
 
 
@@ -130,6 +165,11 @@ def normalize_url(url: str) -> str:
     parsed = URL(url.strip())
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise ValueError(f"replica url must look like http://host:port, got {url!r}")
+    if parsed.scheme == "https":
+        raise ValueError(
+            f"replica url {url!r}: the gateway talks plain HTTP to its replicas "
+            "(terminate TLS in front of the gateway, not behind it)"
+        )
     return str(parsed).rstrip("/")
 
 
@@ -144,12 +184,17 @@ class ReplicaPool:
         self._checker: asyncio.Task[None] | None = None
         self._probe_timeout = aiohttp.ClientTimeout(total=config.connect_timeout_s)
         self._ids = itertools.count()
+        self._on_remove: list[Callable[[str], None]] = []
+
+    def on_remove(self, listener: Callable[[str], None]) -> None:
+        """Call `listener(replica_id)` when a replica leaves (policies forget it)."""
+        self._on_remove.append(listener)
 
     @property
     def session(self) -> aiohttp.ClientSession:
         """The shared client session; created on first use, inside the running loop."""
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=_UPSTREAM_KEEPALIVE_S)
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
             self._session = aiohttp.ClientSession(
                 connector=connector, cookie_jar=aiohttp.DummyCookieJar()
             )
@@ -163,11 +208,22 @@ class ReplicaPool:
             if candidate not in self._replicas:
                 return candidate
 
-    async def add(self, replica_id: str, url: str) -> ReplicaInfo:
-        """Register a replica and check it once, so a ready one is routable on return."""
+    async def add(
+        self, replica_id: str, url: str, capacity: int | None = None, group: str | None = None
+    ) -> ReplicaInfo:
+        """Register a replica and check it once, so a ready one is routable on return.
+
+        `capacity` is its concurrency budget (default: gateway.admission.replica_concurrency).
+        """
         if replica_id in self._replicas:
             raise DuplicateReplica(f"a replica with id {replica_id!r} is already registered")
-        replica = Replica(replica_id, normalize_url(url))
+        replica = Replica(
+            replica_id,
+            normalize_url(url),
+            capacity=capacity or self._config.admission.replica_concurrency,
+            connect_timeout_s=self._config.connect_timeout_s,
+            group=group,
+        )
         self._replicas[replica_id] = replica
         await self._check(replica)
         log.info("replica %s added (%s), healthy=%s", replica_id, replica.url, replica.healthy)
@@ -183,10 +239,13 @@ class ReplicaPool:
         if replica is None:
             raise ReplicaNotFound(replica_id)
         replica.draining = True
-        drained = await _wait_until(lambda: replica.in_flight == 0, timeout_s)
+        drained = await wait_until(lambda: replica.in_flight == 0, timeout_s)
         if self._replicas.get(replica_id) is replica:
             del self._replicas[replica_id]
+            replica.upstream.close()
             self._refresh_known_models()
+            for listener in self._on_remove:
+                listener(replica_id)
         log.info("replica %s removed (drained=%s)", replica_id, drained)
         return drained
 
@@ -215,6 +274,8 @@ class ReplicaPool:
                 num_requests_running=r.gauges.running,
                 num_requests_waiting=r.gauges.waiting,
                 kv_cache_usage=r.gauges.kv_cache_usage,
+                capacity=r.capacity,
+                group=r.group,
             )
             for r in self._replicas.values()
             if r.healthy
@@ -224,6 +285,10 @@ class ReplicaPool:
 
     def ready(self) -> bool:
         return any(r.healthy and not r.draining for r in self._replicas.values())
+
+    def starting(self) -> bool:
+        """Whether some replica is still on its way up (never healthy yet)."""
+        return any(not r.ever_healthy and not r.draining for r in self._replicas.values())
 
     def model_cards(self) -> list[Mapping[str, Any]]:
         """The /v1/models entries of the routable replicas, one per model id."""
@@ -264,7 +329,7 @@ class ReplicaPool:
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no request is in flight on any replica; False on timeout."""
-        return await _wait_until(lambda: self.total_in_flight() == 0, timeout_s)
+        return await wait_until(lambda: self.total_in_flight() == 0, timeout_s)
 
     # --- health checking ------------------------------------------------------------------
 
@@ -282,6 +347,8 @@ class ReplicaPool:
     async def close(self) -> None:
         """Stop the health checker and close the client session (and its connections)."""
         await self.stop_health_checks()
+        for replica in self._replicas.values():
+            replica.upstream.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -313,6 +380,7 @@ class ReplicaPool:
         if models_doc is not None:
             self._learn_models(replica, models_doc)
         replica.consecutive_failures = 0
+        replica.ever_healthy = True
         if not replica.healthy:
             replica.healthy = True
             log.info("replica %s is healthy and in rotation", replica.replica_id)
@@ -344,7 +412,7 @@ class ReplicaPool:
         self._known_models = frozenset[str]().union(*(r.model_ids for r in self._replicas.values()))
 
 
-async def _wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
+async def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while not condition():

@@ -1,51 +1,46 @@
-"""The data path: validate, choose a replica, forward the body bytes, relay the answer.
+"""The inference routes: validate, admit, route, forward the body bytes, relay the answer.
 
 Kept lean on purpose (it is benchmarked for CPU time per request against vllm-router): the
-body is parsed once to read `model`/`stream` and forwarded as the original bytes, the upstream
-answer is relayed chunk by chunk as it arrives, and all connections are keep-alive
-connections of the pool's one client session.
+body is parsed once, forwarded as the original bytes, and the answer is relayed from the
+upstream connection's callbacks (see `relay`). A request whose replica fails before the first
+byte of the answer is retried on another replica; one that fails mid-stream ends with an SSE
+error event; a client that disconnects cancels the handler, which drops the upstream
+connection and so aborts the generation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from collections.abc import Mapping
+import time
 
-import aiohttp
-from aiohttp import web
-
-from servepilot.core.config import GatewayConfig
+from servepilot.core.gateway_config import GatewayConfig, Priority
+from servepilot.gateway.auth import Caller
+from servepilot.gateway.dispatch import Dispatcher, Grant
 from servepilot.gateway.errors import (
     INVALID_REQUEST,
     UPSTREAM,
     GatewayError,
-    no_ready_replica,
+    bad_request,
     sse_error_event,
 )
 from servepilot.gateway.metrics import GatewayMetrics
 from servepilot.gateway.pool import Replica, ReplicaPool
-from servepilot.gateway.validation import parse_inference_request, read_body
+from servepilot.gateway.relay import Outcome, Relay
+from servepilot.gateway.server import HttpRequest
+from servepilot.gateway.upstream import UpstreamFailed
+from servepilot.gateway.validation import InferenceRequest, parse_inference_request
 from servepilot.routing.base import RequestView, RoutingPolicy
+from servepilot.routing.prefix import prefix_hashes, prompt_text
 
 log = logging.getLogger(__name__)
 
 REPLICA_HEADER = "X-Servepilot-Replica"
+_REPLICA_HEADER_B = b"x-servepilot-replica"
 # Request headers the engine may act on; everything else (Host, hop-by-hop, cookies) stays.
-_FORWARDED_HEADERS = ("Authorization", "Accept", "X-Request-Id", "traceparent")
-# Failures that happen before the replica could have answered anything: safe to send the
-# request to another replica instead.
-_CONNECT_ERRORS = (
-    aiohttp.ClientConnectorError,
-    aiohttp.ConnectionTimeoutError,
-    aiohttp.ServerDisconnectedError,
-    aiohttp.ClientOSError,
-)
+_FORWARDED_HEADERS = ("accept", "x-request-id", "traceparent")
 _EXCERPT_CHARS = 300
-
-
-class _ConnectFailed(Exception):
-    """The chosen replica could not be reached; another one may be tried."""
 
 
 class Proxy:
@@ -56,35 +51,42 @@ class Proxy:
         config: GatewayConfig,
         pool: ReplicaPool,
         policy: RoutingPolicy,
+        dispatcher: Dispatcher,
         metrics: GatewayMetrics,
     ) -> None:
         self._config = config
         self._pool = pool
         self._policy = policy
+        self._dispatcher = dispatcher
         self._metrics = metrics
-        self._timeout = aiohttp.ClientTimeout(
-            total=config.request_timeout_s, connect=config.connect_timeout_s
-        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # The gateway's own key is not the replicas' business; without auth it passes on.
+        self._forwarded = _FORWARDED_HEADERS + (() if config.auth.keys else ("authorization",))
 
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._proxy(request, "/v1/chat/completions", "messages")
+    async def chat_completions(self, request: HttpRequest, caller: Caller) -> None:
+        await self._proxy(request, caller, "/v1/chat/completions", "messages")
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._proxy(request, "/v1/completions", "prompt")
+    async def completions(self, request: HttpRequest, caller: Caller) -> None:
+        await self._proxy(request, caller, "/v1/completions", "prompt")
 
     # vLLM's tokenizer endpoints, so a load tester pointed at the gateway can build prompts
     # of exact token counts with the replicas' own tokenizer.
-    async def tokenize(self, request: web.Request) -> web.StreamResponse:
-        return await self._proxy(request, "/tokenize", "prompt")
+    async def tokenize(self, request: HttpRequest, caller: Caller) -> None:
+        await self._proxy(request, caller, "/tokenize", "prompt")
 
-    async def detokenize(self, request: web.Request) -> web.StreamResponse:
-        return await self._proxy(request, "/detokenize", "tokens")
+    async def detokenize(self, request: HttpRequest, caller: Caller) -> None:
+        await self._proxy(request, caller, "/detokenize", "tokens")
 
-    async def _proxy(
-        self, request: web.Request, path: str, prompt_field: str
-    ) -> web.StreamResponse:
-        body = await read_body(request, self._config.max_body_bytes)
-        parsed = parse_inference_request(body, prompt_field)
+    async def _proxy(self, request: HttpRequest, caller: Caller, path: str, field: str) -> None:
+        try:
+            await self._forward(request, caller, path, field)
+        except asyncio.CancelledError:
+            if not request.connected:
+                self._metrics.count_error("client_disconnected")
+            raise
+
+    async def _forward(self, request: HttpRequest, caller: Caller, path: str, field: str) -> None:
+        parsed = parse_inference_request(request.body, field)
         known = self._pool.known_models
         if known and parsed.model not in known:
             raise GatewayError(
@@ -94,144 +96,134 @@ class Proxy:
                 error_type=INVALID_REQUEST,
                 code="model_not_found",
             )
-        view = RequestView(
-            model=parsed.model,
-            prompt_chars=parsed.prompt_chars,
-            session_id=request.headers.get("X-Session-Id"),
-        )
-        headers = _forward_headers(request.headers)
+        started = time.perf_counter()
+        view = self._view(request, caller, parsed)
+        extra = self._extra_headers(request)
+        body = request.body
         tried: set[str] = set()
         while True:
-            candidates = self._pool.snapshot(parsed.model)
-            if tried:
-                candidates = [c for c in candidates if c.replica_id not in tried]
-            if not candidates:
-                if tried:
-                    raise GatewayError(
-                        502,
-                        f"could not connect to any replica (tried {', '.join(sorted(tried))})",
-                        error_type=UPSTREAM,
-                        code="upstream_unreachable",
-                    )
-                raise no_ready_replica(self._config.retry_after_s)
-            replica_id = self._policy.choose(view, candidates)
+            grant = await self._dispatcher.acquire(view, tried)
+            if grant.max_tokens_cap is not None:
+                body = _capped(parsed, grant.max_tokens_cap, body)
+            outcome: Outcome | None = None
             try:
-                return await self._forward(request, replica_id, path, body, headers)
-            except _ConnectFailed:
-                tried.add(replica_id)
-
-    async def _forward(
-        self,
-        request: web.Request,
-        replica_id: str,
-        path: str,
-        body: bytes,
-        headers: Mapping[str, str],
-    ) -> web.StreamResponse:
-        pool = self._pool
-        replica = pool.acquire(replica_id)
-        try:
-            loop = asyncio.get_running_loop()
-            sent_at = loop.time()
-            upstream = await self._send(replica, path, body, headers)
-            try:
-                self._metrics.upstream_ttfb.observe(loop.time() - sent_at)
-                if replica.consecutive_failures:
-                    pool.record_success(replica)
-                if upstream.status == 200 and upstream.content_type == "text/event-stream":
-                    return await self._relay_stream(request, replica_id, upstream)
-                return await self._relay_body(replica_id, upstream)
-            except asyncio.CancelledError:
-                # aiohttp cancels the handler when the client disconnects (and when the
-                # gateway stops past its drain timeout).
-                self._metrics.count_error("client_disconnected")
-                raise
+                outcome = await self._attempt(request, grant.replica, path, body, extra)
             finally:
-                # Closes the connection only if the answer was not read to its end (client
-                # gone, upstream error): that aborts the generation on the replica. A fully
-                # read answer has already returned its connection to the keep-alive pool.
-                upstream.close()
-        finally:
-            pool.release(replica)
-
-    async def _send(
-        self, replica: Replica, path: str, body: bytes, headers: Mapping[str, str]
-    ) -> aiohttp.ClientResponse:
-        try:
-            return await self._pool.session.post(
-                replica.endpoint(path), data=body, headers=headers, timeout=self._timeout
+                self._dispatcher.release(grant, outcome)
+            if outcome.failure is not None and outcome.retryable:
+                tried.add(grant.replica.replica_id)
+                self._metrics.count_retry()
+                continue
+            first = outcome.first_chunk_at
+            self._metrics.observe_latency(
+                view.priority,
+                None if first is None else first - started,
+                time.perf_counter() - started,
             )
-        except _CONNECT_ERRORS as exc:
-            self._pool.record_failure(replica)
-            self._metrics.count_error("upstream_connect")
-            log.warning("replica %s unreachable: %s", replica.replica_id, exc)
-            raise _ConnectFailed from exc
-        except TimeoutError:
-            self._metrics.count_error("upstream_timeout")
-            raise _timeout(replica.replica_id) from None
+            self._finish(request, grant, outcome)
+            return
 
-    async def _relay_body(self, replica_id: str, upstream: aiohttp.ClientResponse) -> web.Response:
-        try:
-            data = await upstream.read()
-        except TimeoutError:
-            self._metrics.count_error("upstream_timeout")
-            raise _timeout(replica_id) from None
-        except aiohttp.ClientError as exc:
-            self._metrics.count_error("upstream_broken")
-            raise _upstream_failed(replica_id, f"the connection broke: {exc!r}") from None
-        status = upstream.status
+    def _view(self, request: HttpRequest, caller: Caller, parsed: InferenceRequest) -> RequestView:
+        priority = _priority(request.headers.get("x-priority"), caller.priority)
+        routing = self._config.routing
+        hashes: tuple[int, ...] = ()
+        if self._policy.uses_prefix:
+            block, blocks = routing.prefix_block_chars, routing.prefix_max_blocks
+            hashes = prefix_hashes(prompt_text(parsed.doc, block * blocks), block, blocks)
+        return RequestView(
+            model=parsed.model,
+            prompt_chars=parsed.prompt_chars,
+            prompt_tokens=int(parsed.prompt_chars / routing.chars_per_token),
+            prefix_hashes=hashes,
+            session_id=request.headers.get("x-session-id"),
+            priority=priority,
+            arrival_s=self._dispatcher.now_s(),
+        )
+
+    def _extra_headers(self, request: HttpRequest) -> bytes:
+        headers = request.headers
+        parts = [
+            f"{name}: {headers[name]}\r\n".encode("latin-1")
+            for name in self._forwarded
+            if name in headers
+        ]
+        return b"".join(parts)
+
+    async def _attempt(
+        self, request: HttpRequest, replica: Replica, path: str, body: bytes, extra: bytes
+    ) -> Outcome:
+        """One try on one replica; a stale keep-alive connection is replaced once."""
+        loop = self._loop or asyncio.get_running_loop()
+        self._loop = loop
+        for _ in range(2):
+            try:
+                conn, reused = await replica.upstream.connection()
+            except UpstreamFailed as exc:
+                self._metrics.count_error("upstream_connect")
+                log.warning("replica %s unreachable: %s", replica.replica_id, exc)
+                return Outcome(status=0, streamed=False, failure=exc, retryable=True)
+            relay = Relay(request, conn, replica.header, loop)
+            conn.send(replica.request_head(path, len(body), extra) + body, relay)
+            # A bare timer rather than asyncio.timeout: a third of the cost, per request.
+            timer = loop.call_later(self._config.request_timeout_s, relay.expire)
+            try:
+                outcome = await relay.done
+            finally:
+                timer.cancel()
+                conn.finish()
+            if outcome.timed_out:
+                self._metrics.count_error("upstream_timeout")
+            # A reused connection that broke before answering was most likely closed by the
+            # replica while idle: not the replica's fault, try a fresh connection.
+            if not (reused and outcome.failure is not None and outcome.retryable):
+                return outcome
+        return outcome
+
+    def _finish(self, request: HttpRequest, grant: Grant, outcome: Outcome) -> None:
+        replica_id = grant.replica.replica_id
+        if outcome.timed_out and not outcome.streamed:
+            raise _timeout(replica_id)
+        if outcome.failure is not None:  # after the head: only the stream can tell
+            self._metrics.count_error("upstream_interrupted")
+            message = f"replica {replica_id} stopped in the middle of the answer: {outcome.failure}"
+            if outcome.streamed:
+                if request.connected:
+                    request.end_stream(sse_error_event(message, code="upstream_interrupted"))
+                return
+            raise _upstream_failed(replica_id, message)
+        if outcome.streamed:
+            if request.connected:
+                request.end_stream()
+            return
+        status = outcome.status
         if status >= 500:
             self._metrics.count_error("upstream_5xx")
-            excerpt = data[:_EXCERPT_CHARS].decode("utf-8", "replace")
+            excerpt = outcome.body[:_EXCERPT_CHARS].decode("utf-8", "replace")
             raise _upstream_failed(replica_id, f"it answered HTTP {status}: {excerpt}")
-        content_type = upstream.headers.get("Content-Type", "application/json")
-        return web.Response(
-            body=data,
-            status=status,
-            headers={"Content-Type": content_type, REPLICA_HEADER: replica_id},
-        )
-
-    async def _relay_stream(
-        self, request: web.Request, replica_id: str, upstream: aiohttp.ClientResponse
-    ) -> web.StreamResponse:
-        response = web.StreamResponse(
-            status=upstream.status,
-            headers={
-                "Content-Type": upstream.headers.get("Content-Type", "text/event-stream"),
-                "Cache-Control": "no-cache",
-                REPLICA_HEADER: replica_id,
-            },
-        )
-        reader = upstream.content
-        try:
-            await response.prepare(request)
-            while True:
-                try:
-                    chunk = await reader.readany()
-                except (aiohttp.ClientError, TimeoutError) as exc:
-                    # Headers are gone already: the failure can only be told in-band.
-                    self._metrics.count_error("upstream_interrupted")
-                    message = f"replica {replica_id} stopped in the middle of the stream: {exc!r}"
-                    await response.write(sse_error_event(message, code="upstream_interrupted"))
-                    break
-                if not chunk:
-                    break
-                await response.write(chunk)
-            await response.write_eof()
-        except ConnectionResetError:
-            # The client went away; the caller's finally closes the upstream response,
-            # which aborts the generation.
-            self._metrics.count_error("client_disconnected")
-        return response
+        request.respond(status, outcome.body, outcome.content_type, (grant.replica.header,))
 
 
-def _forward_headers(incoming: Mapping[str, str]) -> dict[str, str]:
-    headers = {"Content-Type": "application/json"}
-    for name in _FORWARDED_HEADERS:
-        value = incoming.get(name)
-        if value is not None:
-            headers[name] = value
-    return headers
+def _priority(header: str | None, key_priority: Priority) -> int:
+    """The request's class: the API key's, lowered (never raised) by an X-Priority header."""
+    if header is None:
+        return int(key_priority)
+    value = header.strip()
+    if value not in ("0", "1", "2"):
+        raise bad_request("X-Priority must be 0 (interactive), 1 (default) or 2 (batch)")
+    return max(int(value), int(key_priority))
+
+
+def _capped(parsed: InferenceRequest, cap: int, body: bytes) -> bytes:
+    """The body with max_tokens (and max_completion_tokens) lowered to `cap`."""
+    doc = dict(parsed.doc)
+    changed = False
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = doc.get(name)
+        # An absent max_tokens means "up to the context length": that is capped too.
+        if (value is None and name == "max_tokens") or (isinstance(value, int) and value > cap):
+            doc[name] = cap
+            changed = True
+    return json.dumps(doc).encode() if changed else body
 
 
 def _timeout(replica_id: str) -> GatewayError:

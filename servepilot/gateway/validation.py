@@ -11,9 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
-
-from servepilot.gateway.errors import INVALID_REQUEST, GatewayError, bad_request
+from servepilot.gateway.errors import GatewayError, bad_request
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,19 +19,8 @@ class InferenceRequest:
     model: str
     stream: bool
     prompt_chars: int
-
-
-async def read_body(request: web.Request, max_body_bytes: int) -> bytes:
-    """The request body, refusing (413) one longer than `max_body_bytes` before reading it
-    when Content-Length says so, and while reading it otherwise (chunked uploads)."""
-    declared = request.content_length
-    if declared is not None and declared > max_body_bytes:
-        raise _too_large(max_body_bytes)
-    try:
-        # The app's client_max_size is max_body_bytes, so read() stops at the cap.
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise _too_large(max_body_bytes) from None
+    doc: dict[str, Any]
+    """The parsed body (read by prefix hashing; rewritten only to cap max_tokens)."""
 
 
 def parse_inference_request(body: bytes, prompt_field: str) -> InferenceRequest:
@@ -62,7 +49,7 @@ def parse_inference_request(body: bytes, prompt_field: str) -> InferenceRequest:
             raise bad_request("each entry of `messages` must be an object")
     elif not isinstance(prompt, str | list):
         raise bad_request("`prompt` must be a string or a list")
-    return InferenceRequest(model=model, stream=bool(stream), prompt_chars=_chars(prompt))
+    return InferenceRequest(model=model, stream=bool(stream), prompt_chars=_chars(prompt), doc=doc)
 
 
 def _chars(prompt: Any) -> int:
@@ -80,12 +67,3 @@ def _chars(prompt: Any) -> int:
 
 def _missing(field: str) -> GatewayError:
     return bad_request(f"the request body has no `{field}`", "missing_field")
-
-
-def _too_large(max_body_bytes: int) -> GatewayError:
-    return GatewayError(
-        413,
-        f"the request body is larger than {max_body_bytes} bytes",
-        error_type=INVALID_REQUEST,
-        code="body_too_large",
-    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from servepilot.routing.base import ReplicaView, RequestView
+from servepilot.routing.base import ReplicaView, RequestView, StatelessPolicy
 
 
 def load_key(view: ReplicaView) -> tuple[int, float, int]:
@@ -13,7 +13,7 @@ def load_key(view: ReplicaView) -> tuple[int, float, int]:
     return (view.in_flight + view.num_requests_waiting, view.kv_cache_usage, view.in_flight)
 
 
-class LeastLoad:
+class LeastLoad(StatelessPolicy):
     """Power-of-two choices over `load_key`.
 
     Sampling two instead of scanning all keeps every gateway (and every simulated one) from

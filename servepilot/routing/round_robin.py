@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from servepilot.routing.base import ReplicaView, RequestView
+from servepilot.routing.base import ReplicaView, RequestView, StatelessPolicy
 
 
-class RoundRobin:
+class RoundRobin(StatelessPolicy):
     """Picks the candidate whose id comes next after the last one chosen.
 
     The cursor is the last chosen *id*, not an index, so when a replica joins or leaves (or

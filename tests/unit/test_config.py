@@ -12,7 +12,7 @@ def test_no_file_gives_defaults_that_serve_the_embedded_model_on_cpu() -> None:
     assert config.hardware.device is Device.CPU
     assert config.replicas.count == 1
     assert config.gateway.port == 8000
-    assert config.gateway.policy is PolicyName.LEAST_LOAD
+    assert config.gateway.policy is PolicyName.HYBRID
 
 
 def test_yaml_overrides_only_what_it_names(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from servepilot.core.config import GatewayConfig, PolicyName
 from servepilot.gateway import Gateway
-from servepilot.routing.base import ReplicaView, RequestView
+from servepilot.routing.base import ReplicaView, RequestView, StatelessPolicy
 
 HEADER = "X-Servepilot-Replica"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -350,7 +350,7 @@ def test_oversized_bodies_get_413_with_and_without_content_length() -> None:
 
 
 def test_unexpected_failure_is_a_json_500_not_a_crash() -> None:
-    class BrokenPolicy:
+    class BrokenPolicy(StatelessPolicy):
         name = "broken"
 
         def choose(self, request: RequestView, candidates: Sequence[ReplicaView]) -> str:
@@ -501,15 +501,19 @@ def test_all_replicas_refusing_gives_502_then_503() -> None:
 def test_ready_follows_the_health_checker() -> None:
     async def body() -> None:
         upstream = FakeUpstream("a")  # registered before it listens
+        cold = {"cold_start_wait_s": 0.3}
         async with (
-            gateway_in_front_of([upstream], retry_after_s=7) as (_, url),
+            gateway_in_front_of([upstream], retry_after_s=7, admission=cold) as (_, url),
             aiohttp.ClientSession() as client,
         ):
             async with client.get(f"{url}/ready") as resp:
                 assert (await error_of(resp, 503))["code"] == "no_ready_replica"
+            # A replica is starting: the request waits (cold-start buffer), then gives up.
+            started = asyncio.get_running_loop().time()
             async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
                 await error_of(resp, 503)
                 assert resp.headers["Retry-After"] == "7"
+            assert asyncio.get_running_loop().time() - started >= 0.3
             async with client.get(f"{url}/health") as resp:
                 assert resp.status == 200
 
@@ -523,8 +527,39 @@ def test_ready_follows_the_health_checker() -> None:
                 assert resp.status == 200
             await upstream.stop()
             await eventually(lambda: ready_is(503))
+            # Every replica is down, none is starting: no waiting, an immediate 503.
+            async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
+                await error_of(resp, 503)
 
     run(body())
+
+
+def test_requests_wait_for_a_starting_replica_instead_of_failing() -> None:
+    async def body() -> None:
+        upstream = FakeUpstream("a")  # registered before it listens
+        async with (
+            gateway_in_front_of([upstream]) as (gw, url),
+            aiohttp.ClientSession() as client,
+        ):
+            sent = [
+                asyncio.ensure_future(client.post(f"{url}/v1/chat/completions", json=CHAT))
+                for _ in range(3)
+            ]
+            await eventually(_queued(gw, 3))
+            await upstream.start()
+            for future in sent:
+                async with await future as resp:
+                    assert resp.status == 200 and resp.headers[HEADER] == "a"
+            assert len(gw.dispatcher.queue) == 0 and gw.pool.total_in_flight() == 0
+
+    run(body())
+
+
+def _queued(gw: Gateway, count: int) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return len(gw.dispatcher.queue) == count
+
+    return check
 
 
 # --- admin, drain, metrics -----------------------------------------------------------------
@@ -626,7 +661,7 @@ def test_metrics_and_scraped_load() -> None:
         )
         assert samples[("servepilot_replica_healthy", (("replica", "a"),))] == 1
         assert samples[("servepilot_in_flight_requests", (("replica", "a"),))] == 0
-        assert samples[("servepilot_upstream_ttfb_seconds_count", ())] == 2
+        assert samples[("servepilot_upstream_ttfb_seconds_count", (("replica", "a"),))] == 2
         assert "servepilot_request_errors" in families
 
     run(body())

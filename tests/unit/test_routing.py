@@ -8,7 +8,16 @@ from collections import Counter
 import pytest
 
 from servepilot.core.config import PolicyName
-from servepilot.routing import LeastLoad, RoundRobin, make_policy
+from servepilot.core.gateway_config import RoutingConfig
+from servepilot.routing import (
+    Hybrid,
+    LeastLoad,
+    LengthShard,
+    PrefixAffinity,
+    RoundRobin,
+    SessionAffinity,
+    make_policy,
+)
 from servepilot.routing.base import ReplicaView, RequestView
 
 REQUEST = RequestView(model="m")
@@ -111,3 +120,47 @@ def test_make_policy_builds_each_named_policy() -> None:
     assert isinstance(least, LeastLoad)
     assert least.name == "least_load"
     assert make_policy(PolicyName("round_robin")).name == "round_robin"
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        (PolicyName.ROUND_ROBIN, RoundRobin),
+        (PolicyName.LEAST_LOAD, LeastLoad),
+        (PolicyName.PREFIX_AFFINITY, PrefixAffinity),
+        (PolicyName.SESSION, SessionAffinity),
+        (PolicyName.LENGTH_SHARD, LengthShard),
+        (PolicyName.HYBRID, Hybrid),
+    ],
+)
+def test_make_policy_builds_every_policy_with_its_config(name: PolicyName, kind: type) -> None:
+    policy = make_policy(name, RoutingConfig(), seed=3)
+    assert type(policy) is kind
+    assert policy.name == name.value
+    assert policy.uses_prefix is (name in {PolicyName.PREFIX_AFFINITY, PolicyName.HYBRID})
+    assert make_policy(PolicyName(name.value)).name == name.value  # default config
+    candidates = views("a", "b", "c")
+    assert policy.choose(REQUEST, candidates) in {"a", "b", "c"}
+    assert all(isinstance(value, float) for value in policy.stats().values())
+    policy.forget("a")
+
+
+def test_make_policy_passes_the_config_and_seed_on() -> None:
+    config = RoutingConfig(session_ttl_s=5.0)
+    policy = make_policy(PolicyName.SESSION, config, 7)
+    candidates = views("a", "b", "c", "d")
+    policy.choose(RequestView(model="m", session_id="s", arrival_s=0.0), candidates)
+    policy.choose(RequestView(model="m", session_id="s", arrival_s=6.0), candidates)
+    assert policy.stats()["session_misses"] == 2  # expired after the configured 5 s
+
+    def picks(seed: int) -> list[str]:
+        seeded = make_policy(PolicyName.HYBRID, seed=seed)
+        return [seeded.choose(REQUEST, candidates) for _ in range(30)]
+
+    assert picks(1) == picks(1)
+    assert picks(1) != picks(2)
+
+
+def test_make_policy_refuses_an_unknown_name() -> None:
+    with pytest.raises(ValueError):
+        make_policy("nearest")  # type: ignore[arg-type]

@@ -1,0 +1,198 @@
+"""What servepilot's gateway costs per request, next to vllm-router (Rust), on one core.
+
+Two zero-cost streaming stubs (stub_server.py) are the replicas. Each router in turn runs
+pinned to core 0 with the same policy kind (round_robin) in front of the same stubs; the load
+generator (servepilot's bench client) and the stubs share core 1. Every round also measures the
+stubs called directly, so the latency a router adds is read against the same machine state.
+
+Reported per router: its CPU time per proxied request (user + system from /proc, over the
+measured run only; summed over its worker processes), requests/s, and the p50/p99 end-to-end
+latency it adds over calling a stub directly. Rounds alternate; the table shows medians.
+
+    python benchmarks/bench_gateway.py [--requests 20000] [--concurrency 32] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from bench_client import SP_END, SP_START, cpu_s, pinned, run_child, start_stub
+
+ROUTER_CORE, LOAD_CORE = "0", "1"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def tree_cpu_s(pid: int) -> float | None:
+    """CPU seconds of `pid` and its descendants (a multi-process router counts whole)."""
+    total, seen = 0.0, [pid]
+    while seen:
+        current = seen.pop()
+        own = cpu_s(current)
+        if own is None:
+            if current == pid:
+                return None
+            continue
+        total += own
+        try:
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        except OSError:
+            children = []
+        seen.extend(int(c) for c in children)
+    return total
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    """Until `url` answers 200 (the router sees a healthy replica)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{proc.args!r} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"{url} was not ready within {timeout_s:.0f} s")
+
+
+def servepilot_gateway(stubs: list[str], port: int, args: argparse.Namespace) -> list[str]:
+    argv = [sys.executable, "-m", "servepilot.cli.main", "gateway", "--port", str(port),
+            "--policy", "round_robin"]  # fmt: skip
+    for url in stubs:
+        argv += ["--replica", url]
+    return argv
+
+
+def vllm_router(stubs: list[str], port: int, args: argparse.Namespace) -> list[str]:
+    exe = shutil.which("vllm-router", path=str(Path(sys.executable).parent))
+    if exe is None:
+        raise SystemExit("vllm-router is not installed: pip install vllm-router")
+    return [exe, "--worker-urls", *stubs, "--policy", "round_robin", "--host", "127.0.0.1",
+            "--port", str(port), "--log-level", "warning",
+            "--prometheus-port", str(free_port())]  # fmt: skip
+
+
+ROUTERS: dict[str, tuple[Callable[[list[str], int, argparse.Namespace], list[str]], str]] = {
+    "servepilot gateway": (servepilot_gateway, "/ready"),
+    "vllm-router": (vllm_router, "/health"),
+}
+
+
+def load(url: str, args: argparse.Namespace, tmp: Path, probe_pid: int | None) -> dict[str, float]:
+    """One measured run of the load generator on LOAD_CORE against `url`."""
+    out = tmp / "load.json"
+    out.unlink(missing_ok=True)
+    argv = [sys.executable, str(ROOT / "benchmarks" / "bench_client.py"), "--servepilot-run",
+            url, "--out", str(out), "--model", "stub-model", "--requests", str(args.requests),
+            "--concurrency", str(args.concurrency), "--chunks", str(args.chunks)]  # fmt: skip
+    result, cpu = run_child(argv, LOAD_CORE, out, SP_START, SP_END, probe_pid)
+    if probe_pid is not None:
+        result["cpu_us"] = cpu / args.requests * 1e6
+    return result
+
+
+def one_round(stubs: list[str], args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, float]]:
+    rows = {"direct": load(stubs[0], args, tmp, None)}
+    for name, (command, ready_path) in ROUTERS.items():
+        port = free_port()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "RUST_LOG": "warn"}
+        proc = subprocess.Popen(pinned(ROUTER_CORE, command(stubs, port, args)), env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_ready(url + ready_path, proc)
+            load(url, args, tmp, proc.pid)  # warm-up: connection pools, caches
+            rows[name] = load(url, args, tmp, proc.pid)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    return rows
+
+
+def table(rounds: list[dict[str, dict[str, float]]], args: argparse.Namespace) -> str:
+    def med(name: str, metric: str) -> float:
+        return statistics.median(r[name][metric] for r in rounds)
+
+    lines = [
+        f"{args.requests} requests x {args.chunks} streamed tokens at concurrency "
+        f"{args.concurrency}, 2 stub replicas; routers on core {ROUTER_CORE}, load + stubs on "
+        f"core {LOAD_CORE}; median of {len(rounds)} rounds",
+        f"{'router':<20} {'CPU us/req':>10} {'requests/s':>10} {'+p50 e2e ms':>12} "
+        f"{'+p99 e2e ms':>12}   rounds (CPU us/req)",
+    ]
+    for name in ROUTERS:
+        each = ", ".join(f"{r[name]['cpu_us']:.0f}" for r in rounds)
+        added50 = med(name, "e2e_p50_ms") - med("direct", "e2e_p50_ms")
+        added99 = med(name, "e2e_p99_ms") - med("direct", "e2e_p99_ms")
+        lines.append(f"{name:<20} {med(name, 'cpu_us'):>10.0f} {med(name, 'rps'):>10.0f} "
+                     f"{added50:>12.2f} {added99:>12.2f}   {each}")  # fmt: skip
+    d = rounds and statistics.median(r["direct"]["rps"] for r in rounds)
+    lines.append(f"{'direct (no router)':<20} {'':>10} {d:>10.0f}")
+    ours, theirs = "servepilot gateway", "vllm-router"
+    lines.append(
+        f"servepilot / vllm-router: CPU per request x{med(ours, 'cpu_us') / med(theirs, 'cpu_us'):.2f}"
+        f" (target <= 1), added p99 {med(ours, 'e2e_p99_ms') - med('direct', 'e2e_p99_ms'):.2f}"
+        f" vs {med(theirs, 'e2e_p99_ms') - med('direct', 'e2e_p99_ms'):.2f} ms"
+    )
+    failed = sum(r[name]["failed"] for r in rounds for name in r)
+    if failed:
+        lines.append(f"WARNING: {failed:.0f} requests failed")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=20000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--chunks", type=int, default=16, help="streamed tokens per answer")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", choices=sorted(ROUTERS), help="measure one router")
+    args = parser.parse_args()
+    if args.only:
+        for name in list(ROUTERS):
+            if name != args.only:
+                del ROUTERS[name]
+    stubs = [start_stub(args.chunks, 0.0, LOAD_CORE) for _ in range(2)]
+    rounds = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for index in range(args.rounds):
+                started = time.perf_counter()
+                rows = one_round([url for _, url in stubs], args, Path(tmp))
+                rounds.append(rows)
+                cpu = ", ".join(f"{n} {rows[n]['cpu_us']:.0f} us/req" for n in ROUTERS)
+                print(f"round {index + 1}/{args.rounds} ({time.perf_counter() - started:.0f} s, "
+                      f"load average {os.getloadavg()[0]:.1f}): {cpu}", flush=True)  # fmt: skip
+    finally:
+        for proc, _ in stubs:
+            proc.terminate()
+            proc.wait(10)
+    print(table(rounds, args))
+
+
+if __name__ == "__main__":
+    main()

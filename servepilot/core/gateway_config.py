@@ -1,0 +1,219 @@
+"""The gateway's section of fleet.yaml: routing, admission, protection and API keys.
+
+Defaults follow the seeds where they give a number (8k-token shard boundary, 10% dynamic
+compensation, the 25 ms hard limit shedding 5% of the lowest class, 95% saturation for 30 s)
+and otherwise what works on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class PolicyName(enum.StrEnum):
+    ROUND_ROBIN = "round_robin"
+    LEAST_LOAD = "least_load"
+    PREFIX_AFFINITY = "prefix_affinity"
+    SESSION = "session"
+    LENGTH_SHARD = "length_shard"
+    HYBRID = "hybrid"
+
+
+class Priority(enum.IntEnum):
+    """Request classes (X-Priority header or the API key's class); lower is more urgent."""
+
+    P0 = 0
+    """Interactive: a user waits for the answer."""
+    P1 = 1
+    """Default."""
+    P2 = 2
+    """Batch or background work: shed first under pressure."""
+
+
+class RoutingConfig(_Section):
+    prefix_block_chars: int = Field(default=256, ge=16)
+    """Granularity of prefix matching: the prompt (chat history included) is hashed in blocks
+    of this many characters, each hash covering everything before it."""
+
+    prefix_max_blocks: int = Field(default=64, ge=1)
+    """Blocks hashed per request at most (the first 64 x 256 characters by default)."""
+
+    prefix_table_blocks: int = Field(default=200_000, ge=1)
+    """Prefix blocks remembered across all replicas (least recently used forgotten first)."""
+
+    balance_epsilon: float = Field(default=0.25, ge=0.0)
+    """Bounded load: a replica whose load is above (1 + epsilon) x the mean is skipped by
+    prefix_affinity and session routing, so a popular prefix cannot make a hotspot."""
+
+    session_ttl_s: float = Field(default=1800.0, gt=0)
+    """How long an X-Session-Id stays bound to its replica after its last request."""
+
+    session_table_size: int = Field(default=100_000, ge=1)
+    """Sessions remembered at most (least recently used forgotten first)."""
+
+    length_boundary_tokens: int = Field(default=8192, ge=1)
+    """length_shard / hybrid: prompts of at least this many tokens go to the long group."""
+
+    long_group_share: float = Field(default=0.5, gt=0.0, lt=1.0)
+    """Share of the replicas (at least one, when there are two or more) in the long group."""
+
+    compensation_max_share: float = Field(default=0.10, ge=0.0, le=1.0)
+    """Dynamic compensation: the largest share of a group's traffic that may be moved to the
+    other group when that one is less loaded."""
+
+    chars_per_token: float = Field(default=4.0, gt=0)
+    """Estimate of prompt tokens from its length in characters (routing does not tokenize)."""
+
+
+class AdmissionConfig(_Section):
+    replica_concurrency: int = Field(default=256, ge=1)
+    """Requests in flight per replica at most when its budget is not known from the fleet
+    (the fleet derives it from max_num_seqs and the KV capacity)."""
+
+    tokens_per_request: int = Field(default=1024, ge=1)
+    """Typical prompt + output tokens of one request: the fleet turns a replica's KV capacity
+    into a concurrency budget with it (budget = min(max_num_seqs, KV tokens / this))."""
+
+    kv_full_usage: float = Field(default=0.95, gt=0.0, le=1.0)
+    """A replica at or above this KV cache usage (scraped) gets no new request until it drains."""
+
+    queue_budget_ms: tuple[float, float, float] = (2_000.0, 10_000.0, 30_000.0)
+    """Longest queue wait for P0, P1, P2; a request that would wait longer is shed with 429."""
+
+    aging_s: float = Field(default=10.0, gt=0)
+    """A queued request moves up one class for every this many seconds it has waited, so batch
+    work never starves."""
+
+    max_queued: int = Field(default=10_000, ge=0)
+    """Requests queued in the gateway at most; beyond, new ones get 429."""
+
+    cold_start_wait_s: float = Field(default=60.0, ge=0)
+    """While no replica is ready (start-up, scale-up), requests wait this long before 503."""
+
+    @model_validator(mode="after")
+    def _budgets_positive(self) -> AdmissionConfig:
+        if any(budget <= 0 for budget in self.queue_budget_ms):
+            raise ValueError("queue_budget_ms: every class's budget must be > 0")
+        return self
+
+
+class ProtectionConfig(_Section):
+    breaker_failures: int = Field(default=5, ge=1)
+    """Consecutive errors or timeouts of a replica that open its circuit breaker."""
+
+    breaker_open_s: float = Field(default=10.0, gt=0)
+    """How long an open breaker stays open before one half-open probe request is let through."""
+
+    hard_limit_ttfb_ms: float = Field(default=25.0, gt=0)
+    """Hard limit: when a replica's upstream time to first byte (median of recent streamed
+    requests) passes this, a share of the lowest class is shed."""
+
+    hard_limit_shed_share: float = Field(default=0.05, ge=0.0, le=1.0)
+    """Share of lowest-class (P2) requests shed while the hard limit is crossed."""
+
+    soft_limit_kv_usage: float = Field(default=0.95, gt=0.0, le=1.0)
+    """Soft limit: the fleet is saturated when its mean KV cache usage is at least this..."""
+
+    soft_limit_queue_per_replica: float = Field(default=8.0, gt=0)
+    """...or when requests queued (gateway plus vLLM waiting) per ready replica reach this."""
+
+    soft_limit_sustain_s: float = Field(default=30.0, gt=0)
+    """Saturation sustained this long steps degradation up (shed P2, then cap P1's max_tokens);
+    this long without it steps back down."""
+
+    degraded_max_tokens: int = Field(default=256, ge=1)
+    """max_tokens cap for P1 requests at the second degradation step."""
+
+
+class ApiKey(_Section):
+    name: str
+    """Label in metrics and logs (the key itself is never logged)."""
+
+    key: str | None = None
+    """The bearer token; prefer `key_env`, which keeps it out of the file."""
+
+    key_env: str | None = None
+    """Environment variable holding the bearer token."""
+
+    priority: Priority = Priority.P1
+    """Class of this key's requests (an X-Priority header may only lower it)."""
+
+    rate_per_s: float | None = Field(default=None, gt=0)
+    """Token-bucket rate limit in requests per second; None is unlimited."""
+
+    burst: int = Field(default=10, ge=1)
+    """Requests the bucket lets through at once."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ApiKey:
+        if (self.key is None) == (self.key_env is None):
+            raise ValueError(f"api key {self.name!r}: set exactly one of `key` or `key_env`")
+        return self
+
+    def secret(self) -> str:
+        """The bearer token (read from the environment for `key_env`)."""
+        if self.key is not None:
+            return self.key
+        assert self.key_env is not None
+        value = os.environ.get(self.key_env)
+        if not value:
+            raise ValueError(f"api key {self.name!r}: environment variable {self.key_env} is unset")
+        return value
+
+
+class AuthConfig(_Section):
+    keys: tuple[ApiKey, ...] = ()
+    """Accepted API keys. Empty: no authentication (any client may call)."""
+
+    admin_key_env: str | None = None
+    """Environment variable holding the key the /admin routes require. When keys are set and
+    this is not, the /admin routes are closed."""
+
+
+class GatewayConfig(_Section):
+    host: str = "127.0.0.1"
+    """Address the gateway listens on."""
+
+    port: int = Field(default=8000, ge=0, le=65535)
+    """Port the gateway listens on (0 picks a free one)."""
+
+    policy: PolicyName = PolicyName.HYBRID
+    """Routing policy: round_robin, least_load, prefix_affinity, session, length_shard or
+    hybrid (length sharding + dynamic compensation + prefix affinity). See the README."""
+
+    health_interval_s: float = Field(default=2.0, gt=0)
+    """How often each replica's /health is checked (and its /metrics scraped)."""
+
+    unhealthy_after: int = Field(default=2, ge=1)
+    """Consecutive failed checks (or failed requests) that take a replica out of rotation."""
+
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    """Time allowed to open a connection to a replica."""
+
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    """Time allowed for a whole upstream request."""
+
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    """Largest request body accepted; larger ones get 413."""
+
+    retry_after_s: int = Field(default=2, ge=1)
+    """Retry-After sent with 429 and 503."""
+
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    """Knobs of the routing policies."""
+
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    """Per-class queues, replica budgets and shedding."""
+
+    protection: ProtectionConfig = Field(default_factory=ProtectionConfig)
+    """Circuit breakers, hard and soft limits."""
+
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    """API keys and the admin key."""

@@ -1,0 +1,141 @@
+"""One upstream attempt: send the request bytes to a replica and relay its answer.
+
+A `Relay` is the `Sink` of one exchange. A streamed answer (HTTP 200, text/event-stream) is
+written to the client as it arrives, piece by piece, from the upstream connection's callbacks;
+any other answer is collected and handed back whole, so that the proxy can turn a replica's
+5xx into a 502 of its own. The proxy awaits `done` only once per attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, replace
+
+from servepilot.gateway.server import HttpRequest
+from servepilot.gateway.upstream import UpstreamConnection, UpstreamFailed
+
+_EVENT_STREAM = b"text/event-stream"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How an attempt ended."""
+
+    status: int
+    """The replica's HTTP status (0 when it never answered)."""
+    streamed: bool
+    """The answer went to the client as a stream (already written)."""
+    body: bytes = b""
+    """The whole body of an answer that was not streamed."""
+    content_type: bytes = b"application/json"
+    failure: UpstreamFailed | None = None
+    retryable: bool = False
+    """The failure came before any byte of the answer: another replica may be tried."""
+    timed_out: bool = False
+    ttfb_s: float = 0.0
+    """Upstream time to first byte (response head)."""
+    first_chunk_at: float | None = None
+    """`time.perf_counter()` when the first streamed body chunk arrived."""
+
+
+class Relay:
+    """Relays one exchange; `done` resolves to its `Outcome`."""
+
+    __slots__ = (
+        "_conn", "_content_type", "_first_chunk_s", "_head_s", "_parts", "_replica_header",
+        "_request", "_sent_s", "_status", "_streaming", "done",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        request: HttpRequest,
+        conn: UpstreamConnection,
+        replica_header: tuple[bytes, bytes],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self._request = request
+        self._conn = conn
+        self._replica_header = replica_header
+        self._status = 0
+        self._streaming = False
+        self._content_type = b"application/json"
+        self._parts: list[bytes] = []
+        self._sent_s = time.perf_counter()
+        self._head_s = 0.0
+        self._first_chunk_s: float | None = None
+        self.done: asyncio.Future[Outcome] = loop.create_future()
+
+    def on_head(self, status: int, headers: dict[bytes, bytes]) -> None:
+        self._head_s = time.perf_counter()
+        self._status = status
+        self._content_type = headers.get(b"content-type", b"application/json")
+        if status == 200 and self._content_type.startswith(_EVENT_STREAM):
+            self._streaming = True
+            if self._request.connected:
+                self._request.start_stream(200, self._content_type, (self._replica_header,))
+
+    def on_body(self, data: bytes) -> None:
+        # Collected until `flush`: the upstream connection calls it once per read.
+        self._parts.append(data)
+
+    def flush(self) -> None:
+        if not self._streaming:
+            return
+        if not self._parts:
+            if self._request.connected:
+                self._request.flush_head()
+            return
+        if self._first_chunk_s is None:
+            self._first_chunk_s = time.perf_counter()
+        parts = self._parts
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        parts.clear()
+        request = self._request
+        if not request.connected:
+            return  # the handler is being cancelled and will drop the connection
+        request.write_chunk(data)
+        if request.write_paused:
+            # The client reads slower than the replica writes: stop reading upstream until
+            # the client catches up, instead of buffering the whole answer here.
+            self._conn.pause_reading()
+            request.on_writable(self._conn.resume_reading)
+
+    def on_end(self) -> None:
+        if self._streaming:
+            if self._first_chunk_s is None and self._parts:
+                self._first_chunk_s = time.perf_counter()
+            if self._request.connected:
+                # The last events and the end of the stream leave in one write.
+                self._request.end_stream(b"".join(self._parts))
+            self._parts.clear()
+        if not self.done.done():
+            self.done.set_result(self._outcome())
+
+    def on_failure(self, exc: Exception, answered: bool) -> None:
+        if self.done.done():
+            return
+        failure = exc if isinstance(exc, UpstreamFailed) else UpstreamFailed(str(exc))
+        self.done.set_result(self._outcome(failure, answered))
+
+    def expire(self) -> None:
+        """The request timeout passed: abandon the exchange (never retried elsewhere: the
+        replica may still be working on it)."""
+        if self.done.done():
+            return
+        self._conn.abort()
+        failure = UpstreamFailed("no complete answer within the request timeout")
+        self.done.set_result(replace(self._outcome(failure, answered=True), timed_out=True))
+
+    def _outcome(self, failure: UpstreamFailed | None = None, answered: bool = True) -> Outcome:
+        sent = self._sent_s
+        return Outcome(
+            status=self._status,
+            streamed=self._streaming,
+            body=b"".join(self._parts),
+            content_type=self._content_type,
+            failure=failure,
+            retryable=failure is not None and not answered,
+            ttfb_s=(self._head_s - sent) if self._head_s else 0.0,
+            first_chunk_at=self._first_chunk_s,
+        )

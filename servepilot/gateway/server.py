@@ -1,0 +1,426 @@
+"""The gateway's HTTP/1.1 server: an asyncio protocol over httptools (llhttp, in C).
+
+Why not a web framework: the gateway is benchmarked for CPU time per proxied request against
+a Rust router, and a framework's request and response objects, middleware chain and writer
+layers cost more than the proxying itself. This server parses with llhttp, hands each
+complete request to one handler coroutine, and lets the handler write the response straight
+to the transport: whole (`respond`) or as chunked transfer encoding (`start_stream`,
+`write_chunk`, `end_stream`).
+
+Requests on one connection are answered in order (pipelined requests wait their turn with the
+socket paused). A client that disconnects cancels its handler, which is how an upstream
+generation gets aborted. Malformed requests get a 400 and the connection closes; a body over
+the limit gets a 413 before it is read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from http import HTTPStatus
+from typing import cast
+
+import httptools
+
+from servepilot.gateway.errors import INVALID_REQUEST, error_body
+
+log = logging.getLogger(__name__)
+
+_MAX_HEAD_BYTES = 64 * 1024
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_LAST_CHUNK = b"0\r\n\r\n"
+JSON = b"application/json"
+
+Handler = Callable[["HttpRequest"], Awaitable[None]]
+
+
+class Disconnected(ConnectionError):
+    """The client went away; nothing more can be written to it."""
+
+
+@functools.cache
+def status_line(status: int) -> bytes:
+    try:
+        reason = HTTPStatus(status).phrase
+    except ValueError:
+        reason = "Unknown"
+    return f"HTTP/1.1 {status} {reason}\r\n".encode()
+
+
+class HttpRequest:
+    """One parsed request and the means to answer it (exactly once)."""
+
+    __slots__ = (
+        "_conn",
+        "_head",
+        "body",
+        "headers",
+        "keep_alive",
+        "method",
+        "path",
+        "query",
+        "responded",
+        "status",
+        "stream_ended",
+        "streaming",
+    )
+
+    def __init__(
+        self,
+        conn: HttpConnection,
+        method: str,
+        target: bytes,
+        headers: dict[str, str],
+        body: bytes,
+        keep_alive: bool,
+    ) -> None:
+        self._conn = conn
+        self._head = b""
+        self.method = method
+        path, _, query = target.partition(b"?")
+        self.path = path.decode("latin-1")
+        self.query = query.decode("latin-1")
+        self.headers = headers
+        """Header names lower-cased; a repeated header keeps its last value."""
+        self.body = body
+        self.keep_alive = keep_alive
+        self.responded = False
+        self.streaming = False
+        self.stream_ended = False
+        self.status = 0
+        """The status answered (0 until then)."""
+
+    @property
+    def connected(self) -> bool:
+        return not self._conn.closed
+
+    def respond(
+        self,
+        status: int,
+        body: bytes,
+        content_type: bytes = JSON,
+        headers: Iterable[tuple[bytes, bytes]] = (),
+    ) -> None:
+        """Write a whole response (with Content-Length)."""
+        if self.responded:
+            raise RuntimeError("this request was already answered")
+        self.responded = True
+        self.status = status
+        head = [status_line(status), b"content-type: ", content_type, b"\r\ncontent-length: ",
+                b"%d" % len(body), b"\r\n"]  # fmt: skip
+        for name, value in headers:
+            head += (name, b": ", value, b"\r\n")
+        if not self.keep_alive:
+            head.append(b"connection: close\r\n")
+        head += (b"\r\n", body)
+        self._conn.write(b"".join(head))
+
+    def start_stream(
+        self, status: int, content_type: bytes, headers: Iterable[tuple[bytes, bytes]] = ()
+    ) -> None:
+        """Write the head of a response whose body follows in chunks."""
+        if self.responded:
+            raise RuntimeError("this request was already answered")
+        self.responded = self.streaming = True
+        self.status = status
+        head = [status_line(status), b"content-type: ", content_type,
+                b"\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n"]  # fmt: skip
+        for name, value in headers:
+            head += (name, b": ", value, b"\r\n")
+        if not self.keep_alive:
+            head.append(b"connection: close\r\n")
+        head.append(b"\r\n")
+        # Held back to leave with the first chunk: one write (one system call) instead of two.
+        self._head = b"".join(head)
+
+    def flush_head(self) -> None:
+        """Write a held-back response head now (no body has come to carry it)."""
+        if self._head:
+            head, self._head = self._head, b""
+            self._conn.write(head)
+
+    def write_chunk(self, data: bytes) -> None:
+        if data:
+            self._conn.write(b"%b%x\r\n%b\r\n" % (self._head, len(data), data))
+            self._head = b""
+        else:
+            self.flush_head()
+
+    def end_stream(self, data: bytes = b"") -> None:
+        """Write `data` as a last chunk (if any) and end the body; later calls do nothing."""
+        if self.stream_ended:
+            return
+        self.stream_ended = True
+        head, self._head = self._head, b""
+        if data:
+            self._conn.write(b"%b%x\r\n%b\r\n0\r\n\r\n" % (head, len(data), data))
+        else:
+            self._conn.write(head + _LAST_CHUNK)
+
+    @property
+    def write_paused(self) -> bool:
+        """The client reads slower than we write: stop feeding it until `wait_writable`."""
+        return self._conn.paused
+
+    async def wait_writable(self) -> None:
+        await self._conn.wait_writable()
+
+    def on_writable(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once the client's socket buffer has drained (or it is closed)."""
+        self._conn.writable_callbacks.append(callback)
+
+
+class HttpConnection(asyncio.Protocol):
+    """One client connection: parse requests, run their handler one at a time."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self._server = server
+        self._transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpRequestParser(self)
+        self._url = b""
+        self._headers: dict[str, str] = {}
+        self._head_bytes = 0
+        self._body: list[bytes] = []
+        self._body_bytes = 0
+        self._pending: collections.deque[HttpRequest] = collections.deque()
+        self._task: asyncio.Task[None] | None = None
+        self._writable: asyncio.Future[None] | None = None
+        self.writable_callbacks: list[Callable[[], None]] = []
+        self.closed = False
+        self.paused = False
+        self._rejected = False
+        self._close_after = False
+        self._current: HttpRequest | None = None
+
+    # --- asyncio.Protocol -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self._transport = cast(asyncio.Transport, transport)
+        self._server.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self._rejected:
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._reject(400, "protocol upgrades are not supported", "upgrade_not_supported")
+        except httptools.HttpParserError as exc:
+            if not self._rejected:
+                self._reject(400, f"malformed HTTP request: {exc}", "bad_http")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._server.connections.discard(self)
+        self._pending.clear()
+        if self._task is not None and not self._task.done():
+            self._task.cancel()  # aborts whatever the handler is waiting on upstream
+        self._wake_writers()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self._wake_writers()
+
+    # --- httptools callbacks --------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._url = b""
+        self._headers = {}
+        self._head_bytes = 0
+        self._body = []
+        self._body_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._count_head(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value))
+        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        declared = self._headers.get("content-length")
+        limit = self._server.max_body_bytes
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            self._reject(413, f"the request body is larger than {limit} bytes", "body_too_large")
+        elif self._headers.get("expect", "").lower() == "100-continue":
+            self.write(_CONTINUE)
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        if self._body_bytes > self._server.max_body_bytes:
+            limit = self._server.max_body_bytes
+            self._reject(413, f"the request body is larger than {limit} bytes", "body_too_large")
+            return
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._rejected:
+            return
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        request = HttpRequest(
+            self,
+            self._parser.get_method().decode("latin-1"),
+            self._url,
+            self._headers,
+            body,
+            self._parser.should_keep_alive() and not self._server.closing,
+        )
+        if self._task is None:
+            self._run(request)
+        else:
+            # Pipelined: answer in order; stop reading until this one's turn comes.
+            self._pending.append(request)
+            if self._transport is not None:
+                self._transport.pause_reading()
+
+    # --- running handlers -----------------------------------------------------------------
+
+    def _run(self, request: HttpRequest) -> None:
+        self._current = request
+        self._task = task = asyncio.get_running_loop().create_task(self._handle(request))
+        task.add_done_callback(self._finished)
+
+    async def _handle(self, request: HttpRequest) -> None:
+        try:
+            await self._server.handler(request)
+        except asyncio.CancelledError:
+            if not self.closed:
+                self._abort()  # cancelled by shutdown: the response is cut, so is the socket
+            raise
+        except Exception:
+            log.exception("unexpected error answering %s %s", request.method, request.path)
+            if request.responded:
+                self._abort()
+            else:
+                request.respond(500, _internal("the gateway failed to handle this request"))
+            return
+        if not request.responded:
+            request.respond(500, _internal("the gateway did not answer this request"))
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        request, self._task, self._current = self._current, None, None
+        if self.closed or self._transport is None:
+            return
+        keep_alive = request is not None and request.keep_alive and not self._close_after
+        if self._server.closing or task.cancelled() or not keep_alive:
+            self._transport.close()
+            self.closed = True
+            return
+        if self._pending:
+            self._run(self._pending.popleft())
+            if not self._pending:
+                self._transport.resume_reading()
+
+    # --- writing --------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        if self.closed or self._transport is None:
+            raise Disconnected("the client closed the connection")
+        self._transport.write(data)
+
+    async def wait_writable(self) -> None:
+        if not self.paused or self.closed:
+            return
+        if self._writable is None or self._writable.done():
+            self._writable = asyncio.get_running_loop().create_future()
+        await self._writable
+
+    def _wake_writers(self) -> None:
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+        callbacks, self.writable_callbacks = self.writable_callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def _count_head(self, size: int) -> None:
+        self._head_bytes += size
+        if self._head_bytes > _MAX_HEAD_BYTES:
+            self._reject(431, "the request line and headers are too large", "headers_too_large")
+
+    def _reject(self, status: int, message: str, code: str) -> None:
+        """Answer a request that cannot be parsed or accepted, then close the connection."""
+        if self._rejected or self.closed or self._transport is None:
+            return
+        self._rejected = True
+        body = error_body(message, error_type=INVALID_REQUEST, code=code)
+        if self._task is None:  # otherwise the running handler's response comes first
+            self._transport.write(
+                status_line(status) + b"content-type: application/json\r\ncontent-length: "
+                + b"%d\r\nconnection: close\r\n\r\n" % len(body) + body
+            )  # fmt: skip
+            self._transport.close()
+            self.closed = True
+        else:
+            self._pending.clear()
+            self._close_after = True
+        self._server.count_rejected(status)
+
+    def _abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+        self.closed = True
+
+    def close_idle(self) -> None:
+        """Close the connection if no request is being answered (server shutdown)."""
+        if self._task is None and self._transport is not None and not self.closed:
+            self._transport.close()
+            self.closed = True
+
+
+def _internal(message: str) -> bytes:
+    return error_body(message, error_type="internal_error", code="internal_error")
+
+
+class HttpServer:
+    """Listens and owns the connections; `handler` answers every complete request."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        max_body_bytes: int,
+        on_rejected: Callable[[int], None] | None = None,
+    ) -> None:
+        self.handler = handler
+        self.max_body_bytes = max_body_bytes
+        self.connections: set[HttpConnection] = set()
+        self.closing = False
+        self._on_rejected = on_rejected
+        self._server: asyncio.Server | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: HttpConnection(self), host, port, backlog=4096, reuse_address=True
+        )
+        bound: int = self._server.sockets[0].getsockname()[1]
+        return bound
+
+    def stop_listening(self) -> None:
+        """Refuse new connections; close idle keep-alive ones, and busy ones after their
+        current response."""
+        self.closing = True
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn.close_idle()
+
+    async def close(self) -> None:
+        """Cut every connection left (after the drain) and release the socket."""
+        self.stop_listening()
+        for conn in list(self.connections):
+            conn._abort()
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+    def count_rejected(self, status: int) -> None:
+        if self._on_rejected is not None:
+            self._on_rejected(status)

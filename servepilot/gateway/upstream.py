@@ -1,0 +1,205 @@
+"""Keep-alive HTTP/1.1 connections to the replicas, parsed with httptools (llhttp, in C).
+
+An `Exchange` sends one request's prebuilt bytes and reports the answer to a `Sink` through
+plain callbacks, in the event loop's own stack: the head, each piece of body as it arrives,
+the end, or the failure (and whether any byte of the answer had arrived, which decides if
+the request may be retried on another replica). No coroutine or future is involved per
+chunk, which is what keeps the relay's CPU cost per token low.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+from typing import Protocol, cast
+
+import httptools
+
+# uvicorn (which serves vLLM) closes idle connections after 5 s; dropping ours first avoids
+# reusing a connection the replica is closing at that moment, which a POST cannot survive.
+KEEPALIVE_S = 4.0
+
+
+class UpstreamFailed(ConnectionError):
+    """The replica could not be reached, or the connection broke."""
+
+
+class Sink(Protocol):
+    """Receives one upstream answer."""
+
+    def on_head(self, status: int, headers: dict[bytes, bytes]) -> None: ...
+
+    def on_body(self, data: bytes) -> None: ...
+
+    def flush(self) -> None:
+        """The bytes of one read have all been passed on: a chance to write them at once."""
+        ...
+
+    def on_end(self) -> None:
+        """The answer is complete (bytes held back since the last `flush` included)."""
+        ...
+
+    def on_failure(self, exc: Exception, answered: bool) -> None:
+        """The exchange failed; `answered` tells whether the head had arrived."""
+        ...
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """One keep-alive connection to a replica; carries one exchange at a time."""
+
+    def __init__(self, pool: HostPool) -> None:
+        self._pool = pool
+        self.transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._sink: Sink | None = None
+        self._headers: dict[bytes, bytes] = {}
+        self._answered = False
+        self._reusable = False
+        self.idle_since = 0.0
+        self.closed = False
+
+    # --- asyncio.Protocol -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        sink = self._sink
+        if sink is None:
+            # Bytes nobody asked for: the connection's framing cannot be trusted any more.
+            self.abort()
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(UpstreamFailed(f"the replica sent a malformed HTTP answer: {exc}"))
+            self.abort()
+            return
+        # One read often holds many SSE events (a fast replica, a burst): they leave in one
+        # write instead of one system call each.
+        if self._sink is sink:
+            sink.flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._pool.forget(self)
+        if self._sink is not None:
+            why = f": {exc}" if exc else ""
+            self._fail(UpstreamFailed(f"the replica closed the connection{why}"))
+
+    def pause_writing(self) -> None:  # request bodies are small; nothing to throttle
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+    # --- httptools callbacks --------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers[name.lower()] = value
+
+    def on_headers_complete(self) -> None:
+        sink = self._sink
+        if sink is None:
+            return
+        self._answered = True
+        sink.on_head(self._parser.get_status_code(), self._headers)
+
+    def on_body(self, body: bytes) -> None:
+        if self._sink is not None:
+            self._sink.on_body(body)
+
+    def on_message_complete(self) -> None:
+        sink, self._sink = self._sink, None
+        self._reusable = self._parser.should_keep_alive()
+        if sink is not None:
+            sink.on_end()
+
+    # --- exchanges ------------------------------------------------------------------------
+
+    def send(self, request: bytes, sink: Sink) -> None:
+        """Start an exchange; the answer goes to `sink`."""
+        assert self.transport is not None and self._sink is None
+        self._sink = sink
+        self._headers = {}
+        self._answered = False
+        self._reusable = False
+        self.transport.write(request)
+
+    def finish(self) -> None:
+        """The exchange is over (answered in full, or abandoned): keep or close the socket."""
+        if self._sink is None and self._reusable and not self.closed:
+            self._pool.put_back(self)
+        else:
+            self._sink = None
+            self.abort()
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+    def abort(self) -> None:
+        """Drop the connection now (an abandoned answer: this also aborts the generation)."""
+        self._sink = None
+        if self.transport is not None and not self.closed:
+            self.transport.abort()
+        self.closed = True
+
+    def _fail(self, exc: Exception) -> None:
+        sink, self._sink = self._sink, None
+        if sink is not None:
+            sink.on_failure(exc, self._answered)
+
+
+class HostPool:
+    """Idle keep-alive connections to one replica, newest last."""
+
+    def __init__(self, host: str, port: int, connect_timeout_s: float) -> None:
+        self.host = host
+        self.port = port
+        self.connect_timeout_s = connect_timeout_s
+        self._idle: collections.deque[UpstreamConnection] = collections.deque()
+        self.open = 0
+
+    async def connection(self) -> tuple[UpstreamConnection, bool]:
+        """A connected `UpstreamConnection` and whether it was reused from the idle pool."""
+        idle = self._idle
+        now = time.monotonic()
+        while idle:
+            conn = idle.pop()
+            if not conn.closed and now - conn.idle_since < KEEPALIVE_S:
+                return conn, True
+            conn.abort()
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, protocol = await loop.create_connection(
+                    lambda: UpstreamConnection(self), self.host, self.port
+                )
+        except TimeoutError:
+            raise UpstreamFailed(
+                f"no connection to {self.host}:{self.port} within {self.connect_timeout_s:g} s"
+            ) from None
+        except OSError as exc:
+            raise UpstreamFailed(f"cannot connect to {self.host}:{self.port}: {exc}") from None
+        self.open += 1
+        return protocol, False
+
+    def put_back(self, conn: UpstreamConnection) -> None:
+        conn.idle_since = time.monotonic()
+        self._idle.append(conn)
+
+    def forget(self, conn: UpstreamConnection) -> None:
+        self.open -= 1
+        with contextlib.suppress(ValueError):  # it was busy, not idle
+            self._idle.remove(conn)
+
+    def close(self) -> None:
+        while self._idle:
+            self._idle.pop().abort()
