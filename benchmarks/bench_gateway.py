@@ -153,10 +153,11 @@ def table(rounds: list[dict[str, dict[str, float]]], args: argparse.Namespace) -
     d = rounds and statistics.median(r["direct"]["rps"] for r in rounds)
     lines.append(f"{'direct (no router)':<20} {'':>10} {d:>10.0f}")
     ours, theirs = "servepilot gateway", "vllm-router"
+    cpu_ratio = med(ours, "cpu_us") / med(theirs, "cpu_us")
     lines.append(
-        f"servepilot / vllm-router: CPU per request x{med(ours, 'cpu_us') / med(theirs, 'cpu_us'):.2f}"
-        f" (target <= 1), added p99 {med(ours, 'e2e_p99_ms') - med('direct', 'e2e_p99_ms'):.2f}"
-        f" vs {med(theirs, 'e2e_p99_ms') - med('direct', 'e2e_p99_ms'):.2f} ms"
+        f"servepilot / vllm-router: CPU per request x{cpu_ratio:.2f} (target <= 1), added p99 "
+        f"{med(ours, 'e2e_p99_ms') - med('direct', 'e2e_p99_ms'):.2f} vs "
+        f"{med(theirs, 'e2e_p99_ms') - med('direct', 'e2e_p99_ms'):.2f} ms (target: no worse)"
     )
     failed = sum(r[name]["failed"] for r in rounds for name in r)
     if failed:
