@@ -138,7 +138,8 @@ def table(rounds: list[dict[str, dict[str, float]]], args: argparse.Namespace) -
         return statistics.median(r[name][metric] for r in rounds)
 
     lines = [
-        f"{args.requests} requests x {args.chunks} streamed tokens at concurrency "
+        f"{args.requests} requests x {args.chunks} streamed tokens "
+        f"({f'{args.delay_ms:g} ms apart' if args.delay_ms else 'in one write'}) at concurrency "
         f"{args.concurrency}, 2 stub replicas; routers on core {ROUTER_CORE}, load + stubs on "
         f"core {LOAD_CORE}; median of {len(rounds)} rounds",
         f"{'router':<20} {'CPU us/req':>10} {'requests/s':>10} {'+p50 e2e ms':>12} "
@@ -171,13 +172,17 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--chunks", type=int, default=16, help="streamed tokens per answer")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--delay-ms", type=float, default=0.0,
+        help="stub pause before each token (0: the whole answer in one write)",
+    )  # fmt: skip
     parser.add_argument("--only", choices=sorted(ROUTERS), help="measure one router")
     args = parser.parse_args()
     if args.only:
         for name in list(ROUTERS):
             if name != args.only:
                 del ROUTERS[name]
-    stubs = [start_stub(args.chunks, 0.0, LOAD_CORE) for _ in range(2)]
+    stubs = [start_stub(args.chunks, args.delay_ms, LOAD_CORE) for _ in range(2)]
     rounds = []
     try:
         with tempfile.TemporaryDirectory() as tmp:

@@ -13,8 +13,11 @@ from servepilot.gateway import run_gateway
 DESCRIPTION = """\
 Run servepilot's gateway in front of vLLM (or any OpenAI-compatible) servers that you started
 yourself. Each --replica is a base URL such as http://10.0.0.5:8000 (without /v1). The gateway
-checks each replica's /health, routes around those that fail, and serves one endpoint.
-Ctrl-C (or SIGTERM) drains in-flight requests and stops.
+checks each replica's /health, routes around those that fail, gives each replica at most
+--capacity requests at once and queues the rest by priority (X-Priority: 0 interactive,
+1 default, 2 batch), and serves one endpoint. Every other setting (admission budgets, circuit
+breakers, hard and soft limits, API keys) comes from fleet.yaml's `gateway` section; see
+`servepilot config`. Ctrl-C (or SIGTERM) drains in-flight requests and stops.
 """
 
 
@@ -32,7 +35,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--policy", choices=[p.value for p in PolicyName],
-        help="routing policy (default: gateway.policy from fleet.yaml, else least_load)",
+        help="routing policy (default: gateway.policy from fleet.yaml, else hybrid)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--capacity", type=int, metavar="N",
+        help="requests in flight per replica at most; more wait in the gateway's queue "
+        "(default: gateway.admission.replica_concurrency, 256)",
     )  # fmt: skip
     parser.add_argument("--port", type=int, metavar="P", help="port to listen on (default 8000)")
     parser.add_argument("--host", metavar="ADDR", help="address to listen on (default 127.0.0.1)")
@@ -40,9 +48,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = config_from_args(
-        args, {"gateway.policy": args.policy, "gateway.port": args.port, "gateway.host": args.host}
-    ).gateway
+    overrides = {
+        "gateway.policy": args.policy,
+        "gateway.port": args.port,
+        "gateway.host": args.host,
+        "gateway.admission.replica_concurrency": args.capacity,
+    }
+    config = config_from_args(args, overrides).gateway
     urls = [base_url(u, "--replica") for u in args.replica]
     check_port_free(config.host, config.port)
 

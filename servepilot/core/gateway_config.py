@@ -64,6 +64,10 @@ class RoutingConfig(_Section):
     long_group_share: float = Field(default=0.5, gt=0.0, lt=1.0)
     """Share of the replicas (at least one, when there are two or more) in the long group."""
 
+    group_idle_s: float = Field(default=60.0, gt=0)
+    """length_shard / hybrid: a group that has had no prompts of its own for this long lends
+    its replicas to the other group, so that short-only traffic uses every replica."""
+
     compensation_max_share: float = Field(default=0.10, ge=0.0, le=1.0)
     """Dynamic compensation: the largest share of a group's traffic that may be moved to the
     other group when that one is less loaded."""

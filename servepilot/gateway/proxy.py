@@ -97,7 +97,7 @@ class Proxy:
                 code="model_not_found",
             )
         started = time.perf_counter()
-        view = self._view(request, caller, parsed)
+        view = self._view(request, caller, parsed, generates=path.startswith("/v1/"))
         extra = self._extra_headers(request)
         body = request.body
         tried: set[str] = set()
@@ -123,11 +123,15 @@ class Proxy:
             self._finish(request, grant, outcome)
             return
 
-    def _view(self, request: HttpRequest, caller: Caller, parsed: InferenceRequest) -> RequestView:
+    def _view(
+        self, request: HttpRequest, caller: Caller, parsed: InferenceRequest, generates: bool
+    ) -> RequestView:
+        """What routing and admission know of the request. Tokenizer calls (`generates`
+        false) leave nothing in a replica's prefix cache, so they carry no prefix hashes."""
         priority = _priority(request.headers.get("x-priority"), caller.priority)
         routing = self._config.routing
         hashes: tuple[int, ...] = ()
-        if self._policy.uses_prefix:
+        if generates and self._policy.uses_prefix:
             block, blocks = routing.prefix_block_chars, routing.prefix_max_blocks
             hashes = prefix_hashes(prompt_text(parsed.doc, block * blocks), block, blocks)
         return RequestView(

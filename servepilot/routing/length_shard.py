@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 
@@ -49,6 +50,11 @@ class LengthShard:
     short when two or more are known), and stays there: candidates come and go as replicas
     fill up, and reshuffling would throw away the prefix caches each group has built.
 
+    Lending: a group that has had no prompts of its own for `group_idle_s` lends its replicas
+    to the other group (the home group's policy then chooses among all candidates). Without
+    it, a workload with no long prompts would leave the long group idle; with it, the groups
+    separate again as soon as a long prompt arrives.
+
     Within a group, `inner` policies (one per group, built by the factory, so each keeps its
     own state) choose; power-of-two least load by default.
     """
@@ -72,10 +78,19 @@ class LengthShard:
         self._members: dict[str, str] = {}
         self._routed = dict.fromkeys(GROUPS, 0)
         self._compensated = 0
+        self._lent = 0
+        self._idle_s = config.group_idle_s
+        self._last_seen_s = dict.fromkeys(GROUPS, -math.inf)
 
     def choose(self, request: RequestView, candidates: Sequence[ReplicaView]) -> str:
         by_group = self._split(candidates)
         home = LONG if self._prompt_tokens(request) >= self._boundary_tokens else SHORT
+        other = LONG if home == SHORT else SHORT
+        self._last_seen_s[home] = max(self._last_seen_s[home], request.arrival_s)
+        if request.arrival_s - self._last_seen_s[other] > self._idle_s and by_group[other]:
+            self._routed[home] += 1
+            self._lent += 1
+            return self._inner[home].choose(request, candidates)
         group = self._target_group(home, by_group)
         self._routed[group] += 1
         return self._inner[group].choose(request, by_group[group])
@@ -90,6 +105,7 @@ class LengthShard:
             "shard_short": float(self._routed[SHORT]),
             "shard_long": float(self._routed[LONG]),
             "shard_compensated": float(self._compensated),
+            "shard_lent": float(self._lent),
         }
         for policy in self._inner.values():
             for key, value in policy.stats().items():

@@ -69,8 +69,16 @@ def test_group_sizes_follow_the_long_share(
     assert len(split.get(SHORT, set())) == replicas - expected_long
 
 
+def prime(policy: LengthShard) -> None:
+    """Route one long and one short prompt, so that neither group lends its replicas to the
+    other (each would, having seen no prompt of its own yet)."""
+    policy.choose(LONG_PROMPT, views())
+    policy.choose(SHORT_PROMPT, views())
+
+
 def test_short_prompts_never_go_to_the_long_group_when_loads_are_equal() -> None:
     policy = LengthShard(CONFIG, random.Random(0))
+    prime(policy)
     candidates = views()
     picks = Counter(policy.choose(SHORT_PROMPT, candidates) for _ in range(500))
     long_ids = groups(policy)[LONG]
@@ -79,7 +87,27 @@ def test_short_prompts_never_go_to_the_long_group_when_loads_are_equal() -> None
     long_picks = {policy.choose(LONG_PROMPT, candidates) for _ in range(100)}
     assert long_picks == long_ids
     stats = policy.stats()
-    assert (stats["shard_short"], stats["shard_long"], stats["shard_compensated"]) == (500, 100, 0)
+    assert (stats["shard_short"], stats["shard_long"], stats["shard_compensated"]) == (501, 101, 0)
+    assert stats["shard_lent"] == 1  # the priming long prompt, before any short one
+
+
+def test_an_idle_long_group_lends_its_replicas_to_short_prompts() -> None:
+    config = RoutingConfig(long_group_share=0.5, group_idle_s=60.0)
+    policy = LengthShard(config, random.Random(0))
+    candidates = views()
+
+    def short_at(t: float) -> str:
+        return policy.choose(RequestView(model="m", prompt_tokens=300, arrival_s=t), candidates)
+
+    # No long prompt yet: short ones use all four replicas.
+    assert {short_at(0.0) for _ in range(200)} == set(IDS)
+    policy.choose(RequestView(model="m", prompt_tokens=9000, arrival_s=10.0), candidates)
+    long_ids = groups(policy)[LONG]
+    # A long prompt arrived: the long group is its own again (equal loads: no compensation).
+    assert not {short_at(30.0) for _ in range(200)} & long_ids
+    # 60 s without a long prompt: lent again.
+    assert {short_at(70.1) for _ in range(200)} == set(IDS)
+    assert policy.stats()["shard_lent"] == 400
 
 
 def test_prompt_tokens_are_estimated_from_characters_when_missing() -> None:
@@ -94,7 +122,7 @@ def test_prompt_tokens_are_estimated_from_characters_when_missing() -> None:
 
 
 def groups_after_first(policy: LengthShard) -> dict[str, set[str]]:
-    policy.choose(SHORT_PROMPT, views())
+    prime(policy)
     return groups(policy)
 
 
@@ -159,6 +187,8 @@ def test_an_empty_home_group_sends_to_the_other_without_counting_compensation() 
 
 def test_labels_override_placement() -> None:
     policy = LengthShard(CONFIG, random.Random(0))
+    policy.choose(LONG_PROMPT, views(("r0",)))
+    policy.forget("r0")
     labelled = [
         ReplicaView("r0", in_flight=0, group="long"),
         ReplicaView("r1", in_flight=0, group="long"),
@@ -214,6 +244,9 @@ def hybrid_request(text: str, tokens: int) -> RequestView:
 def test_hybrid_shards_by_length_and_keeps_prefixes_within_a_group() -> None:
     policy = Hybrid(HYBRID_CONFIG, random.Random(0))
     candidates = [ReplicaView(f"r{i}", in_flight=0) for i in range(6)]
+    # Both kinds of traffic exist (prompts under one block: no prefix blocks): no lending.
+    policy.choose(hybrid_request("x", 9000), candidates)
+    policy.choose(hybrid_request("y", 200), candidates)
     rng = random.Random(2)
     prefixes = ["".join(rng.choice("abcdefgh") for _ in range(6 * BLOCK)) for _ in range(8)]
     landed: dict[tuple[int, bool], set[str]] = defaultdict(set)
@@ -228,7 +261,7 @@ def test_hybrid_shards_by_length_and_keeps_prefixes_within_a_group() -> None:
         assert len(replicas) == 1  # a shared prefix sticks to one replica...
         assert replicas <= long_ids if long else not replicas & long_ids  # ...in its group
     stats = policy.stats()
-    assert stats["shard_short"] + stats["shard_long"] == 600
+    assert stats["shard_short"] + stats["shard_long"] == 602
     assert stats["shard_compensated"] == 0
     assert stats["prefix_blocks_total"] == 600 * 6
     assert stats["prefix_blocks_matched"] == stats["prefix_blocks_total"] - 6 * len(landed)
