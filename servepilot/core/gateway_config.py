@@ -140,7 +140,7 @@ class ApiKey(_Section):
     name: str
     """Label in metrics and logs (the key itself is never logged)."""
 
-    key: str | None = None
+    key: str | None = Field(default=None, min_length=1)
     """The bearer token; prefer `key_env`, which keeps it out of the file."""
 
     key_env: str | None = None

@@ -67,7 +67,7 @@ class _NewReplica:
 def _parse_add(body: bytes) -> _NewReplica:
     try:
         doc: Any = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise bad_request("the request body is not valid JSON", "invalid_json") from None
     if not isinstance(doc, dict):
         raise bad_request('expected a JSON object like {"id": "r3", "url": "http://host:port"}')

@@ -23,9 +23,13 @@ class Caller:
     name: str
     """The key's name ("anonymous" without auth): a metrics label."""
     priority: Priority
+    """The class of its requests when they send no X-Priority header."""
+    ceiling: Priority
+    """The most urgent class an X-Priority header may ask for."""
 
 
-ANONYMOUS = Caller("anonymous", Priority.P1)
+# Without keys nobody is accountable for a class, so the header decides (default P1).
+ANONYMOUS = Caller("anonymous", Priority.P1, ceiling=Priority.P0)
 _BEARER = "bearer "
 
 
@@ -40,7 +44,8 @@ class Authenticator:
             except ValueError as exc:
                 raise ConfigError(f"gateway.auth.keys: {exc}") from None
             bucket = TokenBucket(key.rate_per_s, key.burst) if key.rate_per_s else None
-            self._keys.append((secret.encode(), Caller(key.name, key.priority), bucket))
+            caller = Caller(key.name, key.priority, ceiling=key.priority)
+            self._keys.append((secret.encode(), caller, bucket))
         self._admin: bytes | None = None
         if config.admin_key_env is not None:
             admin = os.environ.get(config.admin_key_env)

@@ -225,14 +225,34 @@ class Dispatcher:
             ready = self._candidates(waiter.view.model, waiter.exclude, now)
             candidates = [c for c in ready if self._free(c)]
             if not candidates:
-                return  # it keeps its place until a slot it can use frees up
+                # It keeps its place until a slot it can use frees up; the ones behind it
+                # (another model, other excluded replicas) may use the free slots meanwhile.
+                self._pump_behind(now)
+                return
             queue.pop(now)
-            grant = self._grant(waiter.view, candidates, waiter.cap, now)
-            self._metrics.observe_queue_wait(waiter.view.priority, now - waiter.view.arrival_s)
-            waiter.future.set_result(grant)
+            self._hand_over(waiter, candidates, now)
+
+    def _pump_behind(self, now: float) -> None:
+        if not any(self._free(view) for view in self._pool.snapshot()):
+            return
+        for ticket in self.queue.in_order(now):
+            waiter = ticket.item
+            if waiter.future.done():
+                self.queue.remove(ticket)
+                continue
+            ready = self._candidates(waiter.view.model, waiter.exclude, now)
+            candidates = [c for c in ready if self._free(c)]
+            if candidates:
+                self.queue.remove(ticket)
+                self._hand_over(waiter, candidates, now)
+
+    def _hand_over(self, waiter: _Waiter, candidates: list[ReplicaView], now: float) -> None:
+        grant = self._grant(waiter.view, candidates, waiter.cap, now)
+        self._metrics.observe_queue_wait(waiter.view.priority, now - waiter.view.arrival_s)
+        waiter.future.set_result(grant)
 
     def _expire(self, now: float) -> None:
-        if not self._pool.ready():
+        if not self._pool.ready() and self._pool.starting():
             return  # cold start: waits are bounded by cold_start_wait_s instead
         rate = self._rate.rate_per_s(now)
         for waiter in self.queue.expired(now):
@@ -281,6 +301,9 @@ class Dispatcher:
 
     def _update_limits(self, now: float) -> None:
         views = self._pool.snapshot()
+        routable = {view.replica_id for view in views}
+        for replica_id in self.hard_limit.tracked() - routable:
+            self.hard_limit.forget(replica_id)  # out of rotation: it gets no traffic to slow
         mean_kv = sum(v.kv_cache_usage for v in views) / len(views) if views else 0.0
         queued = len(self.queue) + sum(v.num_requests_waiting for v in views)
         for event in self.soft_limit.update(now, mean_kv, queued, len(views)):

@@ -15,7 +15,7 @@ import json
 import logging
 import time
 
-from servepilot.core.gateway_config import GatewayConfig, Priority
+from servepilot.core.gateway_config import GatewayConfig
 from servepilot.gateway.auth import Caller
 from servepilot.gateway.dispatch import Dispatcher, Grant
 from servepilot.gateway.errors import (
@@ -128,7 +128,7 @@ class Proxy:
     ) -> RequestView:
         """What routing and admission know of the request. Tokenizer calls (`generates`
         false) leave nothing in a replica's prefix cache, so they carry no prefix hashes."""
-        priority = _priority(request.headers.get("x-priority"), caller.priority)
+        priority = _priority(request.headers.get("x-priority"), caller)
         routing = self._config.routing
         hashes: tuple[int, ...] = ()
         if generates and self._policy.uses_prefix:
@@ -207,14 +207,15 @@ class Proxy:
         request.respond(status, outcome.body, outcome.content_type, (grant.replica.header,))
 
 
-def _priority(header: str | None, key_priority: Priority) -> int:
-    """The request's class: the API key's, lowered (never raised) by an X-Priority header."""
+def _priority(header: str | None, caller: Caller) -> int:
+    """The request's class: the X-Priority header's, never more urgent than the caller may
+    ask for (an API key's class; anyone without auth), else the caller's default."""
     if header is None:
-        return int(key_priority)
+        return int(caller.priority)
     value = header.strip()
     if value not in ("0", "1", "2"):
         raise bad_request("X-Priority must be 0 (interactive), 1 (default) or 2 (batch)")
-    return max(int(value), int(key_priority))
+    return max(int(value), int(caller.ceiling))
 
 
 def _capped(parsed: InferenceRequest, cap: int, body: bytes) -> bytes:

@@ -57,6 +57,7 @@ class HttpRequest:
         "_conn",
         "_head",
         "body",
+        "chunked",
         "headers",
         "keep_alive",
         "method",
@@ -76,8 +77,11 @@ class HttpRequest:
         headers: dict[str, str],
         body: bytes,
         keep_alive: bool,
+        chunked: bool = True,
     ) -> None:
         self._conn = conn
+        self.chunked = chunked
+        """The client speaks HTTP/1.1: a streamed body may use chunked transfer coding."""
         self._head = b""
         self.method = method
         path, _, query = target.partition(b"?")
@@ -115,7 +119,9 @@ class HttpRequest:
             head += (name, b": ", value, b"\r\n")
         if not self.keep_alive:
             head.append(b"connection: close\r\n")
-        head += (b"\r\n", body)
+        head.append(b"\r\n")
+        if self.method != "HEAD":  # RFC 9110 9.3.2: the answer to HEAD has no content
+            head.append(body)
         self._conn.write(b"".join(head))
 
     def start_stream(
@@ -126,8 +132,11 @@ class HttpRequest:
             raise RuntimeError("this request was already answered")
         self.responded = self.streaming = True
         self.status = status
+        if not self.chunked:
+            self.keep_alive = False  # HTTP/1.0: the body ends where the connection does
         head = [status_line(status), b"content-type: ", content_type,
-                b"\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n"]  # fmt: skip
+                b"\r\ncache-control: no-cache\r\n",
+                b"transfer-encoding: chunked\r\n" if self.chunked else b""]  # fmt: skip
         for name, value in headers:
             head += (name, b": ", value, b"\r\n")
         if not self.keep_alive:
@@ -144,7 +153,8 @@ class HttpRequest:
 
     def write_chunk(self, data: bytes) -> None:
         if data:
-            self._conn.write(b"%b%x\r\n%b\r\n" % (self._head, len(data), data))
+            framed = b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data
+            self._conn.write(self._head + framed)
             self._head = b""
         else:
             self.flush_head()
@@ -155,7 +165,9 @@ class HttpRequest:
             return
         self.stream_ended = True
         head, self._head = self._head, b""
-        if data:
+        if not self.chunked:
+            self._conn.write(head + data)
+        elif data:
             self._conn.write(b"%b%x\r\n%b\r\n0\r\n\r\n" % (head, len(data), data))
         else:
             self._conn.write(head + _LAST_CHUNK)
@@ -250,7 +262,9 @@ class HttpConnection(asyncio.Protocol):
         limit = self._server.max_body_bytes
         if declared is not None and declared.isdigit() and int(declared) > limit:
             self._reject(413, f"the request body is larger than {limit} bytes", "body_too_large")
-        elif self._headers.get("expect", "").lower() == "100-continue":
+        elif self._headers.get("expect", "").lower() == "100-continue" and self._task is None:
+            # Not while an earlier pipelined request is being answered: the interim response
+            # would land inside that answer. The client sends its body after a short wait.
             self.write(_CONTINUE)
 
     def on_body(self, body: bytes) -> None:
@@ -272,6 +286,7 @@ class HttpConnection(asyncio.Protocol):
             self._headers,
             body,
             self._parser.should_keep_alive() and not self._server.closing,
+            self._parser.get_http_version() != "1.0",
         )
         if self._task is None:
             self._run(request)

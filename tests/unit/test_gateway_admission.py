@@ -1,0 +1,553 @@
+"""Admission end to end: replica budgets, the per-class queue, aging, shedding, degradation.
+
+Requests are kept in flight by upstreams that hold them until the test releases them, and
+time-dependent rules (aging, queue budgets, the soft limit) run on an injected fake clock, so
+no assertion depends on how fast the machine is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+
+from servepilot.gateway import Gateway
+from tests.unit.gateway_support import (
+    URGENT_KEY,
+    FakeClock,
+    FakeUpstream,
+    Reply,
+    as_class,
+    call,
+    chat,
+    classes_served,
+    content_of,
+    eventually,
+    gateway_in_front_of,
+    in_background,
+    queued,
+    reaches,
+    run,
+    scrape,
+    until,
+    vllm_metrics,
+)
+
+CLASSES = ("0", "1", "2")
+
+
+def priority(cls_: int) -> dict[str, str]:
+    return {"X-Priority": str(cls_)}
+
+
+def idle(gw: Gateway) -> Callable[[], Awaitable[bool]]:
+    """Nothing in flight on any replica and nothing queued."""
+    return until(lambda: gw.pool.total_in_flight() == 0 and len(gw.dispatcher.queue) == 0)
+
+
+async def assert_all_counters_zero(gw: Gateway, client: aiohttp.ClientSession, url: str) -> None:
+    await eventually(idle(gw))
+    assert all(info.in_flight == 0 for info in gw.pool.replicas())
+    assert gw.dispatcher.queue.depth_by_class() == (0, 0, 0)
+    assert gw.dispatcher.queue.held() == 0  # no removed ticket left behind either
+    metrics = await scrape(client, url)
+    for cls_ in CLASSES:
+        assert metrics.value("servepilot_queue_depth", {"class": cls_}) == 0
+    for info in gw.pool.replicas():
+        assert metrics.value("servepilot_in_flight_requests", {"replica": info.replica_id}) == 0
+
+
+# --- budgets and the queue -------------------------------------------------------------------
+
+
+def test_replica_budget_caps_in_flight_and_the_rest_wait_in_order() -> None:
+    async def body() -> None:
+        upstream = await FakeUpstream("a", capacity=2).start()
+        upstream.hold_requests = True
+        async with gateway_in_front_of([upstream]) as (gw, url), aiohttp.ClientSession() as client:
+            replies: list[asyncio.Task[Reply]] = []
+            for index in range(5):
+                replies.append(in_background(client, url, chat(f"r{index}")))
+                # One at a time, so that the order they reach the gateway is known.
+                await eventually(
+                    reaches(lambda: upstream.holding + len(gw.dispatcher.queue), index + 1)
+                )
+            assert upstream.holding == 2 and gw.pool.get("a").in_flight == 2
+            assert gw.dispatcher.queue.depth_by_class() == (0, 3, 0)
+            metrics = await scrape(client, url)
+            assert metrics.value("servepilot_queue_depth", {"class": "1"}) == 3
+            assert metrics.value("servepilot_queue_depth", {"class": "0"}) == 0
+            assert metrics.value("servepilot_in_flight_requests", {"replica": "a"}) == 2
+            assert metrics.value("servepilot_replica_capacity", {"replica": "a"}) == 2
+            assert metrics.value("servepilot_queued_total", {"class": "1"}) == 3
+
+            for served in range(3, 6):
+                upstream.release_next()
+                # A freed slot goes to the next waiter, never beyond the budget.
+                await eventually(reaches(lambda: len(upstream.received), served))
+                assert upstream.holding == 2
+                assert len(gw.dispatcher.queue) == 5 - served
+            upstream.release_all()
+            for reply in replies:
+                assert (await reply).status == 200
+            assert upstream.max_in_flight == 2
+            assert [content_of(b) for b in upstream.received] == [f"r{i}" for i in range(5)]
+            metrics = await scrape(client, url)
+            assert metrics.value("servepilot_queue_wait_seconds_count", {"class": "1"}) == 3
+            await assert_all_counters_zero(gw, client, url)
+
+    run(body())
+
+
+def test_freed_slots_go_to_the_most_urgent_class_first() -> None:
+    async def body() -> None:
+        upstream = await FakeUpstream("a", capacity=1).start()
+        upstream.hold_requests = True
+        async with gateway_in_front_of([upstream]) as (gw, url), aiohttp.ClientSession() as client:
+            replies = [in_background(client, url, chat("blocker"))]
+            await eventually(until(lambda: upstream.holding == 1))
+            for depth, cls_ in enumerate((2, 1, 0), start=1):
+                replies.append(in_background(client, url, chat(f"p{cls_}"), headers=priority(cls_)))
+                await eventually(queued(gw, depth))
+            assert gw.dispatcher.queue.depth_by_class() == (1, 1, 1)
+            metrics = await scrape(client, url)
+            assert [metrics.value("servepilot_queue_depth", {"class": c}) for c in CLASSES] == [
+                1,
+                1,
+                1,
+            ]
+            for served in range(2, 5):
+                upstream.release_next()
+                await eventually(reaches(lambda: len(upstream.received), served))
+            upstream.release_all()
+            assert [(await reply).status for reply in replies] == [200] * len(replies)
+            assert [content_of(b) for b in upstream.received] == ["blocker", "p0", "p1", "p2"]
+            await assert_all_counters_zero(gw, client, url)
+
+    run(body())
+
+
+def test_a_batch_request_that_waited_long_enough_goes_before_a_fresh_default_one() -> None:
+    async def body() -> None:
+        clock = FakeClock()
+        upstream = await FakeUpstream("a", capacity=1).start()
+        upstream.hold_requests = True
+        async with (
+            gateway_in_front_of([upstream], clock=clock, admission={"aging_s": 0.2}) as (gw, url),
+            aiohttp.ClientSession() as client,
+        ):
+            replies = [in_background(client, url, chat("blocker"))]
+            await eventually(until(lambda: upstream.holding == 1))
+            replies.append(in_background(client, url, chat("old p2"), headers=priority(2)))
+            await eventually(queued(gw, 1))
+            clock.advance(0.25)  # one aging step: the old P2 now ranks as a P1
+            replies.append(in_background(client, url, chat("fresh p1"), headers=priority(1)))
+            await eventually(queued(gw, 2))
+            replies.append(in_background(client, url, chat("fresh p2"), headers=priority(2)))
+            await eventually(queued(gw, 3))
+            for served in range(2, 5):
+                upstream.release_next()
+                await eventually(reaches(lambda: len(upstream.received), served))
+            upstream.release_all()
+            assert [(await reply).status for reply in replies] == [200] * len(replies)
+            # Among equals (effective class 1) the earlier arrival wins; the fresh P2 has not
+            # aged and goes last.
+            order = [content_of(b) for b in upstream.received]
+            assert order == ["blocker", "old p2", "fresh p1", "fresh p2"]
+            await assert_all_counters_zero(gw, client, url)
+
+    run(body())
+
+
+# --- shedding --------------------------------------------------------------------------------
+
+
+def test_a_request_waiting_past_its_class_budget_gets_429_and_the_others_keep_waiting() -> None:
+    async def body() -> None:
+        clock = FakeClock()
+        upstream = await FakeUpstream("a", capacity=1).start()
+        upstream.hold_requests = True
+        budgets = {"queue_budget_ms": (1000.0, 1000.0, 50.0)}
+        async with (
+            gateway_in_front_of([upstream], clock=clock, admission=budgets, retry_after_s=3) as (
+                gw,
+                url,
+            ),
+            aiohttp.ClientSession() as client,
+        ):
+            blocker = in_background(client, url, chat("blocker"))
+            await eventually(until(lambda: upstream.holding == 1))
+            batch = in_background(client, url, chat("batch"), headers=priority(2))
+            await eventually(queued(gw, 1))
+            default = in_background(client, url, chat("default"), headers=priority(1))
+            await eventually(queued(gw, 2))
+            clock.advance(0.051)  # past P2's 50 ms, far from P1's 1000 ms
+            shed = await batch
+            error = shed.error(429)
+            assert error["code"] == "queue_budget" and error["type"] == "rate_limit_error"
+            # No dispatch rate is measured yet (one dispatch): the configured Retry-After.
+            assert shed.headers["Retry-After"] == "3"
+            assert gw.dispatcher.queue.depth_by_class() == (0, 1, 0)
+            assert not default.done()
+            metrics = await scrape(client, url)
+            labels = {"reason": "queue_budget", "class": "2"}
+            assert metrics.value("servepilot_shed_total", labels) == 1
+            assert (
+                metrics.get("servepilot_shed_total", {"reason": "queue_budget", "class": "1"}) == 0
+            )
+            upstream.release_all()
+            assert (await blocker).status == 200 and (await default).status == 200
+            assert [content_of(b) for b in upstream.received] == ["blocker", "default"]
+            await assert_all_counters_zero(gw, client, url)
+
+    run(body())
+
+
+def test_a_request_whose_predicted_wait_exceeds_its_budget_is_refused_on_arrival() -> None:
+    async def body() -> None:
+        clock = FakeClock()
+        upstream = await FakeUpstream("a", capacity=1).start()
+        budgets = {"queue_budget_ms": (10_000.0, 10_000.0, 500.0)}
+        async with (
+            gateway_in_front_of([upstream], clock=clock, admission=budgets) as (gw, url),
+            aiohttp.ClientSession() as client,
+        ):
+            # Two dispatches 1 s apart: the gateway measures about one dispatch per second.
+            assert (await call(client, url, chat("first"))).status == 200
+            clock.advance(1.0)
+            upstream.hold_requests = True
+            blocker = in_background(client, url, chat("second"))
+            await eventually(until(lambda: upstream.holding == 1))
+            waiting = in_background(client, url, chat("p1"), headers=priority(1))
+            await eventually(queued(gw, 1))
+            # One request ahead at ~1.05/s is a ~950 ms wait: over P2's 500 ms budget.
+            refused = await call(client, url, chat("p2"), headers=priority(2))
+            assert refused.error(429)["code"] == "queue_budget"
+            assert refused.headers["Retry-After"] == "1"
+            assert len(gw.dispatcher.queue) == 1
+            upstream.release_all()
+            assert (await blocker).status == 200 and (await waiting).status == 200
+            assert [content_of(b) for b in upstream.received] == ["first", "second", "p1"]
+            await assert_all_counters_zero(gw, client, url)
+
+    run(body())
+
+
+def test_a_full_queue_refuses_new_requests_with_429() -> None:
+    async def body() -> None:
+        upstream = await FakeUpstream("a", capacity=1).start()
+        upstream.hold_requests = True
+        async with (
+            gateway_in_front_of(
+                [upstream], admission={"max_queued": 1}, auth=URGENT_KEY, retry_after_s=4
+            ) as (gw, url),
+            aiohttp.ClientSession() as client,
+        ):
+            blocker = in_background(client, url, chat("blocker"), headers=as_class(1))
+            await eventually(until(lambda: upstream.holding == 1))
+            waiting = in_background(client, url, chat("waiting"), headers=as_class(2))
+            await eventually(queued(gw, 1))
+            for cls_ in (0, 1, 2):  # the queue is full for every class
+                refused = await call(client, url, chat("refused"), headers=as_class(cls_))
+                assert refused.error(429)["code"] == "queue_full"
+                assert refused.headers["Retry-After"] == "4"
+            metrics = await scrape(client, url)
+            for cls_name in CLASSES:
+                labels = {"reason": "queue_full", "class": cls_name}
+                assert metrics.value("servepilot_shed_total", labels) == 1
+            upstream.release_all()
+            assert (await blocker).status == 200 and (await waiting).status == 200
+            assert [content_of(b) for b in upstream.received] == ["blocker", "waiting"]
+            await assert_all_counters_zero(gw, client, url)
+
+    run(body())
+
+
+def test_a_client_that_leaves_while_queued_leaves_no_trace() -> None:
+    async def body() -> None:
+        upstream = await FakeUpstream("a", capacity=1).start()
+        upstream.hold_requests = True
+        async with (
+            gateway_in_front_of([upstream], auth=URGENT_KEY) as (gw, url),
+            aiohttp.ClientSession() as client,
+        ):
+            blocker = in_background(client, url, chat("blocker"), headers=as_class(1))
+            await eventually(until(lambda: upstream.holding == 1))
+            async with aiohttp.ClientSession() as leaving:
+                # One leaves from the head of the queue, one from behind a request that stays.
+                first_gone = in_background(leaving, url, chat("gone 0"), headers=as_class(0))
+                await eventually(queued(gw, 1))
+                stays = in_background(client, url, chat("stays"), headers=as_class(1))
+                await eventually(queued(gw, 2))
+                last_gone = in_background(leaving, url, chat("gone 2"), headers=as_class(2))
+                await eventually(queued(gw, 3))
+                first_gone.cancel()
+                last_gone.cancel()
+            await eventually(queued(gw, 1))
+            assert gw.dispatcher.queue.depth_by_class() == (0, 1, 0)
+            metrics = await scrape(client, url)
+            assert [metrics.value("servepilot_queue_depth", {"class": c}) for c in CLASSES] == [
+                0,
+                1,
+                0,
+            ]
+            upstream.release_all()
+            assert (await blocker).status == 200 and (await stays).status == 200
+            assert [content_of(b) for b in upstream.received] == ["blocker", "stays"]
+            assert gw.metrics.error_counts()["client_disconnected"] == 2
+            await assert_all_counters_zero(gw, client, url)
+            # The slots the departed requests would have taken are free: new ones are served.
+            for cls_ in (0, 2):
+                assert (
+                    await call(client, url, chat("after"), headers=as_class(cls_))
+                ).status == 200
+            assert upstream.max_in_flight == 1
+
+    run(body())
+
+
+def test_a_client_that_leaves_while_its_request_runs_frees_its_slot() -> None:
+    async def body() -> None:
+        upstream = await FakeUpstream("a", capacity=1).start()
+        upstream.hold_requests = True
+        async with gateway_in_front_of([upstream]) as (gw, url), aiohttp.ClientSession() as client:
+            async with aiohttp.ClientSession() as leaving:
+                gone = in_background(leaving, url, chat("gone"))
+                await eventually(until(lambda: upstream.holding == 1))
+                waiting = in_background(client, url, chat("waiting"))
+                await eventually(queued(gw, 1))
+                gone.cancel()
+            # The slot is released as the client leaves, not when the replica answers.
+            await eventually(until(lambda: len(upstream.received) == 2))
+            assert len(gw.dispatcher.queue) == 0 and gw.pool.get("a").in_flight == 1
+            upstream.release_all()
+            assert (await waiting).status == 200
+            await assert_all_counters_zero(gw, client, url)
+            metrics = await scrape(client, url)
+            abandoned = {"replica": "a", "class": "1", "result": "abandoned"}
+            assert metrics.value("servepilot_upstream_requests_total", abandoned) == 1
+            ok = {"replica": "a", "class": "1", "result": "ok"}
+            assert metrics.value("servepilot_upstream_requests_total", ok) == 1
+
+    run(body())
+
+
+def test_invalid_x_priority_is_a_400_naming_the_header() -> None:
+    async def body() -> None:
+        upstream = await FakeUpstream("a").start()
+        async with gateway_in_front_of([upstream]) as (gw, url), aiohttp.ClientSession() as client:
+            for value in ("3", "-1", "high", "P0", "1.0", "01", ""):
+                reply = await call(client, url, headers={"X-Priority": value})
+                error = reply.error(400)
+                assert error["code"] == "invalid_value", value
+                assert "X-Priority" in error["message"], value
+            assert upstream.received == []
+            for value in ("1", "2", " 2 "):
+                assert (await call(client, url, headers={"X-Priority": value})).status == 200
+            metrics = await scrape(client, url)
+            assert classes_served(metrics) == {"1": 1, "2": 2}
+            await assert_all_counters_zero(gw, client, url)
+
+    run(body())
+
+
+def test_an_open_gateway_lets_x_priority_ask_for_p0() -> None:
+    async def body() -> None:
+        upstream = await FakeUpstream("a").start()
+        async with gateway_in_front_of([upstream]) as (_, url), aiohttp.ClientSession() as client:
+            # Without API keys nobody is accountable for a class: the header decides.
+            for cls_ in (0, 1, 2, 0):
+                assert (await call(client, url, headers=priority(cls_))).status == 200
+            assert (await call(client, url)).status == 200  # no header: P1
+            assert classes_served(await scrape(client, url)) == {"0": 2, "1": 2, "2": 1}
+
+    run(body())
+
+
+# --- degradation under sustained saturation --------------------------------------------------
+
+SUSTAIN_S = 5.0
+
+
+async def saturated_gateway_settings() -> tuple[FakeUpstream, dict[str, Any]]:
+    upstream = FakeUpstream("a")
+    upstream.metrics_text = vllm_metrics(kv_cache_usage=0.99)
+    await upstream.start()
+    settings: dict[str, Any] = {
+        # 0.99 is saturated for the soft limit but not "full" for admission.
+        "admission": {"kv_full_usage": 1.0},
+        "protection": {"soft_limit_sustain_s": SUSTAIN_S, "degraded_max_tokens": 7},
+        "retry_after_s": 5,
+        "auth": URGENT_KEY,
+    }
+    return upstream, settings
+
+
+def test_sustained_saturation_sheds_batch_then_caps_max_tokens() -> None:
+    async def body() -> None:
+        clock = FakeClock()
+        upstream, settings = await saturated_gateway_settings()
+        async with (
+            gateway_in_front_of([upstream], clock=clock, **settings) as (gw, url),
+            aiohttp.ClientSession() as client,
+        ):
+            level = gw.dispatcher.soft_limit
+            await clock.wait_read()  # first tick: saturation starts now
+            assert level.level == 0
+            assert (await call(client, url, chat("p2 ok"), headers=as_class(2))).status == 200
+
+            clock.advance(1.5 * SUSTAIN_S)
+            await eventually(idle(gw))
+            await clock.wait_read()
+            assert level.level == 1
+            refused = await call(client, url, chat("p2 shed"), headers=as_class(2))
+            assert refused.error(429)["code"] == "degraded"
+            assert refused.headers["Retry-After"] == "5"
+            uncapped = chat("p1 uncapped", max_tokens=1000)
+            assert (await call(client, url, uncapped, headers=as_class(1))).status == 200
+            assert upstream.received[-1] == uncapped
+            metrics = await scrape(client, url)
+            assert metrics.value("servepilot_degradation_level") == 1
+            assert metrics.value("servepilot_shed_total", {"reason": "degraded", "class": "2"}) == 1
+            assert metrics.value("servepilot_degradation_steps_total", {"level": "1"}) == 1
+
+            clock.advance(SUSTAIN_S)
+            await eventually(idle(gw))
+            await clock.wait_read()
+            assert level.level == 2
+            sent: list[tuple[int, dict[str, Any]]] = [
+                (1, chat("p1 big", max_tokens=1000)),
+                (1, chat("p1 absent")),
+                (1, chat("p1 small", max_tokens=3)),
+                (1, chat("p1 completion", max_tokens=3, max_completion_tokens=500)),
+                (1, chat("p1 stream", max_tokens=1000, stream=True)),
+                (0, chat("p0 big", max_tokens=1000)),
+            ]
+            for cls_, request in sent:
+                assert (await call(client, url, request, headers=as_class(cls_))).status == 200
+            seen = {content_of(b): b for b in upstream.received}
+            assert seen["p1 big"]["max_tokens"] == 7
+            assert seen["p1 absent"]["max_tokens"] == 7
+            assert seen["p1 small"]["max_tokens"] == 3
+            assert (
+                seen["p1 completion"]["max_tokens"],
+                seen["p1 completion"]["max_completion_tokens"],
+            ) == (3, 7)
+            assert seen["p1 stream"]["max_tokens"] == 7 and seen["p1 stream"]["stream"] is True
+            assert seen["p0 big"]["max_tokens"] == 1000  # interactive requests are not capped
+            completion = {"model": "m", "prompt": "once", "max_tokens": 99}
+            assert (
+                await call(client, url, completion, path="/v1/completions", headers=as_class(1))
+            ).status == 200
+            assert upstream.received[-1]["max_tokens"] == 7
+            refused = await call(client, url, chat("p2 shed again"), headers=as_class(2))
+            assert refused.error(429)["code"] == "degraded"
+            metrics = await scrape(client, url)
+            assert metrics.value("servepilot_degradation_level") == 2
+            assert metrics.value("servepilot_shed_total", {"reason": "degraded", "class": "2"}) == 2
+            assert metrics.value("servepilot_degradation_steps_total", {"level": "2"}) == 1
+            await assert_all_counters_zero(gw, client, url)
+
+    run(body())
+
+
+def test_degradation_steps_back_down_once_saturation_is_over() -> None:
+    async def body() -> None:
+        clock = FakeClock()
+        upstream, settings = await saturated_gateway_settings()
+        async with (
+            gateway_in_front_of([upstream], clock=clock, **settings) as (gw, url),
+            aiohttp.ClientSession() as client,
+        ):
+            level = gw.dispatcher.soft_limit
+            await clock.wait_read()
+            clock.advance(2 * SUSTAIN_S)  # two sustain periods at once: two steps up
+            await clock.wait_read()
+            assert level.level == 2
+            upstream.metrics_text = vllm_metrics(kv_cache_usage=0.1)
+            await eventually(until(lambda: gw.pool.get("a").kv_cache_usage == 0.1))
+            await clock.wait_read()  # calm starts now
+            clock.advance(SUSTAIN_S)  # exactly one sustain period of calm: one step down
+            await clock.wait_read()
+            assert level.level == 1
+            assert (await call(client, url, chat("p1"), headers=as_class(1))).status == 200
+            assert "max_tokens" not in upstream.received[-1]  # no longer capped
+            clock.advance(SUSTAIN_S)
+            await eventually(idle(gw))
+            await clock.wait_read()
+            assert level.level == 0
+            assert (await call(client, url, chat("p2"), headers=as_class(2))).status == 200
+            metrics = await scrape(client, url)
+            assert metrics.value("servepilot_degradation_level") == 0
+            steps = metrics.labelled("servepilot_degradation_steps_total")
+            assert {dict(labels)["level"]: count for labels, count in steps.items()} == {
+                "1": 2,
+                "2": 1,
+                "0": 1,
+            }
+
+    run(body())
+
+
+# --- known bugs --------------------------------------------------------------------------------
+
+
+def test_a_waiter_for_a_busy_model_does_not_block_a_free_replica_of_another_model() -> None:
+    async def body() -> None:
+        a = await FakeUpstream("a", models=("m",), capacity=1).start()
+        b = await FakeUpstream("b", models=("y",), capacity=1).start()
+        a.hold_requests = b.hold_requests = True
+        async with (
+            gateway_in_front_of([a, b]) as (gw, url),
+            aiohttp.ClientSession() as client,
+        ):
+            tasks = [
+                in_background(client, url, chat("m blocker")),
+                in_background(client, url, {**chat("y blocker"), "model": "y"}),
+            ]
+            await eventually(until(lambda: a.holding == 1 and b.holding == 1))
+            tasks.append(in_background(client, url, {**chat("y waiting"), "model": "y"}))
+            await eventually(queued(gw, 1))
+            tasks.append(in_background(client, url, chat("m waiting")))
+            await eventually(queued(gw, 2))
+            a.release_next()  # a is free; only the "m" waiter can use it
+            try:
+                await eventually(until(lambda: a.holding == 1), timeout_s=1.0)
+                assert content_of(a.received[-1]) == "m waiting"
+            finally:
+                a.release_all()
+                b.release_all()
+                assert [(await task).status for task in tasks] == [200] * 4
+
+    run(body())
+
+
+def test_a_queued_request_is_answered_when_every_replica_goes_down() -> None:
+    async def body() -> None:
+        clock = FakeClock()
+        upstream = await FakeUpstream("a", capacity=1).start()
+        upstream.hold_requests = True
+        async with (
+            gateway_in_front_of([upstream], clock=clock) as (gw, url),
+            aiohttp.ClientSession() as client,
+        ):
+            blocker = in_background(client, url, chat("blocker"))
+            await eventually(until(lambda: upstream.holding == 1))
+            waiting = in_background(client, url, chat("waiting"))
+            await eventually(queued(gw, 1))
+            upstream.health_status = 503  # the replica goes down (its health checks fail)
+            await eventually(until(lambda: not gw.pool.ready()))
+            clock.advance(11.0)  # past P1's 10 s queue budget
+            try:
+                done, _ = await asyncio.wait([waiting], timeout=1.0)
+                assert done, "the queued request got no answer"
+                assert (await waiting).status in (429, 503)
+            finally:
+                upstream.health_status = 200
+                upstream.release_all()
+                await blocker
+                await asyncio.wait([waiting], timeout=2.0)
+
+    run(body())
