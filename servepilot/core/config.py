@@ -100,6 +100,11 @@ class EngineConfig(_Section):
     quantization: str | None = None
     """--quantization (fp8, awq, gptq, ...). None: the checkpoint's own."""
 
+    dtype: str = "auto"
+    """--dtype of weights and activations (auto, bfloat16, float16, float32). auto keeps the
+    checkpoint's, except on a CPU without native bfloat16 (AVX512-BF16 or AMX), where it
+    runs float32: several times faster there (and twice the KV bytes per token)."""
+
     kv_cache_dtype: str = "auto"
     """--kv-cache-dtype (auto, fp8, fp8_e4m3, fp8_e5m2)."""
 

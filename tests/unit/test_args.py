@@ -1,5 +1,6 @@
 from servepilot.core.config import Device, EngineConfig
 from servepilot.engine.args import ServerSpec, launch_command, server_args, server_env, split_cores
+from servepilot.engine.cpu import resolve_dtype
 
 SPEC = ServerSpec(model_path="/models/m", served_name="m", host="127.0.0.1", port=8123)
 
@@ -77,3 +78,14 @@ def test_cores_are_split_between_replicas() -> None:
     # More replicas than cores: they share, round the ring.
     assert split_cores(2, 3, None) == [(0,), (1,), (0,)]
     assert split_cores(4, 2, 1) == [(0,), (1,)]
+
+
+def test_auto_dtype_is_float32_on_a_cpu_without_native_bfloat16() -> None:
+    avx2 = frozenset({"avx2", "fma"})
+    assert resolve_dtype("auto", Device.CPU, avx2) == "float32"
+    assert resolve_dtype("auto", Device.CPU, avx2 | {"avx512_bf16"}) == "auto"
+    assert resolve_dtype("auto", Device.CPU, avx2 | {"amx_bf16"}) == "auto"
+    assert resolve_dtype("auto", Device.GPU, avx2) == "auto"
+    assert resolve_dtype("bfloat16", Device.CPU, avx2) == "bfloat16"  # asked for: kept
+    args = server_args(EngineConfig(), SPEC, Device.CPU, cpu_features=avx2)
+    assert args[args.index("--dtype") + 1] == "float32"
