@@ -354,6 +354,7 @@ def test_a_full_short_group_overflows_to_the_long_group_rather_than_queue() -> N
     """Work-conserving by design: compensation (at most 10%) moves traffic while the home
     group has room; once it is full, a request takes a free slot in the other group rather
     than wait for one in its own."""
+
     async def body() -> None:
         short = await FakeUpstream("s", group="short", capacity=1).start()
         long_ = await FakeUpstream("l", group="long").start()
