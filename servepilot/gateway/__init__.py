@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from servepilot.gateway.app import Gateway
-from servepilot.gateway.pool import ReplicaInfo, ReplicaNotFound, ReplicaPool
+from servepilot.gateway.pool import ReplicaNotFound, ReplicaPool
 from servepilot.gateway.proxy import REPLICA_HEADER
+from servepilot.gateway.replica import ReplicaInfo
 from servepilot.gateway.serve import run_gateway, serve
 
 __all__ = [

@@ -23,7 +23,8 @@ from servepilot.gateway.errors import INVALID_REQUEST, GatewayError, no_ready_re
 from servepilot.gateway.metrics import GatewayMetrics
 from servepilot.gateway.pool import ReplicaPool
 from servepilot.gateway.proxy import Proxy
-from servepilot.gateway.server import HttpRequest, HttpServer
+from servepilot.gateway.request import HttpRequest
+from servepilot.gateway.server import HttpServer
 from servepilot.routing import make_policy
 from servepilot.routing.base import RoutingPolicy
 

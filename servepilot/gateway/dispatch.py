@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from servepilot.core.gateway_config import GatewayConfig
 from servepilot.gateway.errors import UPSTREAM, GatewayError, no_ready_replica, shed
 from servepilot.gateway.metrics import GatewayMetrics
-from servepilot.gateway.pool import Replica, ReplicaPool, wait_until
+from servepilot.gateway.pool import ReplicaPool, wait_until
 from servepilot.gateway.relay import Outcome
+from servepilot.gateway.replica import Replica
 from servepilot.routing.admission import (
     AdmissionController,
     AdmissionQueue,

@@ -13,15 +13,15 @@ import itertools
 import json
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 from yarl import URL
 
 from servepilot.core.config import GatewayConfig
-from servepilot.engine.metrics import NO_LOAD, LoadGauges, parse_load
-from servepilot.gateway.upstream import KEEPALIVE_S, HostPool
+from servepilot.engine.metrics import NO_LOAD, parse_load
+from servepilot.gateway.replica import Replica, ReplicaInfo, normalize_url
+from servepilot.gateway.upstream import KEEPALIVE_S
 from servepilot.routing.base import ReplicaView
 
 log = logging.getLogger(__name__)
@@ -37,140 +37,6 @@ class ReplicaNotFound(LookupError):
 
 class DuplicateReplica(ValueError):
     """A replica with this id is already registered."""
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaInfo:
-    """One replica's state as reported by the admin API and the metrics."""
-
-    replica_id: str
-    url: str
-    healthy: bool
-    draining: bool
-    in_flight: int
-    consecutive_failures: int
-    running: int
-    waiting: int
-    kv_cache_usage: float
-    models: tuple[str, ...]
-    capacity: int
-    group: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.replica_id,
-            "url": self.url,
-            "healthy": self.healthy,
-            "draining": self.draining,
-            "in_flight": self.in_flight,
-            "consecutive_failures": self.consecutive_failures,
-            "running": self.running,
-            "waiting": self.waiting,
-            "kv_cache_usage": self.kv_cache_usage,
-            "models": list(self.models),
-            "capacity": self.capacity,
-            "group": self.group,
-        }
-
-
-class Replica:
-    """Live, mutable state of one upstream replica (only the pool and the proxy touch it)."""
-
-    __slots__ = (
-        "_endpoints",
-        "_heads",
-        "base_url",
-        "capacity",
-        "consecutive_failures",
-        "draining",
-        "ever_healthy",
-        "gauges",
-        "group",
-        "header",
-        "healthy",
-        "in_flight",
-        "model_cards",
-        "model_ids",
-        "replica_id",
-        "upstream",
-        "url",
-    )
-
-    def __init__(
-        self,
-        replica_id: str,
-        url: str,
-        *,
-        capacity: int,
-        connect_timeout_s: float,
-        group: str | None = None,
-    ) -> None:
-        self.replica_id = replica_id
-        self.url = url
-        self.base_url = URL(url)
-        self.capacity = capacity
-        """Requests in flight the replica is given at most (its concurrency budget)."""
-        self.group = group
-        host, port = self.base_url.host or "127.0.0.1", self.base_url.port or 80
-        self.upstream = HostPool(host, port, connect_timeout_s)
-        self.header = (b"x-servepilot-replica", replica_id.encode())
-        self._heads: dict[str, bytes] = {}
-        self.in_flight = 0
-        self.consecutive_failures = 0
-        # Not routable until a first check succeeds: a replica still loading its model
-        # would otherwise get (and fail) the first requests.
-        self.healthy = False
-        self.draining = False
-        self.ever_healthy = False
-        self.gauges: LoadGauges = NO_LOAD
-        self.model_cards: tuple[Mapping[str, Any], ...] = ()
-        self.model_ids: frozenset[str] = frozenset()
-        self._endpoints: dict[str, URL] = {}
-
-    def endpoint(self, path: str) -> URL:
-        """The replica's URL for `path`, built once per path (URL joins are not free)."""
-        found = self._endpoints.get(path)
-        if found is None:
-            found = self._endpoints[path] = self.base_url.join(URL(path))
-        return found
-
-    def request_head(self, path: str, length: int, extra: bytes) -> bytes:
-        """The head of a JSON POST of `length` bytes to `path` on this replica."""
-        start = self._heads.get(path)
-        if start is None:
-            host = f"{self.base_url.host}:{self.base_url.port}"
-            line = f"POST {self.base_url.path.rstrip('/')}{path} HTTP/1.1\r\nhost: {host}\r\n"
-            start = self._heads[path] = (line + "content-type: application/json\r\n").encode()
-        return b"%bcontent-length: %d\r\n%b\r\n" % (start, length, extra)
-
-    def info(self) -> ReplicaInfo:
-        return ReplicaInfo(
-            replica_id=self.replica_id,
-            url=self.url,
-            healthy=self.healthy,
-            draining=self.draining,
-            in_flight=self.in_flight,
-            consecutive_failures=self.consecutive_failures,
-            running=self.gauges.running,
-            waiting=self.gauges.waiting,
-            kv_cache_usage=self.gauges.kv_cache_usage,
-            models=tuple(sorted(self.model_ids)),
-            capacity=self.capacity,
-            group=self.group,
-        )
-
-
-def normalize_url(url: str) -> str:
-    """`url` without a trailing slash; ValueError unless it is an absolute http(s) URL."""
-    parsed = URL(url.strip())
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ValueError(f"replica url must look like http://host:port, got {url!r}")
-    if parsed.scheme == "https":
-        raise ValueError(
-            f"replica url {url!r}: the gateway talks plain HTTP to its replicas "
-            "(terminate TLS in front of the gateway, not behind it)"
-        )
-    return str(parsed).rstrip("/")
 
 
 class ReplicaPool:

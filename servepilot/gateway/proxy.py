@@ -26,9 +26,10 @@ from servepilot.gateway.errors import (
     sse_error_event,
 )
 from servepilot.gateway.metrics import GatewayMetrics
-from servepilot.gateway.pool import Replica, ReplicaPool
+from servepilot.gateway.pool import ReplicaPool
 from servepilot.gateway.relay import Outcome, Relay
-from servepilot.gateway.server import HttpRequest
+from servepilot.gateway.replica import Replica
+from servepilot.gateway.request import HttpRequest
 from servepilot.gateway.upstream import UpstreamFailed
 from servepilot.gateway.validation import InferenceRequest, parse_inference_request
 from servepilot.routing.base import RequestView, RoutingPolicy

@@ -12,7 +12,7 @@ import asyncio
 import time
 from dataclasses import dataclass, replace
 
-from servepilot.gateway.server import HttpRequest
+from servepilot.gateway.request import HttpRequest
 from servepilot.gateway.upstream import UpstreamConnection, UpstreamFailed
 
 _EVENT_STREAM = b"text/event-stream"
