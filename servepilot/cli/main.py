@@ -7,13 +7,21 @@ import sys
 from collections.abc import Sequence
 
 from servepilot import __version__
-from servepilot.cli import bench_cmd, config_cmd, fleet_cmd, gateway_cmd, models_cmd, up_cmd
+from servepilot.cli import (
+    bench_cmd,
+    config_cmd,
+    fleet_cmd,
+    gateway_cmd,
+    models_cmd,
+    plan_cmd,
+    up_cmd,
+)
 from servepilot.cli.console import err_console, print_error
 from servepilot.core.errors import ConfigError, ServepilotError
 
 DESCRIPTION = """\
 servepilot runs LLM serving on vLLM: it starts vLLM replicas, puts an OpenAI-compatible
-gateway in front of them, and (in later commands) plans, load-tests, tunes and simulates them.
+gateway in front of them, plans deployments (memory, layout, knobs, cost) and load-tests them.
 
 With no configuration, `servepilot up` serves the embedded SmolLM2-135M-Instruct model on this
 machine's CPU. Write a fleet.yaml (see `servepilot config`) to use your own model and GPUs.
@@ -28,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"servepilot {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (up_cmd, fleet_cmd, gateway_cmd, bench_cmd, models_cmd, config_cmd):
+    for module in (plan_cmd, up_cmd, fleet_cmd, gateway_cmd, bench_cmd, models_cmd, config_cmd):
         module.register(sub)
     return parser
 

@@ -58,6 +58,13 @@ class HardwareConfig(_Section):
     nodes: int = Field(default=1, ge=1)
     """Number of nodes."""
 
+    memory_gib: float | None = Field(default=None, gt=0)
+    """Memory per accelerator in GiB, overriding the catalog's (on CPU: the KV cache space;
+    None uses engine.cpu_kv_cache_space_gib there)."""
+
+    price_usd_per_hour: float | None = Field(default=None, ge=0)
+    """Price of one accelerator per hour, overriding the catalog's, for `plan`'s cost."""
+
 
 class EngineConfig(_Section):
     kind: EngineKind = EngineKind.VLLM
@@ -65,6 +72,9 @@ class EngineConfig(_Section):
 
     tensor_parallel_size: int = Field(default=1, ge=1)
     """--tensor-parallel-size: GPUs one replica's layers are split across."""
+
+    pipeline_parallel_size: int = Field(default=1, ge=1)
+    """--pipeline-parallel-size: stages one replica's layers are split into (across nodes)."""
 
     data_parallel_size: int = Field(default=1, ge=1)
     """--data-parallel-size inside one vLLM server (used with expert parallelism)."""
@@ -163,6 +173,32 @@ class SloConfig(_Section):
     """Target P99 end-to-end latency; None sets no target."""
 
 
+class TrafficConfig(_Section):
+    """The traffic the deployment must carry, for `plan` (sizes are in tokens)."""
+
+    input_tokens: int = Field(default=512, ge=1)
+    """Mean prompt length."""
+
+    output_tokens: int = Field(default=256, ge=1)
+    """Mean output length."""
+
+    max_input_tokens: int | None = Field(default=None, ge=1)
+    """Longest prompt to serve; with max_output_tokens it sets max_model_len when that is
+    not given. None: 4 x the mean."""
+
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    """Longest output to serve. None: 4 x the mean."""
+
+    target_qps: float | None = Field(default=None, gt=0)
+    """Requests per second to sustain. None: not known."""
+
+    concurrency: int | None = Field(default=None, ge=1)
+    """Requests in flight to hold at once. None: not known."""
+
+    bursty: bool = False
+    """Traffic comes in bursts (peaks well above the mean), which favours autoscaling."""
+
+
 class FleetConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     """Which model to serve."""
@@ -182,23 +218,31 @@ class FleetConfig(_Section):
     slo: SloConfig = Field(default_factory=SloConfig)
     """Latency targets that bench, tune and sim measure against."""
 
+    traffic: TrafficConfig = Field(default_factory=TrafficConfig)
+    """The traffic to plan for."""
+
     @model_validator(mode="after")
     def _device_fits_knobs(self) -> FleetConfig:
-        if self.hardware.device is Device.CPU and self.engine.tensor_parallel_size > 1:
+        engine = self.engine
+        parallel = engine.tensor_parallel_size * engine.pipeline_parallel_size
+        if self.hardware.device is Device.CPU and parallel > 1:
             raise ValueError(
-                "engine.tensor_parallel_size > 1 needs hardware.device: gpu; on CPU run "
+                "engine.tensor_parallel_size or pipeline_parallel_size > 1 needs "
+                "hardware.device: gpu; on CPU run "
                 "more replicas instead (replicas.count)"
             )
         return self
 
     def with_overrides(self, overrides: dict[str, Any]) -> FleetConfig:
         """A copy with dotted-path overrides applied (`{"replicas.count": 2}`), validated."""
-        data = self.model_dump(mode="json")
+        # Only the fields that were set, so the copy still knows which ones were given (plan
+        # derives the rest from the traffic).
+        data = self.model_dump(mode="json", exclude_unset=True)
         for dotted, value in overrides.items():
             node = data
             *parents, leaf = dotted.split(".")
             for key in parents:
-                node = node[key]
+                node = node.setdefault(key, {})
             node[leaf] = value
         return parse_config(data, origin="command-line flags")
 

@@ -61,6 +61,8 @@ def server_args(
     ]  # fmt: skip
     if engine.tensor_parallel_size > 1:
         args += ["--tensor-parallel-size", str(engine.tensor_parallel_size)]
+    if engine.pipeline_parallel_size > 1:
+        args += ["--pipeline-parallel-size", str(engine.pipeline_parallel_size)]
     if engine.data_parallel_size > 1:
         args += ["--data-parallel-size", str(engine.data_parallel_size)]
     if engine.enable_expert_parallel:

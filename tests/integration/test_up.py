@@ -37,8 +37,24 @@ MODEL = "smollm2"
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningFleet]:
-    running = start_fleet(tmp_path_factory.mktemp("state"), replicas=2)
+def planned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, object]]:
+    """The fleet runs from the fleet.yaml `servepilot plan` writes, to check the two agree."""
+    folder = tmp_path_factory.mktemp("plan")
+    fleet_yaml = folder / "fleet.yaml"
+    args = ["plan", "--memory-gib", "2", "--max-model-len", "2048", "--json", "--out"]
+    done = cli([*args, str(fleet_yaml)], dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    return fleet_yaml, json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    tmp_path_factory: pytest.TempPathFactory, planned: tuple[Path, dict[str, object]]
+) -> Iterator[RunningFleet]:
+    fleet_yaml, _ = planned
+    running = start_fleet(
+        tmp_path_factory.mktemp("state"), replicas=2, extra=["-c", str(fleet_yaml)]
+    )
     try:
         yield running
     finally:
@@ -59,6 +75,15 @@ def test_up_prints_endpoint_curl_and_kv_capacity(fleet: RunningFleet) -> None:
     # runs on a CPU without native bfloat16): vLLM reports this many tokens per replica.
     dtype = resolve_dtype("auto", Device.CPU, cpu_flags())
     assert out.count("46,592" if dtype == "float32" else "93,184") >= 2
+
+
+def test_plan_predicted_the_capacity_vllm_reports(
+    fleet: RunningFleet, planned: tuple[Path, dict[str, object]]
+) -> None:
+    _, plan = planned
+    assert plan["fits"] is True
+    # Each replica's "ready ... (N KV tokens)" line carries what vLLM printed at startup.
+    assert fleet.log().count(f"({plan['kv_capacity_tokens']:,} KV tokens)") == 2
 
 
 def test_models_lists_the_embedded_model(client: openai.OpenAI) -> None:

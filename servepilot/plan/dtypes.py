@@ -1,0 +1,120 @@
+"""Number formats of weights and of the KV cache, and what each costs in bytes."""
+
+from __future__ import annotations
+
+import enum
+
+from servepilot.core.errors import ConfigError
+
+
+class WeightDtype(enum.StrEnum):
+    """How the weights are stored on the device."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+    INT8 = "int8"
+    FP4 = "fp4"
+    AWQ = "awq"
+    GPTQ = "gptq"
+
+    @property
+    def bytes_per_param(self) -> float:
+        """Bytes per parameter, scales included.
+
+        FP8 checkpoints (DeepSeek's) carry one fp32 scale per 128x128 block: 4 / 16,384 B.
+        AWQ / GPTQ pack 4 bits with an fp16 scale and a 4-bit zero point per group of 128:
+        0.5 + (2 + 0.5) / 128 B. FP4 (NVFP4 / MXFP4) holds one 8-bit scale per 16 values."""
+        return _BYTES_PER_PARAM[self]
+
+    @property
+    def is_quantized(self) -> bool:
+        return self not in (WeightDtype.FP32, WeightDtype.BF16, WeightDtype.FP16)
+
+    @property
+    def vllm_quantization(self) -> str | None:
+        """The --quantization value to pass when the checkpoint is not already in this format
+        (online quantization); None where vLLM needs a pre-quantized checkpoint or no flag."""
+        return {WeightDtype.FP8: "fp8"}.get(self)
+
+
+_BYTES_PER_PARAM: dict[WeightDtype, float] = {
+    WeightDtype.FP32: 4.0,
+    WeightDtype.BF16: 2.0,
+    WeightDtype.FP16: 2.0,
+    WeightDtype.FP8: 1.0 + 4 / (128 * 128),
+    WeightDtype.INT8: 1.0 + 4 / 128,
+    WeightDtype.FP4: 0.5 + 1 / 16,
+    WeightDtype.AWQ: 0.5 + 2.5 / 128,
+    WeightDtype.GPTQ: 0.5 + 2.5 / 128,
+}
+
+# What users and vLLM call the same formats.
+_WEIGHT_ALIASES = {
+    "float32": WeightDtype.FP32,
+    "bfloat16": WeightDtype.BF16,
+    "float16": WeightDtype.FP16,
+    "half": WeightDtype.FP16,
+    "fp8_e4m3": WeightDtype.FP8,
+    "w8a8": WeightDtype.INT8,
+    "nvfp4": WeightDtype.FP4,
+    "mxfp4": WeightDtype.FP4,
+    "int4": WeightDtype.AWQ,
+}
+
+
+def parse_weight_dtype(text: str, *, field: str = "--weights-dtype") -> WeightDtype:
+    key = text.strip().lower()
+    if key in _WEIGHT_ALIASES:
+        return _WEIGHT_ALIASES[key]
+    try:
+        return WeightDtype(key)
+    except ValueError:
+        known = ", ".join(d.value for d in WeightDtype)
+        raise ConfigError(
+            f"{field}: unknown weight format {text!r}", hint=f"use one of {known}"
+        ) from None
+
+
+class KvDtype(enum.StrEnum):
+    """The KV cache's element format (vLLM's --kv-cache-dtype), `auto` = the model's dtype."""
+
+    AUTO = "auto"
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+    FP8_E4M3 = "fp8_e4m3"
+    FP8_E5M2 = "fp8_e5m2"
+    FP8_DS_MLA = "fp8_ds_mla"
+
+    def element_bytes(self, compute: WeightDtype) -> int:
+        """Bytes per cached element; `auto` follows the activation dtype `compute`."""
+        if self is KvDtype.AUTO:
+            return 4 if compute is WeightDtype.FP32 else 2
+        return {KvDtype.FP32: 4, KvDtype.BF16: 2, KvDtype.FP16: 2}.get(self, 1)
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.value.startswith("fp8")
+
+    @property
+    def vllm_flag(self) -> str:
+        """The value vLLM's --kv-cache-dtype accepts."""
+        return {KvDtype.BF16: "bfloat16", KvDtype.FP16: "float16", KvDtype.FP32: "float32"}.get(
+            self, self.value
+        )
+
+
+def parse_kv_dtype(text: str, *, field: str = "--kv-dtype") -> KvDtype:
+    key = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "half": "fp16"}.get(
+        text.strip().lower(), text.strip().lower()
+    )
+    try:
+        return KvDtype(key)
+    except ValueError:
+        known = ", ".join(d.value for d in KvDtype)
+        raise ConfigError(
+            f"{field}: unknown KV cache format {text!r}", hint=f"use one of {known}"
+        ) from None

@@ -1,0 +1,197 @@
+"""A plan as data: the `--json` object and the fleet.yaml `servepilot up -c` accepts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from servepilot.core.config import (
+    Device,
+    EngineConfig,
+    FleetConfig,
+    HardwareConfig,
+    ModelConfig,
+    ReplicasConfig,
+)
+from servepilot.plan.dtypes import WeightDtype
+from servepilot.plan.hardware import AcceleratorKind
+from servepilot.plan.layout import Option
+from servepilot.plan.planner import Plan
+
+GIB = 2**30
+SCHEMA = "servepilot.plan/v1"
+
+_VLLM_DTYPE = {
+    WeightDtype.FP32: "float32",
+    WeightDtype.BF16: "bfloat16",
+    WeightDtype.FP16: "float16",
+}
+
+
+def fleet_config(plan: Plan) -> FleetConfig:
+    """The planned deployment as a fleet config: model, hardware, layout, knobs, replicas."""
+    req = plan.request
+    option = plan.option
+    par = option.parallelism
+    cpu = req.accelerator.kind is AcceleratorKind.CPU
+    dtype, quantization = engine_precision(plan)
+    knobs = plan.knobs
+    engine = EngineConfig(
+        tensor_parallel_size=par.tp,
+        pipeline_parallel_size=par.pp,
+        data_parallel_size=par.dp,
+        enable_expert_parallel=par.expert_parallel,
+        gpu_memory_utilization=float(knobs.gpu_memory_utilization.value or 0.9),
+        cpu_kv_cache_space_gib=req.accelerator.memory_bytes / GIB if cpu else 2.0,
+        max_model_len=int(knobs.max_model_len.value or 0),
+        max_num_seqs=int(knobs.max_num_seqs.value or 1),
+        max_num_batched_tokens=int(knobs.max_num_batched_tokens.value or 0),
+        enable_chunked_prefill=bool(knobs.enable_chunked_prefill.value),
+        dtype=dtype,
+        quantization=quantization,
+        kv_cache_dtype=req.kv_dtype.vllm_flag,
+        block_size=req.block_size,
+        enforce_eager=cpu,
+    )
+    return FleetConfig(
+        model=ModelConfig(source=req.model_ref),
+        hardware=HardwareConfig(
+            device=Device.CPU if cpu else Device.GPU,
+            accelerator=req.accelerator.name,
+            count=req.count if not cpu else 1,
+            nodes=req.nodes,
+        ),
+        engine=engine,
+        replicas=ReplicasConfig(count=max(1, option.replicas)),
+        slo=req.slo,
+        traffic=req.traffic,
+    )
+
+
+def engine_precision(plan: Plan) -> tuple[str, str | None]:
+    """(--dtype, --quantization) that load the weights in the planned format."""
+    req = plan.request
+    wanted, published = req.weights_dtype, req.model.checkpoint_dtype
+    if wanted in _VLLM_DTYPE:
+        if wanted == published and req.accelerator.kind is AcceleratorKind.GPU:
+            return "auto", None
+        return _VLLM_DTYPE[wanted], None
+    if wanted == published:
+        return "auto", None
+    return "auto", wanted.value
+
+
+def fleet_yaml(plan: Plan) -> str:
+    import yaml
+
+    data = fleet_config(plan).model_dump(mode="json", exclude_defaults=True)
+    header = (
+        f"# fleet.yaml written by `servepilot plan` for {plan.request.model.name} on "
+        f"{plan.request.nodes} x {plan.request.count} {plan.request.accelerator.name}\n"
+    )
+    repo = plan.request.model.repo_id
+    if repo is not None:
+        header += (
+            f"# model.source names a preset: download {repo} and set model.source to its "
+            "folder before `servepilot up`\n"
+        )
+    return header + yaml.safe_dump(data, sort_keys=False)
+
+
+def plan_json(plan: Plan) -> dict[str, Any]:
+    """The `--json` object (schema servepilot.plan/v1); `vllm_command` is added by the CLI,
+    which owns the rendering of engine flags."""
+    req = plan.request
+    option = plan.option
+    mem = option.memory
+    return {
+        "schema": SCHEMA,
+        "fits": plan.fits,
+        "model": {
+            "name": req.model.name,
+            "source": req.model.source,
+            "params_total": req.model.params_total,
+            "attention": req.model.attention.value,
+        },
+        "accelerator": {
+            "name": req.accelerator.name,
+            "count": req.count,
+            "nodes": req.nodes,
+            "memory_bytes": req.accelerator.memory_bytes,
+            "price_usd_per_hour": req.accelerator.price_usd_per_hour,
+        },
+        "weights_dtype": req.weights_dtype.value,
+        "kv_dtype": req.kv_dtype.value,
+        "kv_bytes_per_token": option.kv.bytes_per_token,
+        "kv_formula": option.kv.formula,
+        "kv_capacity_tokens": option.kv_capacity_tokens,
+        "max_concurrency": round(option.max_concurrency, 2),
+        "weights_bytes_per_device": mem.weights_bytes,
+        "memory_per_device": {
+            "total_bytes": mem.total_bytes,
+            "usable_bytes": mem.usable_bytes,
+            "weights_bytes": mem.weights_bytes,
+            "activation_bytes": mem.activation_bytes,
+            "runtime_bytes": mem.runtime_bytes,
+            "kv_bytes": mem.kv_bytes,
+            "headroom_bytes": mem.headroom_bytes,
+        },
+        "shortfall_bytes": plan.shortfall_bytes,
+        "layout": _layout(option, plan.assessment.reason),
+        "alternatives": [
+            _layout(o, "") | {"fits": o.fits, "kv_capacity_tokens": o.kv_capacity_tokens}
+            for o in plan.assessment.options
+            if o is not option
+        ],
+        "knobs": {
+            name: {"value": knob.value, "reason": knob.reason}
+            for name, knob in plan.knobs.as_dict().items()
+        },
+        "ladder": [
+            {
+                "action": step.action,
+                "fits": step.fits,
+                "layout": step.layout,
+                "weights_bytes_per_device": step.weights_per_rank_bytes,
+                "kv_capacity_tokens": step.kv_capacity_tokens,
+                "max_concurrency": round(step.max_concurrency, 2),
+            }
+            for step in plan.ladder
+        ],
+        "advice": {
+            "deployment": plan.advice.deployment.value,
+            "reasons": list(plan.advice.reasons),
+            "warnings": list(plan.advice.warnings),
+        },
+        "cost": {
+            "usd_per_hour": round(plan.cost.usd_per_hour, 4),
+            "usd_per_qps": _round(plan.cost.usd_per_qps),
+            "usd_per_million_output_tokens": _round(plan.cost.usd_per_million_output_tokens),
+            "over_qps_line": plan.cost.over_qps_line,
+            "basis": plan.cost.basis,
+        },
+        "estimates": {
+            "output_throughput": None,
+            "ttft_ms": None,
+            "tpot_ms": None,
+            "note": "throughput and latency estimates come from the simulator's cost model, "
+            "which servepilot does not have yet; measure with `servepilot bench`",
+        },
+    }
+
+
+def _layout(option: Option, reason: str) -> dict[str, Any]:
+    par = option.parallelism
+    return {
+        "tp": par.tp,
+        "ep": par.ep,
+        "dp": par.dp,
+        "pp": par.pp,
+        "name": par.describe(),
+        "devices_per_replica": par.devices,
+        "replicas": option.replicas,
+        "reason": reason,
+    }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)

@@ -1,0 +1,104 @@
+"""When a deployment does not fit: seed 004's ladder, each rung with its numbers.
+
+Cut max_model_len, quantize the KV cache, quantize the weights (each rung keeps the ones
+before it), and, instead of quantizing, add nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from servepilot.plan.dtypes import KvDtype, WeightDtype
+from servepilot.plan.layout import Option
+from servepilot.plan.request import PlanRequest
+
+MAX_NODES = 16
+
+
+@dataclass(frozen=True, slots=True)
+class LadderStep:
+    action: str
+    changes: dict[str, object]
+    """PlanRequest fields this rung sets (cumulative with the rungs before, except nodes)."""
+    request: PlanRequest
+    """The whole request on this rung, to plan it in full."""
+    fits: bool
+    layout: str
+    weights_per_rank_bytes: int
+    kv_capacity_tokens: int
+    max_concurrency: float
+
+
+Assess = Callable[[PlanRequest], tuple[Option | None, Option]]
+"""A request -> (the chosen layout if one fits, the closest layout either way)."""
+
+
+def build_ladder(req: PlanRequest, model_len: int, assess: Assess) -> tuple[LadderStep, ...]:
+    steps: list[LadderStep] = []
+    current = req.replace(max_model_len=model_len)
+    for action, changes in _rungs(current):
+        current = current.replace(**changes)
+        steps.append(_step(action, changes, current, assess))
+    nodes = _nodes_needed(req.replace(max_model_len=model_len), assess)
+    if nodes is not None:
+        changes = {"nodes": nodes}
+        steps.append(
+            _step(
+                f"or, at the original precision, use {nodes} nodes",
+                changes,
+                req.replace(max_model_len=model_len, nodes=nodes),
+                assess,
+            )
+        )
+    return tuple(steps)
+
+
+def _rungs(req: PlanRequest) -> list[tuple[str, dict[str, object]]]:
+    rungs: list[tuple[str, dict[str, object]]] = []
+    wanted = req.wanted_model_len
+    if req.max_model_len is not None and wanted < req.max_model_len:
+        rungs.append(
+            (
+                f"cut max_model_len {req.max_model_len:,} -> {wanted:,} (the traffic's longest)",
+                {"max_model_len": wanted},
+            )
+        )
+    if not req.kv_dtype.is_fp8:
+        rungs.append(("quantize the KV cache to fp8", {"kv_dtype": KvDtype.FP8}))
+    fp8 = req.accelerator.supports_native(WeightDtype.FP8)
+    if req.weights_dtype.bytes_per_param > WeightDtype.FP8.bytes_per_param:
+        target = WeightDtype.FP8 if fp8 else WeightDtype.INT8
+        rungs.append((f"quantize the weights to {target.value}", {"weights_dtype": target}))
+    if req.weights_dtype.bytes_per_param > WeightDtype.AWQ.bytes_per_param:
+        rungs.append(
+            (
+                "quantize the weights to 4 bits (an AWQ or GPTQ checkpoint of the model)",
+                {"weights_dtype": WeightDtype.AWQ},
+            )
+        )
+    return rungs
+
+
+def _step(action: str, changes: dict[str, object], req: PlanRequest, assess: Assess) -> LadderStep:
+    chosen, closest = assess(req)
+    option = chosen or closest
+    return LadderStep(
+        action=action,
+        changes=changes,
+        request=req,
+        fits=chosen is not None,
+        layout=option.parallelism.describe(),
+        weights_per_rank_bytes=option.memory.weights_bytes,
+        kv_capacity_tokens=option.kv_capacity_tokens if chosen else 0,
+        max_concurrency=option.max_concurrency if chosen else 0.0,
+    )
+
+
+def _nodes_needed(req: PlanRequest, assess: Assess) -> int | None:
+    """The fewest nodes (beyond the ones given) on which the model fits, if any up to 16."""
+    for nodes in range(req.nodes + 1, MAX_NODES + 1):
+        chosen, _ = assess(req.replace(nodes=nodes))
+        if chosen is not None:
+            return nodes
+    return None

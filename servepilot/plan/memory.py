@@ -1,0 +1,176 @@
+"""Memory of one accelerator under vLLM: weights, activations, runtime, KV pool, headroom.
+
+vLLM (v1/worker/gpu_worker.py) takes `ceil(total x gpu_memory_utilization)`, profiles a
+forward pass of `max_num_batched_tokens` tokens, and gives the KV cache what is left after
+weights, the activation peak, non-torch memory (CUDA context, NCCL, cuBLAS) and the CUDA-graph
+estimate. On CPU the KV cache is sized directly (--kv-cache-memory-bytes) and the weights live
+beside it in host memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from servepilot.plan.dtypes import WeightDtype
+from servepilot.plan.hardware import Accelerator, AcceleratorKind
+from servepilot.plan.parallel import Parallelism
+from servepilot.plan.spec import ModelSpec
+
+GIB = 2**30
+
+# Non-torch memory vLLM's profiler sees on a CUDA device: the CUDA context and cuBLAS
+# workspaces, plus NCCL's buffers once ranks talk to each other. Typical values from vLLM's
+# startup logs ("non-torch memory"); they vary with driver and library versions.
+_CUDA_CONTEXT_BYTES = int(0.5 * GIB)
+_NCCL_BYTES = int(0.5 * GIB)
+# CUDA-graph pools: vLLM's estimate is usually 0.5-2 GiB per rank for the default capture
+# sizes; servepilot assumes 1 GiB and prints it as an estimate.
+_CUDA_GRAPH_BYTES = 1 * GIB
+
+
+@dataclass(frozen=True, slots=True)
+class WeightBytes:
+    """Weight bytes on the most loaded rank."""
+
+    per_rank: int
+    total: int
+    """All ranks of one replica together (replicated parts counted once per rank)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceMemory:
+    """One accelerator's memory, in bytes. On CPU: `total` is the KV space and the weights,
+    activations and runtime live outside it, in host memory."""
+
+    total_bytes: int
+    usable_bytes: int
+    """What vLLM may use: total x gpu_memory_utilization (CPU: the KV space)."""
+    weights_bytes: int
+    activation_bytes: int
+    runtime_bytes: int
+    """Non-torch memory and CUDA graphs (0 on CPU)."""
+    kv_bytes: int
+    """What is left for the KV cache; negative when the rest does not fit."""
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.total_bytes - self.usable_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.kv_bytes > 0
+
+
+def serving_params(spec: ModelSpec) -> int:
+    """Parameters vLLM loads to serve (the MTP module is left out)."""
+    if spec.params is None:
+        raise ValueError(f"{spec.name}: parameters were not counted")
+    return spec.params.total - spec.params.mtp
+
+
+def weight_bytes(spec: ModelSpec, dtype: WeightDtype, par: Parallelism) -> WeightBytes:
+    """Weights on the most loaded rank of one replica.
+
+    TP slices attention, dense MLPs, shared experts and the vocabulary (embedding and head are
+    vocab-parallel). Routed experts are sliced by TP, or spread whole over TP x DP ranks with
+    expert parallelism. With DP attention each rank holds the full attention and dense layers.
+    PP gives each stage its share of the layers; the first stage holds the embedding too.
+    Quantized checkpoints keep the embedding, head and norms in 16 bits, as DeepSeek's fp8
+    release and vLLM's fp8/AWQ/GPTQ methods do."""
+    if spec.params is None:
+        raise ValueError(f"{spec.name}: parameters were not counted")
+    p = spec.params
+    dense = dtype.bytes_per_param
+    expert = _expert_dtype(spec, dtype).bytes_per_param
+    wide = 4.0 if dtype is WeightDtype.FP32 else 2.0
+    layer_share = 1.0 / par.pp
+    expert_split = par.ep if par.expert_parallel else par.tp
+    per_rank = (
+        (p.attention * dense / par.tp + p.dense_mlp * dense / par.tp) * layer_share
+        + p.shared_experts * dense / par.tp * layer_share
+        + p.routed_experts * expert / expert_split * layer_share
+        + p.other * wide * layer_share
+        + max(p.embedding, p.lm_head) * wide / par.tp
+    )
+    total = (
+        (p.attention + p.dense_mlp + p.shared_experts) * dense * par.dp
+        + p.routed_experts * expert * (par.dp if not par.expert_parallel else 1)
+        + p.other * wide * par.tp * par.dp
+        + (p.embedding + p.lm_head) * wide * par.dp
+    )
+    return WeightBytes(per_rank=math.ceil(per_rank), total=math.ceil(total))
+
+
+def _expert_dtype(spec: ModelSpec, dtype: WeightDtype) -> WeightDtype:
+    """Experts stored in their own format (DeepSeek-V4's fp4) keep it unless the user asks
+    for a smaller one."""
+    if spec.expert_dtype is None:
+        return dtype
+    if dtype.bytes_per_param < spec.expert_dtype.bytes_per_param:
+        return dtype
+    return spec.expert_dtype
+
+
+def activation_bytes(
+    spec: ModelSpec, par: Parallelism, *, batched_tokens: int, max_num_seqs: int, wide: bool
+) -> int:
+    """Peak activation memory of vLLM's profiling forward pass (an estimate).
+
+    The pass runs `batched_tokens` tokens through one layer at a time: the residual stream and
+    attention/QKV buffers (a few x hidden), the MLP's gate and up projections (2 x its width per
+    rank; for MoE the chosen experts' share), then fp32 logits for up to `max_num_seqs`
+    sampled positions over the vocabulary slice."""
+    act = 4 if wide else 2
+    hidden = spec.hidden_size
+    if spec.moe is not None:
+        mlp_width = spec.moe.experts_per_token * spec.moe.expert_intermediate_size
+        mlp_width = max(mlp_width, spec.intermediate_size) // max(1, par.tp)
+    else:
+        mlp_width = spec.intermediate_size // max(1, par.tp)
+    q_width = spec.num_attention_heads * spec.head_dim // max(1, par.tp)
+    per_token = (6 * hidden + 2 * mlp_width + 3 * q_width) * act
+    logits = max_num_seqs * (spec.vocab_size // max(1, par.tp)) * 4 * 2
+    return batched_tokens * per_token + logits
+
+
+def device_memory(
+    spec: ModelSpec,
+    accelerator: Accelerator,
+    par: Parallelism,
+    *,
+    weights_dtype: WeightDtype,
+    gpu_memory_utilization: float,
+    batched_tokens: int,
+    max_num_seqs: int,
+    cuda_graphs: bool,
+) -> DeviceMemory:
+    weights = weight_bytes(spec, weights_dtype, par).per_rank
+    activations = activation_bytes(
+        spec,
+        par,
+        batched_tokens=batched_tokens,
+        max_num_seqs=max_num_seqs,
+        wide=weights_dtype is WeightDtype.FP32,
+    )
+    total = accelerator.memory_bytes
+    if accelerator.kind is AcceleratorKind.CPU:
+        return DeviceMemory(
+            total_bytes=total,
+            usable_bytes=total,
+            weights_bytes=weights,
+            activation_bytes=activations,
+            runtime_bytes=0,
+            kv_bytes=total,
+        )
+    usable = math.ceil(total * gpu_memory_utilization)
+    runtime = _CUDA_CONTEXT_BYTES + (_NCCL_BYTES if par.devices > 1 else 0)
+    runtime += _CUDA_GRAPH_BYTES if cuda_graphs else 0
+    return DeviceMemory(
+        total_bytes=total,
+        usable_bytes=usable,
+        weights_bytes=weights,
+        activation_bytes=activations,
+        runtime_bytes=runtime,
+        kv_bytes=usable - weights - activations - runtime,
+    )

@@ -1,0 +1,174 @@
+"""`make_plan`: from a request to a layout, knobs, the ladder if it does not fit, advice, cost."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from servepilot.core.errors import ConfigError
+from servepilot.plan import knobs as k
+from servepilot.plan.advice import Advice, Cost, advise, cost
+from servepilot.plan.hardware import AcceleratorKind
+from servepilot.plan.ladder import LadderStep, build_ladder
+from servepilot.plan.layout import Option, Setting, candidates, choose, evaluate
+from servepilot.plan.request import PlanRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Assessment:
+    setting: Setting
+    options: tuple[Option, ...]
+    chosen: Option | None
+    reason: str
+
+    @property
+    def closest(self) -> Option:
+        """The chosen layout, or the one that comes nearest to fitting."""
+        if self.chosen is not None:
+            return self.chosen
+        model_len = self.setting.max_model_len
+        return min(self.options, key=lambda o: o.shortfall_bytes(model_len))
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    request: PlanRequest
+    assessment: Assessment
+    knobs: k.Knobs
+    ladder: tuple[LadderStep, ...]
+    advice: Advice
+    cost: Cost
+
+    @property
+    def fits(self) -> bool:
+        return self.assessment.chosen is not None
+
+    @property
+    def option(self) -> Option:
+        return self.assessment.closest
+
+    @property
+    def first_fitting_step(self) -> LadderStep | None:
+        return next((step for step in self.ladder if step.fits), None)
+
+    @property
+    def shortfall_bytes(self) -> int:
+        if self.fits:
+            return 0
+        return self.option.shortfall_bytes(self.assessment.setting.max_model_len)
+
+
+def assess(req: PlanRequest) -> Assessment:
+    setting = _setting(req)
+    options = tuple(evaluate(setting, par) for par in candidates(setting))
+    wanted = (req.traffic.concurrency or setting.max_num_seqs) * req.mean_request_tokens
+    chosen, reason = choose(list(options), wanted)
+    return Assessment(setting=setting, options=options, chosen=chosen, reason=reason)
+
+
+def check_request(req: PlanRequest) -> None:
+    """Refuse what vLLM would refuse to start with, naming the knob."""
+    model_max = req.model.max_position_embeddings
+    if req.max_model_len is not None and req.max_model_len > model_max:
+        raise ConfigError(
+            f"engine.max_model_len {req.max_model_len:,} is above {req.model.name}'s "
+            f"{model_max:,} positions (max_position_embeddings); vLLM refuses it",
+            hint=f"lower --max-model-len to at most {model_max:,}",
+        )
+    seqs, batched = req.max_num_seqs, req.max_num_batched_tokens
+    if seqs is not None and batched is not None and batched < seqs:
+        raise ConfigError(
+            f"engine.max_num_batched_tokens ({batched:,}) is below engine.max_num_seqs "
+            f"({seqs:,}); vLLM refuses it: every running sequence needs a token per step",
+            hint="raise max_num_batched_tokens or lower max_num_seqs",
+        )
+    acc = req.accelerator
+    if acc.kind is AcceleratorKind.GPU and req.count > acc.gpus_per_node:
+        raise ConfigError(
+            f"hardware.count {req.count} is more {acc.name} than one node holds "
+            f"({acc.gpus_per_node})",
+            hint=f"set --count to at most {acc.gpus_per_node} and --nodes for the rest",
+        )
+    if req.accelerator.kind is AcceleratorKind.CPU and req.nodes > 1:
+        raise ConfigError(
+            "hardware.nodes > 1 with the cpu accelerator: servepilot runs vLLM-CPU on one host",
+            hint="plan a GPU accelerator for several nodes, or set hardware.nodes: 1",
+        )
+
+
+def make_plan(req: PlanRequest) -> Plan:
+    check_request(req)
+    found = assess(req)
+    setting = found.setting
+    option = found.closest
+    per_pool = option.kv_capacity_tokens // option.parallelism.kv_pools
+    seqs = k.num_seqs(
+        req.max_num_seqs,
+        req.accelerator,
+        per_pool // req.mean_request_tokens,
+        req.traffic.concurrency,
+    )
+    knobs = k.Knobs(
+        gpu_memory_utilization=k.memory_utilization(req.gpu_memory_utilization, req.accelerator),
+        max_model_len=k.model_len(
+            req.max_model_len, req.wanted_model_len, req.model.max_position_embeddings
+        ),
+        max_num_seqs=seqs,
+        max_num_batched_tokens=k.batched_tokens(
+            req.max_num_batched_tokens,
+            req.accelerator,
+            req.traffic.input_tokens,
+            int(seqs.value or 1),
+        ),
+        enable_chunked_prefill=k.chunked_prefill(req.enable_chunked_prefill),
+    )
+    ladder: tuple[LadderStep, ...] = ()
+    if found.chosen is None:
+        ladder = build_ladder(req, setting.max_model_len, _assess_pair)
+    return Plan(
+        request=req,
+        assessment=found,
+        knobs=knobs,
+        ladder=ladder,
+        advice=advise(req.traffic, nodes=req.nodes, nodes_needed=_nodes_needed(found, req)),
+        cost=cost(
+            req.traffic,
+            price_usd_per_hour=req.accelerator.price_usd_per_hour,
+            accelerators=req.count * req.nodes,
+        ),
+    )
+
+
+def _setting(req: PlanRequest) -> Setting:
+    acc = req.accelerator
+    model_len = k.model_len(
+        req.max_model_len, req.wanted_model_len, req.model.max_position_embeddings
+    )
+    _, default_seqs = k.vllm_defaults(acc)
+    seqs = req.max_num_seqs or min(default_seqs, 256)
+    batched = k.batched_tokens(req.max_num_batched_tokens, acc, req.traffic.input_tokens, seqs)
+    utilization = k.memory_utilization(req.gpu_memory_utilization, acc).value
+    return Setting(
+        spec=req.model,
+        accelerator=acc,
+        count=req.count,
+        nodes=req.nodes,
+        weights_dtype=req.weights_dtype,
+        kv_dtype=req.kv_dtype,
+        gpu_memory_utilization=float(utilization or 1.0),
+        max_model_len=int(model_len.value or 0),
+        batched_tokens=int(batched.value or 0),
+        max_num_seqs=seqs,
+        block_size=req.block_size,
+        cuda_graphs=acc.kind is AcceleratorKind.GPU,
+    )
+
+
+def _assess_pair(req: PlanRequest) -> tuple[Option | None, Option]:
+    found = assess(req)
+    return found.chosen, found.closest
+
+
+def _nodes_needed(found: Assessment, req: PlanRequest) -> int:
+    if found.chosen is None:
+        return req.nodes + 1
+    return found.chosen.parallelism.pp
