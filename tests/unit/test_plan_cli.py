@@ -1,0 +1,87 @@
+"""`servepilot plan` as a user runs it: JSON for programs, exit codes, errors without tracebacks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from servepilot.cli.main import main
+from servepilot.core.config import load_config
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["plan", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_json_has_the_documented_keys_and_a_runnable_command(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(capsys, "--model", "deepseek-v3", "--accelerator", "h200", "--count", "8",
+                       "--qps", "400", "--json")  # fmt: skip
+    data = json.loads(out)
+    assert code == 0 and data["fits"] is True
+    assert {"tp", "ep", "dp", "pp"} <= set(data["layout"])
+    command = data["vllm_command"]
+    assert command.startswith("vllm serve deepseek-ai/DeepSeek-V3 ")
+    assert "--tensor-parallel-size 8" in command and "--enable-expert-parallel" in command
+    assert data["cost"]["usd_per_qps"] == pytest.approx(data["cost"]["usd_per_hour"] / 400)
+
+
+def test_not_fitting_exits_1_and_suggests_the_first_rung_that_fits(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out_file = tmp_path / "fleet.yaml"
+    code, out, err = run(capsys, "--model", "deepseek-v3", "--accelerator", "h100", "--count", "8",
+                         "--json", "--out", str(out_file))  # fmt: skip
+    data = json.loads(out)
+    assert code == 1 and data["fits"] is False and data["vllm_command"] is None
+    assert data["shortfall_bytes"] > 0
+    suggested = data["suggested"]
+    assert suggested["vllm_command"].startswith("vllm serve")
+    # The fleet.yaml written is the suggested rung's, and it parses as a fleet config.
+    config = load_config(out_file)
+    assert config.engine.tensor_parallel_size == 8
+    assert "after:" in err
+
+
+def test_fleet_yaml_from_plan_is_read_back_by_plan_with_the_same_answer(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out_file = tmp_path / "fleet.yaml"
+    code, first, _ = run(capsys, "--memory-gib", "1", "--max-model-len", "4096", "--json",
+                         "--out", str(out_file))  # fmt: skip
+    assert code == 0
+    code, again, _ = run(capsys, "-c", str(out_file), "--json")
+    assert code == 0
+
+    def answer(text: str) -> dict[str, object]:
+        data = json.loads(text)
+        knobs = {name: knob["value"] for name, knob in data["knobs"].items()}
+        return {"kv": data["kv_capacity_tokens"], "layout": data["layout"], "knobs": knobs}
+
+    # Same numbers; the reasons now say "as configured".
+    assert answer(again) == answer(first)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+        (["--accelerator", "h900"], "did you mean `h200-141`"),
+        (["--accelerator", "h100", "--count", "16"], "hardware.count 16"),
+        (["--memory-gib", "-1"], "hardware.memory_gib"),
+        (["--kv-dtype", "fp7"], "--kv-dtype: unknown KV cache format 'fp7'"),
+        (["--model", "llama-3.1-8b", "--max-model-len", "1000000"], "max_position_embeddings"),
+    ],
+)
+def test_bad_input_is_one_clear_error(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    code, _, err = run(capsys, *args)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
