@@ -14,7 +14,13 @@ from servepilot.core.errors import ConfigError
 from servepilot.engine.cpu import cpu_flags, resolve_dtype
 from servepilot.plan.dtypes import WeightDtype, parse_kv_dtype, parse_weight_dtype
 from servepilot.plan.export import fleet_yaml, plan_json
-from servepilot.plan.hardware import Accelerator, AcceleratorKind, get_accelerator, with_overrides
+from servepilot.plan.hardware import (
+    Accelerator,
+    AcceleratorKind,
+    get_accelerator,
+    load_catalog,
+    with_overrides,
+)
 from servepilot.plan.planner import make_plan
 from servepilot.plan.presets import load_model, preset_names
 from servepilot.plan.request import PlanRequest
@@ -76,6 +82,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     what.add_argument(
         "--price", type=float, metavar="USD", help="price of one accelerator per hour"
     )
+    what.add_argument(
+        "--catalog", metavar="YAML", help="accelerators to add to or override the shipped catalog"
+    )
     knobs = parser.add_argument_group("precision and knobs")
     knobs.add_argument(
         "--weights-dtype",
@@ -116,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
             "hardware.nodes": args.nodes,
             "hardware.memory_gib": args.memory_gib,
             "hardware.price_usd_per_hour": args.price,
+            "hardware.catalog": args.catalog,
             "engine.max_model_len": args.max_model_len,
             "traffic.target_qps": args.qps,
             "traffic.concurrency": args.concurrency,
@@ -175,12 +185,14 @@ def build_request(
         ),
         enable_chunked_prefill=engine.enable_chunked_prefill,
         block_size=engine.block_size,
+        hardware=hw,
     )
 
 
 def _accelerator(config: FleetConfig) -> Accelerator:
     hw = config.hardware
-    accelerator = get_accelerator(hw.accelerator)
+    catalog = load_catalog(Path(hw.catalog)) if hw.catalog else None
+    accelerator = get_accelerator(hw.accelerator, catalog)
     memory = hw.memory_gib
     if memory is None and accelerator.kind is AcceleratorKind.CPU:
         memory = config.engine.cpu_kv_cache_space_gib

@@ -62,7 +62,11 @@ class HardwareConfig(_Section):
     """Memory per accelerator in GiB, overriding the catalog's (on CPU: the KV cache space;
     None uses engine.cpu_kv_cache_space_gib there)."""
 
-    price_usd_per_hour: float | None = Field(default=None, ge=0)
+    catalog: str | None = None
+    """A YAML file of accelerators (same schema as servepilot/plan/accelerators.yaml) that
+    adds to or overrides the shipped catalog."""
+
+    price_usd_per_hour: float | None = Field(default=None, gt=0)
     """Price of one accelerator per hour, overriding the catalog's, for `plan`'s cost."""
 
 

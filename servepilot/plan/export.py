@@ -54,16 +54,27 @@ def fleet_config(plan: Plan) -> FleetConfig:
     )
     return FleetConfig(
         model=ModelConfig(source=req.model_ref),
-        hardware=HardwareConfig(
-            device=Device.CPU if cpu else Device.GPU,
-            accelerator=req.accelerator.name,
-            count=req.count if not cpu else 1,
-            nodes=req.nodes,
-        ),
+        hardware=_hardware(plan),
         engine=engine,
         replicas=ReplicasConfig(count=max(1, option.replicas)),
         slo=req.slo,
         traffic=req.traffic,
+    )
+
+
+def _hardware(plan: Plan) -> HardwareConfig:
+    req = plan.request
+    cpu = req.accelerator.kind is AcceleratorKind.CPU
+    given = req.hardware or HardwareConfig()
+    return HardwareConfig(
+        device=Device.CPU if cpu else Device.GPU,
+        accelerator=req.accelerator.name,
+        count=req.count if not cpu else 1,
+        nodes=req.nodes,
+        # On CPU the memory is the KV space, written as engine.cpu_kv_cache_space_gib.
+        memory_gib=None if cpu else given.memory_gib,
+        catalog=given.catalog,
+        price_usd_per_hour=given.price_usd_per_hour,
     )
 
 

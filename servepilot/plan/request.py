@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from servepilot.core.config import SloConfig, TrafficConfig
+from servepilot.core.config import HardwareConfig, SloConfig, TrafficConfig
 from servepilot.plan.dtypes import KvDtype, WeightDtype
 from servepilot.plan.hardware import Accelerator
 from servepilot.plan.spec import ModelSpec
@@ -30,6 +30,9 @@ class PlanRequest:
     max_num_batched_tokens: int | None = None
     gpu_memory_utilization: float | None = None
     enable_chunked_prefill: bool | None = None
+    hardware: HardwareConfig | None = None
+    """The hardware section the request came from (catalog file, overrides), written back
+    into the planned fleet.yaml."""
     block_size: int | None = None
     """None: vLLM's default for the model and device."""
 

@@ -85,3 +85,27 @@ def test_bad_input_is_one_clear_error(
     assert code == 2
     assert message in err
     assert "Traceback" not in err
+
+
+def test_a_user_catalog_entry_is_planned_and_kept_in_the_fleet_yaml(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    catalog = tmp_path / "gpus.yaml"
+    # An H100 with twice the memory: DeepSeek-V3 FP8 then fits on 8 of them.
+    catalog.write_text(
+        "accelerators:\n  - name: h100-160\n    aliases: []\n"
+        "    kind: gpu\n    memory_bytes: 171798691840\n    hbm_bandwidth_bytes_per_s: 3.35e12\n"
+        "    bf16_flops: 989.4e12\n    fp8_flops: 1978.9e12\n    fp4_flops: null\n"
+        "    int8_ops: 1978.9e12\n    nvlink_bytes_per_s: 900.0e9\n    nvlink_domain: 8\n"
+        "    internode_bytes_per_s: 400.0e9\n    price_usd_per_hour: 5.0\n"
+        "    price_source: test\n    source: test\n"
+    )
+    out_file = tmp_path / "fleet.yaml"
+    args = ["--catalog", str(catalog), "--accelerator", "h100-160", "--count", "8"]
+    code, out, _ = run(capsys, *args, "--model", "deepseek-v3", "--json", "--out", str(out_file))
+    data = json.loads(out)
+    assert code == 0 and data["fits"] is True
+    assert data["cost"]["usd_per_hour"] == pytest.approx(40.0)
+    assert load_config(out_file).hardware.catalog == str(catalog)
+    code, again, _ = run(capsys, "-c", str(out_file), "--json")
+    assert code == 0 and json.loads(again)["kv_capacity_tokens"] == data["kv_capacity_tokens"]
