@@ -27,13 +27,28 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from servepilot.bench.prompts import PromptMaker
 from servepilot.bench.records import RequestSpec
 from servepilot.bench.tokenizer import Tokenizer
 from servepilot.bench.trace import PRIORITIES, TraceLine, load_trace
 from servepilot.core.errors import ConfigError
+
+
+class _HasLabels(Protocol):
+    """A request record (RequestSpec, RequestShape): a dataclass with these two fields."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def priority(self) -> int | None: ...
+
+    @property
+    def session_id(self) -> str | None: ...
+
+
+_Labelled = TypeVar("_Labelled", bound=_HasLabels)
 
 
 class WorkloadKind(enum.StrEnum):
@@ -128,7 +143,7 @@ def build_workload(spec: WorkloadSpec, tokenizer: Tokenizer, count: int) -> list
         case WorkloadKind.RANDOM:
             requests = _plain(spec, maker, rng, [spec.input_tokens] * count)
         case WorkloadKind.MIXED:
-            requests = _plain(spec, maker, rng, _mixed_lengths(spec, count, layout))
+            requests = _plain(spec, maker, rng, mixed_lengths(spec, count, layout))
         case WorkloadKind.SHARED_PREFIX:
             requests = _shared_prefix(spec, maker, rng, count, layout)
         case WorkloadKind.MULTI_TURN:
@@ -136,7 +151,7 @@ def build_workload(spec: WorkloadSpec, tokenizer: Tokenizer, count: int) -> list
         case WorkloadKind.TRACE:
             assert spec.trace_path is not None  # checked by WorkloadSpec
             requests = _trace(spec, maker, rng, load_trace(spec.trace_path)[:count])
-    return _label(spec, requests)
+    return label_requests(spec, requests)
 
 
 def describe(spec: WorkloadSpec) -> dict[str, Any]:
@@ -189,7 +204,7 @@ def _plain(
     ]
 
 
-def _mixed_lengths(spec: WorkloadSpec, count: int, layout: random.Random) -> list[int]:
+def mixed_lengths(spec: WorkloadSpec, count: int, layout: random.Random) -> list[int]:
     # An exact share rather than a draw per request, so even a short run has the asked mix.
     n_long = round(count * spec.long_fraction)
     lengths = [spec.long_tokens] * n_long + [spec.input_tokens] * (count - n_long)
@@ -200,8 +215,7 @@ def _mixed_lengths(spec: WorkloadSpec, count: int, layout: random.Random) -> lis
 def _shared_prefix(
     spec: WorkloadSpec, maker: PromptMaker, rng: random.Random, count: int, layout: random.Random
 ) -> list[RequestSpec]:
-    groups = [i % spec.num_prefixes for i in range(count)]
-    layout.shuffle(groups)
+    groups = shared_prefix_groups(spec, count, layout)
     prefixes = maker.make_prompts([spec.shared_prefix_tokens] * spec.num_prefixes, rng)
     suffix_tokens = spec.input_tokens - spec.shared_prefix_tokens
     prompts = maker.make_prompts(
@@ -219,7 +233,14 @@ def _shared_prefix(
     ]
 
 
-def _turn_order(spec: WorkloadSpec, count: int) -> list[tuple[int, int]]:
+def shared_prefix_groups(spec: WorkloadSpec, count: int, layout: random.Random) -> list[int]:
+    """Which prefix each request starts with: every prefix equally often, in seeded order."""
+    groups = [i % spec.num_prefixes for i in range(count)]
+    layout.shuffle(groups)
+    return groups
+
+
+def turn_order(spec: WorkloadSpec, count: int) -> list[tuple[int, int]]:
     """(conversation, turn) in send order: waves of conversations, turn-major in a wave.
 
     A wave has active_sessions conversations, fewer when fewer requests remain, so a short run
@@ -239,7 +260,7 @@ def _turn_order(spec: WorkloadSpec, count: int) -> list[tuple[int, int]]:
 def _multi_turn(
     spec: WorkloadSpec, maker: PromptMaker, rng: random.Random, count: int
 ) -> list[RequestSpec]:
-    order = _turn_order(spec, count)
+    order = turn_order(spec, count)
     sent = set(order)
     answered = [(s, t) for s, t in order if (s, t + 1) in sent]
     user_texts = maker.make_prompts([spec.input_tokens] * len(order), rng)
@@ -303,7 +324,7 @@ def _trace(
     ]
 
 
-def _label(spec: WorkloadSpec, requests: list[RequestSpec]) -> list[RequestSpec]:
+def label_requests(spec: WorkloadSpec, requests: list[_Labelled]) -> list[_Labelled]:
     """Priority classes and session ids, each from its own seeded stream."""
     if spec.priority_mix is not None:
         classes = sorted(spec.priority_mix)
