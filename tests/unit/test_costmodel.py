@@ -1,0 +1,275 @@
+"""The step cost model (servepilot/plan/costmodel.py): roofline numbers for known cases,
+fitting recovers known coefficients, profile files round-trip and bad ones are named."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from servepilot.core.errors import ConfigError
+from servepilot.plan import costmodel as cm
+from servepilot.plan.costmodel import (
+    CostModel,
+    StepShape,
+    active_params,
+    fit_cost_model,
+    load_profile,
+    nnls,
+    roofline_cost_model,
+    save_profile,
+)
+from servepilot.plan.dtypes import WeightDtype
+from servepilot.plan.hardware import get_accelerator
+from servepilot.plan.presets import load_preset
+
+LLAMA_8B_KV_BYTES = 32 * 8 * 128 * 2 * 2  # layers x KV heads x head_dim x (K, V) x bf16
+
+
+def _llama_8b_h100(tp: int = 1) -> CostModel:
+    return roofline_cost_model(
+        load_preset("llama-3.1-8b"),
+        get_accelerator("h100"),
+        weights_dtype=WeightDtype.BF16,
+        kv_bytes_per_token=LLAMA_8B_KV_BYTES / tp,
+        tp=tp,
+    )
+
+
+# ---- roofline ------------------------------------------------------------------------
+
+
+def test_llama_8b_on_h100_reads_its_weights_once_per_step() -> None:
+    model = _llama_8b_h100()
+    weights_s = model.base_s - cm.GPU_STEP_OVERHEAD_S
+    # 8.03B parameters in bf16 (~15-16 GB) at 3.35 TB/s: about 4.5-4.8 ms.
+    assert 4.4e-3 < weights_s < 4.9e-3
+    assert model.source == "roofline: h100-80/llama-3.1-8b"
+
+
+def test_llama_8b_on_h100_token_costs() -> None:
+    model = _llama_8b_h100()
+    spec = load_preset("llama-3.1-8b")
+    # Without the embedding and the LM head (counted per sampled sequence): ~6.98B.
+    active = active_params(spec)
+    assert 6.9e9 < active < 7.1e9
+    assert model.per_prefill_token_s == pytest.approx(2 * active / 989.4e12)
+    head_s = 2 * 128_256 * 4096 / 989.4e12
+    assert model.per_prefill_seq_s == pytest.approx(head_s + cm.GPU_SEQ_OVERHEAD_S)
+    assert model.per_decode_seq_s == pytest.approx(
+        model.per_prefill_token_s + head_s + cm.GPU_SEQ_OVERHEAD_S
+    )
+    assert model.per_context_token_s == pytest.approx(131_072 / 3.35e12)
+
+
+def test_deepseek_v3_active_params_count_eight_of_256_experts() -> None:
+    # The model card: 37B activated, 0.9B of them the embedding and 0.9B the head.
+    active = active_params(load_preset("deepseek-v3"))
+    assert active == pytest.approx(37e9 - 1.85e9, rel=0.02)
+
+
+def test_tensor_parallel_splits_weights_and_flops_and_pays_all_reduces() -> None:
+    one, eight = _llama_8b_h100(), _llama_8b_h100(tp=8)
+    weights_1 = one.base_s - cm.GPU_STEP_OVERHEAD_S
+    weights_8 = eight.base_s - cm.GPU_STEP_OVERHEAD_S - 2 * 32 * cm.ALLREDUCE_LATENCY_S
+    assert weights_8 == pytest.approx(weights_1 / 8, rel=0.05)  # the embedding is split too
+    # Two all-reduces per layer of 4,096 bf16 activations; a ring sends 2 x 7/8 of them
+    # one way over NVLink (900 GB/s both ways).
+    all_reduce_s = 32 * 2 * 4096 * 2 * 2 * 7 / 8 / 450e9
+    assert eight.per_prefill_token_s == pytest.approx(one.per_prefill_token_s / 8 + all_reduce_s)
+    assert eight.per_context_token_s == pytest.approx(one.per_context_token_s / 8)
+
+
+def test_cpu_roofline_uses_the_cpu_overheads() -> None:
+    model = roofline_cost_model(
+        load_preset("smollm2"),
+        get_accelerator("cpu"),
+        weights_dtype=WeightDtype.BF16,
+        kv_bytes_per_token=23_040,
+    )
+    assert model.base_s > cm.CPU_STEP_OVERHEAD_S
+    assert model.per_prefill_seq_s > cm.CPU_SEQ_OVERHEAD_S
+
+
+def test_step_time_is_linear_in_the_shape() -> None:
+    model = CostModel(0.01, 1e-4, 1e-3, 2e-3, 1e-6, "test")
+    shape = StepShape(prefill_tokens=100, prefill_seqs=2, decode_seqs=3, context_tokens=1000)
+    assert model.step_time_s(shape) == pytest.approx(0.01 + 0.01 + 0.002 + 0.006 + 0.001)
+    assert model.step_time_s(StepShape(0, 0, 0, 0)) == 0.01
+
+
+# ---- fitting -------------------------------------------------------------------------
+
+TRUE = CostModel(4e-3, 2e-5, 1.5e-4, 3e-4, 4e-8, "truth")
+
+
+def _samples(count: int, seed: int = 0, noise: float = 0.0) -> list[tuple[StepShape, float]]:
+    rng = random.Random(seed)
+    samples = []
+    for _ in range(count):
+        seqs = rng.randint(0, 4)
+        shape = StepShape(
+            prefill_tokens=rng.randint(seqs, 4000) if seqs else 0,
+            prefill_seqs=seqs,
+            decode_seqs=rng.randint(0, 200),
+            context_tokens=rng.randint(0, 300_000),
+        )
+        samples.append((shape, TRUE.step_time_s(shape) * (1 + rng.uniform(-noise, noise))))
+    return samples
+
+
+def test_fit_recovers_known_coefficients() -> None:
+    model = fit_cost_model(_samples(200), source="calibrated: test")
+    for got, want in zip(model.coefficients, TRUE.coefficients, strict=True):
+        assert got == pytest.approx(want, rel=1e-6)
+    assert model.source == "calibrated: test"
+
+
+def test_fit_with_noise_stays_close() -> None:
+    model = fit_cost_model(_samples(2000, seed=3, noise=0.03), source="x")
+    assert model.base_s == pytest.approx(TRUE.base_s, rel=0.05)
+    assert model.per_prefill_token_s == pytest.approx(TRUE.per_prefill_token_s, rel=0.05)
+    assert model.per_decode_seq_s == pytest.approx(TRUE.per_decode_seq_s, rel=0.05)
+    assert model.per_context_token_s == pytest.approx(TRUE.per_context_token_s, rel=0.05)
+
+
+def test_fit_never_returns_negative_coefficients() -> None:
+    # Steps where more context makes the step *faster*: unconstrained least squares would
+    # give a negative coefficient; the fit clamps it at zero.
+    samples = [
+        (StepShape(p * s, s, d, c), 0.01 + 1e-5 * p * s + 1e-4 * d - 1e-9 * c)
+        for p, s, d, c in itertools.product(
+            (10, 500, 2000), (1, 2), (1, 50, 100), (0, 10_000, 50_000)
+        )
+    ]
+    model = fit_cost_model(samples, source="x")
+    assert min(model.coefficients) >= 0
+    assert model.per_context_token_s == 0
+
+
+def test_fit_refuses_too_few_distinct_samples() -> None:
+    samples = _samples(5) * 10
+    with pytest.raises(ValueError, match="5 distinct step shapes"):
+        fit_cost_model(samples, source="x")
+
+
+def test_fit_refuses_a_term_that_never_varies() -> None:
+    samples = [(StepShape(0, 0, d, 1000 * d + 7), 0.01 + 1e-4 * d) for d in range(1, 40)]
+    with pytest.raises(ValueError, match="never vary prefill_tokens, prefill_seqs"):
+        fit_cost_model(samples, source="x")
+
+
+def test_fit_refuses_terms_in_lockstep() -> None:
+    # Every prefill is 512 tokens long: tokens and sequences cannot be told apart.
+    samples = [
+        (StepShape(512 * s, s, d, 100 * d + c), 0.01 + 1e-5 * 512 * s + 1e-4 * d)
+        for s, d, c in itertools.product(range(4), range(1, 6), (0, 5))
+    ]
+    with pytest.raises(ValueError, match="lockstep"):
+        fit_cost_model(samples, source="x")
+
+
+def test_fit_refuses_non_positive_times() -> None:
+    samples = _samples(30)
+    samples[3] = (samples[3][0], 0.0)
+    with pytest.raises(ValueError, match="finite and > 0"):
+        fit_cost_model(samples, source="x")
+
+
+def test_nnls_matches_brute_force_over_active_sets() -> None:
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        a = rng.normal(size=(12, 4))
+        b = rng.normal(size=12)
+        best = min(
+            (_restricted_lstsq(a, b, subset) for subset in _subsets(4)),
+            key=lambda x: float(np.linalg.norm(a @ x - b)),
+        )
+        got = nnls(a, b)
+        assert (got >= 0).all()
+        assert np.linalg.norm(a @ got - b) == pytest.approx(np.linalg.norm(a @ best - b))
+
+
+def _subsets(n: int) -> list[tuple[int, ...]]:
+    return [s for k in range(n + 1) for s in itertools.combinations(range(n), k)]
+
+
+def _restricted_lstsq(a: np.ndarray, b: np.ndarray, subset: tuple[int, ...]) -> np.ndarray:
+    """The least-squares solution on `subset`, or zeros when it is not feasible (>= 0)."""
+    x = np.zeros(a.shape[1])
+    if subset:
+        x[list(subset)] = np.linalg.lstsq(a[:, list(subset)], b, rcond=None)[0]
+    return x if (x >= 0).all() else np.zeros(a.shape[1])
+
+
+# ---- profile files -------------------------------------------------------------------
+
+
+def test_profile_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "replica.json"
+    model = CostModel(4e-3, 2e-5, 1.5e-4, 3e-4, 4e-8, "calibrated: http://r:8000 2026-05-09")
+    save_profile(model, path, meta={"samples": 400, "median_error_pct": 3.1})
+    assert load_profile(path) == model
+    document = json.loads(path.read_text())
+    assert document["schema"] == "servepilot.costmodel/v1"
+    assert document["meta"] == {"samples": 400, "median_error_pct": 3.1}
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def _write(tmp_path: Path, document: object) -> Path:
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def _good() -> dict[str, Any]:
+    return {
+        "schema": "servepilot.costmodel/v1",
+        "source": "calibrated: x",
+        "coefficients": dict(zip(cm.COEFFICIENTS, (1e-3, 1e-5, 1e-4, 1e-4, 1e-8), strict=True)),
+        "meta": {},
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d.update(schema="servepilot.costmodel/v2"), "schema: expected"),
+        (lambda d: d.pop("source"), "source: expected a non-empty string"),
+        (lambda d: d["coefficients"].pop("base_s"), "coefficients.base_s: expected a number"),
+        (lambda d: d["coefficients"].update(base_s="1"), "coefficients.base_s: expected a number"),
+        (lambda d: d["coefficients"].update(base_s=True), "coefficients.base_s: expected a number"),
+        (lambda d: d["coefficients"].update(per_decode_seq_s=-1.0), "per_decode_seq_s: must be"),
+        (lambda d: d["coefficients"].update(per_token_s=1.0), "coefficients.per_token_s: unknown"),
+        (lambda d: d.update(coefficients=[1, 2]), "coefficients: expected an object"),
+        (lambda d: d.update(extra=1), "extra: unknown field"),
+        (lambda d: d.update(meta=[]), "meta: expected an object"),
+    ],
+)
+def test_bad_profile_names_file_and_field(
+    tmp_path: Path, change: Callable[[dict[str, Any]], object], message: str
+) -> None:
+    document = _good()
+    change(document)
+    path = _write(tmp_path, document)
+    with pytest.raises(ConfigError, match=message) as caught:
+        load_profile(path)
+    assert str(path) in str(caught.value)
+
+
+def test_profile_that_is_not_json_or_missing(tmp_path: Path) -> None:
+    path = tmp_path / "broken.json"
+    path.write_text('{"schema": ')
+    with pytest.raises(ConfigError, match=r"broken\.json: not valid JSON \(line 1"):
+        load_profile(path)
+    with pytest.raises(ConfigError, match=r"missing\.json: no such cost profile"):
+        load_profile(tmp_path / "missing.json")
+    with pytest.raises(ConfigError, match="expected a JSON object"):
+        load_profile(_write(tmp_path, [1, 2]))
+    assert load_profile(_write(tmp_path, _good())).base_s == 1e-3
