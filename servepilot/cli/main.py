@@ -14,6 +14,7 @@ from servepilot.cli import (
     gateway_cmd,
     models_cmd,
     plan_cmd,
+    sim_cmd,
     up_cmd,
 )
 from servepilot.cli.console import err_console, print_error
@@ -36,7 +37,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"servepilot {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (plan_cmd, up_cmd, fleet_cmd, gateway_cmd, bench_cmd, models_cmd, config_cmd):
+    for module in (
+        plan_cmd,
+        up_cmd,
+        fleet_cmd,
+        gateway_cmd,
+        bench_cmd,
+            sim_cmd,
+        models_cmd,
+        config_cmd,
+    ):
         module.register(sub)
     return parser
 

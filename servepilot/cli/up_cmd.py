@@ -12,10 +12,11 @@ from rich.table import Table
 from servepilot.cli.console import err_console, out_console, print_step, print_warning
 from servepilot.cli.options import add_config_flag, config_from_args
 from servepilot.core import loop
+from servepilot.core.config import EngineKind
 from servepilot.engine.process import ReplicaInfo
 from servepilot.fleet.up import UpReporter, UpStarted, run_up
 
-HELP = "start vLLM replicas and the gateway in front of them; Ctrl-C drains and stops"
+HELP = "start vLLM (or simulated) replicas and the gateway in front of them; Ctrl-C stops"
 DESCRIPTION = """\
 Start N vLLM replicas of the model as child processes (each on a free port, logs in
 ~/.local/state/servepilot/runs/), wait until every one is ready, then start the gateway: one
@@ -24,6 +25,11 @@ OpenAI-compatible endpoint that routes each request to a replica.
 Stop with Ctrl-C here, or `servepilot down` from another shell: new requests are refused,
 in-flight ones finish, then the replicas stop. No process is left behind, even if this one is
 killed.
+
+`--engine sim` (or `engine.kind: sim` in fleet.yaml) starts simulated replicas instead:
+vLLM's HTTP API and metrics, timed in real time by servepilot's model of vLLM's scheduler,
+with the KV capacity vLLM would have. Dozens fit on one machine, to try the gateway at
+scale; `--model` may then also be a preset (llama-3.1-8b, deepseek-v3, ...).
 """
 
 
@@ -38,13 +44,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--model", metavar="SOURCE", help="`smollm2` or a local Hugging Face model folder"
     )
+    parser.add_argument(
+        "--engine", choices=[k.value for k in EngineKind],
+        help="vllm (default) or sim: simulated replicas (engine.kind)",
+    )  # fmt: skip
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(
         args,
-        {"replicas.count": args.replicas, "gateway.port": args.port, "model.source": args.model},
+        {
+            "replicas.count": args.replicas,
+            "gateway.port": args.port,
+            "model.source": args.model,
+            "engine.kind": args.engine,
+        },
     )
     # A spinner while the replicas load (tens of seconds on CPU, minutes for large models);
     # it stops as soon as the fleet serves so the endpoint stays on screen.

@@ -34,6 +34,9 @@ class Device(enum.StrEnum):
 
 class EngineKind(enum.StrEnum):
     VLLM = "vllm"
+    SIM = "sim"
+    """A simulated replica (python -m servepilot.sim.server): vLLM's HTTP API and metrics,
+    timed in real time by servepilot's model of vLLM's scheduler; no model is loaded."""
 
 
 class ModelConfig(_Section):
@@ -72,7 +75,8 @@ class HardwareConfig(_Section):
 
 class EngineConfig(_Section):
     kind: EngineKind = EngineKind.VLLM
-    """Which engine serves the replicas."""
+    """Which engine serves the replicas: `vllm`, or `sim` for simulated replicas (dozens fit
+    on one machine; model.source may then also be a preset such as llama-3.1-8b)."""
 
     tensor_parallel_size: int = Field(default=1, ge=1)
     """--tensor-parallel-size: GPUs one replica's layers are split across."""
@@ -134,11 +138,30 @@ class EngineConfig(_Section):
     env: dict[str, str] = Field(default_factory=dict)
     """Environment variables for each replica process."""
 
+    sim_profile: str | None = None
+    """kind sim: a cost profile (servepilot.costmodel/v1, from `servepilot calibrate`) for
+    the step times. None: the roofline of the model on hardware.accelerator."""
+
+    sim_step_ms: float | None = Field(default=None, gt=0)
+    """kind sim: every step takes this long, whatever it computes (for tests), instead of
+    sim_profile or the roofline."""
+
+    sim_tokenizer: str | None = None
+    """kind sim: a Hugging Face folder whose tokenizer counts prompt tokens. None: the model
+    folder's (the embedded model's once converted), else an approximation (about 4
+    characters per token)."""
+
     startup_timeout_s: float = Field(default=600.0, gt=0)
     """How long a replica may take to become ready before it is reported as failed."""
 
     stop_grace_s: float = Field(default=20.0, ge=0)
     """After SIGTERM, how long a replica may take to exit before SIGKILL."""
+
+    @model_validator(mode="after")
+    def _sim_cost_is_one_source(self) -> EngineConfig:
+        if self.sim_profile is not None and self.sim_step_ms is not None:
+            raise ValueError("set engine.sim_profile or engine.sim_step_ms, not both")
+        return self
 
     @model_validator(mode="after")
     def _batched_tokens_cover_model_len(self) -> EngineConfig:

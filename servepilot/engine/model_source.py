@@ -127,6 +127,13 @@ def embedded_gguf() -> Path:
     )
 
 
+def converted_embedded() -> Path | None:
+    """The converted embedded model folder if a finished conversion left it, else None
+    (never converts)."""
+    target = embedded_model_dir()
+    return target if _is_complete(target) else None
+
+
 def ensure_embedded(progress: Progress | None = None) -> Path:
     """The converted embedded model folder, converting it first if needed.
 

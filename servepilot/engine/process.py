@@ -111,6 +111,11 @@ class ReplicaProcess:
             startup_s=time.monotonic() - self._started_at,
         )
 
+    def terminate(self) -> None:
+        """SIGTERM the replica's process group without waiting (`stop` waits)."""
+        if self._proc is not None and self._proc.poll() is None:
+            _signal_group(self._proc.pid, signal.SIGTERM)
+
     def stop(self, grace_s: float) -> None:
         """SIGTERM the replica's process group, then SIGKILL what is left after `grace_s`."""
         if self._proc is None:

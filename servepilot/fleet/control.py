@@ -85,13 +85,14 @@ def _wait_gone(pid: int, timeout_s: float) -> bool:
 
 
 def _is_replica(pid: int) -> bool:
-    """True if `pid` is alive and still a vLLM server (pids are reused after a process dies)."""
+    """True if `pid` is alive and still a vLLM server or a simulated replica (pids are
+    reused after a process dies)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmdline = f.read()
     except OSError:
         return False
-    return pid_alive(pid) and b"vllm" in cmdline
+    return pid_alive(pid) and (b"vllm" in cmdline or b"servepilot.sim.server" in cmdline)
 
 
 def _kill(pid: int) -> None:

@@ -1,4 +1,6 @@
-"""Local replicas: N vLLM servers as child processes of this one, each on its own free port."""
+"""Local replicas: N vLLM servers (or simulated replicas, `engine.kind: sim`) as child
+processes of this one, each on its own free port. Both kinds are started, awaited and stopped
+the same way (engine/process.py)."""
 
 from __future__ import annotations
 
@@ -9,15 +11,16 @@ from pathlib import Path
 
 from servepilot.core.config import FleetConfig
 from servepilot.core.errors import EngineStartError
-from servepilot.engine.args import ServerSpec, launch_command, split_cores
+from servepilot.engine.args import LaunchCommand, ServerSpec, launch_command, split_cores
 from servepilot.engine.model_source import ResolvedModel
 from servepilot.engine.process import ReplicaInfo, ReplicaProcess, free_port
+from servepilot.engine.sim_args import SimModel, sim_launch_command
 
 
 class LocalReplicas:
     """Owns the replica processes of one `up`: starts them together, stops them together."""
 
-    def __init__(self, config: FleetConfig, model: ResolvedModel, run_dir: Path) -> None:
+    def __init__(self, config: FleetConfig, model: ResolvedModel | SimModel, run_dir: Path) -> None:
         self.config = config
         self.model = model
         self.run_dir = run_dir
@@ -30,15 +33,7 @@ class LocalReplicas:
         processes = []
         for index in range(count):
             port = free_port(host)
-            spec = ServerSpec(
-                model_path=str(self.model.path),
-                served_name=self.model.served_name,
-                host=host,
-                port=port,
-            )
-            command = launch_command(
-                self.config.engine, spec, self.config.hardware.device, cores[index]
-            )
+            command = self._command(host, port, cores[index])
             processes.append(
                 ReplicaProcess(
                     replica_id=f"r{index}",
@@ -48,6 +43,13 @@ class LocalReplicas:
                 )
             )
         return processes
+
+    def _command(self, host: str, port: int, cores: tuple[int, ...]) -> LaunchCommand:
+        model = self.model
+        if isinstance(model, SimModel):
+            return sim_launch_command(self.config, model, host, port)
+        spec = ServerSpec(str(model.path), model.served_name, host, port)
+        return launch_command(self.config.engine, spec, self.config.hardware.device, cores)
 
     async def start(
         self, on_ready: Callable[[ReplicaInfo], None] | None = None
@@ -77,4 +79,8 @@ class LocalReplicas:
     async def stop(self) -> None:
         """Stop all replicas in parallel (SIGTERM, then SIGKILL after the grace period)."""
         grace_s = self.config.engine.stop_grace_s
+        # All at once first: the waits below run a few at a time (the default thread pool),
+        # and dozens of replicas (simulated ones) would otherwise stop batch after batch.
+        for proc in self.processes:
+            proc.terminate()
         await asyncio.gather(*(asyncio.to_thread(p.stop, grace_s) for p in self.processes))

@@ -14,10 +14,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from servepilot.core.config import FleetConfig
+from servepilot.core.config import EngineKind, FleetConfig
 from servepilot.core.paths import state_dir
-from servepilot.engine.model_source import resolve_model
+from servepilot.engine.model_source import ResolvedModel, resolve_model
 from servepilot.engine.process import ReplicaInfo
+from servepilot.engine.sim_args import SimModel, sim_model
 from servepilot.fleet.budget import replica_capacity
 from servepilot.fleet.local import LocalReplicas
 from servepilot.fleet.serve import ServedGateway, Upstream, check_port_free, start_gateway
@@ -57,12 +58,18 @@ async def run_up(config: FleetConfig, report: UpReporter) -> None:
     """Serve until SIGINT or SIGTERM, then drain and stop everything."""
     gw = config.gateway
     check_port_free(gw.host, gw.port)
-    # Converting the embedded model takes tens of seconds the first time: off the loop.
-    model = await asyncio.to_thread(resolve_model, config.model, progress=report.step)
+    model: ResolvedModel | SimModel
+    if config.engine.kind is EngineKind.SIM:
+        model = sim_model(config.model, config.engine.sim_tokenizer)
+        what = "simulated"
+    else:
+        # Converting the embedded model takes tens of seconds the first time: off the loop.
+        model = await asyncio.to_thread(resolve_model, config.model, progress=report.step)
+        what = "vLLM"
     run_dir = state_dir() / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     replicas = LocalReplicas(config, model, run_dir)
     stop = _stop_event()
-    report.step(f"starting {config.replicas.count} vLLM replica(s); logs in {run_dir}")
+    report.step(f"starting {config.replicas.count} {what} replica(s); logs in {run_dir}")
     start = asyncio.ensure_future(replicas.start(on_ready=report.replica_ready))
     stop_wait = asyncio.ensure_future(stop.wait())
     await asyncio.wait({start, stop_wait}, return_when=asyncio.FIRST_COMPLETED)

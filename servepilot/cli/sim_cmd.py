@@ -1,0 +1,292 @@
+"""`servepilot sim`: a what-if of the fleet in fleet.yaml, in bench's result schema."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from servepilot.bench.arrivals import Arrival
+from servepilot.cli.bench_cmd import _load_flags, _loads, _sweep, _workload, _workload_flags
+from servepilot.cli.bench_parse import parse_duration_s, parse_slo
+from servepilot.cli.console import print_step, print_warning
+from servepilot.cli.options import add_config_flag, config_from_args
+from servepilot.cli.sim_run import SimOptions, report, run_with_progress
+from servepilot.cli.sim_setup import ReplicaSetup, replica_setup
+from servepilot.core.config import FleetConfig, PolicyName, SloConfig
+from servepilot.core.errors import ConfigError
+from servepilot.plan.costmodel import COEFFICIENTS
+from servepilot.sim.autoscale import TargetUtilisation
+from servepilot.sim.fleet import FleetSpec
+from servepilot.sim.network import SEED_CROSS_NODE, Delay, NetworkConfig
+
+# The seed's measurement: a new node loads DeepSeek-V4 from NVMe in 78 s.
+DEFAULT_COLD_START = "78s"
+
+DESCRIPTION = """\
+Simulate the fleet of fleet.yaml under a bench workload, without starting anything: clients,
+network hops, the gateway's own routing policy and admission objects, and every replica's
+vLLM scheduler and KV cache step by step, with step times from a calibrated profile
+(--profile, from `servepilot calibrate`) or the planner's roofline of the model on the
+accelerator.
+
+It takes bench's load and workload flags (same seeds, same request sizes, same arrivals) and
+writes results.json in bench's schema (servepilot.bench/v1, "source": "simulated"), so
+`servepilot bench compare` diffs a prediction against a measurement.
+
+examples:
+  servepilot sim -c fleet.yaml --profile profile.json --sweep --out runs/sim
+  servepilot sim --replicas 80 --rate 5000 --duration 1h --policy least_load
+  servepilot sim -c fleet.yaml --rate 200 --duration 30m --autoscale 2:16 --cold-start 78s
+  servepilot bench compare runs/sim/results.json runs/measured/results.json
+"""
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "sim",
+        help="simulate a fleet under load (routing, admission, vLLM scheduling); bench schema",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_config_flag(parser)
+    _fleet_flags(parser)
+    _load_flags(parser)
+    _workload_flags(parser)
+    out = parser.add_argument_group("output")
+    out.add_argument("--out", type=Path, metavar="DIR", help="write results.json here")
+    parser.set_defaults(run=run)
+
+
+def _fleet_flags(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("simulated fleet")
+    add = g.add_argument
+    add(
+        "--profile",
+        type=Path,
+        metavar="PROFILE.json",
+        help="step times measured by `servepilot calibrate` (default: the roofline estimate)",
+    )
+    add("--replicas", type=int, metavar="N", help="replicas (default: replicas.count)")
+    add(
+        "--policy",
+        choices=[p.value for p in PolicyName],
+        help="routing policy (default: gateway.policy)",
+    )
+    add(
+        "--network-ms",
+        metavar="K=MS,...",
+        help="one-way delays in ms: client (client-gateway), same (gateway-replica on the "
+        "gateway's node), cross (other nodes); a value or LOW-HIGH, e.g. "
+        "client=1,same=0.05,cross=7.5-15 (default: 0, 0, the seed's 15-30 ms split each way)",
+    )
+    add(
+        "--replicas-per-node",
+        type=int,
+        metavar="N",
+        help="replicas sharing a node (default: hardware.count / GPUs per replica)",
+    )
+    add(
+        "--scrape-interval",
+        metavar="T",
+        help="how often the gateway reads vLLM's gauges (default: gateway.health_interval_s)",
+    )
+    add(
+        "--cold-start",
+        default=DEFAULT_COLD_START,
+        metavar="T",
+        help="launch to serving, for replicas the autoscaler adds (default 78s, the seed's "
+        "DeepSeek-V4 load from NVMe)",
+    )
+    add("--start-cold", action="store_true", help="the first replicas start cold too")
+    add(
+        "--autoscale",
+        metavar="MIN:MAX",
+        help="scale between MIN and MAX replicas on in-flight + queued requests",
+    )
+    add(
+        "--autoscale-target",
+        type=float,
+        default=0.7,
+        metavar="F",
+        help="share of the concurrency budgets to aim at (default 0.7)",
+    )
+    add("--autoscale-interval", default="15s", metavar="T", help="how often to decide")  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    _refuse_bench_only(args)
+    config = config_from_args(
+        args, {"replicas.count": args.replicas, "gateway.policy": args.policy}
+    )
+    setup = replica_setup(config, args.profile)
+    spec = _spec(args, config, setup)
+    opts = SimOptions(
+        spec=spec,
+        workload=_workload(args),
+        loads=_loads(args),
+        sweep=_sweep(args),
+        requests=args.requests,
+        duration_s=parse_duration_s(args.duration, "--duration") if args.duration else None,
+        warmup_requests=args.warmup,
+        arrival=Arrival(args.arrival),
+        burstiness=args.burstiness,
+        slo=_slo(args, config),
+        prompt_overhead_tokens=setup.prompt_overhead_tokens,
+        target=_target(config, setup, spec, args.profile),
+        autoscaler=_autoscaler(args),
+    )
+    _describe(setup, spec)
+    report(run_with_progress(opts), args.out)
+    return 0
+
+
+def _refuse_bench_only(args: argparse.Namespace) -> None:
+    if args.soak:
+        raise ConfigError("--soak is not simulated", hint="use --duration for one long level")
+    if args.processes is not None:
+        raise ConfigError("--processes does not apply to sim (there is no client process)")
+    if args.requests is not None and args.requests < 1:
+        raise ConfigError(f"--requests must be at least 1, got {args.requests}")
+    if args.warmup < 0:
+        raise ConfigError(f"--warmup must be at least 0, got {args.warmup}")
+
+
+def _spec(args: argparse.Namespace, config: FleetConfig, setup: ReplicaSetup) -> FleetSpec:
+    per_node = args.replicas_per_node or setup.replicas_per_node
+    if per_node < 1:
+        raise ConfigError(f"--replicas-per-node must be at least 1, got {per_node}")
+    scrape = args.scrape_interval
+    return FleetSpec(
+        scheduler=setup.scheduler,
+        cost=setup.cost,
+        replicas=config.replicas.count,
+        capacity=setup.capacity,
+        gateway=config.gateway,
+        network=parse_network(args.network_ms, per_node),
+        scrape_interval_s=parse_duration_s(scrape, "--scrape-interval") if scrape else None,
+        cold_start_s=_duration_or_zero(args.cold_start, "--cold-start"),
+        start_cold=args.start_cold,
+        autoscale_interval_s=parse_duration_s(args.autoscale_interval, "--autoscale-interval"),
+        seed=args.seed,
+        model_name=setup.model_name,
+    )
+
+
+def _duration_or_zero(text: str, flag: str) -> float:
+    if text.strip() in ("0", "0s"):
+        return 0.0
+    return parse_duration_s(text, flag)
+
+
+def parse_network(text: str | None, replicas_per_node: int) -> NetworkConfig:
+    """`client=1,same=0.05,cross=7.5-15` (one-way ms) -> NetworkConfig."""
+    delays: dict[str, Delay] = {"client": Delay(), "same": Delay(), "cross": SEED_CROSS_NODE}
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or key not in delays:
+            raise ConfigError(
+                f"--network-ms {text!r}: {part!r} is not KEY=MS with KEY one of client, same, cross"
+            )
+        delays[key] = _delay(value, text or "")
+    client = delays["client"]
+    if not client.fixed:
+        raise ConfigError(f"--network-ms {text!r}: the client's delay is one value, not a range")
+    return NetworkConfig(
+        client_gateway_s=client.low_s,
+        same_node=delays["same"],
+        cross_node=delays["cross"],
+        replicas_per_node=replicas_per_node,
+    )
+
+
+def _delay(value: str, text: str) -> Delay:
+    low, _, high = value.strip().partition("-")
+    try:
+        lo_ms = float(low)
+        hi_ms = float(high) if high else lo_ms
+    except ValueError:
+        raise ConfigError(f"--network-ms {text!r}: {value!r} is not MS or LOW-HIGH") from None
+    if not (math.isfinite(lo_ms) and math.isfinite(hi_ms)) or not 0 <= lo_ms <= hi_ms:
+        raise ConfigError(f"--network-ms {text!r}: {value!r} needs 0 <= LOW <= HIGH")
+    return Delay(lo_ms / 1000.0, hi_ms / 1000.0)
+
+
+def _slo(args: argparse.Namespace, config: FleetConfig) -> SloConfig:
+    """--slo, or else fleet.yaml's slo section."""
+    if not args.slo:
+        return config.slo
+    slo = parse_slo(args.slo)
+    return SloConfig(ttft_p99_ms=slo.ttft_ms, tpot_p99_ms=slo.tpot_ms, e2e_p99_ms=slo.e2e_ms)
+
+
+def _autoscaler(args: argparse.Namespace) -> partial[TargetUtilisation] | None:
+    if not args.autoscale:
+        return None
+    low, sep, high = args.autoscale.partition(":")
+    try:
+        lo, hi = int(low), int(high)
+    except ValueError:
+        lo = hi = -1
+    if not sep or not 0 <= lo <= hi or hi < 1:
+        raise ConfigError(f"--autoscale {args.autoscale!r}: expected MIN:MAX, e.g. 2:16")
+    return partial(TargetUtilisation, args.autoscale_target, lo, hi)
+
+
+def _target(
+    config: FleetConfig, setup: ReplicaSetup, spec: FleetSpec, profile: Path | None
+) -> dict[str, Any]:
+    s, net, engine = setup.scheduler, spec.network, config.engine
+    return {
+        "simulator": "servepilot.sim",
+        "model": setup.model_name,
+        "accelerator": config.hardware.accelerator,
+        "replicas": spec.replicas,
+        "replicas_per_node": net.replicas_per_node,
+        "policy": config.gateway.policy.value,
+        "tensor_parallel_size": engine.tensor_parallel_size,
+        "scheduler": {
+            "max_num_seqs": s.max_num_seqs, "max_num_batched_tokens": s.max_num_batched_tokens,
+            "max_model_len": s.max_model_len, "block_size": s.block_size,
+            "num_blocks": s.num_blocks, "kv_capacity_tokens": setup.kv_capacity_tokens,
+            "enable_chunked_prefill": s.enable_chunked_prefill,
+            "enable_prefix_caching": s.enable_prefix_caching,
+            "async_scheduling": s.async_scheduling,
+        },
+        "replica_capacity": spec.capacity,
+        "cost_model": {
+            "kind": setup.cost_kind, "source": spec.cost.source,
+            "profile": str(profile) if profile is not None else None,
+            "coefficients": dict(zip(COEFFICIENTS, spec.cost.coefficients, strict=True)),
+        },
+        "prompt_overhead_tokens": setup.prompt_overhead_tokens,
+        "network_ms": {
+            "client": net.client_gateway_s * 1e3,
+            "same_node": [net.same_node.low_s * 1e3, net.same_node.high_s * 1e3],
+            "cross_node": [net.cross_node.low_s * 1e3, net.cross_node.high_s * 1e3],
+        },
+        "scrape_interval_s": spec.scrape_interval_s or config.gateway.health_interval_s,
+        "cold_start_s": spec.cold_start_s,
+    }  # fmt: skip
+
+
+def _describe(setup: ReplicaSetup, spec: FleetSpec) -> None:
+    s, cost = setup.scheduler, spec.cost
+    print_step(
+        f"{spec.replicas} x {setup.model_name}: max_num_seqs {s.max_num_seqs}, "
+        f"max_num_batched_tokens {s.max_num_batched_tokens:,}, {s.num_blocks:,} KV blocks of "
+        f"{s.block_size} ({setup.kv_capacity_tokens:,} tokens), gateway budget "
+        f"{spec.capacity} per replica"
+    )
+    print_step(f"step times: {setup.cost_kind} ({cost.source})")
+    print_step(
+        f"prompt overhead: {setup.prompt_overhead_tokens} tokens per request"
+        + ("" if setup.prompt_overhead_tokens else " (the profile does not say; 0 assumed)")
+    )
+    for note in setup.notes:
+        print_warning(note)

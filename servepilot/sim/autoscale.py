@@ -1,0 +1,101 @@
+"""The autoscaling hook of the fleet simulator, and one simple policy.
+
+Every `interval_s` the simulator hands the policy a `FleetSnapshot` and asks how many
+replicas the fleet should have (`decide(snapshot, now_s) -> int`). More than it has: new
+replicas start and serve after the cold start (`FleetSpec.cold_start_s`; the seed measured
+78 s for DeepSeek-V4 from NVMe). Fewer: the newest replicas stop taking requests and leave
+once their requests are done (those still starting are cancelled first).
+
+A policy is pure like a routing policy: it sees only the snapshot and the time, and may keep
+its own small state. The same protocol can drive the real fleet later.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+from servepilot.core.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSnapshot:
+    """What an autoscaler may know about the fleet at one moment."""
+
+    now_s: float
+    ready: int
+    """Replicas taking requests."""
+    starting: int
+    """Replicas in their cold start."""
+    draining: int
+    """Replicas finishing their requests before leaving."""
+    in_flight: int
+    """Requests the gateway has on replicas."""
+    queued: int
+    """Requests waiting in the gateway's admission queue."""
+    vllm_waiting: int
+    """Requests waiting inside the replicas (vLLM's gauge at the last scrape)."""
+    mean_kv_usage: float
+    """Mean KV cache usage of the ready replicas at the last scrape, 0..1."""
+    capacity_per_replica: int
+    """A replica's concurrency budget."""
+    dispatch_rate_per_s: float
+    """Requests sent to replicas per second, recently."""
+
+    @property
+    def provisioned(self) -> int:
+        """Replicas ready or on their way."""
+        return self.ready + self.starting
+
+
+class AutoscalePolicy(Protocol):
+    name: str
+
+    def decide(self, snapshot: FleetSnapshot, now_s: float) -> int:
+        """The number of replicas (ready or starting) the fleet should have."""
+        ...
+
+
+class TargetUtilisation:
+    """Replicas for a target share of the concurrency budgets in use, like a Kubernetes HPA
+    on the gateway's in-flight plus queued requests.
+
+    desired = ceil((in flight + queued) / (target x capacity per replica)), within
+    [min_replicas, max_replicas]. Scaling up acts at once; scaling down waits until the
+    desire has stayed lower for `scale_down_window_s` (the HPA's stabilisation window), so a
+    dip between bursts does not throw away replicas that took a cold start to get.
+    """
+
+    name = "target_utilisation"
+
+    def __init__(
+        self,
+        target: float = 0.7,
+        min_replicas: int = 1,
+        max_replicas: int = 1024,
+        scale_down_window_s: float = 300.0,
+    ) -> None:
+        if not 0.0 < target <= 1.0:
+            raise ConfigError(f"autoscale target must be in (0, 1], got {target}")
+        if not 0 <= min_replicas <= max_replicas:
+            raise ConfigError("autoscale needs 0 <= min_replicas <= max_replicas")
+        if scale_down_window_s < 0:
+            raise ConfigError("scale_down_window_s must be >= 0")
+        self._target = target
+        self._min = min_replicas
+        self._max = max_replicas
+        self._window_s = scale_down_window_s
+        self._recent: deque[tuple[float, int]] = deque()
+
+    def decide(self, snapshot: FleetSnapshot, now_s: float) -> int:
+        load = snapshot.in_flight + snapshot.queued
+        per_replica = self._target * max(1, snapshot.capacity_per_replica)
+        wanted = min(self._max, max(self._min, math.ceil(load / per_replica)))
+        recent = self._recent
+        recent.append((now_s, wanted))
+        while recent and recent[0][0] < now_s - self._window_s:
+            recent.popleft()
+        # The highest desire of the window: down only once every recent look agreed.
+        return max(w for _, w in recent)

@@ -1,0 +1,385 @@
+"""The fleet simulator: clients, a gateway and N simulated vLLM replicas, event by event.
+
+One heap holds what is due: replica step ends, requests reaching a replica, answers
+reaching the gateway, closed-loop sends, and the gateway's ticker, scrapes, autoscaler and
+cold starts. Open-loop sends come from their own schedule, merged in time order. A replica
+steps again as soon as its step ends (vLLM's engine loop); an idle one is stepped the moment
+work reaches it; a request added during a step waits for the next one.
+
+A request: client -> gateway (fixed hop) -> admission and routing (`SimGateway`, the real
+policy objects) -> gateway -> replica (same-node or cross-node hop) -> the replica's
+scheduler (`ReplicaModel`) -> back the same hops. Its first and last token reach the client
+one return trip after the steps that produced them.
+
+Each level runs on a fresh fleet (empty prefix caches), unlike bench, whose levels run one
+after another on the same servers.
+"""
+
+from __future__ import annotations
+
+import gc
+import heapq
+import itertools
+import math
+import random
+import time
+from collections.abc import Callable, Iterator
+
+from servepilot.core.config import SloConfig
+from servepilot.core.errors import ConfigError
+from servepilot.routing import make_policy
+from servepilot.routing.base import RoutingPolicy
+from servepilot.sim.autoscale import AutoscalePolicy, FleetSnapshot
+from servepilot.sim.collect import RunCollector
+from servepilot.sim.fleet_records import FleetSpec, FleetStats, LevelOutcome, Progress
+from servepilot.sim.gateway import BUSY_TICK_S, SimGateway
+from servepilot.sim.members import FleetReplica, FleetRequest, ReplicaState
+from servepilot.sim.network import HopSampler
+from servepilot.sim.replica import ReplicaModel
+from servepilot.sim.requests import RequestFactory
+from servepilot.sim.traffic import ClosedSlots, JobTable, LevelPlan, Slot, open_slots
+
+__all__ = ["FleetSim", "FleetSpec", "FleetStats", "LevelOutcome", "Progress"]
+
+# Event kinds, most frequent first (the loop tests them in this order).
+STEP, DELIVER, RELEASE, SEND, TICK, SCRAPE, AUTOSCALE, READY, COLD_TIMEOUT = range(9)
+REFUSAL_S = 0.001
+"""The gateway's time to answer a 429/503: a closed loop facing refusals still moves on."""
+PROGRESS_EVERY = 1 << 16
+
+
+class FleetSim:
+    """One level on a fresh fleet. `run` once."""
+
+    def __init__(
+        self,
+        spec: FleetSpec,
+        *,
+        policy: RoutingPolicy | None = None,
+        autoscaler: AutoscalePolicy | None = None,
+    ) -> None:
+        self.spec = spec
+        gw = spec.gateway
+        self.policy = policy or make_policy(gw.policy, gw.routing, seed=spec.seed)
+        self.gateway = SimGateway(gw, self.policy, self, random.Random(f"{spec.seed}/admit"))
+        self.autoscaler = autoscaler
+        self._hop_rng = random.Random(f"{spec.seed}/network")
+        self._cg = spec.network.client_gateway_s
+        self._heap: list[tuple[float, int, int, object]] = []
+        self._seq = itertools.count()
+        self.replicas: list[FleetReplica] = []
+        """Every replica ever launched, in launch order."""
+        self.now_s = 0.0
+        self._live: dict[int, FleetRequest] = {}
+        """Requests sent and not answered yet, by id."""
+        self._deadline = math.inf
+        self._peak = 0
+        self._sending = True
+        self._closed: ClosedSlots | None = None
+        self._open: Iterator[Slot] | None = None
+        self._plan: LevelPlan | None = None
+        self._grace_s = 0.0
+        self._collector = RunCollector(SloConfig())
+        self._factory: RequestFactory | None = None
+        self._scrape_s = spec.scrape_interval_s or spec.gateway.health_interval_s
+        self._tick_gen = 0
+        self._tick_due = 0.0
+        for _ in range(spec.replicas):
+            self.launch(ready=not spec.start_cold, now_s=0.0)
+
+    # ---- replicas ------------------------------------------------------------------------
+
+    def launch(self, *, ready: bool, now_s: float) -> FleetReplica:
+        """Start one more replica; a cold one serves after `cold_start_s`."""
+        spec = self.spec
+        index = len(self.replicas)
+        hop = HopSampler(spec.network.replica_delay(index), self._hop_rng)
+        model = ReplicaModel(spec.scheduler, spec.cost)
+        replica = FleetReplica(index, model, spec.capacity, hop, ready=ready, launched_s=now_s)
+        self.replicas.append(replica)
+        self.gateway.add(replica)
+        if not ready:
+            self._push(now_s + spec.cold_start_s, READY, replica)
+        self._peak = max(self._peak, self.gateway.ready + self.gateway.starting)
+        return replica
+
+    def _retire_if_done(self, replica: FleetReplica) -> None:
+        if replica.in_flight == 0 and replica.result is None:
+            self.gateway.remove(replica)
+
+    def _scale(self, desired: int, now_s: float) -> None:
+        gateway = self.gateway
+        have = gateway.ready + gateway.starting
+        for _ in range(desired - have):
+            self.launch(ready=False, now_s=now_s)
+        if desired >= have:
+            return
+        # Newest first: the ones still starting, then the most recently ready.
+        live = [r for r in self.replicas if r.state in (ReplicaState.STARTING, ReplicaState.READY)]
+        live.sort(key=lambda r: (r.state is ReplicaState.STARTING, r.index), reverse=True)
+        for replica in live[: have - desired]:
+            gateway.drain(replica)
+            self._retire_if_done(replica)
+
+    def snapshot(self, now_s: float) -> FleetSnapshot:
+        gateway = self.gateway
+        draining = sum(1 for r in gateway.replicas.values() if r.state is ReplicaState.DRAINING)
+        in_flight = sum(r.in_flight for r in gateway.replicas.values())
+        return FleetSnapshot(
+            now_s=now_s, ready=gateway.ready, starting=gateway.starting, draining=draining,
+            in_flight=in_flight, queued=len(gateway.queue), vllm_waiting=gateway.vllm_waiting,
+            mean_kv_usage=gateway.mean_kv_usage, capacity_per_replica=self.spec.capacity,
+            dispatch_rate_per_s=gateway.rate.rate_per_s(now_s),
+        )  # fmt: skip
+
+    # ---- what the gateway's decisions do (its Outlet) ------------------------------------
+
+    def send(self, request: FleetRequest, replica: FleetReplica, now_s: float) -> None:
+        request.replica = replica
+        request.dispatched_s = now_s
+        hop = replica.hop.draw()
+        if hop:
+            self._push(now_s + hop, DELIVER, request)
+        else:
+            self._deliver(request, now_s)
+
+    def refuse(self, request: FleetRequest, status: str, now_s: float) -> None:
+        self._failed(request, now_s + REFUSAL_S + self._cg, status)
+
+    def queued(self, request: FleetRequest, now_s: float, cold_until_s: float | None) -> None:
+        if cold_until_s is not None:
+            self._push(cold_until_s, COLD_TIMEOUT, request)
+        if self._tick_due > now_s + BUSY_TICK_S:
+            # The gateway wakes its idling ticker when a request starts waiting.
+            self._tick_gen += 1
+            self._tick_due = now_s
+            self._push(now_s, TICK, self._tick_gen)
+
+    # ---- events --------------------------------------------------------------------------
+
+    def _push(self, at_s: float, kind: int, obj: object) -> None:
+        heapq.heappush(self._heap, (at_s, next(self._seq), kind, obj))
+
+    def _deliver(self, request: FleetRequest, now_s: float) -> None:
+        replica = request.replica
+        assert replica is not None
+        try:
+            replica.model.add(request)
+        except ValueError:  # vLLM's 400: longer than max_model_len
+            back = replica.hop.draw()
+            self._push(now_s + back, RELEASE, request)
+            self._failed(request, now_s + back + self._cg, "http_400")
+            return
+        if replica.result is None:
+            self._step(replica, now_s)
+
+    def _step(self, replica: FleetReplica, now_s: float) -> None:
+        result = replica.model.step(now_s)
+        replica.result = result
+        if result is not None:
+            heapq.heappush(self._heap, (now_s + result.duration_s, next(self._seq), STEP, replica))
+        elif replica.state is ReplicaState.DRAINING:
+            self._retire_if_done(replica)
+
+    def _step_end(self, replica: FleetReplica, now_s: float) -> None:
+        result = replica.result
+        assert result is not None
+        itl = self._collector.itl
+        if result.decode_seqs:
+            itl.add(result.itl_s, result.decode_seqs)
+        for gap in result.resumed_gaps_s:
+            itl.add(gap, 1)
+        for request in result.finished:
+            self._finished(request, now_s)  # type: ignore[arg-type]
+        self._step(replica, now_s)
+
+    def _finished(self, request: FleetRequest, now_s: float) -> None:
+        replica = request.replica
+        assert replica is not None and request.first_token_s is not None
+        back = replica.hop.draw()
+        if back:
+            heapq.heappush(self._heap, (now_s + back, next(self._seq), RELEASE, request))
+        else:
+            self._release(request, now_s)
+        delay = back + self._cg
+        end_s = now_s + delay
+        if not request.warmup:
+            self._collector.ok(
+                request.arrival_s, request.first_token_s + delay, end_s,
+                request.prompt_tokens, request.output_tokens,
+            )  # fmt: skip
+        del self._live[request.request_id]
+        if self._closed is not None:
+            self._next_closed(end_s)
+
+    def _release(self, request: FleetRequest, now_s: float) -> None:
+        replica = request.replica
+        assert replica is not None
+        first = request.first_token_s
+        ttfb = None
+        if first is not None:
+            ttfb = first + (now_s - (request.finish_s or now_s)) - request.dispatched_s
+        self.gateway.release(request, now_s, ttfb)
+        if replica.state is ReplicaState.DRAINING:
+            self._retire_if_done(replica)
+
+    def _failed(self, request: FleetRequest, end_s: float, status: str) -> None:
+        if not request.warmup:
+            self._collector.fail(request.arrival_s, end_s, status)
+        del self._live[request.request_id]
+        if self._closed is not None:
+            self._next_closed(end_s)
+
+    def _next_closed(self, client_s: float) -> None:
+        closed = self._closed
+        assert closed is not None
+        slot = closed.next(client_s)
+        if slot is None:
+            self._sending = False
+            return
+        if closed.end_s is not None and self._deadline == math.inf:
+            self._deadline = closed.end_s + self._grace_s
+        self._push(client_s + self._cg, SEND, slot)
+
+    def _arrive(self, slot: Slot, now_s: float) -> None:
+        assert self._factory is not None
+        request = self._factory.make(slot, now_s)
+        self._live[request.request_id] = request
+        self.gateway.arrive(request, now_s)
+
+    # ---- the run -------------------------------------------------------------------------
+
+    def run(
+        self,
+        plan: LevelPlan,
+        jobs: JobTable,
+        slo: SloConfig,
+        *,
+        offsets: Iterator[float] | None = None,
+        progress: Callable[[Progress], None] | None = None,
+    ) -> LevelOutcome:
+        """Simulate one level. `offsets`: the open loop's send times (bench's schedule)."""
+        if not len(jobs):
+            raise ConfigError("the workload has no requests")
+        if plan.closed == (offsets is not None):
+            raise ConfigError("open loop needs arrival offsets; closed loop takes none")
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        if self._plan is not None:
+            raise RuntimeError("a FleetSim runs one level; build another for the next")
+        self._plan = plan
+        self._grace_s = plan.grace_s if plan.duration_s is not None else math.inf
+        self._collector = RunCollector(slo)
+        self._factory = RequestFactory(
+            jobs, self.spec.gateway.routing, self.spec.model_name, self.policy.uses_prefix
+        )
+        self._start_timers()
+        if plan.closed:
+            self._closed = ClosedSlots(plan, len(jobs))
+            for _ in range(int(plan.load.value)):
+                self._next_closed(0.0)
+        else:
+            assert offsets is not None
+            self._open = open_slots(plan, len(jobs), offsets)
+        # The requests and steps of a run are freed by reference counting; the cycle collector
+        # would only rescan the thousands in flight, again and again (a fifth of the time).
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            events = self._loop(progress)
+        finally:
+            if collecting:
+                gc.enable()
+        self._cancel_outstanding()
+        return LevelOutcome(self._collector.run(plan.load), self._stats(events, wall0, cpu0))
+
+    def _start_timers(self) -> None:
+        spec = self.spec
+        self._push(0.0, TICK, 0)
+        self._push(self._scrape_s, SCRAPE, None)
+        if self.autoscaler is not None:
+            self._push(spec.autoscale_interval_s, AUTOSCALE, None)
+
+    def _loop(self, progress: Callable[[Progress], None] | None) -> int:
+        heap, pop = self._heap, heapq.heappop
+        slot = next(self._open, None) if self._open is not None else None
+        cg = self._cg
+        open_s = slot.send_s + cg if slot is not None else math.inf
+        if slot is None:
+            self._sending = self._closed is not None and self._sending
+        live = self._live
+        events = 0
+        while self._sending or live:
+            events += 1
+            if not events % PROGRESS_EVERY and progress is not None:
+                c = self._collector
+                progress(Progress(self.now_s, c.completed, c.failed))
+            if heap[0][0] <= open_s:
+                now, _, kind, obj = pop(heap)
+                if now > self._deadline:
+                    break
+                self.now_s = now
+                if kind == STEP:
+                    self._step_end(obj, now)  # type: ignore[arg-type]
+                elif kind == DELIVER:
+                    self._deliver(obj, now)  # type: ignore[arg-type]
+                elif kind == RELEASE:
+                    self._release(obj, now)  # type: ignore[arg-type]
+                elif kind == SEND:
+                    self._arrive(obj, now)  # type: ignore[arg-type]
+                else:
+                    self._timer(kind, obj, now)
+                continue
+            if open_s > self._deadline:
+                break
+            self.now_s = open_s
+            assert slot is not None and self._open is not None
+            self._arrive(slot, open_s)
+            slot = next(self._open, None)
+            if slot is None:
+                self._sending = False
+                open_s = math.inf
+                self._deadline = min(self._deadline, self.now_s + self._grace_s)
+            else:
+                open_s = slot.send_s + cg
+        return events
+
+    def _timer(self, kind: int, obj: object, now_s: float) -> None:
+        gateway = self.gateway
+        if kind == TICK:
+            if obj != self._tick_gen:
+                return  # superseded by a wake-up
+            self._tick_due = now_s + gateway.tick(now_s)
+            self._push(self._tick_due, TICK, self._tick_gen)
+        elif kind == SCRAPE:
+            gateway.scrape(now_s)
+            self._push(now_s + self._scrape_s, SCRAPE, None)
+        elif kind == AUTOSCALE:
+            assert self.autoscaler is not None
+            desired = self.autoscaler.decide(self.snapshot(now_s), now_s)
+            self._scale(max(0, desired), now_s)
+            self._push(now_s + self.spec.autoscale_interval_s, AUTOSCALE, None)
+        elif kind == READY:
+            obj.engine_ready = True  # type: ignore[attr-defined]
+        elif kind == COLD_TIMEOUT:
+            gateway.cold_timeout(obj, now_s)  # type: ignore[arg-type]
+
+    def _cancel_outstanding(self) -> None:
+        """Requests still in flight when a duration-bound level's grace ran out."""
+        end_s = self._deadline
+        for request in self._live.values():
+            if not request.warmup:
+                self._collector.fail(request.arrival_s, end_s, "cancelled_at_end")
+        self._live.clear()
+
+    def _stats(self, events: int, wall0: float, cpu0: float) -> FleetStats:
+        models = [r.model for r in self.replicas]
+        queries = sum(m.prefix_cache_queries for m in models)
+        hits = sum(m.prefix_cache_hits for m in models)
+        return FleetStats(
+            sim_s=self.now_s, steps=sum(m.steps for m in models),
+            preemptions=sum(m.num_preemptions for m in models),
+            prefix_hit_rate=hits / queries if queries else 0.0, replicas_peak=self._peak,
+            replicas_end=self.gateway.ready + self.gateway.starting,
+            shed=dict(self.gateway.shed), queued=self.gateway.queued, events=events,
+            wall_s=time.perf_counter() - wall0, cpu_s=time.process_time() - cpu0,
+        )  # fmt: skip

@@ -1,0 +1,123 @@
+"""The fleet simulator's records: a request on its way through the fleet, and a replica."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from servepilot.routing.admission import Ticket
+from servepilot.routing.base import ReplicaView, RequestView
+from servepilot.sim.network import HopSampler
+from servepilot.sim.records import StepResult
+from servepilot.sim.replica import ReplicaModel
+from servepilot.sim.request import SimRequest
+
+
+@dataclass(slots=True, eq=False)
+class FleetRequest(SimRequest):
+    """A `SimRequest` (what the engine sees) plus what the gateway and the client know.
+
+    `arrival_s` is the client's send time: the intended one in open loop, so that TTFT and
+    E2E count from it (no coordinated omission)."""
+
+    warmup: bool = False
+    view: RequestView | None = field(default=None, repr=False)
+    """What routing and admission see; built once when the request reaches the gateway."""
+    replica: FleetReplica | None = field(default=None, repr=False)
+    dispatched_s: float = 0.0
+    """When the gateway sent it to `replica`."""
+    ticket: Ticket[FleetRequest] | None = field(default=None, repr=False)
+    """While it waits in the gateway's admission queue."""
+
+
+class LiveView(ReplicaView):
+    """A `ReplicaView` the simulated gateway updates in place as the replica's state changes.
+
+    The gateway builds fresh frozen views per request; at millions of requests that costs
+    more than all the rest of a routing decision, so the simulator keeps one per replica.
+    Policies read views only while choosing (none keeps one), so they see the same values."""
+
+    __slots__ = ()
+
+    def set_in_flight(self, in_flight: int) -> None:
+        _set(self, "in_flight", in_flight)
+
+    def set_gauges(self, running: int, waiting: int, kv_usage: float) -> None:
+        _set(self, "num_requests_running", running)
+        _set(self, "num_requests_waiting", waiting)
+        _set(self, "kv_cache_usage", kv_usage)
+
+
+_set = object.__setattr__  # past the frozen dataclass's guard
+
+
+class ReplicaState(enum.Enum):
+    STARTING = "starting"
+    """Cold start: not routable until the gateway's health check finds it ready."""
+    READY = "ready"
+    DRAINING = "draining"
+    """Takes no new requests; leaves when its requests are done."""
+    STOPPED = "stopped"
+
+
+class FleetReplica:
+    """One replica: its engine model, its place in the network, and the gateway's view of it.
+
+    `in_flight` is the gateway's own count (always current); `running`, `waiting` and
+    `kv_usage` are vLLM's gauges as of the last scrape."""
+
+    __slots__ = (
+        "capacity",
+        "dispatched",
+        "engine_ready",
+        "hop",
+        "in_flight",
+        "index",
+        "kv_usage",
+        "launched_s",
+        "model",
+        "ready_s",
+        "replica_id",
+        "result",
+        "running",
+        "slots",
+        "state",
+        "view",
+        "waiting",
+    )
+
+    def __init__(
+        self,
+        index: int,
+        model: ReplicaModel,
+        capacity: int,
+        hop: HopSampler,
+        *,
+        ready: bool,
+        launched_s: float = 0.0,
+    ) -> None:
+        self.index = index
+        self.replica_id = f"r{index}"
+        self.model = model
+        self.capacity = capacity
+        self.hop = hop
+        self.state = ReplicaState.READY if ready else ReplicaState.STARTING
+        self.engine_ready = ready
+        self.launched_s = launched_s
+        self.ready_s: float | None = launched_s if ready else None
+        """When the gateway first found it ready."""
+        self.dispatched = 0
+        """Requests the gateway sent it."""
+        self.in_flight = 0
+        self.running = 0
+        self.waiting = 0
+        self.kv_usage = 0.0
+        self.result: StepResult | None = None
+        """The step in progress (its outputs are due at its end); None when idle."""
+        self.slots = 0
+        """Its share of the admission snapshot's free slots, as last counted."""
+        self.view = LiveView(self.replica_id, 0, capacity=capacity)
+        """What routing sees of it, updated in place by the gateway."""
+
+    def __repr__(self) -> str:
+        return f"FleetReplica({self.replica_id}, {self.state.value}, in_flight={self.in_flight})"

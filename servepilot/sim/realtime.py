@@ -1,0 +1,219 @@
+"""The replica model in real time: one task steps it and hands each step's tokens out.
+
+The loop is vLLM's engine loop with the GPU replaced by a sleep: `step(start)` schedules the
+next step and says when it ends; the task sleeps until then (monotonic clock), then gives
+one token to every request that got one, and steps again. Timing, so that a client sees the
+model's times to within about a millisecond:
+- Steps run back to back on the model's own clock (each starts when the last one ended), so
+  the lateness of one wake-up delays that step's delivery but never the steps after it. Only
+  when the process falls more than `MAX_LAG_S` behind (a host too busy to keep up) does the
+  model's clock jump to the present.
+- A request's arrival is when its last byte was read, and an idle engine's first step starts
+  then, not after the request was parsed and tokenized (which would add that work to its
+  TTFT: about a millisecond for a long prompt).
+- The sleep aims `EARLY_S` before a step's end: asyncio rounds a timer's wait up to a whole
+  millisecond, so this centres the delivery error on zero instead of +0.5 ms.
+
+Requests that arrive while a step runs wait for the next one, as in vLLM. With nothing to
+run the task waits on an event, so an idle replica costs no CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from servepilot.sim.prefixmap import PrefixMap
+from servepilot.sim.records import StepResult
+from servepilot.sim.replica import ReplicaModel
+from servepilot.sim.request import SimRequest
+from servepilot.sim.server_metrics import Gauges, ServerStats
+
+MAX_LAG_S = 0.05
+EARLY_S = 0.0005
+
+
+class TokenSink(Protocol):
+    """Where a request's tokens go (an HTTP response)."""
+
+    def token(self, index: int) -> None:
+        """Token number `index` (0-based) was generated."""
+
+    def finish(self) -> None:
+        """The last token was generated (after its `token` call)."""
+
+
+class _Live:
+    __slots__ = ("arrival_s", "produced", "prompt_tokens", "sink")
+
+    def __init__(self, sink: TokenSink, prompt_tokens: int, arrival_s: float) -> None:
+        self.sink = sink
+        self.prompt_tokens = prompt_tokens
+        self.arrival_s = arrival_s
+        self.produced = 0
+
+
+class RealtimeEngine:
+    """Drives one `ReplicaModel` in real time; create and use it inside one event loop."""
+
+    def __init__(
+        self,
+        model: ReplicaModel,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.model = model
+        self.stats = ServerStats()
+        self._clock = clock
+        self._t0 = clock()
+        self._live: dict[int, _Live] = {}
+        self._ids = itertools.count(1)
+        config = model.config
+        self._prefixes = PrefixMap(config.block_size) if config.enable_prefix_caching else None
+        self._wake = asyncio.Event()
+        self._woken_by = 0.0
+        """Arrival of the request that woke the idle engine (the model's clock)."""
+        self._last_end = 0.0
+        self._task: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.steps_late = 0
+        """Steps whose start had to jump to the present (the host fell behind)."""
+
+    def now(self) -> float:
+        """Seconds on the model's clock (since this engine was created)."""
+        return self._clock() - self._t0
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._live)
+
+    def start(self) -> asyncio.Task[None]:
+        """Start the step loop; the task ends only when cancelled or on a bug."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        return self._task
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
+
+    def gauges(self) -> Gauges:
+        m = self.model
+        return Gauges(
+            running=m.num_running,
+            waiting=m.num_waiting,
+            kv_usage=m.kv_usage,
+            prefix_queries=m.prefix_cache_queries,
+            prefix_hits=m.prefix_cache_hits,
+            preemptions=m.num_preemptions,
+        )
+
+    def submit(
+        self,
+        prompt_ids: list[int],
+        output_tokens: int,
+        sink: TokenSink,
+        *,
+        arrived_at: float | None = None,
+    ) -> int:
+        """Queue a request that arrived at `arrived_at` (the engine's clock, default now);
+        returns its id (for `abort`). ValueError for what the model refuses (the HTTP layer
+        checks lengths first)."""
+        now = self.now()
+        arrival = now if arrived_at is None else min(now, arrived_at - self._t0)
+        group, prefix = (None, 0) if self._prefixes is None else self._prefixes.assign(prompt_ids)
+        request_id = next(self._ids)
+        request = SimRequest(
+            request_id,
+            prompt_tokens=len(prompt_ids),
+            output_tokens=output_tokens,
+            arrival_s=arrival,
+            prefix_group=group,
+            prefix_tokens=prefix,
+        )
+        self.model.add(request)
+        self._live[request_id] = _Live(sink, len(prompt_ids), request.arrival_s)
+        self._idle.clear()
+        if not self._wake.is_set():
+            self._woken_by = arrival
+            self._wake.set()
+        return request_id
+
+    def abort(self, request_id: int) -> None:
+        """The client went away: the request leaves the model (its blocks are freed)."""
+        if self._live.pop(request_id, None) is None:
+            return
+        self.model.abort(request_id)
+        self.stats.aborted += 1
+        if not self._live:
+            self._idle.set()
+
+    async def _run(self) -> None:
+        model = self.model
+        last_end: float | None = None  # None: the engine was idle before this step
+        while True:
+            if model.idle:
+                last_end = None
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            now = self.now()
+            if last_end is None:  # idle until a request came: start at its arrival
+                start = max(self._woken_by, self._last_end)
+            elif now - last_end <= MAX_LAG_S:
+                start = last_end  # back to back, on the model's clock
+            else:
+                start = now
+                self.steps_late += 1
+            result = model.step(start)
+            if result is None:
+                last_end = None
+                continue
+            # Read right after step(): which requests this step gives a token to.
+            got_token = model.last_step_token_ids(result)
+            self._last_end = result.end_s
+            delay = result.end_s - EARLY_S - self.now()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            last_end = result.end_s
+            self._deliver(result, got_token)
+
+    def _deliver(self, result: StepResult, got_token: list[int]) -> None:
+        stats, live = self.stats, self._live
+        stats.generation_tokens += result.tokens
+        if result.decode_seqs:
+            stats.itl.observe(result.itl_s, result.decode_seqs)
+        for gap in result.resumed_gaps_s:
+            stats.itl.observe(gap)
+        for request_id in result.first_tokens:
+            entry = live.get(request_id)
+            if entry is not None:  # as vLLM: counted at the first token
+                stats.prompt_tokens += entry.prompt_tokens
+                stats.ttft.observe(result.end_s - entry.arrival_s)
+        for request in result.finished:
+            stats.finished += 1
+            if request.e2e_s is not None:
+                stats.e2e.observe(request.e2e_s)
+            if request.tpot_s is not None:
+                stats.tpot.observe(request.tpot_s)
+        for request_id in got_token:
+            entry = live.get(request_id)
+            if entry is None:  # aborted while the step ran
+                continue
+            entry.sink.token(entry.produced)
+            entry.produced += 1
+        for request in result.finished:
+            entry = live.pop(request.request_id, None)
+            if entry is not None:
+                entry.sink.finish()
+        if not live:
+            self._idle.set()

@@ -1,0 +1,81 @@
+"""Turning a client's slot into a request at the gateway, with what routing sees of it.
+
+Prefix-aware policies need `RequestView.prefix_hashes`, chained hashes of the prompt text's
+leading blocks of `routing.prefix_block_chars` characters (`routing.prefix`). The simulator
+has token counts, not text, so it stands in for them: a prompt of T tokens is T x
+`chars_per_token` characters; the blocks inside a job's shared prefix get hashes of (group,
+block index), the same for every job of the group, and the blocks after it hashes of their
+own. Equal hashes where the text would be equal is all a policy can tell apart.
+"""
+
+from __future__ import annotations
+
+from servepilot.core.gateway_config import RoutingConfig
+from servepilot.routing.base import RequestView
+from servepilot.sim.members import FleetRequest
+from servepilot.sim.traffic import JobTable, Slot
+
+# Hashes of blocks no other request shares: counted up from here, far from any tuple hash
+# (which are spread over the whole 64-bit range) in practice.
+_UNIQUE_BASE = 1 << 62
+
+
+class RequestFactory:
+    def __init__(
+        self, jobs: JobTable, routing: RoutingConfig, model: str, uses_prefix: bool
+    ) -> None:
+        self._jobs = jobs
+        self._model = model
+        self._cpt = routing.chars_per_token
+        self._block_chars = routing.prefix_block_chars
+        self._max_blocks = routing.prefix_max_blocks
+        self._uses_prefix = uses_prefix
+        self._groups: dict[int, tuple[int, ...]] = {}
+        self._next_id = 0
+        self._next_unique = _UNIQUE_BASE
+
+    def make(self, slot: Slot, now_s: float) -> FleetRequest:
+        """The request of `slot`, reaching the gateway at `now_s`."""
+        jobs, index = self._jobs, slot.job
+        request_id = self._next_id
+        self._next_id = request_id + 1
+        group = jobs.group[index]
+        prefix = jobs.prefix[index]
+        priority = jobs.priority[index]
+        routed = jobs.routed[index]
+        request = FleetRequest(
+            request_id, jobs.prompt[index], jobs.output[index], slot.send_s,
+            None if group < 0 else group, prefix, priority,
+        )  # fmt: skip
+        request.warmup = slot.warmup
+        sessions = jobs.sessions
+        request.view = RequestView(
+            self._model,
+            int(routed * self._cpt),
+            routed,
+            self._hashes(routed, group, prefix) if self._uses_prefix else (),
+            None if sessions is None else sessions[index],
+            priority,
+            now_s,
+        )
+        return request
+
+    def _hashes(self, routed_tokens: int, group: int, prefix_tokens: int) -> tuple[int, ...]:
+        cpt, size = self._cpt, self._block_chars
+        blocks = min(int(routed_tokens * cpt) // size, self._max_blocks)
+        shared = 0
+        head: tuple[int, ...] = ()
+        if group >= 0:
+            shared = min(blocks, int(prefix_tokens * cpt) // size)
+            head = self._group_hashes(group)[:shared]
+        start = self._next_unique
+        self._next_unique = start + blocks - shared
+        return head + tuple(range(start, start + blocks - shared))
+
+    def _group_hashes(self, group: int) -> tuple[int, ...]:
+        known = self._groups.get(group)
+        if known is None:
+            known = self._groups[group] = tuple(
+                hash((group, block)) for block in range(self._max_blocks)
+            )
+        return known

@@ -1,0 +1,131 @@
+"""A simulated vLLM replica: vLLM's HTTP API and metric names, timed in real time by the
+replica model, so a gateway can be tested against dozens of replicas on one machine.
+
+    python -m servepilot.sim.server --model smollm2 --port 8001 \\
+        --kv-cache-memory-bytes 2147483648 --max-model-len 2048 [--profile PROFILE.json]
+
+It takes vLLM's server flags (those servepilot passes; others are ignored with a warning)
+plus the simulator's own (`--accelerator`, `--profile`, `--step-ms`, `--cost`,
+`--tokenizer`; see `--help` and server_config.py). At startup it prints what vLLM prints
+once its KV cache is allocated:
+
+    GPU KV cache size: 93,184 tokens, Maximum concurrency for 2,048 tokens per request: 45.50x
+
+(engine/startup_log.py reads it), then serves. SIGTERM or SIGINT drains: no new
+connections, requests in flight finish (up to --drain-timeout-s), then it exits.
+
+Modules: server_config (flags -> scheduler, KV blocks, cost model), realtime (the step loop),
+server_app (routes), openai_api (request checks, response bytes), server_http (HTTP/1.1),
+server_metrics (/metrics), tokens (token counts), prefixmap (prefix-cache groups).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import time
+
+from servepilot.core.errors import ServepilotError
+from servepilot.plan.costmodel import COEFFICIENTS
+from servepilot.sim.realtime import RealtimeEngine
+from servepilot.sim.replica import ReplicaModel
+from servepilot.sim.server_app import SimApp
+from servepilot.sim.server_config import SimSetup, build_setup, parse_args
+from servepilot.sim.server_http import HttpServer
+from servepilot.sim.tokens import load_tokenizer
+
+log = logging.getLogger("servepilot.sim.server")
+
+
+def _print(message: str) -> None:
+    # vLLM's log line shape, so a replica log reads the same whichever engine wrote it.
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    print(f"INFO {stamp} [sim] {message}", flush=True)
+
+
+def startup_lines(setup: SimSetup) -> list[str]:
+    s = setup.scheduler
+    cost = setup.cost
+    return [
+        f"simulated replica of {setup.spec.name} (served as {setup.served_name!r})",
+        f"scheduler: max_num_seqs={s.max_num_seqs}, max_num_batched_tokens="
+        f"{s.max_num_batched_tokens}, max_model_len={s.max_model_len}, block_size="
+        f"{s.block_size}, num_blocks={s.num_blocks}, chunked_prefill="
+        f"{s.enable_chunked_prefill}, prefix_caching={s.enable_prefix_caching}, "
+        f"async_scheduling={s.async_scheduling}",
+        f"cost model ({cost.source}): "
+        + ", ".join(f"{n}={v:.3g}" for n, v in zip(COEFFICIENTS, cost.coefficients, strict=True)),
+        f"{setup.device_label} KV cache size: {setup.kv_capacity_tokens:,} tokens, Maximum "
+        f"concurrency for {s.max_model_len:,} tokens per request: {setup.max_concurrency:.2f}x",
+    ]
+
+
+async def serve(app: SimApp, host: str, port: int, drain_s: float) -> bool:
+    """Serve until SIGTERM or SIGINT, then drain; False if the engine loop failed (a bug:
+    the process then exits with an error, so the fleet sees the replica die)."""
+    server = HttpServer(app.handle)
+    engine_task = app.engine.start()
+    bound = await server.start(host, port)
+    _print(f"Starting vLLM API server on http://{host}:{bound}")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    stop_task = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({stop_task, engine_task}, return_when=asyncio.FIRST_COMPLETED)
+    if engine_task.done():
+        stop_task.cancel()
+        await server.close()
+        log.error("the engine loop stopped: %r", engine_task.exception())
+        return False
+    _print(f"draining: {app.engine.in_flight} request(s) in flight")
+    app.draining = True
+    server.stop_listening()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(app.engine.wait_idle(), drain_s)
+    # Bounded: a connection that never closes must not keep the process alive.
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(server.close(), 5.0)
+    await app.engine.close()
+    _print("stopped")
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args, ignored = parse_args(sys.argv[1:] if argv is None else argv)
+    if ignored:
+        _print(f"ignored (no effect on the simulation): {' '.join(ignored)}")
+    try:
+        setup = build_setup(args)
+        tokenizer = load_tokenizer(args.tokenizer)
+    except ServepilotError as exc:
+        print(f"ValueError: {exc}", file=sys.stderr, flush=True)
+        return 1
+    for line in startup_lines(setup):
+        _print(line)
+    _print(f"tokenizer: {tokenizer.name}")
+
+    async def run() -> bool:
+        engine = RealtimeEngine(ReplicaModel(setup.scheduler, setup.cost))
+        app = SimApp(
+            engine,
+            tokenizer,
+            served_name=setup.served_name,
+            max_model_len=setup.scheduler.max_model_len,
+        )
+        return await serve(app, args.host, args.port, args.drain_timeout_s)
+
+    try:
+        ok = asyncio.run(run())
+    except OSError as exc:  # the port is taken: vLLM's wording, which startup_log diagnoses
+        print(f"OSError: [Errno {exc.errno}] {exc.strerror}", file=sys.stderr, flush=True)
+        return 1
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,304 @@
+"""`servepilot sim`: flags, fleet.yaml, profiles, and a results.json bench can read."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from servepilot.bench.arrivals import Arrival, iter_arrival_offsets_s
+from servepilot.bench.shapes import workload_shapes
+from servepilot.bench.workload import WorkloadKind, WorkloadSpec
+from servepilot.cli.main import main
+from servepilot.cli.sim_cmd import parse_network
+from servepilot.cli.sim_run import SimOptions, level_jobs, level_offsets, level_plan
+from servepilot.core.config import FleetConfig, SloConfig
+from servepilot.core.results import BenchResult, Load, LoadMode, Source, load_result
+from servepilot.plan.costmodel import CostModel, save_profile
+from servepilot.sim.fleet import FleetSpec
+from servepilot.sim.network import Delay
+from servepilot.sim.records import SchedulerConfig
+
+PROFILE = CostModel(
+    base_s=0.005,
+    per_prefill_token_s=2e-5,
+    per_prefill_seq_s=1e-4,
+    per_decode_seq_s=3e-4,
+    per_context_token_s=1e-7,
+    source="calibrated: test",
+)
+
+
+def _sim(tmp_path: Path, *flags: str) -> BenchResult:
+    out = tmp_path / "out"
+    assert main(["sim", *flags, "--out", str(out)]) == 0
+    return load_result(out / "results.json")
+
+
+def test_writes_a_simulated_bench_result(tmp_path: Path) -> None:
+    result = _sim(tmp_path, "--concurrency", "1,4", "--requests", "12", "--input-tokens", "64",
+                  "--output-tokens", "8")  # fmt: skip
+    assert result.source is Source.SIMULATED
+    assert [run.load.value for run in result.runs] == [1.0, 4.0]
+    assert all(run.completed == 12 and run.failed == 0 for run in result.runs)
+    assert result.runs[0].input_tokens_mean == 64 and result.runs[0].output_tokens_mean == 8
+    target = result.target
+    assert target["cost_model"]["kind"] == "roofline"
+    assert target["cost_model"]["source"] == "roofline: cpu/smollm2"
+    assert target["scheduler"]["kv_capacity_tokens"] > 0
+    assert target["replicas"] == 1 and len(target["levels"]) == 2
+    assert result.sweet_spot is not None
+
+
+def test_bench_compare_reads_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = _sim(tmp_path / "a", "--rate", "2", "--requests", "10", "--output-tokens", "4")
+    b = _sim(tmp_path / "b", "--rate", "2", "--requests", "10", "--output-tokens", "8")
+    assert a.runs[0].load == b.runs[0].load
+    capsys.readouterr()
+    code = main(["bench", "compare", str(tmp_path / "a/out/results.json"),
+                 str(tmp_path / "b/out/results.json")])  # fmt: skip
+    assert code == 0
+    assert "TTFT p50" in capsys.readouterr().out
+
+
+def test_profile_sets_step_times_and_prompt_overhead(tmp_path: Path) -> None:
+    profile = tmp_path / "profile.json"
+    save_profile(PROFILE, profile, meta={"prompt_overhead_tokens": 9})
+    result = _sim(tmp_path, "--profile", str(profile), "--concurrency", "1", "--requests", "5",
+                  "--input-tokens", "40", "--output-tokens", "3")  # fmt: skip
+    assert result.target["cost_model"]["kind"] == "profile"
+    assert result.target["cost_model"]["coefficients"]["base_s"] == 0.005
+    assert result.target["prompt_overhead_tokens"] == 9
+    run = result.runs[0]
+    assert run.input_tokens_mean == 49  # the server's chat template on top of each prompt
+    # Alone on the replica: one prefill step (49 tokens), then two decode steps.
+    prefill = 0.005 + 49 * 2e-5 + 1e-4
+    assert run.ttft_ms.p50 == pytest.approx(prefill * 1000)
+
+
+def test_fleet_yaml_sets_replicas_policy_and_slo(tmp_path: Path) -> None:
+    config = tmp_path / "fleet.yaml"
+    config.write_text(
+        "replicas: {count: 3}\ngateway: {policy: round_robin}\nslo: {ttft_p99_ms: 100000}\n"
+    )
+    result = _sim(tmp_path, "-c", str(config), "--rate", "5", "--requests", "9",
+                  "--output-tokens", "4", "--network-ms", "client=1,same=0.5")  # fmt: skip
+    assert result.target["replicas"] == 3
+    assert result.target["policy"] == "round_robin"
+    assert result.target["network_ms"]["client"] == 1.0
+    assert result.slo == {"ttft_p99_ms": 100000.0}
+    assert result.runs[0].slo_attainment == 1.0
+
+
+def test_flags_override_fleet_yaml(tmp_path: Path) -> None:
+    config = tmp_path / "fleet.yaml"
+    config.write_text("replicas: {count: 3}\n")
+    result = _sim(tmp_path, "-c", str(config), "--replicas", "2", "--policy", "least_load",
+                  "--rate", "5", "--requests", "6", "--output-tokens", "2")  # fmt: skip
+    assert result.target["replicas"] == 2 and result.target["policy"] == "least_load"
+
+
+def test_sweep_stops_by_itself_and_names_a_sweet_spot(tmp_path: Path) -> None:
+    result = _sim(tmp_path, "--sweep", "--requests", "30", "--input-tokens", "32",
+                  "--output-tokens", "4")  # fmt: skip
+    assert 2 <= len(result.runs) <= 12
+    assert [r.load.value for r in result.runs][:3] == [1.0, 2.0, 4.0]
+    assert result.sweet_spot is not None
+
+
+def test_duration_and_autoscale(tmp_path: Path) -> None:
+    flags = ["--autoscale", "1:3", "--cold-start", "5s", "--autoscale-interval", "5s"]
+    result = _sim(tmp_path, "--rate", "4", "--duration", "20s", "--output-tokens", "4", *flags)
+    run = result.runs[0]
+    assert run.completed + run.failed >= 70
+    assert result.target["cold_start_s"] == 5.0
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--network-ms", "far=3"], "--network-ms"),
+        (["--network-ms", "cross=9-3"], "LOW <= HIGH"),
+        (["--network-ms", "client=1-2"], "one value"),
+        (["--autoscale", "3"], "--autoscale"),
+        (["--soak", "10m"], "--soak is not simulated"),
+        (["--processes", "2"], "--processes"),
+        (["--concurrency", "1.5"], "whole numbers"),
+        (["--rate", "0"], "positive"),
+        (["--profile", "/nonexistent/profile.json"], "no such cost profile"),
+        (["--cold-start", "soon"], "--cold-start"),
+        (["--slo", "ttft=5"], "--slo"),
+    ],
+)
+def test_bad_flags_say_what_is_wrong(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["sim", *flags, "--requests", "3"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert message in err
+
+
+def test_requests_longer_than_max_model_len_fail_400_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = _sim(tmp_path, "--input-tokens", "4000", "--requests", "3")
+    assert result.runs[0].errors == {"http_400": 3}
+    assert "longer than max_model_len" in capsys.readouterr().err
+
+
+def test_an_unknown_policy_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["sim", "--policy", "fastest"])
+    assert exc.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_network_flag_parses_one_way_delays_in_ms() -> None:
+    net = parse_network("client=2,same=0.1,cross=10-20", replicas_per_node=4)
+    assert net.client_gateway_s == 0.002
+    assert net.same_node == Delay(0.0001, 0.0001)
+    assert net.cross_node == Delay(0.01, 0.02)
+    assert net.replica_delay(3) == net.same_node and net.replica_delay(4) == net.cross_node
+    assert parse_network(None, 8).cross_node == Delay(0.0075, 0.015)  # the seed's 15-30 ms
+
+
+def _options(workload: WorkloadSpec, **changes: object) -> SimOptions:
+    scheduler = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=512, max_model_len=4096,
+                                block_size=16, num_blocks=1000)  # fmt: skip
+    fields: dict[str, object] = dict(
+        spec=FleetSpec(scheduler, PROFILE, replicas=1, capacity=8),
+        workload=workload,
+        loads=(),
+        sweep=None,
+        requests=None,
+        duration_s=None,
+        warmup_requests=0,
+        arrival=Arrival.POISSON,
+        burstiness=1.0,
+        slo=SloConfig(),
+        prompt_overhead_tokens=0,
+        target={},
+    )
+    return SimOptions(**(fields | changes))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", [WorkloadKind.MIXED, WorkloadKind.SHARED_PREFIX,
+                                  WorkloadKind.MULTI_TURN])  # fmt: skip
+def test_levels_send_bench_workload_shapes_and_arrivals(kind: WorkloadKind) -> None:
+    workload = WorkloadSpec(kind=kind, input_tokens=200, output_tokens=20, seed=5)
+    opts = _options(workload)
+    load = Load(mode=LoadMode.RATE, value=3.0)
+    plan = level_plan(opts, load)
+    assert plan.max_requests == 100  # bench's default_requests for 3 req/s
+    jobs = level_jobs(workload, 100, overhead_tokens=0)
+    shapes = workload_shapes(workload, 100)
+    for i, shape in enumerate(shapes):
+        job = jobs.job(i)
+        assert job.prompt_tokens == shape.input_tokens + shape.history_tokens
+        assert job.prefix_group == shape.prefix_group
+        assert job.prefix_tokens == shape.prefix_tokens
+        assert job.session_id == shape.session_id
+    offsets = level_offsets(opts, plan, jobs)
+    assert offsets is not None
+    expected = iter_arrival_offsets_s(3.0, Arrival.POISSON, seed=5)
+    assert list(itertools.islice(offsets, 50)) == list(itertools.islice(expected, 50))
+
+
+def test_the_result_is_plain_json(tmp_path: Path) -> None:
+    _sim(tmp_path, "--rate", "3", "--requests", "5", "--output-tokens", "2")
+    document = json.loads((tmp_path / "out/results.json").read_text())
+    assert document["schema"] == "servepilot.bench/v1"
+    assert document["source"] == "simulated"
+    assert dataclasses.is_dataclass(FleetConfig) is False  # (pydantic, not a dataclass)
+
+
+@pytest.mark.parametrize(
+    ("requests", "duration", "warmup"), [(30, None, 0), (30, None, 5), (None, 4.0, 3)]
+)
+def test_open_slots_are_benchs(requests: int | None, duration: float | None, warmup: int) -> None:
+    from servepilot.bench.drive import open_slots as bench_slots
+    from servepilot.bench.loadplan import LoadPlan
+    from servepilot.bench.records import RequestSpec
+    from servepilot.sim.traffic import LevelPlan, open_slots
+
+    load = Load(mode=LoadMode.RATE, value=5.0)
+    bench_plan = LoadPlan(load, max_requests=requests, duration_s=duration,
+                          warmup_requests=warmup, seed=3)  # fmt: skip
+    pool = [RequestSpec(index=i, prompt="x", max_tokens=1, input_tokens=1) for i in range(7)]
+    theirs = [(s.request, s.intended_s, s.warmup) for s in bench_slots(bench_plan, pool, 0, 1)]
+    plan = LevelPlan(load, requests, duration, warmup)
+    offsets = iter_arrival_offsets_s(5.0, Arrival.POISSON, seed=3)
+    ours = [(s.job, s.send_s, s.warmup) for s in open_slots(plan, 7, offsets)]
+    assert ours == theirs
+
+
+def test_closed_slots_are_benchs() -> None:
+    from servepilot.bench.drive import ClosedSlots as BenchSlots
+    from servepilot.bench.loadplan import LoadPlan
+    from servepilot.sim.traffic import ClosedSlots, LevelPlan
+
+    load = Load(mode=LoadMode.CONCURRENCY, value=2.0)
+    clock = iter(float(t) for t in range(100))
+    now = [0.0]
+    theirs_iter = BenchSlots(LoadPlan(load, duration_s=10.0, warmup_requests=2), 5, 0, 1,
+                             lambda: now[0])  # fmt: skip
+    ours_slots = ClosedSlots(LevelPlan(load, duration_s=10.0, warmup_requests=2), 5)
+    theirs, ours = [], []
+    for t in clock:
+        now[0] = t
+        slot = next(theirs_iter, None)
+        mine = ours_slots.next(t)
+        theirs.append(None if slot is None else (slot.request, slot.warmup))
+        ours.append(None if mine is None else (mine.job, mine.warmup))
+    assert ours == theirs
+    assert ours.count(None) == 100 - 2 - 10
+
+
+def test_the_simulator_does_not_import_bench_gateway_fleet_or_engine() -> None:
+    import ast
+
+    import servepilot.sim
+
+    forbidden = ("servepilot.bench", "servepilot.gateway", "servepilot.fleet",
+                 "servepilot.engine", "servepilot.cli")  # fmt: skip
+    root = Path(servepilot.sim.__file__).parent
+    mine = ["fleet", "fleet_records", "gateway", "members", "network", "traffic", "collect",
+            "autoscale", "requests"]  # fmt: skip
+    for name in mine:
+        tree = ast.parse((root / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert not node.module.startswith(forbidden), (name, node.module)
+
+
+def test_replicas_are_what_up_would_launch() -> None:
+    from servepilot.cli.sim_setup import replica_setup
+    from servepilot.core.config import parse_config
+
+    cpu = replica_setup(FleetConfig(), None)
+    # DESIGN.md: 2 GiB of vLLM-CPU KV cache hold 93,184 SmolLM2 tokens in bf16, half in fp32.
+    assert cpu.kv_capacity_tokens in (46_592, 93_184)
+    assert cpu.kv_bytes == 2 * 2**30
+    s = cpu.scheduler
+    assert (s.max_num_seqs, s.max_num_batched_tokens, s.block_size) == (128, 2048, 128)
+    assert s.num_blocks * s.block_size == cpu.kv_capacity_tokens
+    assert not s.async_scheduling and s.enable_prefix_caching and s.enable_chunked_prefill
+    assert cpu.cost_kind == "roofline" and cpu.capacity == min(128, cpu.kv_capacity_tokens // 1024)
+    gpu_config = parse_config(
+        {
+            "model": {"source": "llama-3.1-8b"},
+            "hardware": {"device": "gpu", "accelerator": "h100", "count": 8},
+            "engine": {"tensor_parallel_size": 2, "enable_prefix_caching": False},
+        },
+        origin="test",
+    )
+    gpu = replica_setup(gpu_config, None)
+    s = gpu.scheduler
+    assert (s.max_num_seqs, s.max_num_batched_tokens, s.block_size) == (1024, 8192, 16)
+    assert s.async_scheduling and not s.enable_prefix_caching
+    assert gpu.replicas_per_node == 4  # 8 GPUs per node, 2 per replica
+    assert gpu.cost.source == "roofline: h100-80/llama-3.1-8b"

@@ -1,0 +1,400 @@
+"""The fleet simulator (servepilot/sim/fleet.py and friends): answers known in advance.
+
+Each test builds a small fleet with a linear cost model whose step times can be written down,
+so latencies come out as sums of hops and step times, queueing as queueing theory says, and
+routing as the gateway's own policy objects decide.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from servepilot.core.config import SloConfig
+from servepilot.core.gateway_config import AdmissionConfig, GatewayConfig, PolicyName
+from servepilot.core.results import Load, LoadMode
+from servepilot.plan.costmodel import CostModel
+from servepilot.routing import LeastLoad, PrefixAffinity, RoundRobin, make_policy
+from servepilot.routing.admission import AdmissionController, AdmissionQueue, free_slots
+from servepilot.routing.base import ReplicaView, RequestView
+from servepilot.sim import ReplicaModel, SchedulerConfig, SimRequest
+from servepilot.sim.autoscale import FleetSnapshot, TargetUtilisation
+from servepilot.sim.collect import WeightedHistogram
+from servepilot.sim.fleet import FleetSim, FleetSpec, LevelOutcome
+from servepilot.sim.network import Delay, NetworkConfig
+from servepilot.sim.traffic import Job, JobTable, LevelPlan
+
+COST = CostModel(
+    base_s=0.01,
+    per_prefill_token_s=1e-4,
+    per_prefill_seq_s=1e-3,
+    per_decode_seq_s=2e-3,
+    per_context_token_s=1e-6,
+    source="test",
+)
+NO_NETWORK = NetworkConfig(cross_node=Delay())
+
+
+def _scheduler(**changes: Any) -> SchedulerConfig:
+    fields: dict[str, Any] = dict(
+        max_num_seqs=64,
+        max_num_batched_tokens=2048,
+        max_model_len=2048,
+        block_size=16,
+        num_blocks=4000,
+    )
+    return SchedulerConfig(**(fields | changes))
+
+
+def _spec(replicas: int = 1, *, policy: str = "round_robin", **changes: Any) -> FleetSpec:
+    gateway = changes.pop("gateway", GatewayConfig(policy=PolicyName(policy)))
+    fields: dict[str, Any] = dict(
+        scheduler=changes.pop("scheduler", _scheduler()),
+        cost=COST,
+        replicas=replicas,
+        capacity=64,
+        gateway=gateway,
+        network=NO_NETWORK,
+    )
+    return FleetSpec(**(fields | changes))
+
+
+def _rate(value: float, requests: int) -> LevelPlan:
+    return LevelPlan(Load(mode=LoadMode.RATE, value=value), max_requests=requests)
+
+
+def _closed(value: int, requests: int) -> LevelPlan:
+    return LevelPlan(Load(mode=LoadMode.CONCURRENCY, value=value), max_requests=requests)
+
+
+def _run_open(
+    spec: FleetSpec, jobs: list[Job], offsets: Iterator[float], requests: int, **kw: Any
+) -> tuple[FleetSim, LevelOutcome]:
+    sim = FleetSim(spec, **kw)
+    out = sim.run(_rate(1.0, requests), JobTable(jobs), SloConfig(), offsets=offsets)
+    return sim, out
+
+
+def _alone(prompt: int, output: int) -> list[float]:
+    """Step times of one request alone on one replica, from time 0."""
+    model = ReplicaModel(_scheduler(), COST)
+    model.add(SimRequest(0, prompt, output, 0.0))
+    now, durations = 0.0, []
+    while (result := model.step(now)) is not None:
+        durations.append(result.duration_s)
+        now = result.end_s
+    return durations
+
+
+# ---- one request: latencies are hops plus steps ------------------------------------------
+
+
+@pytest.mark.parametrize(("hop", "client"), [(0.0, 0.0), (0.004, 0.0), (0.004, 0.0015)])
+def test_one_request_ttft_is_hops_plus_the_prefill_step(hop: float, client: float) -> None:
+    network = NetworkConfig(client_gateway_s=client, same_node=Delay(hop, hop))
+    spec = _spec(network=network)
+    _, out = _run_open(spec, [Job(100, 5)], iter([0.0]), 1)
+    steps = _alone(100, 5)
+    prefill = 0.01 + 100 * 1e-4 + 1e-3
+    assert steps[0] == pytest.approx(prefill)
+    # Sent at 0: client -> gateway -> replica, one prefill step, and back the same way.
+    ttft = client + hop + steps[0] + hop + client
+    assert out.run.ttft_ms.p50 == pytest.approx(ttft * 1000, rel=1e-12)
+    e2e = client + hop + sum(steps) + hop + client
+    assert out.run.e2e_ms.p50 == pytest.approx(e2e * 1000, rel=1e-12)
+    assert out.run.tpot_ms.p50 == pytest.approx((e2e - ttft) / 4 * 1000, rel=1e-9)
+    # The four decode steps are the four gaps between tokens.
+    assert out.run.itl_ms.count == 4
+    assert out.run.itl_ms.mean == pytest.approx(sum(steps[1:]) / 4 * 1000, rel=1e-9)
+    assert out.run.completed == 1 and out.run.failed == 0
+
+
+def test_cross_node_hops_apply_to_replicas_off_the_gateways_node() -> None:
+    network = NetworkConfig(
+        same_node=Delay(0.001, 0.001), cross_node=Delay(0.02, 0.02), replicas_per_node=1
+    )
+    spec = _spec(2, network=network)
+    _, out = _run_open(spec, [Job(100, 1)] * 2, iter([0.0, 10.0]), 2)
+    prefill = _alone(100, 1)[0]
+    # Round robin: r0 (node 0, same node) then r1 (node 1, across the network).
+    expected = sorted([(0.002 + prefill) * 1000, (0.04 + prefill) * 1000])
+    assert out.run.ttft_ms.p50 == pytest.approx(sum(expected) / 2)
+    assert out.run.ttft_ms.mean == pytest.approx(sum(expected) / 2)
+
+
+def test_closed_loop_concurrency_one_runs_at_one_over_e2e() -> None:
+    spec = _spec()
+    sim = FleetSim(spec)
+    out = sim.run(_closed(1, 50), JobTable([Job(300, 20)]), SloConfig())
+    e2e_s = sum(_alone(300, 20))
+    assert out.run.completed == 50
+    assert out.run.e2e_ms.p99 == pytest.approx(e2e_s * 1000)
+    assert out.run.request_throughput == pytest.approx(1 / e2e_s)
+    assert out.run.output_throughput == pytest.approx(20 / e2e_s)
+
+
+# ---- queueing ------------------------------------------------------------------------------
+
+
+def _one_at_a_time() -> FleetSpec:
+    """One replica serving one single-token request at a time: a deterministic server of
+    service time S = one prefill step."""
+    scheduler = _scheduler(max_num_seqs=1, max_num_batched_tokens=1024)
+    return _spec(scheduler=scheduler)
+
+
+def test_a_burst_queues_each_request_behind_those_before_it() -> None:
+    service = _alone(200, 1)[0]
+    n = 20
+    _, out = _run_open(_one_at_a_time(), [Job(200, 1)], iter([0.0] * n), n)
+    # The k-th request (k = 1..n) waits for k - 1 services, then takes its own.
+    assert out.run.ttft_ms.mean == pytest.approx(service * (n + 1) / 2 * 1000)
+    assert out.run.e2e_ms.p50 == pytest.approx(service * (n + 1) / 2 * 1000)
+
+
+def test_poisson_arrivals_queue_as_m_d_1() -> None:
+    service = _alone(200, 1)[0]
+    rho = 0.6
+    rate = rho / service
+    rng = random.Random(7)
+    offsets = itertools.accumulate(rng.expovariate(rate) for _ in itertools.count())
+    n = 40_000
+    _, out = _run_open(_one_at_a_time(), [Job(200, 1)], offsets, n)
+    # Pollaczek-Khinchine for M/D/1: mean wait = rho S / (2 (1 - rho)).
+    wait = rho * service / (2 * (1 - rho))
+    assert out.run.ttft_ms.mean == pytest.approx((wait + service) * 1000, rel=0.04)
+    assert out.run.request_throughput == pytest.approx(rate, rel=0.03)
+
+
+# ---- routing: the gateway's own policy objects ---------------------------------------------
+
+
+def test_the_policy_and_admission_are_the_gateways_classes() -> None:
+    for name, cls in [("round_robin", RoundRobin), ("least_load", LeastLoad),
+                      ("prefix_affinity", PrefixAffinity)]:  # fmt: skip
+        sim = FleetSim(_spec(2, policy=name))
+        assert type(sim.policy) is cls
+        assert type(sim.policy) is type(make_policy(PolicyName(name)))
+    assert isinstance(sim.gateway.controller, AdmissionController)
+    assert isinstance(sim.gateway.queue, AdmissionQueue)
+
+
+def test_round_robin_spreads_requests_exactly_evenly() -> None:
+    sim, out = _run_open(_spec(4), [Job(50, 3)], (i * 0.01 for i in itertools.count()), 400)
+    assert [r.dispatched for r in sim.replicas] == [100, 100, 100, 100]
+    assert out.run.completed == 400
+
+
+def test_prefix_affinity_keeps_a_prefix_on_one_replica_and_hits_its_cache() -> None:
+    jobs = [Job(600, 4, prefix_group=g, prefix_tokens=512) for g in range(2)]
+    offsets = (i * 0.05 for i in itertools.count())
+    sim, out = _run_open(_spec(4, policy="prefix_affinity"), jobs, offsets, 200)
+    used = [r for r in sim.replicas if r.dispatched]
+    assert 1 <= len(used) <= 2  # one replica per prefix (two prefixes may share one)
+    # After each prefix's first request, 512 of 600 prompt tokens come from the cache.
+    assert out.stats.prefix_hit_rate == pytest.approx(512 / 600 * 198 / 200, rel=1e-9)
+    # The gateway hashes 600 x 4 characters in 256-character blocks: 9 blocks, the first 8
+    # inside the prefix; every request but each prefix's first matches those 8.
+    stats = sim.policy.stats()
+    assert stats["prefix_blocks_total"] == 9 * 200
+    assert stats["prefix_blocks_matched"] == 8 * 198
+
+
+def test_round_robin_scatters_the_same_prefixes() -> None:
+    jobs = [Job(600, 4, prefix_group=g, prefix_tokens=512) for g in range(2)]
+    offsets = (i * 0.05 for i in itertools.count())
+    sim, out = _run_open(_spec(4), jobs, offsets, 200)
+    assert all(r.dispatched == 50 for r in sim.replicas)
+    # Each replica misses each prefix once (4 x 2 misses instead of 2).
+    assert out.stats.prefix_hit_rate < 512 / 600 * 198 / 200
+
+
+# ---- admission ---------------------------------------------------------------------------
+
+
+def test_capacity_budget_queues_in_the_gateway_and_sheds_past_the_budget() -> None:
+    gateway = GatewayConfig(
+        policy=PolicyName.ROUND_ROBIN,
+        admission=AdmissionConfig(queue_budget_ms=(100.0, 100.0, 100.0)),
+    )
+    spec = _spec(gateway=gateway, capacity=2)
+    sim = FleetSim(spec)
+    out = sim.run(_rate(1, 40), JobTable([Job(200, 50)]), SloConfig(), offsets=iter([0.0] * 40))
+    assert sim.replicas[0].model.num_running == 0
+    assert out.stats.queued > 0
+    assert out.run.errors.get("http_429", 0) > 0
+    assert out.run.completed + out.run.failed == 40
+
+
+class _Order:
+    """A routing policy that notes the class of each request it routes (first candidate)."""
+
+    name = "order"
+    uses_prefix = False
+
+    def __init__(self) -> None:
+        self.priorities: list[int] = []
+
+    def choose(self, request: RequestView, candidates: Sequence[ReplicaView]) -> str:
+        self.priorities.append(request.priority)
+        return candidates[0].replica_id
+
+    def forget(self, replica_id: str) -> None:
+        return None
+
+    def stats(self) -> Mapping[str, float]:
+        return {}
+
+
+def test_waiting_requests_leave_the_gateway_queue_most_urgent_first() -> None:
+    order = _Order()
+    jobs = [Job(100, 2, priority=p) for p in (2, 0, 1)]
+    _run_open(_spec(capacity=1), jobs, iter([0.0] * 12), 12, policy=order)
+    # The first goes at once; the rest waited together and leave P0, then P1, then P2.
+    assert order.priorities == [2] + [0] * 4 + [1] * 4 + [2] * 3
+
+
+def test_free_slots_match_the_admission_snapshots_own_count() -> None:
+    spec = _spec(3, capacity=4, policy="least_load")
+    sim = FleetSim(spec)
+    offsets = (i * 0.002 for i in itertools.count())
+    checks: list[tuple[int, int]] = []
+    original = sim.gateway.arrive
+
+    def arrive(request: Any, now_s: float) -> None:
+        views = sim.gateway.candidates()
+        ready = [r.view for r in sim.gateway.replicas.values() if r.view is not None]
+        checks.append((sim.gateway.free_slots, free_slots(views, 0.95)))
+        assert len(ready) >= len(views)
+        original(request, now_s)
+
+    sim.gateway.arrive = arrive  # type: ignore[method-assign]
+    sim.run(_rate(1, 300), JobTable([Job(100, 30)]), SloConfig(), offsets=offsets)
+    assert checks and all(a == b for a, b in checks)
+
+
+# ---- cold start and autoscaling ------------------------------------------------------------
+
+
+def test_cold_start_delays_service_by_cold_start_s() -> None:
+    spec = _spec(start_cold=True, cold_start_s=10.0, scrape_interval_s=1.0)
+    sim, out = _run_open(spec, [Job(100, 1)], iter([0.0]), 1)
+    service = _alone(100, 1)[0]
+    assert sim.replicas[0].ready_s == pytest.approx(10.0)
+    # Ready at the scrape at 10 s; the queued request goes at the next tick (20 ms apart).
+    ttft_ms = out.run.ttft_ms.p50
+    assert ttft_ms is not None
+    assert 10.0 + service <= ttft_ms / 1000 <= 10.0 + 0.02 + service + 1e-9
+
+
+def test_a_cold_start_longer_than_the_wait_fails_with_503() -> None:
+    spec = _spec(start_cold=True, cold_start_s=100.0, scrape_interval_s=1.0)
+    _, out = _run_open(spec, [Job(100, 1)], iter([0.0]), 1)
+    assert out.run.errors == {"http_503": 1}
+    assert out.run.duration_s == pytest.approx(60.0, abs=0.01)
+
+
+class _Recorder:
+    name = "recorder"
+
+    def __init__(self, desired: int) -> None:
+        self.desired = desired
+        self.calls: list[FleetSnapshot] = []
+
+    def decide(self, snapshot: FleetSnapshot, now_s: float) -> int:
+        self.calls.append(snapshot)
+        return self.desired
+
+
+def test_autoscaler_is_asked_and_a_new_replica_serves_after_its_cold_start() -> None:
+    recorder = _Recorder(desired=2)
+    spec = _spec(cold_start_s=30.0, scrape_interval_s=1.0, autoscale_interval_s=5.0)
+    offsets = (i * 0.1 for i in itertools.count())
+    sim, out = _run_open(spec, [Job(100, 5)], offsets, 1000, autoscaler=recorder)
+    assert recorder.calls and recorder.calls[0].now_s == 5.0
+    assert recorder.calls[0].ready == 1
+    assert any(s.starting == 1 for s in recorder.calls)
+    new = sim.replicas[1]
+    assert new.launched_s == 5.0
+    assert new.ready_s == pytest.approx(35.0)
+    assert new.dispatched > 0 and out.stats.replicas_peak == 2
+
+
+def test_target_utilisation_scales_up_at_once_and_down_after_the_window() -> None:
+    policy = TargetUtilisation(target=0.5, min_replicas=1, max_replicas=10, scale_down_window_s=60)
+
+    def snap(now: float, in_flight: int) -> FleetSnapshot:
+        return FleetSnapshot(now, 2, 0, 0, in_flight, 0, 0, 0.0, 10, 0.0)
+
+    assert policy.decide(snap(0, 40), 0) == 8  # 40 / (0.5 x 10)
+    assert policy.decide(snap(30, 5), 30) == 8  # a dip inside the window
+    assert policy.decide(snap(61, 5), 61) == 1
+    assert policy.decide(snap(62, 500), 62) == 10  # capped
+
+
+def test_autoscaler_adds_replicas_under_load() -> None:
+    spec = _spec(capacity=8, cold_start_s=5.0, scrape_interval_s=1.0, autoscale_interval_s=2.0)
+    offsets = (i * 0.01 for i in itertools.count())
+    sim, out = _run_open(
+        spec, [Job(200, 40)], offsets, 3000, autoscaler=TargetUtilisation(max_replicas=6)
+    )
+    assert out.stats.replicas_peak > 1
+    assert sum(r.dispatched for r in sim.replicas[1:]) > 0
+
+
+# ---- duration-bound levels and metrics -----------------------------------------------------
+
+
+def test_duration_bound_open_loop_cancels_what_outlives_the_grace() -> None:
+    spec = _spec(capacity=2)
+    plan = LevelPlan(Load(mode=LoadMode.RATE, value=50), duration_s=2.0, grace_s=0.5)
+    offsets = (i * 0.02 for i in itertools.count())
+    out = FleetSim(spec).run(plan, JobTable([Job(100, 400)]), SloConfig(), offsets=offsets)
+    assert out.run.completed + out.run.failed == 100
+    assert out.run.errors.get("cancelled_at_end", 0) > 0
+
+
+def test_slo_goodput_and_attainment() -> None:
+    e2e_ms = sum(_alone(300, 20)) * 1000
+    slo = SloConfig(e2e_p99_ms=e2e_ms * 1.5)
+    out = FleetSim(_spec()).run(_closed(2, 40), JobTable([Job(300, 20)]), slo)
+    assert 0.0 < out.run.slo_attainment <= 1.0
+    assert out.run.goodput_rps == pytest.approx(out.run.request_throughput * out.run.slo_attainment)
+
+
+def test_weighted_histogram_percentiles_match_numpy_on_the_expanded_sample() -> None:
+    import numpy as np
+
+    rng = random.Random(3)
+    hist = WeightedHistogram()
+    expanded: list[float] = []
+    for _ in range(500):
+        value, weight = rng.uniform(0.001, 0.2), rng.randint(1, 30)
+        hist.add(value, weight)
+        expanded += [value] * weight
+    stats = hist.stats_ms()
+    p50, p90, p99 = np.percentile(np.array(expanded) * 1000, [50, 90, 99])
+    assert stats.p50 == pytest.approx(p50) and stats.p90 == pytest.approx(p90)
+    assert stats.p99 == pytest.approx(p99)
+    assert stats.mean == pytest.approx(float(np.mean(expanded)) * 1000)
+
+
+def test_weighted_histogram_bins_many_distinct_values_within_their_width(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import servepilot.sim.collect as collect
+
+    monkeypatch.setattr(collect, "EXACT_VALUES", 100)
+    hist = WeightedHistogram()
+    values = [0.01 + i * 1e-5 for i in range(5000)]
+    for v in values:
+        hist.add(v, 1)
+    stats = hist.stats_ms()
+    assert stats.p50 == pytest.approx(float(sorted(values)[2499] * 1000), rel=2e-4)
+    assert stats.count == 5000
+    assert not math.isnan(stats.p99 or math.nan)
