@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         fleet_cmd,
         gateway_cmd,
         bench_cmd,
-            sim_cmd,
+        sim_cmd,
         models_cmd,
         config_cmd,
     ):
