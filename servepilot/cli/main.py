@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from servepilot import __version__
 from servepilot.cli import (
     bench_cmd,
+    calibrate_cmd,
     config_cmd,
     fleet_cmd,
     gateway_cmd,
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         fleet_cmd,
         gateway_cmd,
         bench_cmd,
+        calibrate_cmd,
         sim_cmd,
         models_cmd,
         config_cmd,

@@ -1,9 +1,12 @@
 """How long one vLLM engine step takes: a cost model linear in the step's shape.
 
-A step (one forward pass of the v1 engine) is described by four counts (`StepShape`); its
+A step (one forward pass of the v1 engine) is described by five counts (`StepShape`); its
 time is `base + a x prefill tokens + b x prefill sequences + c x decode sequences + d x
-context tokens`. The coefficients come either from a roofline of the model on an accelerator
-of the planner's catalog (`roofline_cost_model`), or from measurements of a real replica
+context tokens + e x prefill attention pairs`. The last term is the quadratic part of a
+prefill: a chunk's queries attend to the chunk itself, so a long prompt costs more than
+its length says (on vLLM-CPU prefill time is visibly convex in the prompt's length).
+The coefficients come either from a roofline of the model on an accelerator of the
+planner's catalog (`roofline_cost_model`), or from measurements of a real replica
 (`fit_cost_model`, saved and read back as a profile file, schema `servepilot.costmodel/v1`).
 
 Linear is what the simulators that come closest to vLLM use (BLIS's alpha/beta model, the
@@ -36,6 +39,7 @@ COEFFICIENTS = (
     "per_prefill_seq_s",
     "per_decode_seq_s",
     "per_context_token_s",
+    "per_prefill_pair_s",
 )
 
 # Nominal figures for what a roofline cannot see (calibration replaces all of them).
@@ -65,6 +69,14 @@ class StepShape:
     """Sequences producing one token this step (not counting a prefill's first token)."""
     context_tokens: int
     """KV tokens attention reads: over the scheduled sequences, their tokens already in KV."""
+    prefill_pairs: int
+    """Query-key pairs of the prefill chunks' attention: a chunk of c tokens after k in KV
+    has c x k + c (c + 1) / 2 (`prefill_pairs`)."""
+
+
+def prefill_pairs(chunk_tokens: int, computed_tokens: int) -> int:
+    """Query-key pairs a prefill chunk's causal attention computes."""
+    return chunk_tokens * computed_tokens + chunk_tokens * (chunk_tokens + 1) // 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +88,7 @@ class CostModel:
     per_prefill_seq_s: float
     per_decode_seq_s: float
     per_context_token_s: float
+    per_prefill_pair_s: float
     source: str
     """"roofline: <accelerator>/<model>" or "calibrated: <url> <date>"."""
 
@@ -88,10 +101,11 @@ class CostModel:
             + self.per_prefill_seq_s * shape.prefill_seqs
             + self.per_decode_seq_s * shape.decode_seqs
             + self.per_context_token_s * shape.context_tokens
+            + self.per_prefill_pair_s * shape.prefill_pairs
         )
 
     @property
-    def coefficients(self) -> tuple[float, float, float, float, float]:
+    def coefficients(self) -> tuple[float, float, float, float, float, float]:
         """In the order of `COEFFICIENTS`."""
         return (
             self.base_s,
@@ -99,6 +113,7 @@ class CostModel:
             self.per_prefill_seq_s,
             self.per_decode_seq_s,
             self.per_context_token_s,
+            self.per_prefill_pair_s,
         )
 
 
@@ -142,7 +157,9 @@ def roofline_cost_model(
     - Each sampled sequence (prefill or decode) multiplies one token through the LM head
       (2 x vocab x hidden FLOPs); a decode sequence also costs one token's FLOPs.
     - Attention reads `kv_bytes_per_token` (per rank) for every context token at the peak
-      bandwidth; attention FLOPs (quadratic in a prefill chunk) are not counted.
+      bandwidth; a prefill's attention computes QK^T and PV (4 x layers x heads x head_dim
+      FLOPs per query-key pair for GQA) at the peak rate. Decode attention FLOPs are not
+      counted (reading the KV bounds it).
     - Under TP, every token crosses two all-reduces per layer on the intranode link (ring:
       2 (tp-1)/tp of the activation bytes), and each all-reduce adds a fixed latency.
     - A fixed per-step and per-sequence overhead (vLLM's Python side), nominal constants.
@@ -164,8 +181,19 @@ def roofline_cost_model(
         per_prefill_seq_s=head_s + seq_s,
         per_decode_seq_s=token_s + comm_token_s + head_s + seq_s,
         per_context_token_s=kv_bytes_per_token / bandwidth,
+        per_prefill_pair_s=spec.num_layers * _attention_flops_per_pair(spec) / flops,
         source=f"roofline: {accelerator.name}/{spec.name}",
     )
+
+
+def _attention_flops_per_pair(spec: ModelSpec) -> int:
+    """One layer's FLOPs for one query-key pair of a prefill: QK^T and PV over all heads
+    (MLA prefills unabsorbed: keys of nope + rope dimensions, values of v_head_dim)."""
+    if spec.mla is not None:
+        mla = spec.mla
+        width = mla.qk_nope_head_dim + mla.qk_rope_head_dim + mla.v_head_dim
+        return 2 * spec.num_attention_heads * width
+    return 4 * spec.num_attention_heads * spec.head_dim
 
 
 def _allreduce_costs(spec: ModelSpec, accelerator: Accelerator, tp: int) -> tuple[float, float]:
@@ -189,7 +217,10 @@ def fit_cost_model(samples: Sequence[tuple[StepShape, float]], *, source: str) -
 
     Minimizes the squared *relative* error (each row weighted by 1 / its time), so the short
     decode steps that set TPOT count as much as the long prefill steps that set TTFT.
-    Raises ValueError when the samples cannot tell the five terms apart: fewer than
+    A term the samples never vary (e.g. `prefill_pairs` when every prefill is short) is
+    fitted as 0 rather than refused, except the four linear terms, whose absence means the
+    measurement is unfit for the simulator.
+    Raises ValueError when the samples cannot tell the linear terms apart: fewer than
     `MIN_DISTINCT_SAMPLES` distinct shapes, a term that never varies, or terms that move in
     lockstep."""
     rows = [(_features(shape), float(seconds)) for shape, seconds in samples]
@@ -204,9 +235,11 @@ def fit_cost_model(samples: Sequence[tuple[StepShape, float]], *, source: str) -
         )
     x = np.array([features for features, _ in rows], dtype=float)
     y = np.array([seconds for _, seconds in rows], dtype=float)
-    _check_identifiable(x)
+    _check_identifiable(x[:, :_LINEAR_TERMS])
+    if np.linalg.matrix_rank(x / _column_scale(x)) < x.shape[1]:
+        x[:, _LINEAR_TERMS:] = 0.0  # the quadratic term cannot be told apart: fit it as 0
     weights = 1.0 / y
-    scale = np.abs(x).max(axis=0)
+    scale = _column_scale(x)
     solution = nnls(x / scale * weights[:, None], y * weights) / scale
     values = [float(v) for v in solution]
     return CostModel(
@@ -215,12 +248,32 @@ def fit_cost_model(samples: Sequence[tuple[StepShape, float]], *, source: str) -
         per_prefill_seq_s=values[2],
         per_decode_seq_s=values[3],
         per_context_token_s=values[4],
+        per_prefill_pair_s=values[5],
         source=source,
     )
 
 
-def _features(shape: StepShape) -> tuple[int, int, int, int, int]:
-    return (1, shape.prefill_tokens, shape.prefill_seqs, shape.decode_seqs, shape.context_tokens)
+def _features(shape: StepShape) -> tuple[int, int, int, int, int, int]:
+    return (
+        1,
+        shape.prefill_tokens,
+        shape.prefill_seqs,
+        shape.decode_seqs,
+        shape.context_tokens,
+        shape.prefill_pairs,
+    )
+
+
+_LINEAR_TERMS = 5
+"""The base and the four linear terms; `prefill_pairs` follows."""
+
+
+_Matrix = np.ndarray[Any, np.dtype[np.float64]]
+
+
+def _column_scale(x: _Matrix) -> _Matrix:
+    scale = np.abs(x).max(axis=0)
+    return np.where(scale > 0, scale, 1.0)
 
 
 def _check_identifiable(x: np.ndarray[Any, np.dtype[np.float64]]) -> None:

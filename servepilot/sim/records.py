@@ -72,6 +72,7 @@ class StepResult:
     prefill_seqs: int
     decode_seqs: int
     context_tokens: int
+    prefill_pairs: int
     tokens: int
     """Output tokens produced this step: first tokens, decode tokens and resumed tokens."""
     itl_s: float
@@ -96,5 +97,9 @@ class StepResult:
     @property
     def shape(self) -> StepShape:
         return StepShape(
-            self.prefill_tokens, self.prefill_seqs, self.decode_seqs, self.context_tokens
+            self.prefill_tokens,
+            self.prefill_seqs,
+            self.decode_seqs,
+            self.context_tokens,
+            self.prefill_pairs,
         )

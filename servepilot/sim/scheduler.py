@@ -86,16 +86,19 @@ class SchedulerCore:
         if context < 0:
             return self._replan(now_s, preempted)
         decode_seqs = self._num_decoding
-        prefill_tokens = 0
+        prefill_tokens = pairs = 0
         for request in scheduled:
-            prefill_tokens += request._chunk
-        base, per_token, per_seq, per_decode, per_context = self._coefficients
+            chunk = request._chunk
+            prefill_tokens += chunk
+            pairs += chunk * request._computed + chunk * (chunk + 1) // 2  # prefill_pairs()
+        base, per_token, per_seq, per_decode, per_context, per_pair = self._coefficients
         duration = (
             base
             + per_token * prefill_tokens
             + per_seq * len(scheduled)
             + per_decode * decode_seqs
             + per_context * context
+            + per_pair * pairs
         )
         end = now_s + duration
         self._decode_context += decode_seqs
@@ -114,6 +117,7 @@ class SchedulerCore:
             len(scheduled),
             decode_seqs,
             context,
+            pairs,
             decode_seqs + len(first) + len(gaps),
             itl,
             first,

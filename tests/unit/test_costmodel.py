@@ -22,6 +22,7 @@ from servepilot.plan.costmodel import (
     fit_cost_model,
     load_profile,
     nnls,
+    prefill_pairs,
     roofline_cost_model,
     save_profile,
 )
@@ -66,6 +67,25 @@ def test_llama_8b_on_h100_token_costs() -> None:
         model.per_prefill_token_s + head_s + cm.GPU_SEQ_OVERHEAD_S
     )
     assert model.per_context_token_s == pytest.approx(131_072 / 3.35e12)
+    # QK^T and PV: 2 x 2 x 32 heads x 128 per layer, 32 layers.
+    assert model.per_prefill_pair_s == pytest.approx(32 * 4 * 32 * 128 / 989.4e12)
+
+
+def test_mla_prefill_attention_counts_unabsorbed_heads() -> None:
+    spec = load_preset("deepseek-v3")
+    model = roofline_cost_model(
+        spec, get_accelerator("h200"), weights_dtype=WeightDtype.FP8, kv_bytes_per_token=656
+    )
+    # 61 layers x 128 heads x 2 x (128 nope + 64 rope + 128 v) FLOPs, at H200's fp8 rate.
+    flops = get_accelerator("h200").flops_for(WeightDtype.FP8)
+    assert model.per_prefill_pair_s == pytest.approx(61 * 128 * 2 * (128 + 64 + 128) / flops)
+
+
+def test_prefill_pairs_count_a_chunks_causal_attention() -> None:
+    assert prefill_pairs(1, 0) == 1
+    assert prefill_pairs(4, 0) == 1 + 2 + 3 + 4
+    # Two chunks of 4 cover the same pairs as one chunk of 8.
+    assert prefill_pairs(4, 0) + prefill_pairs(4, 4) == prefill_pairs(8, 0) == 36
 
 
 def test_deepseek_v3_active_params_count_eight_of_256_experts() -> None:
@@ -98,15 +118,21 @@ def test_cpu_roofline_uses_the_cpu_overheads() -> None:
 
 
 def test_step_time_is_linear_in_the_shape() -> None:
-    model = CostModel(0.01, 1e-4, 1e-3, 2e-3, 1e-6, "test")
-    shape = StepShape(prefill_tokens=100, prefill_seqs=2, decode_seqs=3, context_tokens=1000)
-    assert model.step_time_s(shape) == pytest.approx(0.01 + 0.01 + 0.002 + 0.006 + 0.001)
-    assert model.step_time_s(StepShape(0, 0, 0, 0)) == 0.01
+    model = CostModel(0.01, 1e-4, 1e-3, 2e-3, 1e-6, 1e-8, "test")
+    shape = StepShape(
+        prefill_tokens=100,
+        prefill_seqs=2,
+        decode_seqs=3,
+        context_tokens=1000,
+        prefill_pairs=50_000,
+    )
+    assert model.step_time_s(shape) == pytest.approx(0.01 + 0.01 + 0.002 + 0.006 + 0.001 + 5e-4)
+    assert model.step_time_s(StepShape(0, 0, 0, 0, 0)) == 0.01
 
 
 # ---- fitting -------------------------------------------------------------------------
 
-TRUE = CostModel(4e-3, 2e-5, 1.5e-4, 3e-4, 4e-8, "truth")
+TRUE = CostModel(4e-3, 2e-5, 1.5e-4, 3e-4, 4e-8, 2e-10, "truth")
 
 
 def _samples(count: int, seed: int = 0, noise: float = 0.0) -> list[tuple[StepShape, float]]:
@@ -114,11 +140,14 @@ def _samples(count: int, seed: int = 0, noise: float = 0.0) -> list[tuple[StepSh
     samples = []
     for _ in range(count):
         seqs = rng.randint(0, 4)
+        chunks = [rng.randint(1, 1000) for _ in range(seqs)]
+        cached = [rng.choice((0, 0, rng.randint(1, 2000))) for _ in range(seqs)]
         shape = StepShape(
-            prefill_tokens=rng.randint(seqs, 4000) if seqs else 0,
+            prefill_tokens=sum(chunks),
             prefill_seqs=seqs,
             decode_seqs=rng.randint(0, 200),
-            context_tokens=rng.randint(0, 300_000),
+            context_tokens=rng.randint(0, 300_000) + sum(cached),
+            prefill_pairs=sum(map(prefill_pairs, chunks, cached)),
         )
         samples.append((shape, TRUE.step_time_s(shape) * (1 + rng.uniform(-noise, noise))))
     return samples
@@ -137,13 +166,17 @@ def test_fit_with_noise_stays_close() -> None:
     assert model.per_prefill_token_s == pytest.approx(TRUE.per_prefill_token_s, rel=0.05)
     assert model.per_decode_seq_s == pytest.approx(TRUE.per_decode_seq_s, rel=0.05)
     assert model.per_context_token_s == pytest.approx(TRUE.per_context_token_s, rel=0.05)
+    assert model.per_prefill_pair_s == pytest.approx(TRUE.per_prefill_pair_s, rel=0.05)
 
 
 def test_fit_never_returns_negative_coefficients() -> None:
     # Steps where more context makes the step *faster*: unconstrained least squares would
     # give a negative coefficient; the fit clamps it at zero.
     samples = [
-        (StepShape(p * s, s, d, c), 0.01 + 1e-5 * p * s + 1e-4 * d - 1e-9 * c)
+        (
+            StepShape(p * s, s, d, c, s * prefill_pairs(p, 0)),
+            0.01 + 1e-5 * p * s + 1e-4 * d - 1e-9 * c,
+        )
         for p, s, d, c in itertools.product(
             (10, 500, 2000), (1, 2), (1, 50, 100), (0, 10_000, 50_000)
         )
@@ -153,6 +186,22 @@ def test_fit_never_returns_negative_coefficients() -> None:
     assert model.per_context_token_s == 0
 
 
+def test_fit_sets_the_quadratic_term_to_zero_when_prefills_cannot_show_it() -> None:
+    # Only two prompt lengths: their pairs are a mix of tokens and sequences, so the
+    # quadratic term is not identifiable; the linear terms still are, and come out right.
+    samples = [
+        (
+            StepShape(p * s, s, d, 100 * d + c, s * prefill_pairs(p, 0)),
+            0.01 + 1e-5 * p * s + 2e-4 * s + 1e-4 * d + 1e-8 * (100 * d + c),
+        )
+        for p, s, d, c in itertools.product((10, 500), (1, 2), (1, 50, 100), (0, 10_000))
+    ]
+    model = fit_cost_model(samples, source="x")
+    assert model.per_prefill_pair_s == 0
+    assert model.per_prefill_token_s == pytest.approx(1e-5, rel=1e-6)
+    assert model.per_prefill_seq_s == pytest.approx(2e-4, rel=1e-6)
+
+
 def test_fit_refuses_too_few_distinct_samples() -> None:
     samples = _samples(5) * 10
     with pytest.raises(ValueError, match="5 distinct step shapes"):
@@ -160,7 +209,7 @@ def test_fit_refuses_too_few_distinct_samples() -> None:
 
 
 def test_fit_refuses_a_term_that_never_varies() -> None:
-    samples = [(StepShape(0, 0, d, 1000 * d + 7), 0.01 + 1e-4 * d) for d in range(1, 40)]
+    samples = [(StepShape(0, 0, d, 1000 * d + 7, 0), 0.01 + 1e-4 * d) for d in range(1, 40)]
     with pytest.raises(ValueError, match="never vary prefill_tokens, prefill_seqs"):
         fit_cost_model(samples, source="x")
 
@@ -168,7 +217,10 @@ def test_fit_refuses_a_term_that_never_varies() -> None:
 def test_fit_refuses_terms_in_lockstep() -> None:
     # Every prefill is 512 tokens long: tokens and sequences cannot be told apart.
     samples = [
-        (StepShape(512 * s, s, d, 100 * d + c), 0.01 + 1e-5 * 512 * s + 1e-4 * d)
+        (
+            StepShape(512 * s, s, d, 100 * d + c, s * prefill_pairs(512, 0)),
+            0.01 + 1e-5 * 512 * s + 1e-4 * d,
+        )
         for s, d, c in itertools.product(range(4), range(1, 6), (0, 5))
     ]
     with pytest.raises(ValueError, match="lockstep"):
@@ -213,7 +265,7 @@ def _restricted_lstsq(a: np.ndarray, b: np.ndarray, subset: tuple[int, ...]) -> 
 
 def test_profile_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "replica.json"
-    model = CostModel(4e-3, 2e-5, 1.5e-4, 3e-4, 4e-8, "calibrated: http://r:8000 2026-05-09")
+    model = CostModel(4e-3, 2e-5, 1.5e-4, 3e-4, 4e-8, 2e-10, "calibrated: http://r:8000 2026-05-09")
     save_profile(model, path, meta={"samples": 400, "median_error_pct": 3.1})
     assert load_profile(path) == model
     document = json.loads(path.read_text())
@@ -232,7 +284,7 @@ def _good() -> dict[str, Any]:
     return {
         "schema": "servepilot.costmodel/v1",
         "source": "calibrated: x",
-        "coefficients": dict(zip(cm.COEFFICIENTS, (1e-3, 1e-5, 1e-4, 1e-4, 1e-8), strict=True)),
+        "coefficients": dict(zip(cm.COEFFICIENTS, (1e-3, 1e-5, 1e-4, 1e-4, 1e-8, 1e-10), strict=True)),
         "meta": {},
     }
 

@@ -28,6 +28,7 @@ PROFILE = CostModel(
     per_prefill_seq_s=1e-4,
     per_decode_seq_s=3e-4,
     per_context_token_s=1e-7,
+    per_prefill_pair_s=0.0,
     source="calibrated: test",
 )
 

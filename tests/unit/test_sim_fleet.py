@@ -35,6 +35,7 @@ COST = CostModel(
     per_prefill_seq_s=1e-3,
     per_decode_seq_s=2e-3,
     per_context_token_s=1e-6,
+    per_prefill_pair_s=0.0,
     source="test",
 )
 NO_NETWORK = NetworkConfig(cross_node=Delay())

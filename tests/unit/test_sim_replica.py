@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from servepilot.core.errors import ConfigError
-from servepilot.plan.costmodel import CostModel, StepShape
+from servepilot.plan.costmodel import CostModel, StepShape, prefill_pairs
 from servepilot.sim import ReplicaModel, RequestState, SchedulerConfig, SimRequest, StepResult
 
 COST = CostModel(
@@ -29,6 +29,7 @@ COST = CostModel(
     per_prefill_seq_s=1e-3,
     per_decode_seq_s=2e-3,
     per_context_token_s=1e-6,
+    per_prefill_pair_s=0.0,
     source="test",
 )
 
@@ -76,7 +77,7 @@ def test_one_request_prefills_in_chunks_then_decodes(prompt: int, output: int, b
     assert request.first_token_s == results[prefill_steps - 1].end_s
     assert request.first_token_step == prefill_steps
     for index, result in enumerate(results[prefill_steps:]):
-        assert result.shape == StepShape(0, 0, 1, prompt + index)
+        assert result.shape == StepShape(0, 0, 1, prompt + index, 0)
     assert [r.request_id for r in results[-1].finished] == [7]
     assert request.state is RequestState.FINISHED
     assert request.finish_s == results[-1].end_s
@@ -224,7 +225,7 @@ def test_second_request_of_a_group_skips_the_cached_prefix() -> None:
     model.add(SimRequest(1, 130, 3, 1.0, prefix_group=9, prefix_tokens=100))
     result = model.step(1.0)
     # 100 shared tokens fill 6 blocks of 16: 96 tokens hit, 34 are computed.
-    assert result is not None and result.shape == StepShape(34, 1, 0, 96)
+    assert result is not None and result.shape == StepShape(34, 1, 0, 96, prefill_pairs(34, 96))
     assert model.prefix_cache_queries == 150 + 130
     assert model.prefix_cache_hits == 96
     assert model.prefix_hit_rate == pytest.approx(96 / 280)
@@ -236,7 +237,9 @@ def test_concurrent_requests_of_a_group_share_blocks() -> None:
         model.add(SimRequest(i, 120, 20, 0.0, prefix_group=1, prefix_tokens=100))
     result = model.step(0.0)
     # vLLM caches a block when it is scheduled: requests later in the same step hit it.
-    assert result is not None and result.shape == StepShape(120 + 24 + 24, 3, 0, 96 * 2)
+    assert result is not None and result.shape == StepShape(
+        120 + 24 + 24, 3, 0, 96 * 2, prefill_pairs(120, 0) + 2 * prefill_pairs(24, 96)
+    )
     shared_once = 6 + 3 * 2  # the group's 6 blocks once, then 2 own blocks each (24 + 1)
     assert model.kv_usage == pytest.approx(shared_once / 399)
 
@@ -248,7 +251,7 @@ def test_a_prompt_all_prefix_still_computes_its_last_token() -> None:
     model.add(SimRequest(1, 64, 2, 0.0, prefix_group=1, prefix_tokens=64))
     result = model.step(10.0)
     # 4 full blocks cached, but the last token must be computed: 3 blocks hit.
-    assert result is not None and result.shape == StepShape(16, 1, 0, 48)
+    assert result is not None and result.shape == StepShape(16, 1, 0, 48, prefill_pairs(16, 48))
 
 
 def test_cached_prefix_is_evicted_least_recently_used_first() -> None:
@@ -264,7 +267,7 @@ def test_cached_prefix_is_evicted_least_recently_used_first() -> None:
     _run(model, 1.0)
     model.add(SimRequest(9, 100, 2, 2.0, prefix_group=1, prefix_tokens=96))
     result = model.step(2.0)
-    assert result is not None and result.shape == StepShape(100, 1, 0, 0)
+    assert result is not None and result.shape == StepShape(100, 1, 0, 0, 5050)
 
 
 def test_prefix_caching_off_never_hits() -> None:

@@ -1,0 +1,123 @@
+"""Fitting the probes' steps, and showing how well the fit explains them (pure: no I/O)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rich import box
+from rich.table import Table
+
+from servepilot.cli.calibrate_samples import ProbeKind, ProbeSample, relative_error
+from servepilot.plan.costmodel import COEFFICIENTS, CostModel, fit_cost_model
+
+OUTLIER_SPREAD = 4.0
+"""A sample is left out when its error lies this many robust standard deviations (1.4826 x
+the median absolute deviation) from the median error..."""
+OUTLIER_FLOOR = 0.15
+"""...and at least this far (15%): a step slowed by something else running on the machine,
+not a shape the linear model misses."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    model: CostModel
+    kept: tuple[ProbeSample, ...]
+    outliers: tuple[ProbeSample, ...]
+    """Samples left out of the second fit."""
+
+
+def robust_fit(samples: Sequence[ProbeSample], *, source: str) -> Fit:
+    """Fit every sample; set aside those far off the rest (by `OUTLIER_SPREAD` and
+    `OUTLIER_FLOOR`); fit the others again. ValueError when the samples cannot be fitted."""
+    first = fit_cost_model([(s.shape, s.seconds) for s in samples], source=source)
+    errors = [relative_error(first.step_time_s(s.shape), s.seconds) for s in samples]
+    center = statistics.median(errors)
+    spread = 1.4826 * statistics.median(abs(e - center) for e in errors)
+    limit = max(OUTLIER_SPREAD * spread, OUTLIER_FLOOR)
+    far = [abs(e - center) > limit for e in errors]
+    kept = tuple(s for s, out in zip(samples, far, strict=True) if not out)
+    outliers = tuple(s for s, out in zip(samples, far, strict=True) if out)
+    if not outliers:
+        return Fit(first, tuple(samples), ())
+    try:
+        model = fit_cost_model([(s.shape, s.seconds) for s in kept], source=source)
+    except ValueError:  # what is left no longer tells the terms apart: keep everything
+        return Fit(first, tuple(samples), ())
+    return Fit(model, kept, outliers)
+
+
+def fit_errors(samples: Sequence[ProbeSample], model: CostModel) -> dict[str, dict[str, float]]:
+    """Median and p90 absolute relative error (%) of the fit, per probe kind and overall."""
+    groups: dict[str, list[float]] = {"all": []}
+    for s in samples:
+        error = abs(relative_error(model.step_time_s(s.shape), s.seconds)) * 100
+        groups.setdefault(s.kind.value, []).append(error)
+        groups["all"].append(error)
+    return {
+        kind: {"median_pct": round(statistics.median(e), 2), "p90_pct": round(p90(e), 2)}
+        for kind, e in groups.items()
+        if e
+    }
+
+
+def p90(values: Sequence[float]) -> float:
+    """The 90th percentile, interpolated linearly (numpy's default)."""
+    ordered = sorted(values)
+    at = 0.9 * (len(ordered) - 1)
+    low = int(at)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+
+
+def render_table(fit: Fit) -> Table:
+    """One row per sample: its shape, the measured and the fitted time, the error; samples
+    left out of the fit say so."""
+    table = _table("probes")
+    for header in ("probe", "prefill tok", "prefill seqs", "decode seqs", "context tok",
+                   "steps", "measured ms", "fitted ms", "error %"):  # fmt: skip
+        table.add_column(header, justify="left" if header == "probe" else "right")
+    for s in sorted((*fit.kept, *fit.outliers), key=_order):
+        fitted = fit.model.step_time_s(s.shape)
+        shape = s.shape
+        error = f"{100 * relative_error(fitted, s.seconds):+.1f}"
+        table.add_row(
+            s.label,
+            str(shape.prefill_tokens),
+            str(shape.prefill_seqs),
+            str(shape.decode_seqs),
+            str(shape.context_tokens),
+            str(s.steps),
+            f"{s.seconds * 1000:.1f}",
+            f"{fitted * 1000:.1f}",
+            error + " left out" if s in fit.outliers else error,
+        )
+    return table
+
+
+def _order(sample: ProbeSample) -> tuple[int, int, int, int]:
+    kinds = list(ProbeKind)
+    s = sample.shape
+    return kinds.index(sample.kind), s.decode_seqs, s.prefill_tokens, s.context_tokens
+
+
+def render_coefficients(model: CostModel) -> Table:
+    table = _table("fitted")
+    table.add_column("coefficient")
+    table.add_column("value", justify="right")
+    for name, value in zip(COEFFICIENTS, model.coefficients, strict=True):
+        table.add_row(name, _time(value))
+    return table
+
+
+def _table(title: str) -> Table:
+    return Table(
+        box=box.SIMPLE_HEAD, pad_edge=False, header_style="bold", title=title, title_justify="left"
+    )
+
+
+def _time(seconds: float) -> str:
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3f} ms"
+    return f"{seconds * 1e6:.3f} us"

@@ -1,0 +1,409 @@
+"""`servepilot calibrate` without a server: probe records -> step samples -> fit, the plan,
+the table, and clear errors for servers that cannot be calibrated.
+
+Probe records are synthesized by the replica simulator (servepilot.sim.ReplicaModel) with a
+known cost model, so a sample's shape is checked against the simulator's own definition of a
+step: the fitted model must give back the coefficients the records were made with.
+"""
+
+from __future__ import annotations
+
+import http.server
+import random
+import socket
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+from rich.console import Console
+
+from servepilot.bench.records import RequestRecord
+from servepilot.cli.calibrate_fit import Fit, fit_errors, render_table, robust_fit
+from servepilot.cli.calibrate_probe import (
+    KV_SHARE,
+    PREFILL_LENGTHS,
+    TEMPLATE_ROOM,
+    WAVES,
+    Limits,
+    make_plan,
+)
+from servepilot.cli.calibrate_samples import (
+    Injection,
+    ProbeKind,
+    ProbeSample,
+    prefill_sample,
+    wave_samples,
+)
+from servepilot.cli.calibrate_server import counter, server_facts
+from servepilot.cli.main import main
+from servepilot.core.errors import ConfigError, EngineError
+from servepilot.plan.costmodel import CostModel, StepShape, fit_cost_model, prefill_pairs
+from servepilot.sim import ReplicaModel, SchedulerConfig, SimRequest
+
+KNOWN = CostModel(
+    base_s=0.020,
+    per_prefill_token_s=0.0004,
+    per_prefill_seq_s=0.003,
+    per_decode_seq_s=0.0015,
+    per_context_token_s=2e-6,
+    per_prefill_pair_s=3e-9,
+    source="test",
+)
+
+
+# ---- synthetic probes, timed by the replica simulator ----------------------------------
+
+
+@dataclass
+class Engine:
+    """One simulated engine; every request's tokens as (step index) lists, so that step
+    durations can be perturbed afterwards."""
+
+    cost: CostModel
+    noise: float = 0.0
+    seed: int = 0
+    durations: list[float] = field(default_factory=list)
+    tokens: dict[int, list[int]] = field(default_factory=dict)
+    sent: dict[int, int] = field(default_factory=dict)
+    """Request id -> the step count when it was added (it is sent as that step ends)."""
+
+    def __post_init__(self) -> None:
+        config = SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=2048,
+                                 max_model_len=4096, block_size=16, num_blocks=20_000,
+                                 enable_prefix_caching=False)  # fmt: skip
+        self.replica = ReplicaModel(config, self.cost)
+        self.now = 0.0
+        self.next_id = 0
+
+    def add(self, prompt: int, output: int) -> int:
+        rid, self.next_id = self.next_id, self.next_id + 1
+        self.replica.add(SimRequest(rid, prompt, output, self.now))
+        self.tokens[rid] = []
+        self.sent[rid] = len(self.durations)
+        return rid
+
+    def step(self) -> bool:
+        result = self.replica.step(self.now)
+        if result is None:
+            return False
+        self.durations.append(result.duration_s)
+        self.now = result.start_s + result.duration_s
+        for rid in self.replica.last_step_token_ids(result):
+            self.tokens[rid].append(len(self.durations) - 1)
+        return True
+
+    def record(self, rid: int, prompt: int, output: int) -> RequestRecord:
+        rng = random.Random(self.seed)
+        ends, t = [], 0.0
+        for d in self.durations:
+            t += d * (1 + rng.uniform(-self.noise, self.noise))
+            ends.append(t)
+        sent = ends[self.sent[rid] - 1] if self.sent[rid] else 0.0
+        chunks = tuple(ends[i] for i in self.tokens[rid])
+        return RequestRecord(index=rid, intended_s=sent, sent_s=sent, chunk_s=chunks,
+                             end_s=chunks[-1], input_tokens=prompt,
+                             output_tokens=output)  # fmt: skip
+
+
+def prefill_probe(prompt: int) -> ProbeSample:
+    engine = Engine(KNOWN)
+    rid = engine.add(prompt, 1)
+    while engine.step():
+        pass
+    sample = prefill_sample(engine.record(rid, prompt, 1))
+    assert sample is not None
+    return sample
+
+
+def wave(
+    decoders: int, prompt: int, output: int, injected: Sequence[int], *, noise: float = 0.0
+) -> tuple[list[RequestRecord], list[Injection]]:
+    """Decoders sent together; each injection once all decode, 3 steps after the last."""
+    engine = Engine(KNOWN, noise=noise, seed=decoders * 1000 + prompt)
+    ids = [engine.add(prompt, output) for _ in range(decoders)]
+    pending, injections, quiet = list(injected), [], 0
+    while True:
+        decoding = all(len(engine.tokens[i]) >= 2 for i in ids)
+        if pending and decoding and quiet >= 3:
+            injections.append((engine.add(pending[0], 1), pending.pop(0)))
+            quiet = 0
+        if not engine.step():
+            break
+        quiet += 1
+    records = [engine.record(i, prompt, output) for i in ids]
+    return records, [Injection(engine.record(i, n, 1)) for i, n in injections]
+
+
+def assert_exact(samples: Sequence[ProbeSample], model: CostModel, rel: float = 1e-3) -> None:
+    for s in samples:
+        assert model.step_time_s(s.shape) == pytest.approx(s.seconds, rel=rel), s
+
+
+# ---- samples ----------------------------------------------------------------------------
+
+
+def test_a_lone_prefill_is_one_step_of_its_prompt() -> None:
+    sample = prefill_probe(300)
+    assert sample.kind is ProbeKind.PREFILL
+    assert sample.shape == StepShape(300, 1, 0, 0, prefill_pairs(300, 0))
+    assert sample.seconds == pytest.approx(KNOWN.step_time_s(sample.shape))
+
+
+def test_wave_steps_have_the_shapes_the_simulator_times() -> None:
+    records, injections = wave(4, 200, 40, (64, 512))
+    samples = wave_samples(records, injections)
+    kinds = [s.kind for s in samples]
+    assert kinds.count(ProbeKind.MIXED) == 2
+    assert kinds.count(ProbeKind.DECODE) >= 3
+    assert all(s.shape.decode_seqs == 4 for s in samples)
+    mixed = [s.shape for s in samples if s.kind is ProbeKind.MIXED]
+    assert [m.prefill_tokens for m in mixed] == [64, 512]
+    assert all(m.context_tokens > 4 * 200 for m in mixed)
+    assert_exact(samples, KNOWN)
+
+
+def test_a_decoder_that_prefilled_in_another_step_does_not_break_the_wave() -> None:
+    # 16 x 300 tokens do not fit one step's 2,048: the prefills are chunked over 3 steps and
+    # the decoders start decoding at different steps; only steps of all 16 count.
+    records, injections = wave(16, 300, 32, (128,))
+    samples = wave_samples(records, injections)
+    assert samples and all(s.shape.decode_seqs == 16 for s in samples)
+    assert_exact(samples, KNOWN)
+
+
+def test_a_stream_with_two_tokens_in_one_chunk_is_outvoted() -> None:
+    records, injections = wave(4, 64, 40, (256,))
+    merged = records[1]
+    chunks = merged.chunk_s[:10] + merged.chunk_s[11:]  # token 11 arrived with token 12
+    records[1] = RequestRecord(index=merged.index, intended_s=0.0, sent_s=0.0, chunk_s=chunks,
+                               end_s=chunks[-1], input_tokens=64, output_tokens=40)  # fmt: skip
+    assert_exact(wave_samples(records, injections), KNOWN, rel=2e-2)
+
+
+def test_a_failed_decoder_voids_the_wave() -> None:
+    records, _ = wave(2, 64, 24, ())
+    records[0] = RequestRecord(index=0, intended_s=0.0, sent_s=0.0, error="http_500")
+    assert wave_samples(records) == []
+
+
+def test_the_fit_gives_back_the_coefficients_the_probes_were_made_with() -> None:
+    samples = [prefill_probe(n) for n in PREFILL_LENGTHS]
+    for decoders, prompt, output, injected in WAVES:
+        records, injections = wave(decoders, prompt, output, injected)
+        samples += wave_samples(records, injections)
+    fitted = fit_cost_model([(s.shape, s.seconds) for s in samples], source="t")
+    assert fitted.coefficients == pytest.approx(KNOWN.coefficients, rel=2e-3)
+    assert fit_errors(samples, fitted)["all"]["p90_pct"] < 0.1
+
+
+def test_noisy_steps_are_fitted_within_the_noise() -> None:
+    samples = [prefill_probe(n) for n in PREFILL_LENGTHS]
+    for decoders, prompt, output, injected in WAVES:
+        records, injections = wave(decoders, prompt, output, injected, noise=0.05)
+        samples += wave_samples(records, injections)
+    fitted = fit_cost_model([(s.shape, s.seconds) for s in samples], source="t")
+    # The terms that set most of a step's time come back within a few percent.
+    assert fitted.base_s == pytest.approx(KNOWN.base_s, rel=0.05)
+    assert fitted.per_prefill_token_s == pytest.approx(KNOWN.per_prefill_token_s, rel=0.05)
+    assert fitted.per_decode_seq_s == pytest.approx(KNOWN.per_decode_seq_s, rel=0.15)
+
+
+def test_prefill_sample_prefers_the_engines_own_time() -> None:
+    record = RequestRecord(index=0, intended_s=0.0, sent_s=0.0, chunk_s=(0.5,), end_s=0.5,
+                           input_tokens=100, output_tokens=1)  # fmt: skip
+    assert prefill_sample(record, engine_s=0.48) == ProbeSample(
+        ProbeKind.PREFILL, StepShape(100, 1, 0, 0, 5050), 0.48
+    )
+    assert prefill_sample(record, engine_s=0.6).seconds == 0.5  # type: ignore[union-attr]
+    cached = prefill_sample(record, cached_tokens=64)
+    assert cached is not None and cached.shape == StepShape(36, 1, 0, 64, prefill_pairs(36, 64))
+
+
+def test_an_answer_without_text_still_timed_its_step() -> None:
+    empty = RequestRecord(index=0, intended_s=0.0, sent_s=0.0, end_s=0.5, input_tokens=100,
+                          output_tokens=1, error="no_content")  # fmt: skip
+    assert prefill_sample(empty) is None
+    sample = prefill_sample(empty, engine_s=0.45)
+    assert sample is not None and sample.seconds == 0.45
+    failed = RequestRecord(index=0, intended_s=0.0, sent_s=0.0, error="http_500")
+    assert prefill_sample(failed, engine_s=0.45) is None
+
+
+# ---- plan -------------------------------------------------------------------------------
+
+
+def test_the_plan_fits_the_servers_limits() -> None:
+    limits = Limits(max_num_batched_tokens=256, max_model_len=512, kv_tokens=2000,
+                    max_prompt_tokens=1024)  # fmt: skip
+    plan = make_plan(limits, quick=False)
+    # Room for a chat template's tokens is left in every limit.
+    assert max(plan.prefill_lengths) == 256 - TEMPLATE_ROOM
+    assert len(plan.prefill_lengths) == 2 * len(set(plan.prefill_lengths))
+    for w in plan.waves:
+        assert w.prompt_tokens + TEMPLATE_ROOM + w.output_tokens <= 512
+        sequence = w.prompt_tokens + TEMPLATE_ROOM + w.output_tokens
+        assert w.decoders * sequence <= KV_SHARE * 2000
+        assert all(n + TEMPLATE_ROOM <= 256 - w.decoders for n in w.injections)
+
+
+def test_quick_is_a_smaller_plan() -> None:
+    limits = Limits(2048, 2048, None, 1024)
+    assert make_plan(limits, quick=True).items < make_plan(limits, quick=False).items
+
+
+def test_a_prompt_cap_below_two_tokens_is_refused() -> None:
+    with pytest.raises(ConfigError, match="--max-prompt-tokens"):
+        make_plan(Limits(2048, 2048, None, 1), quick=True)
+    with pytest.raises(ConfigError, match="too small"):
+        make_plan(Limits(2048, TEMPLATE_ROOM, None, 1024), quick=True)
+
+
+# ---- table ------------------------------------------------------------------------------
+
+
+def test_the_table_shows_measured_fitted_and_error() -> None:
+    samples = [
+        ProbeSample(ProbeKind.PREFILL, StepShape(100, 1, 0, 0, 5050), 0.063 + 5050 * 3e-9),
+        ProbeSample(ProbeKind.DECODE, StepShape(0, 0, 8, 800, 0), 0.0316, steps=8),
+    ]
+    console = Console(record=True, width=200)
+    console.print(render_table(Fit(KNOWN, tuple(samples), ())))
+    text = console.export_text()
+    prefill = next(line for line in text.splitlines() if "prefill 100" in line)
+    # 20 + 100 x 0.4 + 3 + 5,050 pairs x 3e-6 = 63.015 ms: exact.
+    assert "63.0" in prefill and "+0.0" in prefill
+    decode = next(line for line in text.splitlines() if "decode 8 seqs" in line)
+    # 20 + 8 x 1.5 + 800 x 0.002 = 33.6 ms against 31.6 measured: +6.3%.
+    assert "31.6" in decode and "33.6" in decode and "+6.3" in decode
+    errors = fit_errors(samples, KNOWN)
+    assert errors["prefill"]["median_pct"] == 0.0
+    assert errors["decode"]["median_pct"] == pytest.approx(6.33, abs=0.01)
+
+
+def test_a_step_slowed_by_something_else_is_left_out() -> None:
+    samples = [prefill_probe(n) for n in PREFILL_LENGTHS]
+    records, injections = wave(4, 200, 40, (64, 512))
+    samples += wave_samples(records, injections)
+    records, injections = wave(16, 100, 40, (256,))
+    samples += wave_samples(records, injections)
+    slowed = samples[3]
+    samples[3] = ProbeSample(slowed.kind, slowed.shape, slowed.seconds * 1.6)
+    fit = robust_fit(samples, source="t")
+    assert fit.outliers == (samples[3],)
+    assert fit.model.coefficients == pytest.approx(KNOWN.coefficients, rel=1e-2)
+    console = Console(record=True, width=200)
+    console.print(render_table(fit))
+    assert "left out" in console.export_text()
+    assert robust_fit(samples[:3] + samples[4:], source="t").outliers == ()
+
+
+# ---- servers that cannot be calibrated ----------------------------------------------------
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    pages: ClassVar[dict[str, tuple[int, str]]] = {}
+
+    def do_GET(self) -> None:
+        status, body = self.pages.get(self.path, (404, "not found"))
+        data = body.encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[str, dict[str, tuple[int, str]]]]:
+    pages: dict[str, tuple[int, str]] = {}
+    handler = type("Handler", (_Handler,), {"pages": pages})
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", pages
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+MODELS = '{"data": [{"id": "smollm2", "max_model_len": 2048}]}'
+METRICS = (
+    'vllm:cache_config_info{block_size="128",enable_prefix_caching="True",'
+    'num_gpu_blocks="364"} 1.0\nvllm:prefix_cache_hits_total{engine="0"} 256.0\n'
+)
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def test_an_unreachable_url_is_an_engine_error() -> None:
+    with pytest.raises(EngineError, match="cannot reach") as info:
+        server_facts(f"http://127.0.0.1:{_closed_port()}", None, None)
+    assert "--url" in str(info.value)
+
+
+def test_a_server_without_an_openai_model_list(
+    server: tuple[str, dict[str, tuple[int, str]]],
+) -> None:
+    url, pages = server
+    with pytest.raises(EngineError, match="answered HTTP 404"):
+        server_facts(url, None, None)
+    pages["/v1/models"] = (200, "<html>hello</html>")
+    with pytest.raises(EngineError, match="did not answer JSON"):
+        server_facts(url, None, None)
+
+
+def test_a_server_that_is_not_vllm(server: tuple[str, dict[str, tuple[int, str]]]) -> None:
+    url, pages = server
+    pages["/v1/models"] = (200, MODELS)
+    pages["/metrics"] = (200, "servepilot_requests_total 3\n")
+    with pytest.raises(EngineError, match="not a vLLM server"):
+        server_facts(url, None, None)
+
+
+def test_an_unknown_model_names_the_flag(server: tuple[str, dict[str, tuple[int, str]]]) -> None:
+    url, pages = server
+    pages["/v1/models"] = (200, MODELS)
+    pages["/metrics"] = (200, METRICS)
+    with pytest.raises(ConfigError, match=r"--model 'llama'.*serves smollm2"):
+        server_facts(url, "llama", None)
+
+
+def test_a_vllm_server_is_described(server: tuple[str, dict[str, tuple[int, str]]]) -> None:
+    url, pages = server
+    pages["/v1/models"] = (200, MODELS)
+    pages["/metrics"] = (200, METRICS)
+    pages["/version"] = (200, '{"version": "0.32.0"}')
+    facts = server_facts(url, None, None)
+    assert (facts.model, facts.max_model_len, facts.version) == ("smollm2", 2048, "0.32.0")
+    assert (facts.block_size, facts.num_blocks, facts.kv_tokens) == (128, 364, 46_592)
+    assert facts.prefix_caching is True
+    assert counter(METRICS, "vllm:prefix_cache_hits_total") == 256.0
+    assert counter(METRICS, "vllm:prefix_cache_hits") == 0.0  # a prefix of a name is not it
+
+
+def test_the_command_prints_one_error_line_and_no_traceback(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    url = f"http://127.0.0.1:{_closed_port()}"
+    code = main(["calibrate", "--url", url, "--out", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "error: cannot reach" in err and "Traceback" not in err
+    assert not (tmp_path / "p.json").exists()
+    assert main(["calibrate", "--url", "localhost:8000"]) == 2
+    assert "--url 'localhost:8000'" in capsys.readouterr().err
+    assert main(["calibrate", "--url", url, "--max-prompt-tokens", "1"]) == 2
+    assert "--max-prompt-tokens" in capsys.readouterr().err
+    assert main(["calibrate", "--url", url, "--out", str(tmp_path)]) == 2
+    assert "is a folder" in capsys.readouterr().err
