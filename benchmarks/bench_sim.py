@@ -7,9 +7,9 @@ threads are bound to --replica-core (VLLM_CPU_OMP_THREADS_BIND, as `servepilot u
 its API server and engine-core processes, `servepilot calibrate` and `servepilot bench` run
 on --client-core, so the client never takes the model's core.
 
-1. `servepilot calibrate --url REPLICA --max-prompt-tokens 512` fits the cost model on its
-   own probes: lone prefills of 16-512 tokens (plus the chat template's 30) and waves of
-   1-16 decoders with single-token requests injected.
+1. `servepilot calibrate --url REPLICA` fits the cost model on its own probes: lone
+   prefills of 16-1,024 tokens (plus the chat template's 30) and waves of 1-16 decoders
+   with single-token requests injected.
 2. Each evaluation case, on different workloads (other lengths, concurrency 1-12, an open
    loop, prefix sharing, a short/long mix; and on a second replica started with
    --no-enable-chunked-prefill, OUT/fleet-unchunked.yaml), runs
@@ -92,6 +92,8 @@ CASES = (
          "--concurrency 3 --requests 15")),
     Case("c6-in320-out32", "chunked", _flags("--input-tokens 320 --output-tokens 32 "
          "--concurrency 6 --requests 18")),
+    Case("c2-in900-out32", "chunked", _flags("--input-tokens 900 --output-tokens 32 "
+         "--concurrency 2 --requests 8")),
     Case("c12-in48-out64", "chunked", _flags("--input-tokens 48 --output-tokens 64 "
          "--concurrency 12 --requests 36")),
     Case("rate0.4-in160-out48", "chunked", _flags("--input-tokens 160 --output-tokens 48 "
@@ -185,14 +187,12 @@ class Replica:
 
 
 def calibrate(replica: Replica, args: argparse.Namespace, name: str, *, quick: bool) -> Path:
-    # Probe the prompt lengths the cases serve (46-542 tokens with the template, against
-    # their 78-542): on this CPU a prompt's cost per token grows with its length (attention
-    # is quadratic: from 542 to 798 tokens each costs 7.9 ms, below 542 about 4.5), which a
-    # model linear in tokens can only follow over the range it was fitted on.
+    # calibrate's default probes: prompts of 16-1,024 tokens (plus the template), so the
+    # fit sees how a prompt's cost per token grows with its length (the quadratic
+    # prefill-attention term).
     profile: Path = args.out / name
     argv = [SERVEPILOT, "calibrate", "--url", replica.url, "--out", str(profile),
-            "--max-num-batched-tokens", str(ENGINE["max_num_batched_tokens"]),
-            "--max-prompt-tokens", "512"]  # fmt: skip
+            "--max-num-batched-tokens", str(ENGINE["max_num_batched_tokens"])]  # fmt: skip
     argv += ["--quick"] if quick else []
     started = time.monotonic()
     text = run_cli(pinned(argv, args.client_core), profile.with_suffix(".log"), 3600)

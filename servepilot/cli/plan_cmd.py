@@ -12,6 +12,7 @@ from servepilot.cli.plan_view import render_plan, vllm_command
 from servepilot.core.config import Device, FleetConfig
 from servepilot.core.errors import ConfigError
 from servepilot.engine.cpu import cpu_flags, resolve_dtype
+from servepilot.plan.costmodel import load_profile
 from servepilot.plan.dtypes import WeightDtype, parse_kv_dtype, parse_weight_dtype
 from servepilot.plan.export import fleet_yaml, plan_json
 from servepilot.plan.hardware import (
@@ -104,6 +105,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     traffic.add_argument("--concurrency", type=int, metavar="N", help="requests in flight")
     traffic.add_argument("--input-tokens", type=int, metavar="N", help="mean prompt length")
     traffic.add_argument("--output-tokens", type=int, metavar="N", help="mean output length")
+    traffic.add_argument(
+        "--profile",
+        type=Path,
+        metavar="PROFILE.json",
+        help="step times measured by `servepilot calibrate` for the throughput and latency "
+        "estimates (default: the roofline of the model on the accelerator)",
+    )
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     out.add_argument(
@@ -134,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
         },
     )
     request = build_request(config, args.weights_dtype, args.kv_dtype)
+    if args.profile is not None:
+        request = request.replace(cost_model=load_profile(args.profile))
     plan = make_plan(request)
     # When nothing fits, the command and fleet.yaml are those of the ladder's first rung that
     # does: an answer to act on rather than a config vLLM would refuse.

@@ -12,6 +12,7 @@ from servepilot.cli.console import out_console
 from servepilot.core.config import EMBEDDED_MODEL, Device
 from servepilot.engine.args import SERVER_MODULE, LaunchCommand, ServerSpec, server_args, server_env
 from servepilot.engine.model_source import embedded_model_dir
+from servepilot.plan.estimate import Estimates
 from servepilot.plan.export import fleet_config
 from servepilot.plan.hardware import AcceleratorKind
 from servepilot.plan.planner import Plan
@@ -75,14 +76,51 @@ def render_plan(plan: Plan, command: str | None, rung: str | None) -> None:
     for warning in plan.advice.warnings:
         out_console.print(Text("warning: ", style="yellow") + Text(warning))
     out_console.print(_cost_line(plan))
-    out_console.print("throughput/latency estimates: not available yet (no simulator cost model); "
-                      "measure with `servepilot bench`")  # fmt: skip
+    if plan.estimates is not None:
+        out_console.print(_estimates_table(plan.estimates))
     if command is None:
         out_console.print(Text("command: none; nothing fits, even on the ladder", style="red"))
     elif rung is not None:
         out_console.print(Text(f'command after "{rung}": ', style="bold") + Text(command))
     else:
         out_console.print(Text("command: ", style="bold") + Text(command))
+
+
+def _estimates_table(found: Estimates) -> Table:
+    table = Table(
+        title=f"estimates per replica (step times: {found.source})",
+        box=box.SIMPLE,
+        title_justify="left",
+        caption=_estimates_caption(found),
+        caption_justify="left",
+    )
+    for column in ("load", "in flight", "TTFT ms", "TPOT ms", "output tok/s", "requests/s"):
+        table.add_column(column, justify="left" if column == "load" else "right")
+    for name, point in (("one request alone", found.idle), ("at capacity", found.capacity)):
+        table.add_row(
+            name,
+            f"{point.concurrency:,.1f}",
+            f"{point.ttft_ms:,.1f}",
+            f"{point.tpot_ms:,.2f}",
+            f"{point.output_tokens_per_s:,.0f}",
+            f"{point.requests_per_s:,.2f}",
+        )
+    return table
+
+
+def _estimates_caption(found: Estimates) -> str:
+    lines = [
+        f"capacity is bounded by {found.limit.value}; {found.replicas} replica(s): "
+        f"{found.fleet_output_tokens_per_s:,.0f} output tok/s, "
+        f"{found.fleet_requests_per_s:,.2f} requests/s",
+    ]
+    if found.replicas_for_target is not None:
+        lines.append(f"the target QPS needs {found.replicas_for_target} replica(s) at capacity")
+    lines.append(
+        "steady state at the mean lengths, no queueing; `servepilot sim` for queues and "
+        "bursts, `servepilot bench` to measure"
+    )
+    return "\n".join(lines)
 
 
 def _memory_table(plan: Plan) -> Table:

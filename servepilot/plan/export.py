@@ -13,6 +13,7 @@ from servepilot.core.config import (
     ReplicasConfig,
 )
 from servepilot.plan.dtypes import WeightDtype
+from servepilot.plan.estimate import Estimates
 from servepilot.plan.hardware import AcceleratorKind
 from servepilot.plan.layout import Option
 from servepilot.plan.planner import Plan
@@ -180,13 +181,35 @@ def plan_json(plan: Plan) -> dict[str, Any]:
             "over_qps_line": plan.cost.over_qps_line,
             "basis": plan.cost.basis,
         },
-        "estimates": {
-            "output_throughput": None,
-            "ttft_ms": None,
-            "tpot_ms": None,
-            "note": "throughput and latency estimates come from the simulator's cost model, "
-            "which servepilot does not have yet; measure with `servepilot bench`",
+        "estimates": _estimates(plan.estimates),
+    }
+
+
+def _estimates(found: Estimates | None) -> dict[str, Any] | None:
+    """In bench's units: a plan can be held against `servepilot bench` or `sim`."""
+    if found is None:
+        return None
+    return {
+        "source": found.source,
+        "limit": found.limit.value,
+        "replicas": found.replicas,
+        "replicas_for_target": found.replicas_for_target,
+        "fleet_output_throughput": round(found.fleet_output_tokens_per_s, 2),
+        "fleet_request_throughput": round(found.fleet_requests_per_s, 4),
+        "per_replica": {
+            name: {
+                "concurrency": round(point.concurrency, 2),
+                "step_ms": round(point.step_ms, 3),
+                "ttft_ms": round(point.ttft_ms, 3),
+                "tpot_ms": round(point.tpot_ms, 3),
+                "output_throughput": round(point.output_tokens_per_s, 2),
+                "request_throughput": round(point.requests_per_s, 4),
+            }
+            for name, point in (("idle", found.idle), ("capacity", found.capacity))
         },
+        "note": "steady state at the traffic's mean lengths without queueing (TTFT at "
+        "capacity is one step carrying the prefill); `servepilot sim` predicts queues and "
+        "bursts, `servepilot bench` measures",
     }
 
 

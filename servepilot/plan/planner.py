@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from servepilot.core.errors import ConfigError
 from servepilot.plan import knobs as k
 from servepilot.plan.advice import Advice, Cost, advise, cost
+from servepilot.plan.costmodel import CostModel, roofline_cost_model
+from servepilot.plan.estimate import Estimates, ReplicaLoad, estimate
 from servepilot.plan.hardware import AcceleratorKind
 from servepilot.plan.ladder import LadderStep, build_ladder
 from servepilot.plan.layout import Option, Setting, candidates, choose, evaluate
@@ -37,6 +39,8 @@ class Plan:
     ladder: tuple[LadderStep, ...]
     advice: Advice
     cost: Cost
+    estimates: Estimates | None
+    """None when nothing fits."""
 
     @property
     def fits(self) -> bool:
@@ -135,6 +139,32 @@ def make_plan(req: PlanRequest) -> Plan:
             price_usd_per_hour=req.accelerator.price_usd_per_hour,
             accelerators=req.count * req.nodes,
         ),
+        estimates=_estimates(req, found.chosen, knobs) if found.chosen is not None else None,
+    )
+
+
+def _estimates(req: PlanRequest, option: Option, knobs: k.Knobs) -> Estimates:
+    load = ReplicaLoad(
+        input_tokens=req.traffic.input_tokens,
+        output_tokens=req.traffic.output_tokens,
+        max_num_seqs=int(knobs.max_num_seqs.value or 1),
+        max_num_batched_tokens=int(knobs.max_num_batched_tokens.value or 1),
+        kv_capacity_tokens=option.kv_capacity_tokens,
+    )
+    return estimate(
+        _cost_model(req, option), load, replicas=option.replicas, target_qps=req.traffic.target_qps
+    )
+
+
+def _cost_model(req: PlanRequest, option: Option) -> CostModel:
+    if req.cost_model is not None:
+        return req.cost_model
+    return roofline_cost_model(
+        req.model,
+        req.accelerator,
+        weights_dtype=req.weights_dtype,
+        kv_bytes_per_token=option.kv.bytes_per_token,
+        tp=option.parallelism.tp,
     )
 
 

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from servepilot.core.config import HardwareConfig, SloConfig, TrafficConfig
+from servepilot.plan.costmodel import CostModel
 from servepilot.plan.dtypes import KvDtype, WeightDtype
 from servepilot.plan.hardware import Accelerator
 from servepilot.plan.spec import ModelSpec
@@ -35,6 +36,9 @@ class PlanRequest:
     into the planned fleet.yaml."""
     block_size: int | None = None
     """None: vLLM's default for the model and device."""
+    cost_model: CostModel | None = None
+    """Step times for the throughput and latency estimates (a calibrated profile); None:
+    the roofline of the model on the accelerator."""
 
     def replace(self, **changes: object) -> PlanRequest:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
