@@ -44,8 +44,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _target_flags(parser)
-    _load_flags(parser)
-    _workload_flags(parser)
+    add_load_flags(parser)
+    add_workload_flags(parser)
     out = parser.add_argument_group("output")
     out.add_argument(
         "--out",
@@ -105,7 +105,7 @@ def _target_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _load_flags(parser: argparse.ArgumentParser) -> None:
+def add_load_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("load")
     mode = g.add_mutually_exclusive_group()
     mode.add_argument(
@@ -174,7 +174,7 @@ def _load_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _workload_flags(parser: argparse.ArgumentParser) -> None:
+def add_workload_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("workload")
     g.add_argument(
         "--workload",
@@ -247,10 +247,10 @@ def _workload_flags(parser: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace) -> int:
     if args.url is None:
         raise ConfigError("--url is required", hint="e.g. --url http://127.0.0.1:8000")
-    return run(args, _loads(args), _sweep(args), _workload(args))
+    return run(args, loads_from_args(args), sweep_from_args(args), workload_from_args(args))
 
 
-def _loads(args: argparse.Namespace) -> tuple[Load, ...]:
+def loads_from_args(args: argparse.Namespace) -> tuple[Load, ...]:
     if args.rate:
         return tuple(Load(mode=LoadMode.RATE, value=v) for v in parse_levels(args.rate, "--rate"))
     if args.concurrency:
@@ -261,7 +261,7 @@ def _loads(args: argparse.Namespace) -> tuple[Load, ...]:
     return () if args.sweep else (Load(mode=LoadMode.CONCURRENCY, value=1),)
 
 
-def _sweep(args: argparse.Namespace) -> SweepConfig | None:
+def sweep_from_args(args: argparse.Namespace) -> SweepConfig | None:
     if not args.sweep:
         return None
     if args.soak:
@@ -271,7 +271,7 @@ def _sweep(args: argparse.Namespace) -> SweepConfig | None:
     return SweepConfig(mode=mode, start=start)
 
 
-def _workload(args: argparse.Namespace) -> WorkloadSpec:
+def workload_from_args(args: argparse.Namespace) -> WorkloadSpec:
     return WorkloadSpec(
         kind=WorkloadKind(args.workload),
         input_tokens=args.input_tokens,

@@ -8,13 +8,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-from rich.text import Text
-
 from servepilot.bench.arrivals import Arrival
 from servepilot.bench.client import Target
 from servepilot.bench.compare import compare_results, render_comparison
-from servepilot.bench.console import render_runs_table, sweet_spot_line
 from servepilot.bench.records import Endpoint
 from servepilot.bench.records_csv import write_records_csv
 from servepilot.bench.report_html import write_html_report
@@ -30,11 +26,12 @@ from servepilot.bench.sweep import SweepConfig
 from servepilot.bench.tokenizer import Tokenizer, open_tokenizer
 from servepilot.bench.workload import WorkloadSpec
 from servepilot.cli.bench_parse import parse_duration_s, parse_slo
-from servepilot.cli.console import err_console, out_console, print_step, print_warning
+from servepilot.cli.console import out_console, print_step, print_warning
+from servepilot.cli.levels_view import fmt_load, level_bars, print_runs, write_results_json
 from servepilot.cli.options import base_url
 from servepilot.core import loop
 from servepilot.core.errors import ConfigError
-from servepilot.core.results import Load, LoadMode, Run, load_result
+from servepilot.core.results import Load, load_result
 
 
 def run(
@@ -85,41 +82,27 @@ def compare(args: argparse.Namespace) -> int:
 
 
 def _run_with_progress(opts: BenchOptions, tokenizer: Tokenizer) -> BenchOutput:
-    columns = (
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.fields[counts]}"),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=err_console, transient=False) as bar:
-        tasks: dict[Load, TaskID] = {}
+    with level_bars() as bars:
 
         def started(load: Load, requests: int | None, duration_s: float | None) -> None:
-            total = requests if requests is not None else duration_s
-            tasks[load] = bar.add_task(_fmt(load), total=total, counts="")
+            bars.start(load, requests if requests is not None else duration_s)
 
         def progress(p: LevelProgress) -> None:
             done = p.completed + p.failed if p.planned is not None else p.elapsed_s
-            counts = f"{p.completed} ok" + (f", {p.failed} failed" if p.failed else "")
-            bar.update(tasks[p.load], completed=done, counts=counts)
+            counts = f"{p.completed:,} ok" + (f", {p.failed:,} failed" if p.failed else "")
+            bars.update(p.load, done, counts)
 
-        def done(run: Run) -> None:
-            task = tasks[run.load]
-            bar.update(task, completed=bar.tasks[task].total, counts=_level_summary(run))
-
-        reporter = BenchReporter(started, progress, done, lambda msg: bar.console.print(msg))
+        reporter = BenchReporter(started, progress, bars.finish, bars.note)
         return loop.run(run_bench(opts, tokenizer, reporter))
 
 
 def _report(output: BenchOutput, out_dir: Path | None) -> None:
     result = output.result
-    out_console.print(render_runs_table(result))
-    if result.sweet_spot is not None:
-        out_console.print(Text(sweet_spot_line(result)))
+    print_runs(result)
     for run in result.runs:
         if run.client is not None and run.client.client_bound:
             print_warning(
-                f"at {_fmt(run.load)} the client could not keep up (achieved "
+                f"at {fmt_load(run.load)} the client could not keep up (achieved "
                 f"{run.client.achieved_rate:.1f} req/s): the numbers understate the server; "
                 "use --processes or a bigger client machine"
             )
@@ -130,8 +113,7 @@ def _report(output: BenchOutput, out_dir: Path | None) -> None:
                 "a leak by the 2 MB/request rule"
             )
     if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "results.json").write_text(result.to_json(), encoding="utf-8")
+        write_results_json(out_dir, result)
         write_records_csv(out_dir / "requests.csv", output.records)
         write_html_report(out_dir / "report.html", result, output.records)
         print_step(f"wrote {out_dir}/results.json, requests.csv and report.html")
@@ -161,18 +143,3 @@ def _only_model(root: str, api_key: str | None) -> str:
             hint="pick one with --model",
         )
     return ids[0]
-
-
-def _fmt(load: Load) -> str:
-    if load.mode is LoadMode.CONCURRENCY:
-        return f"concurrency {load.value:g}"
-    return f"rate {load.value:g}/s"
-
-
-def _level_summary(run: Run) -> str:
-    p99 = run.e2e_ms.p99
-    p99_text = f"{p99:.0f} ms" if p99 is not None else "—"
-    return (
-        f"{run.completed} ok, {run.failed} failed · {run.output_throughput:.1f} tok/s · "
-        f"P99 E2E {p99_text}"
-    )

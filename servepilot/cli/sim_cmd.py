@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from servepilot.bench.arrivals import Arrival
-from servepilot.cli.bench_cmd import _load_flags, _loads, _sweep, _workload, _workload_flags
+from servepilot.cli.bench_cmd import (
+    add_load_flags,
+    add_workload_flags,
+    loads_from_args,
+    sweep_from_args,
+    workload_from_args,
+)
 from servepilot.cli.bench_parse import parse_duration_s, parse_slo
 from servepilot.cli.console import print_step, print_warning
 from servepilot.cli.options import add_config_flag, config_from_args
@@ -53,8 +59,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_config_flag(parser)
     _fleet_flags(parser)
-    _load_flags(parser)
-    _workload_flags(parser)
+    add_load_flags(parser)
+    add_workload_flags(parser)
     out = parser.add_argument_group("output")
     out.add_argument("--out", type=Path, metavar="DIR", help="write results.json here")
     parser.set_defaults(run=run)
@@ -125,9 +131,9 @@ def run(args: argparse.Namespace) -> int:
     spec = _spec(args, config, setup)
     opts = SimOptions(
         spec=spec,
-        workload=_workload(args),
-        loads=_loads(args),
-        sweep=_sweep(args),
+        workload=workload_from_args(args),
+        loads=loads_from_args(args),
+        sweep=sweep_from_args(args),
         requests=args.requests,
         duration_s=parse_duration_s(args.duration, "--duration") if args.duration else None,
         warmup_requests=args.warmup,

@@ -15,16 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from servepilot.bench.arrivals import Arrival, iter_arrival_offsets_s
-from servepilot.bench.console import render_runs_table, sweet_spot_line
 from servepilot.bench.session import default_requests
 from servepilot.bench.shapes import workload_shapes
 from servepilot.bench.sweep import SweepConfig, next_step, sweet_spot
 from servepilot.bench.workload import WorkloadSpec, describe
-from servepilot.cli.console import err_console, out_console, print_step
+from servepilot.cli.console import print_step
+from servepilot.cli.levels_view import fmt_load, level_bars, print_runs, write_results_json
 from servepilot.core.config import SloConfig
 from servepilot.core.results import BenchResult, Load, LoadMode, Run, Source
 from servepilot.sim.autoscale import AutoscalePolicy
@@ -188,66 +187,36 @@ def _stats_dict(stats: FleetStats) -> dict[str, Any]:
 
 
 def run_with_progress(opts: SimOptions) -> SimOutput:
-    columns = (
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.fields[counts]}"),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=err_console, transient=False) as bar:
-        tasks: dict[Load, TaskID] = {}
+    with level_bars() as bars:
 
         def started(load: Load, plan: LevelPlan) -> Callable[[SimProgress], None]:
             by_count = plan.max_requests is not None
             total = (plan.max_requests or 0) + opts.warmup_requests if by_count else None
-            task = bar.add_task(_fmt(load), total=total or plan.duration_s, counts="")
-            tasks[load] = task
+            bars.start(load, total or plan.duration_s)
 
             def progress(p: SimProgress) -> None:
                 done = p.completed + p.failed if by_count else p.sim_s
                 counts = f"{p.completed:,} ok" + (f", {p.failed:,} failed" if p.failed else "")
-                bar.update(task, completed=done, counts=f"{counts} · {p.sim_s:,.0f} s simulated")
+                bars.update(load, done, f"{counts} · {p.sim_s:,.0f} s simulated")
 
             return progress
 
-        def done(run: Run) -> None:
-            task = tasks[run.load]
-            bar.update(task, completed=bar.tasks[task].total, counts=_summary(run))
-
         def note(message: str) -> None:
-            bar.console.print(Text("warning: ", style="bold yellow") + Text(message))
+            bars.note(Text("warning: ", style="bold yellow") + Text(message))
 
-        return simulate(opts, started, done, note)
+        return simulate(opts, started, bars.finish, note)
 
 
 def report(output: SimOutput, out_dir: Path | None) -> None:
     result = output.result
-    out_console.print(render_runs_table(result))
-    if result.sweet_spot is not None:
-        out_console.print(Text(sweet_spot_line(result)))
+    print_runs(result)
     for run, stats in zip(result.runs, output.stats, strict=True):
         rate = (run.completed + run.failed) / stats.wall_s if stats.wall_s > 0 else 0.0
         print_step(
-            f"{_fmt(run.load)}: {stats.sim_s:,.1f} s simulated in {stats.wall_s:,.1f} s "
+            f"{fmt_load(run.load)}: {stats.sim_s:,.1f} s simulated in {stats.wall_s:,.1f} s "
             f"({rate:,.0f} requests/s); {stats.steps:,} steps, {stats.preemptions:,} "
             f"preemptions, prefix hit rate {stats.prefix_hit_rate:.0%}"
         )
     if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "results.json").write_text(result.to_json(), encoding="utf-8")
+        write_results_json(out_dir, result)
         print_step(f"wrote {out_dir}/results.json (compare: servepilot bench compare)")
-
-
-def _fmt(load: Load) -> str:
-    if load.mode is LoadMode.CONCURRENCY:
-        return f"concurrency {load.value:g}"
-    return f"rate {load.value:g}/s"
-
-
-def _summary(run: Run) -> str:
-    p99 = run.e2e_ms.p99
-    p99_text = f"{p99:,.0f} ms" if p99 is not None else "—"
-    return (
-        f"{run.completed:,} ok, {run.failed:,} failed · {run.output_throughput:,.1f} tok/s · "
-        f"P99 E2E {p99_text}"
-    )

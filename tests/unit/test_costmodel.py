@@ -284,7 +284,9 @@ def _good() -> dict[str, Any]:
     return {
         "schema": "servepilot.costmodel/v1",
         "source": "calibrated: x",
-        "coefficients": dict(zip(cm.COEFFICIENTS, (1e-3, 1e-5, 1e-4, 1e-4, 1e-8, 1e-10), strict=True)),
+        "coefficients": dict(
+            zip(cm.COEFFICIENTS, (1e-3, 1e-5, 1e-4, 1e-4, 1e-8, 1e-10), strict=True)
+        ),
         "meta": {},
     }
 

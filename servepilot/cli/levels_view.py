@@ -1,0 +1,79 @@
+"""What `servepilot bench` and `servepilot sim` show of a run of load levels: one progress row
+a level while it runs, then the run table, the sweet spot and results.json. A measured and a
+simulated run read the same way, as their results do."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from rich.console import RenderableType
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+from servepilot.bench.console import render_runs_table, sweet_spot_line
+from servepilot.cli.console import err_console, out_console
+from servepilot.core.results import BenchResult, Load, LoadMode, Run
+
+
+class LevelBars:
+    """One row a load level: the load, a bar, a counts field, the time it has taken."""
+
+    def __init__(self, bar: Progress) -> None:
+        self._bar = bar
+        self._tasks: dict[Load, TaskID] = {}
+
+    def start(self, load: Load, total: float | None) -> None:
+        """`total`: requests, or seconds for a duration-bound level; None: unknown."""
+        self._tasks[load] = self._bar.add_task(fmt_load(load), total=total, counts="")
+
+    def update(self, load: Load, completed: float, counts: str) -> None:
+        self._bar.update(self._tasks[load], completed=completed, counts=counts)
+
+    def finish(self, run: Run) -> None:
+        task = self._tasks[run.load]
+        self._bar.update(task, completed=self._bar.tasks[task].total, counts=level_summary(run))
+
+    def note(self, message: RenderableType) -> None:
+        """A line above the bars (printing to the console directly would break them)."""
+        self._bar.console.print(message)
+
+
+@contextmanager
+def level_bars() -> Iterator[LevelBars]:
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[counts]}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=err_console, transient=False) as bar:
+        yield LevelBars(bar)
+
+
+def print_runs(result: BenchResult) -> None:
+    """The run table and the sweet-spot line, on stdout."""
+    out_console.print(render_runs_table(result))
+    if result.sweet_spot is not None:
+        out_console.print(Text(sweet_spot_line(result)))
+
+
+def write_results_json(out_dir: Path, result: BenchResult) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(result.to_json(), encoding="utf-8")
+
+
+def fmt_load(load: Load) -> str:
+    if load.mode is LoadMode.CONCURRENCY:
+        return f"concurrency {load.value:g}"
+    return f"rate {load.value:g}/s"
+
+
+def level_summary(run: Run) -> str:
+    p99 = run.e2e_ms.p99
+    p99_text = f"{p99:,.0f} ms" if p99 is not None else "—"
+    return (
+        f"{run.completed:,} ok, {run.failed:,} failed · {run.output_throughput:,.1f} tok/s · "
+        f"P99 E2E {p99_text}"
+    )
