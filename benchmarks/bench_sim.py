@@ -15,7 +15,9 @@ on --client-core, so the client never takes the model's core.
    --no-enable-chunked-prefill, OUT/fleet-unchunked.yaml), runs
      measured   servepilot bench --url REPLICA <workload and load flags> --out .../measured
      simulated  servepilot sim -c fleet-*.yaml --profile profile.json <the same flags>
-                --network-ms client=<half the profile's request overhead> --out .../simulated
+                --out .../simulated
+   (the simulated client's delay is, by default, half the request overhead calibrate
+   measured outside the engine's steps, each way)
    with the same flag list (so the same seeds, prompt lengths and arrivals) and its own seed
    (no case can hit another's prompts in the prefix cache, which is also reset between
    cases). The two results.json are compared on TTFT p50, TPOT p50 and output throughput.
@@ -219,19 +221,9 @@ def measure(row: Row, replica: Replica, args: argparse.Namespace) -> None:
 def simulate(row: Row, fleet: Path, profile: Path, args: argparse.Namespace) -> None:
     out = _case_dir(row, args) / "simulated"
     argv = [SERVEPILOT, "sim", "-c", str(fleet), "--profile", str(profile), *row.case.flags,
-            "--seed", str(row.seed), *network_flags(profile), "--out", str(out)]  # fmt: skip
+            "--seed", str(row.seed), "--out", str(out)]  # fmt: skip
     run_cli(argv, out.parent / "sim.log", 600)
     row.predicted = read_metrics(out / "results.json")
-
-
-def network_flags(profile: Path) -> list[str]:
-    """The request's time outside the engine (calibrate's request overhead), as the
-    simulated client's network delay: half of it each way."""
-    meta = json.loads(profile.read_text()).get("meta", {})
-    overhead = meta.get("request_overhead_ms")
-    if not isinstance(overhead, int | float):
-        return []
-    return ["--network-ms", f"client={overhead / 2:.3f}"]
 
 
 def _case_dir(row: Row, args: argparse.Namespace) -> Path:

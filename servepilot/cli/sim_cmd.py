@@ -86,7 +86,8 @@ def _fleet_flags(parser: argparse.ArgumentParser) -> None:
         metavar="K=MS,...",
         help="one-way delays in ms: client (client-gateway), same (gateway-replica on the "
         "gateway's node), cross (other nodes); a value or LOW-HIGH, e.g. "
-        "client=1,same=0.05,cross=7.5-15 (default: 0, 0, the seed's 15-30 ms split each way)",
+        "client=1,same=0.05,cross=7.5-15 (default: client half the request overhead the "
+        "profile measured, else 0; same 0; cross the seed's 15-30 ms split each way)",
     )
     add(
         "--replicas-per-node",
@@ -171,7 +172,7 @@ def _spec(args: argparse.Namespace, config: FleetConfig, setup: ReplicaSetup) ->
         replicas=config.replicas.count,
         capacity=setup.capacity,
         gateway=config.gateway,
-        network=parse_network(args.network_ms, per_node),
+        network=parse_network(args.network_ms, per_node, setup.request_overhead_s / 2),
         scrape_interval_s=parse_duration_s(scrape, "--scrape-interval") if scrape else None,
         cold_start_s=_duration_or_zero(args.cold_start, "--cold-start"),
         start_cold=args.start_cold,
@@ -187,9 +188,14 @@ def _duration_or_zero(text: str, flag: str) -> float:
     return parse_duration_s(text, flag)
 
 
-def parse_network(text: str | None, replicas_per_node: int) -> NetworkConfig:
-    """`client=1,same=0.05,cross=7.5-15` (one-way ms) -> NetworkConfig."""
-    delays: dict[str, Delay] = {"client": Delay(), "same": Delay(), "cross": SEED_CROSS_NODE}
+def parse_network(text: str | None, replicas_per_node: int, client_s: float = 0.0) -> NetworkConfig:
+    """`client=1,same=0.05,cross=7.5-15` (one-way ms) -> NetworkConfig; `client_s` is the
+    client's delay when the text does not give one."""
+    delays: dict[str, Delay] = {
+        "client": Delay(client_s, client_s),
+        "same": Delay(),
+        "cross": SEED_CROSS_NODE,
+    }
     for part in (text or "").split(","):
         if not part.strip():
             continue
@@ -294,5 +300,12 @@ def _describe(setup: ReplicaSetup, spec: FleetSpec) -> None:
         f"prompt overhead: {setup.prompt_overhead_tokens} tokens per request"
         + ("" if setup.prompt_overhead_tokens else " (the profile does not say; 0 assumed)")
     )
+    client_ms = spec.network.client_gateway_s * 1e3
+    if client_ms:
+        measured = spec.network.client_gateway_s == setup.request_overhead_s / 2
+        print_step(
+            f"client delay: {client_ms:.1f} ms each way"
+            + (" (half the request overhead the profile measured)" if measured else "")
+        )
     for note in setup.notes:
         print_warning(note)

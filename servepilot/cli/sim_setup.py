@@ -45,6 +45,9 @@ class ReplicaSetup:
     kv_capacity_tokens: int
     prompt_overhead_tokens: int
     """Tokens the server adds to every prompt (chat template), from the profile's meta."""
+    request_overhead_s: float
+    """A request's time outside the engine's steps (HTTP, API server, detokenizing), as
+    calibrate measured it; 0 without a profile."""
     replicas_per_node: int
     model_name: str
     notes: tuple[str, ...] = ()
@@ -68,6 +71,7 @@ def replica_setup(config: FleetConfig, profile: Path | None) -> ReplicaSetup:
             "models one group of full-attention blocks holding the tokens vLLM reports"
         )
     cost, kind, overhead = _cost(request, shape, engine.tensor_parallel_size, profile, notes)
+    meta = _meta(profile) if profile is not None else {}
     devices = engine.tensor_parallel_size * engine.pipeline_parallel_size
     cpu = request.accelerator.kind is AcceleratorKind.CPU
     return ReplicaSetup(
@@ -78,6 +82,7 @@ def replica_setup(config: FleetConfig, profile: Path | None) -> ReplicaSetup:
         kv_bytes=setup.kv_bytes,
         kv_capacity_tokens=setup.kv_capacity_tokens,
         prompt_overhead_tokens=overhead,
+        request_overhead_s=_request_overhead_s(meta, profile),
         replicas_per_node=max(
             1, config.replicas.count if cpu else config.hardware.count // devices
         ),
@@ -132,6 +137,15 @@ def _meta(path: Path) -> dict[str, Any]:
     document = json.loads(path.read_text(encoding="utf-8"))  # load_profile checked it
     meta = document.get("meta", {})
     return meta if isinstance(meta, dict) else {}
+
+
+def _request_overhead_s(meta: dict[str, Any], path: Path | None) -> float:
+    value = meta.get("request_overhead_ms", 0.0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ConfigError(
+            f"{path}: meta.request_overhead_ms: expected a number >= 0, got {value!r}"
+        )
+    return float(value) / 1000.0
 
 
 def _overhead(meta: dict[str, Any], path: Path) -> int:

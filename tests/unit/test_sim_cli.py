@@ -80,6 +80,19 @@ def test_profile_sets_step_times_and_prompt_overhead(tmp_path: Path) -> None:
     assert run.ttft_ms.p50 == pytest.approx(prefill * 1000)
 
 
+def test_the_profiles_request_overhead_is_the_default_client_delay(tmp_path: Path) -> None:
+    profile = tmp_path / "profile.json"
+    save_profile(PROFILE, profile, meta={"request_overhead_ms": 12.0})
+    flags = ("--profile", str(profile), "--concurrency", "1", "--requests", "5",
+             "--input-tokens", "40", "--output-tokens", "3")  # fmt: skip
+    result = _sim(tmp_path / "default", *flags)
+    assert result.target["network_ms"]["client"] == 6.0  # half each way
+    prefill = 0.005 + 40 * 2e-5 + 1e-4
+    assert result.runs[0].ttft_ms.p50 == pytest.approx(prefill * 1000 + 12.0)
+    given = _sim(tmp_path / "given", *flags, "--network-ms", "client=1")
+    assert given.target["network_ms"]["client"] == 1.0
+
+
 def test_fleet_yaml_sets_replicas_policy_and_slo(tmp_path: Path) -> None:
     config = tmp_path / "fleet.yaml"
     config.write_text(
