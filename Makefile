@@ -6,7 +6,7 @@ STAMP := $(VENV)/.servepilot-installed
 ARGS ?=
 
 .PHONY: install model serve down status test lint typecheck unit bench-client bench-gateway \
-	bench-routing bench-plan bench-sim clean
+	bench-routing bench-plan bench-sim bench-tune clean
 
 install: $(STAMP)
 
@@ -75,6 +75,14 @@ bench-plan: model
 # minutes; ARGS="--skip-sim", "--cases NAME,...", "--speed-only" (see --help).
 bench-sim: model
 	$(BIN)/python benchmarks/bench_sim.py $(ARGS)
+
+# servepilot tune against an exhaustive max_num_seqs x max_num_batched_tokens grid in the
+# style of vLLM's auto_tune, on real vLLM-CPU replicas of the embedded model (a 3 x 3 grid;
+# each trial starts a replica, so tens of minutes); passes when the tuner reaches >= 95% of
+# the grid's best goodput in at most half the trials. ARGS="--engine sim" runs it on the
+# simulator in seconds; trials resume from runs/bench-tune-ENGINE/trials.jsonl.
+bench-tune: model
+	$(BIN)/python benchmarks/bench_tune.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -16,6 +16,7 @@ from servepilot.cli import (
     models_cmd,
     plan_cmd,
     sim_cmd,
+    tune_cmd,
     up_cmd,
 )
 from servepilot.cli.console import err_console, print_error
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         bench_cmd,
         calibrate_cmd,
         sim_cmd,
+        tune_cmd,
         models_cmd,
         config_cmd,
     ):

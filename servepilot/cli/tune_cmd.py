@@ -1,0 +1,135 @@
+"""`servepilot tune`: find the configuration that meets the SLA with the most goodput."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from servepilot.cli.bench_cmd import add_workload_flags, workload_from_args
+from servepilot.cli.options import add_config_flag, config_from_args
+from servepilot.cli.tune_output import report, search
+from servepilot.cli.tune_setup import TuneSetup, build_setup
+from servepilot.core.config import EngineKind
+from servepilot.core.errors import ConfigError
+from servepilot.tune.space import Knob
+
+DESCRIPTION = """\
+Search vLLM's knobs for the configuration that carries the most goodput (requests per second
+meeting every SLO) under your SLA, in few trials: seed 004's tuning story, automated.
+
+The search starts from `servepilot plan`'s configuration for the fleet and the workload and
+moves one knob at a time (max_num_seqs, max_num_batched_tokens, max_model_len, the KV
+cache's memory and dtype, weight quantization, TP size against replica count), guided by
+what each trial's metrics say: preemptions or out of memory -> cut max_model_len, lower
+max_num_seqs, quantize; batch full with SLA slack -> raise the concurrency knobs; P99 rising
+while throughput is flat -> back off. Doubling steps first, then a bisection around the
+best; it stops when no neighbour improves the best by more than 2%, or at --budget trials.
+A configuration the planner says will not fit is never launched.
+
+Each trial starts the replica(s) (`--engine vllm`: real vLLM servers, as `servepilot up`
+does; `--engine sim`: the simulator, in seconds), sweeps the load (concurrency 1, 2, 4, ...
+up to the SLA, then a bisection there) and records its goodput at the SLA. Trials go to
+OUT/trials.jsonl as they finish: running again with the same --out resumes.
+
+Writes to --out: fleet.yaml (the best configuration), vllm_command.txt, report.html and
+trials.jsonl; prints every trial and the gain over the default.
+
+examples:
+  servepilot tune --slo ttft_p99_ms=2000,tpot_p99_ms=100 --engine sim
+  servepilot tune -c fleet.yaml --slo ttft_p99_ms=500,tpot_p99_ms=50 --budget 8 --out runs/tune
+  servepilot tune --slo e2e_p90_ms=20000 --workload mixed --input-tokens 512 --engine sim
+"""
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "tune",
+        help="search the vLLM knobs for the most goodput under an SLA",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_config_flag(parser)
+    g = parser.add_argument_group("search")
+    g.add_argument(
+        "--slo",
+        metavar="K=MS,...",
+        help="the SLA: <ttft|tpot|itl|e2e>_<p50|p90|p99|mean>_ms limits, e.g. "
+        "ttft_p99_ms=500,tpot_p99_ms=50 (default: fleet.yaml's slo section)",
+    )
+    g.add_argument(
+        "--engine",
+        choices=[k.value for k in EngineKind],
+        help="vllm: real replicas (default: engine.kind); sim: the simulator, in seconds",
+    )
+    g.add_argument("--budget", type=int, default=12, metavar="N", help="most trials (default 12)")
+    g.add_argument(
+        "--knobs",
+        metavar="K,...",
+        help=f"search only these knobs (default all): {', '.join(k.value for k in Knob)}",
+    )
+    g.add_argument(
+        "--min-gain",
+        type=float,
+        default=2.0,
+        metavar="PCT",
+        help="a trial must beat the best by more than this to replace it (default 2)",
+    )
+    g.add_argument(
+        "--profile",
+        type=Path,
+        metavar="PROFILE.json",
+        help="sim: step times from `servepilot calibrate` (default: the roofline estimate)",
+    )
+    _sweep_flags(parser)
+    add_workload_flags(parser)
+    parser.add_argument(
+        "--out", type=Path, default=Path("runs/tune"), metavar="DIR",
+        help="where trials.jsonl, fleet.yaml, vllm_command.txt and report.html go "
+        "(default runs/tune); an existing trials.jsonl is resumed",
+    )  # fmt: skip
+    parser.set_defaults(run=run)
+
+
+def _sweep_flags(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("load sweep of each trial")
+    g.add_argument(
+        "--requests",
+        type=int,
+        metavar="N",
+        help="requests per load level (default: bench's, max(100, 5 x concurrency))",
+    )
+    g.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=256,
+        metavar="N",
+        help="highest concurrency of the sweep (default 256)",
+    )
+    g.add_argument(
+        "--refine-levels",
+        type=int,
+        default=2,
+        metavar="N",
+        help="levels bisecting the load where the SLA breaks (default 2)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    _check_numbers(args)
+    given = config_from_args(args, {})
+    setup: TuneSetup = build_setup(args, given, workload_from_args(args))
+    result = search(setup)
+    return report(setup, result)
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    if args.budget < 1:
+        raise ConfigError(f"--budget must be at least 1 trial, got {args.budget}")
+    if args.requests is not None and args.requests < 1:
+        raise ConfigError(f"--requests must be at least 1, got {args.requests}")
+    if args.max_concurrency < 1:
+        raise ConfigError(f"--max-concurrency must be at least 1, got {args.max_concurrency}")
+    if args.refine_levels < 0:
+        raise ConfigError(f"--refine-levels must be at least 0, got {args.refine_levels}")
+    if not 0 <= args.min_gain < 100:
+        raise ConfigError(f"--min-gain must be a percentage in [0, 100), got {args.min_gain}")
