@@ -84,5 +84,12 @@ bench-sim: model
 bench-tune: model
 	$(BIN)/python benchmarks/bench_tune.py $(ARGS)
 
+# The fleet simulator's hot modules compiled with mypyc, into a cache keyed by their sources
+# (servepilot/sim/accel.py): about 2x faster simulations. A stale build is never loaded (the
+# simulator says so and runs in pure Python). About 1.5 minutes; not part of `install`.
+.PHONY: sim-fast
+sim-fast: $(STAMP)
+	$(BIN)/python -m servepilot.sim.accel_build
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -19,6 +19,9 @@ starting with one of 20 shared 512-token system prompts, as benchmarks/bench_sim
     python benchmarks/bench_sim_speed.py [--duration 60] [--rate 5000] [--replicas 80]
     python benchmarks/bench_sim_speed.py --policy round_robin     # an O(replicas) policy
     python benchmarks/bench_sim_speed.py --profile                # cProfile's top functions
+
+It runs the compiled simulator when `make sim-fast` has built it for the current sources
+(the first line says which); SERVEPILOT_SIM_PURE=1 measures the pure-Python one.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from servepilot.cli.sim_setup import replica_setup  # noqa: E402
 from servepilot.core.config import SloConfig, parse_config  # noqa: E402
 from servepilot.core.gateway_config import GatewayConfig, PolicyName  # noqa: E402
 from servepilot.core.results import Load, LoadMode  # noqa: E402
+from servepilot.sim import accel  # noqa: E402
 from servepilot.sim.fleet import FleetSim, FleetSpec, LevelOutcome  # noqa: E402
 from servepilot.sim.network import NetworkConfig  # noqa: E402
 from servepilot.sim.traffic import Job, JobTable, LevelPlan  # noqa: E402
@@ -120,7 +124,8 @@ def report(args: argparse.Namespace, outcome: LevelOutcome, wall: float, cpu: fl
     requests = run.completed + run.failed
     print(
         f"fleet: {args.replicas} x llama-3.1-8b on h100 (roofline), policy {args.policy}, "
-        f"{args.rate:g} req/s Poisson for {args.duration:g} s simulated"
+        f"{args.rate:g} req/s Poisson for {args.duration:g} s simulated; "
+        f"simulator: {accel.status()}"
     )
     print(
         f"simulated: {requests:,} requests ({run.completed:,} ok, {run.failed:,} failed), "

@@ -2,11 +2,15 @@
 fleet simulator and the simulated HTTP replica drive.
 
 Pure (plain data and functions over simulated time: no wall clock, no sockets, no files):
-- the replica model: replica, scheduler, kvblocks, request, records, engine_setup (knobs ->
-  scheduler limits and KV blocks);
+- the replica model: replica, scheduler, kvblocks, request, records, steps, engine_setup
+  (knobs -> scheduler limits and KV blocks);
 - the fleet simulator: fleet, fleet_records, members, gateway, requests, network, traffic,
   collect, autoscale. fleet.py reads the wall clock only to report how fast it ran;
 - prefixmap: the simulated replica's map from prompt token ids to prefix groups.
+
+The compiled core: accel loads a mypyc build of the hot modules when one matching their
+sources exists (accel_build makes it: `make sim-fast`); otherwise everything runs as Python.
+liveview (the fleet's live progress) stays interpreted.
 
 I/O edges (the simulated replica, `python -m servepilot.sim.server`): server (process,
 signals), server_http (sockets), server_app (routes), realtime (steps the model in wall-clock

@@ -13,6 +13,11 @@ one return trip after the steps that produced them.
 
 Each level runs on a fresh fleet (empty prefix caches), unlike bench, whose levels run one
 after another on the same servers.
+
+Speed: this module and the others on a request's path are compiled with mypyc when `make
+sim-fast` has built them for the current sources (accel.py); the code is written so that
+the compiled form is fast too (Final constants, written-out __init__s, no bound-method
+locals), and tests/unit/test_sim_speedups.py pins compiled runs to pure-Python ones.
 """
 
 from __future__ import annotations
@@ -24,11 +29,13 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterator
+from typing import Final
 
 from servepilot.core.config import SloConfig
 from servepilot.core.errors import ConfigError
 from servepilot.routing import make_policy
 from servepilot.routing.base import RoutingPolicy
+from servepilot.sim import accel
 from servepilot.sim.autoscale import AutoscalePolicy, FleetSnapshot
 from servepilot.sim.collect import RunCollector
 from servepilot.sim.fleet_records import FleetSpec, FleetStats, LevelOutcome, Progress
@@ -42,10 +49,19 @@ from servepilot.sim.traffic import ClosedSlots, JobTable, LevelPlan, Slot, open_
 __all__ = ["FleetSim", "FleetSpec", "FleetStats", "LevelOutcome", "Progress"]
 
 # Event kinds, most frequent first (the loop tests them in this order).
-STEP, DELIVER, RELEASE, SEND, TICK, SCRAPE, AUTOSCALE, READY, COLD_TIMEOUT = range(9)
-REFUSAL_S = 0.001
+STEP: Final = 0
+DELIVER: Final = 1
+RELEASE: Final = 2
+SEND: Final = 3
+TICK: Final = 4
+SCRAPE: Final = 5
+AUTOSCALE: Final = 6
+READY: Final = 7
+COLD_TIMEOUT: Final = 8
+REFUSAL_S: Final = 0.001
 """The gateway's time to answer a 429/503: a closed loop facing refusals still moves on."""
-PROGRESS_EVERY = 1 << 16
+PROGRESS_EVERY: Final = 1 << 16
+_DRAINING: Final = ReplicaState.DRAINING
 
 
 class FleetSim:
@@ -58,6 +74,7 @@ class FleetSim:
         policy: RoutingPolicy | None = None,
         autoscaler: AutoscalePolicy | None = None,
     ) -> None:
+        accel.notice_once()
         self.spec = spec
         gw = spec.gateway
         self.policy = policy or make_policy(gw.policy, gw.routing, seed=spec.seed)
@@ -178,7 +195,7 @@ class FleetSim:
         replica.result = result
         if result is not None:
             heapq.heappush(self._heap, (now_s + result.duration_s, next(self._seq), STEP, replica))
-        elif replica.state is ReplicaState.DRAINING:
+        elif replica.state is _DRAINING:
             self._retire_if_done(replica)
 
     def _step_end(self, replica: FleetReplica, now_s: float) -> None:
@@ -220,7 +237,7 @@ class FleetSim:
         if first is not None:
             ttfb = first + (now_s - (request.finish_s or now_s)) - request.dispatched_s
         self.gateway.release(request, now_s, ttfb)
-        if replica.state is ReplicaState.DRAINING:
+        if replica.state is _DRAINING:
             self._retire_if_done(replica)
 
     def _failed(self, request: FleetRequest, end_s: float, status: str) -> None:
@@ -286,11 +303,12 @@ class FleetSim:
         gc.disable()
         try:
             events = self._loop(progress)
+            self._cancel_outstanding()
+            run = self._collector.run(plan.load)
         finally:
             if collecting:
                 gc.enable()
-        self._cancel_outstanding()
-        return LevelOutcome(self._collector.run(plan.load), self._stats(events, wall0, cpu0))
+        return LevelOutcome(run, self._stats(events, wall0, cpu0))
 
     def _start_timers(self) -> None:
         spec = self.spec

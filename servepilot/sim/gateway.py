@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from typing import Protocol
+from typing import Final, Protocol
 
 from servepilot.core.gateway_config import GatewayConfig
 from servepilot.routing.admission import (
@@ -42,12 +42,16 @@ from servepilot.routing.admission import (
 )
 from servepilot.routing.admission.decision import LOWEST_CLASS
 from servepilot.routing.base import ReplicaView, RoutingPolicy
+from servepilot.sim.liveview import SET_IN_FLIGHT, SNAPSHOT_SETTERS
 from servepilot.sim.members import FleetReplica, FleetRequest, ReplicaState
 
-BUSY_TICK_S = 0.02
-IDLE_TICK_S = 0.5
-_READY = ReplicaState.READY
-_STARTING = ReplicaState.STARTING
+BUSY_TICK_S: Final = 0.02
+IDLE_TICK_S: Final = 0.5
+_READY: Final = ReplicaState.READY
+_STARTING: Final = ReplicaState.STARTING
+_SET: Final = SNAPSHOT_SETTERS
+_SET_IN_FLIGHT: Final = SET_IN_FLIGHT
+_new: Final = object.__new__
 
 
 class Outlet(Protocol):
@@ -131,7 +135,7 @@ class SimGateway:
         self.free_slots += slots - replica.slots
         replica.slots = slots
         view = replica.view
-        view.set_in_flight(replica.in_flight)
+        _SET_IN_FLIGHT(view, replica.in_flight)
         pos = self._pos
         rid = replica.replica_id
         index = pos.get(rid)
@@ -162,14 +166,14 @@ class SimGateway:
         if priority == LOWEST_CLASS and self._shed_stale:
             self._shed_share = self.hard_limit.current_shed_share()
             self._shed_stale = False
-        snapshot = AdmissionSnapshot(
-            self.queue.depth_by_class(),
-            self.free_slots,
-            self.ready,
-            self.rate.rate_per_s(now_s),
-            self.soft_limit.level,
-            self._shed_share,
-        )
+        # AdmissionSnapshot(...), for a third of the cost (liveview.py).
+        snapshot: AdmissionSnapshot = _new(AdmissionSnapshot)
+        _SET[0](snapshot, self.queue.depth_by_class())
+        _SET[1](snapshot, self.free_slots)
+        _SET[2](snapshot, self.ready)
+        _SET[3](snapshot, self.rate.rate_per_s(now_s))
+        _SET[4](snapshot, self.soft_limit.level)
+        _SET[5](snapshot, self._shed_share)
         decision = self.controller.admit(priority, snapshot, now_s, self._rng)
         kind = decision.kind
         cap = decision.max_tokens_cap
@@ -201,7 +205,7 @@ class SimGateway:
             # Still a candidate with one slot fewer: what `refresh` would find, sooner.
             replica.slots -= 1
             self.free_slots -= 1
-            replica.view.set_in_flight(replica.in_flight)
+            _SET_IN_FLIGHT(replica.view, replica.in_flight)
         else:
             self.refresh(replica)
         self.rate.record(now_s)
@@ -220,7 +224,7 @@ class SimGateway:
         if replica.slots:
             replica.slots += 1  # a candidate already: one slot more (see `refresh`)
             self.free_slots += 1
-            replica.view.set_in_flight(replica.in_flight)
+            _SET_IN_FLIGHT(replica.view, replica.in_flight)
         else:
             self.refresh(replica)
         if ttfb_s is not None:
@@ -231,11 +235,13 @@ class SimGateway:
     def pump(self, now_s: float) -> None:
         """Give free slots to the most urgent waiters, while there are both."""
         queue = self.queue
-        while len(queue):
-            request = queue.peek(now_s)
-            if request is None or not self._views:
+        # The gateway peeks, then pops what it can place; with one model behind it, any
+        # candidate can take the head, so the simulator pops straight away (the same request:
+        # peek is pop without the taking), one scan of the queue's heads instead of three.
+        while len(queue) and self._views:
+            request = queue.pop(now_s)
+            if request is None:
                 return
-            queue.pop(now_s)
             request.ticket = None
             self._grant(request, now_s)
 

@@ -22,6 +22,7 @@ are findable. The group's chain only grows from its end.
 from __future__ import annotations
 
 from collections import deque
+from typing import Final
 
 from servepilot.sim.request import SimRequest
 
@@ -63,7 +64,7 @@ class Group:
             del self.holders[blocks]
 
 
-_COMPACT_AT = 4096
+_COMPACT_AT: Final = 4096
 
 
 class BlockPool:

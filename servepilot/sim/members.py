@@ -6,14 +6,15 @@ import enum
 from dataclasses import dataclass, field
 
 from servepilot.routing.admission import Ticket
-from servepilot.routing.base import ReplicaView, RequestView
+from servepilot.routing.base import RequestView
+from servepilot.sim.liveview import LiveView
 from servepilot.sim.network import HopSampler
 from servepilot.sim.records import StepResult
 from servepilot.sim.replica import ReplicaModel
 from servepilot.sim.request import SimRequest
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, init=False)
 class FleetRequest(SimRequest):
     """A `SimRequest` (what the engine sees) plus what the gateway and the client know.
 
@@ -29,26 +30,32 @@ class FleetRequest(SimRequest):
     ticket: Ticket[FleetRequest] | None = field(default=None, repr=False)
     """While it waits in the gateway's admission queue."""
 
-
-class LiveView(ReplicaView):
-    """A `ReplicaView` the simulated gateway updates in place as the replica's state changes.
-
-    The gateway builds fresh frozen views per request; at millions of requests that costs
-    more than all the rest of a routing decision, so the simulator keeps one per replica.
-    Policies read views only while choosing (none keeps one), so they see the same values."""
-
-    __slots__ = ()
-
-    def set_in_flight(self, in_flight: int) -> None:
-        _set(self, "in_flight", in_flight)
-
-    def set_gauges(self, running: int, waiting: int, kv_usage: float) -> None:
-        _set(self, "num_requests_running", running)
-        _set(self, "num_requests_waiting", waiting)
-        _set(self, "kv_cache_usage", kv_usage)
-
-
-_set = object.__setattr__  # past the frozen dataclass's guard
+    def __init__(
+        self,
+        request_id: int,
+        prompt_tokens: int,
+        output_tokens: int,
+        arrival_s: float,
+        prefix_group: int | None = None,
+        prefix_tokens: int = 0,
+        priority: int = 1,
+        warmup: bool = False,
+        view: RequestView | None = None,
+        replica: FleetReplica | None = None,
+        dispatched_s: float = 0.0,
+        ticket: Ticket[FleetRequest] | None = None,
+    ) -> None:
+        # Written out for the compiled build, as SimRequest's. Not super(): a slots
+        # dataclass is a new class, which the zero-argument form does not know.
+        SimRequest.__init__(
+            self, request_id, prompt_tokens, output_tokens, arrival_s, prefix_group,
+            prefix_tokens, priority,
+        )  # fmt: skip
+        self.warmup = warmup
+        self.view = view
+        self.replica = replica
+        self.dispatched_s = dispatched_s
+        self.ticket = ticket
 
 
 class ReplicaState(enum.Enum):

@@ -74,15 +74,17 @@ class NetworkConfig:
 class HopSampler:
     """Draws one hop of a `Delay` from a seeded stream (fixed delays draw nothing)."""
 
-    __slots__ = ("_high", "_low", "_uniform", "fixed")
+    __slots__ = ("_high", "_low", "_random", "_span", "fixed")
 
     def __init__(self, delay: Delay, rng: random.Random) -> None:
         self._low = delay.low_s
         self._high = delay.high_s
-        self._uniform = rng.uniform
+        self._span = delay.high_s - delay.low_s
+        self._random = rng.random
         self.fixed = delay.fixed
 
     def draw(self) -> float:
         if self.fixed:
             return self._low
-        return self._uniform(self._low, self._high)
+        # random.Random.uniform(low, high), inlined: the same float from the same draw.
+        return self._low + self._span * self._random()

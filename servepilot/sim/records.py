@@ -1,12 +1,14 @@
-"""The replica simulator's configuration and what one step reports."""
+"""The replica simulator's configuration, and what one step reports (`StepResult`, in steps.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from servepilot.core.errors import ConfigError
-from servepilot.plan.costmodel import StepShape
-from servepilot.sim.request import SimRequest
+from servepilot.sim import accel  # noqa: F401  (first: it decides compiled or not; see accel)
+from servepilot.sim.steps import StepResult
+
+__all__ = ["SchedulerConfig", "StepResult"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,59 +49,3 @@ class SchedulerConfig:
                 f"num_blocks ({self.num_blocks}) cannot hold one request of max_model_len "
                 f"({self.max_model_len} tokens = {blocks} blocks, plus vLLM's null block)"
             )
-
-
-@dataclass(slots=True)
-class StepResult:
-    """What one engine step did.
-
-    Not frozen on purpose: a frozen dataclass of this size costs 2.2 us to build against
-    0.4 us, and a fleet simulation builds ten million of these. Treat it as read-only.
-
-    Per-token timing without per-token records: every decoding request gets exactly one
-    token per step (vLLM requires max_num_batched_tokens >= max_num_seqs), so each of this
-    step's `decode_tokens` tokens came `itl_s` after the same request's previous token, and
-    a request's tokens fall at the ends of consecutive steps from `first_token_s` to
-    `finish_s` (TPOT = (finish_s - first_token_s) / (output_tokens - 1)). The only other
-    gaps are those of requests resuming after a preemption, in `resumed_gaps_s`. Pooled ITL
-    percentiles are a histogram of `itl_s` weighted by `decode_tokens`, plus the resumed
-    gaps.
-    """
-
-    start_s: float
-    duration_s: float
-    prefill_tokens: int
-    prefill_seqs: int
-    decode_seqs: int
-    context_tokens: int
-    prefill_pairs: int
-    tokens: int
-    """Output tokens produced this step: first tokens, decode tokens and resumed tokens."""
-    itl_s: float
-    """End of this step minus end of the previous one: the gap of every decode token."""
-    first_tokens: tuple[int, ...]
-    """Requests whose first token came at the end of this step."""
-    finished: tuple[SimRequest, ...]
-    """Requests that produced their last token this step, times filled in."""
-    preempted: tuple[int, ...]
-    resumed_gaps_s: tuple[float, ...]
-    """For requests recomputed after a preemption: the gap before their next token."""
-
-    @property
-    def end_s(self) -> float:
-        return self.start_s + self.duration_s
-
-    @property
-    def decode_tokens(self) -> int:
-        """Tokens whose previous token came at the end of the previous step."""
-        return self.decode_seqs
-
-    @property
-    def shape(self) -> StepShape:
-        return StepShape(
-            self.prefill_tokens,
-            self.prefill_seqs,
-            self.decode_seqs,
-            self.context_tokens,
-            self.prefill_pairs,
-        )

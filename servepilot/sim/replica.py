@@ -35,12 +35,14 @@ is left of it (a calibrated profile measures it).
 
 from __future__ import annotations
 
+from typing import Final
+
 from servepilot.sim.records import StepResult
 from servepilot.sim.request import RequestState, SimRequest
 from servepilot.sim.scheduler import SchedulerCore
 
-_WAITING = RequestState.WAITING
-_DECODING = RequestState.DECODING
+_WAITING: Final = RequestState.WAITING
+_DECODING: Final = RequestState.DECODING
 
 
 class ReplicaModel(SchedulerCore):

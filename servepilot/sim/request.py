@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from servepilot.sim.kvblocks import Segment
@@ -21,7 +21,10 @@ class RequestState(enum.Enum):
     ABORTED = "aborted"
 
 
-@dataclass(slots=True)
+_WAITING: Final = RequestState.WAITING
+
+
+@dataclass(slots=True, init=False)
 class SimRequest:
     """One request. The caller fills the first seven fields; `ReplicaModel` keeps the rest.
 
@@ -70,6 +73,42 @@ class SimRequest:
     """After a preemption: its own cached blocks, which its recomputation can hit."""
     _last_token_s: float = field(default=0.0, init=False, repr=False)
     """When preempted while decoding: the time of its last token, for the resumed gap."""
+
+    def __init__(
+        self,
+        request_id: int,
+        prompt_tokens: int,
+        output_tokens: int,
+        arrival_s: float,
+        prefix_group: int | None = None,
+        prefix_tokens: int = 0,
+        priority: int = 1,
+    ) -> None:
+        # The dataclass's __init__, written out: compiled (accel.py), this one is native,
+        # while a generated one stays interpreted (a fleet run builds millions of requests).
+        # tests/unit/test_sim_speedups.py checks it against the fields' defaults.
+        self.request_id = request_id
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.arrival_s = arrival_s
+        self.prefix_group = prefix_group
+        self.prefix_tokens = prefix_tokens
+        self.priority = priority
+        self.state = _WAITING
+        self.first_token_s = None
+        self.finish_s = None
+        self.first_token_step = -1
+        self.finish_step = -1
+        self.num_preemptions = 0
+        self._num_tokens = 0
+        self._computed = 0
+        self._chunk = 0
+        self._base = 0
+        self._finish_at = -1
+        self._prefix_blocks = 0
+        self._group_held = 0
+        self._own_segment = None
+        self._last_token_s = 0.0
 
     # ---- the bench schema's per-request metrics (DESIGN.md), in seconds ----
 

@@ -10,14 +10,19 @@ own. Equal hashes where the text would be equal is all a policy can tell apart.
 
 from __future__ import annotations
 
+from typing import Final
+
 from servepilot.core.gateway_config import RoutingConfig
 from servepilot.routing.base import RequestView
+from servepilot.sim.liveview import REQUEST_VIEW_SETTERS
 from servepilot.sim.members import FleetRequest
 from servepilot.sim.traffic import JobTable, Slot
 
 # Hashes of blocks no other request shares: counted up from here, far from any tuple hash
 # (which are spread over the whole 64-bit range) in practice.
-_UNIQUE_BASE = 1 << 62
+_UNIQUE_BASE: Final = 1 << 62
+_SET: Final = REQUEST_VIEW_SETTERS
+_new: Final = object.__new__
 
 
 class RequestFactory:
@@ -49,7 +54,7 @@ class RequestFactory:
         )  # fmt: skip
         request.warmup = slot.warmup
         sessions = jobs.sessions
-        request.view = RequestView(
+        request.view = new_request_view(
             self._model,
             int(routed * self._cpt),
             routed,
@@ -79,3 +84,24 @@ class RequestFactory:
                 hash((group, block)) for block in range(self._max_blocks)
             )
         return known
+
+
+def new_request_view(
+    model: str,
+    prompt_chars: int,
+    prompt_tokens: int,
+    prefix_hashes: tuple[int, ...],
+    session_id: str | None,
+    priority: int,
+    arrival_s: float,
+) -> RequestView:
+    """`RequestView(...)` with every field given, for a third of the cost (liveview.py)."""
+    view: RequestView = _new(RequestView)
+    _SET[0](view, model)
+    _SET[1](view, prompt_chars)
+    _SET[2](view, prompt_tokens)
+    _SET[3](view, prefix_hashes)
+    _SET[4](view, session_id)
+    _SET[5](view, priority)
+    _SET[6](view, arrival_s)
+    return view

@@ -18,16 +18,17 @@ finishing step is known when it starts decoding, and it is filed under that step
 from __future__ import annotations
 
 from collections import deque
+from typing import Final
 
 from servepilot.plan.costmodel import CostModel
 from servepilot.sim.kvblocks import BlockPool
 from servepilot.sim.records import SchedulerConfig, StepResult
 from servepilot.sim.request import RequestState, SimRequest
 
-_WAITING = RequestState.WAITING
-_PREFILLING = RequestState.PREFILLING
-_DECODING = RequestState.DECODING
-_FINISHED = RequestState.FINISHED
+_WAITING: Final = RequestState.WAITING
+_PREFILLING: Final = RequestState.PREFILLING
+_DECODING: Final = RequestState.DECODING
+_FINISHED: Final = RequestState.FINISHED
 
 
 class SchedulerCore:
@@ -172,10 +173,10 @@ class SchedulerCore:
     def _drain(self) -> None:
         """Async scheduling: the last step's output is processed; its finished requests
         leave (unless a preemption already took one)."""
-        running, release = self._running, self._pool.release
+        running, pool = self._running, self._pool
         for request in self._draining:
             if running.pop(request.request_id, None) is not None:
-                release(request, request._computed, keep_own=False)
+                pool.release(request, request._computed, keep_own=False)
         self._draining = []
 
     def _allocate_decode_blocks(self, need: int, preempted: list[int]) -> None:
@@ -311,7 +312,7 @@ class SchedulerCore:
         after = step + 1
         size = self._bs
         crossing, running, requests = self._crossing, self._running, self._requests
-        release = self._pool.release
+        pool = self._pool
         finished = []
         for request in bucket:
             if request.state is _DECODING and request._finish_at == step:
@@ -326,7 +327,7 @@ class SchedulerCore:
                     self._draining.append(request)
                 else:
                     del running[request.request_id]
-                    release(request, kv_tokens, keep_own=False)
+                    pool.release(request, kv_tokens, keep_own=False)
                 request.state = _FINISHED
                 request.finish_s = end_s
                 request.finish_step = step

@@ -16,7 +16,7 @@ import math
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Load, LoadMode
@@ -133,6 +133,11 @@ class Slot(NamedTuple):
     warmup: bool
 
 
+_new_slot: Final = tuple.__new__
+"""`Slot(a, b, c)` is `tuple.__new__(Slot, (a, b, c))`; called directly, without the
+NamedTuple's interpreted __new__ (one per request)."""
+
+
 def open_slots(plan: LevelPlan, count: int, offsets: Iterator[float]) -> Iterator[Slot]:
     """The open loop's slots on the schedule `offsets` (bench's `open_slots`, one process)."""
     measured, measure_from = 0, 0.0
@@ -146,7 +151,7 @@ def open_slots(plan: LevelPlan, count: int, offsets: Iterator[float]) -> Iterato
             if plan.duration_s is not None and offset >= measure_from + plan.duration_s:
                 return
             measured += 1
-        yield Slot(position % count, offset, warm)
+        yield _new_slot(Slot, (position % count, offset, warm))
 
 
 class ClosedSlots:
@@ -181,7 +186,7 @@ class ClosedSlots:
                 self.stopped = True
                 return None
             self.measured += 1
-        slot = Slot(self.position % self._count, now_s, warm)
+        slot = _new_slot(Slot, (self.position % self._count, now_s, warm))
         self.position += 1
         return slot
 

@@ -144,6 +144,12 @@ class AdmissionController:
         self._degraded_max_tokens = protection.degraded_max_tokens
         self._default_retry_after_s = default_retry_after_s
         self._max_retry_after_s = max_retry_after_s
+        # The common decisions, built once: they are immutable, and a gateway (or a simulated
+        # one) takes one per request.
+        self._dispatch = Admission(AdmitKind.DISPATCH, Reason.FREE_SLOT)
+        self._dispatch_capped = Admission(
+            AdmitKind.DISPATCH, Reason.FREE_SLOT, max_tokens_cap=self._degraded_max_tokens
+        )
 
     def admit(
         self, priority: int, snapshot: AdmissionSnapshot, now_s: float, rng: random.Random
@@ -155,19 +161,23 @@ class AdmissionController:
         changing the callers.
         """
         cls_ = check_priority(priority)
-        cap = self._max_tokens_cap(cls_, snapshot.degradation)
+        level = snapshot.degradation
+        # The P1 token cap (degradation step CAP_TOKENS) and AdmissionSnapshot.queued_ahead,
+        # inlined: a gateway decides once per request.
+        cap = self._degraded_max_tokens if cls_ == _P1 and level >= _CAP_TOKENS else None
         if snapshot.ready_replicas == 0:
             return self._cold_start(snapshot, cap)
-        ahead = snapshot.queued_ahead(cls_)
+        p0, p1, p2 = snapshot.queued_by_class
+        ahead = p0 if cls_ == 0 else p0 + p1 if cls_ == 1 else p0 + p1 + p2
         rate = snapshot.dispatch_rate_per_s
         if cls_ == LOWEST_CLASS:
-            if snapshot.degradation >= DegradationLevel.SHED_BATCH:
+            if level >= DegradationLevel.SHED_BATCH:
                 return self._shed(Reason.DEGRADED, ahead, rate)
             share = snapshot.hard_limit_shed_share
             if share > 0.0 and rng.random() < share:
                 return self._shed(Reason.HARD_LIMIT, ahead, rate)
         if snapshot.free_slots > ahead:
-            return Admission(AdmitKind.DISPATCH, Reason.FREE_SLOT, max_tokens_cap=cap)
+            return self._dispatch if cap is None else self._dispatch_capped
         if snapshot.queued_total >= self._admission.max_queued:
             # Room appears as the whole queue moves, so the wait is that of the whole queue.
             return self._shed(Reason.QUEUE_FULL, snapshot.queued_total, rate)
@@ -198,7 +208,7 @@ class AdmissionController:
     def _shed(self, reason: Reason, backlog: int, rate_per_s: float) -> Admission:
         return Admission(AdmitKind.SHED_429, reason, self.retry_after_s(backlog, rate_per_s))
 
-    def _max_tokens_cap(self, priority: int, level: DegradationLevel) -> int | None:
-        if priority == Priority.P1 and level >= DegradationLevel.CAP_TOKENS:
-            return self._degraded_max_tokens
-        return None
+
+# Plain ints: comparing with an enum member looked up on its class costs more than the rule.
+_P1 = int(Priority.P1)
+_CAP_TOKENS = int(DegradationLevel.CAP_TOKENS)

@@ -29,20 +29,26 @@ class RateMeter:
         if self._start_s is None:
             self._start_s = self._last_s = now_s
             return
-        now_s = max(now_s, self._last_s)
-        self._weight = self._weight * self._decay(now_s - self._last_s) + 1.0
+        last_s = self._last_s
+        if now_s < last_s:
+            now_s = last_s
+        # _decay, inlined (a gateway records every dispatch).
+        self._weight = self._weight * math.exp(-(now_s - last_s) / self._tau_s) + 1.0
         self._last_s = now_s
 
     def rate_per_s(self, now_s: float) -> float:
         """The estimated rate at `now_s`; 0.0 while fewer than two events were seen."""
         if self._start_s is None:
             return 0.0
-        now_s = max(now_s, self._last_s)
+        last_s = self._last_s
+        if now_s < last_s:
+            now_s = last_s
         span_s = now_s - self._start_s
         if span_s <= 0 or self._weight == 0.0:
             return 0.0
-        weight = self._weight * self._decay(now_s - self._last_s)
-        window_s = -self._tau_s * math.expm1(-span_s / self._tau_s)
+        tau_s = self._tau_s
+        weight = self._weight * math.exp(-(now_s - last_s) / tau_s)  # _decay, inlined
+        window_s = -tau_s * math.expm1(-span_s / tau_s)
         return weight / window_s
 
     def _decay(self, elapsed_s: float) -> float:

@@ -80,6 +80,8 @@ class AdmissionQueue(Generic[T]):
         self._budget_s = tuple(budget / 1000.0 for budget in queue_budget_ms)
         self._fifos: tuple[deque[Ticket[T]], ...] = tuple(deque() for _ in range(NUM_CLASSES))
         self._live = [0] * NUM_CLASSES
+        self._depth = 0
+        """sum(_live), kept: the gateway asks for it on every release."""
         self._dead = [0] * NUM_CLASSES
         self._seq = 0
         self._last_push_s = -math.inf
@@ -99,6 +101,7 @@ class AdmissionQueue(Generic[T]):
         self._seq += 1
         self._fifos[cls_].append(ticket)
         self._live[cls_] += 1
+        self._depth += 1
         return ticket
 
     def remove(self, ticket: Ticket[T]) -> bool:
@@ -108,6 +111,7 @@ class AdmissionQueue(Generic[T]):
         ticket._queued = False
         cls_ = ticket.priority
         self._live[cls_] -= 1
+        self._depth -= 1
         self._dead[cls_] += 1
         self._reclaim(cls_)
         return True
@@ -149,10 +153,10 @@ class AdmissionQueue(Generic[T]):
         return out
 
     def depth(self) -> int:
-        return sum(self._live)
+        return self._depth
 
     def __len__(self) -> int:
-        return self.depth()
+        return self._depth
 
     def depth_by_class(self) -> tuple[int, int, int]:
         p0, p1, p2 = self._live
@@ -192,6 +196,7 @@ class AdmissionQueue(Generic[T]):
         ticket = self._fifos[cls_].popleft()
         ticket._queued = False
         self._live[cls_] -= 1
+        self._depth -= 1
         self._reclaim(cls_)
         return ticket
 
