@@ -95,6 +95,8 @@ def test_one_real_vllm_trial(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     """The vLLM runner's whole path once: launch as `up` does, sweep through the gateway,
     stop (nothing left running), record, write the outputs."""
     out = tmp_path / "tune"
+    # Other tests' shared replicas (session fixtures) may be this process's children too.
+    before = set(_vllm_children())
     argv = ["tune", "--engine", "vllm", "--slo", "e2e_p99_ms=60000", "--budget", "1",
             "--input-tokens", "32", "--output-tokens", "8", "--requests", "4",
             "--max-concurrency", "2", "--refine-levels", "0", "--out", str(out)]  # fmt: skip
@@ -107,7 +109,7 @@ def test_one_real_vllm_trial(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert [r["load"]["value"] for r in trial["outcome"]["runs"]] == [1.0, 2.0]
     logs = list((out / "logs").glob("trial-*/replica-r0.log"))
     assert logs and "vllm" in logs[0].read_text().lower()
-    assert not _vllm_children()
+    assert set(_vllm_children()) <= before
 
 
 def _vllm_children() -> list[int]:
