@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servepilot.plan.costmodel import StepShape, load_profile
+from servepilot.plan.costmodel import StepShape
+from servepilot.plan.costprofile import load_profile
 
 METRICS = ("ttft_p50_ms", "tpot_p50_ms", "output_tok_s")
 

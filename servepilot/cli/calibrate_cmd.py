@@ -31,7 +31,7 @@ from servepilot.cli.console import err_console, out_console, print_step, print_w
 from servepilot.cli.options import base_url
 from servepilot.core import loop
 from servepilot.core.errors import ConfigError, EngineError
-from servepilot.plan.costmodel import save_profile
+from servepilot.plan.costprofile import save_profile
 
 DEFAULT_BATCHED_TOKENS = 2048
 """vLLM's max_num_batched_tokens for its OpenAI server on CPU, and the smallest default

@@ -12,7 +12,7 @@ from servepilot.cli.plan_view import render_plan, vllm_command
 from servepilot.core.config import Device, FleetConfig
 from servepilot.core.errors import ConfigError
 from servepilot.engine.cpu import cpu_flags, resolve_dtype
-from servepilot.plan.costmodel import load_profile
+from servepilot.plan.costprofile import load_profile
 from servepilot.plan.dtypes import WeightDtype, parse_kv_dtype, parse_weight_dtype
 from servepilot.plan.export import fleet_yaml, plan_json
 from servepilot.plan.hardware import (

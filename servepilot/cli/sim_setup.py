@@ -23,7 +23,8 @@ from servepilot.core.errors import ConfigError
 from servepilot.engine.args import cpu_kv_cache_bytes
 from servepilot.engine.startup_log import KvCapacity
 from servepilot.fleet.budget import replica_capacity
-from servepilot.plan.costmodel import CostModel, load_profile, roofline_cost_model
+from servepilot.plan.costmodel import CostModel, roofline_cost_model
+from servepilot.plan.costprofile import load_profile
 from servepilot.plan.dtypes import WeightDtype
 from servepilot.plan.hardware import AcceleratorKind
 from servepilot.plan.kv import KvCacheShape

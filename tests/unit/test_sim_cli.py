@@ -17,7 +17,8 @@ from servepilot.cli.sim_cmd import parse_network
 from servepilot.cli.sim_run import SimOptions, level_jobs, level_offsets, level_plan
 from servepilot.core.config import FleetConfig, SloConfig
 from servepilot.core.results import BenchResult, Load, LoadMode, Source, load_result
-from servepilot.plan.costmodel import CostModel, save_profile
+from servepilot.plan.costmodel import CostModel
+from servepilot.plan.costprofile import save_profile
 from servepilot.sim.fleet import FleetSpec
 from servepilot.sim.network import Delay
 from servepilot.sim.records import SchedulerConfig
