@@ -105,12 +105,7 @@ class Dispatcher:
         now = self._clock()
         ready = self._candidates(view.model, frozenset(), now)
         if exclude and not any(c.replica_id not in exclude for c in ready):
-            raise GatewayError(
-                502,
-                f"could not connect to any replica (tried {', '.join(sorted(exclude))})",
-                error_type=UPSTREAM,
-                code="upstream_unreachable",
-            )
+            raise _unreachable(exclude)
         if not ready and not self._pool.starting():
             # Cold-start buffering is for replicas on their way up; when every replica
             # is down (or none is registered), waiting would only hide the outage.
@@ -136,6 +131,23 @@ class Dispatcher:
             self._metrics.count_shed(decision.reason, view.priority)
             raise no_ready_replica(decision.retry_after_s)
         return await self._wait(view, frozenset(exclude), decision.max_tokens_cap, decision.reason)
+
+    def acquire_tokenizer(self, view: RequestView, exclude: set[str] | frozenset[str]) -> Grant:
+        """A replica for a /tokenize or /detokenize call, outside admission: these calls
+        take milliseconds and leave nothing on the replica, and a load tester builds its
+        prompts with them while the fleet is full, so queueing or shedding them would only
+        stall it. They still count in flight (a draining replica waits for them) and are
+        judged by the breakers on release like any other call."""
+        now = self._clock()
+        ready = self._candidates(view.model, frozenset(exclude), now)
+        if not ready:
+            if exclude:
+                raise _unreachable(exclude)
+            self._metrics.count_shed(Reason.NO_REPLICA, view.priority)
+            raise no_ready_replica(self._config.retry_after_s)
+        chosen = min(ready, key=lambda c: c.in_flight).replica_id
+        self.breakers.allow(chosen, now)
+        return Grant(self._pool.acquire(chosen), view.priority, None)
 
     def release(self, grant: Grant, outcome: Outcome | None) -> None:
         """The request is done with its slot; judge the replica by the outcome, then give
@@ -327,6 +339,15 @@ class Dispatcher:
     def _forget(self, replica_id: str) -> None:
         self.breakers.forget(replica_id)
         self.hard_limit.forget(replica_id)
+
+
+def _unreachable(tried: set[str] | frozenset[str]) -> GatewayError:
+    return GatewayError(
+        502,
+        f"could not connect to any replica (tried {', '.join(sorted(tried))})",
+        error_type=UPSTREAM,
+        code="upstream_unreachable",
+    )
 
 
 _SHED_MESSAGES = {

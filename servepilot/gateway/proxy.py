@@ -98,12 +98,16 @@ class Proxy:
                 code="model_not_found",
             )
         started = time.perf_counter()
-        view = self._view(request, caller, parsed, generates=path.startswith("/v1/"))
+        generates = path.startswith("/v1/")
+        view = self._view(request, caller, parsed, generates=generates)
         extra = self._extra_headers(request)
         body = request.body
         tried: set[str] = set()
         while True:
-            grant = await self._dispatcher.acquire(view, tried)
+            if generates:
+                grant = await self._dispatcher.acquire(view, tried)
+            else:
+                grant = self._dispatcher.acquire_tokenizer(view, tried)
             if grant.max_tokens_cap is not None:
                 body = _capped(parsed, grant.max_tokens_cap, body)
             outcome: Outcome | None = None

@@ -135,6 +135,7 @@ class FakeUpstream:
         self.held: list[asyncio.Event] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self.tokenized = 0
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> FakeUpstream:
@@ -144,6 +145,7 @@ class FakeUpstream:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._generate)
         app.router.add_post("/v1/completions", self._generate)
+        app.router.add_post("/tokenize", self._tokenize)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
@@ -186,6 +188,12 @@ class FakeUpstream:
             raise web.HTTPNotFound()
         data = [{"id": m, "object": "model", "owned_by": self.name} for m in self.models]
         return web.json_response({"object": "list", "data": data})
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /tokenize, one token per word; never held."""
+        words = str((await request.json())["prompt"]).split()
+        self.tokenized += 1
+        return web.json_response({"count": len(words), "tokens": list(range(len(words)))})
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         self.in_flight += 1
