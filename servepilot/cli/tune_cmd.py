@@ -22,8 +22,10 @@ moves one knob at a time (max_num_seqs, max_num_batched_tokens, max_model_len, t
 cache's memory and dtype, weight quantization, TP size against replica count), guided by
 what each trial's metrics say: preemptions or out of memory -> cut max_model_len, lower
 max_num_seqs, quantize; batch full with SLA slack -> raise the concurrency knobs; P99 rising
-while throughput is flat -> back off. Doubling steps first, then a bisection around the
-best; it stops when no neighbour improves the best by more than 2%, or at --budget trials.
+while throughput is flat -> back off; an ITL or TPOT limit binds -> smaller prefill chunks
+(max_num_batched_tokens down to one prompt per step, then lower). Doubling steps first,
+then a bisection around the best; it stops when no neighbour improves the best by more than
+2%, or at --budget trials.
 A configuration the planner says will not fit is never launched.
 
 Each trial starts the replica(s) (`--engine vllm`: real vLLM servers, as `servepilot up`

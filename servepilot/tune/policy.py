@@ -11,7 +11,9 @@ The search is seed 004's tuning story, one knob at a time, as a pattern search:
 2. Around the best trial so far (the incumbent), read its metrics (`score.diagnose`): the
    engine preempted -> the memory moves; the batch was full with SLA slack -> raise
    max_num_seqs, then max_num_batched_tokens; P99 rose while throughput stayed flat -> back
-   off (lower them). A move that improved the incumbent is tried again.
+   off (lower them); a per-token SLO (ITL, TPOT) binds -> chunk prefills smaller: first
+   straight to one prompt per step (the smallest max_num_batched_tokens that holds the mean
+   prompt), then a step lower. A move that improved the incumbent is tried again.
 3. Then every knob that is not a memory knob (max_num_seqs, max_num_batched_tokens, TP size)
    in both directions, each with its own step: a doubling (two positions of
    the x1.5 ladders) at first, halved to one position once both neighbours at that step are
@@ -203,6 +205,8 @@ def _moves(
         yield from memory_moves(space, started=True)
     if signs.batch_full:
         yield from _rule(space, state, +1, "the batch was full while the SLA had slack")
+    if signs.decode_stalled:
+        yield from _chunk_prefills(space, state, best.trial.config, signs.prompt_tokens)
     if signs.overloaded:
         yield from _rule(space, state, -1, "P99 rose while throughput stayed flat: back off")
     for axis in space.axes:
@@ -214,6 +218,25 @@ def _rule(space: SearchSpace, state: State, direction: int, why: str) -> Iterato
     for knob in (Knob.MAX_NUM_SEQS, Knob.MAX_NUM_BATCHED_TOKENS):
         if space.axis(knob) is not None:
             yield Move(knob, direction, state.step(knob), f"{why}: {verb(knob, direction)}")
+
+
+def _chunk_prefills(
+    space: SearchSpace, state: State, at: TrialConfig, prompt_tokens: float | None
+) -> Iterator[Move]:
+    """Seed 004: when decode latency binds, prefills should stall fewer steps of the running
+    requests. A budget above the prompt lets more than one prompt into a step: the first move
+    goes to the ladder's largest value within one prompt, the next a step below that."""
+    knob = Knob.MAX_NUM_BATCHED_TOKENS
+    axis = space.axis(knob)
+    if axis is None or not at.has(knob) or (now := axis.index(at.get(knob))) is None:
+        return
+    why = f"a per-token SLO binds: smaller prefill chunks: {verb(knob, -1)}"
+    within = [i for i, v in enumerate(axis.values) if prompt_tokens and float(v) <= prompt_tokens]
+    down = 0
+    if within and within[-1] < now:
+        down = now - within[-1]
+        yield Move(knob, -1, down, f"{why} to one prompt per step")
+    yield Move(knob, -1, down + state.step(knob), why)
 
 
 def _explore(

@@ -9,7 +9,10 @@ The diagnosis reads seed 004's signals from the same numbers, so both engines gi
 - memory: the engine preempted requests (its KV cache ran full) or failed out of memory;
 - batch full: at the best level every slot of the batch was taken (load >= budget) and the SLA
   still had slack: the device could take more, so the concurrency knobs can go up;
-- overloaded: past the best level throughput stayed flat (< 5% more) while P99 rose: back off.
+- overloaded: past the best level throughput stayed flat (< 5% more) while P99 rose: back off;
+- decode stalled: a per-token SLO (ITL or TPOT) is the one that binds. A step that carries a
+  prefill makes every running request wait for it, so long prompts admitted in big chunks
+  show up as inter-token latency; smaller chunks (max_num_batched_tokens) trade TTFT for it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ SLACK_RATIO = 0.8
 """The SLA has slack at a level whose worst observed/limit ratio is below this."""
 FLAT_GAIN = 0.05
 """A level that adds less throughput than this share is flat (bench's plateau rule)."""
+PER_TOKEN_KEYS = ("itl_", "tpot_")
 
 
 class FailureCause(enum.StrEnum):
@@ -116,12 +120,16 @@ class Diagnosis:
     batch_full: bool
     overloaded: bool
     slack: bool
+    decode_stalled: bool = False
+    prompt_tokens: float | None = None
+    """Mean prompt length of the level the binding SLO was read at (None if unmeasured)."""
 
     def describe(self) -> str:
         signs = [
             ("KV cache full (preemptions)", self.memory),
             ("batch full with SLA slack", self.batch_full),
             ("P99 rising with flat throughput", self.overloaded),
+            ("a per-token SLO binds", self.decode_stalled),
         ]
         named = [name for name, on in signs if on]
         return ", ".join(named) or "no strong signal"
@@ -130,8 +138,14 @@ class Diagnosis:
 def diagnose(measurement: Measurement, result: Score, sla: Sla) -> Diagnosis:
     memory = measurement.preemptions > 0
     best = result.best
+    binding = result.binding
+    # It binds when it stopped the sweep: a level past the best missed it (or none met).
+    stopped = best is None or any(r.load.value > best.load.value for r in measurement.runs)
+    stalled = stopped and binding is not None and binding.key.startswith(PER_TOKEN_KEYS)
+    prompts = [r.input_tokens_mean for r in measurement.runs if r.input_tokens_mean]
+    prompt_tokens = sum(prompts) / len(prompts) if prompts else None
     if best is None:
-        return Diagnosis(memory, batch_full=False, overloaded=False, slack=False)
+        return Diagnosis(memory, False, False, False, stalled, prompt_tokens)
     at_best = worst(best, sla)
     slack = at_best is not None and at_best.ratio < SLACK_RATIO
     closed = best.load.mode is LoadMode.CONCURRENCY
@@ -141,7 +155,7 @@ def diagnose(measurement: Measurement, result: Score, sla: Sla) -> Diagnosis:
         key=lambda r: r.load.value,
     )
     overloaded = bool(beyond) and _flat_and_rising(best, beyond[0])
-    return Diagnosis(memory, batch_full, overloaded, slack)
+    return Diagnosis(memory, batch_full, overloaded, slack, stalled, prompt_tokens)
 
 
 def _flat_and_rising(best: Run, nxt: Run) -> bool:

@@ -203,3 +203,29 @@ def test_impossible_sla_reports_best_effort_and_the_binding_slo(tmp_path: Path) 
     assert binding.observed_ms > binding.limit_ms
     # The search moves toward the SLA even when nothing meets it: smaller batches come closer.
     assert int(summary.best_effort.trial.config.get(Knob.MAX_NUM_SEQS)) < 128
+
+
+def _stalled_at_two(itl_ms: float, ttft_ms: float) -> Measurement:
+    """c=1 meets the SLA; c=2 misses it on inter-token latency or TTFT; 520-token prompts."""
+    runs = (run(1, 1.0), run(2, 0.0, tpot_ms=itl_ms, ttft_ms=ttft_ms))
+    runs = tuple(r.model_copy(update={"input_tokens_mean": 520.0}) for r in runs)
+    return Measurement(runs, capacity=128, preemptions=0, kv_capacity_tokens=None, startup_s=0.0)
+
+
+def test_a_binding_per_token_slo_chunks_prefills_to_one_prompt_per_step() -> None:
+    space = two_knob_space()
+    stalled = _stalled_at_two(itl_ms=400, ttft_ms=100)  # the SLA's tpot limit is 50 ms
+    decision = decide(space, [Trial(1, space.default, stalled, 1.0, "default")], Goal(SLA, 10))
+    assert isinstance(decision, Proposal)
+    # 512 is the ladder's largest value within one 520-token prompt; 2048 let four in a step.
+    assert decision.config == _at(128, 512)
+    assert "per-token SLO binds" in decision.reason and "one prompt per step" in decision.reason
+
+
+def test_a_binding_ttft_slo_does_not_chunk_prefills() -> None:
+    space = two_knob_space()
+    slow_first = _stalled_at_two(itl_ms=10, ttft_ms=5000)
+    decision = decide(space, [Trial(1, space.default, slow_first, 1.0, "default")], Goal(SLA, 10))
+    assert isinstance(decision, Proposal)
+    assert "per-token" not in decision.reason
+    assert decision.config != _at(128, 512)
