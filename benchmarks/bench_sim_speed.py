@@ -32,6 +32,7 @@ import pstats
 import random
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,10 +43,15 @@ from servepilot.cli.sim_setup import replica_setup  # noqa: E402
 from servepilot.core.config import SloConfig, parse_config  # noqa: E402
 from servepilot.core.gateway_config import GatewayConfig, PolicyName  # noqa: E402
 from servepilot.core.results import Load, LoadMode  # noqa: E402
+from servepilot.routing import make_policy  # noqa: E402
 from servepilot.sim import accel  # noqa: E402
 from servepilot.sim.fleet import FleetSim, FleetSpec, LevelOutcome  # noqa: E402
-from servepilot.sim.network import NetworkConfig  # noqa: E402
-from servepilot.sim.traffic import Job, JobTable, LevelPlan  # noqa: E402
+from servepilot.sim.gateway import SimGateway  # noqa: E402
+from servepilot.sim.members import FleetReplica, FleetRequest  # noqa: E402
+from servepilot.sim.network import HopSampler, NetworkConfig  # noqa: E402
+from servepilot.sim.replica import ReplicaModel  # noqa: E402
+from servepilot.sim.requests import RequestFactory  # noqa: E402
+from servepilot.sim.traffic import Job, JobTable, LevelPlan, Slot  # noqa: E402
 
 TARGET_S = 3600.0
 TARGET_WALL_S = 60.0
@@ -90,6 +96,51 @@ def jobs(count: int, seed: int) -> JobTable:
     return JobTable(out)
 
 
+class _Sink:
+    """A gateway outlet that only hands the replica back: nothing downstream is simulated."""
+
+    def send(self, request: FleetRequest, replica: FleetReplica, now_s: float) -> None:
+        request.replica = replica
+
+    def refuse(self, request: FleetRequest, status: str, now_s: float) -> None:
+        raise AssertionError(f"refused ({status}): the floor run must not saturate")
+
+    def queued(self, request: FleetRequest, now_s: float, cold_until_s: float | None) -> None:
+        raise AssertionError("queued: the floor run must not saturate")
+
+
+def gateway_floor(args: argparse.Namespace, requests: int = 1_000_000) -> float:
+    """CPU seconds per request of the simulated gateway alone: the request's view
+    (RequestFactory), `SimGateway.arrive` (admission snapshot, the AdmissionController, the
+    routing policy's choice, the rate meter) and `release` (slot freed, the hard limit's
+    sample), on the same 80 replicas, with --rate x 2 s of requests kept in flight and
+    nothing else: no replica model, no network, no event heap, no statistics. What the
+    issue's "policy objects imported as they are" costs before any engine is simulated."""
+    spec = fleet(args.replicas, args.policy, args.seed)
+    gw = spec.gateway
+    policy = make_policy(gw.policy, gw.routing, seed=spec.seed)
+    gateway = SimGateway(gw, policy, _Sink(), random.Random(args.seed))
+    rng = random.Random(args.seed)
+    for index in range(spec.replicas):
+        hops = HopSampler(spec.network.replica_delay(index), rng)
+        model = ReplicaModel(spec.scheduler, spec.cost)
+        gateway.add(FleetReplica(index, model, spec.capacity, hops, ready=True))
+    table = jobs(20_000, args.seed)
+    factory = RequestFactory(table, gw.routing, spec.model_name, policy.uses_prefix)
+    gap_s = 1.0 / args.rate
+    in_flight: deque[FleetRequest] = deque()
+    keep = int(args.rate * 2.0)
+    cpu0 = time.process_time()
+    for i in range(requests):
+        now_s = i * gap_s
+        request = factory.make(Slot(i % len(table), now_s, False), now_s)
+        gateway.arrive(request, now_s)
+        in_flight.append(request)
+        if len(in_flight) > keep:
+            gateway.release(in_flight.popleft(), now_s, 0.2)
+    return (time.process_time() - cpu0) / requests
+
+
 def run(args: argparse.Namespace) -> LevelOutcome:
     spec = fleet(args.replicas, args.policy, args.seed)
     plan = LevelPlan(Load(mode=LoadMode.RATE, value=args.rate), duration_s=args.duration)
@@ -105,6 +156,9 @@ def main() -> None:
     parser.add_argument("--policy", default="least_load", choices=[p.value for p in PolicyName])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true", help="print cProfile's top functions")
+    parser.add_argument(
+        "--skip-floor", action="store_true", help="leave out the gateway-alone floor run"
+    )
     args = parser.parse_args()
     profiler = cProfile.Profile() if args.profile else None
     wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -115,6 +169,13 @@ def main() -> None:
         profiler.disable()
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     report(args, outcome, wall, cpu)
+    if not args.skip_floor:
+        floor_s = gateway_floor(args)
+        print(
+            f"the gateway alone (request view, admission, routing, release; 1,000,000 requests, "
+            f"nothing downstream): {floor_s * 1e6:.2f} us CPU per request -> "
+            f"{floor_s * TARGET_S * args.rate:,.0f} s of the hour's {TARGET_WALL_S:.0f} s"
+        )
     if profiler is not None:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
 
