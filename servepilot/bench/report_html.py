@@ -14,43 +14,31 @@ from pathlib import Path
 
 from servepilot.bench.records import RequestRecord
 from servepilot.bench.report import plots, sections
+from servepilot.bench.report.style import BASE_CSS
 from servepilot.core.results import BenchResult, Load
 
-_CSS = """
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;
- color:#1d1d1f;margin:24px auto;max-width:1180px;padding:0 16px}
-h1{font-size:22px;margin:0 0 10px}h2{font-size:17px;margin:28px 0 8px;
- border-bottom:1px solid #ddd;padding-bottom:4px}
-table{border-collapse:collapse}
-.meta th{text-align:left;color:#555;font-weight:600;padding:2px 14px 2px 0;vertical-align:top}
-.meta td{padding:2px 0}.k{color:#666}
-.sweet{background:#e8f5ec;border-left:5px solid #1b7a3a;padding:10px 14px;margin:16px 0}
-.sweet .label{font-size:12px;text-transform:uppercase;color:#1b7a3a;font-weight:700}
-.sweet .load{font-size:24px;font-weight:700}.sweet .reason{color:#333;margin-top:4px}
+_CSS = (
+    BASE_CSS
+    + """
+.k{color:#666}
+.sweet .load{font-size:24px;font-weight:700}
 .sweet.none{background:#f4f4f4;border-color:#999}
 .warn{background:#fff4e0;border-left:5px solid #d97706;padding:8px 14px;margin:16px 0}
 .warn ul{margin:4px 0 0;padding-left:20px}
-.scroll{overflow-x:auto}
-.runs{font-size:12.5px;font-variant-numeric:tabular-nums;width:100%}
 .runs th{background:#f2f4f7;padding:4px 5px;text-align:right;font-weight:600;
  border-bottom:2px solid #ccd;vertical-align:bottom}
 .runs td{padding:3px 5px;text-align:right;border-bottom:1px solid #eee;white-space:nowrap}
 .runs th:first-child,.runs td:first-child{text-align:left}
-.runs tr.spot td{background:#e8f5ec;font-weight:600}
 .unit{font-weight:400;color:#777;font-size:11px}
 td.over{color:#b71c1c;font-weight:700}td.bad{color:#fff;background:#c2410c!important}
-.note{color:#666;font-size:12px;margin:6px 0}
 .nodata{color:#777;font-style:italic;border:1px dashed #ccc;padding:16px;margin:0;align-self:start}
 .charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:10px 16px}
-svg.chart{max-width:100%;height:auto;font-family:inherit}
-svg .grid{stroke:#e6e6e6}svg text{fill:#333}svg .title{font-size:13px;font-weight:600}
-svg .axis{fill:#555}
-svg .ref{font-size:11px;font-weight:600;stroke:#fff;stroke-width:3px;paint-order:stroke}
 .errors td,.errors th{padding:3px 10px;text-align:left;border-bottom:1px solid #eee}
 .errors td.num{text-align:right;font-variant-numeric:tabular-nums}
 .bar{background:#d55e00;height:10px;min-width:2px;width:0}.errors td:nth-child(3){width:160px}
 .soak{margin:4px 0}
 """
+)
 
 
 def _charts(parts: Sequence[str]) -> str:

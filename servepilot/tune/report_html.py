@@ -13,36 +13,24 @@ from html import escape
 from pathlib import Path
 
 from servepilot.bench.report.fmt import fmt_num, format_load
+from servepilot.bench.report.style import BASE_CSS
 from servepilot.bench.report.svg import PALETTE, Axis, Chart, RefLine, Series, render_chart
 from servepilot.tune.summary import Summary, TrialRow
 
-_CSS = """
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;
- color:#1d1d1f;margin:24px auto;max-width:1180px;padding:0 16px}
-h1{font-size:22px;margin:0 0 10px}h2{font-size:17px;margin:28px 0 8px;
- border-bottom:1px solid #ddd;padding-bottom:4px}
-table{border-collapse:collapse}
-.meta th{text-align:left;color:#555;font-weight:600;padding:2px 14px 2px 0;vertical-align:top}
-.meta td{padding:2px 0}
-.sweet{background:#e8f5ec;border-left:5px solid #1b7a3a;padding:10px 14px;margin:16px 0}
-.sweet .label{font-size:12px;text-transform:uppercase;color:#1b7a3a;font-weight:700}
-.sweet .load{font-size:20px;font-weight:700}.sweet .reason{color:#333;margin-top:4px}
+_CSS = (
+    BASE_CSS
+    + """
+.sweet .load{font-size:20px;font-weight:700}
 .warn{background:#fff4e0;border-left:5px solid #d97706;padding:10px 14px;margin:16px 0}
-.scroll{overflow-x:auto}
-.runs{font-size:12.5px;font-variant-numeric:tabular-nums;width:100%}
 .runs th{background:#f2f4f7;padding:4px 6px;text-align:left;font-weight:600;
  border-bottom:2px solid #ccd;vertical-align:bottom}
 .runs td{padding:3px 6px;border-bottom:1px solid #eee;vertical-align:top}
 .runs td.num{text-align:right;white-space:nowrap}
-.runs tr.spot td{background:#e8f5ec;font-weight:600}.runs tr.failed td{color:#b71c1c}
+.runs tr.failed td{color:#b71c1c}
 pre{background:#f6f8fa;padding:10px;overflow-x:auto;font-size:12.5px}
 pre.wrap{white-space:pre-wrap;word-break:break-all}
-.note{color:#666;font-size:12px;margin:6px 0}
-svg.chart{max-width:100%;height:auto;font-family:inherit}
-svg .grid{stroke:#e6e6e6}svg text{fill:#333}svg .title{font-size:13px;font-weight:600}
-svg .axis{fill:#555}
-svg .ref{font-size:11px;font-weight:600;stroke:#fff;stroke-width:3px;paint-order:stroke}
 """
+)
 
 
 def render_report(
