@@ -17,12 +17,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from servepilot.core.config import GatewayConfig
 from servepilot.gateway import Gateway
 from servepilot.routing.base import ReplicaView, RequestView, StatelessPolicy
+from tests.unit.fake_upstream import FakeUpstream
 from tests.unit.gateway_support import (
     CHAT,
     HEADER,
     STREAM_CHAT,
     VLLM_METRICS,
-    FakeUpstream,
     error_of,
     eventually,
     gateway_in_front_of,

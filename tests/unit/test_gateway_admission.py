@@ -14,10 +14,10 @@ from typing import Any
 import aiohttp
 
 from servepilot.gateway import Gateway
+from tests.unit.fake_upstream import FakeUpstream
 from tests.unit.gateway_support import (
     URGENT_KEY,
     FakeClock,
-    FakeUpstream,
     Reply,
     as_class,
     call,

@@ -13,9 +13,9 @@ from pydantic import ValidationError
 from servepilot.core.config import GatewayConfig
 from servepilot.core.errors import ConfigError
 from servepilot.gateway import Gateway
+from tests.unit.fake_upstream import FakeUpstream
 from tests.unit.gateway_support import (
     FakeClock,
-    FakeUpstream,
     call,
     chat,
     classes_served,

@@ -10,11 +10,11 @@ import json
 
 import aiohttp
 
+from tests.unit.fake_upstream import FakeUpstream
 from tests.unit.gateway_support import (
     STREAM_CHAT,
     URGENT_KEY,
     FakeClock,
-    FakeUpstream,
     Scrape,
     as_class,
     call,

@@ -8,8 +8,8 @@ from typing import Any
 import aiohttp
 
 from servepilot.routing import prefix_hashes, prompt_text
+from tests.unit.fake_upstream import FakeUpstream
 from tests.unit.gateway_support import (
-    FakeUpstream,
     Scrape,
     call,
     chat,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import aiohttp
 
+from tests.unit.fake_upstream import FakeUpstream
 from tests.unit.gateway_support import (
-    FakeUpstream,
     call,
     chat,
     content_of,

