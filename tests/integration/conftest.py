@@ -14,6 +14,7 @@ from servepilot.engine.args import ServerSpec, launch_command
 from servepilot.engine.model_source import resolve_model
 from servepilot.engine.process import ReplicaInfo, ReplicaProcess, free_port
 from tests.integration.fleetproc import RunningFleet
+from tests.integration.fuzz_support import Crashes, Servers, running_servers, watching_crashes
 
 
 @pytest.fixture(scope="session")
@@ -42,3 +43,16 @@ def client(fleet: RunningFleet) -> openai.OpenAI:
 
 def spec_url(port: int) -> str:
     return f"http://127.0.0.1:{port}"
+
+
+# The fuzz tests' gateways (fuzz_support.py): one pair per test module.
+@pytest.fixture(scope="module")
+def servers() -> Iterator[Servers]:
+    with running_servers() as running:
+        yield running
+
+
+@pytest.fixture
+def crashes(servers: Servers) -> Iterator[Crashes]:
+    with watching_crashes(servers) as watch:
+        yield watch
