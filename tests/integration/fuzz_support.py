@@ -23,7 +23,8 @@ from hypothesis import HealthCheck, settings
 from benchmarks.stub_server import StubConfig, ThreadedStub
 from servepilot.core.config import GatewayConfig, PolicyName
 from servepilot.core.gateway_config import ApiKey, AuthConfig
-from tests.integration.gatewayproc import ThreadedGateway, Upstream, openai_error
+from tests.integration.gatewayproc import openai_error
+from tests.integration.threaded_gateway import ThreadedGateway, Upstream
 
 MODEL = "stub-model"
 KEY = "sk-fuzz-key"

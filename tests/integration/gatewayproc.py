@@ -6,8 +6,8 @@
   `stub_max_in_flight`), which the gateway's own counters are checked against.
 - `GatewayProcess`: `servepilot gateway` run as a user runs it (CLI, fleet.yaml), so that its
   memory is its own and SIGTERM drains it.
-- `ThreadedGateway`: an in-process `Gateway` on its own event loop in a daemon thread, for
-  tests that need `pool.add(..., capacity=N)` or synchronous (blocking) clients.
+
+The in-process gateway on a thread is threaded_gateway.py's.
 
 Run as a module, it is the stub's entry point:
 
@@ -29,20 +29,18 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any
 
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.stub_server import StubConfig, StubServer, _plain
-from servepilot.core.config import GatewayConfig
-from servepilot.gateway import Gateway
+from tests.integration.threaded_gateway import new_loop
 
 ROOT = Path(__file__).resolve().parents[2]
-T = TypeVar("T")
 
 STARTUP_TIMEOUT_S = 30.0
 
@@ -254,6 +252,19 @@ class GatewayProcess:
     def metrics(self) -> Metrics:
         return scrape(self.url)
 
+    def settled_metrics(self, timeout_s: float = 5.0) -> Metrics:
+        """Its metrics once nothing is in flight or queued any more (a response reaches the
+        client a moment before the gateway releases its slot)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            metrics = self.metrics()
+            busy = metrics.value("servepilot_in_flight_requests") + metrics.value(
+                "servepilot_queue_depth"
+            )
+            if busy == 0 or time.monotonic() > deadline:
+                return metrics
+            time.sleep(0.05)
+
     def stop(self, timeout_s: float = 15.0) -> int | None:
         """SIGTERM (drain, then exit), SIGKILL after `timeout_s`; the exit code."""
         proc = self.proc
@@ -285,81 +296,6 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise AssertionError(f"no VmRSS for pid {pid}")
-
-
-# --- the gateway in this process, on its own thread ---------------------------------------------
-
-
-@dataclass(frozen=True)
-class Upstream:
-    replica_id: str
-    url: str
-    capacity: int | None = None
-
-
-class ThreadedGateway:
-    """A `Gateway` serving from a daemon thread's event loop (uvloop when installed, as the
-    CLI runs it); `run` and `inspect` reach into that loop from the caller's thread."""
-
-    def __init__(self, config: GatewayConfig, upstreams: Iterable[Upstream]) -> None:
-        self.config = config
-        self.upstreams = list(upstreams)
-        self.url = ""
-        self.port = 0
-        self._gateway: Gateway | None = None
-        self._loop = _new_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-
-    @property
-    def gateway(self) -> Gateway:
-        assert self._gateway is not None
-        return self._gateway
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float = 30.0) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
-
-    def inspect(self, read: Callable[[Gateway], T]) -> T:
-        """`read(gateway)` evaluated on the gateway's own loop (no torn reads)."""
-
-        async def call() -> T:
-            return read(self.gateway)
-
-        return self.run(call())
-
-    def __enter__(self) -> ThreadedGateway:
-        self._thread.start()
-
-        async def start() -> int:
-            self._gateway = Gateway(self.config, seed=0)
-            for up in self.upstreams:
-                await self._gateway.pool.add(up.replica_id, up.url, capacity=up.capacity)
-            return await self._gateway.start("127.0.0.1", 0)
-
-        try:
-            self.port = self.run(start())
-        except BaseException:
-            self.__exit__()
-            raise
-        self.url = f"http://127.0.0.1:{self.port}"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._gateway is not None:
-            with contextlib.suppress(Exception):
-                self.run(self._gateway.stop(drain_timeout_s=2.0))
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        if not self._loop.is_running():
-            self._loop.close()
-
-
-def _new_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-    return loop
 
 
 # --- OpenAI error bodies -----------------------------------------------------------------------
@@ -396,7 +332,7 @@ def _main() -> None:
         print(f"listening on {port}", flush=True)
         await asyncio.Event().wait()
 
-    with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=_new_loop) as runner:
+    with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=new_loop) as runner:
         runner.run(serve())
 
 

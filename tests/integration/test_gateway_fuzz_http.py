@@ -29,7 +29,8 @@ from tests.integration.fuzz_support import (
     parse_responses,
     request_bytes,
 )
-from tests.integration.gatewayproc import ThreadedGateway, Upstream, openai_error
+from tests.integration.gatewayproc import openai_error
+from tests.integration.threaded_gateway import ThreadedGateway, Upstream
 
 # --- (c) malformed HTTP over a plain socket -------------------------------------------------------
 
