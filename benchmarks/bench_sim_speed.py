@@ -38,20 +38,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
-from servepilot.bench.arrivals import Arrival, iter_arrival_offsets_s  # noqa: E402
 from servepilot.cli.sim_setup import replica_setup  # noqa: E402
 from servepilot.core.config import SloConfig, parse_config  # noqa: E402
 from servepilot.core.gateway_config import GatewayConfig, PolicyName  # noqa: E402
 from servepilot.core.results import Load, LoadMode  # noqa: E402
+from servepilot.load.arrivals import Arrival, iter_arrival_offsets_s  # noqa: E402
 from servepilot.routing import make_policy  # noqa: E402
 from servepilot.sim import accel  # noqa: E402
-from servepilot.sim.fleet import FleetSim, FleetSpec, LevelOutcome  # noqa: E402
-from servepilot.sim.gateway import SimGateway  # noqa: E402
-from servepilot.sim.members import FleetReplica, FleetRequest  # noqa: E402
-from servepilot.sim.network import HopSampler, NetworkConfig  # noqa: E402
-from servepilot.sim.replica import ReplicaModel  # noqa: E402
-from servepilot.sim.requests import RequestFactory  # noqa: E402
-from servepilot.sim.traffic import Job, JobTable, LevelPlan, Slot  # noqa: E402
+from servepilot.sim.engine.replica import ReplicaModel  # noqa: E402
+from servepilot.sim.fleet.gateway import SimGateway  # noqa: E402
+from servepilot.sim.fleet.members import FleetReplica, FleetRequest  # noqa: E402
+from servepilot.sim.fleet.network import HopSampler, NetworkConfig  # noqa: E402
+from servepilot.sim.fleet.requests import RequestFactory  # noqa: E402
+from servepilot.sim.fleet.simulator import FleetSim, FleetSpec, LevelOutcome  # noqa: E402
+from servepilot.sim.fleet.traffic import Job, JobTable, LevelPlan, Slot  # noqa: E402
 
 TARGET_S = 3600.0
 TARGET_WALL_S = 60.0

@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from servepilot.bench.arrivals import iter_arrival_offsets_s
 from servepilot.bench.client import Client
-from servepilot.bench.loadplan import LoadPlan
 from servepilot.bench.records import RequestRecord, RequestSpec
 from servepilot.core.results import LoadMode
+from servepilot.load.arrivals import iter_arrival_offsets_s
+from servepilot.load.loadplan import LoadPlan
 
 ProgressFn = Callable[[int, int, float], None]
 PROGRESS_EVERY_S = 0.2

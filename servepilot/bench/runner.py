@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 from servepilot.bench.client import Client, Target
 from servepilot.bench.drive import Driver, ProgressFn, Tally, raise_fd_limit
-from servepilot.bench.loadplan import LoadPlan
 from servepilot.bench.records import RequestRecord, RequestSpec
 from servepilot.bench.workers import PRECONNECT_MAX, run_processes
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import ClientHealth, LoadMode, Stats
+from servepilot.load.loadplan import LoadPlan
 
 __all__ = ["LoadOutcome", "LoadPlan", "choose_processes", "run_load"]
 

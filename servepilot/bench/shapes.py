@@ -16,7 +16,6 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from servepilot.bench.trace import TraceLine, load_trace
 from servepilot.bench.workload import (
     WorkloadKind,
     WorkloadSpec,
@@ -26,6 +25,7 @@ from servepilot.bench.workload import (
     turn_order,
 )
 from servepilot.core.errors import ConfigError
+from servepilot.load.trace import TraceLine, load_trace
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,11 +26,11 @@ from servepilot.bench.drive import (
     concurrency_share,
     raise_fd_limit,
 )
-from servepilot.bench.loadplan import LoadPlan
 from servepilot.bench.records import RequestSpec
 from servepilot.core import loop
 from servepilot.core.errors import ServepilotError
 from servepilot.core.results import LoadMode
+from servepilot.load.loadplan import LoadPlan
 
 START_MARGIN_S = 0.2
 """Between the go message and t0, so every process is waiting when the load starts."""

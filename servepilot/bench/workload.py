@@ -32,8 +32,8 @@ from typing import Any, ClassVar, Protocol, TypeVar
 from servepilot.bench.prompts import PromptMaker
 from servepilot.bench.records import RequestSpec
 from servepilot.bench.tokenizer import Tokenizer
-from servepilot.bench.trace import PRIORITIES, TraceLine, load_trace
 from servepilot.core.errors import ConfigError
+from servepilot.load.trace import PRIORITIES, TraceLine, load_trace
 
 
 class _HasLabels(Protocol):

@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from servepilot.bench.arrivals import Arrival
 from servepilot.bench.records import Endpoint
-from servepilot.bench.sweep import SweepConfig
 from servepilot.bench.workload import WorkloadKind, WorkloadSpec, parse_priority_mix
 from servepilot.cli.bench_parse import parse_levels
 from servepilot.cli.bench_run import compare, run
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Load, LoadMode
+from servepilot.load.arrivals import Arrival
+from servepilot.load.sweep import SweepConfig
 
 DESCRIPTION = """\
 Load-test an OpenAI-compatible endpoint (a vLLM server, a servepilot gateway, any other) and

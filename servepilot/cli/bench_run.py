@@ -8,12 +8,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from servepilot.bench.arrivals import Arrival
 from servepilot.bench.client import Target
 from servepilot.bench.compare import compare_results, render_comparison
 from servepilot.bench.records import Endpoint
 from servepilot.bench.records_csv import write_records_csv
-from servepilot.bench.report_html import write_html_report
+from servepilot.bench.report.html import write_html_report
 from servepilot.bench.session import (
     LEAK_BYTES_PER_REQUEST,
     BenchOptions,
@@ -22,7 +21,6 @@ from servepilot.bench.session import (
     LevelProgress,
     run_bench,
 )
-from servepilot.bench.sweep import SweepConfig
 from servepilot.bench.tokenizer import Tokenizer, open_tokenizer
 from servepilot.bench.workload import WorkloadSpec
 from servepilot.cli.bench_parse import parse_duration_s, parse_slo
@@ -32,6 +30,8 @@ from servepilot.cli.options import base_url
 from servepilot.core import loop
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Load, load_result
+from servepilot.load.arrivals import Arrival
+from servepilot.load.sweep import SweepConfig
 
 
 def run(

@@ -16,17 +16,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from servepilot.bench.client import Target
 from servepilot.bench.records import Endpoint
 from servepilot.bench.tokenizer import ServerTokenizer
-from servepilot.cli.calibrate_fit import (
+from servepilot.calibrate.fit import (
     Fit,
     fit_errors,
     render_coefficients,
     render_table,
     robust_fit,
 )
-from servepilot.cli.calibrate_probe import Limits, ProbePlan, Prober, ProbeRun, make_plan
-from servepilot.cli.calibrate_probe import make_prompts as make_probe_prompts
-from servepilot.cli.calibrate_samples import ProbeSample
-from servepilot.cli.calibrate_server import ServerFacts, server_facts
+from servepilot.calibrate.probe import Limits, ProbePlan, Prober, ProbeRun, make_plan
+from servepilot.calibrate.probe import make_prompts as make_probe_prompts
+from servepilot.calibrate.samples import ProbeSample
+from servepilot.calibrate.server import ServerFacts, server_facts
 from servepilot.cli.console import err_console, out_console, print_step, print_warning
 from servepilot.cli.options import base_url
 from servepilot.core import loop

@@ -8,7 +8,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from servepilot.bench.arrivals import Arrival
 from servepilot.cli.bench_cmd import (
     add_load_flags,
     add_workload_flags,
@@ -23,10 +22,11 @@ from servepilot.cli.sim_run import SimOptions, report, run_with_progress
 from servepilot.cli.sim_setup import ReplicaSetup, replica_setup
 from servepilot.core.config import FleetConfig, PolicyName, SloConfig
 from servepilot.core.errors import ConfigError
+from servepilot.load.arrivals import Arrival
 from servepilot.plan.costmodel import COEFFICIENTS
-from servepilot.sim.autoscale import TargetUtilisation
-from servepilot.sim.fleet import FleetSpec
-from servepilot.sim.network import SEED_CROSS_NODE, Delay, NetworkConfig
+from servepilot.scaling.target_utilisation import TargetUtilisation
+from servepilot.sim.fleet.network import SEED_CROSS_NODE, Delay, NetworkConfig
+from servepilot.sim.fleet.simulator import FleetSpec
 
 # The seed's measurement: a new node loads DeepSeek-V4 from NVMe in 78 s.
 DEFAULT_COLD_START = "78s"

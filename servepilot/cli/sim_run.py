@@ -17,19 +17,19 @@ from typing import Any
 
 from rich.text import Text
 
-from servepilot.bench.arrivals import Arrival, iter_arrival_offsets_s
 from servepilot.bench.session import default_requests
 from servepilot.bench.shapes import workload_shapes
-from servepilot.bench.sweep import SweepConfig, next_step, sweet_spot
 from servepilot.bench.workload import WorkloadSpec, describe
 from servepilot.cli.console import print_step
 from servepilot.cli.levels_view import fmt_load, level_bars, print_runs, write_results_json
 from servepilot.core.config import SloConfig
 from servepilot.core.results import BenchResult, Load, LoadMode, Run, Source
-from servepilot.sim.autoscale import AutoscalePolicy
-from servepilot.sim.fleet import FleetSim, FleetSpec, FleetStats, LevelOutcome
-from servepilot.sim.fleet import Progress as SimProgress
-from servepilot.sim.traffic import Job, JobTable, LevelPlan, trace_offsets
+from servepilot.load.arrivals import Arrival, iter_arrival_offsets_s
+from servepilot.load.sweep import SweepConfig, next_step, sweet_spot
+from servepilot.scaling.snapshot import AutoscalePolicy
+from servepilot.sim.fleet.simulator import FleetSim, FleetSpec, FleetStats, LevelOutcome
+from servepilot.sim.fleet.simulator import Progress as SimProgress
+from servepilot.sim.fleet.traffic import Job, JobTable, LevelPlan, trace_offsets
 
 # bench/session.py: a duration-bound level cycles a pool of at most this many requests.
 DURATION_POOL_MAX = 20_000

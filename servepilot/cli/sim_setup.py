@@ -29,8 +29,8 @@ from servepilot.plan.dtypes import WeightDtype
 from servepilot.plan.hardware import AcceleratorKind
 from servepilot.plan.kv import KvCacheShape
 from servepilot.plan.request import PlanRequest
-from servepilot.sim.engine_setup import EngineKnobs, EngineSetup, Precision, engine_setup
-from servepilot.sim.records import SchedulerConfig
+from servepilot.sim.engine.records import SchedulerConfig
+from servepilot.sim.engine.setup import EngineKnobs, EngineSetup, Precision, engine_setup
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,6 @@ from servepilot.bench.report.fmt import format_load
 from servepilot.bench.workload import WorkloadKind, WorkloadSpec, describe
 from servepilot.cli.console import print_step
 from servepilot.cli.plan_cmd import build_request
-from servepilot.cli.tune_sim import SimTrialRunner
-from servepilot.cli.tune_vllm import VllmTrialRunner
 from servepilot.core.config import EngineKind, FleetConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Run
@@ -21,6 +19,8 @@ from servepilot.engine.cpu import cpu_flags
 from servepilot.tune.loadsweep import LoadSweep
 from servepilot.tune.planspace import PlanSpace, build_space
 from servepilot.tune.policy import Goal
+from servepilot.tune.runners.sim import SimTrialRunner
+from servepilot.tune.runners.vllm import VllmTrialRunner
 from servepilot.tune.search import TrialRunner
 from servepilot.tune.sla import Sla, meets, parse_sla, worst
 from servepilot.tune.space import Knob

@@ -35,8 +35,8 @@ class Device(enum.StrEnum):
 class EngineKind(enum.StrEnum):
     VLLM = "vllm"
     SIM = "sim"
-    """A simulated replica (python -m servepilot.sim.server): vLLM's HTTP API and metrics,
-    timed in real time by servepilot's model of vLLM's scheduler; no model is loaded."""
+    """A simulated replica (python -m servepilot.engine.simserver.server): vLLM's HTTP API and
+    metrics, timed in real time by servepilot's model of vLLM's scheduler; no model is loaded."""
 
 
 class ModelConfig(_Section):

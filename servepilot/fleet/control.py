@@ -92,7 +92,9 @@ def _is_replica(pid: int) -> bool:
             cmdline = f.read()
     except OSError:
         return False
-    return pid_alive(pid) and (b"vllm" in cmdline or b"servepilot.sim.server" in cmdline)
+    return pid_alive(pid) and (
+        b"vllm" in cmdline or b"servepilot.engine.simserver.server" in cmdline
+    )
 
 
 def _kill(pid: int) -> None:

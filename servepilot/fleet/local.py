@@ -14,7 +14,7 @@ from servepilot.core.errors import EngineStartError
 from servepilot.engine.args import LaunchCommand, ServerSpec, launch_command, split_cores
 from servepilot.engine.model_source import ResolvedModel
 from servepilot.engine.process import ReplicaInfo, ReplicaProcess, free_port
-from servepilot.engine.sim_args import SimModel, sim_launch_command
+from servepilot.engine.simserver.args import SimModel, sim_launch_command
 
 
 class LocalReplicas:

@@ -18,7 +18,7 @@ from servepilot.core.config import EngineKind, FleetConfig
 from servepilot.core.paths import state_dir
 from servepilot.engine.model_source import ResolvedModel, resolve_model
 from servepilot.engine.process import ReplicaInfo
-from servepilot.engine.sim_args import SimModel, sim_model
+from servepilot.engine.simserver.args import SimModel, sim_model
 from servepilot.fleet.budget import replica_capacity
 from servepilot.fleet.local import LocalReplicas
 from servepilot.fleet.serve import ServedGateway, Upstream, check_port_free, start_gateway

@@ -8,11 +8,10 @@ a hash of every source the compiled code was built against and of the Python bui
 build is never loaded: when a source changes, so does the key, and the modules are imported
 from their Python sources again (`status()` says why).
 
-How: the package imports this module first (records.py, the first module the package's
-__init__ imports, imports it before anything else), so the finder is in place before any
-compiled module could be imported from source; a module is either compiled everywhere in a
-process or nowhere. The build's shared library is loaded up front, so that a build that
-cannot load falls back to Python as a whole.
+How: the package's __init__ imports this module before anything else, so the finder is in
+place before any compiled module could be imported from source; a module is either compiled
+everywhere in a process or nowhere. The build's shared library is loaded up front, so that a
+build that cannot load falls back to Python as a whole.
 
 Environment: SERVEPILOT_SIM_PURE=1 ignores any build; SERVEPILOT_SIM_FAST_DIR moves the
 cache (default: $XDG_CACHE_HOME/servepilot/sim-fast, else ~/.cache/servepilot/sim-fast).
@@ -33,28 +32,27 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-PACKAGE = "servepilot.sim"
 COMPILED = (
-    "request",
-    "steps",
-    "kvblocks",
-    "scheduler",
-    "replica",
-    "members",
-    "network",
-    "traffic",
-    "requests",
-    "collect",
-    "gateway",
-    "fleet",
+    "servepilot.sim.engine.request",
+    "servepilot.sim.engine.steps",
+    "servepilot.sim.engine.kvblocks",
+    "servepilot.sim.engine.scheduler",
+    "servepilot.sim.engine.replica",
+    "servepilot.sim.fleet.members",
+    "servepilot.sim.fleet.network",
+    "servepilot.sim.fleet.traffic",
+    "servepilot.sim.fleet.requests",
+    "servepilot.sim.fleet.collect",
+    "servepilot.sim.fleet.gateway",
+    "servepilot.sim.fleet.simulator",
 )
-"""Modules of `PACKAGE` compiled together (one mypyc group: calls between them are native)."""
+"""Modules compiled together (one mypyc group: calls between them are native)."""
 GROUP = "servepilot_sim_fast"
 """The mypyc group: its shared library is the top-level module `GROUP + "__mypyc"`."""
 MANIFEST = "manifest.json"
 _ROOT = Path(__file__).resolve().parent.parent
 """The `servepilot` package directory."""
-_KEYED = ("sim/*.py", "routing/**/*.py", "core/*.py", "plan/costmodel.py")
+_KEYED = ("sim/**/*.py", "routing/**/*.py", "core/*.py", "plan/costmodel.py")
 """Sources a build depends on: its own, and those it was type-checked against (mypyc bakes
 in their classes' layouts and their Final constants)."""
 
@@ -123,7 +121,7 @@ def _build_files(build: Path) -> dict[str, Path] | None:
     except (OSError, ValueError):
         return None
     files = {name: build / rel for name, rel in manifest.get("modules", {}).items()}
-    wanted = {f"{PACKAGE}.{m}" for m in COMPILED} | {f"{GROUP}__mypyc"}
+    wanted = set(COMPILED) | {f"{GROUP}__mypyc"}
     if set(files) != wanted or not all(f.is_file() for f in files.values()):
         return None
     return files
@@ -161,7 +159,7 @@ def install() -> None:
     _status = f"compiled (mypyc build {key})"
 
 
-if PACKAGE + ".request" in sys.modules:  # imported out of order: stay consistent, in Python
+if any(name in sys.modules for name in COMPILED):  # out of order: stay consistent, in Python
     _status = "pure Python: the simulator was imported before its compiled build was found"
 else:
     install()

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from servepilot.sim.accel import COMPILED, GROUP, MANIFEST, PACKAGE, build_key, cache_dir
+from servepilot.sim.accel import COMPILED, GROUP, MANIFEST, build_key, cache_dir
 
 _ROOT = Path(__file__).resolve().parent.parent.parent
 """The checkout: mypyc names modules by their paths from here."""
@@ -50,7 +50,7 @@ def build(force: bool = False) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="sim-fast-", dir=cache) as work:
         lib = Path(work) / "lib"
-        paths = ",".join(f"servepilot/sim/{name}.py" for name in COMPILED)
+        paths = ",".join(name.replace(".", "/") + ".py" for name in COMPILED)
         command = [sys.executable, "-c", _SETUP.format(group=GROUP), paths]
         command += [str(Path(work) / "c"), str(lib), str(Path(work) / "temp")]
         done = subprocess.run(command, cwd=_ROOT, capture_output=True, text=True)
@@ -60,7 +60,7 @@ def build(force: bool = False) -> Path:
         staged = Path(work) / key
         staged.mkdir()
         modules = {}
-        for name in [f"{PACKAGE}.{m}" for m in COMPILED] + [f"{GROUP}__mypyc"]:
+        for name in [*COMPILED, f"{GROUP}__mypyc"]:
             parts = name.split(".")
             (found,) = (lib / Path(*parts[:-1])).glob(f"{parts[-1]}.*.so")
             target = staged / found.name if len(parts) == 1 else staged / f"{name}.so"

@@ -12,6 +12,6 @@
     summary.py    every trial as a row, the best one, the gain over the default
     report_html.py  the self-contained HTML report
 
-The trial runners, which launch and measure, live at the edge (servepilot/cli/tune_sim.py,
-servepilot/cli/tune_vllm.py) behind `search.TrialRunner`'s one method.
+The trial runners, which launch and measure, live at the edge (servepilot/tune/runners/sim.py,
+servepilot/tune/runners/vllm.py) behind `search.TrialRunner`'s one method.
 """

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from servepilot.bench.sweep import SweepConfig, next_step
 from servepilot.core.results import Load, LoadMode, Run
+from servepilot.load.sweep import SweepConfig, next_step
 from servepilot.tune.sla import Sla, meets
 
 

@@ -38,7 +38,7 @@ def simulated_replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
     port = free_port()
     log = (folder / "server.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "servepilot.sim.server", "--model", "smollm2", "--port",
+        [sys.executable, "-m", "servepilot.engine.simserver.server", "--model", "smollm2", "--port",
          str(port), "--max-model-len", "2048", "--kv-cache-memory-bytes", str(2**31),
          "--profile", str(folder / "known.json")],
         stdout=log, stderr=subprocess.STDOUT,

@@ -1,5 +1,6 @@
 """The gateway in front of many replicas: `servepilot up --engine sim` with 16 simulated
-replicas (servepilot/sim/server.py: vLLM's API and metrics, timed by the replica model).
+replicas (servepilot/engine/simserver/server.py: vLLM's API and metrics, timed by the replica
+model).
 
 One fleet serves the module; the tests run in file order, the destructive ones last:
 - `up` reports each replica's KV capacity, as it does for vLLM;

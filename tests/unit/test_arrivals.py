@@ -12,8 +12,8 @@ import statistics
 
 import pytest
 
-from servepilot.bench.arrivals import Arrival, arrival_offsets_s, iter_arrival_offsets_s
 from servepilot.core.errors import ConfigError
+from servepilot.load.arrivals import Arrival, arrival_offsets_s, iter_arrival_offsets_s
 
 
 def _gaps(offsets: list[float]) -> list[float]:

@@ -15,9 +15,9 @@ from servepilot.bench.metrics import request_times
 from servepilot.bench.records import RequestRecord
 from servepilot.bench.records_csv import CSV_COLUMNS, write_records_csv
 from servepilot.bench.report.columns import RUN_COLUMNS
+from servepilot.bench.report.html import render_html_report, write_html_report
 from servepilot.bench.report.plots import CDF_POINTS
 from servepilot.bench.report.svg import Axis, _linear_domain, _log_domain, wants_log
-from servepilot.bench.report_html import render_html_report, write_html_report
 from servepilot.core.results import (
     BenchResult,
     ClientHealth,

@@ -1,7 +1,7 @@
 """The sweep's stopping rule and the sweet spot on curves with known shapes."""
 
-from servepilot.bench.sweep import SweepConfig, next_step, sweet_spot
 from servepilot.core.results import Load, LoadMode, Run, Stats
+from servepilot.load.sweep import SweepConfig, next_step, sweet_spot
 
 
 def run(level: float, tok_s: float, p99_ms: float, *, failed: int = 0, goodput: float = 0.0,

@@ -21,8 +21,8 @@ import pytest
 from rich.console import Console
 
 from servepilot.bench.records import RequestRecord
-from servepilot.cli.calibrate_fit import Fit, fit_errors, render_table, robust_fit
-from servepilot.cli.calibrate_probe import (
+from servepilot.calibrate.fit import Fit, fit_errors, render_table, robust_fit
+from servepilot.calibrate.probe import (
     KV_SHARE,
     PREFILL_LENGTHS,
     TEMPLATE_ROOM,
@@ -30,14 +30,14 @@ from servepilot.cli.calibrate_probe import (
     Limits,
     make_plan,
 )
-from servepilot.cli.calibrate_samples import (
+from servepilot.calibrate.samples import (
     Injection,
     ProbeKind,
     ProbeSample,
     prefill_sample,
     wave_samples,
 )
-from servepilot.cli.calibrate_server import counter, server_facts
+from servepilot.calibrate.server import counter, server_facts
 from servepilot.cli.main import main
 from servepilot.core.errors import ConfigError, EngineError
 from servepilot.plan.costmodel import CostModel, StepShape, fit_cost_model, prefill_pairs

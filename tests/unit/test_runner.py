@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 
 from benchmarks.stub_server import StubConfig, threaded_stub
-from servepilot.bench.arrivals import Arrival, arrival_offsets_s
 from servepilot.bench.client import Target
 from servepilot.bench.records import RequestRecord, RequestSpec
 from servepilot.bench.runner import LoadOutcome, LoadPlan, choose_processes, run_load
 from servepilot.core import loop
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Load, LoadMode
+from servepilot.load.arrivals import Arrival, arrival_offsets_s
 
 SPECS = [RequestSpec(index=i, prompt=f"p{i}", max_tokens=3, input_tokens=2) for i in range(50)]
 

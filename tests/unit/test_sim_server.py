@@ -1,4 +1,4 @@
-"""The simulated replica server (servepilot/sim/server.py and friends).
+"""The simulated replica server (servepilot/engine/simserver/server.py and friends).
 
 The HTTP tests run the server on its own event loop in a thread of this process and talk to
 it over real sockets. The timing tests run it as a process of its own (`SimProcess`: no GIL
@@ -30,16 +30,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from servepilot.core.config import FleetConfig, parse_config
 from servepilot.engine.metrics import parse_load, parse_metrics
 from servepilot.engine.model_source import converted_embedded
-from servepilot.engine.sim_args import sim_launch_command, sim_model
+from servepilot.engine.simserver.app import SimApp
+from servepilot.engine.simserver.args import sim_launch_command, sim_model
+from servepilot.engine.simserver.config import SimSetup, build_setup, parse_args
+from servepilot.engine.simserver.http import HttpServer
+from servepilot.engine.simserver.prefixmap import PrefixMap
+from servepilot.engine.simserver.realtime import RealtimeEngine
+from servepilot.engine.simserver.server import startup_lines
+from servepilot.engine.simserver.tokens import ApproxTokenizer, HfTokenizer, load_tokenizer
 from servepilot.engine.startup_log import parse_kv_capacity
 from servepilot.sim import ReplicaModel, SimRequest
-from servepilot.sim.prefixmap import PrefixMap
-from servepilot.sim.realtime import RealtimeEngine
-from servepilot.sim.server import startup_lines
-from servepilot.sim.server_app import SimApp
-from servepilot.sim.server_config import SimSetup, build_setup, parse_args
-from servepilot.sim.server_http import HttpServer
-from servepilot.sim.tokens import ApproxTokenizer, HfTokenizer, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 # A cost model with every term, in round numbers (seconds).
@@ -150,7 +150,7 @@ def test_fleet_launches_sim_replicas_with_vllms_flags() -> None:
     )
     command = sim_launch_command(config, sim_model(config.model), "127.0.0.1", 9001)
     argv = list(command.argv)
-    assert argv[1:3] == ["-m", "servepilot.sim.server"]
+    assert argv[1:3] == ["-m", "servepilot.engine.simserver.server"]
     args, ignored = parse_args(argv[3:])
     assert ignored == []
     assert (args.port, args.max_num_seqs, args.step_ms, args.model) == (9001, 32, 7.0, "smollm2")
@@ -296,11 +296,19 @@ def test_a_client_that_disconnects_aborts_its_request(sim: ThreadedSim) -> None:
 
 
 class SimProcess:
-    """`python -m servepilot.sim.server` in a process of its own (timing must not share a
-    GIL with the client)."""
+    """`python -m servepilot.engine.simserver.server` in a process of its own (timing must not
+    share a GIL with the client)."""
 
     def __init__(self, extra: list[str]) -> None:
-        argv = [sys.executable, "-m", "servepilot.sim.server", *BASE_ARGS, *extra, "--port", "0"]
+        argv = [
+            sys.executable,
+            "-m",
+            "servepilot.engine.simserver.server",
+            *BASE_ARGS,
+            *extra,
+            "--port",
+            "0",
+        ]
         self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)  # fmt: skip
         self.lines: list[str] = []

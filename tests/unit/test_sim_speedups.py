@@ -36,10 +36,10 @@ from servepilot.routing.admission.limits import DegradationLevel
 from servepilot.routing.base import ReplicaView, RequestView
 from servepilot.routing.least_load import load_key, sample_two
 from servepilot.sim import SimRequest, StepResult, accel
-from servepilot.sim.liveview import REQUEST_VIEW_SETTERS, SNAPSHOT_SETTERS
-from servepilot.sim.members import FleetRequest
-from servepilot.sim.network import Delay, HopSampler
-from servepilot.sim.requests import new_request_view
+from servepilot.sim.fleet.liveview import REQUEST_VIEW_SETTERS, SNAPSHOT_SETTERS
+from servepilot.sim.fleet.members import FleetRequest
+from servepilot.sim.fleet.network import Delay, HopSampler
+from servepilot.sim.fleet.requests import new_request_view
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -23,7 +23,6 @@ from aiohttp import web
 from servepilot.bench.prompts import MAX_SLICES, PromptMaker
 from servepilot.bench.records import RequestSpec
 from servepilot.bench.tokenizer import LocalTokenizer, ServerTokenizer, open_tokenizer
-from servepilot.bench.trace import load_trace
 from servepilot.bench.workload import (
     WorkloadKind,
     WorkloadSpec,
@@ -34,6 +33,7 @@ from servepilot.bench.workload import (
 from servepilot.core.config import ModelConfig
 from servepilot.core.errors import ConfigError
 from servepilot.engine.model_source import resolve_model
+from servepilot.load.trace import load_trace
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servepilot.plan.costmodel import StepShape
-from servepilot.sim.request import SimRequest
+from servepilot.sim.engine.request import SimRequest
 
 
 @dataclass(slots=True, init=False)

@@ -42,8 +42,8 @@ from servepilot.routing.admission import (
 )
 from servepilot.routing.admission.decision import LOWEST_CLASS
 from servepilot.routing.base import ReplicaView, RoutingPolicy
-from servepilot.sim.liveview import SET_IN_FLIGHT, SNAPSHOT_SETTERS
-from servepilot.sim.members import FleetReplica, FleetRequest, ReplicaState
+from servepilot.sim.fleet.liveview import SET_IN_FLIGHT, SNAPSHOT_SETTERS
+from servepilot.sim.fleet.members import FleetReplica, FleetRequest, ReplicaState
 
 BUSY_TICK_S: Final = 0.02
 IDLE_TICK_S: Final = 0.5

@@ -21,7 +21,7 @@ from servepilot.plan.kv import KvCacheShape, kv_cache_shape, vllm_default_block_
 from servepilot.plan.memory import device_memory
 from servepilot.plan.parallel import Parallelism
 from servepilot.plan.spec import ModelSpec
-from servepilot.sim.records import SchedulerConfig
+from servepilot.sim.engine.records import SchedulerConfig
 
 # vLLM-CPU's KV cache space when neither --kv-cache-memory-bytes nor VLLM_CPU_KVCACHE_SPACE
 # is given (vllm/platforms/cpu.py).

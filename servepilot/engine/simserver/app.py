@@ -12,7 +12,9 @@ import logging
 import time
 from typing import Any
 
-from servepilot.sim.openai_api import (
+from servepilot.engine.simserver.http import Exchange
+from servepilot.engine.simserver.metrics import render
+from servepilot.engine.simserver.openai_api import (
     ApiError,
     Job,
     StreamFormat,
@@ -22,10 +24,8 @@ from servepilot.sim.openai_api import (
     parse_json,
     whole_answer,
 )
-from servepilot.sim.realtime import RealtimeEngine
-from servepilot.sim.server_http import Exchange
-from servepilot.sim.server_metrics import render
-from servepilot.sim.tokens import PromptTokenizer
+from servepilot.engine.simserver.realtime import RealtimeEngine
+from servepilot.engine.simserver.tokens import PromptTokenizer
 
 log = logging.getLogger(__name__)
 

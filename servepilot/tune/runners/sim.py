@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from servepilot.bench.arrivals import Arrival
 from servepilot.bench.workload import WorkloadSpec
 from servepilot.cli.sim_cmd import parse_network
 from servepilot.cli.sim_run import SimOptions, run_level
@@ -20,7 +19,8 @@ from servepilot.cli.sim_setup import ReplicaSetup, replica_setup
 from servepilot.core.config import FleetConfig, SloConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Run
-from servepilot.sim.fleet import FleetSpec
+from servepilot.load.arrivals import Arrival
+from servepilot.sim.fleet.simulator import FleetSpec
 from servepilot.tune.loadsweep import LoadSweep, next_load
 from servepilot.tune.planspace import PlanSpace
 from servepilot.tune.score import Failure, FailureCause, Measurement, Outcome

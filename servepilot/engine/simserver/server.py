@@ -1,7 +1,7 @@
 """A simulated vLLM replica: vLLM's HTTP API and metric names, timed in real time by the
 replica model, so a gateway can be tested against dozens of replicas on one machine.
 
-    python -m servepilot.sim.server --model smollm2 --port 8001 \\
+    python -m servepilot.engine.simserver.server --model smollm2 --port 8001 \\
         --kv-cache-memory-bytes 2147483648 --max-model-len 2048 [--profile PROFILE.json]
 
 It takes vLLM's server flags (those servepilot passes; others are ignored with a warning)
@@ -29,15 +29,15 @@ import sys
 import time
 
 from servepilot.core.errors import ServepilotError
+from servepilot.engine.simserver.app import SimApp
+from servepilot.engine.simserver.config import SimSetup, build_setup, parse_args
+from servepilot.engine.simserver.http import HttpServer
+from servepilot.engine.simserver.realtime import RealtimeEngine
+from servepilot.engine.simserver.tokens import load_tokenizer
 from servepilot.plan.costmodel import COEFFICIENTS
-from servepilot.sim.realtime import RealtimeEngine
-from servepilot.sim.replica import ReplicaModel
-from servepilot.sim.server_app import SimApp
-from servepilot.sim.server_config import SimSetup, build_setup, parse_args
-from servepilot.sim.server_http import HttpServer
-from servepilot.sim.tokens import load_tokenizer
+from servepilot.sim.engine.replica import ReplicaModel
 
-log = logging.getLogger("servepilot.sim.server")
+log = logging.getLogger("servepilot.engine.simserver.server")
 
 
 def _print(message: str) -> None:

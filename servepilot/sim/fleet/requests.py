@@ -14,9 +14,9 @@ from typing import Final
 
 from servepilot.core.gateway_config import RoutingConfig
 from servepilot.routing.base import RequestView
-from servepilot.sim.liveview import REQUEST_VIEW_SETTERS
-from servepilot.sim.members import FleetRequest
-from servepilot.sim.traffic import JobTable, Slot
+from servepilot.sim.fleet.liveview import REQUEST_VIEW_SETTERS
+from servepilot.sim.fleet.members import FleetRequest
+from servepilot.sim.fleet.traffic import JobTable, Slot
 
 # Hashes of blocks no other request shares: counted up from here, far from any tuple hash
 # (which are spread over the whole 64-bit range) in practice.

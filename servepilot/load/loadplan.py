@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from servepilot.bench.arrivals import Arrival
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Load, LoadMode
+from servepilot.load.arrivals import Arrival
 
 
 @dataclass(frozen=True, slots=True)

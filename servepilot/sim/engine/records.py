@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servepilot.core.errors import ConfigError
-from servepilot.sim import accel  # noqa: F401  (first: it decides compiled or not; see accel)
-from servepilot.sim.steps import StepResult
+from servepilot.sim.engine.steps import StepResult
 
 __all__ = ["SchedulerConfig", "StepResult"]
 

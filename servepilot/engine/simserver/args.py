@@ -1,12 +1,12 @@
 """The command line of a simulated replica (`engine.kind: sim`).
 
-A simulated replica (servepilot/sim/server.py) takes the same flags as vLLM's server, so its
-command is vLLM's (args.py server_args: same knobs, same KV memory, same dtype resolution)
-run by another module, plus what only the simulator needs: the accelerator to take the
-roofline of, a cost profile or a fixed step time, and a tokenizer folder. No model is
-loaded, so nothing is converted: `model.source` may be the embedded model, a Hugging Face
-folder (only its config.json is read) or a preset name (llama-3.1-8b, deepseek-v3, ...).
-"""
+A simulated replica (servepilot/engine/simserver/server.py) takes the same flags as vLLM's
+server, so its command is vLLM's (args.py server_args: same knobs, same KV memory, same
+dtype resolution) run by another module, plus what only the simulator needs: the accelerator
+to take the roofline of, a cost profile or a fixed step time, and a tokenizer folder. No
+model is loaded, so nothing is converted: `model.source` may be the embedded model, a
+Hugging Face folder (only its config.json is read) or a preset name (llama-3.1-8b,
+deepseek-v3, ...)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from servepilot.core.config import EMBEDDED_MODEL, FleetConfig, ModelConfig
 from servepilot.engine.args import LaunchCommand, ServerSpec, server_args
 from servepilot.engine.model_source import converted_embedded
 
-SIM_SERVER_MODULE = "servepilot.sim.server"
+SIM_SERVER_MODULE = "servepilot.engine.simserver.server"
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,8 @@ from servepilot.core.errors import ConfigError
 from servepilot.core.gateway_config import GatewayConfig
 from servepilot.core.results import Run
 from servepilot.plan.costmodel import CostModel
-from servepilot.sim.network import NetworkConfig
-from servepilot.sim.records import SchedulerConfig
+from servepilot.sim.engine.records import SchedulerConfig
+from servepilot.sim.fleet.network import NetworkConfig
 
 
 @dataclass(frozen=True, slots=True)

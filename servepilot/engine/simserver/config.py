@@ -28,13 +28,13 @@ from servepilot.plan.hardware import (
 from servepilot.plan.kv import KvCacheShape
 from servepilot.plan.presets import load_model
 from servepilot.plan.spec import ModelSpec
-from servepilot.sim.engine_setup import EngineKnobs, Precision, engine_setup
-from servepilot.sim.records import SchedulerConfig
+from servepilot.sim.engine.records import SchedulerConfig
+from servepilot.sim.engine.setup import EngineKnobs, Precision, engine_setup
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m servepilot.sim.server",
+        prog="python -m servepilot.engine.simserver.server",
         description="A simulated vLLM replica: vLLM's HTTP API and metrics, timed in real "
         "time by servepilot's model of vLLM's scheduler.",
     )

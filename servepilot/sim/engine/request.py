@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-    from servepilot.sim.kvblocks import Segment
+    from servepilot.sim.engine.kvblocks import Segment
 
 
 class RequestState(enum.Enum):

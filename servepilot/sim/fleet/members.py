@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 
 from servepilot.routing.admission import Ticket
 from servepilot.routing.base import RequestView
-from servepilot.sim.liveview import LiveView
-from servepilot.sim.network import HopSampler
-from servepilot.sim.records import StepResult
-from servepilot.sim.replica import ReplicaModel
-from servepilot.sim.request import SimRequest
+from servepilot.sim.engine.records import StepResult
+from servepilot.sim.engine.replica import ReplicaModel
+from servepilot.sim.engine.request import SimRequest
+from servepilot.sim.fleet.liveview import LiveView
+from servepilot.sim.fleet.network import HopSampler
 
 
 @dataclass(slots=True, eq=False, init=False)

@@ -21,9 +21,9 @@ from collections import deque
 from typing import Final
 
 from servepilot.plan.costmodel import CostModel
-from servepilot.sim.kvblocks import BlockPool
-from servepilot.sim.records import SchedulerConfig, StepResult
-from servepilot.sim.request import RequestState, SimRequest
+from servepilot.sim.engine.kvblocks import BlockPool
+from servepilot.sim.engine.records import SchedulerConfig, StepResult
+from servepilot.sim.engine.request import RequestState, SimRequest
 
 _WAITING: Final = RequestState.WAITING
 _PREFILLING: Final = RequestState.PREFILLING

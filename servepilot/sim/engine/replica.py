@@ -37,9 +37,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from servepilot.sim.records import StepResult
-from servepilot.sim.request import RequestState, SimRequest
-from servepilot.sim.scheduler import SchedulerCore
+from servepilot.sim.engine.records import StepResult
+from servepilot.sim.engine.request import RequestState, SimRequest
+from servepilot.sim.engine.scheduler import SchedulerCore
 
 _WAITING: Final = RequestState.WAITING
 _DECODING: Final = RequestState.DECODING

@@ -35,16 +35,16 @@ from servepilot.core.config import SloConfig
 from servepilot.core.errors import ConfigError
 from servepilot.routing import make_policy
 from servepilot.routing.base import RoutingPolicy
+from servepilot.scaling.snapshot import AutoscalePolicy, FleetSnapshot
 from servepilot.sim import accel
-from servepilot.sim.autoscale import AutoscalePolicy, FleetSnapshot
-from servepilot.sim.collect import RunCollector
-from servepilot.sim.fleet_records import FleetSpec, FleetStats, LevelOutcome, Progress
-from servepilot.sim.gateway import BUSY_TICK_S, SimGateway
-from servepilot.sim.members import FleetReplica, FleetRequest, ReplicaState
-from servepilot.sim.network import HopSampler
-from servepilot.sim.replica import ReplicaModel
-from servepilot.sim.requests import RequestFactory
-from servepilot.sim.traffic import ClosedSlots, JobTable, LevelPlan, Slot, open_slots
+from servepilot.sim.engine.replica import ReplicaModel
+from servepilot.sim.fleet.collect import RunCollector
+from servepilot.sim.fleet.gateway import BUSY_TICK_S, SimGateway
+from servepilot.sim.fleet.members import FleetReplica, FleetRequest, ReplicaState
+from servepilot.sim.fleet.network import HopSampler
+from servepilot.sim.fleet.records import FleetSpec, FleetStats, LevelOutcome, Progress
+from servepilot.sim.fleet.requests import RequestFactory
+from servepilot.sim.fleet.traffic import ClosedSlots, JobTable, LevelPlan, Slot, open_slots
 
 __all__ = ["FleetSim", "FleetSpec", "FleetStats", "LevelOutcome", "Progress"]
 

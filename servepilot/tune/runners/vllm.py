@@ -21,7 +21,6 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from servepilot.bench.client import Target
-from servepilot.bench.loadplan import LoadPlan
 from servepilot.bench.metrics import summarize
 from servepilot.bench.runner import run_load
 from servepilot.bench.session import default_requests
@@ -37,6 +36,7 @@ from servepilot.engine.process import ReplicaInfo
 from servepilot.fleet.budget import replica_capacity
 from servepilot.fleet.local import LocalReplicas
 from servepilot.fleet.serve import ServedGateway, Upstream, start_gateway
+from servepilot.load.loadplan import LoadPlan
 from servepilot.tune.loadsweep import LoadSweep, next_load
 from servepilot.tune.planspace import PlanSpace
 from servepilot.tune.score import Failure, FailureCause, Measurement, Outcome

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from rich import box
 from rich.table import Table
 
-from servepilot.cli.calibrate_samples import ProbeKind, ProbeSample, relative_error
+from servepilot.calibrate.samples import ProbeKind, ProbeSample, relative_error
 from servepilot.plan.costmodel import COEFFICIENTS, CostModel, fit_cost_model
 
 OUTLIER_SPREAD = 4.0

@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from servepilot.sim.tokens import FILLER, PromptTokenizer, filler_text
+from servepilot.engine.simserver.tokens import FILLER, PromptTokenizer, filler_text
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest.max_tokens default
 # Each generated token's text as a JSON string, encoded once: a stream writes one per step.

@@ -20,14 +20,14 @@ from servepilot.bench.client import Client, Target
 from servepilot.bench.prompts import PromptMaker
 from servepilot.bench.records import RequestRecord, RequestSpec
 from servepilot.bench.tokenizer import Tokenizer
-from servepilot.cli.calibrate_samples import (
+from servepilot.calibrate.samples import (
     EMPTY_ANSWER,
     Injection,
     ProbeSample,
     prefill_sample,
     wave_samples,
 )
-from servepilot.cli.calibrate_server import (
+from servepilot.calibrate.server import (
     GENERATED,
     HITS,
     PREFILL_TIME,

@@ -26,11 +26,11 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from servepilot.sim.prefixmap import PrefixMap
-from servepilot.sim.records import StepResult
-from servepilot.sim.replica import ReplicaModel
-from servepilot.sim.request import SimRequest
-from servepilot.sim.server_metrics import Gauges, ServerStats
+from servepilot.engine.simserver.metrics import Gauges, ServerStats
+from servepilot.engine.simserver.prefixmap import PrefixMap
+from servepilot.sim.engine.records import StepResult
+from servepilot.sim.engine.replica import ReplicaModel
+from servepilot.sim.engine.request import SimRequest
 
 MAX_LAG_S = 0.05
 EARLY_S = 0.0005

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Final
 
-from servepilot.sim.request import SimRequest
+from servepilot.sim.engine.request import SimRequest
 
 
 class Segment:
