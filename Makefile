@@ -34,9 +34,12 @@ down: $(STAMP)
 status: $(STAMP)
 	$(BIN)/servepilot status
 
+# ruff, and DESIGN.md's layer rules (pyproject.toml's import-linter contracts): a module that
+# imports across a forbidden arrow fails the build.
 lint: $(STAMP)
 	$(BIN)/ruff check servepilot tests benchmarks
 	$(BIN)/ruff format --check servepilot tests benchmarks
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
