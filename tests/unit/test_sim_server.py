@@ -33,12 +33,12 @@ from servepilot.engine.model_source import converted_embedded
 from servepilot.engine.simserver.app import SimApp
 from servepilot.engine.simserver.args import sim_launch_command, sim_model
 from servepilot.engine.simserver.config import SimSetup, build_setup, parse_args
-from servepilot.engine.simserver.http import HttpServer
 from servepilot.engine.simserver.prefixmap import PrefixMap
 from servepilot.engine.simserver.realtime import RealtimeEngine
 from servepilot.engine.simserver.server import startup_lines
 from servepilot.engine.simserver.tokens import ApproxTokenizer, HfTokenizer, load_tokenizer
 from servepilot.engine.startup_log import parse_kv_capacity
+from servepilot.http1 import HttpServer
 from servepilot.sim import ReplicaModel, SimRequest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,7 +72,7 @@ class ThreadedSim:
             self.engine = RealtimeEngine(ReplicaModel(self.setup.scheduler, self.setup.cost))
             app = SimApp(self.engine, self.tokenizer, served_name=self.setup.served_name,
                          max_model_len=self.setup.scheduler.max_model_len)  # fmt: skip
-            self._server = HttpServer(app.handle)
+            self._server = app.http_server()
             self.engine.start()
             return await self._server.start("127.0.0.1", 0)
 
