@@ -53,6 +53,11 @@ class HttpConnection(asyncio.Protocol):
         self._close_after = False
         self._current: HttpRequest | None = None
 
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        """The socket's transport (None until connected): its buffer size, its socket."""
+        return self._transport
+
     # --- asyncio.Protocol -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -190,11 +195,6 @@ class HttpConnection(asyncio.Protocol):
         if self.closed or self._transport is None:
             raise Disconnected("the client closed the connection")
         self._transport.write(data)
-
-    @property
-    def write_buffer_bytes(self) -> int:
-        """Bytes written but not yet taken by the kernel (what a slow client costs us)."""
-        return self._transport.get_write_buffer_size() if self._transport is not None else 0
 
     async def wait_writable(self) -> None:
         if not self.paused or self.closed:
