@@ -58,6 +58,11 @@ class HttpConnection(asyncio.Protocol):
         """The socket's transport (None until connected): its buffer size, its socket."""
         return self._transport
 
+    @property
+    def answering(self) -> asyncio.Task[None] | None:
+        """The task answering the current request (None while the connection is idle)."""
+        return self._task
+
     # --- asyncio.Protocol -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

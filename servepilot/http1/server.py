@@ -73,6 +73,12 @@ class HttpServer:
         for conn in list(self.connections):
             conn.close_idle()
 
+    async def wait_idle(self) -> None:
+        """Return once no request is being answered, pipelined ones included (after
+        `stop_listening`: the drain of a server whose handlers end on their own)."""
+        while tasks := {c.answering for c in self.connections if c.answering is not None}:
+            await asyncio.wait(tasks)
+
     async def close(self) -> None:
         """Cut every connection left (after the drain) and release the socket."""
         self.stop_listening()

@@ -65,6 +65,19 @@ class ThreadedSim:
 
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
 
+    def idle_within(self, timeout_s: float) -> bool:
+        """Whether the server answers every request it holds within `timeout_s`."""
+
+        async def run() -> bool:
+            assert self._server is not None
+            try:
+                await asyncio.wait_for(self._server.wait_idle(), timeout_s)
+            except TimeoutError:
+                return False
+            return True
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout_s + 10)
+
     def __exit__(self, *exc: object) -> None:
         async def stop() -> None:
             assert self._server is not None and self.engine is not None

@@ -10,6 +10,7 @@ import json
 import socket
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -91,7 +92,8 @@ def _buffered_bytes(server: HttpServer) -> int:
 def test_a_client_that_does_not_read_costs_a_bounded_buffer() -> None:
     """A 4,000-token stream (about 900 kB) to a client that reads nothing until all of it has
     been generated: the server's buffer for it stays near the high-water mark (without
-    backpressure it holds the whole stream), and every event still arrives once it reads."""
+    backpressure it holds the whole stream), the request counts as in flight until its last
+    event is written, and every event arrives once the client reads."""
     tokens = 4000
     argv = [*BASE_ARGS, "--max-model-len", "4096", "--step-ms", "0.2"]
     with ThreadedSim(argv) as fast, socket.socket() as sock:
@@ -106,7 +108,11 @@ def test_a_client_that_does_not_read_costs_a_bounded_buffer() -> None:
             assert time.monotonic() < deadline, "the stream was not generated in 30 s"
             time.sleep(0.05)
         buffered = fast.inspect(_buffered_bytes)
-        received = _read_to_close(sock)
+        assert not fast.idle_within(0.3)  # held back, so still in flight: a drain waits
+        with ThreadPoolExecutor(1) as pool:
+            reading = pool.submit(_read_to_close, sock)
+            assert fast.idle_within(10)
+            received = reading.result(10)
     assert len(received) > 10 * HIGH_WATER_BYTES
     assert buffered < HIGH_WATER_BYTES + 16 * 1024, buffered
     responses, rest = parse_responses(received)

@@ -85,7 +85,8 @@ async def serve(app: SimApp, host: str, port: int, drain_s: float) -> bool:
     app.draining = True
     server.stop_listening()
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(app.engine.wait_idle(), drain_s)
+        # Until every answer is written, not only generated: a slow client's is held back.
+        await asyncio.wait_for(server.wait_idle(), drain_s)
     # Bounded: a connection that never closes must not keep the process alive.
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(server.close(), 5.0)
