@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -28,8 +27,6 @@ from servepilot.engine.simserver.realtime import RealtimeEngine
 from servepilot.engine.simserver.sinks import StreamSink, WholeSink
 from servepilot.engine.simserver.tokens import PromptTokenizer
 from servepilot.http1 import HttpRequest, HttpServer, Limits
-
-log = logging.getLogger(__name__)
 
 VLLM_VERSION = "0.32.0"
 MAX_BODY_BYTES = 32 * 1024 * 1024
