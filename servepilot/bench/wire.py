@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
-from servepilot.bench.http1 import (
+from servepilot.bench.framing import (
     BadHttp,
     body_verdict,
     dechunk,

@@ -12,7 +12,7 @@ from urllib.parse import parse_qs
 from servepilot.gateway.errors import INVALID_REQUEST, GatewayError, bad_request
 from servepilot.gateway.pool import DuplicateReplica, ReplicaNotFound, ReplicaPool
 from servepilot.gateway.replica import normalize_url
-from servepilot.gateway.request import HttpRequest
+from servepilot.http1 import HttpRequest
 
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 # Ids appear in URLs (DELETE /admin/replicas/{id}) and as Prometheus label values.

@@ -19,12 +19,16 @@ from servepilot.core.gateway_config import GatewayConfig
 from servepilot.gateway.admin import AdminHandlers
 from servepilot.gateway.auth import Authenticator, Caller
 from servepilot.gateway.dispatch import Dispatcher
-from servepilot.gateway.errors import INVALID_REQUEST, GatewayError, no_ready_replica
+from servepilot.gateway.errors import (
+    INVALID_REQUEST,
+    GatewayError,
+    no_ready_replica,
+    server_error_body,
+)
 from servepilot.gateway.metrics import GatewayMetrics
 from servepilot.gateway.pool import ReplicaPool
 from servepilot.gateway.proxy import Proxy
-from servepilot.gateway.request import HttpRequest
-from servepilot.gateway.server import HttpServer
+from servepilot.http1 import HttpRequest, HttpServer, Limits
 from servepilot.routing import make_policy
 from servepilot.routing.base import RoutingPolicy
 
@@ -76,7 +80,9 @@ class Gateway:
         self._admin_add = admin.add_replica
         self._admin_remove = admin.remove_replica
         self._clock = clock
-        self._server = HttpServer(self.handle, config.max_body_bytes, self._count_rejected)
+        self._server = HttpServer(
+            self.handle, Limits(config.max_body_bytes), server_error_body, self._count_rejected
+        )
         self._started = False
 
     async def start(self, host: str | None = None, port: int | None = None) -> int:

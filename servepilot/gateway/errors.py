@@ -49,6 +49,13 @@ def error_body(message: str, *, error_type: str, code: str) -> bytes:
     return json.dumps(payload).encode()
 
 
+def server_error_body(status: int, message: str, code: str) -> bytes:
+    """The body of an answer the HTTP server gives on its own (http1.ErrorBody): a request
+    it could not parse or accept, or one the gateway failed to answer."""
+    error_type = INTERNAL if status >= 500 else INVALID_REQUEST
+    return error_body(message, error_type=error_type, code=code)
+
+
 def bad_request(message: str, code: str = "invalid_value") -> GatewayError:
     return GatewayError(400, message, error_type=INVALID_REQUEST, code=code)
 

@@ -29,9 +29,9 @@ from servepilot.gateway.metrics import GatewayMetrics
 from servepilot.gateway.pool import ReplicaPool
 from servepilot.gateway.relay import Outcome, Relay
 from servepilot.gateway.replica import Replica
-from servepilot.gateway.request import HttpRequest
 from servepilot.gateway.upstream import UpstreamFailed
 from servepilot.gateway.validation import InferenceRequest, parse_inference_request
+from servepilot.http1 import HttpRequest
 from servepilot.routing.base import RequestView, RoutingPolicy
 from servepilot.routing.prefix import prefix_hashes, prompt_text
 

@@ -12,8 +12,8 @@ import asyncio
 import time
 from dataclasses import dataclass, replace
 
-from servepilot.gateway.request import HttpRequest
 from servepilot.gateway.upstream import UpstreamConnection, UpstreamFailed
+from servepilot.http1 import HttpRequest
 
 _EVENT_STREAM = b"text/event-stream"
 

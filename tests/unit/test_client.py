@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.stub_server import StubConfig, threaded_stub
 from servepilot.bench.client import Client, Target, send_one
-from servepilot.bench.http1 import dechunk
+from servepilot.bench.framing import dechunk
 from servepilot.bench.records import Endpoint, RequestRecord, RequestSpec
 from servepilot.bench.sse import EventScanner
 from servepilot.bench.wire import Connection, Pool

@@ -46,6 +46,7 @@ def test_the_tree_keeps_every_contract() -> None:
         ("sim/fleet/network.py", "from servepilot.bench import client", "sim imports only"),
         ("routing/base.py", "from servepilot.gateway import app", "routing imports nothing"),
         ("core/units.py", "import servepilot.plan.kv", "core imports nothing of ours"),
+        ("http1/server.py", "from servepilot.gateway import errors", "http1 imports nothing"),
         ("calibrate/fit.py", "import rich.table", "calibrate imports only"),
     ],
 )

@@ -16,7 +16,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,66 +29,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from servepilot.core.config import FleetConfig, parse_config
 from servepilot.engine.metrics import parse_load, parse_metrics
 from servepilot.engine.model_source import converted_embedded
-from servepilot.engine.simserver.app import SimApp
 from servepilot.engine.simserver.args import sim_launch_command, sim_model
 from servepilot.engine.simserver.config import SimSetup, build_setup, parse_args
-from servepilot.engine.simserver.http import HttpServer
 from servepilot.engine.simserver.prefixmap import PrefixMap
-from servepilot.engine.simserver.realtime import RealtimeEngine
 from servepilot.engine.simserver.server import startup_lines
-from servepilot.engine.simserver.tokens import ApproxTokenizer, HfTokenizer, load_tokenizer
+from servepilot.engine.simserver.tokens import ApproxTokenizer, HfTokenizer
 from servepilot.engine.startup_log import parse_kv_capacity
 from servepilot.sim import ReplicaModel, SimRequest
+from tests.unit.sim_support import BASE_ARGS, COST_FLAGS, ThreadedSim
 
 ROOT = Path(__file__).resolve().parents[2]
-# A cost model with every term, in round numbers (seconds).
-COST_FLAGS = [
-    "--cost", "base_s=0.02", "--cost", "per_prefill_token_s=0.0001",
-    "--cost", "per_prefill_seq_s=0.001", "--cost", "per_decode_seq_s=0.0005",
-    "--cost", "per_context_token_s=0.000001",
-]  # fmt: skip
-BASE_ARGS = ["--model", "smollm2", "--dtype", "float32", "--max-model-len", "2048",
-             "--kv-cache-memory-bytes", str(2 * 2**30)]  # fmt: skip
-
-
-class ThreadedSim:
-    """The simulated replica on its own event loop in a daemon thread."""
-
-    def __init__(self, argv: list[str]) -> None:
-        args, _ = parse_args(argv)
-        self.setup: SimSetup = build_setup(args)
-        self.tokenizer = load_tokenizer(args.tokenizer)
-        self.url = ""
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self.engine: RealtimeEngine | None = None
-        self._server: HttpServer | None = None
-
-    def __enter__(self) -> ThreadedSim:
-        self._thread.start()
-
-        async def start() -> int:
-            self.engine = RealtimeEngine(ReplicaModel(self.setup.scheduler, self.setup.cost))
-            app = SimApp(self.engine, self.tokenizer, served_name=self.setup.served_name,
-                         max_model_len=self.setup.scheduler.max_model_len)  # fmt: skip
-            self._server = HttpServer(app.handle)
-            self.engine.start()
-            return await self._server.start("127.0.0.1", 0)
-
-        port = asyncio.run_coroutine_threadsafe(start(), self._loop).result(10)
-        self.url = f"http://127.0.0.1:{port}"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        async def stop() -> None:
-            assert self._server is not None and self.engine is not None
-            await self._server.close()
-            await self.engine.close()
-
-        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
 
 
 @pytest.fixture

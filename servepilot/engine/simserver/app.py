@@ -7,63 +7,40 @@ POST /tokenize, /detokenize                   vLLM's request and answer shapes
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
-import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from servepilot.engine.simserver.http import Exchange
 from servepilot.engine.simserver.metrics import render
 from servepilot.engine.simserver.openai_api import (
     ApiError,
-    Job,
     StreamFormat,
     bad_request,
     check_model,
     parse_job,
     parse_json,
-    whole_answer,
 )
 from servepilot.engine.simserver.realtime import RealtimeEngine
+from servepilot.engine.simserver.sinks import StreamSink, WholeSink
 from servepilot.engine.simserver.tokens import PromptTokenizer
-
-log = logging.getLogger(__name__)
+from servepilot.http1 import HttpRequest, HttpServer, Limits
 
 VLLM_VERSION = "0.32.0"
-_PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
+MAX_BODY_BYTES = 32 * 1024 * 1024
+_PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
+_SSE = b"text/event-stream; charset=utf-8"
+
+Route = Callable[[HttpRequest], Awaitable[None]]
 
 
-class _StreamSink:
-    """Writes each token's SSE event as the engine produces it."""
-
-    __slots__ = ("exchange", "format")
-
-    def __init__(self, exchange: Exchange, fmt: StreamFormat) -> None:
-        self.exchange = exchange
-        self.format = fmt
-
-    def token(self, index: int) -> None:
-        self.exchange.write(self.format.token(index))
-
-    def finish(self) -> None:
-        self.exchange.end_stream(self.format.end())
-
-
-class _WholeSink:
-    """Answers once the last token is generated."""
-
-    __slots__ = ("exchange", "job", "served_name")
-
-    def __init__(self, exchange: Exchange, job: Job, served_name: str) -> None:
-        self.exchange = exchange
-        self.job = job
-        self.served_name = served_name
-
-    def token(self, index: int) -> None:
-        pass
-
-    def finish(self) -> None:
-        self.exchange.respond(200, whole_answer(self.job, self.served_name))
+def error_body(status: int, message: str, code: str) -> bytes:
+    """vLLM's error body for what the HTTP server answers on its own (http1.ErrorBody):
+    vLLM's `code` is the status, so the server's own code name is not sent."""
+    error_type = "InternalServerError" if status >= 500 else "BadRequestError"
+    return ApiError(status, message, error_type=error_type, param=None).body()
 
 
 class SimApp:
@@ -81,21 +58,23 @@ class SimApp:
         self.max_model_len = max_model_len
         self.draining = False
         self._created = int(time.time())
-        self._routes = {
-            ("POST", "/v1/chat/completions"): lambda ex: self._generate(ex, chat=True),
-            ("POST", "/v1/completions"): lambda ex: self._generate(ex, chat=False),
+        self._routes: dict[tuple[str, str], Route] = {
+            ("POST", "/v1/chat/completions"): functools.partial(self._generate, chat=True),
+            ("POST", "/v1/completions"): functools.partial(self._generate, chat=False),
             ("GET", "/v1/models"): self._models,
-            ("GET", "/health"): lambda ex: ex.respond(200, b""),
+            ("GET", "/health"): self._health,
             ("GET", "/metrics"): self._metrics,
-            ("GET", "/version"): lambda ex: ex.respond(
-                200, b'{"version":"%s"}' % VLLM_VERSION.encode()
-            ),
+            ("GET", "/version"): self._version,
             ("POST", "/tokenize"): self._tokenize,
             ("POST", "/detokenize"): self._detokenize,
         }
 
-    def handle(self, exchange: Exchange) -> None:
-        request = exchange.request
+    def http_server(self) -> HttpServer:
+        """The HTTP/1.1 server that answers with this app."""
+        return HttpServer(self.handle, Limits(MAX_BODY_BYTES), error_body)
+
+    async def handle(self, request: HttpRequest) -> None:
+        """Answer one request; a failure the routes did not foresee is the server's 500."""
         route = self._routes.get((request.method, request.path))
         try:
             if route is None:
@@ -106,34 +85,44 @@ class SimApp:
                     error_type="MethodNotAllowed" if known else "NotFoundError",
                     param=None,
                 )
-            route(exchange)
+            await route(request)
         except ApiError as exc:
-            exchange.respond(exc.status, exc.body())
-        except Exception:  # a bug here must not hang the client
-            log.exception("%s %s failed", request.method, request.path)
-            error = ApiError(500, "internal error", error_type="InternalServerError", param=None)
-            if not exchange.done:
-                exchange.respond(500, error.body())
+            request.respond(exc.status, exc.body())
 
-    def _generate(self, exchange: Exchange, *, chat: bool) -> None:
+    async def _generate(self, request: HttpRequest, *, chat: bool) -> None:
+        """Queue the generation and wait until its sink has answered; a client that leaves
+        cancels the wait, which takes the request out of the engine."""
         if self.draining:
             raise ApiError(503, "the server is shutting down", error_type="ServiceUnavailable",
                            param=None)  # fmt: skip
-        doc = parse_json(exchange.request.body)
+        doc = parse_json(request.body)
         check_model(doc, self.served_name)
         job = parse_job(doc, chat=chat, tokenizer=self.tokenizer, max_model_len=self.max_model_len)
-        sink: _StreamSink | _WholeSink
+        answered = asyncio.get_running_loop().create_future()
+        sink: StreamSink | WholeSink
         if job.stream:
-            exchange.start_stream()
-            sink = _StreamSink(exchange, StreamFormat(job, self.served_name))
+            # The head leaves at once, as vLLM's does, not with the first token.
+            request.start_stream(200, _SSE)
+            request.flush_head()
+            sink = StreamSink(request, StreamFormat(job, self.served_name), answered)
         else:
-            sink = _WholeSink(exchange, job, self.served_name)
+            sink = WholeSink(request, job, self.served_name, answered)
         request_id = self.engine.submit(
-            job.prompt_ids, job.output_tokens, sink, arrived_at=exchange.request.received_at
+            job.prompt_ids, job.output_tokens, sink, arrived_at=request.received_at
         )
-        exchange.on_close = lambda: self.engine.abort(request_id)
+        try:
+            await answered
+        except asyncio.CancelledError:
+            self.engine.abort(request_id)
+            raise
 
-    def _models(self, exchange: Exchange) -> None:
+    async def _health(self, request: HttpRequest) -> None:
+        request.respond(200, b"")
+
+    async def _version(self, request: HttpRequest) -> None:
+        request.respond(200, b'{"version":"%s"}' % VLLM_VERSION.encode())
+
+    async def _models(self, request: HttpRequest) -> None:
         card = {
             "id": self.served_name,
             "object": "model",
@@ -143,14 +132,14 @@ class SimApp:
             "parent": None,
             "max_model_len": self.max_model_len,
         }
-        exchange.respond(200, json.dumps({"object": "list", "data": [card]}).encode())
+        request.respond(200, json.dumps({"object": "list", "data": [card]}).encode())
 
-    def _metrics(self, exchange: Exchange) -> None:
+    async def _metrics(self, request: HttpRequest) -> None:
         text = render(self.served_name, self.engine.gauges(), self.engine.stats)
-        exchange.respond(200, text.encode(), _PROMETHEUS)
+        request.respond(200, text.encode(), _PROMETHEUS)
 
-    def _tokenize(self, exchange: Exchange) -> None:
-        doc = parse_json(exchange.request.body)
+    async def _tokenize(self, request: HttpRequest) -> None:
+        doc = parse_json(request.body)
         check_model(doc, self.served_name)
         if "messages" in doc:
             messages = doc["messages"]
@@ -172,14 +161,14 @@ class SimApp:
             "tokens": ids,
             "token_strs": None,
         }
-        exchange.respond(200, json.dumps(answer).encode())
+        request.respond(200, json.dumps(answer).encode())
 
-    def _detokenize(self, exchange: Exchange) -> None:
-        doc = parse_json(exchange.request.body)
+    async def _detokenize(self, request: HttpRequest) -> None:
+        doc = parse_json(request.body)
         check_model(doc, self.served_name)
         tokens = doc.get("tokens")
         if not isinstance(tokens, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) for t in tokens
         ):
             raise bad_request("`tokens` must be a list of token ids", "tokens")
-        exchange.respond(200, json.dumps({"prompt": self.tokenizer.decode(tokens)}).encode())
+        request.respond(200, json.dumps({"prompt": self.tokenizer.decode(tokens)}).encode())

@@ -6,7 +6,7 @@ replica model, so a gateway can be tested against dozens of replicas on one mach
 
 It takes vLLM's server flags (those servepilot passes; others are ignored with a warning)
 plus the simulator's own (`--accelerator`, `--profile`, `--step-ms`, `--cost`,
-`--tokenizer`; see `--help` and server_config.py). At startup it prints what vLLM prints
+`--tokenizer`; see `--help` and config.py). At startup it prints what vLLM prints
 once its KV cache is allocated:
 
     GPU KV cache size: 93,184 tokens, Maximum concurrency for 2,048 tokens per request: 45.50x
@@ -14,9 +14,10 @@ once its KV cache is allocated:
 (engine/startup_log.py reads it), then serves. SIGTERM or SIGINT drains: no new
 connections, requests in flight finish (up to --drain-timeout-s), then it exits.
 
-Modules: server_config (flags -> scheduler, KV blocks, cost model), realtime (the step loop),
-server_app (routes), openai_api (request checks, response bytes), server_http (HTTP/1.1),
-server_metrics (/metrics), tokens (token counts), prefixmap (prefix-cache groups).
+Modules: config (flags -> scheduler, KV blocks, cost model), realtime (the step loop), app
+(routes), sinks (tokens -> the HTTP answer), openai_api (request checks, response bytes),
+metrics (/metrics), tokens (token counts), prefixmap (prefix-cache groups); the HTTP/1.1
+server is servepilot.http1's.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import time
 from servepilot.core.errors import ServepilotError
 from servepilot.engine.simserver.app import SimApp
 from servepilot.engine.simserver.config import SimSetup, build_setup, parse_args
-from servepilot.engine.simserver.http import HttpServer
 from servepilot.engine.simserver.realtime import RealtimeEngine
 from servepilot.engine.simserver.tokens import load_tokenizer
 from servepilot.plan.costmodel import COEFFICIENTS
@@ -66,7 +66,7 @@ def startup_lines(setup: SimSetup) -> list[str]:
 async def serve(app: SimApp, host: str, port: int, drain_s: float) -> bool:
     """Serve until SIGTERM or SIGINT, then drain; False if the engine loop failed (a bug:
     the process then exits with an error, so the fleet sees the replica die)."""
-    server = HttpServer(app.handle)
+    server = app.http_server()
     engine_task = app.engine.start()
     bound = await server.start(host, port)
     _print(f"Starting vLLM API server on http://{host}:{bound}")
@@ -85,7 +85,8 @@ async def serve(app: SimApp, host: str, port: int, drain_s: float) -> bool:
     app.draining = True
     server.stop_listening()
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(app.engine.wait_idle(), drain_s)
+        # Until every answer is written, not only generated: a slow client's is held back.
+        await asyncio.wait_for(server.wait_idle(), drain_s)
     # Bounded: a connection that never closes must not keep the process alive.
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(server.close(), 5.0)

@@ -1,4 +1,4 @@
-"""One HTTP request as the gateway's server parsed it, and the means to answer it.
+"""One HTTP request as the server parsed it, and the means to answer it.
 
 The answer goes straight to the connection's transport: whole (`respond`, with
 Content-Length) or as a stream (`start_stream`, `write_chunk`, `end_stream`: chunked transfer
@@ -14,7 +14,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from servepilot.gateway.server import HttpConnection
+    from servepilot.http1.connection import HttpConnection
 
 LAST_CHUNK = b"0\r\n\r\n"
 JSON = b"application/json"
@@ -46,6 +46,7 @@ class HttpRequest:
         "method",
         "path",
         "query",
+        "received_at",
         "responded",
         "status",
         "stream_ended",
@@ -61,6 +62,7 @@ class HttpRequest:
         body: bytes,
         keep_alive: bool,
         chunked: bool = True,
+        received_at: float = 0.0,
     ) -> None:
         self._conn = conn
         self.chunked = chunked
@@ -74,6 +76,8 @@ class HttpRequest:
         """Header names lower-cased; a repeated header keeps its last value."""
         self.body = body
         self.keep_alive = keep_alive
+        self.received_at = received_at
+        """time.monotonic() when its last byte was read (a simulated replica's arrival)."""
         self.responded = False
         self.streaming = False
         self.stream_ended = False

@@ -1,15 +1,13 @@
-"""The gateway's HTTP/1.1 server: an asyncio protocol over httptools (llhttp, in C).
-
-Why not a web framework: the gateway is benchmarked for CPU time per proxied request against
-a Rust router, and a framework's request and response objects, middleware chain and writer
-layers cost more than the proxying itself. This server parses with llhttp, hands each
-complete request to one handler coroutine, and lets the handler write the response straight
-to the transport (see `request.HttpRequest`).
+"""One client connection of the HTTP/1.1 server: an asyncio protocol over httptools (llhttp,
+in C).
 
 Requests on one connection are answered in order (pipelined requests wait their turn with the
 socket paused). A client that disconnects cancels its handler, which is how an upstream
 generation gets aborted. Malformed requests get a 400 and the connection closes; a body over
-the limit gets a 413 before it is read.
+the limit gets a 413 before it is read, a request line and headers over theirs a 431. A
+request that sends `Expect: 100-continue` is told to go on at once. Writes are never refused,
+but the request says when the client reads slower than its answer comes (`write_paused`), so
+a handler can stop feeding it until the socket drains.
 """
 
 from __future__ import annotations
@@ -17,20 +15,20 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Awaitable, Callable
-from typing import cast
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import httptools
 
-from servepilot.gateway.errors import INVALID_REQUEST, error_body
-from servepilot.gateway.request import Disconnected, HttpRequest, status_line
+from servepilot.http1.request import Disconnected, HttpRequest, status_line
+
+if TYPE_CHECKING:
+    from servepilot.http1.server import HttpServer
 
 log = logging.getLogger(__name__)
 
-_MAX_HEAD_BYTES = 64 * 1024
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-
-Handler = Callable[[HttpRequest], Awaitable[None]]
 
 
 class HttpConnection(asyncio.Protocol):
@@ -54,6 +52,16 @@ class HttpConnection(asyncio.Protocol):
         self._rejected = False
         self._close_after = False
         self._current: HttpRequest | None = None
+
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        """The socket's transport (None until connected): its buffer size, its socket."""
+        return self._transport
+
+    @property
+    def answering(self) -> asyncio.Task[None] | None:
+        """The task answering the current request (None while the connection is idle)."""
+        return self._task
 
     # --- asyncio.Protocol -----------------------------------------------------------------
 
@@ -107,7 +115,7 @@ class HttpConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         declared = self._headers.get("content-length")
-        limit = self._server.max_body_bytes
+        limit = self._server.limits.max_body_bytes
         if declared is not None and declared.isdigit() and int(declared) > limit:
             self._reject(413, f"the request body is larger than {limit} bytes", "body_too_large")
         elif self._headers.get("expect", "").lower() == "100-continue" and self._task is None:
@@ -117,8 +125,8 @@ class HttpConnection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
-        if self._body_bytes > self._server.max_body_bytes:
-            limit = self._server.max_body_bytes
+        limit = self._server.limits.max_body_bytes
+        if self._body_bytes > limit:
             self._reject(413, f"the request body is larger than {limit} bytes", "body_too_large")
             return
         self._body.append(body)
@@ -135,6 +143,7 @@ class HttpConnection(asyncio.Protocol):
             body,
             self._parser.should_keep_alive() and not self._server.closing,
             self._parser.get_http_version() != "1.0",
+            time.monotonic(),
         )
         if self._task is None:
             self._run(request)
@@ -156,17 +165,20 @@ class HttpConnection(asyncio.Protocol):
             await self._server.handler(request)
         except asyncio.CancelledError:
             if not self.closed:
-                self._abort()  # cancelled by shutdown: the response is cut, so is the socket
+                self.abort()  # cancelled by shutdown: the response is cut, so is the socket
             raise
         except Exception:
             log.exception("unexpected error answering %s %s", request.method, request.path)
             if request.responded:
-                self._abort()
+                self.abort()
             else:
-                request.respond(500, _internal("the gateway failed to handle this request"))
+                self._answer_failure(request, "the server failed to handle this request")
             return
         if not request.responded:
-            request.respond(500, _internal("the gateway did not answer this request"))
+            self._answer_failure(request, "the server did not answer this request")
+
+    def _answer_failure(self, request: HttpRequest, message: str) -> None:
+        request.respond(500, self._server.error_body(500, message, "internal_error"))
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         request, self._task, self._current = self._current, None, None
@@ -205,7 +217,7 @@ class HttpConnection(asyncio.Protocol):
 
     def _count_head(self, size: int) -> None:
         self._head_bytes += size
-        if self._head_bytes > _MAX_HEAD_BYTES:
+        if self._head_bytes > self._server.limits.max_head_bytes:
             self._reject(431, "the request line and headers are too large", "headers_too_large")
 
     def _reject(self, status: int, message: str, code: str) -> None:
@@ -213,7 +225,7 @@ class HttpConnection(asyncio.Protocol):
         if self._rejected or self.closed or self._transport is None:
             return
         self._rejected = True
-        body = error_body(message, error_type=INVALID_REQUEST, code=code)
+        body = self._server.error_body(status, message, code)
         if self._task is None:  # otherwise the running handler's response comes first
             self._transport.write(
                 status_line(status) + b"content-type: application/json\r\ncontent-length: "
@@ -226,7 +238,8 @@ class HttpConnection(asyncio.Protocol):
             self._close_after = True
         self._server.count_rejected(status)
 
-    def _abort(self) -> None:
+    def abort(self) -> None:
+        """Cut the connection at once, unsent bytes and all."""
         if self._transport is not None:
             self._transport.abort()
         self.closed = True
@@ -236,54 +249,3 @@ class HttpConnection(asyncio.Protocol):
         if self._task is None and self._transport is not None and not self.closed:
             self._transport.close()
             self.closed = True
-
-
-def _internal(message: str) -> bytes:
-    return error_body(message, error_type="internal_error", code="internal_error")
-
-
-class HttpServer:
-    """Listens and owns the connections; `handler` answers every complete request."""
-
-    def __init__(
-        self,
-        handler: Handler,
-        max_body_bytes: int,
-        on_rejected: Callable[[int], None] | None = None,
-    ) -> None:
-        self.handler = handler
-        self.max_body_bytes = max_body_bytes
-        self.connections: set[HttpConnection] = set()
-        self.closing = False
-        self._on_rejected = on_rejected
-        self._server: asyncio.Server | None = None
-
-    async def start(self, host: str, port: int) -> int:
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: HttpConnection(self), host, port, backlog=4096, reuse_address=True
-        )
-        bound: int = self._server.sockets[0].getsockname()[1]
-        return bound
-
-    def stop_listening(self) -> None:
-        """Refuse new connections; close idle keep-alive ones, and busy ones after their
-        current response."""
-        self.closing = True
-        if self._server is not None:
-            self._server.close()
-        for conn in list(self.connections):
-            conn.close_idle()
-
-    async def close(self) -> None:
-        """Cut every connection left (after the drain) and release the socket."""
-        self.stop_listening()
-        for conn in list(self.connections):
-            conn._abort()
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
-
-    def count_rejected(self, status: int) -> None:
-        if self._on_rejected is not None:
-            self._on_rejected(status)

@@ -1,4 +1,9 @@
-"""HTTP/1.1 response framing and verdicts for `wire.Connection`: pure functions on bytes."""
+"""The client side of HTTP/1.1 framing, for `wire.Connection`: reading a server's answer
+(status line, headers, chunked body) and the verdict on what it held. Pure functions on bytes.
+
+Not servepilot.http1, which is the server side (parsing requests with llhttp, writing
+answers): this decodes answers, with fast paths tuned for a benchmark client's CPU, and its
+verdicts speak OpenAI's stream shapes."""
 
 from __future__ import annotations
 

@@ -1,0 +1,105 @@
+"""Where the engine's tokens go: the HTTP answer of one request (realtime.TokenSink).
+
+A stream writes each token's event as the engine's step loop makes it: one write, no task
+switch. When the client reads slower than tokens come (its connection's buffer is past the
+high-water mark), the sink stops writing and keeps only the count of tokens made: an event is
+rendered from its index, so a slow client costs an integer rather than a growing buffer. Once
+the socket drains, the events left go out in batches until the buffer fills again. The
+engine never waits for a client (vLLM's does not either).
+
+Each sink resolves `answered` once its answer is written, which ends the request's handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from servepilot.engine.simserver.openai_api import Job, StreamFormat, whole_answer
+from servepilot.http1 import HttpRequest
+
+_BATCH_TOKENS = 32
+"""Events per write while catching up: few system calls, and a buffer that stays bounded."""
+
+
+class StreamSink:
+    """Writes each token's SSE event, holding back what a slow client cannot take yet."""
+
+    __slots__ = ("_answered", "_finished", "_format", "_made", "_request", "_sent", "_waiting")
+
+    def __init__(
+        self, request: HttpRequest, fmt: StreamFormat, answered: asyncio.Future[None]
+    ) -> None:
+        self._request = request
+        self._format = fmt
+        self._answered = answered
+        self._made = 0
+        self._sent = 0
+        self._finished = False
+        self._waiting = False
+        """Writes are held until the client's socket drains."""
+
+    def token(self, index: int) -> None:
+        self._made = index + 1
+        if self._waiting:
+            return
+        request = self._request
+        if index == self._sent and request.connected and not request.write_paused:
+            self._sent = self._made  # the usual case: this token's event, at once
+            request.write_chunk(self._format.token(index))
+        else:
+            self._send()
+
+    def finish(self) -> None:
+        self._finished = True
+        if not self._waiting:
+            self._send()
+
+    def _resume(self) -> None:
+        self._waiting = False
+        self._send()
+
+    def _send(self) -> None:
+        """Write what is made and unsent, until the client's buffer is full; then wait."""
+        request, fmt = self._request, self._format
+        while request.connected and not request.write_paused:
+            end = min(self._made, self._sent + _BATCH_TOKENS)
+            events = b"".join([fmt.token(i) for i in range(self._sent, end)])
+            self._sent = end
+            if self._finished and end == self._made:
+                request.end_stream(events + fmt.end())
+                _resolve(self._answered)
+                return
+            if not events:
+                return
+            request.write_chunk(events)
+        if request.connected:
+            self._waiting = True
+            request.on_writable(self._resume)
+        # A client that left cancels the handler, which takes the request out of the engine.
+
+
+class WholeSink:
+    """Answers once the last token is generated."""
+
+    __slots__ = ("_answered", "_job", "_request", "_served_name")
+
+    def __init__(
+        self, request: HttpRequest, job: Job, served_name: str, answered: asyncio.Future[None]
+    ) -> None:
+        self._request = request
+        self._job = job
+        self._served_name = served_name
+        self._answered = answered
+
+    def token(self, index: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        if self._request.connected:
+            self._request.respond(200, whole_answer(self._job, self._served_name))
+        _resolve(self._answered)
+
+
+def _resolve(answered: asyncio.Future[None]) -> None:
+    if not answered.done():  # a client that left has cancelled it
+        answered.set_result(None)

@@ -1,0 +1,19 @@
+"""One HTTP/1.1 server core on uvloop + httptools, used by every server servepilot runs: the
+gateway and the simulated vLLM replica. It imports nothing of servepilot but core; what each
+server adds (routes, error shapes, limits) is passed in."""
+
+from __future__ import annotations
+
+from servepilot.http1.connection import HttpConnection
+from servepilot.http1.request import Disconnected, HttpRequest
+from servepilot.http1.server import ErrorBody, Handler, HttpServer, Limits
+
+__all__ = [
+    "Disconnected",
+    "ErrorBody",
+    "Handler",
+    "HttpConnection",
+    "HttpRequest",
+    "HttpServer",
+    "Limits",
+]

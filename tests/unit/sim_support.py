@@ -1,0 +1,90 @@
+"""The simulated replica on its own event loop in a thread of the test process, for tests that
+talk to it over real sockets (test_sim_server, test_http1)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+from servepilot.engine.simserver.app import SimApp
+from servepilot.engine.simserver.config import SimSetup, build_setup, parse_args
+from servepilot.engine.simserver.realtime import RealtimeEngine
+from servepilot.engine.simserver.tokens import load_tokenizer
+from servepilot.http1 import HttpServer
+from servepilot.sim import ReplicaModel
+
+T = TypeVar("T")
+
+# A cost model with every term, in round numbers (seconds).
+COST_FLAGS = [
+    "--cost", "base_s=0.02", "--cost", "per_prefill_token_s=0.0001",
+    "--cost", "per_prefill_seq_s=0.001", "--cost", "per_decode_seq_s=0.0005",
+    "--cost", "per_context_token_s=0.000001",
+]  # fmt: skip
+BASE_ARGS = ["--model", "smollm2", "--dtype", "float32", "--max-model-len", "2048",
+             "--kv-cache-memory-bytes", str(2 * 2**30)]  # fmt: skip
+
+
+class ThreadedSim:
+    """The simulated replica on its own event loop in a daemon thread."""
+
+    def __init__(self, argv: list[str]) -> None:
+        args, _ = parse_args(argv)
+        self.setup: SimSetup = build_setup(args)
+        self.tokenizer = load_tokenizer(args.tokenizer)
+        self.url = ""
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self.engine: RealtimeEngine | None = None
+        self._server: HttpServer | None = None
+
+    def __enter__(self) -> ThreadedSim:
+        self._thread.start()
+
+        async def start() -> int:
+            self.engine = RealtimeEngine(ReplicaModel(self.setup.scheduler, self.setup.cost))
+            app = SimApp(self.engine, self.tokenizer, served_name=self.setup.served_name,
+                         max_model_len=self.setup.scheduler.max_model_len)  # fmt: skip
+            self._server = app.http_server()
+            self.engine.start()
+            return await self._server.start("127.0.0.1", 0)
+
+        self.port = asyncio.run_coroutine_threadsafe(start(), self._loop).result(10)
+        self.url = f"http://127.0.0.1:{self.port}"
+        return self
+
+    def inspect(self, read: Callable[[HttpServer], T]) -> T:
+        """`read(server)`, run on the server's own loop (its state is not thread-safe)."""
+
+        async def run() -> T:
+            assert self._server is not None
+            return read(self._server)
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
+
+    def idle_within(self, timeout_s: float) -> bool:
+        """Whether the server answers every request it holds within `timeout_s`."""
+
+        async def run() -> bool:
+            assert self._server is not None
+            try:
+                await asyncio.wait_for(self._server.wait_idle(), timeout_s)
+            except TimeoutError:
+                return False
+            return True
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout_s + 10)
+
+    def __exit__(self, *exc: object) -> None:
+        async def stop() -> None:
+            assert self._server is not None and self.engine is not None
+            await self._server.close()
+            await self.engine.close()
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()

@@ -1,0 +1,123 @@
+"""The HTTP/1.1 server core (servepilot/http1), as the simulated replica serves with it, over
+real loopback sockets: what the replica gained by sharing the gateway's server. A head over
+the limit gets a 431, `Expect: 100-continue` is answered before the body is sent, and a
+client that does not read costs a bounded buffer, whatever the length of its stream. (The
+gateway's side of each is in tests/integration/test_gateway_fuzz_http.py.)"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from servepilot.engine.metrics import parse_metrics
+from servepilot.http1 import HttpServer
+from tests.integration.fuzz_support import exchange, parse_responses
+from tests.unit.sim_support import BASE_ARGS, COST_FLAGS, ThreadedSim
+
+HIGH_WATER_BYTES = 64 * 1024  # asyncio's and uvloop's default for a transport's write buffer
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[ThreadedSim]:
+    with ThreadedSim([*BASE_ARGS, *COST_FLAGS]) as server:
+        yield server
+
+
+def _chat(max_tokens: int, *, stream: bool) -> bytes:
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": "Tell me a story"}],
+            "max_tokens": max_tokens, "stream": stream}  # fmt: skip
+    return json.dumps(body).encode()
+
+
+def _head(body: bytes, *extra: bytes) -> bytes:
+    lines = [b"POST /v1/chat/completions HTTP/1.1", b"Host: x", b"Content-Type: application/json",
+             b"Content-Length: %d" % len(body), *extra]  # fmt: skip
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+def _read_to_close(sock: socket.socket) -> bytes:
+    received = b""
+    while got := sock.recv(65536):
+        received += got
+    return received
+
+
+def test_a_head_over_the_limit_gets_431_and_a_close(sim: ThreadedSim) -> None:
+    raw = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * 70_000 + b"\r\n\r\n"
+    received, closed = exchange(sim.port, raw)
+    responses, _ = parse_responses(received)
+    assert closed and [r.status for r in responses] == [431], received[:300]
+    error = json.loads(responses[0].body)["error"]  # vLLM's error shape
+    assert (error["code"], error["type"]) == (431, "BadRequestError"), error
+    assert httpx.get(f"{sim.url}/health").status_code == 200
+
+
+def test_expect_100_continue_is_answered_before_the_body_is_sent(sim: ThreadedSim) -> None:
+    body = _chat(3, stream=False)
+    with socket.create_connection(("127.0.0.1", sim.port), timeout=5) as sock:
+        sock.sendall(_head(body, b"Expect: 100-continue", b"Connection: close"))
+        sock.settimeout(2.0)
+        try:
+            interim = sock.recv(65536)
+        except TimeoutError:
+            interim = b""  # curl and others would wait a second, then send the body anyway
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(body)
+        responses, rest = parse_responses(_read_to_close(sock))
+    assert [r.status for r in responses] == [200] and not rest
+    assert json.loads(responses[0].body)["usage"]["completion_tokens"] == 3
+
+
+def _shrink_send_buffers(server: HttpServer) -> int:
+    """Give the server's sockets a small kernel send buffer, as on a busy host: on loopback
+    Linux lets one grow to 4 MB, which would hide what the server itself holds."""
+    for conn in server.connections:
+        assert conn.transport is not None
+        conn.transport.get_extra_info("socket").setsockopt(
+            socket.SOL_SOCKET, socket.SO_SNDBUF, 16 * 1024
+        )
+    return len(server.connections)
+
+
+def _buffered_bytes(server: HttpServer) -> int:
+    return sum(c.transport.get_write_buffer_size() for c in server.connections if c.transport)
+
+
+def test_a_client_that_does_not_read_costs_a_bounded_buffer() -> None:
+    """A 4,000-token stream (about 900 kB) to a client that reads nothing until all of it has
+    been generated: the server's buffer for it stays near the high-water mark (without
+    backpressure it holds the whole stream), the request counts as in flight until its last
+    event is written, and every event arrives once the client reads."""
+    tokens = 4000
+    argv = [*BASE_ARGS, "--max-model-len", "4096", "--step-ms", "0.2"]
+    with ThreadedSim(argv) as fast, socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: small window
+        sock.connect(("127.0.0.1", fast.port))
+        deadline = time.monotonic() + 30
+        while fast.inspect(_shrink_send_buffers) != 1:
+            assert time.monotonic() < deadline, "the server did not accept the connection"
+        body = _chat(tokens, stream=True)
+        sock.sendall(_head(body, b"Connection: close") + body)
+        while parse_metrics(httpx.get(f"{fast.url}/metrics").text).generation_tokens_total < tokens:
+            assert time.monotonic() < deadline, "the stream was not generated in 30 s"
+            time.sleep(0.05)
+        buffered = fast.inspect(_buffered_bytes)
+        assert not fast.idle_within(0.3)  # held back, so still in flight: a drain waits
+        with ThreadPoolExecutor(1) as pool:
+            reading = pool.submit(_read_to_close, sock)
+            assert fast.idle_within(10)
+            received = reading.result(10)
+    assert len(received) > 10 * HIGH_WATER_BYTES
+    assert buffered < HIGH_WATER_BYTES + 16 * 1024, buffered
+    responses, rest = parse_responses(received)
+    assert [r.status for r in responses] == [200] and not rest
+    events = responses[0].body.split(b"\n\n")
+    contents = [json.loads(e[6:])["choices"][0]["delta"] for e in events[:-2]]
+    assert len([d for d in contents if d.get("content")]) == tokens
+    assert events[-2:] == [b"data: [DONE]", b""]
