@@ -78,8 +78,6 @@ class RealtimeEngine:
         """Arrival of the request that woke the idle engine (the model's clock)."""
         self._last_end = 0.0
         self._task: asyncio.Task[None] | None = None
-        self._idle = asyncio.Event()
-        self._idle.set()
         self.steps_late = 0
         """Steps whose start had to jump to the present (the host fell behind)."""
 
@@ -102,9 +100,6 @@ class RealtimeEngine:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-
-    async def wait_idle(self) -> None:
-        await self._idle.wait()
 
     def gauges(self) -> Gauges:
         m = self.model
@@ -142,7 +137,6 @@ class RealtimeEngine:
         )
         self.model.add(request)
         self._live[request_id] = _Live(sink, len(prompt_ids), request.arrival_s)
-        self._idle.clear()
         if not self._wake.is_set():
             self._woken_by = arrival
             self._wake.set()
@@ -154,8 +148,6 @@ class RealtimeEngine:
             return
         self.model.abort(request_id)
         self.stats.aborted += 1
-        if not self._live:
-            self._idle.set()
 
     async def _run(self) -> None:
         model = self.model
@@ -215,5 +207,3 @@ class RealtimeEngine:
             entry = live.pop(request.request_id, None)
             if entry is not None:
                 entry.sink.finish()
-        if not live:
-            self._idle.set()
