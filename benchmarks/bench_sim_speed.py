@@ -39,9 +39,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
 from servepilot.cli.sim_setup import replica_setup  # noqa: E402
-from servepilot.core.config import SloConfig, parse_config  # noqa: E402
+from servepilot.core.config import parse_config  # noqa: E402
 from servepilot.core.gateway_config import GatewayConfig, PolicyName  # noqa: E402
 from servepilot.core.results import Load, LoadMode  # noqa: E402
+from servepilot.core.slo import Slo  # noqa: E402
 from servepilot.load.arrivals import Arrival, iter_arrival_offsets_s  # noqa: E402
 from servepilot.routing import make_policy  # noqa: E402
 from servepilot.sim import accel  # noqa: E402
@@ -145,7 +146,7 @@ def run(args: argparse.Namespace) -> LevelOutcome:
     spec = fleet(args.replicas, args.policy, args.seed)
     plan = LevelPlan(Load(mode=LoadMode.RATE, value=args.rate), duration_s=args.duration)
     offsets = iter_arrival_offsets_s(args.rate, Arrival.POISSON, seed=args.seed)
-    return FleetSim(spec).run(plan, jobs(20_000, args.seed), SloConfig(), offsets=offsets)
+    return FleetSim(spec).run(plan, jobs(20_000, args.seed), Slo(), offsets=offsets)
 
 
 def main() -> None:

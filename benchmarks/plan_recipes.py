@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servepilot.core.config import SloConfig, TrafficConfig
+from servepilot.core.config import TrafficConfig
+from servepilot.core.slo import Slo
 from servepilot.plan.dtypes import KvDtype, WeightDtype
 from servepilot.plan.hardware import get_accelerator
 from servepilot.plan.kv import kv_cache_shape
@@ -73,7 +74,7 @@ def recipe_checks() -> list[Check]:
             PlanRequest(
                 model=spec, model_ref="deepseek-v3", accelerator=get_accelerator(acc), count=8,
                 nodes=nodes, weights_dtype=WeightDtype.FP8, kv_dtype=KvDtype.AUTO,
-                traffic=TrafficConfig(), slo=SloConfig(),
+                traffic=TrafficConfig(), slo=Slo(),
             )
         )  # fmt: skip
         got = f"fits {plan.option.parallelism.describe()}" if plan.fits else "does not fit"

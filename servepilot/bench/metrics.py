@@ -20,22 +20,9 @@ import numpy as np
 
 from servepilot.bench.records import RequestRecord
 from servepilot.core.results import ClientHealth, Load, Run, Stats, Window
+from servepilot.core.slo import Slo
 
 _PERCENTILES = (50.0, 90.0, 99.0)
-
-
-@dataclass(frozen=True, slots=True)
-class Slo:
-    """Per-request latency limits; a request meets the SLO when it is within every one set."""
-
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    e2e_ms: float | None = None
-
-    def as_dict(self) -> dict[str, float]:
-        names = {"ttft_p99_ms": self.ttft_ms, "tpot_p99_ms": self.tpot_ms,
-                 "e2e_p99_ms": self.e2e_ms}  # fmt: skip
-        return {k: v for k, v in names.items() if v is not None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,11 +64,12 @@ def request_times(record: RequestRecord) -> RequestTimes | None:
 
 
 def meets(times: RequestTimes, slo: Slo) -> bool:
-    if slo.ttft_ms is not None and times.ttft_ms > slo.ttft_ms:
+    """Within every per-request limit of `slo` (its p99 limits, held to each request)."""
+    if slo.ttft_p99_ms is not None and times.ttft_ms > slo.ttft_p99_ms:
         return False
-    if slo.e2e_ms is not None and times.e2e_ms > slo.e2e_ms:
+    if slo.e2e_p99_ms is not None and times.e2e_ms > slo.e2e_p99_ms:
         return False
-    return slo.tpot_ms is None or times.tpot_ms is None or times.tpot_ms <= slo.tpot_ms
+    return slo.tpot_p99_ms is None or times.tpot_ms is None or times.tpot_ms <= slo.tpot_p99_ms
 
 
 def measured(records: Sequence[RequestRecord]) -> list[RequestRecord]:

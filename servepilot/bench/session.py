@@ -14,12 +14,13 @@ from dataclasses import dataclass, replace
 import aiohttp
 
 from servepilot.bench.client import Target
-from servepilot.bench.metrics import Slo, summarize, windows
+from servepilot.bench.metrics import summarize, windows
 from servepilot.bench.records import RequestRecord, RequestSpec
 from servepilot.bench.runner import LoadOutcome, run_load
 from servepilot.bench.tokenizer import Tokenizer
 from servepilot.bench.workload import WorkloadSpec, build_workload, describe
 from servepilot.core.results import BenchResult, Load, LoadMode, Run, Source
+from servepilot.core.slo import Slo
 from servepilot.engine.metrics import parse_metrics
 from servepilot.load.arrivals import Arrival
 from servepilot.load.loadplan import LoadPlan

@@ -1,13 +1,11 @@
-"""Parsing `servepilot bench` flag values: lists of levels, SLOs, durations, class mixes."""
+"""Parsing `servepilot bench` flag values: lists of levels, durations."""
 
 from __future__ import annotations
 
 import re
 
-from servepilot.bench.metrics import Slo
 from servepilot.core.errors import ConfigError
 
-_SLO_KEYS = {"ttft_p99_ms": "ttft_ms", "tpot_p99_ms": "tpot_ms", "e2e_p99_ms": "e2e_ms"}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
@@ -24,27 +22,6 @@ def parse_levels(text: str, flag: str) -> tuple[float, ...]:
             raise ConfigError(f"{flag} {text!r}: levels must be positive")
         values.append(value)
     return tuple(values)
-
-
-def parse_slo(text: str | None) -> Slo:
-    """`ttft_p99_ms=500,tpot_p99_ms=50` -> Slo."""
-    if not text:
-        return Slo()
-    fields: dict[str, float] = {}
-    for part in text.split(","):
-        key, sep, value = part.partition("=")
-        key = key.strip()
-        if not sep or key not in _SLO_KEYS:
-            known = ", ".join(_SLO_KEYS)
-            raise ConfigError(f"--slo {text!r}: {part!r} is not KEY=MS with KEY one of {known}")
-        try:
-            limit = float(value)
-        except ValueError:
-            raise ConfigError(f"--slo {text!r}: {value!r} is not a number of ms") from None
-        if limit <= 0:
-            raise ConfigError(f"--slo {text!r}: {key} must be positive")
-        fields[_SLO_KEYS[key]] = limit
-    return Slo(**fields)
 
 
 def parse_duration_s(text: str, flag: str) -> float:

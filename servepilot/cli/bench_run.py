@@ -23,13 +23,14 @@ from servepilot.bench.session import (
 )
 from servepilot.bench.tokenizer import Tokenizer, open_tokenizer
 from servepilot.bench.workload import WorkloadSpec
-from servepilot.cli.bench_parse import parse_duration_s, parse_slo
+from servepilot.cli.bench_parse import parse_duration_s
 from servepilot.cli.console import out_console, print_step, print_warning
 from servepilot.cli.levels_view import fmt_load, level_bars, print_runs, write_results_json
 from servepilot.cli.options import base_url
 from servepilot.core import loop
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Load, load_result
+from servepilot.core.slo import Slo, parse_slo
 from servepilot.load.arrivals import Arrival
 from servepilot.load.sweep import SweepConfig
 
@@ -63,7 +64,7 @@ def run(
         arrival=Arrival(args.arrival),
         burstiness=args.burstiness,
         seed=args.seed,
-        slo=parse_slo(args.slo),
+        slo=parse_slo(args.slo, per_request=True) if args.slo else Slo(),
         soak_s=soak_s,
         window_s=_window_s(args, soak_s),
         processes=args.processes,

@@ -15,13 +15,14 @@ from servepilot.cli.bench_cmd import (
     sweep_from_args,
     workload_from_args,
 )
-from servepilot.cli.bench_parse import parse_duration_s, parse_slo
+from servepilot.cli.bench_parse import parse_duration_s
 from servepilot.cli.console import print_step, print_warning
 from servepilot.cli.options import add_config_flag, config_from_args
 from servepilot.cli.sim_run import SimOptions, report, run_with_progress
 from servepilot.cli.sim_setup import ReplicaSetup, replica_setup
-from servepilot.core.config import FleetConfig, PolicyName, SloConfig
+from servepilot.core.config import FleetConfig, PolicyName
 from servepilot.core.errors import ConfigError
+from servepilot.core.slo import Slo, parse_slo
 from servepilot.load.arrivals import Arrival
 from servepilot.plan.costmodel import COEFFICIENTS
 from servepilot.scaling.target_utilisation import TargetUtilisation
@@ -229,12 +230,9 @@ def _delay(value: str, text: str) -> Delay:
     return Delay(lo_ms / 1000.0, hi_ms / 1000.0)
 
 
-def _slo(args: argparse.Namespace, config: FleetConfig) -> SloConfig:
+def _slo(args: argparse.Namespace, config: FleetConfig) -> Slo:
     """--slo, or else fleet.yaml's slo section."""
-    if not args.slo:
-        return config.slo
-    slo = parse_slo(args.slo)
-    return SloConfig(ttft_p99_ms=slo.ttft_ms, tpot_p99_ms=slo.tpot_ms, e2e_p99_ms=slo.e2e_ms)
+    return parse_slo(args.slo, per_request=True) if args.slo else config.slo
 
 
 def _autoscaler(args: argparse.Namespace) -> partial[TargetUtilisation] | None:

@@ -22,8 +22,8 @@ from servepilot.bench.shapes import workload_shapes
 from servepilot.bench.workload import WorkloadSpec, describe
 from servepilot.cli.console import print_step
 from servepilot.cli.levels_view import fmt_load, level_bars, print_runs, write_results_json
-from servepilot.core.config import SloConfig
 from servepilot.core.results import BenchResult, Load, LoadMode, Run, Source
+from servepilot.core.slo import Slo
 from servepilot.load.arrivals import Arrival, iter_arrival_offsets_s
 from servepilot.load.sweep import SweepConfig, next_step, sweet_spot
 from servepilot.scaling.snapshot import AutoscalePolicy
@@ -46,7 +46,7 @@ class SimOptions:
     warmup_requests: int
     arrival: Arrival
     burstiness: float
-    slo: SloConfig
+    slo: Slo
     prompt_overhead_tokens: int
     target: dict[str, Any]
     autoscaler: Callable[[], AutoscalePolicy] | None = None
@@ -147,7 +147,7 @@ def simulate(
         if on_done is not None:
             on_done(outcome.run)
         index += 1
-    slo = _slo_dict(opts.slo)
+    slo = opts.slo.as_dict()
     result = BenchResult(
         source=Source.SIMULATED,
         target=opts.target | {"levels": [_stats_dict(s) for s in stats]},
@@ -163,10 +163,6 @@ def _next_load(opts: SimOptions, runs: list[Run], index: int) -> Load | None:
     if opts.sweep is None:
         return opts.loads[index] if index < len(opts.loads) else None
     return next_step(opts.sweep, runs).load
-
-
-def _slo_dict(slo: SloConfig) -> dict[str, float]:
-    return {k: v for k, v in slo.model_dump().items() if v is not None}
 
 
 def _stats_dict(stats: FleetStats) -> dict[str, Any]:

@@ -71,11 +71,8 @@ def report(setup: TuneSetup, result: SearchResult) -> int:
     if chosen is None:
         print_warning("no trial could be measured: nothing to write")
         return 1
-    slo = setup.goal.sla.bench_slo()
     overrides: dict[str, object] = {"engine.kind": setup.config.engine.kind.value}
-    for key, value in (("ttft", slo.ttft_ms), ("tpot", slo.tpot_ms), ("e2e", slo.e2e_ms)):
-        if value is not None:
-            overrides[f"slo.{key}_p99_ms"] = value
+    overrides |= {f"slo.{key}": value for key, value in setup.goal.sla.as_dict().items()}
     fleet = setup.space.fleet(chosen.trial.config).with_overrides(overrides)
     command = vllm_command(fleet)
     _verdict(summary)

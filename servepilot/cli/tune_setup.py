@@ -14,6 +14,7 @@ from servepilot.cli.console import print_step
 from servepilot.core.config import EngineKind, FleetConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Run
+from servepilot.core.slo import Slo, parse_slo
 from servepilot.engine.cpu import cpu_flags
 from servepilot.plan.request import PlanRequest
 from servepilot.tune.loadsweep import LoadSweep
@@ -22,7 +23,7 @@ from servepilot.tune.policy import Goal
 from servepilot.tune.runners.sim import SimTrialRunner
 from servepilot.tune.runners.vllm import VllmTrialRunner
 from servepilot.tune.search import TrialRunner
-from servepilot.tune.sla import Sla, meets, parse_sla, worst
+from servepilot.tune.sla import meets, worst
 from servepilot.tune.space import Knob
 from servepilot.tune.store import TrialStore
 
@@ -97,16 +98,15 @@ def longest_request(workload: WorkloadSpec) -> tuple[int, int]:
     return prompt, workload.output_tokens
 
 
-def _sla(text: str | None, config: FleetConfig) -> Sla:
+def _sla(text: str | None, config: FleetConfig) -> Slo:
     if text:
-        return parse_sla(text)
-    given = {k: v for k, v in config.slo.model_dump().items() if v is not None}
-    if not given:
+        return parse_slo(text)
+    if not config.slo.limits:
         raise ConfigError(
             "tune needs an SLA: no --slo and no slo section in fleet.yaml",
             hint="e.g. --slo ttft_p99_ms=2000,tpot_p99_ms=100",
         )
-    return parse_sla(",".join(f"{k}={v}" for k, v in given.items()), flag="fleet.yaml slo")
+    return config.slo
 
 
 def _knobs(text: str | None) -> frozenset[Knob] | None:
@@ -129,7 +129,7 @@ def _runner(
     space: PlanSpace,
     workload: WorkloadSpec,
     sweep: LoadSweep,
-    sla: Sla,
+    sla: Slo,
     args: argparse.Namespace,
 ) -> TrialRunner:
     def level(run: Run) -> None:
@@ -142,7 +142,7 @@ def _runner(
     return VllmTrialRunner(space, workload, sweep, sla, args.out / "logs", level, print_step)
 
 
-def level_line(run: Run, sla: Sla) -> str:
+def level_line(run: Run, sla: Slo) -> str:
     found = worst(run, sla)
     limit = f"{found.key} {found.observed_ms:,.0f} ms" if found is not None else "no latency"
     verdict = "meets the SLA" if meets(run, sla) else "misses the SLA"
@@ -157,7 +157,7 @@ def _context(
     engine: EngineKind,
     space: PlanSpace,
     workload: WorkloadSpec,
-    sla: Sla,
+    sla: Slo,
     sweep: LoadSweep,
     profile: Path | None,
 ) -> str:
@@ -167,7 +167,7 @@ def _context(
         "engine": engine.value,
         "base": base,
         "workload": describe(workload),
-        "sla": sla.as_dict(),
+        "sla": {limit.key: limit.limit_ms for limit in sla.limits},
         "sweep": [sweep.max_value, sweep.refine_levels, sweep.requests_per_level],
         "profile": str(profile) if profile is not None else None,
     }

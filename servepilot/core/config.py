@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from servepilot.core.errors import ConfigError
 from servepilot.core.gateway_config import GatewayConfig, PolicyName, Priority
+from servepilot.core.slo import Slo
 from servepilot.core.yamlfile import parse_yaml, read_user_file
 
 __all__ = ["FleetConfig", "GatewayConfig", "PolicyName", "Priority", "load_config", "parse_config"]
@@ -189,17 +190,6 @@ class ReplicasConfig(_Section):
     """Address the replicas listen on."""
 
 
-class SloConfig(_Section):
-    ttft_p99_ms: float | None = Field(default=None, gt=0)
-    """Target P99 time to first token; None sets no target."""
-
-    tpot_p99_ms: float | None = Field(default=None, gt=0)
-    """Target P99 time per output token; None sets no target."""
-
-    e2e_p99_ms: float | None = Field(default=None, gt=0)
-    """Target P99 end-to-end latency; None sets no target."""
-
-
 class TrafficConfig(_Section):
     """The traffic the deployment must carry, for `plan` (sizes are in tokens)."""
 
@@ -242,7 +232,7 @@ class FleetConfig(_Section):
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     """The OpenAI-compatible endpoint in front of the replicas."""
 
-    slo: SloConfig = Field(default_factory=SloConfig)
+    slo: Slo = Field(default_factory=Slo)
     """Latency targets that bench, tune and sim measure against."""
 
     traffic: TrafficConfig = Field(default_factory=TrafficConfig)

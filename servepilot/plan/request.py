@@ -6,7 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from servepilot.core.config import Device, FleetConfig, HardwareConfig, SloConfig, TrafficConfig
+from servepilot.core.config import Device, FleetConfig, HardwareConfig, TrafficConfig
+from servepilot.core.slo import Slo
 from servepilot.plan.costmodel import CostModel
 from servepilot.plan.dtypes import (
     KvDtype,
@@ -38,7 +39,7 @@ class PlanRequest:
     weights_dtype: WeightDtype
     kv_dtype: KvDtype
     traffic: TrafficConfig
-    slo: SloConfig
+    slo: Slo
     max_model_len: int | None = None
     """None: derived from the traffic."""
     max_num_seqs: int | None = None

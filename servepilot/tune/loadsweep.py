@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from servepilot.core.results import Load, LoadMode, Run
+from servepilot.core.slo import Slo
 from servepilot.load.sweep import SweepConfig, next_step
-from servepilot.tune.sla import Sla, meets
+from servepilot.tune.sla import meets
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +48,7 @@ class LoadStep:
     reason: str
 
 
-def next_load(sweep: LoadSweep, sla: Sla, runs: Sequence[Run]) -> LoadStep:
+def next_load(sweep: LoadSweep, sla: Slo, runs: Sequence[Run]) -> LoadStep:
     coarse = [r for r in runs if _is_coarse(sweep, r.load.value)]
     missed = [r for r in coarse if not meets(r, sla)]
     if not missed:
@@ -58,7 +59,7 @@ def next_load(sweep: LoadSweep, sla: Sla, runs: Sequence[Run]) -> LoadStep:
     return _refine(sweep, sla, runs)
 
 
-def _refine(sweep: LoadSweep, sla: Sla, runs: Sequence[Run]) -> LoadStep:
+def _refine(sweep: LoadSweep, sla: Slo, runs: Sequence[Run]) -> LoadStep:
     refined = [r for r in runs if not _is_coarse(sweep, r.load.value)]
     if len(refined) >= sweep.refine_levels:
         return LoadStep(None, f"the SLA was bracketed with {len(refined)} more level(s)")

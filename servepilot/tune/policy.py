@@ -33,10 +33,10 @@ import enum
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from servepilot.core.slo import Slo
 from servepilot.tune.moves import MEMORY_KNOBS, Move, apply, between, memory_moves, no_op, verb
 from servepilot.tune.score import Diagnosis, Failure, Measurement, Score, Trial, better, diagnose
 from servepilot.tune.score import score as score_of
-from servepilot.tune.sla import Sla
 from servepilot.tune.space import Axis, Knob, SearchSpace, TrialConfig
 
 MIN_GAIN = 0.02
@@ -44,7 +44,7 @@ MIN_GAIN = 0.02
 
 @dataclass(frozen=True, slots=True)
 class Goal:
-    sla: Sla
+    sla: Slo
     budget_trials: int
     min_gain: float = MIN_GAIN
 

@@ -21,7 +21,8 @@ import enum
 from dataclasses import dataclass
 
 from servepilot.core.results import LoadMode, Run
-from servepilot.tune.sla import Sla, Violation, meets, worst
+from servepilot.core.slo import Slo
+from servepilot.tune.sla import Violation, meets, worst
 from servepilot.tune.space import TrialConfig
 
 SLACK_RATIO = 0.8
@@ -91,7 +92,7 @@ class Score:
         return self.best is not None
 
 
-def score(measurement: Measurement, sla: Sla) -> Score:
+def score(measurement: Measurement, sla: Slo) -> Score:
     runs = sorted(measurement.runs, key=lambda r: r.load.value)
     passing = [r for r in runs if meets(r, sla)]
     ratios = [(w.ratio, r) for r in runs if (w := worst(r, sla)) is not None]
@@ -135,7 +136,7 @@ class Diagnosis:
         return ", ".join(named) or "no strong signal"
 
 
-def diagnose(measurement: Measurement, result: Score, sla: Sla) -> Diagnosis:
+def diagnose(measurement: Measurement, result: Score, sla: Slo) -> Diagnosis:
     memory = measurement.preemptions > 0
     best = result.best
     binding = result.binding

@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from servepilot.core.slo import Slo
 from servepilot.tune.policy import Stop
 from servepilot.tune.score import Failure, Measurement, Score, Trial, diagnose, score
-from servepilot.tune.sla import Sla, Violation
+from servepilot.tune.sla import Violation
 from servepilot.tune.space import TrialConfig
 
 
@@ -37,7 +38,7 @@ class TrialRow:
 
 @dataclass(frozen=True, slots=True)
 class Summary:
-    sla: Sla
+    sla: Slo
     rows: tuple[TrialRow, ...]
     stop: Stop
     default: TrialRow | None
@@ -74,7 +75,7 @@ class Summary:
 
 def summarize(
     trials: Sequence[Trial],
-    sla: Sla,
+    sla: Slo,
     default: TrialConfig,
     stop: Stop,
     *,
@@ -97,7 +98,7 @@ def summarize(
     return Summary(sla, rows, stop, default_row, best, best_effort, resumed, pruned)
 
 
-def _row(trial: Trial, sla: Sla, default: TrialConfig) -> TrialRow:
+def _row(trial: Trial, sla: Slo, default: TrialConfig) -> TrialRow:
     changes = "(default)" if trial.config == default else trial.config.describe(against=default)
     if isinstance(trial.outcome, Failure):
         return TrialRow(trial, None, changes, trial.outcome.detail)

@@ -2,9 +2,10 @@
 
 import pytest
 
-from servepilot.bench.metrics import Slo, request_times, stats, summarize, windows
+from servepilot.bench.metrics import request_times, stats, summarize, windows
 from servepilot.bench.records import RequestRecord
 from servepilot.core.results import Load, LoadMode
+from servepilot.core.slo import Slo
 
 LOAD = Load(mode=LoadMode.RATE, value=2.0)
 
@@ -56,7 +57,7 @@ def test_summary_of_a_known_run() -> None:
         rec(9, -1.0, -1.0, [-0.9, -0.8], out=2, warmup=True),
     ]
     # Failed request's end_s is its sent time; window is 0.0 -> 2.0.
-    run = summarize(LOAD, records, Slo(ttft_ms=300.0, tpot_ms=150.0))
+    run = summarize(LOAD, records, Slo(ttft_p99_ms=300.0, tpot_p99_ms=150.0))
     assert run.duration_s == pytest.approx(2.0)
     assert (run.completed, run.failed) == (3, 1)
     assert run.request_throughput == pytest.approx(1.5)

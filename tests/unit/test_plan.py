@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from servepilot.core.config import FleetConfig, SloConfig, TrafficConfig, parse_config
+from servepilot.core.config import FleetConfig, TrafficConfig, parse_config
 from servepilot.core.errors import ConfigError
+from servepilot.core.slo import Slo
 from servepilot.plan.advice import Deployment
 from servepilot.plan.dtypes import KvDtype, WeightDtype
 from servepilot.plan.export import fleet_config, fleet_yaml, plan_json
@@ -41,7 +42,7 @@ def request(
         weights_dtype=weights or spec.checkpoint_dtype,
         kv_dtype=kv,
         traffic=traffic or TrafficConfig(),
-        slo=SloConfig(),
+        slo=Slo(),
         **knobs,  # type: ignore[arg-type]
     )
 

@@ -9,7 +9,8 @@ import statistics
 
 import pytest
 
-from servepilot.core.config import SloConfig, TrafficConfig
+from servepilot.core.config import TrafficConfig
+from servepilot.core.slo import Slo
 from servepilot.plan.costmodel import CostModel, StepShape, prefill_pairs
 from servepilot.plan.dtypes import KvDtype, WeightDtype
 from servepilot.plan.estimate import Limit, ReplicaLoad, estimate
@@ -130,7 +131,7 @@ def _request(**changes: object) -> PlanRequest:
         weights_dtype=WeightDtype.BF16,
         kv_dtype=KvDtype.AUTO,
         traffic=TrafficConfig(input_tokens=512, output_tokens=128, target_qps=100),
-        slo=SloConfig(),
+        slo=Slo(),
     )
     return base.replace(**changes)
 

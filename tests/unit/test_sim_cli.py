@@ -14,8 +14,9 @@ from servepilot.bench.workload import WorkloadKind, WorkloadSpec
 from servepilot.cli.main import main
 from servepilot.cli.sim_cmd import parse_network
 from servepilot.cli.sim_run import SimOptions, level_jobs, level_offsets, level_plan
-from servepilot.core.config import FleetConfig, SloConfig
+from servepilot.core.config import FleetConfig
 from servepilot.core.results import BenchResult, Load, LoadMode, Source, load_result
+from servepilot.core.slo import Slo
 from servepilot.load.arrivals import Arrival, iter_arrival_offsets_s
 from servepilot.plan.costmodel import CostModel
 from servepilot.plan.costprofile import save_profile
@@ -194,7 +195,7 @@ def _options(workload: WorkloadSpec, **changes: object) -> SimOptions:
         warmup_requests=0,
         arrival=Arrival.POISSON,
         burstiness=1.0,
-        slo=SloConfig(),
+        slo=Slo(),
         prompt_overhead_tokens=0,
         target={},
     )

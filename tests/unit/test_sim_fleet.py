@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from servepilot.core.config import SloConfig
 from servepilot.core.gateway_config import AdmissionConfig, GatewayConfig, PolicyName
 from servepilot.core.results import Load, LoadMode
+from servepilot.core.slo import Slo
 from servepilot.plan.costmodel import CostModel
 from servepilot.routing import LeastLoad, PrefixAffinity, RoundRobin, make_policy
 from servepilot.routing.admission import AdmissionController, AdmissionQueue, free_slots
@@ -78,7 +78,7 @@ def _run_open(
     spec: FleetSpec, jobs: list[Job], offsets: Iterator[float], requests: int, **kw: Any
 ) -> tuple[FleetSim, LevelOutcome]:
     sim = FleetSim(spec, **kw)
-    out = sim.run(_rate(1.0, requests), JobTable(jobs), SloConfig(), offsets=offsets)
+    out = sim.run(_rate(1.0, requests), JobTable(jobs), Slo(), offsets=offsets)
     return sim, out
 
 
@@ -132,7 +132,7 @@ def test_cross_node_hops_apply_to_replicas_off_the_gateways_node() -> None:
 def test_closed_loop_concurrency_one_runs_at_one_over_e2e() -> None:
     spec = _spec()
     sim = FleetSim(spec)
-    out = sim.run(_closed(1, 50), JobTable([Job(300, 20)]), SloConfig())
+    out = sim.run(_closed(1, 50), JobTable([Job(300, 20)]), Slo())
     e2e_s = sum(_alone(300, 20))
     assert out.run.completed == 50
     assert out.run.e2e_ms.p99 == pytest.approx(e2e_s * 1000)
@@ -226,7 +226,7 @@ def test_capacity_budget_queues_in_the_gateway_and_sheds_past_the_budget() -> No
     )
     spec = _spec(gateway=gateway, capacity=2)
     sim = FleetSim(spec)
-    out = sim.run(_rate(1, 40), JobTable([Job(200, 50)]), SloConfig(), offsets=iter([0.0] * 40))
+    out = sim.run(_rate(1, 40), JobTable([Job(200, 50)]), Slo(), offsets=iter([0.0] * 40))
     assert sim.replicas[0].model.num_running == 0
     assert out.stats.queued > 0
     assert out.run.errors.get("http_429", 0) > 0
@@ -277,7 +277,7 @@ def test_free_slots_match_the_admission_snapshots_own_count() -> None:
 
     sim = FleetSim(spec, policy=Checking(random.Random(0)))
     offsets = (i * 0.002 for i in itertools.count())
-    sim.run(_rate(1, 300), JobTable([Job(100, 30)]), SloConfig(), offsets=offsets)
+    sim.run(_rate(1, 300), JobTable([Job(100, 30)]), Slo(), offsets=offsets)
     assert checks and all(a == b for a, b in checks)
 
 
@@ -357,14 +357,14 @@ def test_duration_bound_open_loop_cancels_what_outlives_the_grace() -> None:
     spec = _spec(capacity=2)
     plan = LevelPlan(Load(mode=LoadMode.RATE, value=50), duration_s=2.0, grace_s=0.5)
     offsets = (i * 0.02 for i in itertools.count())
-    out = FleetSim(spec).run(plan, JobTable([Job(100, 400)]), SloConfig(), offsets=offsets)
+    out = FleetSim(spec).run(plan, JobTable([Job(100, 400)]), Slo(), offsets=offsets)
     assert out.run.completed + out.run.failed == 100
     assert out.run.errors.get("cancelled_at_end", 0) > 0
 
 
 def test_slo_goodput_and_attainment() -> None:
     e2e_ms = sum(_alone(300, 20)) * 1000
-    slo = SloConfig(e2e_p99_ms=e2e_ms * 1.5)
+    slo = Slo(e2e_p99_ms=e2e_ms * 1.5)
     out = FleetSim(_spec()).run(_closed(2, 40), JobTable([Job(300, 20)]), slo)
     assert 0.0 < out.run.slo_attainment <= 1.0
     assert out.run.goodput_rps == pytest.approx(out.run.request_throughput * out.run.slo_attainment)

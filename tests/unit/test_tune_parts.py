@@ -10,6 +10,7 @@ import pytest
 from servepilot.core.config import FleetConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Load, LoadMode
+from servepilot.core.slo import Metric, Statistic, parse_slo
 from servepilot.plan.dtypes import KvDtype, WeightDtype
 from servepilot.plan.hardware import get_accelerator
 from servepilot.plan.planner import make_plan
@@ -18,7 +19,7 @@ from servepilot.plan.request import PlanRequest
 from servepilot.tune.loadsweep import LoadSweep, next_load
 from servepilot.tune.planspace import build_space
 from servepilot.tune.score import Failure, FailureCause, Measurement, Trial, score
-from servepilot.tune.sla import Metric, Statistic, meets, parse_sla
+from servepilot.tune.sla import meets
 from servepilot.tune.space import Knob, TrialConfig, config_from_dict, ladder
 from servepilot.tune.store import TrialStore
 from tests.unit.tune_support import run
@@ -27,7 +28,7 @@ from tests.unit.tune_support import run
 
 
 def test_parses_every_metric_and_statistic_bench_reports() -> None:
-    sla = parse_sla("ttft_p99_ms=500, tpot_p90_ms=50,e2e_mean_ms=9000,itl_p50_ms=40")
+    sla = parse_slo("ttft_p99_ms=500, tpot_p90_ms=50,e2e_mean_ms=9000,itl_p50_ms=40")
     got = {(limit.metric, limit.statistic, limit.limit_ms) for limit in sla.limits}
     assert got == {
         (Metric.TTFT, Statistic.P99, 500.0),
@@ -36,8 +37,7 @@ def test_parses_every_metric_and_statistic_bench_reports() -> None:
         (Metric.ITL, Statistic.P50, 40.0),
     }
     # Bench counts goodput per request against its p99 keys only.
-    slo = sla.bench_slo()
-    assert (slo.ttft_ms, slo.tpot_ms, slo.e2e_ms) == (500.0, None, None)
+    assert (sla.ttft_p99_ms, sla.tpot_p99_ms, sla.e2e_p99_ms) == (500.0, None, None)
 
 
 @pytest.mark.parametrize(
@@ -54,7 +54,7 @@ def test_parses_every_metric_and_statistic_bench_reports() -> None:
 )
 def test_bad_slo_names_the_part(text: str, words: list[str]) -> None:
     with pytest.raises(ConfigError) as err:
-        parse_sla(text)
+        parse_slo(text)
     shown = str(err.value)
     assert "--slo" in shown
     for word in words:
@@ -62,7 +62,7 @@ def test_bad_slo_names_the_part(text: str, words: list[str]) -> None:
 
 
 def test_a_level_meets_the_sla_on_every_statistic_and_few_failures() -> None:
-    sla = parse_sla("ttft_p99_ms=500,tpot_p50_ms=8")
+    sla = parse_slo("ttft_p99_ms=500,tpot_p50_ms=8")
     assert meets(run(4, 1.0, ttft_ms=400, tpot_ms=10), sla)  # tpot p50 is 5
     assert not meets(run(4, 1.0, ttft_ms=600), sla)
     assert not meets(run(4, 1.0, ttft_ms=400, tpot_ms=20), sla)
@@ -70,7 +70,7 @@ def test_a_level_meets_the_sla_on_every_statistic_and_few_failures() -> None:
 
 
 def test_score_is_goodput_at_the_highest_level_meeting_the_sla() -> None:
-    sla = parse_sla("ttft_p99_ms=1000")
+    sla = parse_slo("ttft_p99_ms=1000")
     runs = (run(1, 1.0, ttft_ms=200), run(2, 1.8, ttft_ms=500), run(4, 2.5, ttft_ms=1500))
     result = score(Measurement(runs, 8, 0, None, 0.0), sla)
     assert result.met and result.goodput_rps == 1.8
@@ -80,7 +80,7 @@ def test_score_is_goodput_at_the_highest_level_meeting_the_sla() -> None:
 
 
 def test_score_with_nothing_meeting_says_how_close_and_what_binds() -> None:
-    sla = parse_sla("ttft_p99_ms=100,tpot_p99_ms=50")
+    sla = parse_slo("ttft_p99_ms=100,tpot_p99_ms=50")
     runs = (run(1, 1.0, ttft_ms=150, tpot_ms=20), run(2, 1.5, ttft_ms=300, tpot_ms=30))
     result = score(Measurement(runs, 8, 0, None, 0.0), sla)
     assert not result.met and result.goodput_rps == 0.0
@@ -92,7 +92,7 @@ def test_score_with_nothing_meeting_says_how_close_and_what_binds() -> None:
 
 
 def test_sweep_doubles_then_bisects_where_the_sla_breaks() -> None:
-    sla = parse_sla("ttft_p99_ms=1000")
+    sla = parse_slo("ttft_p99_ms=1000")
     sweep = LoadSweep(max_value=64, refine_levels=2)
     runs = [run(1, 1, ttft_ms=100), run(2, 2, ttft_ms=200), run(4, 3, ttft_ms=400)]
     assert next_load(sweep, sla, runs).load == Load(mode=LoadMode.CONCURRENCY, value=8)
@@ -109,7 +109,7 @@ def test_sweep_doubles_then_bisects_where_the_sla_breaks() -> None:
 def test_sweep_stops_at_its_highest_load() -> None:
     sweep = LoadSweep(max_value=4)
     runs = [run(1, 1, throughput=1), run(2, 2, throughput=2), run(4, 4, throughput=4)]
-    step = next_load(sweep, parse_sla("ttft_p99_ms=1000"), runs)
+    step = next_load(sweep, parse_slo("ttft_p99_ms=1000"), runs)
     assert step.load is None and "highest load" in step.reason
 
 
@@ -222,7 +222,7 @@ def test_report_is_self_contained_and_escapes_what_comes_from_outside() -> None:
     from servepilot.tune.report_html import render_report
     from servepilot.tune.summary import summarize
 
-    sla = parse_sla("ttft_p99_ms=1000")
+    sla = parse_slo("ttft_p99_ms=1000")
     config = TrialConfig.of({Knob.MAX_NUM_SEQS: 8})
     ok = Trial(1, config, Measurement((run(4, 2.0),), 8, 0, None, 0.0), 1.0, "<b>default</b>")
     bad = Failure(FailureCause.CRASHED, "<script>alert(1)</script>")

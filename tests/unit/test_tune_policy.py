@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from servepilot.core.slo import parse_slo
 from servepilot.tune.policy import Goal, Proposal, Stop, StopReason, decide
 from servepilot.tune.score import Failure, FailureCause, Measurement, Outcome, Trial
 from servepilot.tune.search import SearchEvents, SearchResult, run_search
-from servepilot.tune.sla import parse_sla
 from servepilot.tune.space import Axis, Knob, SearchSpace, TrialConfig
 from servepilot.tune.store import TrialStore
 from servepilot.tune.summary import summarize
 from tests.unit.tune_support import SurfaceRunner, peak, run, two_knob_space
 
-SLA = parse_sla("ttft_p99_ms=1000,tpot_p99_ms=50")
+SLA = parse_slo("ttft_p99_ms=1000,tpot_p99_ms=50")
 QUIET = SearchEvents(lambda i, p: None, lambda t, r: None, lambda c, w: None)
 
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from servepilot.core.config import SloConfig
 from servepilot.core.results import Load, Run, Stats
+from servepilot.core.slo import Slo
 
 EXACT_VALUES = 100_000
 ITL_BIN_REL = 1e-4
@@ -103,7 +103,7 @@ def stats_ms(values_s: array[float]) -> Stats:
 class RunCollector:
     """One level's requests as they end; `run(load)` is its `core.results.Run`."""
 
-    def __init__(self, slo: SloConfig) -> None:
+    def __init__(self, slo: Slo) -> None:
         self._ttft_limit = slo.ttft_p99_ms / 1000.0 if slo.ttft_p99_ms is not None else math.inf
         self._tpot_limit = slo.tpot_p99_ms / 1000.0 if slo.tpot_p99_ms is not None else math.inf
         self._e2e_limit = slo.e2e_p99_ms / 1000.0 if slo.e2e_p99_ms is not None else math.inf

@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Final
 
-from servepilot.core.config import SloConfig
 from servepilot.core.errors import ConfigError
+from servepilot.core.slo import Slo
 from servepilot.routing import make_policy
 from servepilot.routing.base import RoutingPolicy
 from servepilot.scaling.snapshot import AutoscalePolicy, FleetSnapshot
@@ -96,7 +96,7 @@ class FleetSim:
         self._open: Iterator[Slot] | None = None
         self._plan: LevelPlan | None = None
         self._grace_s = 0.0
-        self._collector = RunCollector(SloConfig())
+        self._collector = RunCollector(Slo())
         self._factory: RequestFactory | None = None
         self._scrape_s = spec.scrape_interval_s or spec.gateway.health_interval_s
         self._tick_gen = 0
@@ -270,7 +270,7 @@ class FleetSim:
         self,
         plan: LevelPlan,
         jobs: JobTable,
-        slo: SloConfig,
+        slo: Slo,
         *,
         offsets: Iterator[float] | None = None,
         progress: Callable[[Progress], None] | None = None,

@@ -16,15 +16,15 @@ from servepilot.bench.workload import WorkloadSpec
 from servepilot.cli.sim_cmd import parse_network
 from servepilot.cli.sim_run import SimOptions, run_level
 from servepilot.cli.sim_setup import ReplicaSetup, replica_setup
-from servepilot.core.config import FleetConfig, SloConfig
+from servepilot.core.config import FleetConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Run
+from servepilot.core.slo import Slo
 from servepilot.load.arrivals import Arrival
 from servepilot.sim.fleet.simulator import FleetSpec
 from servepilot.tune.loadsweep import LoadSweep, next_load
 from servepilot.tune.planspace import PlanSpace
 from servepilot.tune.score import Failure, FailureCause, Measurement, Outcome
-from servepilot.tune.sla import Sla
 from servepilot.tune.space import TrialConfig
 
 _MEMORY_WORDS = ("does not fit", "num_blocks", "memory", "KV cache")
@@ -35,7 +35,7 @@ class SimTrialRunner:
     space: PlanSpace
     workload: WorkloadSpec
     sweep: LoadSweep
-    sla: Sla
+    sla: Slo
     profile: Path | None
     on_level: Callable[[Run], None]
 
@@ -56,7 +56,7 @@ class SimTrialRunner:
             warmup_requests=0,
             arrival=Arrival.POISSON,
             burstiness=1.0,
-            slo=_slo_config(self.sla),
+            slo=self.sla,
             prompt_overhead_tokens=setup.prompt_overhead_tokens,
             target={},
         )
@@ -87,11 +87,6 @@ def _spec(fleet: FleetConfig, setup: ReplicaSetup, seed: int) -> FleetSpec:
         seed=seed,
         model_name=setup.model_name,
     )
-
-
-def _slo_config(sla: Sla) -> SloConfig:
-    slo = sla.bench_slo()
-    return SloConfig(ttft_p99_ms=slo.ttft_ms, tpot_p99_ms=slo.tpot_ms, e2e_p99_ms=slo.e2e_ms)
 
 
 def _failure(exc: ConfigError) -> Failure:

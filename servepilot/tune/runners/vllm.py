@@ -31,6 +31,7 @@ from servepilot.core.config import FleetConfig
 from servepilot.core.errors import EngineStartError, ServepilotError
 from servepilot.core.gateway_config import AuthConfig
 from servepilot.core.results import Load, Run
+from servepilot.core.slo import Slo
 from servepilot.engine.model_source import ResolvedModel, resolve_model
 from servepilot.engine.process import ReplicaInfo
 from servepilot.fleet.budget import replica_capacity
@@ -40,7 +41,6 @@ from servepilot.load.loadplan import LoadPlan
 from servepilot.tune.loadsweep import LoadSweep, next_load
 from servepilot.tune.planspace import PlanSpace
 from servepilot.tune.score import Failure, FailureCause, Measurement, Outcome
-from servepilot.tune.sla import Sla
 from servepilot.tune.space import TrialConfig
 
 PREEMPTIONS = ("vllm:num_preemptions", "vllm:num_preemptions_total")
@@ -52,7 +52,7 @@ class VllmTrialRunner:
     space: PlanSpace
     workload: WorkloadSpec
     sweep: LoadSweep
-    sla: Sla
+    sla: Slo
     run_dir: Path
     on_level: Callable[[Run], None]
     on_step: Callable[[str], None]
@@ -110,7 +110,6 @@ class VllmTrialRunner:
         # The replica's own /tokenize: through the gateway, tokenizing a level's prompts
         # would take the admission budget a small max_num_seqs leaves, and be shed (429).
         tokenizer = open_tokenizer(replica_url, model, None)
-        bench_slo = self.sla.bench_slo()
         runs: list[Run] = []
         while (load := next_load(self.sweep, self.sla, runs).load) is not None:
             if replicas.exited():
@@ -121,7 +120,7 @@ class VllmTrialRunner:
             requests = await asyncio.to_thread(build_workload, spec, tokenizer, count)
             outcome = await run_load(target, plan, requests)
             run = summarize(
-                load, outcome.records, bench_slo, duration_s=outcome.duration_s,
+                load, outcome.records, self.sla, duration_s=outcome.duration_s,
                 client=outcome.client,
             )  # fmt: skip
             runs.append(run)
