@@ -40,12 +40,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from servepilot.bench.workload import WorkloadKind, WorkloadSpec  # noqa: E402
+from servepilot.cli.console import print_step  # noqa: E402
 from servepilot.cli.options import config_from_args  # noqa: E402
-from servepilot.cli.tune_output import search  # noqa: E402
-from servepilot.cli.tune_setup import TuneSetup, build_setup  # noqa: E402
+from servepilot.cli.tune_cmd import tune_options  # noqa: E402
+from servepilot.cli.tune_output import level_line, search  # noqa: E402
 from servepilot.core.errors import ServepilotError  # noqa: E402
 from servepilot.tune.policy import Goal  # noqa: E402
 from servepilot.tune.score import Measurement, Trial, score  # noqa: E402
+from servepilot.tune.setup import TuneSetup, build_setup  # noqa: E402
 from servepilot.tune.space import Knob, TrialConfig  # noqa: E402
 
 TARGET_SHARE = 0.95
@@ -95,7 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     grid = [(s, b) for s in _ints(args.grid_seqs) for b in _ints(args.grid_batched) if b >= s]
     tune_args = _tune_args(args, budget=max(1, len(grid) // 2))
-    setup = build_setup(tune_args, config, workload)
+    setup = build_setup(
+        tune_options(tune_args), config, workload,
+        on_level=lambda run, sla: print_step(level_line(run, sla)), on_step=print_step,
+    )  # fmt: skip
     try:
         grid_result = _grid(setup, grid)
         tune_result = _tune(setup)

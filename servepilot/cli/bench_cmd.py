@@ -5,12 +5,36 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from servepilot.bench.client import Target
+from servepilot.bench.compare import compare_results, render_comparison
+from servepilot.bench.outputs import write_outputs
 from servepilot.bench.records import Endpoint
-from servepilot.bench.workload import WorkloadKind, WorkloadSpec, parse_priority_mix
-from servepilot.cli.bench_parse import parse_levels
-from servepilot.cli.bench_run import compare, run
+from servepilot.bench.session import (
+    LEAK_BYTES_PER_REQUEST,
+    BenchOptions,
+    BenchOutput,
+    BenchReporter,
+    LevelProgress,
+    run_bench,
+)
+from servepilot.bench.target import served_model
+from servepilot.bench.tokenizer import Tokenizer, open_tokenizer
+from servepilot.bench.workload import WorkloadSpec
+from servepilot.cli.console import out_console, print_step, print_warning
+from servepilot.cli.levels_view import fmt_load, level_bars, print_runs
+from servepilot.cli.load_options import (
+    add_load_flags,
+    add_workload_flags,
+    loads_from_args,
+    parse_duration_s,
+    sweep_from_args,
+    workload_from_args,
+)
+from servepilot.cli.options import base_url
+from servepilot.core import loop
 from servepilot.core.errors import ConfigError
-from servepilot.core.results import Load, LoadMode
+from servepilot.core.results import Load, load_result
+from servepilot.core.slo import Slo, parse_slo
 from servepilot.load.arrivals import Arrival
 from servepilot.load.sweep import SweepConfig
 
@@ -105,184 +129,96 @@ def _target_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_load_flags(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("load")
-    mode = g.add_mutually_exclusive_group()
-    mode.add_argument(
-        "--concurrency",
-        metavar="N[,N...]",
-        help="closed loop: requests in flight at all times; a list runs one level each",
-    )
-    mode.add_argument("--rate", metavar="R[,R...]", help="open loop: requests per second")
-    g.add_argument(
-        "--sweep",
-        action="store_true",
-        help="raise the load level by level until "
-        "throughput stops rising (concurrency 1, 2, 4, ...; with --rate, from its "
-        "first value)",
-    )
-    g.add_argument(
-        "--arrival",
-        choices=[a.value for a in Arrival],
-        default="poisson",
-        help="open-loop arrivals (default poisson)",
-    )
-    g.add_argument(
-        "--burstiness",
-        type=float,
-        default=1.0,
-        metavar="B",
-        help="gamma arrivals: 1 is Poisson, below 1 burstier, above 1 smoother",
-    )
-    stop = g.add_mutually_exclusive_group()
-    stop.add_argument(
-        "--requests",
-        type=int,
-        metavar="N",
-        help="requests per level (default: max(100, 5 x concurrency) or max(100, 30 x rate))",
-    )
-    stop.add_argument("--duration", metavar="T", help="time per level instead (90s, 10m)")
-    g.add_argument(
-        "--warmup",
-        type=int,
-        default=0,
-        metavar="N",
-        help="requests sent first at each level and left out of the results",
-    )
-    g.add_argument(
-        "--slo",
-        metavar="K=MS,...",
-        help="ttft_p99_ms, tpot_p99_ms, e2e_p99_ms: a "
-        "request meets the SLO when it is within every limit; goodput counts those",
-    )
-    g.add_argument(
-        "--soak",
-        metavar="T",
-        help="one long run at one load level (e.g. 30m), "
-        "reported in windows, with the target's memory growth per request",
-    )
-    g.add_argument(
-        "--window",
-        metavar="T",
-        help="soak window length (default: a tenth of the soak, at least 10s)",
-    )
-    g.add_argument(
-        "--processes",
-        type=int,
-        metavar="N",
-        help="client processes (default: as many as the load needs)",
-    )
-
-
-def add_workload_flags(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("workload")
-    g.add_argument(
-        "--workload",
-        choices=[k.value for k in WorkloadKind],
-        default="random",
-        help="random (default); mixed (short and long prompts); shared_prefix (N prefixes x "
-        "suffixes); multi_turn (chat sessions whose history grows); trace (--trace FILE)",
-    )
-    g.add_argument(
-        "--input-tokens", type=int, default=256, metavar="N", help="prompt tokens (default 256)"
-    )
-    g.add_argument(
-        "--output-tokens",
-        type=int,
-        default=128,
-        metavar="N",
-        help="max_tokens of every request (default 128)",
-    )
-    g.add_argument(
-        "--long-fraction",
-        type=float,
-        default=0.2,
-        metavar="F",
-        help="mixed: share of long prompts (default 0.2)",
-    )
-    g.add_argument(
-        "--long-input-tokens",
-        type=int,
-        metavar="N",
-        help="mixed: tokens of a long prompt (default 4 x --input-tokens)",
-    )
-    g.add_argument(
-        "--num-prefixes",
-        type=int,
-        default=8,
-        metavar="N",
-        help="shared_prefix: distinct prefixes (default 8)",
-    )
-    g.add_argument(
-        "--prefix-tokens",
-        type=int,
-        metavar="N",
-        help="shared_prefix: tokens of each prefix (default 3/4 of --input-tokens)",
-    )
-    g.add_argument(
-        "--turns",
-        type=int,
-        default=4,
-        metavar="N",
-        help="multi_turn: turns per conversation (default 4)",
-    )
-    g.add_argument(
-        "--trace",
-        type=Path,
-        metavar="FILE",
-        help="trace: JSONL lines with timestamp, input_tokens, output_tokens, "
-        "optional prefix_group and priority",
-    )
-    g.add_argument(
-        "--priority-mix",
-        metavar="0=W,1=W,2=W",
-        help="send X-Priority 0 (interactive), 1 or 2 (batch) with these weights",
-    )
-    g.add_argument(
-        "--sessions", type=int, metavar="N", help="spread requests over N X-Session-Id values"
-    )
-    g.add_argument("--seed", type=int, default=0, help="workload and arrival seed (default 0)")
-
-
 def _run(args: argparse.Namespace) -> int:
     if args.url is None:
         raise ConfigError("--url is required", hint="e.g. --url http://127.0.0.1:8000")
     return run(args, loads_from_args(args), sweep_from_args(args), workload_from_args(args))
 
 
-def loads_from_args(args: argparse.Namespace) -> tuple[Load, ...]:
-    if args.rate:
-        return tuple(Load(mode=LoadMode.RATE, value=v) for v in parse_levels(args.rate, "--rate"))
-    if args.concurrency:
-        values = parse_levels(args.concurrency, "--concurrency")
-        if any(v != int(v) for v in values):
-            raise ConfigError(f"--concurrency {args.concurrency!r}: levels must be whole numbers")
-        return tuple(Load(mode=LoadMode.CONCURRENCY, value=v) for v in values)
-    return () if args.sweep else (Load(mode=LoadMode.CONCURRENCY, value=1),)
-
-
-def sweep_from_args(args: argparse.Namespace) -> SweepConfig | None:
-    if not args.sweep:
-        return None
-    if args.soak:
-        raise ConfigError("--sweep and --soak do not go together: soak runs one load level")
-    mode = LoadMode.RATE if args.rate else LoadMode.CONCURRENCY
-    start = parse_levels(args.rate or args.concurrency or "1", "--rate")[0]
-    return SweepConfig(mode=mode, start=start)
-
-
-def workload_from_args(args: argparse.Namespace) -> WorkloadSpec:
-    return WorkloadSpec(
-        kind=WorkloadKind(args.workload),
-        input_tokens=args.input_tokens,
-        output_tokens=args.output_tokens,
-        seed=args.seed,
-        long_fraction=args.long_fraction,
-        long_input_tokens=args.long_input_tokens,
-        num_prefixes=args.num_prefixes,
-        prefix_tokens=args.prefix_tokens,
-        turns=args.turns,
-        trace_path=args.trace,
-        priority_mix=parse_priority_mix(args.priority_mix) if args.priority_mix else None,
-        sessions=args.sessions,
+def run(
+    args: argparse.Namespace,
+    loads: tuple[Load, ...],
+    sweep: SweepConfig | None,
+    workload: WorkloadSpec,
+) -> int:
+    root = base_url(args.url, "--url")
+    model = args.model or served_model(root, args.api_key)
+    target = Target(
+        base_url=root,
+        model=model,
+        endpoint=Endpoint(args.endpoint),
+        api_key=args.api_key,
+        timeout_s=args.timeout,
     )
+    soak_s = parse_duration_s(args.soak, "--soak") if args.soak else None
+    if soak_s is not None and len(loads) != 1:
+        raise ConfigError("--soak runs one load level: give one --concurrency or --rate value")
+    opts = BenchOptions(
+        target=target,
+        workload=workload,
+        loads=loads,
+        sweep=sweep,
+        requests=args.requests,
+        duration_s=parse_duration_s(args.duration, "--duration") if args.duration else None,
+        warmup_requests=args.warmup,
+        arrival=Arrival(args.arrival),
+        burstiness=args.burstiness,
+        seed=args.seed,
+        slo=parse_slo(args.slo, per_request=True) if args.slo else Slo(),
+        soak_s=soak_s,
+        window_s=_window_s(args, soak_s),
+        processes=args.processes,
+        metrics_url=args.metrics_url,
+    )
+    tokenizer = open_tokenizer(target.base_url, target.model, args.tokenizer)
+    output = _run_with_progress(opts, tokenizer)
+    _report(output, args.out)
+    return 0
+
+
+def compare(args: argparse.Namespace) -> int:
+    comparison = compare_results(load_result(args.a), load_result(args.b))
+    out_console.print(render_comparison(comparison, str(args.a), str(args.b)))
+    return 0
+
+
+def _run_with_progress(opts: BenchOptions, tokenizer: Tokenizer) -> BenchOutput:
+    with level_bars() as bars:
+
+        def started(load: Load, requests: int | None, duration_s: float | None) -> None:
+            bars.start(load, requests if requests is not None else duration_s)
+
+        def progress(p: LevelProgress) -> None:
+            done = p.completed + p.failed if p.planned is not None else p.elapsed_s
+            counts = f"{p.completed:,} ok" + (f", {p.failed:,} failed" if p.failed else "")
+            bars.update(p.load, done, counts)
+
+        reporter = BenchReporter(started, progress, bars.finish, bars.note)
+        return loop.run(run_bench(opts, tokenizer, reporter))
+
+
+def _report(output: BenchOutput, out_dir: Path | None) -> None:
+    result = output.result
+    print_runs(result)
+    for run in result.runs:
+        if run.client is not None and run.client.client_bound:
+            print_warning(
+                f"at {fmt_load(run.load)} the client could not keep up (achieved "
+                f"{run.client.achieved_rate:.1f} req/s): the numbers understate the server; "
+                "use --processes or a bigger client machine"
+            )
+        growth = run.memory_growth_bytes_per_request
+        if growth is not None and growth > LEAK_BYTES_PER_REQUEST:
+            print_warning(
+                f"memory grew {growth / 2**20:.1f} MiB per request during the soak: "
+                "a leak by the 2 MB/request rule"
+            )
+    if out_dir is not None:
+        write_outputs(out_dir, result, output.records)
+        print_step(f"wrote {out_dir}/results.json, requests.csv and report.html")
+
+
+def _window_s(args: argparse.Namespace, soak_s: float | None) -> float:
+    if args.window:
+        return parse_duration_s(args.window, "--window")
+    return max(10.0, soak_s / 10) if soak_s else 30.0

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 from rich.console import RenderableType
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -57,11 +56,6 @@ def print_runs(result: BenchResult) -> None:
     out_console.print(render_runs_table(result))
     if result.sweet_spot is not None:
         out_console.print(Text(sweet_spot_line(result)))
-
-
-def write_results_json(out_dir: Path, result: BenchResult) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(result.to_json(), encoding="utf-8")
 
 
 def fmt_load(load: Load) -> str:

