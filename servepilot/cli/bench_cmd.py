@@ -71,12 +71,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_load_flags(parser)
     add_workload_flags(parser)
     out = parser.add_argument_group("output")
-    out.add_argument(
-        "--out",
-        type=Path,
-        metavar="DIR",
-        help="write results.json, requests.csv and report.html here",
-    )
+    out.add_argument("--out", type=Path, metavar="DIR",
+                     help="write results.json, requests.csv and report.html here")  # fmt: skip
     parser.set_defaults(run=_run)
 
     bench_sub = parser.add_subparsers(dest="bench_command", metavar="compare")
@@ -94,39 +90,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _target_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("target")
-    g.add_argument(
-        "--url",
-        metavar="URL",
-        help="base URL of the server, e.g. http://127.0.0.1:8000 (with or without /v1)",
-    )
-    g.add_argument(
-        "--model", metavar="NAME", help="model to ask for (default: the server's only model)"
-    )
-    g.add_argument(
-        "--endpoint",
-        choices=[e.value for e in Endpoint],
-        default="chat",
-        help="chat (/v1/chat/completions, default) or completions",
-    )
+    g.add_argument("--url", metavar="URL",
+                   help="base URL of the server, e.g. "
+                        "http://127.0.0.1:8000 (with or without /v1)")  # fmt: skip
+    g.add_argument("--model", metavar="NAME",
+                   help="model to ask for (default: the server's only model)")  # fmt: skip
+    g.add_argument("--endpoint", choices=[e.value for e in Endpoint], default="chat",
+                   help="chat (/v1/chat/completions, default) or completions")  # fmt: skip
     g.add_argument("--api-key", metavar="KEY", help="sent as Authorization: Bearer KEY")
-    g.add_argument(
-        "--tokenizer",
-        type=Path,
-        metavar="PATH",
-        help="a local Hugging Face tokenizer folder, for servers without vLLM's /tokenize",
-    )
-    g.add_argument(
-        "--metrics-url",
-        metavar="URL",
-        help="where to read the target's memory during --soak (default: URL/metrics)",
-    )
-    g.add_argument(
-        "--timeout",
-        type=float,
-        default=600.0,
-        metavar="S",
-        help="per-request timeout in seconds (default 600)",
-    )
+    g.add_argument("--tokenizer", type=Path, metavar="PATH",
+                   help="a local Hugging Face tokenizer folder, "
+                        "for servers without vLLM's /tokenize")  # fmt: skip
+    g.add_argument("--metrics-url", metavar="URL",
+                   help="where to read the target's memory "
+                        "during --soak (default: URL/metrics)")  # fmt: skip
+    g.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                   help="per-request timeout in seconds (default 600)")  # fmt: skip
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Collection, Iterable, Sequence
+from typing import Any
 
+from rich import box
 from rich.console import Console
+from rich.table import Table
 from rich.text import Text
 
 # Piped output (a log file, a test) gets a wide fixed width: rich would otherwise assume 80
@@ -28,3 +32,22 @@ def print_warning(message: str) -> None:
 
 def print_step(message: str) -> None:
     err_console.print(Text("• ", style="cyan") + Text(message))
+
+
+def simple_table(
+    title: str,
+    columns: Sequence[str],
+    rows: Iterable[Sequence[str]],
+    *,
+    right: Collection[str] = (),
+    **options: Any,
+) -> Table:
+    """A table titled on the left with a plain rule under its head; `right`: the columns to
+    right-align (numbers); `options` go to rich's Table (and may replace those)."""
+    settings: dict[str, Any] = {"title": title, "box": box.SIMPLE, "title_justify": "left"}
+    table = Table(**(settings | options))
+    for name in columns:
+        table.add_column(name, justify="right" if name in right else "left")
+    for row in rows:
+        table.add_row(*row)
+    return table

@@ -44,139 +44,68 @@ def parse_duration_s(text: str, flag: str) -> float:
 def add_load_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("load")
     mode = g.add_mutually_exclusive_group()
-    mode.add_argument(
-        "--concurrency",
-        metavar="N[,N...]",
-        help="closed loop: requests in flight at all times; a list runs one level each",
-    )
+    mode.add_argument("--concurrency", metavar="N[,N...]",
+                      help="closed loop: requests in flight at "
+                           "all times; a list runs one level each")  # fmt: skip
     mode.add_argument("--rate", metavar="R[,R...]", help="open loop: requests per second")
-    g.add_argument(
-        "--sweep",
-        action="store_true",
-        help="raise the load level by level until "
-        "throughput stops rising (concurrency 1, 2, 4, ...; with --rate, from its "
-        "first value)",
-    )
-    g.add_argument(
-        "--arrival",
-        choices=[a.value for a in Arrival],
-        default="poisson",
-        help="open-loop arrivals (default poisson)",
-    )
-    g.add_argument(
-        "--burstiness",
-        type=float,
-        default=1.0,
-        metavar="B",
-        help="gamma arrivals: 1 is Poisson, below 1 burstier, above 1 smoother",
-    )
+    g.add_argument("--sweep", action="store_true",
+                   help="raise the load level by level until throughput stops rising (concurrency "
+                        "1, 2, 4, ...; with --rate, from its first value)")  # fmt: skip
+    g.add_argument("--arrival", choices=[a.value for a in Arrival], default="poisson",
+                   help="open-loop arrivals (default poisson)")  # fmt: skip
+    g.add_argument("--burstiness", type=float, default=1.0, metavar="B",
+                   help="gamma arrivals: 1 is Poisson, "
+                        "below 1 burstier, above 1 smoother")  # fmt: skip
     stop = g.add_mutually_exclusive_group()
-    stop.add_argument(
-        "--requests",
-        type=int,
-        metavar="N",
-        help="requests per level (default: max(100, 5 x concurrency) or max(100, 30 x rate))",
-    )
+    stop.add_argument("--requests", type=int, metavar="N",
+                      help="requests per level (default: max(100, 5 "
+                           "x concurrency) or max(100, 30 x rate))")  # fmt: skip
     stop.add_argument("--duration", metavar="T", help="time per level instead (90s, 10m)")
-    g.add_argument(
-        "--warmup",
-        type=int,
-        default=0,
-        metavar="N",
-        help="requests sent first at each level and left out of the results",
-    )
-    g.add_argument(
-        "--slo",
-        metavar="K=MS,...",
-        help="ttft_p99_ms, tpot_p99_ms, e2e_p99_ms: a "
-        "request meets the SLO when it is within every limit; goodput counts those",
-    )
-    g.add_argument(
-        "--soak",
-        metavar="T",
-        help="one long run at one load level (e.g. 30m), "
-        "reported in windows, with the target's memory growth per request",
-    )
-    g.add_argument(
-        "--window",
-        metavar="T",
-        help="soak window length (default: a tenth of the soak, at least 10s)",
-    )
-    g.add_argument(
-        "--processes",
-        type=int,
-        metavar="N",
-        help="client processes (default: as many as the load needs)",
-    )
+    g.add_argument("--warmup", type=int, default=0, metavar="N",
+                   help="requests sent first at each "
+                        "level and left out of the results")  # fmt: skip
+    g.add_argument("--slo", metavar="K=MS,...",
+                   help="ttft_p99_ms, tpot_p99_ms, e2e_p99_ms: a request meets the "
+                        "SLO when it is within every limit; goodput counts those")  # fmt: skip
+    g.add_argument("--soak", metavar="T",
+                   help="one long run at one load level (e.g. 30m), reported in "
+                        "windows, with the target's memory growth per request")  # fmt: skip
+    g.add_argument("--window", metavar="T",
+                   help="soak window length (default: a "
+                        "tenth of the soak, at least 10s)")  # fmt: skip
+    g.add_argument("--processes", type=int, metavar="N",
+                   help="client processes (default: as many as the load needs)")  # fmt: skip
 
 
 def add_workload_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("workload")
-    g.add_argument(
-        "--workload",
-        choices=[k.value for k in WorkloadKind],
-        default="random",
-        help="random (default); mixed (short and long prompts); shared_prefix (N prefixes x "
-        "suffixes); multi_turn (chat sessions whose history grows); trace (--trace FILE)",
-    )
-    g.add_argument(
-        "--input-tokens", type=int, default=256, metavar="N", help="prompt tokens (default 256)"
-    )
-    g.add_argument(
-        "--output-tokens",
-        type=int,
-        default=128,
-        metavar="N",
-        help="max_tokens of every request (default 128)",
-    )
-    g.add_argument(
-        "--long-fraction",
-        type=float,
-        default=0.2,
-        metavar="F",
-        help="mixed: share of long prompts (default 0.2)",
-    )
-    g.add_argument(
-        "--long-input-tokens",
-        type=int,
-        metavar="N",
-        help="mixed: tokens of a long prompt (default 4 x --input-tokens)",
-    )
-    g.add_argument(
-        "--num-prefixes",
-        type=int,
-        default=8,
-        metavar="N",
-        help="shared_prefix: distinct prefixes (default 8)",
-    )
-    g.add_argument(
-        "--prefix-tokens",
-        type=int,
-        metavar="N",
-        help="shared_prefix: tokens of each prefix (default 3/4 of --input-tokens)",
-    )
-    g.add_argument(
-        "--turns",
-        type=int,
-        default=4,
-        metavar="N",
-        help="multi_turn: turns per conversation (default 4)",
-    )
-    g.add_argument(
-        "--trace",
-        type=Path,
-        metavar="FILE",
-        help="trace: JSONL lines with timestamp, input_tokens, output_tokens, "
-        "optional prefix_group and priority",
-    )
-    g.add_argument(
-        "--priority-mix",
-        metavar="0=W,1=W,2=W",
-        help="send X-Priority 0 (interactive), 1 or 2 (batch) with these weights",
-    )
-    g.add_argument(
-        "--sessions", type=int, metavar="N", help="spread requests over N X-Session-Id values"
-    )
+    g.add_argument("--workload", choices=[k.value for k in WorkloadKind], default="random",
+                   help="random (default); mixed (short and long prompts); "
+                        "shared_prefix (N prefixes x suffixes); multi_turn (chat "
+                        "sessions whose history grows); trace (--trace FILE)")  # fmt: skip
+    g.add_argument("--input-tokens", type=int, default=256, metavar="N",
+                   help="prompt tokens (default 256)")  # fmt: skip
+    g.add_argument("--output-tokens", type=int, default=128, metavar="N",
+                   help="max_tokens of every request (default 128)")  # fmt: skip
+    g.add_argument("--long-fraction", type=float, default=0.2, metavar="F",
+                   help="mixed: share of long prompts (default 0.2)")  # fmt: skip
+    g.add_argument("--long-input-tokens", type=int, metavar="N",
+                   help="mixed: tokens of a long prompt (default 4 x --input-tokens)")  # fmt: skip
+    g.add_argument("--num-prefixes", type=int, default=8, metavar="N",
+                   help="shared_prefix: distinct prefixes (default 8)")  # fmt: skip
+    g.add_argument("--prefix-tokens", type=int, metavar="N",
+                   help="shared_prefix: tokens of each prefix "
+                        "(default 3/4 of --input-tokens)")  # fmt: skip
+    g.add_argument("--turns", type=int, default=4, metavar="N",
+                   help="multi_turn: turns per conversation (default 4)")  # fmt: skip
+    g.add_argument("--trace", type=Path, metavar="FILE",
+                   help="trace: JSONL lines with timestamp, input_tokens, "
+                        "output_tokens, optional prefix_group and priority")  # fmt: skip
+    g.add_argument("--priority-mix", metavar="0=W,1=W,2=W",
+                   help="send X-Priority 0 (interactive), "
+                        "1 or 2 (batch) with these weights")  # fmt: skip
+    g.add_argument("--sessions", type=int, metavar="N",
+                   help="spread requests over N X-Session-Id values")  # fmt: skip
     g.add_argument("--seed", type=int, default=0, help="workload and arrival seed (default 0)")
 
 

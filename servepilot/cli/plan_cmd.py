@@ -53,64 +53,41 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )  # fmt: skip
     add_config_flag(parser)
     what = parser.add_argument_group("model and hardware")
-    what.add_argument(
-        "--model",
-        metavar="NAME_OR_PATH",
-        help=f"a preset ({', '.join(preset_names())}) or a local model folder",
-    )
-    what.add_argument(
-        "--accelerator",
-        metavar="NAME",
-        help="catalog name: cpu, a100-40, a100-80, h100, h200, b200, l40s",
-    )
+    presets = ", ".join(preset_names())
+    what.add_argument("--model", metavar="NAME_OR_PATH",
+                      help=f"a preset ({presets}) or a local model folder")  # fmt: skip
+    what.add_argument("--accelerator", metavar="NAME",
+                      help="catalog name: cpu, a100-40, "
+                           "a100-80, h100, h200, b200, l40s")  # fmt: skip
     what.add_argument("--count", type=int, metavar="N", help="accelerators per node")
     what.add_argument("--nodes", type=int, metavar="N", help="number of nodes")
-    what.add_argument(
-        "--memory-gib",
-        type=float,
-        metavar="G",
-        help="memory per accelerator in GiB (on CPU: the KV cache space)",
-    )
-    what.add_argument(
-        "--price", type=float, metavar="USD", help="price of one accelerator per hour"
-    )
-    what.add_argument(
-        "--catalog", metavar="YAML", help="accelerators to add to or override the shipped catalog"
-    )
+    what.add_argument("--memory-gib", type=float, metavar="G",
+                      help="memory per accelerator in GiB "
+                           "(on CPU: the KV cache space)")  # fmt: skip
+    what.add_argument("--price", type=float, metavar="USD",
+                      help="price of one accelerator per hour")  # fmt: skip
+    what.add_argument("--catalog", metavar="YAML",
+                      help="accelerators to add to or override the shipped catalog")  # fmt: skip
     knobs = parser.add_argument_group("precision and knobs")
-    knobs.add_argument(
-        "--weights-dtype",
-        metavar="D",
-        help="bf16, fp16, fp32, fp8, int8, fp4, awq, gptq (default: the "
-        "checkpoint's; on CPU what `dtype: auto` runs)",
-    )
+    knobs.add_argument("--weights-dtype", metavar="D",
+                       help="bf16, fp16, fp32, fp8, int8, fp4, awq, gptq (default: "
+                            "the checkpoint's; on CPU what `dtype: auto` runs)")  # fmt: skip
     knobs.add_argument("--kv-dtype", metavar="D", help="auto, fp8, fp8_e4m3, fp8_e5m2, bf16")
-    knobs.add_argument(
-        "--max-model-len",
-        type=int,
-        metavar="L",
-        help="longest prompt + output (default: from the traffic)",
-    )
+    knobs.add_argument("--max-model-len", type=int, metavar="L",
+                       help="longest prompt + output (default: from the traffic)")  # fmt: skip
     traffic = parser.add_argument_group("traffic")
     traffic.add_argument("--qps", type=float, metavar="Q", help="requests per second to sustain")
     traffic.add_argument("--concurrency", type=int, metavar="N", help="requests in flight")
     traffic.add_argument("--input-tokens", type=int, metavar="N", help="mean prompt length")
     traffic.add_argument("--output-tokens", type=int, metavar="N", help="mean output length")
-    traffic.add_argument(
-        "--profile",
-        type=Path,
-        metavar="PROFILE.json",
-        help="step times measured by `servepilot calibrate` for the throughput and latency "
-        "estimates (default: the roofline of the model on the accelerator)",
-    )
+    traffic.add_argument("--profile", type=Path, metavar="PROFILE.json",
+                         help="step times measured by `servepilot calibrate` for "
+                              "the throughput and latency estimates (default: "
+                              "the roofline of the model on the accelerator)")  # fmt: skip
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the plan as one JSON object")
-    out.add_argument(
-        "--out",
-        type=Path,
-        metavar="FLEET_YAML",
-        help="write the planned fleet.yaml here (for `servepilot up -c`)",
-    )
+    out.add_argument("--out", type=Path, metavar="FLEET_YAML",
+                     help="write the planned fleet.yaml here (for `servepilot up -c`)")  # fmt: skip
     parser.set_defaults(run=run)  # fmt: skip
 
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from servepilot.cli.console import out_console
+from servepilot.cli.console import out_console, simple_table
 from servepilot.plan.estimate import Estimates
 from servepilot.plan.hardware import AcceleratorKind
 from servepilot.plan.planner import Plan
@@ -57,25 +56,16 @@ def render_plan(plan: Plan, command: str | None, rung: str | None) -> None:
 
 
 def _estimates_table(found: Estimates) -> Table:
-    table = Table(
-        title=f"estimates per replica (step times: {found.source})",
-        box=box.SIMPLE,
-        title_justify="left",
-        caption=_estimates_caption(found),
-        caption_justify="left",
-    )
-    for column in ("load", "in flight", "TTFT ms", "TPOT ms", "output tok/s", "requests/s"):
-        table.add_column(column, justify="left" if column == "load" else "right")
-    for name, point in (("one request alone", found.idle), ("at capacity", found.capacity)):
-        table.add_row(
-            name,
-            f"{point.concurrency:,.1f}",
-            f"{point.ttft_ms:,.1f}",
-            f"{point.tpot_ms:,.2f}",
-            f"{point.output_tokens_per_s:,.0f}",
-            f"{point.requests_per_s:,.2f}",
-        )
-    return table
+    rows = [
+        (name, f"{point.concurrency:,.1f}", f"{point.ttft_ms:,.1f}", f"{point.tpot_ms:,.2f}",
+         f"{point.output_tokens_per_s:,.0f}", f"{point.requests_per_s:,.2f}")
+        for name, point in (("one request alone", found.idle), ("at capacity", found.capacity))
+    ]  # fmt: skip
+    columns = ("load", "in flight", "TTFT ms", "TPOT ms", "output tok/s", "requests/s")
+    return simple_table(
+        f"estimates per replica (step times: {found.source})", columns, rows, right=columns[1:],
+        caption=_estimates_caption(found), caption_justify="left",
+    )  # fmt: skip
 
 
 def _estimates_caption(found: Estimates) -> str:
@@ -96,10 +86,6 @@ def _estimates_caption(found: Estimates) -> str:
 def _memory_table(plan: Plan) -> Table:
     mem = plan.option.memory
     cpu = plan.request.accelerator.kind is AcceleratorKind.CPU
-    table = Table(title="memory per device", box=box.SIMPLE, title_justify="left")
-    table.add_column("part")
-    table.add_column("GB", justify="right")
-    table.add_column("note")
     rows = [
         ("weights", mem.weights_bytes, "in host memory" if cpu else "per rank, experts included"),
         ("activations", mem.activation_bytes, "estimate: profiling pass at max_num_batched_tokens"),
@@ -108,42 +94,31 @@ def _memory_table(plan: Plan) -> Table:
         ("headroom", mem.headroom_bytes, "outside gpu_memory_utilization"),
         ("total", mem.total_bytes, plan.request.accelerator.name),
     ]
-    for name, value, note in rows:
-        table.add_row(name, f"{value / GB:,.2f}", note)
-    return table
+    cells = [(name, f"{value / GB:,.2f}", note) for name, value, note in rows]
+    return simple_table("memory per device", ("part", "GB", "note"), cells, right=("GB",))
 
 
 def _knob_table(plan: Plan) -> Table:
-    table = Table(title="knobs", box=box.SIMPLE, title_justify="left")
-    table.add_column("knob")
-    table.add_column("value", justify="right")
-    table.add_column("why")
-    for name, knob in plan.knobs.as_dict().items():
-        value = (
-            "-"
-            if knob.value is None
-            else f"{knob.value:,}"
-            if isinstance(knob.value, int) and not isinstance(knob.value, bool)
-            else str(knob.value)
-        )
-        table.add_row(name, value, knob.reason)
-    return table
+    rows = [(name, _knob_value(knob.value), knob.reason)
+            for name, knob in plan.knobs.as_dict().items()]  # fmt: skip
+    return simple_table("knobs", ("knob", "value", "why"), rows, right=("value",))
+
+
+def _knob_value(value: object) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
 
 
 def _ladder_table(plan: Plan) -> Table:
-    table = Table(title="to make it fit (seed 004's ladder)", box=box.SIMPLE, title_justify="left")
-    for column in ("step", "fits", "layout", "weights GB/device", "KV tokens", "concurrency"):
-        table.add_column(column)
-    for step in plan.ladder:
-        table.add_row(
-            step.action,
-            "yes" if step.fits else "no",
-            step.layout,
-            f"{step.weights_per_rank_bytes / GB:,.1f}",
-            f"{step.kv_capacity_tokens:,}",
-            f"{step.max_concurrency:,.2f}",
-        )
-    return table
+    rows = [
+        (step.action, "yes" if step.fits else "no", step.layout,
+         f"{step.weights_per_rank_bytes / GB:,.1f}", f"{step.kv_capacity_tokens:,}",
+         f"{step.max_concurrency:,.2f}")
+        for step in plan.ladder
+    ]  # fmt: skip
+    columns = ("step", "fits", "layout", "weights GB/device", "KV tokens", "concurrency")
+    return simple_table("to make it fit (seed 004's ladder)", columns, rows)
 
 
 def _cost_line(plan: Plan) -> Text:

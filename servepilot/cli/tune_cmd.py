@@ -10,7 +10,6 @@ from servepilot.cli.load_options import add_workload_flags, workload_from_args
 from servepilot.cli.options import add_config_flag, config_from_args
 from servepilot.cli.tune_output import level_line, report, search
 from servepilot.core.config import EngineKind
-from servepilot.core.errors import ConfigError
 from servepilot.tune.setup import TuneOptions, build_setup
 from servepilot.tune.space import Knob
 
@@ -53,36 +52,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_config_flag(parser)
     g = parser.add_argument_group("search")
-    g.add_argument(
-        "--slo",
-        metavar="K=MS,...",
-        help="the SLA: <ttft|tpot|itl|e2e>_<p50|p90|p99|mean>_ms limits, e.g. "
-        "ttft_p99_ms=500,tpot_p99_ms=50 (default: fleet.yaml's slo section)",
-    )
-    g.add_argument(
-        "--engine",
-        choices=[k.value for k in EngineKind],
-        help="vllm: real replicas (default: engine.kind); sim: the simulator, in seconds",
-    )
+    g.add_argument("--slo", metavar="K=MS,...",
+                   help="the SLA: <ttft|tpot|itl|e2e>_<p50|p90|p99|mean>_ms "
+                        "limits, e.g. ttft_p99_ms=500,tpot_p99_ms=50 "
+                        "(default: fleet.yaml's slo section)")  # fmt: skip
+    g.add_argument("--engine", choices=[k.value for k in EngineKind],
+                   help="vllm: real replicas (default: engine.kind); "
+                        "sim: the simulator, in seconds")  # fmt: skip
     g.add_argument("--budget", type=int, default=12, metavar="N", help="most trials (default 12)")
-    g.add_argument(
-        "--knobs",
-        metavar="K,...",
-        help=f"search only these knobs (default all): {', '.join(k.value for k in Knob)}",
-    )
-    g.add_argument(
-        "--min-gain",
-        type=float,
-        default=2.0,
-        metavar="PCT",
-        help="a trial must beat the best by more than this to replace it (default 2)",
-    )
-    g.add_argument(
-        "--profile",
-        type=Path,
-        metavar="PROFILE.json",
-        help="sim: step times from `servepilot calibrate` (default: the roofline estimate)",
-    )
+    knobs = ", ".join(k.value for k in Knob)
+    g.add_argument("--knobs", metavar="K,...",
+                   help=f"search only these knobs (default all): {knobs}")  # fmt: skip
+    g.add_argument("--min-gain", type=float, default=2.0, metavar="PCT",
+                   help="a trial must beat the best by more "
+                        "than this to replace it (default 2)")  # fmt: skip
+    g.add_argument("--profile", type=Path, metavar="PROFILE.json",
+                   help="sim: step times from `servepilot "
+                        "calibrate` (default: the roofline estimate)")  # fmt: skip
     _sweep_flags(parser)
     add_workload_flags(parser)
     parser.add_argument(
@@ -95,33 +81,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _sweep_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("load sweep of each trial")
-    g.add_argument(
-        "--requests",
-        type=int,
-        metavar="N",
-        help="requests per load level (default: bench's, max(100, 5 x concurrency))",
-    )
-    g.add_argument(
-        "--max-concurrency",
-        type=int,
-        default=256,
-        metavar="N",
-        help="highest concurrency of the sweep (default 256)",
-    )
-    g.add_argument(
-        "--refine-levels",
-        type=int,
-        default=2,
-        metavar="N",
-        help="levels bisecting the load where the SLA breaks (default 2)",
-    )
+    g.add_argument("--requests", type=int, metavar="N",
+                   help="requests per load level (default: "
+                        "bench's, max(100, 5 x concurrency))")  # fmt: skip
+    g.add_argument("--max-concurrency", type=int, default=256, metavar="N",
+                   help="highest concurrency of the sweep (default 256)")  # fmt: skip
+    g.add_argument("--refine-levels", type=int, default=2, metavar="N",
+                   help="levels bisecting the load where the SLA breaks (default 2)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
-    _check_numbers(args)
+    opts = tune_options(args)
     given = config_from_args(args, {})
     setup = build_setup(
-        tune_options(args),
+        opts,
         given,
         workload_from_args(args),
         on_level=lambda run, sla: print_step(level_line(run, sla)),
@@ -143,16 +116,3 @@ def tune_options(args: argparse.Namespace) -> TuneOptions:
         profile=args.profile,
         out=args.out,
     )
-
-
-def _check_numbers(args: argparse.Namespace) -> None:
-    if args.budget < 1:
-        raise ConfigError(f"--budget must be at least 1 trial, got {args.budget}")
-    if args.requests is not None and args.requests < 1:
-        raise ConfigError(f"--requests must be at least 1, got {args.requests}")
-    if args.max_concurrency < 1:
-        raise ConfigError(f"--max-concurrency must be at least 1, got {args.max_concurrency}")
-    if args.refine_levels < 0:
-        raise ConfigError(f"--refine-levels must be at least 0, got {args.refine_levels}")
-    if not 0 <= args.min_gain < 100:
-        raise ConfigError(f"--min-gain must be a percentage in [0, 100), got {args.min_gain}")

@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from servepilot.bench.report.fmt import format_load
-from servepilot.cli.console import out_console, print_step, print_warning
+from servepilot.cli.console import out_console, print_step, print_warning, simple_table
 from servepilot.core.results import Run
 from servepilot.core.slo import Slo
 from servepilot.tune.artifacts import fleet_command, tuned_fleet, write_artifacts
@@ -92,11 +92,9 @@ def _changes(row: TrialRow) -> str:
 def _verdict(summary: Summary) -> None:
     best = summary.best
     if best is not None and best.score is not None:
-        gain = summary.gain
-        text = f"{gain:+.1%} over the default" if gain is not None else "the default met none"
         out_console.print(
             Text(f"best: trial {best.trial.index}, {_changes(best)}: ", style="bold green")
-            + Text(f"{best.score.goodput_rps:.3f} req/s at the SLA, {text}")
+            + Text(f"{best.score.goodput_rps:.3f} req/s at the SLA, {summary.gain_text}")
         )
         return
     binding = summary.binding
@@ -114,35 +112,22 @@ def _verdict(summary: Summary) -> None:
 
 
 def _table(summary: Summary) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, title="servepilot tune: trials", title_justify="left")
-    for name in ("#", "changes from the default", "status", "goodput req/s", "best level",
-                 "binding SLO", "signals / failure", "wall s"):  # fmt: skip
-        table.add_column(
-            name, justify="right" if name in ("#", "goodput req/s", "wall s") else "left"
-        )
+    columns = ("#", "changes from the default", "status", "goodput req/s", "best level",
+               "binding SLO", "signals / failure", "wall s")  # fmt: skip
+    table = simple_table(
+        "servepilot tune: trials", columns, (), right=("#", "goodput req/s", "wall s"),
+        box=box.SIMPLE_HEAD, caption=f"SLA {summary.sla.describe()}", caption_justify="left",
+    )  # fmt: skip
     chosen = summary.chosen
     for row in summary.rows:
         spot = chosen is not None and row.trial.index == chosen.trial.index
         table.add_row(*_cells(row), style="bold green" if spot else None)
-    table.caption = f"SLA {summary.sla.describe()}"
-    table.caption_justify = "left"
     return table
 
 
 def _cells(row: TrialRow) -> tuple[str, ...]:
-    score = row.score
-    level = format_load(score.best.load) if score is not None and score.best else "—"
-    binding = score.binding if score is not None else None
-    return (
-        str(row.trial.index),
-        row.changes,
-        row.status,
-        f"{score.goodput_rps:.3f}" if score is not None else "—",
-        level,
-        f"{binding.key} {binding.ratio:.2f}x" if binding is not None else "—",
-        row.signals,
-        f"{row.trial.wall_s:,.1f}",
-    )
+    return (str(row.trial.index), row.changes, row.status, row.goodput_text, row.level_text,
+            row.binding_text, row.signals, f"{row.trial.wall_s:,.1f}")  # fmt: skip
 
 
 def _result_text(row: TrialRow) -> str:

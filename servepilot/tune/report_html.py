@@ -76,8 +76,7 @@ def _verdict(summary: Summary) -> str:
     stop = f"search stopped: {escape(summary.stop.detail)}"
     best = summary.best
     if best is not None and best.score is not None:
-        gain = summary.gain
-        gain_text = f"{gain:+.1%} over the default" if gain is not None else "the default met none"
+        gain_text = summary.gain_text
         spot = format_load(best.score.best.load) if best.score.best is not None else ""
         return (
             '<div class="sweet"><div class="label">best configuration</div>'
@@ -136,15 +135,10 @@ def _table(summary: Summary) -> str:
 
 
 def _tr(row: TrialRow, spot: bool) -> str:
-    score = row.score
-    goodput = f"{score.goodput_rps:.3f}" if score is not None else "—"
-    level = format_load(score.best.load) if score is not None and score.best else "—"
-    binding = score.binding if score is not None else None
-    bind = f"{binding.key} {binding.ratio:.2f}x" if binding is not None else "—"
-    css = "spot" if spot else ("failed" if score is None else "")
+    css = "spot" if spot else ("failed" if row.score is None else "")
     cells = [
         str(row.trial.index), escape(row.changes), escape(row.status),
-        goodput, escape(level), escape(bind), escape(row.signals),
+        row.goodput_text, escape(row.level_text), escape(row.binding_text), escape(row.signals),
         escape(row.trial.reason), f"{row.trial.wall_s:,.1f}",
     ]  # fmt: skip
     numeric = {0, 3, 8}

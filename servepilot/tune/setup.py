@@ -48,6 +48,20 @@ class TuneOptions:
     profile: Path | None
     out: Path
 
+    def __post_init__(self) -> None:
+        if self.budget_trials < 1:
+            raise ConfigError(f"--budget must be at least 1 trial, got {self.budget_trials}")
+        if self.requests_per_level is not None and self.requests_per_level < 1:
+            raise ConfigError(f"--requests must be at least 1, got {self.requests_per_level}")
+        if self.max_concurrency < 1:
+            raise ConfigError(f"--max-concurrency must be at least 1, got {self.max_concurrency}")
+        if self.refine_levels < 0:
+            raise ConfigError(f"--refine-levels must be at least 0, got {self.refine_levels}")
+        if not 0 <= self.min_gain_pct < 100:
+            raise ConfigError(
+                f"--min-gain must be a percentage in [0, 100), got {self.min_gain_pct}"
+            )
+
 
 @dataclass(frozen=True, slots=True)
 class TuneSetup:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from servepilot.bench.report.fmt import format_load
 from servepilot.core.slo import Slo
 from servepilot.tune.policy import Stop
 from servepilot.tune.score import Failure, Measurement, Score, Trial, diagnose, score
@@ -34,6 +35,21 @@ class TrialRow:
         if isinstance(self.trial.outcome, Failure):
             return f"failed: {self.trial.outcome.cause.value}"
         return "meets SLA" if self.score is not None and self.score.met else "misses SLA"
+
+    # The cells the terminal's table and the HTML report's share ("—" where not measured).
+    @property
+    def goodput_text(self) -> str:
+        return f"{self.score.goodput_rps:.3f}" if self.score is not None else "—"
+
+    @property
+    def level_text(self) -> str:
+        best = self.score.best if self.score is not None else None
+        return format_load(best.load) if best is not None else "—"
+
+    @property
+    def binding_text(self) -> str:
+        binding = self.score.binding if self.score is not None else None
+        return f"{binding.key} {binding.ratio:.2f}x" if binding is not None else "—"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +82,11 @@ class Summary:
         base = self.default.score.goodput_rps
         assert self.best.score is not None
         return self.best.score.goodput_rps / base - 1.0 if base > 0 else None
+
+    @property
+    def gain_text(self) -> str:
+        gain = self.gain
+        return f"{gain:+.1%} over the default" if gain is not None else "the default met none"
 
     @property
     def binding(self) -> Violation | None:
