@@ -92,27 +92,16 @@ def _sweep_flags(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     opts = tune_options(args)
-    given = config_from_args(args, {})
-    setup = build_setup(
-        opts,
-        given,
-        workload_from_args(args),
-        on_level=lambda run, sla: print_step(level_line(run, sla)),
-        on_step=print_step,
-    )
+    setup = build_setup(opts, config_from_args(args, {}), workload_from_args(args),
+                        on_level=lambda run, sla: print_step(level_line(run, sla)),
+                        on_step=print_step)  # fmt: skip
     return report(setup, search(setup))
 
 
 def tune_options(args: argparse.Namespace) -> TuneOptions:
     return TuneOptions(
-        engine=EngineKind(args.engine) if args.engine else None,
-        slo=args.slo,
-        knobs=args.knobs,
-        budget_trials=args.budget,
-        min_gain_pct=args.min_gain,
-        max_concurrency=args.max_concurrency,
-        refine_levels=args.refine_levels,
-        requests_per_level=args.requests,
-        profile=args.profile,
-        out=args.out,
-    )
+        engine=EngineKind(args.engine) if args.engine else None, slo=args.slo, knobs=args.knobs,
+        budget_trials=args.budget, min_gain_pct=args.min_gain,
+        max_concurrency=args.max_concurrency, refine_levels=args.refine_levels,
+        requests_per_level=args.requests, profile=args.profile, out=args.out,
+    )  # fmt: skip
