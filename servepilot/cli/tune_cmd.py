@@ -8,7 +8,7 @@ from pathlib import Path
 from servepilot.cli.console import print_step
 from servepilot.cli.load_options import add_workload_flags, workload_from_args
 from servepilot.cli.options import add_config_flag, config_from_args
-from servepilot.cli.tune_output import level_line, report, search
+from servepilot.cli.tune_view import level_line, report, search
 from servepilot.core.config import EngineKind
 from servepilot.tune.setup import TuneOptions, build_setup
 from servepilot.tune.space import Knob

@@ -1,4 +1,4 @@
-"""`servepilot tune` in the terminal and on disk: progress, the trials table, the files."""
+"""`servepilot tune` in the terminal: progress, the trials table, the verdict."""
 
 from __future__ import annotations
 
