@@ -52,3 +52,37 @@ def test_a_limit_is_a_finite_positive_number(value: str) -> None:
 def test_the_flag_is_named() -> None:
     with pytest.raises(ConfigError, match=r"^--slo-x 'x=1'"):
         parse_slo("x=1", "--slo-x")
+
+
+def test_parses_every_metric_and_statistic_bench_reports() -> None:
+    sla = parse_slo("ttft_p99_ms=500, tpot_p90_ms=50,e2e_mean_ms=9000,itl_p50_ms=40")
+    got = {(limit.metric, limit.statistic, limit.limit_ms) for limit in sla.limits}
+    assert got == {
+        (Metric.TTFT, Statistic.P99, 500.0),
+        (Metric.TPOT, Statistic.P90, 50.0),
+        (Metric.E2E, Statistic.MEAN, 9000.0),
+        (Metric.ITL, Statistic.P50, 40.0),
+    }
+    # Bench counts goodput per request against its p99 keys only.
+    assert (sla.ttft_p99_ms, sla.tpot_p99_ms, sla.e2e_p99_ms) == (500.0, None, None)
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("ttft_p95_ms=500", ["ttft_p95_ms", "not p95", "ttft_p90_ms"]),
+        ("ttft_p99=500", ["'ttft_p99=500'", "KEY=MS"]),
+        ("latency_p99_ms=5", ["latency_p99_ms", "KEY=MS"]),
+        ("tpot_p99_ms=fast", ["tpot_p99_ms", "'fast' is not a number"]),
+        ("e2e_p99_ms=-3", ["e2e_p99_ms must be a positive"]),
+        ("ttft_p99_ms", ["KEY=MS"]),
+        (",", ["no limit"]),
+    ],
+)
+def test_bad_slo_names_the_part(text: str, words: list[str]) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_slo(text)
+    shown = str(err.value)
+    assert "--slo" in shown
+    for word in words:
+        assert word in shown
