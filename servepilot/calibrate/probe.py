@@ -27,7 +27,7 @@ from servepilot.calibrate.samples import (
     prefill_sample,
     wave_samples,
 )
-from servepilot.calibrate.server import read_metrics
+from servepilot.calibrate.server import PROBED, read_metrics
 from servepilot.core.errors import ConfigError
 from servepilot.engine.metrics import EngineMetric, Scrape
 
@@ -213,8 +213,8 @@ class Prober:
         self._index += 1
         return RequestSpec(self._index, text, max_tokens, tokens)
 
-    async def _page(self) -> Scrape:
-        return await read_metrics(self._metrics, self.target.base_url)
+    async def _page(self, only: Sequence[EngineMetric] = PROBED) -> Scrape:
+        return await read_metrics(self._metrics, self.target.base_url, only)
 
     async def _prefill(self, text: str, tokens: int) -> None:
         client = Client(self.target)
@@ -263,7 +263,9 @@ class Prober:
         return Injection(record, _cache_hits(before, await self._page()))
 
     async def _generated(self) -> float:
-        return (await self._page()).total(EngineMetric.GENERATION_TOKENS)
+        # Read every _POLL_S while a wave decodes: parse only the one counter.
+        generated = EngineMetric.GENERATION_TOKENS
+        return (await self._page((generated,))).total(generated)
 
     async def _await_tokens(
         self, total: float, tasks: Sequence[asyncio.Future[RequestRecord]]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,12 +138,14 @@ def _version(root: str, api_key: str | None) -> str | None:
     return str(version) if version is not None else None
 
 
-async def read_metrics(session: aiohttp.ClientSession, root: str) -> Scrape:
-    """The replica's /metrics page now: the metrics the probes read."""
+async def read_metrics(
+    session: aiohttp.ClientSession, root: str, only: Sequence[EngineMetric] = PROBED
+) -> Scrape:
+    """The replica's /metrics page now: the metrics the probes read (or `only` these)."""
     async with session.get(f"{root}/metrics") as response:
         if response.status != 200:
             raise EngineError(f"GET {root}/metrics answered HTTP {response.status}")
-        return scrape(await response.text(), PROBED)
+        return scrape(await response.text(), only)
 
 
 def _int(value: str | None) -> int | None:

@@ -185,15 +185,8 @@ def scrape(text: str, only: Iterable[EngineMetric] | None = None) -> Scrape:
 def _lines_of(text: str, families: tuple[str, ...]) -> str:
     """The lines (samples and their HELP and TYPE) of names that start with a family's: a few
     too many is harmless, since samples are then read by their exact names."""
-    kept = []
-    for line in text.splitlines():
-        if line.startswith("#"):
-            parts = line.split(maxsplit=3)
-            if len(parts) >= 3 and parts[2].startswith(families):
-                kept.append(line)
-        elif line.startswith(families):
-            kept.append(line)
-    return "\n".join(kept) + "\n"
+    starts = families + tuple(f"# {word} {f}" for word in ("HELP", "TYPE") for f in families)
+    return "\n".join(line for line in text.splitlines() if line.startswith(starts)) + "\n"
 
 
 @dataclass(frozen=True, slots=True)
