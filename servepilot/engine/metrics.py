@@ -96,7 +96,7 @@ LOAD_METRICS = (EngineMetric.RUNNING, EngineMetric.WAITING, EngineMetric.KV_CACH
 
 @dataclass(frozen=True, slots=True)
 class Histogram:
-    """A cumulative histogram: `buckets` pairs each upper bound (seconds) with a count."""
+    """A cumulative histogram: `buckets` pairs each upper bound with a count."""
 
     buckets: tuple[tuple[float, float], ...]
     count: float
