@@ -1,13 +1,11 @@
-"""Fitting the probes' steps, and showing how well the fit explains them (pure: no I/O)."""
+"""Fitting the probes' steps, and the rows that show how well the fit explains them (pure:
+no I/O; the CLI draws the rows)."""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-from rich import box
-from rich.table import Table
 
 from servepilot.calibrate.samples import ProbeKind, ProbeSample, relative_error
 from servepilot.plan.costmodel import COEFFICIENTS, CostModel, fit_cost_model
@@ -71,29 +69,41 @@ def p90(values: Sequence[float]) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
 
 
-def render_table(fit: Fit) -> Table:
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """A table as plain data (the CLI draws it): a title, column names, rows of text."""
+
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+
+
+SAMPLE_COLUMNS = ("probe", "prefill tok", "prefill seqs", "decode seqs", "context tok",
+                  "steps", "measured ms", "fitted ms", "error %")  # fmt: skip
+
+
+def sample_table(fit: Fit) -> Rows:
     """One row per sample: its shape, the measured and the fitted time, the error; samples
     left out of the fit say so."""
-    table = _table("probes")
-    for header in ("probe", "prefill tok", "prefill seqs", "decode seqs", "context tok",
-                   "steps", "measured ms", "fitted ms", "error %"):  # fmt: skip
-        table.add_column(header, justify="left" if header == "probe" else "right")
-    for s in sorted((*fit.kept, *fit.outliers), key=_order):
-        fitted = fit.model.step_time_s(s.shape)
-        shape = s.shape
-        error = f"{100 * relative_error(fitted, s.seconds):+.1f}"
-        table.add_row(
-            s.label,
-            str(shape.prefill_tokens),
-            str(shape.prefill_seqs),
-            str(shape.decode_seqs),
-            str(shape.context_tokens),
-            str(s.steps),
-            f"{s.seconds * 1000:.1f}",
-            f"{fitted * 1000:.1f}",
-            error + " left out" if s in fit.outliers else error,
-        )
-    return table
+    samples = sorted((*fit.kept, *fit.outliers), key=_order)
+    return Rows("probes", SAMPLE_COLUMNS, tuple(_sample_row(s, fit) for s in samples))
+
+
+def _sample_row(sample: ProbeSample, fit: Fit) -> tuple[str, ...]:
+    fitted = fit.model.step_time_s(sample.shape)
+    shape = sample.shape
+    error = f"{100 * relative_error(fitted, sample.seconds):+.1f}"
+    return (
+        sample.label,
+        str(shape.prefill_tokens),
+        str(shape.prefill_seqs),
+        str(shape.decode_seqs),
+        str(shape.context_tokens),
+        str(sample.steps),
+        f"{sample.seconds * 1000:.1f}",
+        f"{fitted * 1000:.1f}",
+        error + " left out" if sample in fit.outliers else error,
+    )
 
 
 def _order(sample: ProbeSample) -> tuple[int, int, int, int]:
@@ -102,19 +112,10 @@ def _order(sample: ProbeSample) -> tuple[int, int, int, int]:
     return kinds.index(sample.kind), s.decode_seqs, s.prefill_tokens, s.context_tokens
 
 
-def render_coefficients(model: CostModel) -> Table:
-    table = _table("fitted")
-    table.add_column("coefficient")
-    table.add_column("value", justify="right")
-    for name, value in zip(COEFFICIENTS, model.coefficients, strict=True):
-        table.add_row(name, _time(value))
-    return table
-
-
-def _table(title: str) -> Table:
-    return Table(
-        box=box.SIMPLE_HEAD, pad_edge=False, header_style="bold", title=title, title_justify="left"
-    )
+def coefficient_table(model: CostModel) -> Rows:
+    """One row per coefficient: its name and its time."""
+    values = zip(COEFFICIENTS, model.coefficients, strict=True)
+    return Rows("fitted", ("coefficient", "value"), tuple((n, _time(v)) for n, v in values))
 
 
 def _time(seconds: float) -> str:

@@ -27,16 +27,9 @@ from servepilot.calibrate.samples import (
     prefill_sample,
     wave_samples,
 )
-from servepilot.calibrate.server import (
-    GENERATED,
-    HITS,
-    PREFILL_TIME,
-    QUEUE_TIME,
-    counter,
-    has_metric,
-    read_metrics,
-)
+from servepilot.calibrate.server import PROBED, read_metrics
 from servepilot.core.errors import ConfigError
+from servepilot.engine.metrics import EngineMetric, Scrape
 
 PREFILL_LENGTHS = (16, 32, 64, 128, 256, 384, 512, 768, 1024)
 QUICK_PREFILL_LENGTHS = (32, 128, 384, 768)
@@ -220,8 +213,8 @@ class Prober:
         self._index += 1
         return RequestSpec(self._index, text, max_tokens, tokens)
 
-    async def _page(self) -> str:
-        return await read_metrics(self._metrics, self.target.base_url)
+    async def _page(self, only: Sequence[EngineMetric] = PROBED) -> Scrape:
+        return await read_metrics(self._metrics, self.target.base_url, only)
 
     async def _prefill(self, text: str, tokens: int) -> None:
         client = Client(self.target)
@@ -234,7 +227,7 @@ class Prober:
             await client.aclose()
         self.run.note([record], [tokens])
         engine_s = _engine_seconds(before, after)
-        sample = prefill_sample(record, _delta(before, after, HITS), engine_s)
+        sample = prefill_sample(record, _cache_hits(before, after), engine_s)
         if sample is None:
             return
         self.run.samples.append(sample)
@@ -267,10 +260,12 @@ class Prober:
     async def _inject(self, client: Client, text: str, tokens: int) -> Injection:
         before = await self._page()
         record = await client.send(self._spec(text, tokens, 1))
-        return Injection(record, _delta(before, await self._page(), HITS))
+        return Injection(record, _cache_hits(before, await self._page()))
 
     async def _generated(self) -> float:
-        return counter(await self._page(), GENERATED)
+        # Read every _POLL_S while a wave decodes: parse only the one counter.
+        generated = EngineMetric.GENERATION_TOKENS
+        return (await self._page((generated,))).total(generated)
 
     async def _await_tokens(
         self, total: float, tasks: Sequence[asyncio.Future[RequestRecord]]
@@ -284,13 +279,14 @@ class Prober:
         return False
 
 
-def _delta(before: str, after: str, name: str) -> int:
-    return max(0, round(counter(after, name) - counter(before, name)))
+def _cache_hits(before: Scrape, after: Scrape) -> int:
+    hits = EngineMetric.PREFIX_CACHE_HITS
+    return max(0, round(after.total(hits) - before.total(hits)))
 
 
-def _engine_seconds(before: str, after: str) -> float | None:
+def _engine_seconds(before: Scrape, after: Scrape) -> float | None:
     """vLLM's own time for the one request between two scrapes: queued plus prefill."""
-    if not (has_metric(after, PREFILL_TIME) and has_metric(after, QUEUE_TIME)):
+    spans = (EngineMetric.PREFILL_TIME, EngineMetric.QUEUE_TIME)
+    if not all(after.has(span) for span in spans):
         return None
-    spent = [counter(after, name) - counter(before, name) for name in (PREFILL_TIME, QUEUE_TIME)]
-    return sum(spent)
+    return sum(after.histogram(span).sum - before.histogram(span).sum for span in spans)

@@ -10,21 +10,22 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
 from servepilot.core.errors import ConfigError, EngineError
+from servepilot.engine.metrics import EngineMetric, Scrape, scrape
 
-HITS = "vllm:prefix_cache_hits_total"
-GENERATED = "vllm:generation_tokens_total"
-PREFILL_TIME = "vllm:request_prefill_time_seconds_sum"
-"""Per request, the engine's time from scheduling it to its first token (one step when it
-runs alone)."""
-QUEUE_TIME = "vllm:request_queue_time_seconds_sum"
-_CACHE_INFO = "vllm:cache_config_info"
+PROBED = (
+    EngineMetric.PREFIX_CACHE_HITS,
+    EngineMetric.GENERATION_TOKENS,
+    EngineMetric.PREFILL_TIME,
+    EngineMetric.QUEUE_TIME,
+)
+"""What the probes read around each request and while a wave decodes."""
 _TIMEOUT_S = 10.0
 
 
@@ -58,13 +59,13 @@ def server_facts(root: str, model: str | None, api_key: str | None) -> ServerFac
             hint="--url must point at an OpenAI-compatible vLLM server",
         ) from None
     chosen = _choose_model(root, model, sorted(entries))
-    metrics = _get_text(root, "/metrics", api_key)
-    if "vllm:" not in metrics:
+    metrics = scrape(_get_text(root, "/metrics", api_key))
+    if not metrics.is_vllm():
         raise EngineError(
             f"{root} is not a vLLM server: its /metrics has no vllm: metrics",
             hint="calibrate one vLLM replica directly, not a gateway or another server",
         )
-    info = _cache_info(metrics)
+    info = metrics.info(EngineMetric.CACHE_CONFIG)
     version = _version(root, api_key)
     max_len = entries[chosen].get("max_model_len")
     return ServerFacts(
@@ -137,44 +138,14 @@ def _version(root: str, api_key: str | None) -> str | None:
     return str(version) if version is not None else None
 
 
-def _cache_info(metrics: str) -> dict[str, str]:
-    lines = [line for line in metrics.splitlines() if line.startswith(_CACHE_INFO)]
-    if not lines:
-        return {}
-    try:
-        for family in text_string_to_metric_families("\n".join(lines) + "\n"):
-            for sample in family.samples:
-                return dict(sample.labels)
-    except ValueError:
-        pass
-    return {}
-
-
-def counter(metrics: str, name: str) -> float:
-    """The sum of a counter over its label sets; 0 when the page lacks it."""
-    total = 0.0
-    for line in metrics.splitlines():
-        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " "):
-            try:
-                total += float(line.rsplit(maxsplit=1)[1])
-            except (IndexError, ValueError):
-                continue
-    return total
-
-
-def has_metric(metrics: str, name: str) -> bool:
-    return any(
-        line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " ")
-        for line in metrics.splitlines()
-    )
-
-
-async def read_metrics(session: aiohttp.ClientSession, root: str) -> str:
-    """The replica's /metrics page, now."""
+async def read_metrics(
+    session: aiohttp.ClientSession, root: str, only: Sequence[EngineMetric] = PROBED
+) -> Scrape:
+    """The replica's /metrics page now: the metrics the probes read (or `only` these)."""
     async with session.get(f"{root}/metrics") as response:
         if response.status != 200:
             raise EngineError(f"GET {root}/metrics answered HTTP {response.status}")
-        return await response.text()
+        return scrape(await response.text(), only)
 
 
 def _int(value: str | None) -> int | None:

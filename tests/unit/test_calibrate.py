@@ -21,7 +21,7 @@ import pytest
 from rich.console import Console
 
 from servepilot.bench.records import RequestRecord
-from servepilot.calibrate.fit import Fit, fit_errors, render_table, robust_fit
+from servepilot.calibrate.fit import Fit, coefficient_table, fit_errors, robust_fit, sample_table
 from servepilot.calibrate.probe import (
     KV_SHARE,
     PREFILL_LENGTHS,
@@ -37,9 +37,11 @@ from servepilot.calibrate.samples import (
     prefill_sample,
     wave_samples,
 )
-from servepilot.calibrate.server import counter, server_facts
+from servepilot.calibrate.server import server_facts
+from servepilot.cli.calibrate_cmd import table
 from servepilot.cli.main import main
 from servepilot.core.errors import ConfigError, EngineError
+from servepilot.engine.metrics import EngineMetric, scrape
 from servepilot.plan.costmodel import CostModel, StepShape, fit_cost_model, prefill_pairs
 from servepilot.sim import ReplicaModel, SchedulerConfig, SimRequest
 
@@ -269,15 +271,19 @@ def test_the_table_shows_measured_fitted_and_error() -> None:
         ProbeSample(ProbeKind.PREFILL, StepShape(100, 1, 0, 0, 5050), 0.063 + 5050 * 3e-9),
         ProbeSample(ProbeKind.DECODE, StepShape(0, 0, 8, 800, 0), 0.0316, steps=8),
     ]
-    console = Console(record=True, width=200)
-    console.print(render_table(Fit(KNOWN, tuple(samples), ())))
-    text = console.export_text()
-    prefill = next(line for line in text.splitlines() if "prefill 100" in line)
+    rows = sample_table(Fit(KNOWN, tuple(samples), ()))
+    prefill, decode = rows.rows
     # 20 + 100 x 0.4 + 3 + 5,050 pairs x 3e-6 = 63.015 ms: exact.
-    assert "63.0" in prefill and "+0.0" in prefill
-    decode = next(line for line in text.splitlines() if "decode 8 seqs" in line)
+    assert prefill == ("prefill 100", "100", "1", "0", "0", "1", "63.0", "63.0", "+0.0")
     # 20 + 8 x 1.5 + 800 x 0.002 = 33.6 ms against 31.6 measured: +6.3%.
-    assert "31.6" in decode and "33.6" in decode and "+6.3" in decode
+    assert decode == ("decode 8 seqs", "0", "0", "8", "800", "8", "31.6", "33.6", "+6.3")
+    assert len(rows.columns) == len(prefill)
+    console = Console(record=True, width=200)
+    console.print(table(rows))
+    console.print(table(coefficient_table(KNOWN)))
+    text = console.export_text()
+    assert "prefill 100" in text and "+6.3" in text
+    assert "base_s" in text and "20.000 ms" in text
     errors = fit_errors(samples, KNOWN)
     assert errors["prefill"]["median_pct"] == 0.0
     assert errors["decode"]["median_pct"] == pytest.approx(6.33, abs=0.01)
@@ -294,9 +300,8 @@ def test_a_step_slowed_by_something_else_is_left_out() -> None:
     fit = robust_fit(samples, source="t")
     assert fit.outliers == (samples[3],)
     assert fit.model.coefficients == pytest.approx(KNOWN.coefficients, rel=1e-2)
-    console = Console(record=True, width=200)
-    console.print(render_table(fit))
-    assert "left out" in console.export_text()
+    left_out = [row for row in sample_table(fit).rows if row[-1].endswith(" left out")]
+    assert [row[0] for row in left_out] == [samples[3].label]
     assert robust_fit(samples[:3] + samples[4:], source="t").outliers == ()
 
 
@@ -388,8 +393,8 @@ def test_a_vllm_server_is_described(server: tuple[str, dict[str, tuple[int, str]
     assert (facts.model, facts.max_model_len, facts.version) == ("smollm2", 2048, "0.32.0")
     assert (facts.block_size, facts.num_blocks, facts.kv_tokens) == (128, 364, 46_592)
     assert facts.prefix_caching is True
-    assert counter(METRICS, "vllm:prefix_cache_hits_total") == 256.0
-    assert counter(METRICS, "vllm:prefix_cache_hits") == 0.0  # a prefix of a name is not it
+    # What the probes read; a name that only starts like it is not it: test_engine_metrics.
+    assert scrape(METRICS).total(EngineMetric.PREFIX_CACHE_HITS) == 256.0
 
 
 def test_the_command_prints_one_error_line_and_no_traceback(

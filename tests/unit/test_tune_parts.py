@@ -17,6 +17,7 @@ from servepilot.plan.presets import load_model
 from servepilot.plan.request import PlanRequest
 from servepilot.tune.loadsweep import LoadSweep, next_load
 from servepilot.tune.planspace import build_space
+from servepilot.tune.runners.vllm import _count
 from servepilot.tune.score import Failure, FailureCause, Measurement, Trial, score
 from servepilot.tune.sla import meets
 from servepilot.tune.space import Knob, TrialConfig, config_from_dict, ladder
@@ -215,3 +216,11 @@ def test_vllm_command_is_rendered_by_the_engine_flags_code() -> None:
     )  # fmt: skip
     assert vllm_command(gpu).startswith("vllm serve meta-llama/Llama-3.1-8B-Instruct ")
     assert "--tensor-parallel-size 2" in vllm_command(gpu)
+
+
+def test_a_trials_preemptions_are_read_in_every_naming() -> None:
+    pages = Path(__file__).parent.parent / "fixtures" / "metrics"
+    # Seven preemptions on each page; Ray's gauge copy of the counter is not added to it.
+    for naming in ("vllm_legacy", "vllm_current", "ray_vllm"):
+        assert _count((pages / f"{naming}.txt").read_text()) == 7
+    assert _count("<html>not metrics</html>\n{{{") == 0

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
 from servepilot.bench.client import Target
 from servepilot.bench.metrics import summarize
@@ -28,10 +27,11 @@ from servepilot.bench.tokenizer import open_tokenizer
 from servepilot.bench.workload import WorkloadSpec, build_workload
 from servepilot.core import loop
 from servepilot.core.config import FleetConfig
-from servepilot.core.errors import EngineStartError, ServepilotError
+from servepilot.core.errors import EngineError, EngineStartError, ServepilotError
 from servepilot.core.gateway_config import AuthConfig
 from servepilot.core.results import Load, Run
 from servepilot.core.slo import Slo
+from servepilot.engine.metrics import EngineMetric, scrape
 from servepilot.engine.model_source import ResolvedModel, resolve_model
 from servepilot.engine.process import ReplicaInfo
 from servepilot.fleet.budget import replica_capacity
@@ -43,7 +43,6 @@ from servepilot.tune.planspace import PlanSpace
 from servepilot.tune.score import Failure, FailureCause, Measurement, Outcome
 from servepilot.tune.space import TrialConfig
 
-PREEMPTIONS = ("vllm:num_preemptions", "vllm:num_preemptions_total")
 DRAIN_S = 5.0
 
 
@@ -158,11 +157,6 @@ async def _preemptions(infos: list[ReplicaInfo]) -> int:
 
 def _count(text: str) -> float:
     try:
-        return sum(
-            sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name in PREEMPTIONS
-        )
-    except ValueError:
+        return scrape(text, (EngineMetric.PREEMPTIONS,)).total(EngineMetric.PREEMPTIONS)
+    except EngineError:
         return 0.0
