@@ -18,12 +18,13 @@ from servepilot.bench.metrics import Slo, summarize, windows
 from servepilot.bench.records import RequestRecord, RequestSpec
 from servepilot.bench.runner import LoadOutcome, run_load
 from servepilot.bench.tokenizer import Tokenizer
-from servepilot.bench.workload import WorkloadSpec, build_workload, describe
+from servepilot.bench.workload import build_workload
 from servepilot.core.results import BenchResult, Load, LoadMode, Run, Source
 from servepilot.engine.metrics import parse_metrics
 from servepilot.load.arrivals import Arrival
 from servepilot.load.loadplan import LoadPlan
 from servepilot.load.sweep import SweepConfig, next_step, sweet_spot
+from servepilot.load.workload import WorkloadSpec, describe
 
 # A leak, in seed 000's words: memory growing by more than 2 MB per request served.
 LEAK_BYTES_PER_REQUEST = 2 * 1024 * 1024

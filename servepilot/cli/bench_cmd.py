@@ -6,13 +6,13 @@ import argparse
 from pathlib import Path
 
 from servepilot.bench.records import Endpoint
-from servepilot.bench.workload import WorkloadKind, WorkloadSpec, parse_priority_mix
 from servepilot.cli.bench_parse import parse_levels
 from servepilot.cli.bench_run import compare, run
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Load, LoadMode
 from servepilot.load.arrivals import Arrival
 from servepilot.load.sweep import SweepConfig
+from servepilot.load.workload import WorkloadKind, WorkloadSpec, parse_priority_mix
 
 DESCRIPTION = """\
 Load-test an OpenAI-compatible endpoint (a vLLM server, a servepilot gateway, any other) and

@@ -22,7 +22,6 @@ from servepilot.bench.session import (
     run_bench,
 )
 from servepilot.bench.tokenizer import Tokenizer, open_tokenizer
-from servepilot.bench.workload import WorkloadSpec
 from servepilot.cli.bench_parse import parse_duration_s, parse_slo
 from servepilot.cli.console import out_console, print_step, print_warning
 from servepilot.cli.levels_view import fmt_load, level_bars, print_runs, write_results_json
@@ -32,6 +31,7 @@ from servepilot.core.errors import ConfigError
 from servepilot.core.results import Load, load_result
 from servepilot.load.arrivals import Arrival
 from servepilot.load.sweep import SweepConfig
+from servepilot.load.workload import WorkloadSpec
 
 
 def run(

@@ -18,14 +18,14 @@ from typing import Any
 from rich.text import Text
 
 from servepilot.bench.session import default_requests
-from servepilot.bench.shapes import workload_shapes
-from servepilot.bench.workload import WorkloadSpec, describe
 from servepilot.cli.console import print_step
 from servepilot.cli.levels_view import fmt_load, level_bars, print_runs, write_results_json
 from servepilot.core.config import SloConfig
 from servepilot.core.results import BenchResult, Load, LoadMode, Run, Source
 from servepilot.load.arrivals import Arrival, iter_arrival_offsets_s
+from servepilot.load.shapes import workload_shapes
 from servepilot.load.sweep import SweepConfig, next_step, sweet_spot
+from servepilot.load.workload import WorkloadSpec, describe
 from servepilot.scaling.snapshot import AutoscalePolicy
 from servepilot.sim.fleet.simulator import FleetSim, FleetSpec, FleetStats, LevelOutcome
 from servepilot.sim.fleet.simulator import Progress as SimProgress

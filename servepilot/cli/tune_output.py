@@ -11,13 +11,13 @@ from rich.table import Table
 from rich.text import Text
 
 from servepilot.bench.report.fmt import format_load
-from servepilot.bench.workload import describe
 from servepilot.cli.console import out_console, print_step, print_warning
 from servepilot.cli.tune_setup import TuneSetup
 from servepilot.core.config import EMBEDDED_MODEL, Device, EngineKind, FleetConfig
 from servepilot.core.errors import ConfigError, ServepilotError
 from servepilot.engine.args import SERVER_MODULE, LaunchCommand, ServerSpec, server_args, server_env
 from servepilot.engine.model_source import embedded_model_dir
+from servepilot.load.workload import describe
 from servepilot.plan.presets import load_model
 from servepilot.tune.policy import Proposal, Stop, StopReason, incumbent
 from servepilot.tune.report_html import render_report, write_report

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from servepilot.bench.shapes import workload_shapes
-from servepilot.bench.workload import WorkloadKind, WorkloadSpec
 from servepilot.cli.main import main
 from servepilot.cli.sim_cmd import parse_network
 from servepilot.cli.sim_run import SimOptions, level_jobs, level_offsets, level_plan
 from servepilot.core.config import FleetConfig, SloConfig
 from servepilot.core.results import BenchResult, Load, LoadMode, Source, load_result
 from servepilot.load.arrivals import Arrival, iter_arrival_offsets_s
+from servepilot.load.shapes import workload_shapes
+from servepilot.load.workload import WorkloadKind, WorkloadSpec
 from servepilot.plan.costmodel import CostModel
 from servepilot.plan.costprofile import save_profile
 from servepilot.sim.engine.records import SchedulerConfig

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from servepilot.bench.workload import WorkloadSpec
 from servepilot.cli.sim_cmd import parse_network
 from servepilot.cli.sim_run import SimOptions, run_level
 from servepilot.cli.sim_setup import ReplicaSetup, replica_setup
@@ -20,6 +19,7 @@ from servepilot.core.config import FleetConfig, SloConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Run
 from servepilot.load.arrivals import Arrival
+from servepilot.load.workload import WorkloadSpec
 from servepilot.sim.fleet.simulator import FleetSpec
 from servepilot.tune.loadsweep import LoadSweep, next_load
 from servepilot.tune.planspace import PlanSpace

@@ -25,7 +25,7 @@ from servepilot.bench.metrics import summarize
 from servepilot.bench.runner import run_load
 from servepilot.bench.session import default_requests
 from servepilot.bench.tokenizer import open_tokenizer
-from servepilot.bench.workload import WorkloadSpec, build_workload
+from servepilot.bench.workload import build_workload
 from servepilot.core import loop
 from servepilot.core.config import FleetConfig
 from servepilot.core.errors import EngineStartError, ServepilotError
@@ -37,6 +37,7 @@ from servepilot.fleet.budget import replica_capacity
 from servepilot.fleet.local import LocalReplicas
 from servepilot.fleet.serve import ServedGateway, Upstream, start_gateway
 from servepilot.load.loadplan import LoadPlan
+from servepilot.load.workload import WorkloadSpec
 from servepilot.tune.loadsweep import LoadSweep, next_load
 from servepilot.tune.planspace import PlanSpace
 from servepilot.tune.score import Failure, FailureCause, Measurement, Outcome
