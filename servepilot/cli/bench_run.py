@@ -30,6 +30,7 @@ from servepilot.core import loop
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Load, load_result
 from servepilot.load.arrivals import Arrival
+from servepilot.load.levels import LevelOptions
 from servepilot.load.sweep import SweepConfig
 from servepilot.load.workload import WorkloadSpec
 
@@ -54,14 +55,16 @@ def run(
         raise ConfigError("--soak runs one load level: give one --concurrency or --rate value")
     opts = BenchOptions(
         target=target,
-        workload=workload,
-        loads=loads,
-        sweep=sweep,
-        requests=args.requests,
-        duration_s=parse_duration_s(args.duration, "--duration") if args.duration else None,
-        warmup_requests=args.warmup,
-        arrival=Arrival(args.arrival),
-        burstiness=args.burstiness,
+        levels=LevelOptions(
+            workload=workload,
+            loads=loads,
+            sweep=sweep,
+            requests=args.requests,
+            duration_s=parse_duration_s(args.duration, "--duration") if args.duration else None,
+            warmup_requests=args.warmup,
+            arrival=Arrival(args.arrival),
+            burstiness=args.burstiness,
+        ),
         seed=args.seed,
         slo=parse_slo(args.slo),
         soak_s=soak_s,

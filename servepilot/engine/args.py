@@ -73,7 +73,7 @@ def server_args(
     else:
         # The flag rather than the legacy VLLM_CPU_KVCACHE_SPACE variable, which vLLM reads as
         # a whole number of GiB and so cannot express 1.5 GiB.
-        args += ["--kv-cache-memory-bytes", str(cpu_kv_cache_bytes(engine))]
+        args += ["--kv-cache-memory-bytes", str(engine.cpu_kv_cache_bytes)]
     optional_ints = {
         "--max-model-len": engine.max_model_len,
         "--max-num-seqs": engine.max_num_seqs,
@@ -109,10 +109,6 @@ def launch_command(
 ) -> LaunchCommand:
     argv = (sys.executable, "-m", SERVER_MODULE, *server_args(engine, spec, device))
     return LaunchCommand(argv=argv, env=server_env(engine, device, cpu_cores))
-
-
-def cpu_kv_cache_bytes(engine: EngineConfig) -> int:
-    return int(engine.cpu_kv_cache_space_gib * 2**30)
 
 
 def split_cores(total_cores: int, replicas: int, per_replica: int | None) -> list[tuple[int, ...]]:

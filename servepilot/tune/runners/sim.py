@@ -1,7 +1,7 @@
 """The simulated trial runner: one trial is `servepilot sim` of the trial's fleet, in-process.
 
 The fleet a trial would launch (`PlanSpace.fleet`) goes through `servepilot sim`'s own setup
-(`sim_setup.replica_setup`: vLLM's KV blocks, the cost profile or the roofline, the
+(`sim.fleet.setup.replica_setup`: vLLM's KV blocks, the cost profile or the roofline, the
 gateway's budget) and each load level through its `run_level`, so a simulated trial is what
 `servepilot sim -c trial.yaml --concurrency N` reports, level by level, in seconds.
 """
@@ -12,15 +12,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from servepilot.cli.sim_cmd import parse_network
-from servepilot.cli.sim_run import SimOptions, run_level
-from servepilot.cli.sim_setup import ReplicaSetup, replica_setup
 from servepilot.core.config import FleetConfig, SloConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Run
+from servepilot.engine.cpu import cpu_flags
 from servepilot.load.arrivals import Arrival
+from servepilot.load.levels import LevelOptions
 from servepilot.load.workload import WorkloadSpec
-from servepilot.sim.fleet.simulator import FleetSpec
+from servepilot.sim.fleet.network import parse_network
+from servepilot.sim.fleet.records import FleetSpec
+from servepilot.sim.fleet.session import SimOptions, run_level
+from servepilot.sim.fleet.setup import ReplicaSetup, replica_setup
 from servepilot.tune.loadsweep import LoadSweep, next_load
 from servepilot.tune.planspace import PlanSpace
 from servepilot.tune.score import Failure, FailureCause, Measurement, Outcome
@@ -42,12 +44,11 @@ class SimTrialRunner:
     def run(self, config: TrialConfig) -> Outcome:
         fleet = self.space.fleet(config)
         try:
-            setup = replica_setup(fleet, self.profile)
+            setup = replica_setup(fleet, self.profile, cpu_flags())
             spec = _spec(fleet, setup, self.workload.seed)
         except ConfigError as exc:
             return _failure(exc)
-        opts = SimOptions(
-            spec=spec,
+        levels = LevelOptions(
             workload=self.workload,
             loads=(),
             sweep=None,
@@ -56,6 +57,10 @@ class SimTrialRunner:
             warmup_requests=0,
             arrival=Arrival.POISSON,
             burstiness=1.0,
+        )
+        opts = SimOptions(
+            spec=spec,
+            levels=levels,
             slo=_slo_config(self.sla),
             prompt_overhead_tokens=setup.prompt_overhead_tokens,
             target={},
