@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from functools import partial
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from servepilot.load.levels import LevelOptions
 from servepilot.scaling.target_utilisation import TargetUtilisation
 from servepilot.sim.fleet.network import parse_network
 from servepilot.sim.fleet.session import SimOptions
-from servepilot.sim.fleet.setup import ReplicaSetup, replica_setup, target_section
+from servepilot.sim.fleet.setup import ReplicaSetup, fleet_spec, replica_setup, target_section
 from servepilot.sim.fleet.simulator import FleetSpec
 
 # The seed's measurement: a new node loads DeepSeek-V4 from NVMe in 78 s.
@@ -168,19 +169,13 @@ def _spec(args: argparse.Namespace, config: FleetConfig, setup: ReplicaSetup) ->
     if per_node < 1:
         raise ConfigError(f"--replicas-per-node must be at least 1, got {per_node}")
     scrape = args.scrape_interval
-    return FleetSpec(
-        scheduler=setup.scheduler,
-        cost=setup.cost,
-        replicas=config.replicas.count,
-        capacity=setup.capacity,
-        gateway=config.gateway,
-        network=parse_network(args.network_ms, per_node, setup.request_overhead_s / 2),
+    network = parse_network(args.network_ms, per_node, setup.request_overhead_s / 2)
+    return dataclasses.replace(
+        fleet_spec(config, setup, network=network, seed=args.seed),
         scrape_interval_s=parse_duration_s(scrape, "--scrape-interval") if scrape else None,
         cold_start_s=_duration_or_zero(args.cold_start, "--cold-start"),
         start_cold=args.start_cold,
         autoscale_interval_s=parse_duration_s(args.autoscale_interval, "--autoscale-interval"),
-        seed=args.seed,
-        model_name=setup.model_name,
     )
 
 

@@ -28,6 +28,7 @@ from servepilot.plan.request import PlanRequest
 from servepilot.routing.admission.budget import replica_capacity
 from servepilot.sim.engine.records import SchedulerConfig
 from servepilot.sim.engine.setup import EngineKnobs, EngineSetup, Precision, engine_setup
+from servepilot.sim.fleet.network import NetworkConfig
 from servepilot.sim.fleet.records import FleetSpec
 
 
@@ -91,6 +92,22 @@ def replica_setup(
         ),
         model_name=config.model.served_name or request.model.name,
         notes=tuple(notes),
+    )
+
+
+def fleet_spec(
+    config: FleetConfig, setup: ReplicaSetup, *, network: NetworkConfig, seed: int
+) -> FleetSpec:
+    """fleet.yaml's replicas, each one `setup`, behind its gateway (timings at their defaults)."""
+    return FleetSpec(
+        scheduler=setup.scheduler,
+        cost=setup.cost,
+        replicas=config.replicas.count,
+        capacity=setup.capacity,
+        gateway=config.gateway,
+        network=network,
+        seed=seed,
+        model_name=setup.model_name,
     )
 
 

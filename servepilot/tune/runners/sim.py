@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from servepilot.core.config import FleetConfig, SloConfig
+from servepilot.core.config import SloConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Run
 from servepilot.engine.cpu import cpu_flags
@@ -20,9 +20,8 @@ from servepilot.load.arrivals import Arrival
 from servepilot.load.levels import LevelOptions
 from servepilot.load.workload import WorkloadSpec
 from servepilot.sim.fleet.network import parse_network
-from servepilot.sim.fleet.records import FleetSpec
 from servepilot.sim.fleet.session import SimOptions, run_level
-from servepilot.sim.fleet.setup import ReplicaSetup, replica_setup
+from servepilot.sim.fleet.setup import fleet_spec, replica_setup
 from servepilot.tune.loadsweep import LoadSweep, next_load
 from servepilot.tune.planspace import PlanSpace
 from servepilot.tune.score import Failure, FailureCause, Measurement, Outcome
@@ -45,7 +44,8 @@ class SimTrialRunner:
         fleet = self.space.fleet(config)
         try:
             setup = replica_setup(fleet, self.profile, cpu_flags())
-            spec = _spec(fleet, setup, self.workload.seed)
+            network = parse_network(None, setup.replicas_per_node)
+            spec = fleet_spec(fleet, setup, network=network, seed=self.workload.seed)
         except ConfigError as exc:
             return _failure(exc)
         levels = LevelOptions(
@@ -79,19 +79,6 @@ class SimTrialRunner:
             kv_capacity_tokens=setup.kv_capacity_tokens,
             startup_s=0.0,
         )
-
-
-def _spec(fleet: FleetConfig, setup: ReplicaSetup, seed: int) -> FleetSpec:
-    return FleetSpec(
-        scheduler=setup.scheduler,
-        cost=setup.cost,
-        replicas=fleet.replicas.count,
-        capacity=setup.capacity,
-        gateway=fleet.gateway,
-        network=parse_network(None, setup.replicas_per_node),
-        seed=seed,
-        model_name=setup.model_name,
-    )
 
 
 def _slo_config(sla: Sla) -> SloConfig:
