@@ -199,7 +199,13 @@ def test_build_key_follows_every_keyed_source(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "servepilot", root, ignore=shutil.ignore_patterns("__pycache__"))
     key = accel.build_key(root)
     assert key == accel.build_key(root)
-    for source in ("sim/scheduler.py", "routing/least_load.py", "plan/costmodel.py"):
+    keyed = (
+        "sim/engine/scheduler.py",
+        "routing/least_load.py",
+        "load/slots.py",
+        "plan/costmodel.py",
+    )
+    for source in keyed:
         path = root / source
         text = path.read_text()
         path.write_text(text + "\n# changed\n")
@@ -230,7 +236,7 @@ def test_without_a_matching_build_it_runs_in_python_and_says_why(tmp_path: Path)
     # A build under the current key with a file missing is incomplete: not loaded either.
     current = cache / accel.build_key()
     current.mkdir()
-    modules = {f"{accel.PACKAGE}.{m}": f"{m}.so" for m in accel.COMPILED}
+    modules = {m: f"{m}.so" for m in accel.COMPILED}
     modules[f"{accel.GROUP}__mypyc"] = "group.so"
     (current / accel.MANIFEST).write_text(json.dumps({"modules": modules}))
     assert _status_in_fresh_process(env).startswith("pure Python")
