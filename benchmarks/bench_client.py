@@ -149,7 +149,8 @@ def servepilot_run(args: argparse.Namespace) -> None:
         specs = [RequestSpec(i, f"{i}: {PROMPT}", args.chunks, 32) for i in range(args.requests)]
     else:  # a real server: exact 32-token random prompts, as vllm bench's random dataset sends
         from servepilot.bench.tokenizer import LocalTokenizer
-        from servepilot.bench.workload import WorkloadSpec, build_workload
+        from servepilot.bench.workload import build_workload
+        from servepilot.load.workload import WorkloadSpec
 
         spec = WorkloadSpec(input_tokens=32, output_tokens=args.chunks)
         specs = build_workload(spec, LocalTokenizer(TOKENIZER), args.requests)

@@ -38,12 +38,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
-from servepilot.cli.sim_setup import replica_setup  # noqa: E402
 from servepilot.core.config import parse_config  # noqa: E402
 from servepilot.core.gateway_config import GatewayConfig, PolicyName  # noqa: E402
 from servepilot.core.results import Load, LoadMode  # noqa: E402
 from servepilot.core.slo import Slo  # noqa: E402
+from servepilot.engine.cpu import cpu_flags  # noqa: E402
 from servepilot.load.arrivals import Arrival, iter_arrival_offsets_s  # noqa: E402
+from servepilot.load.loadplan import LoadPlan  # noqa: E402
+from servepilot.load.slots import Slot  # noqa: E402
 from servepilot.routing import make_policy  # noqa: E402
 from servepilot.sim import accel  # noqa: E402
 from servepilot.sim.engine.replica import ReplicaModel  # noqa: E402
@@ -51,8 +53,9 @@ from servepilot.sim.fleet.gateway import SimGateway  # noqa: E402
 from servepilot.sim.fleet.members import FleetReplica, FleetRequest  # noqa: E402
 from servepilot.sim.fleet.network import HopSampler, NetworkConfig  # noqa: E402
 from servepilot.sim.fleet.requests import RequestFactory  # noqa: E402
+from servepilot.sim.fleet.setup import replica_setup  # noqa: E402
 from servepilot.sim.fleet.simulator import FleetSim, FleetSpec, LevelOutcome  # noqa: E402
-from servepilot.sim.fleet.traffic import Job, JobTable, LevelPlan, Slot  # noqa: E402
+from servepilot.sim.fleet.traffic import Job, JobTable  # noqa: E402
 
 TARGET_S = 3600.0
 TARGET_WALL_S = 60.0
@@ -68,7 +71,7 @@ def fleet(replicas: int, policy: str, seed: int) -> FleetSpec:
         },
         origin="bench_sim_speed",
     )
-    setup = replica_setup(config, None)
+    setup = replica_setup(config, None, cpu_flags())
     return FleetSpec(
         scheduler=setup.scheduler,
         cost=setup.cost,
@@ -144,7 +147,7 @@ def gateway_floor(args: argparse.Namespace, requests: int = 1_000_000) -> float:
 
 def run(args: argparse.Namespace) -> LevelOutcome:
     spec = fleet(args.replicas, args.policy, args.seed)
-    plan = LevelPlan(Load(mode=LoadMode.RATE, value=args.rate), duration_s=args.duration)
+    plan = LoadPlan(Load(mode=LoadMode.RATE, value=args.rate), duration_s=args.duration)
     offsets = iter_arrival_offsets_s(args.rate, Arrival.POISSON, seed=args.seed)
     return FleetSim(spec).run(plan, jobs(20_000, args.seed), Slo(), offsets=offsets)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import aiohttp
 
@@ -18,13 +18,14 @@ from servepilot.bench.metrics import summarize, windows
 from servepilot.bench.records import RequestRecord, RequestSpec
 from servepilot.bench.runner import LoadOutcome, run_load
 from servepilot.bench.tokenizer import Tokenizer
-from servepilot.bench.workload import WorkloadSpec, build_workload, describe
-from servepilot.core.results import BenchResult, Load, LoadMode, Run, Source
+from servepilot.bench.workload import build_workload
+from servepilot.core.results import BenchResult, Load, Run, Source
 from servepilot.core.slo import Slo
 from servepilot.engine.metrics import parse_metrics
-from servepilot.load.arrivals import Arrival
+from servepilot.load.levels import LevelOptions, pool_size
 from servepilot.load.loadplan import LoadPlan
-from servepilot.load.sweep import SweepConfig, next_step, sweet_spot
+from servepilot.load.sweep import sweet_spot
+from servepilot.load.workload import describe
 
 # A leak, in seed 000's words: memory growing by more than 2 MB per request served.
 LEAK_BYTES_PER_REQUEST = 2 * 1024 * 1024
@@ -33,17 +34,9 @@ LEAK_BYTES_PER_REQUEST = 2 * 1024 * 1024
 @dataclass(frozen=True, slots=True)
 class BenchOptions:
     target: Target
-    workload: WorkloadSpec
-    loads: tuple[Load, ...]
-    """Explicit load levels; empty when sweeping."""
-    sweep: SweepConfig | None
-    requests: int | None
-    """Requests per level; None with a duration, or for the default."""
-    duration_s: float | None
-    warmup_requests: int
-    arrival: Arrival
-    burstiness: float
+    levels: LevelOptions
     seed: int
+    """The arrival schedule's seed."""
     slo: Slo
     soak_s: float | None = None
     window_s: float = 30.0
@@ -83,26 +76,17 @@ class BenchOutput:
     records: tuple[tuple[Load, RequestRecord], ...]
 
 
-def default_requests(load: Load) -> int:
-    """Enough requests for a P99 to mean something, and for every worker to cycle a few times."""
-    if load.mode is LoadMode.CONCURRENCY:
-        return max(100, int(5 * load.value))
-    return max(100, int(30 * load.value))
-
-
 async def run_bench(opts: BenchOptions, tokenizer: Tokenizer, report: BenchReporter) -> BenchOutput:
+    levels = opts.levels
     runs: list[Run] = []
     records: list[tuple[Load, RequestRecord]] = []
     soak_memory: list[int | None] = []
-    levels = _levels(opts, runs)
-    for index, load in enumerate(levels):
+    while (step := levels.next_level(runs)).load is not None:
+        load = step.load
+        plan = levels.plan(load, seed=opts.seed, soak_s=opts.soak_s, processes=opts.processes)
         workload = await asyncio.to_thread(
-            build_workload,
-            replace(opts.workload, seed=opts.workload.seed + index),
-            tokenizer,
-            _workload_size(opts, load),
+            build_workload, levels.level_workload(len(runs)), tokenizer, pool_size(plan)
         )
-        plan = _plan(opts, load)
         report.level_started(load, plan.max_requests, plan.duration_s)
         outcome, soak_memory = await _run_level(opts, plan, workload, report)
         if outcome.no_usage:
@@ -118,8 +102,8 @@ async def run_bench(opts: BenchOptions, tokenizer: Tokenizer, report: BenchRepor
         runs.append(run)
         records += [(load, r) for r in outcome.records]
         report.level_done(run)
-    if isinstance(levels, _SweepLevels):
-        report.note(f"sweep stopped: {levels.stop_reason}")
+    if levels.sweep is not None:
+        report.note(f"sweep stopped: {step.reason}")
     result = BenchResult(
         source=Source.MEASURED,
         target={
@@ -127,62 +111,12 @@ async def run_bench(opts: BenchOptions, tokenizer: Tokenizer, report: BenchRepor
             "model": opts.target.model,
             "endpoint": opts.target.endpoint.value,
         },
-        workload=describe(opts.workload),
+        workload=describe(levels.workload),
         slo=opts.slo.as_dict(),
         runs=tuple(runs),
         sweet_spot=sweet_spot(runs, slo_set=bool(opts.slo.as_dict())) if len(runs) > 1 else None,
     )
     return BenchOutput(result=result, records=tuple(records))
-
-
-def _levels(opts: BenchOptions, runs: Sequence[Run]) -> Sequence[Load] | _SweepLevels:
-    if opts.sweep is None:
-        return opts.loads
-    return _SweepLevels(opts.sweep, runs)
-
-
-class _SweepLevels:
-    """Iterates the sweep: each next level is decided from the runs finished so far."""
-
-    def __init__(self, config: SweepConfig, runs: Sequence[Run]) -> None:
-        self._config = config
-        self._runs = runs
-        self.stop_reason = ""
-
-    def __iter__(self) -> _SweepLevels:
-        return self
-
-    def __next__(self) -> Load:
-        step = next_step(self._config, self._runs)
-        if step.load is None:
-            self.stop_reason = step.reason
-            raise StopIteration
-        return step.load
-
-
-def _plan(opts: BenchOptions, load: Load) -> LoadPlan:
-    duration = opts.soak_s if opts.soak_s is not None else opts.duration_s
-    requests = None if duration is not None else (opts.requests or default_requests(load))
-    return LoadPlan(
-        load=load,
-        max_requests=requests,
-        duration_s=duration,
-        warmup_requests=opts.warmup_requests,
-        arrival=opts.arrival,
-        burstiness=opts.burstiness,
-        seed=opts.seed,
-        processes=opts.processes,
-    )
-
-
-def _workload_size(opts: BenchOptions, load: Load) -> int:
-    plan = _plan(opts, load)
-    if plan.max_requests is not None:
-        return plan.max_requests + opts.warmup_requests
-    # Duration-bound: enough distinct prompts that repeats (and so prefix-cache hits that a
-    # real workload would not get) are rare; the runner cycles beyond this.
-    per_s = load.value if load.mode is LoadMode.RATE else 4 * load.value
-    return min(20_000, int(per_s * (plan.duration_s or 0) * 1.2) + opts.warmup_requests + 100)
 
 
 async def _run_level(

@@ -23,7 +23,6 @@ from servepilot.bench.drive import (
     Driver,
     ProgressFn,
     Tally,
-    concurrency_share,
     raise_fd_limit,
 )
 from servepilot.bench.records import RequestSpec
@@ -31,6 +30,7 @@ from servepilot.core import loop
 from servepilot.core.errors import ServepilotError
 from servepilot.core.results import LoadMode
 from servepilot.load.loadplan import LoadPlan
+from servepilot.load.slots import concurrency_share
 
 START_MARGIN_S = 0.2
 """Between the go message and t0, so every process is waiting when the load starts."""

@@ -24,17 +24,14 @@ from servepilot.cli.levels_view import fmt_load, level_bars, print_runs
 from servepilot.cli.load_options import (
     add_load_flags,
     add_workload_flags,
-    loads_from_args,
+    levels_from_args,
     parse_duration_s,
-    sweep_from_args,
-    workload_from_args,
 )
 from servepilot.cli.options import base_url
 from servepilot.core import loop
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Load, load_result
 from servepilot.core.slo import Slo, parse_slo
-from servepilot.load.arrivals import Arrival
 
 DESCRIPTION = """\
 Load-test an OpenAI-compatible endpoint (a vLLM server, a servepilot gateway, any other) and
@@ -109,20 +106,16 @@ def _target_flags(parser: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace) -> int:
     if args.url is None:
         raise ConfigError("--url is required", hint="e.g. --url http://127.0.0.1:8000")
-    loads, sweep, workload = loads_from_args(args), sweep_from_args(args), workload_from_args(args)
+    levels = levels_from_args(args)
     root = base_url(args.url, "--url")
     model = args.model or served_model(root, args.api_key)
     target = Target(base_url=root, model=model, endpoint=Endpoint(args.endpoint),
                     api_key=args.api_key, timeout_s=args.timeout)  # fmt: skip
     soak_s = parse_duration_s(args.soak, "--soak") if args.soak else None
-    if soak_s is not None and len(loads) != 1:
+    if soak_s is not None and len(levels.loads) != 1:
         raise ConfigError("--soak runs one load level: give one --concurrency or --rate value")
     opts = BenchOptions(
-        target=target, workload=workload, loads=loads, sweep=sweep,
-        requests=args.requests,
-        duration_s=parse_duration_s(args.duration, "--duration") if args.duration else None,
-        warmup_requests=args.warmup, arrival=Arrival(args.arrival),
-        burstiness=args.burstiness, seed=args.seed,
+        target=target, levels=levels, seed=args.seed,
         slo=parse_slo(args.slo, per_request=True) if args.slo else Slo(),
         soak_s=soak_s, window_s=_window_s(args, soak_s), processes=args.processes,
         metrics_url=args.metrics_url,

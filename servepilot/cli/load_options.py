@@ -6,11 +6,12 @@ import argparse
 import re
 from pathlib import Path
 
-from servepilot.bench.workload import WorkloadKind, WorkloadSpec, parse_priority_mix
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Load, LoadMode
 from servepilot.load.arrivals import Arrival
+from servepilot.load.levels import LevelOptions
 from servepilot.load.sweep import SweepConfig
+from servepilot.load.workload import WorkloadKind, WorkloadSpec, parse_priority_mix
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -107,6 +108,20 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--sessions", type=int, metavar="N",
                    help="spread requests over N X-Session-Id values")  # fmt: skip
     g.add_argument("--seed", type=int, default=0, help="workload and arrival seed (default 0)")
+
+
+def levels_from_args(args: argparse.Namespace) -> LevelOptions:
+    """The levels bench and sim run, from the flags of add_load_flags and add_workload_flags."""
+    return LevelOptions(
+        workload=workload_from_args(args),
+        loads=loads_from_args(args),
+        sweep=sweep_from_args(args),
+        requests=args.requests,
+        duration_s=parse_duration_s(args.duration, "--duration") if args.duration else None,
+        warmup_requests=args.warmup,
+        arrival=Arrival(args.arrival),
+        burstiness=args.burstiness,
+    )
 
 
 def loads_from_args(args: argparse.Namespace) -> tuple[Load, ...]:

@@ -3,30 +3,27 @@
 from __future__ import annotations
 
 import argparse
-import math
+import dataclasses
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from servepilot.cli.console import print_step, print_warning
 from servepilot.cli.load_options import (
     add_load_flags,
     add_workload_flags,
-    loads_from_args,
+    levels_from_args,
     parse_duration_s,
-    sweep_from_args,
-    workload_from_args,
 )
 from servepilot.cli.options import add_config_flag, config_from_args
-from servepilot.cli.sim_run import SimOptions, report, run_with_progress
-from servepilot.cli.sim_setup import ReplicaSetup, replica_setup
+from servepilot.cli.sim_run import report, run_with_progress
 from servepilot.core.config import FleetConfig, PolicyName
 from servepilot.core.errors import ConfigError
 from servepilot.core.slo import Slo, parse_slo
-from servepilot.load.arrivals import Arrival
-from servepilot.plan.costmodel import COEFFICIENTS
+from servepilot.engine.cpu import cpu_flags
 from servepilot.scaling.target_utilisation import TargetUtilisation
-from servepilot.sim.fleet.network import SEED_CROSS_NODE, Delay, NetworkConfig
+from servepilot.sim.fleet.network import parse_network
+from servepilot.sim.fleet.session import SimOptions
+from servepilot.sim.fleet.setup import ReplicaSetup, fleet_spec, replica_setup, target_section
 from servepilot.sim.fleet.simulator import FleetSpec
 
 # The seed's measurement: a new node loads DeepSeek-V4 from NVMe in 78 s.
@@ -129,21 +126,14 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(
         args, {"replicas.count": args.replicas, "gateway.policy": args.policy}
     )
-    setup = replica_setup(config, args.profile)
+    setup = replica_setup(config, args.profile, cpu_flags())
     spec = _spec(args, config, setup)
     opts = SimOptions(
         spec=spec,
-        workload=workload_from_args(args),
-        loads=loads_from_args(args),
-        sweep=sweep_from_args(args),
-        requests=args.requests,
-        duration_s=parse_duration_s(args.duration, "--duration") if args.duration else None,
-        warmup_requests=args.warmup,
-        arrival=Arrival(args.arrival),
-        burstiness=args.burstiness,
+        levels=levels_from_args(args),
         slo=_slo(args, config),
         prompt_overhead_tokens=setup.prompt_overhead_tokens,
-        target=_target(config, setup, spec, args.profile),
+        target=target_section(config, setup, spec, args.profile),
         autoscaler=_autoscaler(args),
     )
     _describe(setup, spec)
@@ -167,19 +157,13 @@ def _spec(args: argparse.Namespace, config: FleetConfig, setup: ReplicaSetup) ->
     if per_node < 1:
         raise ConfigError(f"--replicas-per-node must be at least 1, got {per_node}")
     scrape = args.scrape_interval
-    return FleetSpec(
-        scheduler=setup.scheduler,
-        cost=setup.cost,
-        replicas=config.replicas.count,
-        capacity=setup.capacity,
-        gateway=config.gateway,
-        network=parse_network(args.network_ms, per_node, setup.request_overhead_s / 2),
+    network = parse_network(args.network_ms, per_node, setup.request_overhead_s / 2)
+    return dataclasses.replace(
+        fleet_spec(config, setup, network=network, seed=args.seed),
         scrape_interval_s=parse_duration_s(scrape, "--scrape-interval") if scrape else None,
         cold_start_s=_duration_or_zero(args.cold_start, "--cold-start"),
         start_cold=args.start_cold,
         autoscale_interval_s=parse_duration_s(args.autoscale_interval, "--autoscale-interval"),
-        seed=args.seed,
-        model_name=setup.model_name,
     )
 
 
@@ -187,47 +171,6 @@ def _duration_or_zero(text: str, flag: str) -> float:
     if text.strip() in ("0", "0s"):
         return 0.0
     return parse_duration_s(text, flag)
-
-
-def parse_network(text: str | None, replicas_per_node: int, client_s: float = 0.0) -> NetworkConfig:
-    """`client=1,same=0.05,cross=7.5-15` (one-way ms) -> NetworkConfig; `client_s` is the
-    client's delay when the text does not give one."""
-    delays: dict[str, Delay] = {
-        "client": Delay(client_s, client_s),
-        "same": Delay(),
-        "cross": SEED_CROSS_NODE,
-    }
-    for part in (text or "").split(","):
-        if not part.strip():
-            continue
-        key, sep, value = part.partition("=")
-        key = key.strip()
-        if not sep or key not in delays:
-            raise ConfigError(
-                f"--network-ms {text!r}: {part!r} is not KEY=MS with KEY one of client, same, cross"
-            )
-        delays[key] = _delay(value, text or "")
-    client = delays["client"]
-    if not client.fixed:
-        raise ConfigError(f"--network-ms {text!r}: the client's delay is one value, not a range")
-    return NetworkConfig(
-        client_gateway_s=client.low_s,
-        same_node=delays["same"],
-        cross_node=delays["cross"],
-        replicas_per_node=replicas_per_node,
-    )
-
-
-def _delay(value: str, text: str) -> Delay:
-    low, _, high = value.strip().partition("-")
-    try:
-        lo_ms = float(low)
-        hi_ms = float(high) if high else lo_ms
-    except ValueError:
-        raise ConfigError(f"--network-ms {text!r}: {value!r} is not MS or LOW-HIGH") from None
-    if not (math.isfinite(lo_ms) and math.isfinite(hi_ms)) or not 0 <= lo_ms <= hi_ms:
-        raise ConfigError(f"--network-ms {text!r}: {value!r} needs 0 <= LOW <= HIGH")
-    return Delay(lo_ms / 1000.0, hi_ms / 1000.0)
 
 
 def _slo(args: argparse.Namespace, config: FleetConfig) -> Slo:
@@ -246,43 +189,6 @@ def _autoscaler(args: argparse.Namespace) -> partial[TargetUtilisation] | None:
     if not sep or not 0 <= lo <= hi or hi < 1:
         raise ConfigError(f"--autoscale {args.autoscale!r}: expected MIN:MAX, e.g. 2:16")
     return partial(TargetUtilisation, args.autoscale_target, lo, hi)
-
-
-def _target(
-    config: FleetConfig, setup: ReplicaSetup, spec: FleetSpec, profile: Path | None
-) -> dict[str, Any]:
-    s, net, engine = setup.scheduler, spec.network, config.engine
-    return {
-        "simulator": "servepilot.sim",
-        "model": setup.model_name,
-        "accelerator": config.hardware.accelerator,
-        "replicas": spec.replicas,
-        "replicas_per_node": net.replicas_per_node,
-        "policy": config.gateway.policy.value,
-        "tensor_parallel_size": engine.tensor_parallel_size,
-        "scheduler": {
-            "max_num_seqs": s.max_num_seqs, "max_num_batched_tokens": s.max_num_batched_tokens,
-            "max_model_len": s.max_model_len, "block_size": s.block_size,
-            "num_blocks": s.num_blocks, "kv_capacity_tokens": setup.kv_capacity_tokens,
-            "enable_chunked_prefill": s.enable_chunked_prefill,
-            "enable_prefix_caching": s.enable_prefix_caching,
-            "async_scheduling": s.async_scheduling,
-        },
-        "replica_capacity": spec.capacity,
-        "cost_model": {
-            "kind": setup.cost_kind, "source": spec.cost.source,
-            "profile": str(profile) if profile is not None else None,
-            "coefficients": dict(zip(COEFFICIENTS, spec.cost.coefficients, strict=True)),
-        },
-        "prompt_overhead_tokens": setup.prompt_overhead_tokens,
-        "network_ms": {
-            "client": net.client_gateway_s * 1e3,
-            "same_node": [net.same_node.low_s * 1e3, net.same_node.high_s * 1e3],
-            "cross_node": [net.cross_node.low_s * 1e3, net.cross_node.high_s * 1e3],
-        },
-        "scrape_interval_s": spec.scrape_interval_s or config.gateway.health_interval_s,
-        "cold_start_s": spec.cold_start_s,
-    }  # fmt: skip
 
 
 def _describe(setup: ReplicaSetup, spec: FleetSpec) -> None:

@@ -158,6 +158,11 @@ class EngineConfig(_Section):
     stop_grace_s: float = Field(default=20.0, ge=0)
     """After SIGTERM, how long a replica may take to exit before SIGKILL."""
 
+    @property
+    def cpu_kv_cache_bytes(self) -> int:
+        """`cpu_kv_cache_space_gib` in bytes, what vLLM-CPU's --kv-cache-memory-bytes takes."""
+        return int(self.cpu_kv_cache_space_gib * 2**30)
+
     @model_validator(mode="after")
     def _sim_cost_is_one_source(self) -> EngineConfig:
         if self.sim_profile is not None and self.sim_step_ms is not None:

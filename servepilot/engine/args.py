@@ -74,7 +74,7 @@ def server_args(
     else:
         # The flag rather than the legacy VLLM_CPU_KVCACHE_SPACE variable, which vLLM reads as
         # a whole number of GiB and so cannot express 1.5 GiB.
-        args += ["--kv-cache-memory-bytes", str(cpu_kv_cache_bytes(engine))]
+        args += ["--kv-cache-memory-bytes", str(engine.cpu_kv_cache_bytes)]
     optional_ints = {
         "--max-model-len": engine.max_model_len,
         "--max-num-seqs": engine.max_num_seqs,
@@ -134,10 +134,6 @@ def vllm_command(config: FleetConfig, model: str, served_name: str) -> str:
         # Pipeline stages on several nodes run on a Ray cluster spanning them.
         args += ["--distributed-executor-backend", "ray"]
     return " ".join(["vllm", "serve", shlex.quote(model), *(shlex.quote(a) for a in args)])
-
-
-def cpu_kv_cache_bytes(engine: EngineConfig) -> int:
-    return int(engine.cpu_kv_cache_space_gib * 2**30)
 
 
 def split_cores(total_cores: int, replicas: int, per_replica: int | None) -> list[tuple[int, ...]]:

@@ -19,10 +19,10 @@ from servepilot.core.paths import state_dir
 from servepilot.engine.model_source import ResolvedModel, resolve_model
 from servepilot.engine.process import ReplicaInfo
 from servepilot.engine.simserver.args import SimModel, sim_model
-from servepilot.fleet.budget import replica_capacity
 from servepilot.fleet.local import LocalReplicas
 from servepilot.fleet.serve import ServedGateway, Upstream, check_port_free, start_gateway
 from servepilot.fleet.state import FleetRecord, ReplicaRecord, remove_record, write_record
+from servepilot.routing.admission.budget import replica_capacity
 
 # Draining waits this long for in-flight requests when `up` is told to stop.
 DRAIN_TIMEOUT_S = 30.0
@@ -83,7 +83,14 @@ async def run_up(config: FleetConfig, report: UpReporter) -> None:
     infos = start.result()
     served: ServedGateway | None = None
     try:
-        upstreams = [Upstream(i.replica_id, i.url, replica_capacity(config, i.kv)) for i in infos]
+        upstreams = [
+            Upstream(
+                i.replica_id,
+                i.url,
+                replica_capacity(config, i.kv.kv_capacity_tokens if i.kv else None),
+            )
+            for i in infos
+        ]
         served = await start_gateway(gw, upstreams)
         write_record(_record(served, infos, run_dir))
         report.serving(UpStarted(served.url, model.served_name, tuple(infos)))

@@ -56,3 +56,8 @@ class LoadPlan:
                 f"--rate must be a finite number of requests per second above 0, got {value}",
                 hint="for as-fast-as-possible load use --concurrency instead",
             )
+
+    @property
+    def closed(self) -> bool:
+        """Closed loop (`concurrency` requests in flight), else open loop (`rate`/s)."""
+        return self.load.mode is LoadMode.CONCURRENCY

@@ -178,7 +178,7 @@ def with_overrides(
     changes: dict[str, Any] = {}
     noted: list[str] = []
     if memory_gib is not None:
-        # int(), like engine.args.cpu_kv_cache_bytes, so plan and the launched replica agree
+        # int(), like EngineConfig.cpu_kv_cache_bytes, so plan and the launched replica agree
         # on the CPU KV space to the byte.
         changes["memory_bytes"] = int(memory_gib * GIB)
         noted.append(f"memory {memory_gib:g} GiB")

@@ -52,7 +52,7 @@ GROUP = "servepilot_sim_fast"
 MANIFEST = "manifest.json"
 _ROOT = Path(__file__).resolve().parent.parent
 """The `servepilot` package directory."""
-_KEYED = ("sim/**/*.py", "routing/**/*.py", "core/*.py", "plan/costmodel.py")
+_KEYED = ("sim/**/*.py", "routing/**/*.py", "load/*.py", "core/*.py", "plan/costmodel.py")
 """Sources a build depends on: its own, and those it was type-checked against (mypyc bakes
 in their classes' layouts and their Final constants)."""
 

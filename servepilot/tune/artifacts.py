@@ -6,10 +6,10 @@ from pathlib import Path
 
 import yaml
 
-from servepilot.bench.workload import describe
 from servepilot.core.config import EMBEDDED_MODEL, FleetConfig
 from servepilot.core.errors import ConfigError, ServepilotError
 from servepilot.engine.args import vllm_command
+from servepilot.load.workload import describe
 from servepilot.plan.presets import load_model
 from servepilot.tune.report_html import render_report, write_report
 from servepilot.tune.score import Trial

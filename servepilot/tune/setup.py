@@ -8,12 +8,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from servepilot.bench.workload import WorkloadKind, WorkloadSpec, describe
 from servepilot.core.config import EngineKind, FleetConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Run
 from servepilot.core.slo import Slo, parse_slo
 from servepilot.engine.cpu import cpu_flags
+from servepilot.load.workload import WorkloadKind, WorkloadSpec, describe
 from servepilot.plan.request import PlanRequest
 from servepilot.tune.loadsweep import LoadSweep
 from servepilot.tune.planspace import PlanSpace, build_space

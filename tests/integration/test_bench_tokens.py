@@ -18,10 +18,11 @@ import pytest
 
 from servepilot.bench.prompts import PromptMaker
 from servepilot.bench.tokenizer import LocalTokenizer, ServerTokenizer
-from servepilot.bench.workload import WorkloadKind, WorkloadSpec, build_workload
+from servepilot.bench.workload import build_workload
 from servepilot.core.config import ModelConfig
 from servepilot.engine.model_source import resolve_model
 from servepilot.engine.process import ReplicaInfo
+from servepilot.load.workload import WorkloadKind, WorkloadSpec
 
 pytestmark = pytest.mark.vllm
 

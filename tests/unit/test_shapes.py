@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from servepilot.bench.shapes import workload_shapes
 from servepilot.bench.tokenizer import LocalTokenizer
-from servepilot.bench.workload import WorkloadKind, WorkloadSpec, build_workload
+from servepilot.bench.workload import build_workload
 from servepilot.core.config import ModelConfig
 from servepilot.engine.model_source import resolve_model
+from servepilot.load.shapes import workload_shapes
+from servepilot.load.workload import WorkloadKind, WorkloadSpec
 
 
 @pytest.fixture(scope="module")

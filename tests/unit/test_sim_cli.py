@@ -9,20 +9,21 @@ from pathlib import Path
 
 import pytest
 
-from servepilot.bench.shapes import workload_shapes
-from servepilot.bench.workload import WorkloadKind, WorkloadSpec
 from servepilot.cli.main import main
-from servepilot.cli.sim_cmd import parse_network
-from servepilot.cli.sim_run import SimOptions, level_jobs, level_offsets, level_plan
 from servepilot.core.config import FleetConfig
 from servepilot.core.results import BenchResult, Load, LoadMode, Source, load_result
 from servepilot.core.slo import Slo
+from servepilot.engine.cpu import cpu_flags
 from servepilot.load.arrivals import Arrival, iter_arrival_offsets_s
+from servepilot.load.levels import LevelOptions
+from servepilot.load.shapes import workload_shapes
+from servepilot.load.workload import WorkloadKind, WorkloadSpec
 from servepilot.plan.costmodel import CostModel
 from servepilot.plan.costprofile import save_profile
 from servepilot.sim.engine.records import SchedulerConfig
-from servepilot.sim.fleet.network import Delay
-from servepilot.sim.fleet.simulator import FleetSpec
+from servepilot.sim.fleet.network import Delay, parse_network
+from servepilot.sim.fleet.records import FleetSpec
+from servepilot.sim.fleet.session import SimOptions, level_jobs, level_offsets, level_plan
 
 PROFILE = CostModel(
     base_s=0.005,
@@ -182,24 +183,19 @@ def test_network_flag_parses_one_way_delays_in_ms() -> None:
     assert parse_network(None, 8).cross_node == Delay(0.0075, 0.015)  # the seed's 15-30 ms
 
 
-def _options(workload: WorkloadSpec, **changes: object) -> SimOptions:
+def _options(workload: WorkloadSpec) -> SimOptions:
     scheduler = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=512, max_model_len=4096,
                                 block_size=16, num_blocks=1000)  # fmt: skip
-    fields: dict[str, object] = dict(
+    levels = LevelOptions(workload=workload, loads=(), sweep=None, requests=None,
+                          duration_s=None, warmup_requests=0, arrival=Arrival.POISSON,
+                          burstiness=1.0)  # fmt: skip
+    return SimOptions(
         spec=FleetSpec(scheduler, PROFILE, replicas=1, capacity=8),
-        workload=workload,
-        loads=(),
-        sweep=None,
-        requests=None,
-        duration_s=None,
-        warmup_requests=0,
-        arrival=Arrival.POISSON,
-        burstiness=1.0,
+        levels=levels,
         slo=Slo(),
         prompt_overhead_tokens=0,
         target={},
     )
-    return SimOptions(**(fields | changes))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("kind", [WorkloadKind.MIXED, WorkloadKind.SHARED_PREFIX,
@@ -218,7 +214,7 @@ def test_levels_send_bench_workload_shapes_and_arrivals(kind: WorkloadKind) -> N
         assert job.prefix_group == shape.prefix_group
         assert job.prefix_tokens == shape.prefix_tokens
         assert job.session_id == shape.session_id
-    offsets = level_offsets(opts, plan, jobs)
+    offsets = level_offsets(plan, jobs)
     assert offsets is not None
     expected = iter_arrival_offsets_s(3.0, Arrival.POISSON, seed=5)
     assert list(itertools.islice(offsets, 50)) == list(itertools.islice(expected, 50))
@@ -232,53 +228,11 @@ def test_the_result_is_plain_json(tmp_path: Path) -> None:
     assert dataclasses.is_dataclass(FleetConfig) is False  # (pydantic, not a dataclass)
 
 
-@pytest.mark.parametrize(
-    ("requests", "duration", "warmup"), [(30, None, 0), (30, None, 5), (None, 4.0, 3)]
-)
-def test_open_slots_are_benchs(requests: int | None, duration: float | None, warmup: int) -> None:
-    from servepilot.bench.drive import open_slots as bench_slots
-    from servepilot.bench.records import RequestSpec
-    from servepilot.load.loadplan import LoadPlan
-    from servepilot.sim.fleet.traffic import LevelPlan, open_slots
-
-    load = Load(mode=LoadMode.RATE, value=5.0)
-    bench_plan = LoadPlan(load, max_requests=requests, duration_s=duration,
-                          warmup_requests=warmup, seed=3)  # fmt: skip
-    pool = [RequestSpec(index=i, prompt="x", max_tokens=1, input_tokens=1) for i in range(7)]
-    theirs = [(s.request, s.intended_s, s.warmup) for s in bench_slots(bench_plan, pool, 0, 1)]
-    plan = LevelPlan(load, requests, duration, warmup)
-    offsets = iter_arrival_offsets_s(5.0, Arrival.POISSON, seed=3)
-    ours = [(s.job, s.send_s, s.warmup) for s in open_slots(plan, 7, offsets)]
-    assert ours == theirs
-
-
-def test_closed_slots_are_benchs() -> None:
-    from servepilot.bench.drive import ClosedSlots as BenchSlots
-    from servepilot.load.loadplan import LoadPlan
-    from servepilot.sim.fleet.traffic import ClosedSlots, LevelPlan
-
-    load = Load(mode=LoadMode.CONCURRENCY, value=2.0)
-    clock = iter(float(t) for t in range(100))
-    now = [0.0]
-    theirs_iter = BenchSlots(LoadPlan(load, duration_s=10.0, warmup_requests=2), 5, 0, 1,
-                             lambda: now[0])  # fmt: skip
-    ours_slots = ClosedSlots(LevelPlan(load, duration_s=10.0, warmup_requests=2), 5)
-    theirs, ours = [], []
-    for t in clock:
-        now[0] = t
-        slot = next(theirs_iter, None)
-        mine = ours_slots.next(t)
-        theirs.append(None if slot is None else (slot.request, slot.warmup))
-        ours.append(None if mine is None else (mine.job, mine.warmup))
-    assert ours == theirs
-    assert ours.count(None) == 100 - 2 - 10
-
-
 def test_replicas_are_what_up_would_launch() -> None:
-    from servepilot.cli.sim_setup import replica_setup
     from servepilot.core.config import parse_config
+    from servepilot.sim.fleet.setup import replica_setup
 
-    cpu = replica_setup(FleetConfig(), None)
+    cpu = replica_setup(FleetConfig(), None, cpu_flags())
     # DESIGN.md: 2 GiB of vLLM-CPU KV cache hold 93,184 SmolLM2 tokens in bf16, half in fp32.
     assert cpu.kv_capacity_tokens in (46_592, 93_184)
     assert cpu.kv_bytes == 2 * 2**30
@@ -295,7 +249,7 @@ def test_replicas_are_what_up_would_launch() -> None:
         },
         origin="test",
     )
-    gpu = replica_setup(gpu_config, None)
+    gpu = replica_setup(gpu_config, None, cpu_flags())
     s = gpu.scheduler
     assert (s.max_num_seqs, s.max_num_batched_tokens, s.block_size) == (1024, 8192, 16)
     assert s.async_scheduling and not s.enable_prefix_caching

@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 
-from servepilot.cli.sim_setup import replica_setup
 from servepilot.core.config import FleetConfig, parse_config
 from servepilot.core.errors import ConfigError
+from servepilot.engine.cpu import cpu_flags
 from servepilot.engine.simserver.args import SimModel, sim_launch_command
 from servepilot.engine.simserver.config import SimSetup, build_setup, parse_args
+from servepilot.sim.fleet.setup import replica_setup
 
 CPU = {"device": "cpu", "accelerator": "cpu"}
 H100 = {"device": "gpu", "accelerator": "h100", "count": 8}
@@ -87,7 +88,7 @@ def _replica_from_flags(config: FleetConfig) -> tuple[SimSetup, list[str]]:
 @pytest.mark.parametrize("raw", CONFIGS.values(), ids=CONFIGS.keys())
 def test_sim_and_a_simulated_replica_derive_the_same_engine(raw: dict[str, Any]) -> None:
     config = _config(raw)
-    fleet = replica_setup(config, None)
+    fleet = replica_setup(config, None, cpu_flags())
     replica, ignored = _replica_from_flags(config)
     assert ignored == []  # every flag `up` passes is one the replica reads
     assert replica.scheduler == fleet.scheduler
@@ -97,22 +98,24 @@ def test_sim_and_a_simulated_replica_derive_the_same_engine(raw: dict[str, Any])
 
 def test_without_chunked_prefill_a_prompt_of_max_model_len_fits_one_step() -> None:
     # vLLM raises max_num_batched_tokens to max_model_len when chunked prefill is off.
-    s = replica_setup(_config(CONFIGS["cpu-no-chunked-prefill"]), None).scheduler
+    s = replica_setup(_config(CONFIGS["cpu-no-chunked-prefill"]), None, cpu_flags()).scheduler
     assert not s.enable_chunked_prefill
     assert s.max_num_batched_tokens == s.max_model_len == 4096
     # ... unless it is given: then it must be large enough itself.
-    s = replica_setup(_config(CONFIGS["cpu-no-chunked-explicit-budget"]), None).scheduler
+    s = replica_setup(
+        _config(CONFIGS["cpu-no-chunked-explicit-budget"]), None, cpu_flags()
+    ).scheduler
     assert (s.max_num_batched_tokens, s.max_model_len, s.block_size) == (6000, 3000, 16)
 
 
 def test_both_refuse_what_vllm_refuses() -> None:
     too_long = _config({"engine": {"max_model_len": 10**6}})
     with pytest.raises(ConfigError, match="positions; vLLM refuses it"):
-        replica_setup(too_long, None)
+        replica_setup(too_long, None, cpu_flags())
     with pytest.raises(ConfigError, match="positions; vLLM refuses it"):
         _replica_from_flags(too_long)
     too_small = _config({"engine": {"cpu_kv_cache_space_gib": 0.001, "max_model_len": 8192}})
     with pytest.raises(ConfigError, match="KV cache is needed, which is larger"):
-        replica_setup(too_small, None)
+        replica_setup(too_small, None, cpu_flags())
     with pytest.raises(ConfigError, match="KV cache is needed, which is larger"):
         _replica_from_flags(too_small)

@@ -18,6 +18,7 @@ import pytest
 from servepilot.core.gateway_config import AdmissionConfig, GatewayConfig, PolicyName
 from servepilot.core.results import Load, LoadMode
 from servepilot.core.slo import Slo
+from servepilot.load.loadplan import LoadPlan
 from servepilot.plan.costmodel import CostModel
 from servepilot.routing import LeastLoad, PrefixAffinity, RoundRobin, make_policy
 from servepilot.routing.admission import AdmissionController, AdmissionQueue, free_slots
@@ -28,7 +29,7 @@ from servepilot.sim import ReplicaModel, SchedulerConfig, SimRequest
 from servepilot.sim.fleet.collect import WeightedHistogram
 from servepilot.sim.fleet.network import Delay, NetworkConfig
 from servepilot.sim.fleet.simulator import FleetSim, FleetSpec, LevelOutcome
-from servepilot.sim.fleet.traffic import Job, JobTable, LevelPlan
+from servepilot.sim.fleet.traffic import Job, JobTable
 
 COST = CostModel(
     base_s=0.01,
@@ -66,12 +67,12 @@ def _spec(replicas: int = 1, *, policy: str = "round_robin", **changes: Any) -> 
     return FleetSpec(**(fields | changes))
 
 
-def _rate(value: float, requests: int) -> LevelPlan:
-    return LevelPlan(Load(mode=LoadMode.RATE, value=value), max_requests=requests)
+def _rate(value: float, requests: int) -> LoadPlan:
+    return LoadPlan(Load(mode=LoadMode.RATE, value=value), max_requests=requests)
 
 
-def _closed(value: int, requests: int) -> LevelPlan:
-    return LevelPlan(Load(mode=LoadMode.CONCURRENCY, value=value), max_requests=requests)
+def _closed(value: int, requests: int) -> LoadPlan:
+    return LoadPlan(Load(mode=LoadMode.CONCURRENCY, value=value), max_requests=requests)
 
 
 def _run_open(
@@ -355,7 +356,7 @@ def test_autoscaler_adds_replicas_under_load() -> None:
 
 def test_duration_bound_open_loop_cancels_what_outlives_the_grace() -> None:
     spec = _spec(capacity=2)
-    plan = LevelPlan(Load(mode=LoadMode.RATE, value=50), duration_s=2.0, grace_s=0.5)
+    plan = LoadPlan(Load(mode=LoadMode.RATE, value=50), duration_s=2.0, grace_s=0.5)
     offsets = (i * 0.02 for i in itertools.count())
     out = FleetSim(spec).run(plan, JobTable([Job(100, 400)]), Slo(), offsets=offsets)
     assert out.run.completed + out.run.failed == 100

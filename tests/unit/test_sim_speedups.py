@@ -199,7 +199,13 @@ def test_build_key_follows_every_keyed_source(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "servepilot", root, ignore=shutil.ignore_patterns("__pycache__"))
     key = accel.build_key(root)
     assert key == accel.build_key(root)
-    for source in ("sim/engine/scheduler.py", "routing/least_load.py", "plan/costmodel.py"):
+    keyed = (
+        "sim/engine/scheduler.py",
+        "routing/least_load.py",
+        "load/slots.py",
+        "plan/costmodel.py",
+    )
+    for source in keyed:
         path = root / source
         text = path.read_text()
         path.write_text(text + "\n# changed\n")

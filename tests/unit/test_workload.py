@@ -23,17 +23,12 @@ from aiohttp import web
 from servepilot.bench.prompts import MAX_SLICES, PromptMaker
 from servepilot.bench.records import RequestSpec
 from servepilot.bench.tokenizer import LocalTokenizer, ServerTokenizer, open_tokenizer
-from servepilot.bench.workload import (
-    WorkloadKind,
-    WorkloadSpec,
-    build_workload,
-    describe,
-    parse_priority_mix,
-)
+from servepilot.bench.workload import build_workload
 from servepilot.core.config import ModelConfig
 from servepilot.core.errors import ConfigError
 from servepilot.engine.model_source import resolve_model
 from servepilot.load.trace import load_trace
+from servepilot.load.workload import WorkloadKind, WorkloadSpec, describe, parse_priority_mix
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """What vLLM derives from its knobs at startup: the scheduler's limits and the KV blocks.
 
 One derivation for both ways into the simulator, so they cannot drift apart: `servepilot sim`
-reads the knobs from fleet.yaml (cli/sim_setup.py), a simulated replica from the vLLM flags
+reads the knobs from fleet.yaml (sim/fleet/setup.py), a simulated replica from the vLLM flags
 `servepilot up` passes it (server_config.py); tests/unit/test_sim_engine_setup.py pins that
 the two agree. vLLM 0.32's defaults fill the knobs left out, and the KV cache is plan/kv.py's
 `kv_cache_shape` over the memory vLLM would give it: on CPU the configured space, to the

@@ -88,3 +88,44 @@ class HopSampler:
             return self._low
         # random.Random.uniform(low, high), inlined: the same float from the same draw.
         return self._low + self._span * self._random()
+
+
+def parse_network(text: str | None, replicas_per_node: int, client_s: float = 0.0) -> NetworkConfig:
+    """`client=1,same=0.05,cross=7.5-15` (one-way ms, the --network-ms flag) ->
+    NetworkConfig; `client_s` is the client's delay when the text does not give one."""
+    delays: dict[str, Delay] = {
+        "client": Delay(client_s, client_s),
+        "same": Delay(),
+        "cross": SEED_CROSS_NODE,
+    }
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or key not in delays:
+            raise ConfigError(
+                f"--network-ms {text!r}: {part!r} is not KEY=MS with KEY one of client, same, cross"
+            )
+        delays[key] = _delay(value, text or "")
+    client = delays["client"]
+    if not client.fixed:
+        raise ConfigError(f"--network-ms {text!r}: the client's delay is one value, not a range")
+    return NetworkConfig(
+        client_gateway_s=client.low_s,
+        same_node=delays["same"],
+        cross_node=delays["cross"],
+        replicas_per_node=replicas_per_node,
+    )
+
+
+def _delay(value: str, text: str) -> Delay:
+    low, _, high = value.strip().partition("-")
+    try:
+        lo_ms = float(low)
+        hi_ms = float(high) if high else lo_ms
+    except ValueError:
+        raise ConfigError(f"--network-ms {text!r}: {value!r} is not MS or LOW-HIGH") from None
+    if not (math.isfinite(lo_ms) and math.isfinite(hi_ms)) or not 0 <= lo_ms <= hi_ms:
+        raise ConfigError(f"--network-ms {text!r}: {value!r} needs 0 <= LOW <= HIGH")
+    return Delay(lo_ms / 1000.0, hi_ms / 1000.0)

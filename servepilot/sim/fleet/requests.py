@@ -13,10 +13,11 @@ from __future__ import annotations
 from typing import Final
 
 from servepilot.core.gateway_config import RoutingConfig
+from servepilot.load.slots import Slot
 from servepilot.routing.base import RequestView
 from servepilot.sim.fleet.liveview import REQUEST_VIEW_SETTERS
 from servepilot.sim.fleet.members import FleetRequest
-from servepilot.sim.fleet.traffic import JobTable, Slot
+from servepilot.sim.fleet.traffic import JobTable
 
 # Hashes of blocks no other request shares: counted up from here, far from any tuple hash
 # (which are spread over the whole 64-bit range) in practice.
@@ -41,7 +42,7 @@ class RequestFactory:
 
     def make(self, slot: Slot, now_s: float) -> FleetRequest:
         """The request of `slot`, reaching the gateway at `now_s`."""
-        jobs, index = self._jobs, slot.job
+        jobs, index = self._jobs, slot.request
         request_id = self._next_id
         self._next_id = request_id + 1
         group = jobs.group[index]

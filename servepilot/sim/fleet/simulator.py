@@ -33,6 +33,8 @@ from typing import Final
 
 from servepilot.core.errors import ConfigError
 from servepilot.core.slo import Slo
+from servepilot.load.loadplan import LoadPlan
+from servepilot.load.slots import ClosedSlots, Slot, open_slots
 from servepilot.routing import make_policy
 from servepilot.routing.base import RoutingPolicy
 from servepilot.scaling.snapshot import AutoscalePolicy, FleetSnapshot
@@ -44,7 +46,7 @@ from servepilot.sim.fleet.members import FleetReplica, FleetRequest, ReplicaStat
 from servepilot.sim.fleet.network import HopSampler
 from servepilot.sim.fleet.records import FleetSpec, FleetStats, LevelOutcome, Progress
 from servepilot.sim.fleet.requests import RequestFactory
-from servepilot.sim.fleet.traffic import ClosedSlots, JobTable, LevelPlan, Slot, open_slots
+from servepilot.sim.fleet.traffic import JobTable
 
 __all__ = ["FleetSim", "FleetSpec", "FleetStats", "LevelOutcome", "Progress"]
 
@@ -94,7 +96,7 @@ class FleetSim:
         self._sending = True
         self._closed: ClosedSlots | None = None
         self._open: Iterator[Slot] | None = None
-        self._plan: LevelPlan | None = None
+        self._plan: LoadPlan | None = None
         self._grace_s = 0.0
         self._collector = RunCollector(Slo())
         self._factory: RequestFactory | None = None
@@ -268,14 +270,14 @@ class FleetSim:
 
     def run(
         self,
-        plan: LevelPlan,
+        plan: LoadPlan,
         jobs: JobTable,
         slo: Slo,
         *,
         offsets: Iterator[float] | None = None,
         progress: Callable[[Progress], None] | None = None,
     ) -> LevelOutcome:
-        """Simulate one level. `offsets`: the open loop's send times (bench's schedule)."""
+        """Simulate one level. `offsets`: the open loop's send times (`load.slots.send_times`)."""
         if not len(jobs):
             raise ConfigError("the workload has no requests")
         if plan.closed == (offsets is not None):

@@ -1,7 +1,7 @@
 """The simulated trial runner: one trial is `servepilot sim` of the trial's fleet, in-process.
 
 The fleet a trial would launch (`PlanSpace.fleet`) goes through `servepilot sim`'s own setup
-(`sim_setup.replica_setup`: vLLM's KV blocks, the cost profile or the roofline, the
+(`sim.fleet.setup.replica_setup`: vLLM's KV blocks, the cost profile or the roofline, the
 gateway's budget) and each load level through its `run_level`, so a simulated trial is what
 `servepilot sim -c trial.yaml --concurrency N` reports, level by level, in seconds.
 """
@@ -12,16 +12,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from servepilot.bench.workload import WorkloadSpec
-from servepilot.cli.sim_cmd import parse_network
-from servepilot.cli.sim_run import SimOptions, run_level
-from servepilot.cli.sim_setup import ReplicaSetup, replica_setup
-from servepilot.core.config import FleetConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Run
 from servepilot.core.slo import Slo
+from servepilot.engine.cpu import cpu_flags
 from servepilot.load.arrivals import Arrival
-from servepilot.sim.fleet.simulator import FleetSpec
+from servepilot.load.levels import LevelOptions
+from servepilot.load.workload import WorkloadSpec
+from servepilot.sim.fleet.network import parse_network
+from servepilot.sim.fleet.session import SimOptions, run_level
+from servepilot.sim.fleet.setup import fleet_spec, replica_setup
 from servepilot.tune.loadsweep import LoadSweep, next_load
 from servepilot.tune.planspace import PlanSpace
 from servepilot.tune.score import Failure, FailureCause, Measurement, Outcome
@@ -42,12 +42,12 @@ class SimTrialRunner:
     def run(self, config: TrialConfig) -> Outcome:
         fleet = self.space.fleet(config)
         try:
-            setup = replica_setup(fleet, self.profile)
-            spec = _spec(fleet, setup, self.workload.seed)
+            setup = replica_setup(fleet, self.profile, cpu_flags())
+            network = parse_network(None, setup.replicas_per_node)
+            spec = fleet_spec(fleet, setup, network=network, seed=self.workload.seed)
         except ConfigError as exc:
             return _failure(exc)
-        opts = SimOptions(
-            spec=spec,
+        levels = LevelOptions(
             workload=self.workload,
             loads=(),
             sweep=None,
@@ -56,6 +56,10 @@ class SimTrialRunner:
             warmup_requests=0,
             arrival=Arrival.POISSON,
             burstiness=1.0,
+        )
+        opts = SimOptions(
+            spec=spec,
+            levels=levels,
             slo=self.sla,
             prompt_overhead_tokens=setup.prompt_overhead_tokens,
             target={},
@@ -74,19 +78,6 @@ class SimTrialRunner:
             kv_capacity_tokens=setup.kv_capacity_tokens,
             startup_s=0.0,
         )
-
-
-def _spec(fleet: FleetConfig, setup: ReplicaSetup, seed: int) -> FleetSpec:
-    return FleetSpec(
-        scheduler=setup.scheduler,
-        cost=setup.cost,
-        replicas=fleet.replicas.count,
-        capacity=setup.capacity,
-        gateway=fleet.gateway,
-        network=parse_network(None, setup.replicas_per_node),
-        seed=seed,
-        model_name=setup.model_name,
-    )
 
 
 def _failure(exc: ConfigError) -> Failure:

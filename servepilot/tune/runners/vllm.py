@@ -22,9 +22,8 @@ import aiohttp
 from servepilot.bench.client import Target
 from servepilot.bench.metrics import summarize
 from servepilot.bench.runner import run_load
-from servepilot.bench.session import default_requests
 from servepilot.bench.tokenizer import open_tokenizer
-from servepilot.bench.workload import WorkloadSpec, build_workload
+from servepilot.bench.workload import build_workload
 from servepilot.core import loop
 from servepilot.core.config import FleetConfig
 from servepilot.core.errors import EngineError, EngineStartError, ServepilotError
@@ -34,10 +33,12 @@ from servepilot.core.slo import Slo
 from servepilot.engine.metrics import EngineMetric, scrape
 from servepilot.engine.model_source import ResolvedModel, resolve_model
 from servepilot.engine.process import ReplicaInfo
-from servepilot.fleet.budget import replica_capacity
 from servepilot.fleet.local import LocalReplicas
 from servepilot.fleet.serve import ServedGateway, Upstream, start_gateway
+from servepilot.load.levels import default_requests
 from servepilot.load.loadplan import LoadPlan
+from servepilot.load.workload import WorkloadSpec
+from servepilot.routing.admission.budget import replica_capacity
 from servepilot.tune.loadsweep import LoadSweep, next_load
 from servepilot.tune.planspace import PlanSpace
 from servepilot.tune.score import Failure, FailureCause, Measurement, Outcome
@@ -74,7 +75,12 @@ class VllmTrialRunner:
             startup_s = time.monotonic() - started
             self.on_step(f"ready in {startup_s:.0f} s; sweeping the load")
             upstreams = [
-                Upstream(i.replica_id, i.url, replica_capacity(fleet, i.kv)) for i in infos
+                Upstream(
+                    i.replica_id,
+                    i.url,
+                    replica_capacity(fleet, i.kv.kv_capacity_tokens if i.kv else None),
+                )
+                for i in infos
             ]
             # On loopback, on a free port, without API keys: the trial's own client is the
             # only one; routing, admission and protection stay as configured.

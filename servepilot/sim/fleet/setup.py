@@ -4,10 +4,10 @@ The replicas are what `servepilot up` would launch from the same file: vLLM's kn
 configured, vLLM 0.32's defaults for those left out, and the KV cache vLLM would allocate
 (on CPU exactly `engine.cpu_kv_cache_space_gib`, on GPU the planner's estimate of what is
 left at `gpu_memory_utilization`), derived as a simulated replica derives them from its
-flags (sim/engine_setup.py). Step times come from a calibrated profile (`--profile`, schema
+flags (sim/engine/setup.py). Step times come from a calibrated profile (`--profile`, schema
 servepilot.costmodel/v1) or else from the planner's roofline of the model on the
 accelerator. The gateway gives each replica the concurrency budget `up` gives it
-(fleet/budget.py).
+(routing/admission/budget.py).
 """
 
 from __future__ import annotations
@@ -19,18 +19,17 @@ from typing import Any
 
 from servepilot.core.config import FleetConfig
 from servepilot.core.errors import ConfigError
-from servepilot.engine.args import cpu_kv_cache_bytes
-from servepilot.engine.cpu import cpu_flags
-from servepilot.engine.startup_log import KvCapacity
-from servepilot.fleet.budget import replica_capacity
-from servepilot.plan.costmodel import CostModel, roofline_cost_model
+from servepilot.plan.costmodel import COEFFICIENTS, CostModel, roofline_cost_model
 from servepilot.plan.costprofile import load_profile
 from servepilot.plan.dtypes import WeightDtype
 from servepilot.plan.hardware import AcceleratorKind
 from servepilot.plan.kv import KvCacheShape
 from servepilot.plan.request import PlanRequest
+from servepilot.routing.admission.budget import replica_capacity
 from servepilot.sim.engine.records import SchedulerConfig
 from servepilot.sim.engine.setup import EngineKnobs, EngineSetup, Precision, engine_setup
+from servepilot.sim.fleet.network import NetworkConfig
+from servepilot.sim.fleet.records import FleetSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +53,12 @@ class ReplicaSetup:
     notes: tuple[str, ...] = ()
 
 
-def replica_setup(config: FleetConfig, profile: Path | None) -> ReplicaSetup:
-    request = PlanRequest.from_fleet(config, cpu_flags())
+def replica_setup(
+    config: FleetConfig, profile: Path | None, cpu_flags: frozenset[str]
+) -> ReplicaSetup:
+    """`cpu_flags`: the instruction-set flags of the CPU a CPU replica would run on
+    (engine/cpu.py), which decide its float precision."""
+    request = PlanRequest.from_fleet(config, cpu_flags)
     engine = config.engine
     if engine.data_parallel_size > 1:
         raise ConfigError(
@@ -79,7 +82,7 @@ def replica_setup(config: FleetConfig, profile: Path | None) -> ReplicaSetup:
         scheduler=scheduler,
         cost=cost,
         cost_kind=kind,
-        capacity=replica_capacity(config, KvCapacity(setup.kv_capacity_tokens, None, None)),
+        capacity=replica_capacity(config, setup.kv_capacity_tokens),
         kv_bytes=setup.kv_bytes,
         kv_capacity_tokens=setup.kv_capacity_tokens,
         prompt_overhead_tokens=overhead,
@@ -89,6 +92,22 @@ def replica_setup(config: FleetConfig, profile: Path | None) -> ReplicaSetup:
         ),
         model_name=config.model.served_name or request.model.name,
         notes=tuple(notes),
+    )
+
+
+def fleet_spec(
+    config: FleetConfig, setup: ReplicaSetup, *, network: NetworkConfig, seed: int
+) -> FleetSpec:
+    """fleet.yaml's replicas, each one `setup`, behind its gateway (timings at their defaults)."""
+    return FleetSpec(
+        scheduler=setup.scheduler,
+        cost=setup.cost,
+        replicas=config.replicas.count,
+        capacity=setup.capacity,
+        gateway=config.gateway,
+        network=network,
+        seed=seed,
+        model_name=setup.model_name,
     )
 
 
@@ -108,7 +127,7 @@ def _engine(config: FleetConfig, request: PlanRequest) -> EngineSetup:
         pipeline_parallel_size=engine.pipeline_parallel_size,
         enable_expert_parallel=engine.enable_expert_parallel,
         gpu_memory_utilization=engine.gpu_memory_utilization,
-        kv_cache_memory_bytes=cpu_kv_cache_bytes(engine) if cpu else None,
+        kv_cache_memory_bytes=engine.cpu_kv_cache_bytes if cpu else None,
         enforce_eager=engine.enforce_eager,
     )
     weights = request.weights_dtype
@@ -156,3 +175,42 @@ def _overhead(meta: dict[str, Any], path: Path) -> int:
             f"{path}: meta.prompt_overhead_tokens: expected a whole number >= 0, got {value!r}"
         )
     return value
+
+
+def target_section(
+    config: FleetConfig, setup: ReplicaSetup, spec: FleetSpec, profile: Path | None
+) -> dict[str, Any]:
+    """The results file's "target" section: the simulated fleet, and where its numbers came
+    from."""
+    s, net, engine = setup.scheduler, spec.network, config.engine
+    return {
+        "simulator": "servepilot.sim",
+        "model": setup.model_name,
+        "accelerator": config.hardware.accelerator,
+        "replicas": spec.replicas,
+        "replicas_per_node": net.replicas_per_node,
+        "policy": config.gateway.policy.value,
+        "tensor_parallel_size": engine.tensor_parallel_size,
+        "scheduler": {
+            "max_num_seqs": s.max_num_seqs, "max_num_batched_tokens": s.max_num_batched_tokens,
+            "max_model_len": s.max_model_len, "block_size": s.block_size,
+            "num_blocks": s.num_blocks, "kv_capacity_tokens": setup.kv_capacity_tokens,
+            "enable_chunked_prefill": s.enable_chunked_prefill,
+            "enable_prefix_caching": s.enable_prefix_caching,
+            "async_scheduling": s.async_scheduling,
+        },
+        "replica_capacity": spec.capacity,
+        "cost_model": {
+            "kind": setup.cost_kind, "source": spec.cost.source,
+            "profile": str(profile) if profile is not None else None,
+            "coefficients": dict(zip(COEFFICIENTS, spec.cost.coefficients, strict=True)),
+        },
+        "prompt_overhead_tokens": setup.prompt_overhead_tokens,
+        "network_ms": {
+            "client": net.client_gateway_s * 1e3,
+            "same_node": [net.same_node.low_s * 1e3, net.same_node.high_s * 1e3],
+            "cross_node": [net.cross_node.low_s * 1e3, net.cross_node.high_s * 1e3],
+        },
+        "scrape_interval_s": spec.scrape_interval_s or config.gateway.health_interval_s,
+        "cold_start_s": spec.cold_start_s,
+    }  # fmt: skip

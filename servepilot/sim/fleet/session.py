@@ -1,0 +1,138 @@
+"""One `servepilot sim` run: its load levels (given or swept), each on a fresh fleet, and the
+result in bench's schema.
+
+A level is what bench would run at that load (`load.levels`, the same rules): the workload of
+`--seed + level index` as token counts (`load.shapes`, bench's layout), the same number of
+requests (or the same cycled pool for a `--duration`), the arrival schedule of `--seed`, the
+same warm-up. The sweep asks the same `next_step` for each next level and `sweet_spot` for the
+best one, so a simulated sweep stops where a measured one would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from servepilot.core.results import BenchResult, Load, Run, Source
+from servepilot.core.slo import Slo
+from servepilot.load.levels import LevelOptions, pool_size
+from servepilot.load.loadplan import LoadPlan
+from servepilot.load.shapes import workload_shapes
+from servepilot.load.slots import send_times
+from servepilot.load.sweep import sweet_spot
+from servepilot.load.workload import WorkloadSpec, describe
+from servepilot.scaling.snapshot import AutoscalePolicy
+from servepilot.sim.fleet.records import FleetSpec, FleetStats, LevelOutcome, Progress
+from servepilot.sim.fleet.simulator import FleetSim
+from servepilot.sim.fleet.traffic import Job, JobTable
+
+
+@dataclass(frozen=True, slots=True)
+class SimOptions:
+    spec: FleetSpec
+    levels: LevelOptions
+    slo: Slo
+    prompt_overhead_tokens: int
+    target: dict[str, Any]
+    """The results file's "target" section (what was simulated)."""
+    autoscaler: Callable[[], AutoscalePolicy] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SimOutput:
+    result: BenchResult
+    stats: tuple[FleetStats, ...]
+
+
+def level_plan(opts: SimOptions, load: Load) -> LoadPlan:
+    """The level at `load`; its arrivals follow the workload's seed, as bench's `--seed`."""
+    return opts.levels.plan(load, seed=opts.levels.workload.seed)
+
+
+def level_jobs(workload: WorkloadSpec, count: int, overhead_tokens: int) -> JobTable:
+    """The workload's requests as the server sees them: the chat template's tokens on top of
+    each prompt and its history; the gateway routes on the text alone."""
+    shapes = workload_shapes(workload, count)
+    return JobTable(
+        Job(
+            prompt_tokens=s.input_tokens + s.history_tokens + overhead_tokens,
+            output_tokens=s.output_tokens,
+            prefix_group=s.prefix_group,
+            prefix_tokens=s.prefix_tokens,
+            priority=1 if s.priority is None else s.priority,
+            session_id=s.session_id,
+            at_s=s.at_s,
+            routed_tokens=s.input_tokens + s.history_tokens,
+        )
+        for s in shapes
+    )
+
+
+def level_offsets(plan: LoadPlan, jobs: JobTable) -> Iterator[float] | None:
+    """The open loop's send times; None for the closed loop."""
+    return None if plan.closed else send_times(plan, jobs.at_s)
+
+
+def run_level(
+    opts: SimOptions,
+    index: int,
+    load: Load,
+    progress: Callable[[Progress], None] | None = None,
+    note: Callable[[str], None] | None = None,
+) -> LevelOutcome:
+    plan = level_plan(opts, load)
+    jobs = level_jobs(
+        opts.levels.level_workload(index), pool_size(plan), opts.prompt_overhead_tokens
+    )
+    longest = opts.spec.scheduler.max_model_len
+    too_long = sum(1 for p, o in zip(jobs.prompt, jobs.output, strict=True) if p + o > longest)
+    if too_long and note is not None:
+        note(
+            f"{too_long:,} of the level's {len(jobs):,} requests are longer than max_model_len "
+            f"({longest:,} tokens): vLLM answers them 400, and so does the simulation"
+        )
+    autoscaler = opts.autoscaler() if opts.autoscaler is not None else None
+    sim = FleetSim(opts.spec, autoscaler=autoscaler)
+    return sim.run(plan, jobs, opts.slo, offsets=level_offsets(plan, jobs), progress=progress)
+
+
+def simulate(
+    opts: SimOptions,
+    on_level: Callable[[Load, LoadPlan], Callable[[Progress], None] | None] | None = None,
+    on_done: Callable[[Run], None] | None = None,
+    note: Callable[[str], None] | None = None,
+) -> SimOutput:
+    runs: list[Run] = []
+    stats: list[FleetStats] = []
+    while (load := opts.levels.next_level(runs).load) is not None:
+        progress = on_level(load, level_plan(opts, load)) if on_level is not None else None
+        outcome = run_level(opts, len(runs), load, progress, note)
+        runs.append(outcome.run)
+        stats.append(outcome.stats)
+        if on_done is not None:
+            on_done(outcome.run)
+    slo = opts.slo.as_dict()
+    result = BenchResult(
+        source=Source.SIMULATED,
+        target=opts.target | {"levels": [_stats_dict(s) for s in stats]},
+        workload=describe(opts.levels.workload),
+        slo=slo,
+        runs=tuple(runs),
+        sweet_spot=sweet_spot(runs, slo_set=bool(slo)) if len(runs) > 1 else None,
+    )
+    return SimOutput(result, tuple(stats))
+
+
+def _stats_dict(stats: FleetStats) -> dict[str, Any]:
+    return {
+        "simulated_s": round(stats.sim_s, 3),
+        "steps": stats.steps,
+        "preemptions": stats.preemptions,
+        "prefix_hit_rate": round(stats.prefix_hit_rate, 4),
+        "replicas_peak": stats.replicas_peak,
+        "replicas_end": stats.replicas_end,
+        "shed": stats.shed,
+        "queued_in_gateway": stats.queued,
+        "wall_s": round(stats.wall_s, 2),
+    }
