@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from servepilot.engine.process import ReplicaInfo
-from servepilot.plan.costmodel import CostModel
+from servepilot.plan.costmodel import CostModel, StepShape, prefill_pairs
 from servepilot.plan.costprofile import load_profile, save_profile
 from tests.integration.fleetproc import cli, free_port, wait_until
 
@@ -98,7 +98,12 @@ def test_calibrating_the_vllm_replica(vllm_replica: ReplicaInfo, tmp_path: Path)
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     fitted = load_profile(out)
-    assert fitted.base_s > 0 and fitted.per_prefill_token_s > 0
+    assert fitted.base_s > 0
+    # A longer prompt takes longer to prefill. Which term carries it (per token, or the
+    # attention's query-key pairs) depends on the host: with native bfloat16 (AMX) the fit
+    # may put all of it in the pairs term, so the test asks for the growth, not a term.
+    lone = [fitted.step_time_s(StepShape(n, 1, 0, 0, prefill_pairs(n, 0))) for n in (16, 64, 256)]
+    assert lone[0] < lone[1] < lone[2], lone
     meta = json.loads(out.read_text())["meta"]
     assert meta["vllm_version"] and meta["server"]["block_size"]
     # vLLM times each request itself: the time outside the engine is known, and small.
