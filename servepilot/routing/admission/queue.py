@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 from servepilot.core.gateway_config import AdmissionConfig, Priority
@@ -123,6 +123,20 @@ class AdmissionQueue(Generic[T]):
             return None
         self._take_head(best.priority)
         return best.item
+
+    def pop_if(self, now_s: float, take: Callable[[T, float], bool]) -> bool:
+        """Offer the next request to `take(item, now_s)` and remove it if taken; False when
+        nothing waits or `take` declined (it keeps its place).
+
+        `pop` for a caller that can place the head only under conditions (a free replica for
+        its model), in one scan of the heads instead of a `peek` and a `pop`. `take` must not
+        change the queue.
+        """
+        best = self._best(now_s)
+        if best is None or not take(best.item, now_s):
+            return False
+        self._take_head(best.priority)
+        return True
 
     def peek(self, now_s: float) -> T | None:
         """What `pop(now_s)` would return, left in place.
