@@ -129,24 +129,14 @@ class AdmissionQueue(Generic[T]):
         nothing waits or `take` declined (it keeps its place).
 
         `pop` for a caller that can place the head only under conditions (a free replica for
-        its model), in one scan of the heads instead of a `peek` and a `pop`. `take` must not
-        change the queue.
+        its model): popping it and pushing it back would put it behind its class and orphan
+        the ticket its client holds. `take` must not change the queue.
         """
         best = self._best(now_s)
         if best is None or not take(best.item, now_s):
             return False
         self._take_head(best.priority)
         return True
-
-    def peek(self, now_s: float) -> T | None:
-        """What `pop(now_s)` would return, left in place.
-
-        For a caller that can only dispatch it under conditions (a free replica for its
-        model): popping and pushing it back would put it behind its class and orphan the
-        ticket its client holds.
-        """
-        best = self._best(now_s)
-        return None if best is None else best.item
 
     def in_order(self, now_s: float) -> list[Ticket[T]]:
         """Every queued request's ticket in dispatch order (O(n log n): for the rare case
