@@ -1,9 +1,9 @@
 """Admission at the gateway: who gets a replica slot now, who waits, who is refused.
 
-Every decision is made by the pure objects of `routing.admission` (the simulator runs the
-same ones); this module is their I/O edge: it builds the snapshots, parks waiting requests on
-futures in the per-class queue, hands out slots as requests finish, and owns the ticker that
-expires waits, feeds the soft limit and reports each degradation step.
+Every decision is made by `routing.admission`'s `AdmissionDriver` (the simulator runs the
+same one, sim/fleet/gateway.py); this module is its I/O edge: the replicas' slots (pool,
+breakers, models, excluded replicas), waiting requests parked on futures, and the asyncio
+ticker that runs the driver's tick and reports each degradation step and breaker transition.
 
 A replica gets at most its concurrency budget (`capacity`) of requests in flight, and none
 while its scraped KV cache usage is at the full line: the queueing happens here, where
@@ -26,24 +26,17 @@ from servepilot.gateway.pool import ReplicaPool, wait_until
 from servepilot.gateway.relay import Outcome
 from servepilot.gateway.replica import Replica
 from servepilot.routing.admission import (
-    AdmissionController,
-    AdmissionQueue,
-    AdmissionSnapshot,
+    AdmissionDriver,
     AdmitKind,
     BreakerBoard,
-    HardLimit,
-    RateMeter,
+    FleetLoad,
     Reason,
-    SoftLimit,
     Ticket,
+    free_slots,
 )
 from servepilot.routing.base import ReplicaView, RequestView, RoutingPolicy
 
 log = logging.getLogger(__name__)
-
-# While requests wait, how often budgets are checked; otherwise how often the soft limit is.
-_BUSY_TICK_S = 0.02
-_IDLE_TICK_S = 0.5
 
 
 @dataclass(slots=True)
@@ -80,15 +73,11 @@ class Dispatcher:
         self._policy = policy
         self._metrics = metrics
         self._clock = clock
-        self._rng = random.Random(seed)
-        self._controller = AdmissionController(
-            config.admission, config.protection, default_retry_after_s=config.retry_after_s
-        )
-        self.queue: AdmissionQueue[_Waiter] = AdmissionQueue.from_config(config.admission)
+        self.driver: AdmissionDriver[_Waiter] = AdmissionDriver(config, random.Random(seed))
+        self.queue = self.driver.queue
+        self.hard_limit = self.driver.hard_limit
+        self.soft_limit = self.driver.soft_limit
         self.breakers = BreakerBoard.from_config(config.protection)
-        self.hard_limit = HardLimit.from_config(config.protection)
-        self.soft_limit = SoftLimit.from_config(config.protection)
-        self._rate = RateMeter()
         self._kv_full = config.admission.kv_full_usage
         self._ticker: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -106,20 +95,9 @@ class Dispatcher:
         ready = self._candidates(view.model, frozenset(), now)
         if exclude and not any(c.replica_id not in exclude for c in ready):
             raise _unreachable(exclude)
-        if not ready and not self._pool.starting():
-            # Cold-start buffering is for replicas on their way up; when every replica
-            # is down (or none is registered), waiting would only hide the outage.
-            self._metrics.count_shed(Reason.NO_REPLICA, view.priority)
-            raise no_ready_replica(self._config.retry_after_s)
-        snapshot = AdmissionSnapshot.of(
-            ready,
-            self.queue.depth_by_class(),
-            kv_full_usage=self._kv_full,
-            dispatch_rate_per_s=self._rate.rate_per_s(now),
-            degradation=self.soft_limit.level,
-            hard_limit_shed_share=self.hard_limit.current_shed_share(),
-        )
-        decision = self._controller.admit(view.priority, snapshot, now, self._rng)
+        starting = not ready and self._pool.starting()
+        free = free_slots(ready, self._kv_full)
+        decision = self.driver.decide(view.priority, free, len(ready), starting, now)
         if decision.kind is AdmitKind.DISPATCH:
             candidates = [c for c in ready if c.replica_id not in exclude and self._free(c)]
             if candidates:
@@ -130,7 +108,8 @@ class Dispatcher:
         elif decision.kind is AdmitKind.UNAVAILABLE_503:
             self._metrics.count_shed(decision.reason, view.priority)
             raise no_ready_replica(decision.retry_after_s)
-        return await self._wait(view, frozenset(exclude), decision.max_tokens_cap, decision.reason)
+        cold_wait_s = self.driver.cold_wait_s(decision)
+        return await self._wait(view, frozenset(exclude), decision.max_tokens_cap, cold_wait_s)
 
     def acquire_tokenizer(self, view: RequestView, exclude: set[str] | frozenset[str]) -> Grant:
         """A replica for a /tokenize or /detokenize call, outside admission: these calls
@@ -156,6 +135,7 @@ class Dispatcher:
         replica.in_flight -= 1
         now = self._clock()
         rid = replica.replica_id
+        ttfb_s = None
         if outcome is None:
             self.breakers.record_abandoned(rid, now)
         elif outcome.failure is not None or outcome.status >= 500:
@@ -167,12 +147,26 @@ class Dispatcher:
             if replica.consecutive_failures:
                 self._pool.record_success(replica)
             if outcome.streamed:
-                self.hard_limit.observe(rid, outcome.ttfb_s * 1000.0)
+                ttfb_s = outcome.ttfb_s
         self._metrics.observe_outcome(rid, grant.priority, outcome)
-        if len(self.queue):
-            self._pump(now)
+        self.driver.release(rid, ttfb_s, now, self)
 
-    # --- slots ----------------------------------------------------------------------------
+    # --- slots (the driver's `Slots`) -------------------------------------------------------
+
+    def place(self, waiter: _Waiter, now_s: float) -> bool:
+        if waiter.future.done():  # its client left; the ticket goes
+            return True
+        ready = self._candidates(waiter.view.model, waiter.exclude, now_s)
+        candidates = [c for c in ready if self._free(c)]
+        if not candidates:
+            return False
+        grant = self._grant(waiter.view, candidates, waiter.cap, now_s)
+        self._metrics.observe_queue_wait(waiter.view.priority, now_s - waiter.view.arrival_s)
+        waiter.future.set_result(grant)
+        return True
+
+    def any_free(self) -> bool:
+        return any(self._free(view) for view in self._pool.snapshot())
 
     def _free(self, view: ReplicaView) -> bool:
         return view.in_flight < view.capacity and view.kv_cache_usage < self._kv_full
@@ -194,21 +188,21 @@ class Dispatcher:
         # replicas that would allow, so a refusal here is a probe taken a moment ago.
         self.breakers.allow(chosen, now)
         replica = self._pool.acquire(chosen)
-        self._rate.record(now)
+        self.driver.dispatched(now)
         return Grant(replica, view.priority, cap)
 
     async def _wait(
-        self, view: RequestView, exclude: frozenset[str], cap: int | None, reason: Reason
+        self, view: RequestView, exclude: frozenset[str], cap: int | None, wait_s: float | None
     ) -> Grant:
         loop = asyncio.get_running_loop()
         waiter = _Waiter(view, exclude, cap, loop.create_future())
-        ticket = self.queue.push(waiter, view.priority, self._clock())
+        ticket = self.driver.enqueue(waiter, view.priority, self._clock())
         self._metrics.count_queued(view.priority)
         self._wake.set()
         try:
-            if reason is not Reason.COLD_START:
+            if wait_s is None:
                 return await waiter.future
-            async with asyncio.timeout(self._config.admission.cold_start_wait_s):
+            async with asyncio.timeout(wait_s):
                 return await waiter.future
         except TimeoutError:
             self._abandon(ticket, waiter)
@@ -224,58 +218,6 @@ class Dispatcher:
         future = waiter.future
         if future.done() and not future.cancelled() and future.exception() is None:
             self.release(future.result(), None)  # granted just as the wait was abandoned
-
-    def _pump(self, now: float) -> None:
-        """Give free slots to the most urgent waiters, while there are both."""
-        queue = self.queue
-        while len(queue):
-            waiter = queue.peek(now)
-            if waiter is None:
-                return
-            if waiter.future.done():  # its client left; the ticket goes with the pop
-                queue.pop(now)
-                continue
-            ready = self._candidates(waiter.view.model, waiter.exclude, now)
-            candidates = [c for c in ready if self._free(c)]
-            if not candidates:
-                # It keeps its place until a slot it can use frees up; the ones behind it
-                # (another model, other excluded replicas) may use the free slots meanwhile.
-                self._pump_behind(now)
-                return
-            queue.pop(now)
-            self._hand_over(waiter, candidates, now)
-
-    def _pump_behind(self, now: float) -> None:
-        if not any(self._free(view) for view in self._pool.snapshot()):
-            return
-        for ticket in self.queue.in_order(now):
-            waiter = ticket.item
-            if waiter.future.done():
-                self.queue.remove(ticket)
-                continue
-            ready = self._candidates(waiter.view.model, waiter.exclude, now)
-            candidates = [c for c in ready if self._free(c)]
-            if candidates:
-                self.queue.remove(ticket)
-                self._hand_over(waiter, candidates, now)
-
-    def _hand_over(self, waiter: _Waiter, candidates: list[ReplicaView], now: float) -> None:
-        grant = self._grant(waiter.view, candidates, waiter.cap, now)
-        self._metrics.observe_queue_wait(waiter.view.priority, now - waiter.view.arrival_s)
-        waiter.future.set_result(grant)
-
-    def _expire(self, now: float) -> None:
-        if not self._pool.ready() and self._pool.starting():
-            return  # cold start: waits are bounded by cold_start_wait_s instead
-        rate = self._rate.rate_per_s(now)
-        for waiter in self.queue.expired(now):
-            if waiter.future.done():
-                continue
-            retry = self._controller.retry_after_s(len(self.queue), rate)
-            self._metrics.count_shed(Reason.QUEUE_BUDGET, waiter.view.priority)
-            waiter.future.set_exception(
-                shed(_SHED_MESSAGES[Reason.QUEUE_BUDGET], Reason.QUEUE_BUDGET, retry)
-            )
 
     # --- the ticker -----------------------------------------------------------------------
 
@@ -299,27 +241,26 @@ class Dispatcher:
 
     async def _tick(self) -> None:
         while True:
-            busy = len(self.queue) > 0
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(_BUSY_TICK_S if busy else _IDLE_TICK_S):
+                async with asyncio.timeout(self.driver.next_tick_s()):
                     await self._wake.wait()
             self._wake.clear()
             try:
-                now = self._clock()
-                self._pump(now)
-                self._expire(now)
-                self._update_limits(now)
+                self._step(self._clock())
             except Exception:  # a bug here must not silently end admission
                 log.exception("dispatcher tick failed")
 
-    def _update_limits(self, now: float) -> None:
+    def _step(self, now: float) -> None:
         views = self._pool.snapshot()
+        mean_kv = sum(v.kv_cache_usage for v in views) / len(views) if views else 0.0
+        waiting = sum(v.num_requests_waiting for v in views)
+        starting = not views and self._pool.starting()
+        report = self.driver.tick(now, self, FleetLoad(len(views), starting, mean_kv, waiting))
+        self._refuse_expired(report.expired, now)
         routable = {view.replica_id for view in views}
         for replica_id in self.hard_limit.tracked() - routable:
-            self.hard_limit.forget(replica_id)  # out of rotation: it gets no traffic to slow
-        mean_kv = sum(v.kv_cache_usage for v in views) / len(views) if views else 0.0
-        queued = len(self.queue) + sum(v.num_requests_waiting for v in views)
-        for event in self.soft_limit.update(now, mean_kv, queued, len(views)):
+            self.driver.forget(replica_id)  # out of rotation: it gets no traffic to slow
+        for event in report.degradations:
             log.warning(
                 "degradation %s -> %s (%s)",
                 event.from_level.name,
@@ -336,9 +277,20 @@ class Dispatcher:
             )
             self._metrics.count_breaker(transition.name, transition.to_state)
 
+    def _refuse_expired(self, expired: list[_Waiter], now: float) -> None:
+        """429 for the waits past their class's queue budget."""
+        for waiter in expired:
+            if waiter.future.done():
+                continue
+            retry = self.driver.queue_retry_after_s(now)
+            self._metrics.count_shed(Reason.QUEUE_BUDGET, waiter.view.priority)
+            waiter.future.set_exception(
+                shed(_SHED_MESSAGES[Reason.QUEUE_BUDGET], Reason.QUEUE_BUDGET, retry)
+            )
+
     def _forget(self, replica_id: str) -> None:
         self.breakers.forget(replica_id)
-        self.hard_limit.forget(replica_id)
+        self.driver.forget(replica_id)
 
 
 def _unreachable(tried: set[str] | frozenset[str]) -> GatewayError:

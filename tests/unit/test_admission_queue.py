@@ -72,17 +72,24 @@ def test_aging_is_floored_a_p2_just_short_of_one_period_stays_behind_p1() -> Non
     assert drain(queue, now_s=10.0) == ["p2", "p1_late"]
 
 
-def test_peek_shows_what_pop_returns_and_leaves_it_in_place() -> None:
+def test_pop_if_offers_what_pop_returns_and_leaves_it_in_place_when_declined() -> None:
     queue = make_queue(aging_s=10.0)
-    assert queue.peek(now_s=0.0) is None
+    offered: list[str] = []
+
+    def decline(item: str, now_s: float) -> bool:
+        offered.append(item)
+        return False
+
+    assert not queue.pop_if(0.0, decline) and offered == []
     ticket = queue.push("p2", P2, now_s=0.0)
     queue.push("p1", P1, now_s=5.0)
-    assert queue.peek(now_s=5.0) == "p1"
-    assert queue.peek(now_s=20.0) == "p2"  # aged to effective P0
+    assert not queue.pop_if(5.0, decline)
+    assert not queue.pop_if(20.0, decline)  # p2 aged to effective P0
+    assert offered == ["p1", "p2"]
     assert queue.depth() == 2
     assert ticket.queued
-    assert queue.pop(now_s=20.0) == "p2"
-    assert not ticket.queued
+    assert queue.pop_if(20.0, lambda item, now_s: item == "p2")
+    assert not ticket.queued and queue.depth() == 1
 
 
 def test_push_with_a_clock_that_steps_back_keeps_fifo_order() -> None:

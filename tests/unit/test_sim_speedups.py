@@ -36,7 +36,7 @@ from servepilot.routing.admission.limits import DegradationLevel
 from servepilot.routing.base import ReplicaView, RequestView
 from servepilot.routing.least_load import load_key, sample_two
 from servepilot.sim import SimRequest, StepResult, accel
-from servepilot.sim.fleet.liveview import REQUEST_VIEW_SETTERS, SNAPSHOT_SETTERS
+from servepilot.sim.fleet.liveview import REQUEST_VIEW_SETTERS
 from servepilot.sim.fleet.members import FleetRequest
 from servepilot.sim.fleet.network import Delay, HopSampler
 from servepilot.sim.fleet.requests import new_request_view
@@ -161,11 +161,6 @@ def test_views_built_through_slots_equal_the_constructors() -> None:
     built = new_request_view(*args)
     assert built == RequestView(*args) and repr(built) == repr(RequestView(*args))
     assert len(REQUEST_VIEW_SETTERS) == len(RequestView.__dataclass_fields__)
-    snapshot_args = ((1, 2, 3), 4, 5, 6.5, DegradationLevel.SHED_BATCH, 0.25)
-    snapshot = object.__new__(AdmissionSnapshot)
-    for setter, value in zip(SNAPSHOT_SETTERS, snapshot_args, strict=True):
-        setter(snapshot, value)
-    assert snapshot == AdmissionSnapshot(*snapshot_args)
 
 
 @pytest.mark.parametrize("cls", [SimRequest, FleetRequest])

@@ -8,7 +8,8 @@ than from an injected `random.Random`:
 - `meter`: the dispatch rate the decision predicts queue waits from;
 - `breaker`: per-replica circuit breakers;
 - `limits`: the hard limit (slow first bytes) and soft limit (graceful degradation);
-- `ratelimit`: per-API-key token buckets.
+- `ratelimit`: per-API-key token buckets;
+- `driver`: the cycle over them (arrive, release, pump, tick) that gateway and simulator run.
 """
 
 from __future__ import annotations
@@ -27,6 +28,14 @@ from servepilot.routing.admission.decision import (
     Reason,
     free_slots,
 )
+from servepilot.routing.admission.driver import (
+    BUSY_TICK_S,
+    IDLE_TICK_S,
+    AdmissionDriver,
+    FleetLoad,
+    Slots,
+    TickReport,
+)
 from servepilot.routing.admission.limits import (
     DegradationEvent,
     DegradationLevel,
@@ -38,8 +47,11 @@ from servepilot.routing.admission.queue import AdmissionQueue, Ticket
 from servepilot.routing.admission.ratelimit import KeyLimiter, TokenBucket
 
 __all__ = [
+    "BUSY_TICK_S",
+    "IDLE_TICK_S",
     "Admission",
     "AdmissionController",
+    "AdmissionDriver",
     "AdmissionQueue",
     "AdmissionSnapshot",
     "AdmitKind",
@@ -49,11 +61,14 @@ __all__ = [
     "CircuitBreaker",
     "DegradationEvent",
     "DegradationLevel",
+    "FleetLoad",
     "HardLimit",
     "KeyLimiter",
     "RateMeter",
     "Reason",
+    "Slots",
     "SoftLimit",
+    "TickReport",
     "Ticket",
     "TokenBucket",
     "free_slots",

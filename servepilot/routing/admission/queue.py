@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 from servepilot.core.gateway_config import AdmissionConfig, Priority
@@ -124,15 +124,19 @@ class AdmissionQueue(Generic[T]):
         self._take_head(best.priority)
         return best.item
 
-    def peek(self, now_s: float) -> T | None:
-        """What `pop(now_s)` would return, left in place.
+    def pop_if(self, now_s: float, take: Callable[[T, float], bool]) -> bool:
+        """Offer the next request to `take(item, now_s)` and remove it if taken; False when
+        nothing waits or `take` declined (it keeps its place).
 
-        For a caller that can only dispatch it under conditions (a free replica for its
-        model): popping and pushing it back would put it behind its class and orphan the
-        ticket its client holds.
+        `pop` for a caller that can place the head only under conditions (a free replica for
+        its model): popping it and pushing it back would put it behind its class and orphan
+        the ticket its client holds. `take` must not change the queue.
         """
         best = self._best(now_s)
-        return None if best is None else best.item
+        if best is None or not take(best.item, now_s):
+            return False
+        self._take_head(best.priority)
+        return True
 
     def in_order(self, now_s: float) -> list[Ticket[T]]:
         """Every queued request's ticket in dispatch order (O(n log n): for the rare case

@@ -1,15 +1,17 @@
-"""The simulated gateway: the real routing and admission objects, driven as the gateway does.
+"""The simulated gateway: the real routing policy and admission driver, fed simulated state.
 
-`gateway/dispatch.py` is the model: an arriving request is judged by the `AdmissionController`
-on an `AdmissionSnapshot` (queue depth per class, free slots of the ready replicas, dispatch
-rate, degradation level, hard-limit shed share); it is dispatched to the replica the routing
-policy chooses among the replicas with a free slot (in flight below the concurrency budget,
-scraped KV usage below `kv_full_usage`), queued in the per-class `AdmissionQueue`, or refused
-(429/503). A finished request frees its slot and pumps the queue; a ticker (every 20 ms while
-requests wait, 500 ms otherwise) pumps, expires waits past their class's budget, and feeds the
+The gateway (gateway/dispatch.py) and this module run the same `AdmissionDriver`
+(routing/admission/driver.py): an arriving request is judged on the queue depth per class, the
+free slots of the ready replicas, the dispatch rate, the degradation level and the hard
+limit's shed share; it is dispatched to the replica the routing policy chooses among the
+replicas with a free slot (in flight below the concurrency budget, scraped KV usage below
+`kv_full_usage`), queued in the per-class queue, or refused (429/503). A finished request
+frees its slot and pumps the queue; the driver's tick (every `BUSY_TICK_S` while requests
+wait, `IDLE_TICK_S` otherwise) pumps, expires waits past their class's budget, and feeds the
 soft limit. While no replica is ready but some are starting, requests wait up to
 `cold_start_wait_s`. vLLM's gauges are refreshed every scrape interval; the gateway's own
-in-flight counts are always current.
+in-flight counts are always current. This module is the driver's `Slots` and turns its
+decisions into events (the `Outlet`).
 
 Where the simulator differs, and why:
 - Snapshots are kept up to date incrementally instead of being rebuilt per request: each
@@ -17,8 +19,9 @@ Where the simulator differs, and why:
   replica's in-flight count or scraped gauges change), the free slots are a running sum and
   the candidate list is edited as replicas fill up and free up. The same values at O(1) per
   request. The candidate list's order is not registration order.
-- The hard limit's shed share is read at most once per tick (it only matters for P2), not
-  per request: between ticks it misses the last few milliseconds of samples.
+- The hard limit's shed share is read at most once per tick (the driver's
+  `shed_share_per_tick`; it only matters for P2), not per request: between ticks it misses
+  the last few milliseconds of samples.
 - Not driven: circuit breakers and retries (simulated replicas do not fail), API keys and
   their rate limits, several models behind one gateway.
 """
@@ -30,28 +33,14 @@ from collections import Counter
 from typing import Final, Protocol
 
 from servepilot.core.gateway_config import GatewayConfig
-from servepilot.routing.admission import (
-    AdmissionController,
-    AdmissionQueue,
-    AdmissionSnapshot,
-    AdmitKind,
-    HardLimit,
-    RateMeter,
-    Reason,
-    SoftLimit,
-)
-from servepilot.routing.admission.decision import LOWEST_CLASS
+from servepilot.routing.admission import AdmissionDriver, AdmitKind, FleetLoad, Reason
 from servepilot.routing.base import ReplicaView, RoutingPolicy
-from servepilot.sim.fleet.liveview import SET_IN_FLIGHT, SNAPSHOT_SETTERS
+from servepilot.sim.fleet.liveview import SET_IN_FLIGHT
 from servepilot.sim.fleet.members import FleetReplica, FleetRequest, ReplicaState
 
-BUSY_TICK_S: Final = 0.02
-IDLE_TICK_S: Final = 0.5
 _READY: Final = ReplicaState.READY
 _STARTING: Final = ReplicaState.STARTING
-_SET: Final = SNAPSHOT_SETTERS
 _SET_IN_FLIGHT: Final = SET_IN_FLIGHT
-_new: Final = object.__new__
 
 
 class Outlet(Protocol):
@@ -73,16 +62,14 @@ class SimGateway:
         self.config = config
         self.policy = policy
         self._outlet = outlet
-        self._rng = rng
-        self.controller = AdmissionController(
-            config.admission, config.protection, default_retry_after_s=config.retry_after_s
+        driver: AdmissionDriver[FleetRequest] = AdmissionDriver(
+            config, rng, shed_share_per_tick=True
         )
-        self.queue: AdmissionQueue[FleetRequest] = AdmissionQueue.from_config(config.admission)
-        self.hard_limit = HardLimit.from_config(config.protection)
-        self.soft_limit = SoftLimit.from_config(config.protection)
-        self.rate = RateMeter()
+        self.driver = driver
+        self.controller = driver.controller
+        self.queue = driver.queue
+        self.rate = driver.rate
         self._kv_full = config.admission.kv_full_usage
-        self._cold_wait_s = config.admission.cold_start_wait_s
         self.replicas: dict[str, FleetReplica] = {}
         self._views: list[ReplicaView] = []
         """The replicas with a free slot: what the policy chooses among."""
@@ -92,8 +79,6 @@ class SimGateway:
         self.starting = 0
         self.mean_kv_usage = 0.0
         self.vllm_waiting = 0
-        self._shed_share = 0.0
-        self._shed_stale = True
         self.shed: Counter[str] = Counter()
         """Refusals by reason (429 and 503)."""
         self.queued = 0
@@ -124,7 +109,7 @@ class SimGateway:
         replica.state = ReplicaState.STOPPED
         del self.replicas[replica.replica_id]
         self.policy.forget(replica.replica_id)
-        self.hard_limit.forget(replica.replica_id)
+        self.driver.forget(replica.replica_id)
 
     def refresh(self, replica: FleetReplica) -> None:
         """Its state changed: recount its free slots, update its view, and keep the list of
@@ -159,22 +144,10 @@ class SimGateway:
 
     def arrive(self, request: FleetRequest, now_s: float) -> None:
         """Dispatch, queue or refuse a request that just reached the gateway."""
-        if not self.ready and not self.starting:
-            self._refuse(request, Reason.NO_REPLICA, "http_503", now_s)
-            return
         priority = request.priority
-        if priority == LOWEST_CLASS and self._shed_stale:
-            self._shed_share = self.hard_limit.current_shed_share()
-            self._shed_stale = False
-        # AdmissionSnapshot(...), for a third of the cost (liveview.py).
-        snapshot: AdmissionSnapshot = _new(AdmissionSnapshot)
-        _SET[0](snapshot, self.queue.depth_by_class())
-        _SET[1](snapshot, self.free_slots)
-        _SET[2](snapshot, self.ready)
-        _SET[3](snapshot, self.rate.rate_per_s(now_s))
-        _SET[4](snapshot, self.soft_limit.level)
-        _SET[5](snapshot, self._shed_share)
-        decision = self.controller.admit(priority, snapshot, now_s, self._rng)
+        decision = self.driver.decide(
+            priority, self.free_slots, self.ready, self.starting > 0, now_s
+        )
         kind = decision.kind
         cap = decision.max_tokens_cap
         if cap is not None and request.output_tokens > cap:
@@ -189,10 +162,10 @@ class SimGateway:
         elif kind is AdmitKind.UNAVAILABLE_503:
             self._refuse(request, decision.reason, "http_503", now_s)
             return
-        request.ticket = self.queue.push(request, priority, now_s)
+        request.ticket = self.driver.enqueue(request, priority, now_s)
         self.queued += 1
-        cold = decision.reason is Reason.COLD_START
-        self._outlet.queued(request, now_s, now_s + self._cold_wait_s if cold else None)
+        wait_s = self.driver.cold_wait_s(decision)
+        self._outlet.queued(request, now_s, None if wait_s is None else now_s + wait_s)
 
     def _grant(self, request: FleetRequest, now_s: float) -> None:
         view = request.view
@@ -208,7 +181,7 @@ class SimGateway:
             _SET_IN_FLIGHT(replica.view, replica.in_flight)
         else:
             self.refresh(replica)
-        self.rate.record(now_s)
+        self.driver.dispatched(now_s)
         self._outlet.send(request, replica, now_s)
 
     def _refuse(self, request: FleetRequest, reason: Reason, status: str, now_s: float) -> None:
@@ -227,23 +200,20 @@ class SimGateway:
             _SET_IN_FLIGHT(replica.view, replica.in_flight)
         else:
             self.refresh(replica)
-        if ttfb_s is not None:
-            self.hard_limit.observe(replica.replica_id, ttfb_s * 1000.0)
-        if len(self.queue):
-            self.pump(now_s)
+        self.driver.release(replica.replica_id, ttfb_s, now_s, self)
 
-    def pump(self, now_s: float) -> None:
-        """Give free slots to the most urgent waiters, while there are both."""
-        queue = self.queue
-        # The gateway peeks, then pops what it can place; with one model behind it, any
-        # candidate can take the head, so the simulator pops straight away (the same request:
-        # peek is pop without the taking), one scan of the queue's heads instead of three.
-        while len(queue) and self._views:
-            request = queue.pop(now_s)
-            if request is None:
-                return
-            request.ticket = None
-            self._grant(request, now_s)
+    # ---- the driver's `Slots` ------------------------------------------------------------
+
+    def place(self, request: FleetRequest, now_s: float) -> bool:
+        """With one model behind the gateway, any candidate can take any waiting request."""
+        if not self._views:
+            return False
+        request.ticket = None
+        self._grant(request, now_s)
+        return True
+
+    def any_free(self) -> bool:
+        return bool(self._views)
 
     def cold_timeout(self, request: FleetRequest, now_s: float) -> None:
         """A request queued during a cold start has waited `cold_start_wait_s`: 503."""
@@ -255,16 +225,14 @@ class SimGateway:
     # ---- the ticker and the scrape -------------------------------------------------------
 
     def tick(self, now_s: float) -> float:
-        """Pump, expire, feed the soft limit; returns the delay to the next tick."""
-        self.pump(now_s)
-        if self.ready or not self.starting:  # cold start: waits are bounded separately
-            for request in self.queue.expired(now_s):
-                request.ticket = None
-                self._refuse(request, Reason.QUEUE_BUDGET, "http_429", now_s)
-        queued = len(self.queue) + self.vllm_waiting
-        self.soft_limit.update(now_s, self.mean_kv_usage, queued, self.ready)
-        self._shed_stale = True
-        return BUSY_TICK_S if len(self.queue) else IDLE_TICK_S
+        """The driver's tick (pump, expire, feed the soft limit); returns the delay to the
+        next one."""
+        load = FleetLoad(self.ready, self.starting > 0, self.mean_kv_usage, self.vllm_waiting)
+        report = self.driver.tick(now_s, self, load)
+        for request in report.expired:
+            request.ticket = None
+            self._refuse(request, Reason.QUEUE_BUDGET, "http_429", now_s)
+        return report.next_tick_s
 
     def scrape(self, now_s: float) -> None:
         """Health checks and /metrics of every replica: starting replicas whose engine is

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from servepilot.routing.admission import AdmissionSnapshot
 from servepilot.routing.base import ReplicaView, RequestView
 
 
@@ -51,9 +50,4 @@ REQUEST_VIEW_SETTERS = _setters(
     RequestView,
     ("model", "prompt_chars", "prompt_tokens", "prefix_hashes", "session_id", "priority",
      "arrival_s"),
-)  # fmt: skip
-SNAPSHOT_SETTERS = _setters(
-    AdmissionSnapshot,
-    ("queued_by_class", "free_slots", "ready_replicas", "dispatch_rate_per_s", "degradation",
-     "hard_limit_shed_share"),
 )  # fmt: skip

@@ -36,12 +36,13 @@ from servepilot.core.slo import Slo
 from servepilot.load.loadplan import LoadPlan
 from servepilot.load.slots import ClosedSlots, Slot, open_slots
 from servepilot.routing import make_policy
+from servepilot.routing.admission import BUSY_TICK_S
 from servepilot.routing.base import RoutingPolicy
 from servepilot.scaling.snapshot import AutoscalePolicy, FleetSnapshot
 from servepilot.sim import accel
 from servepilot.sim.engine.replica import ReplicaModel
 from servepilot.sim.fleet.collect import RunCollector
-from servepilot.sim.fleet.gateway import BUSY_TICK_S, SimGateway
+from servepilot.sim.fleet.gateway import SimGateway
 from servepilot.sim.fleet.members import FleetReplica, FleetRequest, ReplicaState
 from servepilot.sim.fleet.network import HopSampler
 from servepilot.sim.fleet.records import FleetSpec, FleetStats, LevelOutcome, Progress
