@@ -20,7 +20,7 @@ from servepilot.bench.session import (
 from servepilot.bench.target import served_model
 from servepilot.bench.tokenizer import Tokenizer, open_tokenizer
 from servepilot.cli.console import out_console, print_step, print_warning
-from servepilot.cli.levels_view import fmt_load, level_bars, print_runs
+from servepilot.cli.levels_view import counts_text, fmt_load, level_bars, print_runs
 from servepilot.cli.load_options import (
     add_load_flags,
     add_workload_flags,
@@ -140,8 +140,7 @@ def _run_with_progress(opts: BenchOptions, tokenizer: Tokenizer) -> BenchOutput:
 
         def progress(p: LevelProgress) -> None:
             done = p.completed + p.failed if p.planned is not None else p.elapsed_s
-            counts = f"{p.completed:,} ok" + (f", {p.failed:,} failed" if p.failed else "")
-            bars.update(p.load, done, counts)
+            bars.update(p.load, done, counts_text(p.completed, p.failed))
 
         reporter = BenchReporter(started, progress, bars.finish, bars.note)
         return loop.run(run_bench(opts, tokenizer, reporter))

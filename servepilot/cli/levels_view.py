@@ -64,6 +64,11 @@ def fmt_load(load: Load) -> str:
     return f"rate {load.value:g}/s"
 
 
+def counts_text(completed: int, failed: int) -> str:
+    """A running level's requests so far: `12 ok`, `12 ok, 1 failed`."""
+    return f"{completed:,} ok" + (f", {failed:,} failed" if failed else "")
+
+
 def level_summary(run: Run) -> str:
     p99 = run.e2e_ms.p99
     p99_text = f"{p99:,.0f} ms" if p99 is not None else "—"

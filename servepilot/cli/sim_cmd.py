@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+from rich.text import Text
+
+from servepilot.bench.outputs import write_results_json
 from servepilot.cli.console import print_step, print_warning
+from servepilot.cli.levels_view import counts_text, fmt_load, level_bars, print_runs
 from servepilot.cli.load_options import (
     add_load_flags,
     add_workload_flags,
@@ -15,14 +20,17 @@ from servepilot.cli.load_options import (
     parse_duration_s,
 )
 from servepilot.cli.options import add_config_flag, config_from_args
-from servepilot.cli.sim_run import report, run_with_progress
 from servepilot.core.config import FleetConfig, PolicyName
 from servepilot.core.errors import ConfigError
+from servepilot.core.results import Load
 from servepilot.core.slo import Slo, parse_slo
 from servepilot.engine.cpu import cpu_flags
+from servepilot.load.loadplan import LoadPlan
 from servepilot.scaling.target_utilisation import TargetUtilisation
+from servepilot.sim.fleet import narration
 from servepilot.sim.fleet.network import parse_network
-from servepilot.sim.fleet.session import SimOptions
+from servepilot.sim.fleet.records import Progress
+from servepilot.sim.fleet.session import SimOptions, SimOutput, simulate
 from servepilot.sim.fleet.setup import ReplicaSetup, fleet_spec, replica_setup, target_section
 from servepilot.sim.fleet.simulator import FleetSpec
 
@@ -136,8 +144,11 @@ def run(args: argparse.Namespace) -> int:
         target=target_section(config, setup, spec, args.profile),
         autoscaler=_autoscaler(args),
     )
-    _describe(setup, spec)
-    report(run_with_progress(opts), args.out)
+    for line in narration.describe(setup, spec):
+        print_step(line)
+    for note in setup.notes:
+        print_warning(note)
+    _report(_run_with_progress(opts), args.out)
     return 0
 
 
@@ -191,25 +202,32 @@ def _autoscaler(args: argparse.Namespace) -> partial[TargetUtilisation] | None:
     return partial(TargetUtilisation, args.autoscale_target, lo, hi)
 
 
-def _describe(setup: ReplicaSetup, spec: FleetSpec) -> None:
-    s, cost = setup.scheduler, spec.cost
-    print_step(
-        f"{spec.replicas} x {setup.model_name}: max_num_seqs {s.max_num_seqs}, "
-        f"max_num_batched_tokens {s.max_num_batched_tokens:,}, {s.num_blocks:,} KV blocks of "
-        f"{s.block_size} ({setup.kv_capacity_tokens:,} tokens), gateway budget "
-        f"{spec.capacity} per replica"
-    )
-    print_step(f"step times: {setup.cost_kind} ({cost.source})")
-    print_step(
-        f"prompt overhead: {setup.prompt_overhead_tokens} tokens per request"
-        + ("" if setup.prompt_overhead_tokens else " (the profile does not say; 0 assumed)")
-    )
-    client_ms = spec.network.client_gateway_s * 1e3
-    if client_ms:
-        measured = spec.network.client_gateway_s == setup.request_overhead_s / 2
-        print_step(
-            f"client delay: {client_ms:.1f} ms each way"
-            + (" (half the request overhead the profile measured)" if measured else "")
-        )
-    for note in setup.notes:
-        print_warning(note)
+def _run_with_progress(opts: SimOptions) -> SimOutput:
+    with level_bars() as bars:
+
+        def started(load: Load, plan: LoadPlan) -> Callable[[Progress], None]:
+            by_count = plan.max_requests is not None
+            total = (plan.max_requests or 0) + plan.warmup_requests if by_count else None
+            bars.start(load, total or plan.duration_s)
+
+            def progress(p: Progress) -> None:
+                done = p.completed + p.failed if by_count else p.sim_s
+                counts = counts_text(p.completed, p.failed)
+                bars.update(load, done, f"{counts} · {p.sim_s:,.0f} s simulated")
+
+            return progress
+
+        def note(message: str) -> None:
+            bars.note(Text("warning: ", style="bold yellow") + Text(message))
+
+        return simulate(opts, started, bars.finish, note)
+
+
+def _report(output: SimOutput, out_dir: Path | None) -> None:
+    result = output.result
+    print_runs(result)
+    for run, stats in zip(result.runs, output.stats, strict=True):
+        print_step(f"{fmt_load(run.load)}: {narration.level_stats(run, stats)}")
+    if out_dir is not None:
+        write_results_json(out_dir, result)
+        print_step(f"wrote {out_dir}/results.json (compare: servepilot bench compare)")
