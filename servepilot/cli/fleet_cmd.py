@@ -8,6 +8,7 @@ from rich import box
 from rich.table import Table
 
 from servepilot.cli.console import out_console, print_step, print_warning
+from servepilot.fleet import control
 from servepilot.fleet.control import fleet_statuses, stop_fleets
 
 
@@ -42,22 +43,15 @@ def run_status(args: argparse.Namespace) -> int:
         out_console.print("no fleet is running (start one with `servepilot up`)")
         return 0
     for st in statuses:
-        rec = st.record
-        state = "serving" if st.alive else "stale"
-        out_console.print(f"fleet on port {rec.port}: {state}, endpoint {rec.gateway_url}/v1, "
-                          f"pid {rec.pid}")  # fmt: skip
+        out_console.print(control.status_line(st))
         if st.problem:
             print_warning(st.problem)
         if st.replicas:
             table = Table(box=box.SIMPLE)
-            for col in ("id", "url", "healthy", "in flight", "running", "waiting", "KV usage"):
+            for col in control.REPLICA_COLUMNS:
                 table.add_column(col, no_wrap=True)
-            for r in st.replicas:
-                table.add_row(
-                    str(r.get("id")), str(r.get("url")), "yes" if r.get("healthy") else "NO",
-                    str(r.get("in_flight")), str(r.get("running")), str(r.get("waiting")),
-                    f"{100 * float(r.get('kv_cache_usage') or 0):.0f}%",
-                )  # fmt: skip
+            for replica in st.replicas:
+                table.add_row(*control.replica_cells(replica))
             out_console.print(table)
     return 0
 
