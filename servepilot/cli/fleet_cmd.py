@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rich import box
-from rich.table import Table
-
-from servepilot.cli.console import out_console, print_step, print_warning
+from servepilot.cli.console import out_console, print_step, print_warning, simple_table
 from servepilot.fleet import control
 from servepilot.fleet.control import fleet_statuses, stop_fleets
 
@@ -47,12 +44,8 @@ def run_status(args: argparse.Namespace) -> int:
         if st.problem:
             print_warning(st.problem)
         if st.replicas:
-            table = Table(box=box.SIMPLE)
-            for col in control.REPLICA_COLUMNS:
-                table.add_column(col, no_wrap=True)
-            for replica in st.replicas:
-                table.add_row(*control.replica_cells(replica))
-            out_console.print(table)
+            rows = map(control.replica_cells, st.replicas)
+            out_console.print(simple_table("", control.REPLICA_COLUMNS, rows, no_wrap=True))
     return 0
 
 

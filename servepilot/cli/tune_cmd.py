@@ -15,12 +15,12 @@ from servepilot.cli.options import add_config_flag, config_from_args
 from servepilot.core.config import EngineKind
 from servepilot.tune import narration
 from servepilot.tune.artifacts import fleet_command, tuned_fleet, write_artifacts
-from servepilot.tune.policy import Proposal, Stop, StopReason, incumbent
+from servepilot.tune.policy import Proposal
 from servepilot.tune.score import Trial
 from servepilot.tune.search import SearchEvents, SearchResult, run_search
 from servepilot.tune.setup import TuneOptions, TuneSetup, build_setup
 from servepilot.tune.space import Knob, TrialConfig
-from servepilot.tune.summary import Summary, summarize
+from servepilot.tune.summary import Summary, summarize_search, trial_row
 
 DESCRIPTION = """\
 Search vLLM's knobs for the configuration that carries the most goodput (requests per second
@@ -116,9 +116,6 @@ def tune_options(args: argparse.Namespace) -> TuneOptions:
     )  # fmt: skip
 
 
-_NO_STOP = Stop(StopReason.CONVERGED, "")
-
-
 def search(setup: TuneSetup) -> SearchResult:
     space = setup.space.space
     budget = setup.goal.budget_trials
@@ -130,7 +127,7 @@ def search(setup: TuneSetup) -> SearchResult:
         print_step(narration.trial_started_line(index, budget, proposal, space.default))
 
     def finished(trial: Trial, resumed: bool) -> None:
-        row = summarize([trial], setup.goal.sla, space.default, _NO_STOP).rows[0]
+        row = trial_row(trial, setup.goal.sla, space.default)
         print_step(narration.trial_finished_line(row, budget, resumed))
 
     def pruned(config: TrialConfig, why: str) -> None:
@@ -141,13 +138,7 @@ def search(setup: TuneSetup) -> SearchResult:
 
 
 def _report(setup: TuneSetup, result: SearchResult) -> int:
-    space = setup.space.space
-    best = incumbent(space, result.trials, setup.goal)
-    summary = summarize(
-        result.trials, setup.goal.sla, space.default, result.stop,
-        resumed=result.resumed, pruned=len(result.pruned),
-        chosen=best.trial.index if best is not None else None,
-    )  # fmt: skip
+    summary = summarize_search(setup.space.space, setup.goal, result)
     out_console.print(_table(summary))
     print_step(f"search stopped: {result.stop.detail}")
     chosen = summary.chosen

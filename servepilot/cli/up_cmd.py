@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rich import box
-from rich.table import Table
-
-from servepilot.cli.console import err_console, out_console, print_step, print_warning
+from servepilot.cli.console import err_console, out_console, print_step, print_warning, simple_table
 from servepilot.cli.options import add_config_flag, config_from_args
 from servepilot.core import loop
 from servepilot.core.config import EngineKind
@@ -85,12 +82,8 @@ def _replica_ready(info: ReplicaInfo) -> None:
 
 
 def _serving(started: UpStarted) -> None:
-    table = Table(title="replicas", title_justify="left", box=box.SIMPLE)
-    for column in up.REPLICA_COLUMNS:
-        table.add_column(column, no_wrap=True)
-    for info in started.replicas:
-        table.add_row(*up.replica_cells(info))
-    out_console.print(table)
+    rows = map(up.replica_cells, started.replicas)
+    out_console.print(simple_table("replicas", up.REPLICA_COLUMNS, rows, no_wrap=True))
     out_console.print(f"\nendpoint: {started.gateway_url}/v1  (model: {started.model_name})")
     out_console.print(f"try:      {started.curl_example}", soft_wrap=True)
     out_console.print("stop:     Ctrl-C here, or `servepilot down` from another shell\n")

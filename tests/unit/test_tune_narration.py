@@ -81,3 +81,21 @@ def test_verdict_without_a_trial_meeting_the_sla_names_the_binding_slo() -> None
         "no configuration met the SLA (ttft_p99_ms=1000); best effort: trial 2; ttft_p99_ms "
         "binds: 1,200 ms against 1,000 ms at best"
     )
+
+
+def test_a_search_is_summarized_with_its_incumbent_not_a_noisy_winner() -> None:
+    from servepilot.tune.policy import Goal
+    from servepilot.tune.search import SearchResult
+    from servepilot.tune.summary import summarize_search
+    from tests.unit.tune_support import two_knob_space
+
+    space = two_knob_space()
+    more = space.default.with_value(Knob.MAX_NUM_SEQS, 256)
+    trials = (trial(1, space.default, (2, 1.0, 500)), trial(2, more, (2, 1.01, 500)))
+    pruned = ((more, "why"),)
+    found = summarize_search(space, Goal(SLA, 4), SearchResult(trials, STOP, 1, pruned))
+    # Trial 2 is 1% better: within the 2% of noise, so the default stays the best.
+    assert found.best is not None and found.best.trial.index == 1
+    assert (found.resumed, found.pruned, found.stop) == (1, 1, STOP)
+    noisy = summarize(trials, SLA, space.default, STOP).best
+    assert noisy is not None and noisy.trial.index == 2
