@@ -10,9 +10,10 @@ from pathlib import Path
 
 from rich.text import Text
 
+from servepilot.bench.console import level_name, progress_counts
 from servepilot.bench.outputs import write_results_json
 from servepilot.cli.console import print_step, print_warning
-from servepilot.cli.levels_view import counts_text, fmt_load, level_bars, print_runs
+from servepilot.cli.levels_view import level_bars, print_runs
 from servepilot.cli.load_options import (
     add_load_flags,
     add_workload_flags,
@@ -212,7 +213,7 @@ def _run_with_progress(opts: SimOptions) -> SimOutput:
 
             def progress(p: Progress) -> None:
                 done = p.completed + p.failed if by_count else p.sim_s
-                counts = counts_text(p.completed, p.failed)
+                counts = progress_counts(p.completed, p.failed)
                 bars.update(load, done, f"{counts} · {p.sim_s:,.0f} s simulated")
 
             return progress
@@ -227,7 +228,7 @@ def _report(output: SimOutput, out_dir: Path | None) -> None:
     result = output.result
     print_runs(result)
     for run, stats in zip(result.runs, output.stats, strict=True):
-        print_step(f"{fmt_load(run.load)}: {narration.level_stats(run, stats)}")
+        print_step(f"{level_name(run.load)}: {narration.level_stats(run, stats)}")
     if out_dir is not None:
         write_results_json(out_dir, result)
         print_step(f"wrote {out_dir}/results.json (compare: servepilot bench compare)")
