@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 
 from rich.text import Text
@@ -27,12 +26,11 @@ from servepilot.core.results import Load
 from servepilot.core.slo import Slo, parse_slo
 from servepilot.engine.cpu import cpu_flags
 from servepilot.load.loadplan import LoadPlan
-from servepilot.scaling.target_utilisation import TargetUtilisation
 from servepilot.sim.fleet import narration
+from servepilot.sim.fleet import setup as fleet_setup
 from servepilot.sim.fleet.network import parse_network
 from servepilot.sim.fleet.records import Progress
 from servepilot.sim.fleet.session import SimOptions, SimOutput, simulate
-from servepilot.sim.fleet.setup import ReplicaSetup, fleet_spec, replica_setup, target_section
 from servepilot.sim.fleet.simulator import FleetSpec
 
 # The seed's measurement: a new node loads DeepSeek-V4 from NVMe in 78 s.
@@ -135,15 +133,15 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(
         args, {"replicas.count": args.replicas, "gateway.policy": args.policy}
     )
-    setup = replica_setup(config, args.profile, cpu_flags())
+    setup = fleet_setup.replica_setup(config, args.profile, cpu_flags())
     spec = _spec(args, config, setup)
     opts = SimOptions(
         spec=spec,
         levels=levels_from_args(args),
         slo=_slo(args, config),
         prompt_overhead_tokens=setup.prompt_overhead_tokens,
-        target=target_section(config, setup, spec, args.profile),
-        autoscaler=_autoscaler(args),
+        target=fleet_setup.target_section(config, setup, spec, args.profile),
+        autoscaler=fleet_setup.autoscaler(args.autoscale, args.autoscale_target),
     )
     for line in narration.describe(setup, spec):
         print_step(line)
@@ -164,14 +162,16 @@ def _refuse_bench_only(args: argparse.Namespace) -> None:
         raise ConfigError(f"--warmup must be at least 0, got {args.warmup}")
 
 
-def _spec(args: argparse.Namespace, config: FleetConfig, setup: ReplicaSetup) -> FleetSpec:
+def _spec(
+    args: argparse.Namespace, config: FleetConfig, setup: fleet_setup.ReplicaSetup
+) -> FleetSpec:
     per_node = args.replicas_per_node or setup.replicas_per_node
     if per_node < 1:
         raise ConfigError(f"--replicas-per-node must be at least 1, got {per_node}")
     scrape = args.scrape_interval
     network = parse_network(args.network_ms, per_node, setup.request_overhead_s / 2)
     return dataclasses.replace(
-        fleet_spec(config, setup, network=network, seed=args.seed),
+        fleet_setup.fleet_spec(config, setup, network=network, seed=args.seed),
         scrape_interval_s=parse_duration_s(scrape, "--scrape-interval") if scrape else None,
         cold_start_s=_duration_or_zero(args.cold_start, "--cold-start"),
         start_cold=args.start_cold,
@@ -188,19 +188,6 @@ def _duration_or_zero(text: str, flag: str) -> float:
 def _slo(args: argparse.Namespace, config: FleetConfig) -> Slo:
     """--slo, or else fleet.yaml's slo section."""
     return parse_slo(args.slo, per_request=True) if args.slo else config.slo
-
-
-def _autoscaler(args: argparse.Namespace) -> partial[TargetUtilisation] | None:
-    if not args.autoscale:
-        return None
-    low, sep, high = args.autoscale.partition(":")
-    try:
-        lo, hi = int(low), int(high)
-    except ValueError:
-        lo = hi = -1
-    if not sep or not 0 <= lo <= hi or hi < 1:
-        raise ConfigError(f"--autoscale {args.autoscale!r}: expected MIN:MAX, e.g. 2:16")
-    return partial(TargetUtilisation, args.autoscale_target, lo, hi)
 
 
 def _run_with_progress(opts: SimOptions) -> SimOutput:
