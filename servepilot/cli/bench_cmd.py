@@ -21,17 +21,13 @@ from servepilot.bench.target import served_model
 from servepilot.bench.tokenizer import Tokenizer, open_tokenizer
 from servepilot.cli.console import out_console, print_step, print_warning
 from servepilot.cli.levels_view import level_bars, print_runs
-from servepilot.cli.load_options import (
-    add_load_flags,
-    add_workload_flags,
-    levels_from_args,
-    parse_duration_s,
-)
+from servepilot.cli.load_options import add_load_flags, add_workload_flags, levels_from_args
 from servepilot.cli.options import base_url
 from servepilot.core import loop
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Load, load_result
 from servepilot.core.slo import Slo, parse_slo
+from servepilot.core.units import parse_duration_s
 
 DESCRIPTION = """\
 Load-test an OpenAI-compatible endpoint (a vLLM server, a servepilot gateway, any other) and

@@ -13,17 +13,13 @@ from servepilot.bench.console import level_name, progress_counts
 from servepilot.bench.outputs import write_results_json
 from servepilot.cli.console import print_step, print_warning
 from servepilot.cli.levels_view import level_bars, print_runs
-from servepilot.cli.load_options import (
-    add_load_flags,
-    add_workload_flags,
-    levels_from_args,
-    parse_duration_s,
-)
+from servepilot.cli.load_options import add_load_flags, add_workload_flags, levels_from_args
 from servepilot.cli.options import add_config_flag, config_from_args
 from servepilot.core.config import FleetConfig, PolicyName
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Load
 from servepilot.core.slo import Slo, parse_slo
+from servepilot.core.units import parse_duration_or_zero_s, parse_duration_s
 from servepilot.engine.cpu import cpu_flags
 from servepilot.load.loadplan import LoadPlan
 from servepilot.sim.fleet import narration
@@ -173,16 +169,10 @@ def _spec(
     return dataclasses.replace(
         fleet_setup.fleet_spec(config, setup, network=network, seed=args.seed),
         scrape_interval_s=parse_duration_s(scrape, "--scrape-interval") if scrape else None,
-        cold_start_s=_duration_or_zero(args.cold_start, "--cold-start"),
+        cold_start_s=parse_duration_or_zero_s(args.cold_start, "--cold-start"),
         start_cold=args.start_cold,
         autoscale_interval_s=parse_duration_s(args.autoscale_interval, "--autoscale-interval"),
     )
-
-
-def _duration_or_zero(text: str, flag: str) -> float:
-    if text.strip() in ("0", "0s"):
-        return 0.0
-    return parse_duration_s(text, flag)
 
 
 def _slo(args: argparse.Namespace, config: FleetConfig) -> Slo:
