@@ -41,10 +41,10 @@ sys.path.insert(0, str(ROOT))
 
 from servepilot.cli.console import print_step  # noqa: E402
 from servepilot.cli.options import config_from_args  # noqa: E402
-from servepilot.cli.tune_cmd import tune_options  # noqa: E402
-from servepilot.cli.tune_view import level_line, search  # noqa: E402
+from servepilot.cli.tune_cmd import search, tune_options  # noqa: E402
 from servepilot.core.errors import ServepilotError  # noqa: E402
 from servepilot.load.workload import WorkloadKind, WorkloadSpec  # noqa: E402
+from servepilot.tune.narration import level_line  # noqa: E402
 from servepilot.tune.policy import Goal  # noqa: E402
 from servepilot.tune.score import Measurement, Trial, score  # noqa: E402
 from servepilot.tune.setup import TuneSetup, build_setup  # noqa: E402

@@ -1,4 +1,5 @@
-"""The bench result in the terminal: the run table and the sweet-spot line.
+"""The bench result in the terminal: the run table, the sweet-spot line, the words for a level
+while it runs and the warnings about a run (`servepilot sim` shows its runs the same way).
 
 The columns are the HTML report's (`report.columns`), so what the terminal shows and what
 the report shows cannot disagree.
@@ -12,7 +13,8 @@ from rich.text import Text
 
 from servepilot.bench.report.columns import RUN_COLUMNS
 from servepilot.bench.report.fmt import fmt_ms, fmt_num, format_load
-from servepilot.core.results import BenchResult
+from servepilot.bench.session import LEAK_BYTES_PER_REQUEST
+from servepilot.core.results import BenchResult, Load, LoadMode, Run
 
 
 def render_runs_table(result: BenchResult) -> Table:
@@ -69,3 +71,43 @@ def sweet_spot_line(result: BenchResult) -> str:
             f" E2E p99 {fmt_ms(run.e2e_ms.p99)})"
         )
     return f"sweet spot: {format_load(spot.load)}{facts}: {spot.reason}"
+
+
+def level_name(load: Load) -> str:
+    """`concurrency 16`, `rate 2.5/s`: a level's name beside its progress bar and in messages."""
+    if load.mode is LoadMode.CONCURRENCY:
+        return f"concurrency {load.value:g}"
+    return f"rate {load.value:g}/s"
+
+
+def progress_counts(completed: int, failed: int) -> str:
+    """A running level's requests so far: `12 ok`, `12 ok, 1 failed`."""
+    return f"{completed:,} ok" + (f", {failed:,} failed" if failed else "")
+
+
+def level_summary(run: Run) -> str:
+    """A finished level, in the place of its progress counts."""
+    p99 = run.e2e_ms.p99
+    p99_text = f"{p99:,.0f} ms" if p99 is not None else "—"
+    return (
+        f"{run.completed:,} ok, {run.failed:,} failed · {run.output_throughput:,.1f} tok/s · "
+        f"P99 E2E {p99_text}"
+    )
+
+
+def run_warnings(run: Run) -> tuple[str, ...]:
+    """What makes a measured run's numbers suspect: a client too slow, memory that leaks."""
+    warnings = []
+    if run.client is not None and run.client.client_bound:
+        warnings.append(
+            f"at {level_name(run.load)} the client could not keep up (achieved "
+            f"{run.client.achieved_rate:.1f} req/s): the numbers understate the server; "
+            "use --processes or a bigger client machine"
+        )
+    growth = run.memory_growth_bytes_per_request
+    if growth is not None and growth > LEAK_BYTES_PER_REQUEST:
+        warnings.append(
+            f"memory grew {growth / 2**20:.1f} MiB per request during the soak: "
+            "a leak by the 2 MB/request rule"
+        )
+    return tuple(warnings)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from servepilot.bench.client import Target
 from servepilot.bench.compare import compare_results, render_comparison
+from servepilot.bench.console import progress_counts, run_warnings
 from servepilot.bench.outputs import write_outputs
 from servepilot.bench.records import Endpoint
 from servepilot.bench.session import (
-    LEAK_BYTES_PER_REQUEST,
     BenchOptions,
     BenchOutput,
     BenchReporter,
@@ -20,18 +20,14 @@ from servepilot.bench.session import (
 from servepilot.bench.target import served_model
 from servepilot.bench.tokenizer import Tokenizer, open_tokenizer
 from servepilot.cli.console import out_console, print_step, print_warning
-from servepilot.cli.levels_view import fmt_load, level_bars, print_runs
-from servepilot.cli.load_options import (
-    add_load_flags,
-    add_workload_flags,
-    levels_from_args,
-    parse_duration_s,
-)
+from servepilot.cli.levels_view import level_bars, print_runs
+from servepilot.cli.load_options import add_load_flags, add_workload_flags, levels_from_args
 from servepilot.cli.options import base_url
 from servepilot.core import loop
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Load, load_result
 from servepilot.core.slo import Slo, parse_slo
+from servepilot.core.units import parse_duration_s
 
 DESCRIPTION = """\
 Load-test an OpenAI-compatible endpoint (a vLLM server, a servepilot gateway, any other) and
@@ -140,8 +136,7 @@ def _run_with_progress(opts: BenchOptions, tokenizer: Tokenizer) -> BenchOutput:
 
         def progress(p: LevelProgress) -> None:
             done = p.completed + p.failed if p.planned is not None else p.elapsed_s
-            counts = f"{p.completed:,} ok" + (f", {p.failed:,} failed" if p.failed else "")
-            bars.update(p.load, done, counts)
+            bars.update(p.load, done, progress_counts(p.completed, p.failed))
 
         reporter = BenchReporter(started, progress, bars.finish, bars.note)
         return loop.run(run_bench(opts, tokenizer, reporter))
@@ -151,18 +146,8 @@ def _report(output: BenchOutput, out_dir: Path | None) -> None:
     result = output.result
     print_runs(result)
     for run in result.runs:
-        if run.client is not None and run.client.client_bound:
-            print_warning(
-                f"at {fmt_load(run.load)} the client could not keep up (achieved "
-                f"{run.client.achieved_rate:.1f} req/s): the numbers understate the server; "
-                "use --processes or a bigger client machine"
-            )
-        growth = run.memory_growth_bytes_per_request
-        if growth is not None and growth > LEAK_BYTES_PER_REQUEST:
-            print_warning(
-                f"memory grew {growth / 2**20:.1f} MiB per request during the soak: "
-                "a leak by the 2 MB/request rule"
-            )
+        for warning in run_warnings(run):
+            print_warning(warning)
     if out_dir is not None:
         write_outputs(out_dir, result, output.records)
         print_step(f"wrote {out_dir}/results.json, requests.csv and report.html")

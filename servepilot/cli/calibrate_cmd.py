@@ -15,7 +15,7 @@ from rich.table import Table
 from servepilot.bench.records import Endpoint
 from servepilot.calibrate.fit import Rows, coefficient_table, sample_table
 from servepilot.calibrate.run import Calibration, CalibrationRequest, calibrate
-from servepilot.cli.console import err_console, out_console, print_step, print_warning
+from servepilot.cli.console import err_console, out_console, print_step, print_warning, simple_table
 from servepilot.cli.options import base_url
 
 DESCRIPTION = """\
@@ -105,10 +105,13 @@ class _View:
 
 
 def table(rows: Rows) -> Table:
-    out = Table(box=box.SIMPLE_HEAD, pad_edge=False, header_style="bold", title=rows.title,
-                title_justify="left")  # fmt: skip
-    for i, column in enumerate(rows.columns):
-        out.add_column(column, justify="right" if i else "left")  # numbers to the right
-    for row in rows.rows:
-        out.add_row(*row)
-    return out
+    """The first column names the row; the others are numbers, to the right."""
+    return simple_table(
+        rows.title,
+        rows.columns,
+        rows.rows,
+        right=rows.columns[1:],
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        header_style="bold",
+    )

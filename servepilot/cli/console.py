@@ -40,14 +40,16 @@ def simple_table(
     rows: Iterable[Sequence[str]],
     *,
     right: Collection[str] = (),
+    no_wrap: bool = False,
     **options: Any,
 ) -> Table:
     """A table titled on the left with a plain rule under its head; `right`: the columns to
-    right-align (numbers); `options` go to rich's Table (and may replace those)."""
+    right-align (numbers); `no_wrap`: keep every cell on one line (URLs); `options` go to
+    rich's Table (and may replace those)."""
     settings: dict[str, Any] = {"title": title, "box": box.SIMPLE, "title_justify": "left"}
     table = Table(**(settings | options))
     for name in columns:
-        table.add_column(name, justify="right" if name in right else "left")
+        table.add_column(name, justify="right" if name in right else "left", no_wrap=no_wrap)
     for row in rows:
         table.add_row(*row)
     return table

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from rich import box
-from rich.table import Table
-
-from servepilot.cli.console import out_console, print_step, print_warning
+from servepilot.cli.console import out_console, print_step, print_warning, simple_table
+from servepilot.fleet import control
 from servepilot.fleet.control import fleet_statuses, stop_fleets
 
 
@@ -42,23 +40,12 @@ def run_status(args: argparse.Namespace) -> int:
         out_console.print("no fleet is running (start one with `servepilot up`)")
         return 0
     for st in statuses:
-        rec = st.record
-        state = "serving" if st.alive else "stale"
-        out_console.print(f"fleet on port {rec.port}: {state}, endpoint {rec.gateway_url}/v1, "
-                          f"pid {rec.pid}")  # fmt: skip
+        out_console.print(control.status_line(st))
         if st.problem:
             print_warning(st.problem)
         if st.replicas:
-            table = Table(box=box.SIMPLE)
-            for col in ("id", "url", "healthy", "in flight", "running", "waiting", "KV usage"):
-                table.add_column(col, no_wrap=True)
-            for r in st.replicas:
-                table.add_row(
-                    str(r.get("id")), str(r.get("url")), "yes" if r.get("healthy") else "NO",
-                    str(r.get("in_flight")), str(r.get("running")), str(r.get("waiting")),
-                    f"{100 * float(r.get('kv_cache_usage') or 0):.0f}%",
-                )  # fmt: skip
-            out_console.print(table)
+            rows = map(control.replica_cells, st.replicas)
+            out_console.print(simple_table("", control.REPLICA_COLUMNS, rows, no_wrap=True))
     return 0
 
 

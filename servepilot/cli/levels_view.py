@@ -11,9 +11,9 @@ from rich.console import RenderableType
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from servepilot.bench.console import render_runs_table, sweet_spot_line
+from servepilot.bench.console import level_name, level_summary, render_runs_table, sweet_spot_line
 from servepilot.cli.console import err_console, out_console
-from servepilot.core.results import BenchResult, Load, LoadMode, Run
+from servepilot.core.results import BenchResult, Load, Run
 
 
 class LevelBars:
@@ -25,7 +25,7 @@ class LevelBars:
 
     def start(self, load: Load, total: float | None) -> None:
         """`total`: requests, or seconds for a duration-bound level; None: unknown."""
-        self._tasks[load] = self._bar.add_task(fmt_load(load), total=total, counts="")
+        self._tasks[load] = self._bar.add_task(level_name(load), total=total, counts="")
 
     def update(self, load: Load, completed: float, counts: str) -> None:
         self._bar.update(self._tasks[load], completed=completed, counts=counts)
@@ -56,18 +56,3 @@ def print_runs(result: BenchResult) -> None:
     out_console.print(render_runs_table(result))
     if result.sweet_spot is not None:
         out_console.print(Text(sweet_spot_line(result)))
-
-
-def fmt_load(load: Load) -> str:
-    if load.mode is LoadMode.CONCURRENCY:
-        return f"concurrency {load.value:g}"
-    return f"rate {load.value:g}/s"
-
-
-def level_summary(run: Run) -> str:
-    p99 = run.e2e_ms.p99
-    p99_text = f"{p99:,.0f} ms" if p99 is not None else "—"
-    return (
-        f"{run.completed:,} ok, {run.failed:,} failed · {run.output_throughput:,.1f} tok/s · "
-        f"P99 E2E {p99_text}"
-    )

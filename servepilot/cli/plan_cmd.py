@@ -6,12 +6,15 @@ import argparse
 import json
 from pathlib import Path
 
-from servepilot.cli.console import out_console, print_step, print_warning
+from rich.table import Table
+from rich.text import Text
+
+from servepilot.cli.console import out_console, print_step, print_warning, simple_table
 from servepilot.cli.options import add_config_flag, config_from_args
-from servepilot.cli.plan_view import render_plan
 from servepilot.core.errors import ConfigError
 from servepilot.engine.args import vllm_command
 from servepilot.engine.cpu import cpu_flags
+from servepilot.plan import report
 from servepilot.plan.costprofile import load_profile
 from servepilot.plan.export import fleet_config, fleet_yaml, plan_json
 from servepilot.plan.planner import Plan, make_plan
@@ -117,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
             data["suggested"] = {"action": step.action, "vllm_command": command}
         out_console.print_json(json.dumps(data), indent=2)
     else:
-        render_plan(plan, command, step.action if step else None)
+        _render(plan, command, step.action if step else None)
     if args.out is not None:
         if runnable.fits:
             rung = f" (after: {step.action})" if step else ""
@@ -138,3 +141,44 @@ def _write(path: Path, text: str) -> None:
         path.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"--out {path}: cannot write it ({exc.strerror})") from None
+
+
+def _render(plan: Plan, command: str | None, rung: str | None) -> None:
+    style = "bold green" if plan.fits else "bold red"
+    out_console.print(Text(report.headline(plan) + " — ") + Text(report.verdict(plan), style=style))
+    out_console.print(_table(report.memory_table(plan)))
+    out_console.print(report.kv_line(plan))
+    if plan.assessment.reason:
+        out_console.print(f"layout: {plan.assessment.reason}")
+    if plan.fits:
+        out_console.print(_table(report.knob_table(plan)))
+    if plan.ladder:
+        out_console.print(_table(report.ladder_table(plan)))
+    out_console.print(report.advice_line(plan))
+    for warning in plan.advice.warnings:
+        out_console.print(Text("warning: ", style="yellow") + Text(warning))
+    out_console.print(_cost(report.cost_line(plan)))
+    if plan.estimates is not None:
+        out_console.print(_table(report.estimates_table(plan.estimates)))
+    if command is None:
+        out_console.print(Text("command: none; nothing fits, even on the ladder", style="red"))
+    elif rung is not None:
+        out_console.print(Text(f'command after "{rung}": ', style="bold") + Text(command))
+    else:
+        out_console.print(Text("command: ", style="bold") + Text(command))
+
+
+def _table(rows: report.TextTable) -> Table:
+    caption = rows.caption or None
+    return simple_table(
+        rows.title,
+        rows.columns,
+        rows.rows,
+        right=rows.right,
+        caption=caption,
+        caption_justify="left",
+    )
+
+
+def _cost(line: report.CostLine) -> Text:
+    return Text(line.price) + Text(line.over_line, style="yellow") + Text(line.basis, style="dim")

@@ -4,26 +4,29 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from functools import partial
+from collections.abc import Callable
 from pathlib import Path
 
+from rich.text import Text
+
+from servepilot.bench.console import level_name, progress_counts
+from servepilot.bench.outputs import write_results_json
 from servepilot.cli.console import print_step, print_warning
-from servepilot.cli.load_options import (
-    add_load_flags,
-    add_workload_flags,
-    levels_from_args,
-    parse_duration_s,
-)
+from servepilot.cli.levels_view import level_bars, print_runs
+from servepilot.cli.load_options import add_load_flags, add_workload_flags, levels_from_args
 from servepilot.cli.options import add_config_flag, config_from_args
-from servepilot.cli.sim_run import report, run_with_progress
 from servepilot.core.config import FleetConfig, PolicyName
 from servepilot.core.errors import ConfigError
+from servepilot.core.results import Load
 from servepilot.core.slo import Slo, parse_slo
+from servepilot.core.units import parse_duration_or_zero_s, parse_duration_s
 from servepilot.engine.cpu import cpu_flags
-from servepilot.scaling.target_utilisation import TargetUtilisation
+from servepilot.load.loadplan import LoadPlan
+from servepilot.sim.fleet import narration
+from servepilot.sim.fleet import setup as fleet_setup
 from servepilot.sim.fleet.network import parse_network
-from servepilot.sim.fleet.session import SimOptions
-from servepilot.sim.fleet.setup import ReplicaSetup, fleet_spec, replica_setup, target_section
+from servepilot.sim.fleet.records import Progress
+from servepilot.sim.fleet.session import SimOptions, SimOutput, simulate
 from servepilot.sim.fleet.simulator import FleetSpec
 
 # The seed's measurement: a new node loads DeepSeek-V4 from NVMe in 78 s.
@@ -126,18 +129,21 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(
         args, {"replicas.count": args.replicas, "gateway.policy": args.policy}
     )
-    setup = replica_setup(config, args.profile, cpu_flags())
+    setup = fleet_setup.replica_setup(config, args.profile, cpu_flags())
     spec = _spec(args, config, setup)
     opts = SimOptions(
         spec=spec,
         levels=levels_from_args(args),
         slo=_slo(args, config),
         prompt_overhead_tokens=setup.prompt_overhead_tokens,
-        target=target_section(config, setup, spec, args.profile),
-        autoscaler=_autoscaler(args),
+        target=fleet_setup.target_section(config, setup, spec, args.profile),
+        autoscaler=fleet_setup.autoscaler(args.autoscale, args.autoscale_target),
     )
-    _describe(setup, spec)
-    report(run_with_progress(opts), args.out)
+    for line in narration.describe(setup, spec):
+        print_step(line)
+    for note in setup.notes:
+        print_warning(note)
+    _report(_run_with_progress(opts), args.out)
     return 0
 
 
@@ -152,25 +158,21 @@ def _refuse_bench_only(args: argparse.Namespace) -> None:
         raise ConfigError(f"--warmup must be at least 0, got {args.warmup}")
 
 
-def _spec(args: argparse.Namespace, config: FleetConfig, setup: ReplicaSetup) -> FleetSpec:
+def _spec(
+    args: argparse.Namespace, config: FleetConfig, setup: fleet_setup.ReplicaSetup
+) -> FleetSpec:
     per_node = args.replicas_per_node or setup.replicas_per_node
     if per_node < 1:
         raise ConfigError(f"--replicas-per-node must be at least 1, got {per_node}")
     scrape = args.scrape_interval
     network = parse_network(args.network_ms, per_node, setup.request_overhead_s / 2)
     return dataclasses.replace(
-        fleet_spec(config, setup, network=network, seed=args.seed),
+        fleet_setup.fleet_spec(config, setup, network=network, seed=args.seed),
         scrape_interval_s=parse_duration_s(scrape, "--scrape-interval") if scrape else None,
-        cold_start_s=_duration_or_zero(args.cold_start, "--cold-start"),
+        cold_start_s=parse_duration_or_zero_s(args.cold_start, "--cold-start"),
         start_cold=args.start_cold,
         autoscale_interval_s=parse_duration_s(args.autoscale_interval, "--autoscale-interval"),
     )
-
-
-def _duration_or_zero(text: str, flag: str) -> float:
-    if text.strip() in ("0", "0s"):
-        return 0.0
-    return parse_duration_s(text, flag)
 
 
 def _slo(args: argparse.Namespace, config: FleetConfig) -> Slo:
@@ -178,38 +180,32 @@ def _slo(args: argparse.Namespace, config: FleetConfig) -> Slo:
     return parse_slo(args.slo, per_request=True) if args.slo else config.slo
 
 
-def _autoscaler(args: argparse.Namespace) -> partial[TargetUtilisation] | None:
-    if not args.autoscale:
-        return None
-    low, sep, high = args.autoscale.partition(":")
-    try:
-        lo, hi = int(low), int(high)
-    except ValueError:
-        lo = hi = -1
-    if not sep or not 0 <= lo <= hi or hi < 1:
-        raise ConfigError(f"--autoscale {args.autoscale!r}: expected MIN:MAX, e.g. 2:16")
-    return partial(TargetUtilisation, args.autoscale_target, lo, hi)
+def _run_with_progress(opts: SimOptions) -> SimOutput:
+    with level_bars() as bars:
+
+        def started(load: Load, plan: LoadPlan) -> Callable[[Progress], None]:
+            by_count = plan.max_requests is not None
+            total = (plan.max_requests or 0) + plan.warmup_requests if by_count else None
+            bars.start(load, total or plan.duration_s)
+
+            def progress(p: Progress) -> None:
+                done = p.completed + p.failed if by_count else p.sim_s
+                counts = progress_counts(p.completed, p.failed)
+                bars.update(load, done, f"{counts} · {p.sim_s:,.0f} s simulated")
+
+            return progress
+
+        def note(message: str) -> None:
+            bars.note(Text("warning: ", style="bold yellow") + Text(message))
+
+        return simulate(opts, started, bars.finish, note)
 
 
-def _describe(setup: ReplicaSetup, spec: FleetSpec) -> None:
-    s, cost = setup.scheduler, spec.cost
-    print_step(
-        f"{spec.replicas} x {setup.model_name}: max_num_seqs {s.max_num_seqs}, "
-        f"max_num_batched_tokens {s.max_num_batched_tokens:,}, {s.num_blocks:,} KV blocks of "
-        f"{s.block_size} ({setup.kv_capacity_tokens:,} tokens), gateway budget "
-        f"{spec.capacity} per replica"
-    )
-    print_step(f"step times: {setup.cost_kind} ({cost.source})")
-    print_step(
-        f"prompt overhead: {setup.prompt_overhead_tokens} tokens per request"
-        + ("" if setup.prompt_overhead_tokens else " (the profile does not say; 0 assumed)")
-    )
-    client_ms = spec.network.client_gateway_s * 1e3
-    if client_ms:
-        measured = spec.network.client_gateway_s == setup.request_overhead_s / 2
-        print_step(
-            f"client delay: {client_ms:.1f} ms each way"
-            + (" (half the request overhead the profile measured)" if measured else "")
-        )
-    for note in setup.notes:
-        print_warning(note)
+def _report(output: SimOutput, out_dir: Path | None) -> None:
+    result = output.result
+    print_runs(result)
+    for run, stats in zip(result.runs, output.stats, strict=True):
+        print_step(f"{level_name(run.load)}: {narration.level_stats(run, stats)}")
+    if out_dir is not None:
+        write_results_json(out_dir, result)
+        print_step(f"wrote {out_dir}/results.json (compare: servepilot bench compare)")

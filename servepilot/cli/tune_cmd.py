@@ -5,13 +5,22 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from servepilot.cli.console import print_step
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from servepilot.cli.console import out_console, print_step, print_warning, simple_table
 from servepilot.cli.load_options import add_workload_flags, workload_from_args
 from servepilot.cli.options import add_config_flag, config_from_args
-from servepilot.cli.tune_view import level_line, report, search
 from servepilot.core.config import EngineKind
-from servepilot.tune.setup import TuneOptions, build_setup
-from servepilot.tune.space import Knob
+from servepilot.tune import narration
+from servepilot.tune.artifacts import fleet_command, tuned_fleet, write_artifacts
+from servepilot.tune.policy import Proposal
+from servepilot.tune.score import Trial
+from servepilot.tune.search import SearchEvents, SearchResult, run_search
+from servepilot.tune.setup import TuneOptions, TuneSetup, build_setup
+from servepilot.tune.space import Knob, TrialConfig
+from servepilot.tune.summary import Summary, summarize_search, trial_row
 
 DESCRIPTION = """\
 Search vLLM's knobs for the configuration that carries the most goodput (requests per second
@@ -93,9 +102,9 @@ def _sweep_flags(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     opts = tune_options(args)
     setup = build_setup(opts, config_from_args(args, {}), workload_from_args(args),
-                        on_level=lambda run, sla: print_step(level_line(run, sla)),
+                        on_level=lambda run, sla: print_step(narration.level_line(run, sla)),
                         on_step=print_step)  # fmt: skip
-    return report(setup, search(setup))
+    return _report(setup, search(setup))
 
 
 def tune_options(args: argparse.Namespace) -> TuneOptions:
@@ -105,3 +114,57 @@ def tune_options(args: argparse.Namespace) -> TuneOptions:
         max_concurrency=args.max_concurrency, refine_levels=args.refine_levels,
         requests_per_level=args.requests, profile=args.profile, out=args.out,
     )  # fmt: skip
+
+
+def search(setup: TuneSetup) -> SearchResult:
+    space = setup.space.space
+    budget = setup.goal.budget_trials
+    print_step(narration.start_line(setup))
+    for note in space.notes:
+        print_step(note)
+
+    def started(index: int, proposal: Proposal) -> None:
+        print_step(narration.trial_started_line(index, budget, proposal, space.default))
+
+    def finished(trial: Trial, resumed: bool) -> None:
+        row = trial_row(trial, setup.goal.sla, space.default)
+        print_step(narration.trial_finished_line(row, budget, resumed))
+
+    def pruned(config: TrialConfig, why: str) -> None:
+        print_step(narration.pruned_line(config, why, space.default))
+
+    events = SearchEvents(started, finished, pruned)
+    return run_search(space, setup.goal, setup.runner, setup.store, events)
+
+
+def _report(setup: TuneSetup, result: SearchResult) -> int:
+    summary = summarize_search(setup.space.space, setup.goal, result)
+    out_console.print(_table(summary))
+    print_step(f"search stopped: {result.stop.detail}")
+    chosen = summary.chosen
+    if chosen is None:
+        print_warning("no trial could be measured: nothing to write")
+        return 1
+    fleet = tuned_fleet(setup, chosen.trial)
+    command = fleet_command(fleet)
+    verdict = narration.verdict(summary)
+    if verdict.met:
+        out_console.print(Text(verdict.head, style="bold green") + Text(verdict.text))
+    else:
+        print_warning(verdict.text)
+    write_artifacts(setup, summary, fleet, command)
+    out_console.print(f"vLLM command: {command}", soft_wrap=True)
+    print_step(f"wrote {setup.out}/fleet.yaml, vllm_command.txt, report.html and trials.jsonl")
+    return 0 if summary.met else 1
+
+
+def _table(summary: Summary) -> Table:
+    table = simple_table(
+        "servepilot tune: trials", narration.TABLE_COLUMNS, (), right=narration.RIGHT_COLUMNS,
+        box=box.SIMPLE_HEAD, caption=f"SLA {summary.sla.describe()}", caption_justify="left",
+    )  # fmt: skip
+    chosen = summary.chosen
+    for row in summary.rows:
+        spot = chosen is not None and row.trial.index == chosen.trial.index
+        table.add_row(*narration.table_cells(row), style="bold green" if spot else None)
+    return table

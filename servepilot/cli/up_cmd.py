@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
-import shlex
 
-from rich import box
-from rich.table import Table
-
-from servepilot.cli.console import err_console, out_console, print_step, print_warning
+from servepilot.cli.console import err_console, out_console, print_step, print_warning, simple_table
 from servepilot.cli.options import add_config_flag, config_from_args
 from servepilot.core import loop
 from servepilot.core.config import EngineKind
 from servepilot.engine.process import ReplicaInfo
+from servepilot.fleet import up
 from servepilot.fleet.up import UpReporter, UpStarted, run_up
 
 HELP = "start vLLM (or simulated) replicas and the gateway in front of them; Ctrl-C stops"
@@ -82,33 +78,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _replica_ready(info: ReplicaInfo) -> None:
-    kv = f"{info.kv.kv_capacity_tokens:,} KV tokens" if info.kv else "KV capacity not reported"
-    print_step(f"replica {info.replica_id} ready at {info.url} in {info.startup_s:.0f} s ({kv})")
+    print_step(up.ready_line(info))
 
 
 def _serving(started: UpStarted) -> None:
-    table = Table(title="replicas", title_justify="left", box=box.SIMPLE)
-    for column in ("id", "url", "pid", "KV tokens", "max concurrency"):
-        table.add_column(column, no_wrap=True)
-    for info in started.replicas:
-        kv = info.kv
-        table.add_row(
-            info.replica_id,
-            info.url,
-            str(info.pid),
-            f"{kv.kv_capacity_tokens:,}" if kv else "?",
-            f"{kv.max_concurrency:.1f} x {kv.max_model_len_tokens:,} tokens"
-            if kv and kv.max_concurrency and kv.max_model_len_tokens
-            else "?",
-        )
-    body = json.dumps(
-        {"model": started.model_name, "messages": [{"role": "user", "content": "Hello!"}]}
-    )
-    curl = (
-        f"curl {started.gateway_url}/v1/chat/completions "
-        f"-H 'Content-Type: application/json' -d {shlex.quote(body)}"
-    )
-    out_console.print(table)
+    rows = map(up.replica_cells, started.replicas)
+    out_console.print(simple_table("replicas", up.REPLICA_COLUMNS, rows, no_wrap=True))
     out_console.print(f"\nendpoint: {started.gateway_url}/v1  (model: {started.model_name})")
-    out_console.print(f"try:      {curl}", soft_wrap=True)
+    out_console.print(f"try:      {started.curl_example}", soft_wrap=True)
     out_console.print("stop:     Ctrl-C here, or `servepilot down` from another shell\n")

@@ -37,6 +37,29 @@ def fleet_statuses(port: int | None = None) -> list[FleetStatus]:
     return statuses
 
 
+# What `status` shows of a fleet (the CLI draws it): a line, then a row a replica.
+REPLICA_COLUMNS = ("id", "url", "healthy", "in flight", "running", "waiting", "KV usage")
+
+
+def status_line(status: FleetStatus) -> str:
+    rec = status.record
+    state = "serving" if status.alive else "stale"
+    return f"fleet on port {rec.port}: {state}, endpoint {rec.gateway_url}/v1, pid {rec.pid}"
+
+
+def replica_cells(replica: dict[str, Any]) -> tuple[str, ...]:
+    """A row of REPLICA_COLUMNS from one entry of the gateway's /admin/replicas answer."""
+    return (
+        str(replica.get("id")),
+        str(replica.get("url")),
+        "yes" if replica.get("healthy") else "NO",
+        str(replica.get("in_flight")),
+        str(replica.get("running")),
+        str(replica.get("waiting")),
+        f"{100 * float(replica.get('kv_cache_usage') or 0):.0f}%",
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class StopOutcome:
     record: FleetRecord

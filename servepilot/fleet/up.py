@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import shlex
 import signal
 import time
 from collections.abc import Callable
@@ -36,6 +38,41 @@ class UpStarted:
     gateway_url: str
     model_name: str
     replicas: tuple[ReplicaInfo, ...]
+
+    @property
+    def curl_example(self) -> str:
+        """A request to try the endpoint with, ready to paste into a shell."""
+        body = json.dumps(
+            {"model": self.model_name, "messages": [{"role": "user", "content": "Hello!"}]}
+        )
+        return (
+            f"curl {self.gateway_url}/v1/chat/completions "
+            f"-H 'Content-Type: application/json' -d {shlex.quote(body)}"
+        )
+
+
+# What `up` shows of each replica (the CLI draws it): a line when it is ready, a row once all
+# serve.
+REPLICA_COLUMNS = ("id", "url", "pid", "KV tokens", "max concurrency")
+
+
+def ready_line(info: ReplicaInfo) -> str:
+    kv = f"{info.kv.kv_capacity_tokens:,} KV tokens" if info.kv else "KV capacity not reported"
+    return f"replica {info.replica_id} ready at {info.url} in {info.startup_s:.0f} s ({kv})"
+
+
+def replica_cells(info: ReplicaInfo) -> tuple[str, ...]:
+    """A row of REPLICA_COLUMNS; `?` where the replica's log did not say."""
+    kv = info.kv
+    return (
+        info.replica_id,
+        info.url,
+        str(info.pid),
+        f"{kv.kv_capacity_tokens:,}" if kv else "?",
+        f"{kv.max_concurrency:.1f} x {kv.max_model_len_tokens:,} tokens"
+        if kv and kv.max_concurrency and kv.max_model_len_tokens
+        else "?",
+    )
 
 
 class UpReporter:

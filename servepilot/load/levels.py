@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from servepilot.core.errors import ConfigError
 from servepilot.core.results import Load, LoadMode, Run
 from servepilot.load.arrivals import Arrival
 from servepilot.load.loadplan import LoadPlan
@@ -87,3 +88,17 @@ def pool_size(plan: LoadPlan) -> int:
     per_s = plan.load.value if plan.load.mode is LoadMode.RATE else 4 * plan.load.value
     wanted = int(per_s * (plan.duration_s or 0) * 1.2) + plan.warmup_requests + 100
     return min(DURATION_POOL_MAX, wanted)
+
+
+def parse_levels(text: str, flag: str) -> tuple[float, ...]:
+    """`1,4,16` (the --concurrency and --rate flags) -> (1.0, 4.0, 16.0); every value positive."""
+    values = []
+    for part in text.split(","):
+        try:
+            value = float(part)
+        except ValueError:
+            raise ConfigError(f"{flag} {text!r}: {part!r} is not a number") from None
+        if value <= 0:
+            raise ConfigError(f"{flag} {text!r}: levels must be positive")
+        values.append(value)
+    return tuple(values)

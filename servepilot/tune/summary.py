@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 from servepilot.bench.report.fmt import format_load
 from servepilot.core.slo import Slo
-from servepilot.tune.policy import Stop
+from servepilot.tune.policy import Goal, Stop, incumbent
 from servepilot.tune.score import Failure, Measurement, Score, Trial, diagnose, score
+from servepilot.tune.search import SearchResult
 from servepilot.tune.sla import Violation
-from servepilot.tune.space import TrialConfig
+from servepilot.tune.space import SearchSpace, TrialConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +106,7 @@ def summarize(
     chosen: int | None = None,
 ) -> Summary:
     """`chosen`: the index of the search's incumbent, if the caller knows it."""
-    rows = tuple(_row(t, sla, default) for t in trials)
+    rows = tuple(trial_row(t, sla, default) for t in trials)
     measured = [r for r in rows if r.score is not None]
     meeting = [r for r in measured if r.score is not None and r.score.met]
     best = max(meeting, key=_goodput, default=None)
@@ -119,7 +120,21 @@ def summarize(
     return Summary(sla, rows, stop, default_row, best, best_effort, resumed, pruned)
 
 
-def _row(trial: Trial, sla: Slo, default: TrialConfig) -> TrialRow:
+def summarize_search(space: SearchSpace, goal: Goal, result: SearchResult) -> Summary:
+    """A search's trials, its incumbent as the chosen one."""
+    best = incumbent(space, result.trials, goal)
+    return summarize(
+        result.trials,
+        goal.sla,
+        space.default,
+        result.stop,
+        resumed=result.resumed,
+        pruned=len(result.pruned),
+        chosen=best.trial.index if best is not None else None,
+    )
+
+
+def trial_row(trial: Trial, sla: Slo, default: TrialConfig) -> TrialRow:
     changes = "(default)" if trial.config == default else trial.config.describe(against=default)
     if isinstance(trial.outcome, Failure):
         return TrialRow(trial, None, changes, trial.outcome.detail)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from servepilot.plan.hardware import AcceleratorKind
 from servepilot.plan.kv import KvCacheShape
 from servepilot.plan.request import PlanRequest
 from servepilot.routing.admission.budget import replica_capacity
+from servepilot.scaling.target_utilisation import TargetUtilisation
 from servepilot.sim.engine.records import SchedulerConfig
 from servepilot.sim.engine.setup import EngineKnobs, EngineSetup, Precision, engine_setup
 from servepilot.sim.fleet.network import NetworkConfig
@@ -175,6 +177,21 @@ def _overhead(meta: dict[str, Any], path: Path) -> int:
             f"{path}: meta.prompt_overhead_tokens: expected a whole number >= 0, got {value!r}"
         )
     return value
+
+
+def autoscaler(text: str | None, target: float) -> partial[TargetUtilisation] | None:
+    """`MIN:MAX` (the --autoscale flag) -> the autoscaling policy of the simulated fleet, aiming
+    at `target` of the concurrency budgets; None when not given."""
+    if not text:
+        return None
+    low, sep, high = text.partition(":")
+    try:
+        lo, hi = int(low), int(high)
+    except ValueError:
+        lo = hi = -1
+    if not sep or not 0 <= lo <= hi or hi < 1:
+        raise ConfigError(f"--autoscale {text!r}: expected MIN:MAX, e.g. 2:16")
+    return partial(TargetUtilisation, target, lo, hi)
 
 
 def target_section(

@@ -1,0 +1,158 @@
+"""What a plan tells a reader, as plain text: the headline, the tables and the lines.
+
+The terminal (cli/plan_cmd.py) only draws these; what each one says, and how its numbers
+are formatted, is decided here beside the plan it describes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from servepilot.plan.estimate import Estimates
+from servepilot.plan.hardware import AcceleratorKind
+from servepilot.plan.planner import Plan
+
+GB = 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class TextTable:
+    """A table as plain data: a title, column names, rows of text, the columns of numbers (to
+    align right) and a caption ("" for none)."""
+
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    right: tuple[str, ...] = ()
+    caption: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CostLine:
+    """The cost line in its three parts, which a terminal styles apart."""
+
+    price: str
+    """$/hour, and per QPS and per 1M output tokens when the target QPS is known."""
+    over_line: str
+    """A warning when the cost per QPS is over seed 003's line; "" when it is not."""
+    basis: str
+
+
+def headline(plan: Plan) -> str:
+    req, option = plan.request, plan.option
+    return (
+        f"{req.model.name} on {req.nodes} x {req.count} {req.accelerator.name}: "
+        f"{option.parallelism.describe()}, {option.replicas} replica(s)"
+    )
+
+
+def verdict(plan: Plan) -> str:
+    if plan.fits:
+        return "fits"
+    return f"does not fit: {plan.shortfall_bytes / GB:,.1f} GB short per device"
+
+
+def kv_line(plan: Plan) -> str:
+    option = plan.option
+    return (
+        f"KV cache: {option.kv.bytes_per_token:,.0f} B/token ({option.kv.formula}); "
+        f"{option.kv_capacity_tokens:,} tokens per replica; "
+        f"{option.max_concurrency:,.2f} requests of "
+        f"{plan.assessment.setting.max_model_len:,} tokens"
+    )
+
+
+def advice_line(plan: Plan) -> str:
+    return f"advice: {plan.advice.deployment.value}: " + "; ".join(plan.advice.reasons)
+
+
+def memory_table(plan: Plan) -> TextTable:
+    mem = plan.option.memory
+    cpu = plan.request.accelerator.kind is AcceleratorKind.CPU
+    parts = [
+        ("weights", mem.weights_bytes, "in host memory" if cpu else "per rank, experts included"),
+        ("activations", mem.activation_bytes, "estimate: profiling pass at max_num_batched_tokens"),
+        ("runtime", mem.runtime_bytes, "estimate: CUDA context, NCCL, CUDA graphs"),
+        ("KV cache", mem.kv_bytes, "what is left" if not cpu else "--kv-cache-memory-bytes"),
+        ("headroom", mem.headroom_bytes, "outside gpu_memory_utilization"),
+        ("total", mem.total_bytes, plan.request.accelerator.name),
+    ]
+    rows = tuple((name, f"{value / GB:,.2f}", note) for name, value, note in parts)
+    return TextTable("memory per device", ("part", "GB", "note"), rows, right=("GB",))
+
+
+def knob_table(plan: Plan) -> TextTable:
+    rows = tuple(
+        (name, knob_value(knob.value), knob.reason) for name, knob in plan.knobs.as_dict().items()
+    )
+    return TextTable("knobs", ("knob", "value", "why"), rows, right=("value",))
+
+
+def knob_value(value: object) -> str:
+    """`-` for unset, thousands separators for counts, anything else as it prints."""
+    if value is None:
+        return "-"
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+
+
+def ladder_table(plan: Plan) -> TextTable:
+    rows = tuple(
+        (
+            step.action,
+            "yes" if step.fits else "no",
+            step.layout,
+            f"{step.weights_per_rank_bytes / GB:,.1f}",
+            f"{step.kv_capacity_tokens:,}",
+            f"{step.max_concurrency:,.2f}",
+        )
+        for step in plan.ladder
+    )
+    columns = ("step", "fits", "layout", "weights GB/device", "KV tokens", "concurrency")
+    return TextTable("to make it fit (seed 004's ladder)", columns, rows)
+
+
+def estimates_table(found: Estimates) -> TextTable:
+    points = (("one request alone", found.idle), ("at capacity", found.capacity))
+    rows = tuple(
+        (
+            name,
+            f"{point.concurrency:,.1f}",
+            f"{point.ttft_ms:,.1f}",
+            f"{point.tpot_ms:,.2f}",
+            f"{point.output_tokens_per_s:,.0f}",
+            f"{point.requests_per_s:,.2f}",
+        )
+        for name, point in points
+    )
+    columns = ("load", "in flight", "TTFT ms", "TPOT ms", "output tok/s", "requests/s")
+    title = f"estimates per replica (step times: {found.source})"
+    return TextTable(title, columns, rows, right=columns[1:], caption=_estimates_caption(found))
+
+
+def _estimates_caption(found: Estimates) -> str:
+    lines = [
+        f"capacity is bounded by {found.limit.value}; {found.replicas} replica(s): "
+        f"{found.fleet_output_tokens_per_s:,.0f} output tok/s, "
+        f"{found.fleet_requests_per_s:,.2f} requests/s",
+    ]
+    if found.replicas_for_target is not None:
+        lines.append(f"the target QPS needs {found.replicas_for_target} replica(s) at capacity")
+    lines.append(
+        "steady state at the mean lengths, no queueing; `servepilot sim` for queues and "
+        "bursts, `servepilot bench` to measure"
+    )
+    return "\n".join(lines)
+
+
+def cost_line(plan: Plan) -> CostLine:
+    c = plan.cost
+    price = f"cost: ${c.usd_per_hour:,.2f}/hour"
+    over_line = ""
+    if c.usd_per_qps is not None and c.usd_per_million_output_tokens is not None:
+        price += (
+            f", ${c.usd_per_qps:,.4f} per QPS-hour, "
+            f"${c.usd_per_million_output_tokens:,.3f} per 1M output tokens"
+        )
+        if c.over_qps_line:
+            over_line = " (over seed 003's $0.1 per QPS line)"
+    return CostLine(price, over_line, f" — {c.basis}")

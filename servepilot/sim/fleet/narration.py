@@ -1,0 +1,41 @@
+"""What `servepilot sim` says about the fleet it simulates and about each level it ran, as
+lines of text. A terminal prints them (cli/sim_cmd.py); the wording is here, beside the
+setup and the statistics it reads."""
+
+from __future__ import annotations
+
+from servepilot.core.results import Run
+from servepilot.sim.fleet.records import FleetSpec, FleetStats
+from servepilot.sim.fleet.setup import ReplicaSetup
+
+
+def describe(setup: ReplicaSetup, spec: FleetSpec) -> tuple[str, ...]:
+    """The replicas, where their step times come from, the prompt overhead, the client delay."""
+    s = setup.scheduler
+    lines = [
+        f"{spec.replicas} x {setup.model_name}: max_num_seqs {s.max_num_seqs}, "
+        f"max_num_batched_tokens {s.max_num_batched_tokens:,}, {s.num_blocks:,} KV blocks of "
+        f"{s.block_size} ({setup.kv_capacity_tokens:,} tokens), gateway budget "
+        f"{spec.capacity} per replica",
+        f"step times: {setup.cost_kind} ({spec.cost.source})",
+        f"prompt overhead: {setup.prompt_overhead_tokens} tokens per request"
+        + ("" if setup.prompt_overhead_tokens else " (the profile does not say; 0 assumed)"),
+    ]
+    client_ms = spec.network.client_gateway_s * 1e3
+    if client_ms:
+        measured = spec.network.client_gateway_s == setup.request_overhead_s / 2
+        lines.append(
+            f"client delay: {client_ms:.1f} ms each way"
+            + (" (half the request overhead the profile measured)" if measured else "")
+        )
+    return tuple(lines)
+
+
+def level_stats(run: Run, stats: FleetStats) -> str:
+    """How long a level took to simulate and what the fleet did during it."""
+    rate = (run.completed + run.failed) / stats.wall_s if stats.wall_s > 0 else 0.0
+    return (
+        f"{stats.sim_s:,.1f} s simulated in {stats.wall_s:,.1f} s ({rate:,.0f} requests/s); "
+        f"{stats.steps:,} steps, {stats.preemptions:,} preemptions, prefix hit rate "
+        f"{stats.prefix_hit_rate:.0%}"
+    )

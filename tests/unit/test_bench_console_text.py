@@ -1,0 +1,39 @@
+"""The words bench (and sim) print about a level and a run, with known answers."""
+
+from __future__ import annotations
+
+from servepilot.bench.console import level_name, level_summary, progress_counts, run_warnings
+from servepilot.bench.session import LEAK_BYTES_PER_REQUEST
+from servepilot.core.results import ClientHealth, Load, LoadMode
+from tests.unit.tune_support import run, stats
+
+
+def test_a_level_is_named_by_its_load() -> None:
+    assert level_name(Load(mode=LoadMode.CONCURRENCY, value=16)) == "concurrency 16"
+    assert level_name(Load(mode=LoadMode.RATE, value=2.5)) == "rate 2.5/s"
+
+
+def test_progress_counts_mention_failures_only_when_there_are_some() -> None:
+    assert progress_counts(1234, 0) == "1,234 ok"
+    assert progress_counts(12, 1) == "12 ok, 1 failed"
+
+
+def test_a_finished_level_reads_as_counts_throughput_and_p99() -> None:
+    done = run(4, 1.0, failed=2, e2e_ms=3456.0)
+    assert level_summary(done) == "20 ok, 2 failed · 10.0 tok/s · P99 E2E 3,456 ms"
+
+
+def test_a_run_warns_of_a_slow_client_and_of_a_leak() -> None:
+    assert run_warnings(run(4, 1.0)) == ()
+    slow = ClientHealth(
+        requested_rate=10.0, achieved_rate=7.25, send_lag_ms=stats(1.0), client_bound=True
+    )
+    leaky = run(4, 1.0).model_copy(
+        update={"client": slow, "memory_growth_bytes_per_request": LEAK_BYTES_PER_REQUEST + 2**20}
+    )
+    client, leak = run_warnings(leaky)
+    assert client == (
+        "at concurrency 4 the client could not keep up (achieved 7.2 req/s): the numbers "
+        "understate the server; use --processes or a bigger client machine"
+    )
+    assert leak.startswith("memory grew 3.0 MiB per request during the soak")

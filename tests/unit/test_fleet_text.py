@@ -1,0 +1,79 @@
+"""What `status` and `up` show of a fleet: the status line, the replica rows, the curl to try,
+with known answers."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from servepilot.engine.process import ReplicaInfo
+from servepilot.engine.startup_log import KvCapacity
+from servepilot.fleet import control, up
+from servepilot.fleet.state import FleetRecord
+
+RECORD = FleetRecord(
+    pid=4242,
+    gateway_url="http://127.0.0.1:8000",
+    port=8000,
+    started_at_s=0.0,
+    run_dir="/tmp/run",
+    replicas=(),
+)
+
+
+def replica(kv: KvCapacity | None) -> ReplicaInfo:
+    return ReplicaInfo("r0", "http://127.0.0.1:8101", 77, Path("/tmp/r0.log"), kv, 41.6)
+
+
+def test_status_line_says_whether_the_fleet_serves() -> None:
+    serving = control.FleetStatus(RECORD, True, (), None)
+    assert control.status_line(serving) == (
+        "fleet on port 8000: serving, endpoint http://127.0.0.1:8000/v1, pid 4242"
+    )
+    stale = control.FleetStatus(RECORD, False, (), "its `servepilot up` is gone")
+    assert control.status_line(stale).startswith("fleet on port 8000: stale,")
+
+
+def test_status_rows_read_the_gateways_replica_answer() -> None:
+    healthy = {
+        "id": "r0",
+        "url": "http://h:1",
+        "healthy": True,
+        "in_flight": 3,
+        "running": 2,
+        "waiting": 1,
+        "kv_cache_usage": 0.456,
+    }
+    assert control.replica_cells(healthy) == ("r0", "http://h:1", "yes", "3", "2", "1", "46%")
+    unknown = control.replica_cells({"id": "r1", "healthy": False})
+    assert unknown == ("r1", "None", "NO", "None", "None", "None", "0%")
+    assert len(unknown) == len(control.REPLICA_COLUMNS)
+
+
+def test_up_rows_and_ready_line_say_what_the_replica_reported() -> None:
+    kv = KvCapacity(kv_capacity_tokens=93_184, max_model_len_tokens=8192, max_concurrency=11.375)
+    assert up.replica_cells(replica(kv)) == (
+        "r0",
+        "http://127.0.0.1:8101",
+        "77",
+        "93,184",
+        "11.4 x 8,192 tokens",
+    )
+    assert up.replica_cells(replica(None))[3:] == ("?", "?")
+    assert up.replica_cells(replica(KvCapacity(1000, None, None)))[3:] == ("1,000", "?")
+    assert up.ready_line(replica(kv)) == (
+        "replica r0 ready at http://127.0.0.1:8101 in 42 s (93,184 KV tokens)"
+    )
+    assert up.ready_line(replica(None)).endswith("(KV capacity not reported)")
+
+
+def test_curl_example_is_a_shell_command_for_the_served_model() -> None:
+    started = up.UpStarted("http://127.0.0.1:8000", "it's-mine", ())
+    words = shlex.split(started.curl_example)
+    assert words[:2] == ["curl", "http://127.0.0.1:8000/v1/chat/completions"]
+    assert words[2:4] == ["-H", "Content-Type: application/json"]
+    assert json.loads(words[5]) == {
+        "model": "it's-mine",
+        "messages": [{"role": "user", "content": "Hello!"}],
+    }
