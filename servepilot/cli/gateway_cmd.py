@@ -49,10 +49,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     overrides = {
-        "gateway.policy": args.policy,
-        "gateway.port": args.port,
-        "gateway.host": args.host,
-        "gateway.admission.replica_concurrency": args.capacity,
+        "gateway.policy": "policy",
+        "gateway.port": "port",
+        "gateway.host": "host",
+        "gateway.admission.replica_concurrency": "capacity",
     }
     config = config_from_args(args, overrides).gateway
     urls = [base_url(u, "--replica") for u in args.replica]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from servepilot.core.config import FleetConfig, load_config
 from servepilot.core.errors import ConfigError
@@ -20,11 +19,20 @@ def add_config_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def config_from_args(args: argparse.Namespace, overrides: dict[str, Any]) -> FleetConfig:
-    """fleet.yaml (or the defaults), then the flags that were given, validated together."""
+def config_from_args(args: argparse.Namespace, flags: dict[str, str]) -> FleetConfig:
+    """fleet.yaml (or the defaults), then the flags that were given, validated together.
+
+    `flags` maps a fleet.yaml path to the argparse dest of the flag that sets it
+    (`{"traffic.target_qps": "qps"}`), so an invalid value's error names the flag typed
+    (`--qps`) next to the field it sets.
+    """
     config = load_config(args.config)
-    given = {key: value for key, value in overrides.items() if value is not None}
-    return config.with_overrides(given) if given else config
+    given = {path: getattr(args, dest) for path, dest in flags.items()}
+    given = {path: value for path, value in given.items() if value is not None}
+    if not given:
+        return config
+    names = {path: "--" + flags[path].replace("_", "-") for path in given}
+    return config.with_overrides(given, names)
 
 
 def base_url(url: str, flag: str) -> str:

@@ -96,12 +96,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args, {
-        "model.source": args.model, "hardware.accelerator": args.accelerator,
-        "hardware.count": args.count, "hardware.nodes": args.nodes,
-        "hardware.memory_gib": args.memory_gib, "hardware.price_usd_per_hour": args.price,
-        "hardware.catalog": args.catalog, "engine.max_model_len": args.max_model_len,
-        "traffic.target_qps": args.qps, "traffic.concurrency": args.concurrency,
-        "traffic.input_tokens": args.input_tokens, "traffic.output_tokens": args.output_tokens,
+        "model.source": "model", "hardware.accelerator": "accelerator",
+        "hardware.count": "count", "hardware.nodes": "nodes",
+        "hardware.memory_gib": "memory_gib", "hardware.price_usd_per_hour": "price",
+        "hardware.catalog": "catalog", "engine.max_model_len": "max_model_len",
+        "traffic.target_qps": "qps", "traffic.concurrency": "concurrency",
+        "traffic.input_tokens": "input_tokens", "traffic.output_tokens": "output_tokens",
     })  # fmt: skip
     request = PlanRequest.from_fleet(config, cpu_flags(), args.weights_dtype, args.kv_dtype)
     if args.profile is not None:

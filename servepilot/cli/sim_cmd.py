@@ -126,9 +126,7 @@ def _fleet_flags(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _refuse_bench_only(args)
-    config = config_from_args(
-        args, {"replicas.count": args.replicas, "gateway.policy": args.policy}
-    )
+    config = config_from_args(args, {"replicas.count": "replicas", "gateway.policy": "policy"})
     setup = fleet_setup.replica_setup(config, args.profile, cpu_flags())
     spec = _spec(args, config, setup)
     opts = SimOptions(

@@ -51,10 +51,10 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(
         args,
         {
-            "replicas.count": args.replicas,
-            "gateway.port": args.port,
-            "model.source": args.model,
-            "engine.kind": args.engine,
+            "replicas.count": "replicas",
+            "gateway.port": "port",
+            "model.source": "model",
+            "engine.kind": "engine",
         },
     )
     # A spinner while the replicas load (tens of seconds on CPU, minutes for large models);

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import enum
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -255,8 +256,12 @@ class FleetConfig(_Section):
             )
         return self
 
-    def with_overrides(self, overrides: dict[str, Any]) -> FleetConfig:
-        """A copy with dotted-path overrides applied (`{"replicas.count": 2}`), validated."""
+    def with_overrides(
+        self, overrides: dict[str, Any], names: Mapping[str, str] | None = None
+    ) -> FleetConfig:
+        """A copy with dotted-path overrides applied (`{"replicas.count": 2}`), validated.
+        `names`: what the user typed for a path (`{"replicas.count": "--replicas"}`), which
+        an error then names first."""
         # Only the fields that were set, so the copy still knows which ones were given (plan
         # derives the rest from the traffic).
         data = self.model_dump(mode="json", exclude_unset=True)
@@ -266,10 +271,12 @@ class FleetConfig(_Section):
             for key in parents:
                 node = node.setdefault(key, {})
             node[leaf] = value
-        return parse_config(data, origin="command-line flags")
+        return parse_config(data, origin="command-line flags", names=names or {})
 
 
-def parse_config(data: object, *, origin: str) -> FleetConfig:
+def parse_config(
+    data: object, *, origin: str, names: Mapping[str, str] | None = None
+) -> FleetConfig:
     """Validate a mapping into a FleetConfig; errors name `origin` and each bad field."""
     if data is None:
         data = {}
@@ -278,7 +285,7 @@ def parse_config(data: object, *, origin: str) -> FleetConfig:
     try:
         return FleetConfig.model_validate(data)
     except ValidationError as exc:
-        lines = [_describe(err) for err in exc.errors()]
+        lines = [_describe(err, names or {}) for err in exc.errors()]
         raise ConfigError(
             f"{origin} is not valid:\n" + "\n".join(f"  - {line}" for line in lines),
             hint="see `servepilot config --help` or the README's fleet.yaml reference",
@@ -294,8 +301,10 @@ def load_config(path: Path | None) -> FleetConfig:
     return parse_config(data, origin=str(path))
 
 
-def _describe(err: Any) -> str:
+def _describe(err: Any, names: Mapping[str, str]) -> str:
     loc = ".".join(str(part) for part in err["loc"]) or "(top level)"
+    if loc in names:
+        loc = f"{names[loc]} ({loc})"
     if err["type"] == "extra_forbidden":
         return f"{loc}: unknown field{_suggestion(err['loc'])}"
     value = err.get("input")

@@ -25,10 +25,23 @@ def test_unknown_config_field_is_named(tmp_path: Path, env: dict[str, str]) -> N
     assert "Traceback" not in result.stderr
 
 
-def test_bad_flag_value_is_named(env: dict[str, str]) -> None:
-    result = cli(["up", "--replicas", "0"], env)
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["up", "--replicas", "0"], "--replicas (replicas.count)"),
+        (["plan", "--qps", "-5"], "--qps (traffic.target_qps)"),
+        (["plan", "--max-model-len", "0"], "--max-model-len (engine.max_model_len)"),
+        (["sim", "--replicas", "0", "--requests", "1"], "--replicas (replicas.count)"),
+        (["gateway", "--replica", "http://127.0.0.1:9", "--capacity", "0"],
+         "--capacity (gateway.admission.replica_concurrency)"),
+    ],
+)  # fmt: skip
+def test_bad_flag_value_names_the_flag_and_its_field(
+    argv: list[str], named: str, env: dict[str, str]
+) -> None:
+    result = cli(argv, env)
     assert result.returncode == 2
-    assert "replicas.count" in result.stderr
+    assert named in result.stderr
     assert "Traceback" not in result.stderr
 
 

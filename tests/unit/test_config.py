@@ -94,6 +94,8 @@ def test_overrides_are_validated_like_the_file() -> None:
     assert (config.replicas.count, config.gateway.port) == (2, 9000)
     with pytest.raises(ConfigError, match=r"replicas\.count"):
         FleetConfig().with_overrides({"replicas.count": -1})
+    with pytest.raises(ConfigError, match=r"  - --replicas \(replicas\.count\): Input should"):
+        FleetConfig().with_overrides({"replicas.count": -1}, {"replicas.count": "--replicas"})
 
 
 def test_every_field_is_documented() -> None:
