@@ -14,7 +14,9 @@ from servepilot.load.sweep import SweepConfig
 from servepilot.load.workload import WorkloadKind, WorkloadSpec, parse_priority_mix
 
 
-def add_load_flags(parser: argparse.ArgumentParser) -> None:
+def add_load_flags(parser: argparse.ArgumentParser, *, real_client: bool = True) -> None:
+    """The load flags; `real_client` adds those only a real client has (soak, client
+    processes), so a command that simulates its clients does not list what it cannot do."""
     g = parser.add_argument_group("load")
     mode = g.add_mutually_exclusive_group()
     mode.add_argument("--concurrency", metavar="N[,N...]",
@@ -40,6 +42,8 @@ def add_load_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--slo", metavar="K=MS,...",
                    help="ttft_p99_ms, tpot_p99_ms, e2e_p99_ms: a request meets the "
                         "SLO when it is within every limit; goodput counts those")  # fmt: skip
+    if not real_client:
+        return
     g.add_argument("--soak", metavar="T",
                    help="one long run at one load level (e.g. 30m), reported in "
                         "windows, with the target's memory growth per request")  # fmt: skip
@@ -110,7 +114,7 @@ def loads_from_args(args: argparse.Namespace) -> tuple[Load, ...]:
 def sweep_from_args(args: argparse.Namespace) -> SweepConfig | None:
     if not args.sweep:
         return None
-    if args.soak:
+    if getattr(args, "soak", None):
         raise ConfigError("--sweep and --soak do not go together: soak runs one load level")
     mode = LoadMode.RATE if args.rate else LoadMode.CONCURRENCY
     start = parse_levels(args.rate or args.concurrency or "1", "--rate")[0]

@@ -60,7 +60,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_config_flag(parser)
     _fleet_flags(parser)
-    add_load_flags(parser)
+    add_load_flags(parser, real_client=False)
     add_workload_flags(parser)
     out = parser.add_argument_group("output")
     out.add_argument("--out", type=Path, metavar="DIR", help="write results.json here")
@@ -125,7 +125,7 @@ def _fleet_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    _refuse_bench_only(args)
+    _check_counts(args)
     config = config_from_args(args, {"replicas.count": "replicas", "gateway.policy": "policy"})
     setup = fleet_setup.replica_setup(config, args.profile, cpu_flags())
     spec = _spec(args, config, setup)
@@ -145,11 +145,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _refuse_bench_only(args: argparse.Namespace) -> None:
-    if args.soak:
-        raise ConfigError("--soak is not simulated", hint="use --duration for one long level")
-    if args.processes is not None:
-        raise ConfigError("--processes does not apply to sim (there is no client process)")
+def _check_counts(args: argparse.Namespace) -> None:
     if args.requests is not None and args.requests < 1:
         raise ConfigError(f"--requests must be at least 1, got {args.requests}")
     if args.warmup < 0:

@@ -141,8 +141,6 @@ def test_duration_and_autoscale(tmp_path: Path) -> None:
         (["--network-ms", "cross=9-3"], "LOW <= HIGH"),
         (["--network-ms", "client=1-2"], "one value"),
         (["--autoscale", "3"], "--autoscale"),
-        (["--soak", "10m"], "--soak is not simulated"),
-        (["--processes", "2"], "--processes"),
         (["--concurrency", "1.5"], "whole numbers"),
         (["--rate", "0"], "positive"),
         (["--profile", "/nonexistent/profile.json"], "no such cost profile"),
@@ -157,6 +155,20 @@ def test_bad_flags_say_what_is_wrong(
     err = capsys.readouterr().err
     assert code == 2, err
     assert message in err
+
+
+@pytest.mark.parametrize("flag", ["--soak", "--window", "--processes"])
+def test_sim_neither_lists_nor_takes_what_only_a_real_client_does(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as help_exit:
+        main(["sim", "--help"])
+    assert help_exit.value.code == 0
+    assert flag not in capsys.readouterr().out
+    with pytest.raises(SystemExit) as refused:
+        main(["sim", flag, "2", "--requests", "3"])
+    assert refused.value.code == 2
+    assert f"unrecognized arguments: {flag} 2" in capsys.readouterr().err
 
 
 def test_requests_longer_than_max_model_len_fail_400_with_a_warning(
