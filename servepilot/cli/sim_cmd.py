@@ -45,7 +45,7 @@ writes results.json in bench's schema (servepilot.bench/v1, "source": "simulated
 
 examples:
   servepilot sim -c fleet.yaml --profile profile.json --sweep --out runs/sim
-  servepilot sim --replicas 80 --rate 5000 --duration 1h --policy least_load
+  servepilot sim -c llama-8b-h100.yaml --rate 5000 --duration 1h  (docs/examples/ in the repo)
   servepilot sim -c fleet.yaml --rate 200 --duration 30m --autoscale 2:16 --cold-start 78s
   servepilot bench compare runs/sim/results.json runs/measured/results.json
 """

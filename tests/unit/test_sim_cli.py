@@ -267,3 +267,13 @@ def test_replicas_are_what_up_would_launch() -> None:
     assert s.async_scheduling and not s.enable_prefix_caching
     assert gpu.replicas_per_node == 4  # 8 GPUs per node, 2 per replica
     assert gpu.cost.source == "roofline: h100-80/llama-3.1-8b"
+
+
+def test_the_readmes_large_fleet_example_serves_its_load(tmp_path: Path) -> None:
+    # README: `sim -c docs/examples/llama-8b-h100.yaml --rate 5000 --duration 1m`; here one
+    # simulated second of it: 80 Llama-3.1-8B replicas take 5,000 requests/s without refusing.
+    example = Path(__file__).resolve().parents[2] / "docs" / "examples" / "llama-8b-h100.yaml"
+    result = _sim(tmp_path, "-c", str(example), "--rate", "5000", "--duration", "1s")
+    run = result.runs[0]
+    assert result.target["replicas"] == 80
+    assert run.failed == 0 and run.completed > 4500
