@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 
 from servepilot.core.errors import ConfigError
@@ -17,9 +18,22 @@ def served_model(root: str, api_key: str | None) -> str:
         with urllib.request.urlopen(request, timeout=10) as resp:
             doc = json.loads(resp.read())
         ids = [str(m["id"]) for m in doc["data"]]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except urllib.error.HTTPError as exc:
+        # It answers, but not /v1/models as OpenAI's API has it.
         raise ConfigError(
-            f"cannot list the models of {root} ({exc})", hint="pass --model NAME"
+            f"--url {root}: GET /v1/models answered {exc.code}: {server_message(exc.read())}",
+            hint="pass --model NAME if the target serves OpenAI's API without /v1/models",
+        ) from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        raise ConfigError(
+            f"--url {root}: cannot connect ({reason})",
+            hint="is the server running on that address and port?",
+        ) from None
+    except (ValueError, KeyError, TypeError):
+        raise ConfigError(
+            f"--url {root}: GET /v1/models did not answer with OpenAI's model list",
+            hint="pass --model NAME if the target serves OpenAI's API without /v1/models",
         ) from None
     if len(ids) != 1:
         raise ConfigError(
@@ -27,3 +41,13 @@ def served_model(root: str, api_key: str | None) -> str:
             hint="pick one with --model",
         )
     return ids[0]
+
+
+def server_message(body: bytes | str) -> str:
+    """The `error.message` of an OpenAI-shaped error body, else the body's start."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    try:
+        message = json.loads(text)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return text[:300].strip() or "(no body)"
+    return str(message)

@@ -19,6 +19,7 @@ from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
+from servepilot.bench.target import server_message
 from servepilot.core.errors import ConfigError
 
 _T = TypeVar("_T")
@@ -144,19 +145,31 @@ class ServerTokenizer:
         url = self._url(path)
         try:
             async with session.post(url, json=body) as response:
-                if response.status == 404:
-                    raise ConfigError(f"--url: POST {url} answered 404", hint=_GATEWAY_HINT)
                 text = await response.text()
                 if response.status != 200:
-                    raise ConfigError(
-                        f"--url: POST {url} answered {response.status}: {text[:300]}",
-                        hint=_GATEWAY_HINT,
-                    )
+                    raise _refused(url, response.status, text, body.get("model"))
                 return await response.json(content_type=None)
+        except aiohttp.ClientConnectorError as exc:
+            raise ConfigError(
+                f"--url: cannot connect to {url} ({exc.os_error})",
+                hint="is the server running on that address and port?",
+            ) from exc
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise ConfigError(
                 f"--url: POST {url} failed: {type(exc).__name__}: {exc}", hint=_GATEWAY_HINT
             ) from exc
+
+
+def _refused(url: str, status: int, text: str, model: object) -> ConfigError:
+    """The server's own reason first: a gateway or vLLM that does not serve `model` says so in
+    an OpenAI-shaped body, which matters more than a missing /tokenize."""
+    message = server_message(text)
+    if status in (400, 404) and isinstance(model, str) and "model" in message.lower():
+        return ConfigError(
+            f"--url: POST {url} answered {status}: {message}",
+            hint=f"the target does not serve --model {model!r}: see its GET /v1/models",
+        )
+    return ConfigError(f"--url: POST {url} answered {status}: {message}", hint=_GATEWAY_HINT)
 
 
 def open_tokenizer(url: str, model: str, tokenizer_path: Path | None) -> Tokenizer:
