@@ -84,7 +84,9 @@ class Slo(BaseModel):
             raise PydanticCustomError(
                 "slo_limit", f"expected a mapping of limits, {KEY_FORMAT}: MS"
             )
-        return {"limits": tuple(_limit(str(k), v) for k, v in data.items())}
+        # `key: null` sets no limit, as the fleet.yaml `servepilot config` printed before did.
+        given = {str(k): v for k, v in data.items() if v is not None}
+        return {"limits": tuple(_limit(k, v) for k, v in given.items())}
 
     @model_serializer(mode="plain")
     def _to_mapping(self) -> dict[str, float]:

@@ -151,3 +151,10 @@ def test_level_verdict_checks_only_the_level_limits() -> None:
     assert (met.slo_met, met.slo_violated) == (True, ())  # TPOT unmeasured: left out
     assert parse_slo("ttft_p99_ms=500").with_verdict(run) == run  # no level limit: no verdict
     assert run.slo_met is None
+
+
+def test_an_empty_or_null_limit_sets_none() -> None:
+    # What `servepilot config` printed before every key was allowed: each p99 key, null.
+    old = yaml.safe_load("slo:\n  ttft_p99_ms: null\n  tpot_p99_ms: 50\n  e2e_p99_ms: null\n")
+    assert parse_config(old, origin="t").slo == parse_slo("tpot_p99_ms=50")
+    assert parse_config({"slo": None}, origin="t").slo == Slo()
