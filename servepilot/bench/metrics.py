@@ -5,8 +5,10 @@
 - E2E: intended send -> last content chunk.
 - TPOT: (E2E - TTFT) / (output_tokens - 1), per request, for requests with > 1 token.
 - ITL: gaps between consecutive content chunks, pooled over requests.
-- goodput: requests per second that met every SLO; SLO attainment: their share of all
-  requests, failed ones included.
+- goodput: requests per second that met every per-request SLO limit (the TTFT/TPOT/E2E p99
+  ones); SLO attainment: their share of all requests, failed ones included.
+- the level verdict (`slo_met`, `slo_violated`): the SLO's other limits (itl_*, p50/p90/mean)
+  checked on the level's statistics.
 Pure functions: no clock, no I/O.
 """
 
@@ -20,7 +22,7 @@ import numpy as np
 
 from servepilot.bench.records import RequestRecord
 from servepilot.core.results import ClientHealth, Load, Run, Stats, Window
-from servepilot.core.slo import Slo
+from servepilot.core.slo import Metric, Slo
 
 _PERCENTILES = (50.0, 90.0, 99.0)
 
@@ -64,12 +66,14 @@ def request_times(record: RequestRecord) -> RequestTimes | None:
 
 
 def meets(times: RequestTimes, slo: Slo) -> bool:
-    """Within every per-request limit of `slo` (its p99 limits, held to each request)."""
-    if slo.ttft_p99_ms is not None and times.ttft_ms > slo.ttft_p99_ms:
+    """Within every per-request limit of `slo` (its TTFT/TPOT/E2E p99 limits, held to each
+    request); the level limits are the run's verdict, not goodput's (core/slo.py)."""
+    ttft, tpot, e2e = (slo.per_request_ms(m) for m in (Metric.TTFT, Metric.TPOT, Metric.E2E))
+    if ttft is not None and times.ttft_ms > ttft:
         return False
-    if slo.e2e_p99_ms is not None and times.e2e_ms > slo.e2e_p99_ms:
+    if e2e is not None and times.e2e_ms > e2e:
         return False
-    return slo.tpot_p99_ms is None or times.tpot_ms is None or times.tpot_ms <= slo.tpot_p99_ms
+    return tpot is None or times.tpot_ms is None or times.tpot_ms <= tpot
 
 
 def measured(records: Sequence[RequestRecord]) -> list[RequestRecord]:
@@ -103,7 +107,7 @@ def summarize(
     gaps = [b - a for r in ok for a, b in zip(r.chunk_s, r.chunk_s[1:], strict=False)]
     per_s = 1.0 / duration if duration > 0 else 0.0
     inputs = [r.input_tokens for r in ok if r.input_tokens is not None]
-    return Run(
+    run = Run(
         load=load,
         duration_s=duration,
         completed=len(ok),
@@ -122,6 +126,7 @@ def summarize(
         errors=dict(Counter(r.error for r in counted if r.error is not None)),
         client=client,
     )
+    return slo.with_verdict(run)
 
 
 def windows(

@@ -112,7 +112,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError("--soak runs one load level: give one --concurrency or --rate value")
     opts = BenchOptions(
         target=target, levels=levels, seed=args.seed,
-        slo=parse_slo(args.slo, per_request=True) if args.slo else Slo(),
+        slo=parse_slo(args.slo) if args.slo else Slo(),
         soak_s=soak_s, window_s=_window_s(args, soak_s), processes=args.processes,
         metrics_url=args.metrics_url,
     )  # fmt: skip

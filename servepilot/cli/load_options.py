@@ -40,8 +40,10 @@ def add_load_flags(parser: argparse.ArgumentParser, *, real_client: bool = True)
                    help="requests sent first at each "
                         "level and left out of the results")  # fmt: skip
     g.add_argument("--slo", metavar="K=MS,...",
-                   help="ttft_p99_ms, tpot_p99_ms, e2e_p99_ms: a request meets the "
-                        "SLO when it is within every limit; goodput counts those")  # fmt: skip
+                   help="<ttft|tpot|itl|e2e>_<p50|p90|p99|mean>_ms limits, as tune "
+                        "takes them; goodput counts the requests within every "
+                        "ttft/tpot/e2e p99 limit, the other limits are checked on "
+                        "each level's statistics (slo_met)")  # fmt: skip
     if not real_client:
         return
     g.add_argument("--soak", metavar="T",

@@ -171,7 +171,7 @@ def _spec(
 
 def _slo(args: argparse.Namespace, config: FleetConfig) -> Slo:
     """--slo, or else fleet.yaml's slo section."""
-    return parse_slo(args.slo, per_request=True) if args.slo else config.slo
+    return parse_slo(args.slo) if args.slo else config.slo
 
 
 def _run_with_progress(opts: SimOptions) -> SimOutput:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import yaml
 from pydantic import BaseModel
 
+from servepilot.core.slo import Slo
+
 
 def render_yaml(model: BaseModel, indent: int = 0) -> str:
     """The model as YAML with each field's docstring as a comment above it."""
@@ -15,7 +17,8 @@ def render_yaml(model: BaseModel, indent: int = 0) -> str:
         value = getattr(model, name)
         if field.description:
             lines += [f"{pad}# {line.strip()}" for line in field.description.splitlines()]
-        if isinstance(value, BaseModel):
+        # An Slo is written as its `key: ms` mapping, not field by field (core/slo.py).
+        if isinstance(value, BaseModel) and not isinstance(value, Slo):
             lines.append(f"{pad}{name}:")
             lines.append(render_yaml(value, indent + 1))
             continue
@@ -25,6 +28,8 @@ def render_yaml(model: BaseModel, indent: int = 0) -> str:
 
 
 def _plain(value: object) -> object:
+    if isinstance(value, Slo):
+        return value.as_dict()
     if isinstance(value, tuple):
         return list(value)
     if hasattr(value, "value"):

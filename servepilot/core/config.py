@@ -239,7 +239,10 @@ class FleetConfig(_Section):
     """The OpenAI-compatible endpoint in front of the replicas."""
 
     slo: Slo = Field(default_factory=Slo)
-    """Latency targets that bench, tune and sim measure against."""
+    """Latency limits that bench, sim and tune measure against, as `KEY: MS` with KEY
+    <ttft|tpot|itl|e2e>_<p50|p90|p99|mean>_ms, e.g. {ttft_p99_ms: 500, itl_p99_ms: 50}.
+    The ttft/tpot/e2e p99 limits are also held to each request (goodput counts the requests
+    within all of them); every other limit is checked on each load level's statistics."""
 
     traffic: TrafficConfig = Field(default_factory=TrafficConfig)
     """The traffic to plan for."""

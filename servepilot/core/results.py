@@ -91,6 +91,11 @@ class Run(_Record):
     """Requests per second that met every SLO (all completed ones when no SLO is set)."""
     slo_attainment: float
     """Share of requests (failed ones included) that met every SLO."""
+    slo_met: bool | None = None
+    """Whether the level's statistics met the SLO's level limits (itl_*, p50/p90/mean ones;
+    core/slo.py); None when the SLO sets none."""
+    slo_violated: tuple[str, ...] = ()
+    """The keys of the level limits this level missed, e.g. `itl_p99_ms`."""
     input_tokens_mean: float | None = None
     output_tokens_mean: float | None = None
     errors: dict[str, int] = Field(default_factory=dict)

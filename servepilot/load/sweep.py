@@ -70,6 +70,10 @@ def sweet_spot(
     if not usable:
         return None
     if slo_set:
+        # A level that missed a limit on its statistics (Run.slo_met) is no sweet spot.
+        usable = [r for r in usable if r.slo_met is not False]
+        if not usable:
+            return None
         best = max(usable, key=lambda r: (r.goodput_rps, -r.load.value))
         return SweetSpot(
             load=best.load,

@@ -18,9 +18,9 @@ from servepilot.tune.summary import Summary
 
 
 def tuned_fleet(setup: TuneSetup, trial: Trial) -> FleetConfig:
-    """The trial's configuration as a fleet.yaml to deploy: the engine kind and SLO as given."""
-    overrides: dict[str, object] = {"engine.kind": setup.config.engine.kind.value}
-    overrides |= {f"slo.{key}": value for key, value in setup.goal.sla.as_dict().items()}
+    """The trial's configuration as a fleet.yaml to deploy: the engine kind as given, and every
+    limit of the SLA it was tuned for, so `tune -c` on it (no --slo) tunes for the same SLA."""
+    overrides = {"engine.kind": setup.config.engine.kind.value, "slo": setup.goal.sla.as_dict()}
     return setup.space.fleet(trial.config).with_overrides(overrides)
 
 

@@ -197,7 +197,7 @@ def _context(
         "engine": engine.value,
         "base": base,
         "workload": describe(workload),
-        "sla": {limit.key: limit.limit_ms for limit in sla.limits},
+        "sla": sla.as_dict(),
         "sweep": [sweep.max_value, sweep.refine_levels, sweep.requests_per_level],
         "profile": str(profile) if profile is not None else None,
     }

@@ -1,15 +1,15 @@
 """Whether a load level meets the SLA: tune's checks of an `Slo` on bench's per-level statistics.
 
-A level meets the SLA when every limit holds for its statistic (core/slo.py) and at most 1% of
-its requests failed.
+A level meets the SLA when every limit holds for its statistic (core/slo.py), the per-request
+p99 limits included, and at most 1% of its requests failed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servepilot.core.results import Run, Stats
-from servepilot.core.slo import Slo, SloLimit
+from servepilot.core.results import Run
+from servepilot.core.slo import Slo
 
 MAX_FAILED_SHARE = 0.01
 """A level where more requests than this failed does not meet the SLA, whatever the latency."""
@@ -28,18 +28,11 @@ class Violation:
         return self.observed_ms / self.limit_ms
 
 
-def observed_ms(limit: SloLimit, run: Run) -> float | None:
-    """The run's value of the limit's statistic (None when the run measured none)."""
-    stats: Stats = getattr(run, f"{limit.metric.value}_ms")
-    value: float | None = getattr(stats, limit.statistic.value)
-    return value
-
-
 def violations(run: Run, sla: Slo) -> tuple[Violation, ...]:
     """Each limit at this level; a statistic the run did not measure is left out."""
     out = []
     for limit in sla.limits:
-        observed = observed_ms(limit, run)
+        observed = limit.observed_ms(run)
         if observed is not None:
             out.append(Violation(limit.key, observed, limit.limit_ms))
     return tuple(out)

@@ -10,6 +10,7 @@ import pytest
 from benchmarks import bench_tune
 from servepilot.cli.main import main
 from servepilot.core.config import load_config
+from servepilot.core.slo import parse_slo
 
 SIM = ["tune", "--engine", "sim", "--input-tokens", "256", "--output-tokens", "64",
        "--requests", "60"]  # fmt: skip
@@ -62,6 +63,29 @@ def test_impossible_sla_says_so_and_names_the_binding_slo(
     assert "ttft_p99_ms binds" in err and "best effort: trial" in err
     assert (out / "fleet.yaml").is_file()
     assert "No configuration met the SLA" in (out / "report.html").read_text()
+
+
+def test_the_tuned_fleet_yaml_keeps_every_limit_and_tune_c_tunes_for_them_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Only level limits: before, the written fleet.yaml had no slo section at all.
+    sla = "itl_p99_ms=250,ttft_p50_ms=3000,e2e_mean_ms=60000"
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert main([*SIM, "--slo", sla, "--budget", "2", "--out", str(first)]) in (0, 1)
+    text = (first / "fleet.yaml").read_text()
+    assert "slo:\n  itl_p99_ms: 250.0\n  ttft_p50_ms: 3000.0\n  e2e_mean_ms: 60000.0\n" in text
+    tuned = load_config(first / "fleet.yaml")
+    assert tuned.slo == parse_slo(sla)
+    capsys.readouterr()
+
+    # No --slo: the SLA is the fleet.yaml's, every limit in its order.
+    again = [*SIM, "-c", str(first / "fleet.yaml"), "--budget", "2", "--out", str(second)]
+    assert main(again) in (0, 1)
+    assert (
+        "itl_p99_ms=250, ttft_p50_ms=3000, e2e_mean_ms=60000"
+        in (second / "report.html").read_text()
+    )
+    assert load_config(second / "fleet.yaml").slo == tuned.slo
 
 
 @pytest.mark.parametrize(

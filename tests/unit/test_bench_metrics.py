@@ -5,7 +5,7 @@ import pytest
 from servepilot.bench.metrics import request_times, stats, summarize, windows
 from servepilot.bench.records import RequestRecord
 from servepilot.core.results import Load, LoadMode
-from servepilot.core.slo import Slo
+from servepilot.core.slo import Slo, parse_slo
 
 LOAD = Load(mode=LoadMode.RATE, value=2.0)
 
@@ -72,6 +72,27 @@ def test_summary_of_a_known_run() -> None:
     assert run.goodput_rps == pytest.approx(0.5)
     assert run.slo_attainment == pytest.approx(0.25)
     assert run.errors == {"http_500": 1}
+
+
+def test_level_limits_give_the_run_a_verdict_and_leave_goodput_alone() -> None:
+    records = [
+        rec(0, 0.0, 0.0, [0.1, 0.2, 0.3], out=3),  # ttft 100, e2e 300, tpot 100
+        rec(1, 0.5, 0.5, [0.9, 1.0, 1.1], out=3),  # ttft 400, e2e 600, tpot 100
+        rec(3, 1.5, 1.5, [1.6, 1.8, 2.0], out=3),  # ttft 100, e2e 500, tpot 200
+    ]
+    per_request = summarize(LOAD, records, parse_slo("ttft_p99_ms=300"))
+    assert per_request.slo_met is None and per_request.slo_violated == ()
+    # ITL gaps 100,100,100,100,200,200 ms: p50 100 (met), mean 133; TTFT mean 200.
+    run = summarize(
+        LOAD, records, parse_slo("ttft_p99_ms=300,itl_p50_ms=101,itl_mean_ms=120,ttft_mean_ms=150")
+    )
+    assert (run.slo_met, run.slo_violated) == (False, ("itl_mean_ms", "ttft_mean_ms"))
+    # Goodput still counts the requests within the per-request limit (ttft 300): 0 and 3.
+    assert run.goodput_rps == pytest.approx(per_request.goodput_rps) == pytest.approx(2 / 2.0)
+    met = summarize(LOAD, records, parse_slo("itl_p99_ms=200"))
+    assert (met.slo_met, met.slo_violated) == (True, ())
+    # No per-request limit: every completed request is good.
+    assert met.goodput_rps == pytest.approx(met.request_throughput)
 
 
 def test_no_slo_means_every_completed_request_is_good() -> None:

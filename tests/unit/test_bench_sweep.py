@@ -77,5 +77,16 @@ def test_sweet_spot_with_an_slo_is_the_best_goodput() -> None:
     assert "1.90 req/s meet every SLO (95%" in spot.reason
 
 
+def test_sweet_spot_skips_levels_that_missed_a_level_limit() -> None:
+    missed = {"slo_met": False, "slo_violated": ("itl_p99_ms",)}
+    runs = [run(1, 100, 200, goodput=1.0).model_copy(update={"slo_met": True}),
+            run(2, 200, 300, goodput=1.9).model_copy(update=missed),
+            run(4, 300, 900, goodput=1.5).model_copy(update={"slo_met": True})]  # fmt: skip
+    spot = sweet_spot(runs, slo_set=True)
+    assert spot is not None and spot.load.value == 4
+    assert "1.50 req/s meet every SLO" in spot.reason
+    assert sweet_spot([r.model_copy(update=missed) for r in runs], slo_set=True) is None
+
+
 def test_no_sweet_spot_without_completed_requests() -> None:
     assert sweet_spot([run(1, 0, 0, failed=100)], slo_set=False) is None

@@ -110,6 +110,22 @@ def test_fleet_yaml_sets_replicas_policy_and_slo(tmp_path: Path) -> None:
     assert result.runs[0].slo_attainment == 1.0
 
 
+def test_sim_takes_every_slo_key_tune_takes(tmp_path: Path) -> None:
+    config = tmp_path / "fleet.yaml"
+    config.write_text("slo: {itl_p99_ms: 100000, ttft_p50_ms: 0.001}\n")
+    flags = ["--concurrency", "1,2", "--requests", "6", "--output-tokens", "4"]
+    result = _sim(tmp_path / "yaml", "-c", str(config), *flags)
+    assert result.slo == {"itl_p99_ms": 100000.0, "ttft_p50_ms": 0.001}
+    # No per-request limit: every request is good; the level misses its TTFT median.
+    assert all(r.slo_attainment == 1.0 for r in result.runs)
+    assert all(r.slo_met is False and r.slo_violated == ("ttft_p50_ms",) for r in result.runs)
+    assert result.sweet_spot is None  # no level met the SLO
+    flag = _sim(tmp_path / "flag", "--slo", "ttft_p99_ms=100000,itl_p99_ms=100000", *flags)
+    assert list(flag.slo) == ["ttft_p99_ms", "itl_p99_ms"]
+    assert all(r.slo_met is True and r.slo_violated == () for r in flag.runs)
+    assert flag.sweet_spot is not None
+
+
 def test_flags_override_fleet_yaml(tmp_path: Path) -> None:
     config = tmp_path / "fleet.yaml"
     config.write_text("replicas: {count: 3}\n")

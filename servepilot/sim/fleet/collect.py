@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from servepilot.core.results import Load, Run, Stats
-from servepilot.core.slo import Slo
+from servepilot.core.slo import Metric, Slo
 
 EXACT_VALUES = 100_000
 ITL_BIN_REL = 1e-4
@@ -104,9 +104,10 @@ class RunCollector:
     """One level's requests as they end; `run(load)` is its `core.results.Run`."""
 
     def __init__(self, slo: Slo) -> None:
-        self._ttft_limit = slo.ttft_p99_ms / 1000.0 if slo.ttft_p99_ms is not None else math.inf
-        self._tpot_limit = slo.tpot_p99_ms / 1000.0 if slo.tpot_p99_ms is not None else math.inf
-        self._e2e_limit = slo.e2e_p99_ms / 1000.0 if slo.e2e_p99_ms is not None else math.inf
+        self._slo = slo
+        self._ttft_limit = _limit_s(slo, Metric.TTFT)
+        self._tpot_limit = _limit_s(slo, Metric.TPOT)
+        self._e2e_limit = _limit_s(slo, Metric.E2E)
         self.ttft_s: array[float] = array("d")
         self.e2e_s: array[float] = array("d")
         self.tpot_s: array[float] = array("d")
@@ -158,7 +159,7 @@ class RunCollector:
         duration = self.window_s
         per_s = 1.0 / duration if duration > 0 else 0.0
         attempted = self.completed + self.failed
-        return Run(
+        run = Run(
             load=load,
             duration_s=duration,
             completed=self.completed,
@@ -176,3 +177,10 @@ class RunCollector:
             output_tokens_mean=self.output_tokens / self.completed if self.completed else None,
             errors=dict(self.errors),
         )
+        return self._slo.with_verdict(run)
+
+
+def _limit_s(slo: Slo, metric: Metric) -> float:
+    """The per-request limit on `metric` in seconds (goodput's bound; inf when none is set)."""
+    limit_ms = slo.per_request_ms(metric)
+    return limit_ms / 1000.0 if limit_ms is not None else math.inf
