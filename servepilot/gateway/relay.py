@@ -50,8 +50,8 @@ class Relay:
     """Relays one exchange; `done` resolves to its `Outcome`."""
 
     __slots__ = (
-        "_conn", "_content_type", "_first_chunk_s", "_head_s", "_parts", "_replica_header",
-        "_request", "_sent_s", "_status", "_streaming", "done",
+        "_conn", "_content_type", "_first_chunk_s", "_head_s", "_parts", "_previous",
+        "_replica_header", "_request", "_sent_s", "_status", "_streaming", "done",
     )  # fmt: skip
 
     def __init__(
@@ -68,6 +68,7 @@ class Relay:
         self._streaming = False
         self._content_type = b"application/json"
         self._parts: list[bytes] = []
+        self._previous = b""  # the last piece written to the client
         self._sent_s = time.perf_counter()
         self._head_s = 0.0
         self._first_chunk_s: float | None = None
@@ -101,10 +102,11 @@ class Relay:
         request = self._request
         if not request.connected:
             return  # the handler is being cancelled and will drop the connection
-        if data.endswith(_LAST_EVENT):
+        if self._ends_stream(data):
             self._complete(data)
             return
         request.write_chunk(data)
+        self._previous = data
         if request.write_paused:
             # The client reads slower than the replica writes: stop reading upstream until
             # the client catches up, instead of buffering the whole answer here.
@@ -121,6 +123,18 @@ class Relay:
             self._parts.clear()
         if not self.done.done():
             self.done.set_result(self._outcome())
+
+    def _ends_stream(self, data: bytes) -> bool:
+        """`data` ends with the last event, or with the rest of one that began in the read
+        before (a read boundary may fall anywhere)."""
+        if data.endswith(_LAST_EVENT):
+            return True
+        missing = len(_LAST_EVENT) - len(data)
+        return (
+            missing > 0
+            and _LAST_EVENT.endswith(data)
+            and self._previous.endswith(_LAST_EVENT[:missing])
+        )
 
     def _complete(self, data: bytes) -> None:
         """The stream's last event came before the end of the replica's body: the answer is

@@ -61,6 +61,7 @@ class FakeUpstream:
         # as vLLM's does (uvicorn writes it separately): a client may close in between.
         self.end_gate: asyncio.Event | None = None
         self.streams_ended = 0
+        self.split_done = False  # `data: [DONE]` in two writes, cut inside its `[DONE]`
         self.peers: set[tuple[str, int]] = set()  # the client ends of generation requests
         self.die_mid_stream = False
         self.endless_stream = False
@@ -175,7 +176,12 @@ class FakeUpstream:
         except ConnectionResetError:
             self.stream_aborted.set()
             return response
-        await response.write(b"data: [DONE]\n\n")
+        if self.split_done:
+            await response.write(b"data: [DO")
+            await asyncio.sleep(0.02)
+            await response.write(b"NE]\n\n")
+        else:
+            await response.write(b"data: [DONE]\n\n")
         if self.end_gate is not None:
             await self.end_gate.wait()
         await response.write_eof()

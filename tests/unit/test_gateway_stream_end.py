@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import pytest
 
 from tests.unit.fake_upstream import FakeUpstream
 from tests.unit.gateway_support import (
@@ -26,10 +27,12 @@ from tests.unit.gateway_support import (
 CHAT_200 = {"route": "/v1/chat/completions", "code": "200"}
 
 
-def test_a_stream_closed_by_its_client_after_done_is_a_completed_200() -> None:
+@pytest.mark.parametrize("split_done", [False, True], ids=["done-in-one-read", "done-split"])
+def test_a_stream_closed_by_its_client_after_done_is_a_completed_200(split_done: bool) -> None:
     async def body() -> None:
         upstream = await FakeUpstream("a").start()
         upstream.end_gate = asyncio.Event()
+        upstream.split_done = split_done
         async with gateway_in_front_of([upstream]) as (_, url), aiohttp.ClientSession() as client:
             for sent in (1, 2):
                 resp = await client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT)
