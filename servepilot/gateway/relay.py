@@ -4,6 +4,12 @@ A `Relay` is the `Sink` of one exchange. A streamed answer (HTTP 200, text/event
 written to the client as it arrives, piece by piece, from the upstream connection's callbacks;
 any other answer is collected and handed back whole, so that the proxy can turn a replica's
 5xx into a 502 of its own. The proxy awaits `done` only once per attempt.
+
+A stream is complete when its last event, `data: [DONE]`, has been relayed, not when the
+replica's chunked body ends: vLLM (uvicorn) writes that end separately, and the `openai` client
+closes its connection as soon as it has read `[DONE]`. So the client's stream is ended with the
+`[DONE]` event, in the same write, and `done` resolves there; the end of the replica's body is
+still read, to keep its connection for the next request (`UpstreamConnection.drain`).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from servepilot.gateway.upstream import UpstreamConnection, UpstreamFailed
 from servepilot.http1 import HttpRequest
 
 _EVENT_STREAM = b"text/event-stream"
+_LAST_EVENT = b"data: [DONE]\n\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +50,8 @@ class Relay:
     """Relays one exchange; `done` resolves to its `Outcome`."""
 
     __slots__ = (
-        "_conn", "_content_type", "_first_chunk_s", "_head_s", "_parts", "_replica_header",
-        "_request", "_sent_s", "_status", "_streaming", "done",
+        "_conn", "_content_type", "_first_chunk_s", "_head_s", "_parts", "_previous",
+        "_replica_header", "_request", "_sent_s", "_status", "_streaming", "done",
     )  # fmt: skip
 
     def __init__(
@@ -61,6 +68,7 @@ class Relay:
         self._streaming = False
         self._content_type = b"application/json"
         self._parts: list[bytes] = []
+        self._previous = b""  # the last piece written to the client
         self._sent_s = time.perf_counter()
         self._head_s = 0.0
         self._first_chunk_s: float | None = None
@@ -94,7 +102,11 @@ class Relay:
         request = self._request
         if not request.connected:
             return  # the handler is being cancelled and will drop the connection
+        if self._ends_stream(data):
+            self._complete(data)
+            return
         request.write_chunk(data)
+        self._previous = data
         if request.write_paused:
             # The client reads slower than the replica writes: stop reading upstream until
             # the client catches up, instead of buffering the whole answer here.
@@ -109,6 +121,27 @@ class Relay:
                 # The last events and the end of the stream leave in one write.
                 self._request.end_stream(b"".join(self._parts))
             self._parts.clear()
+        if not self.done.done():
+            self.done.set_result(self._outcome())
+
+    def _ends_stream(self, data: bytes) -> bool:
+        """`data` ends with the last event, or with the rest of one that began in the read
+        before (a read boundary may fall anywhere)."""
+        if data.endswith(_LAST_EVENT):
+            return True
+        missing = len(_LAST_EVENT) - len(data)
+        return (
+            missing > 0
+            and _LAST_EVENT.endswith(data)
+            and self._previous.endswith(_LAST_EVENT[:missing])
+        )
+
+    def _complete(self, data: bytes) -> None:
+        """The stream's last event came before the end of the replica's body: the answer is
+        whole, so the client's stream ends now (one write) and the exchange counts as done
+        before the client can react to it by closing its connection."""
+        self._request.end_stream(data)
+        self._conn.drain()
         if not self.done.done():
             self.done.set_result(self._outcome())
 

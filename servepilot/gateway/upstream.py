@@ -57,6 +57,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._headers: dict[bytes, bytes] = {}
         self._answered = False
         self._reusable = False
+        self._draining = False
+        self._finished = False
         self.idle_since = 0.0
         self.closed = False
 
@@ -116,6 +118,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._reusable = self._parser.should_keep_alive()
         if sink is not None:
             sink.on_end()
+        if self._finished:  # drained after its caller was done with it
+            self.finish()
 
     # --- exchanges ------------------------------------------------------------------------
 
@@ -126,12 +130,21 @@ class UpstreamConnection(asyncio.Protocol):
         self._headers = {}
         self._answered = False
         self._reusable = False
+        self._draining = self._finished = False
         self.transport.write(request)
+
+    def drain(self) -> None:
+        """The sink has the whole answer although the message has not ended yet (a stream's
+        last event came before the end of its chunked body): `finish` then waits for that end
+        instead of dropping the connection, which would cost the next request a new one."""
+        self._draining = True
 
     def finish(self) -> None:
         """The exchange is over (answered in full, or abandoned): keep or close the socket."""
         if self._sink is None and self._reusable and not self.closed:
             self._pool.put_back(self)
+        elif self._sink is not None and self._draining and not self.closed:
+            self._finished = True  # `on_message_complete` comes back here
         else:
             self._sink = None
             self.abort()

@@ -57,6 +57,12 @@ class FakeUpstream:
         self.reply_status = 200
         self.reply_delay_s = 0.0
         self.gate: asyncio.Event | None = None  # chunk 2 waits for it when set
+        # When set, the end of a streamed body waits for it after `data: [DONE]` has gone out,
+        # as vLLM's does (uvicorn writes it separately): a client may close in between.
+        self.end_gate: asyncio.Event | None = None
+        self.streams_ended = 0
+        self.split_done = False  # `data: [DONE]` in two writes, cut inside its `[DONE]`
+        self.peers: set[tuple[str, int]] = set()  # the client ends of generation requests
         self.die_mid_stream = False
         self.endless_stream = False
         self.stream_aborted = asyncio.Event()
@@ -125,6 +131,8 @@ class FakeUpstream:
         return web.json_response({"count": len(words), "tokens": list(range(len(words)))})
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
+        if request.transport is not None:
+            self.peers.add(request.transport.get_extra_info("peername"))
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
@@ -168,6 +176,14 @@ class FakeUpstream:
         except ConnectionResetError:
             self.stream_aborted.set()
             return response
-        await response.write(b"data: [DONE]\n\n")
+        if self.split_done:
+            await response.write(b"data: [DO")
+            await asyncio.sleep(0.02)
+            await response.write(b"NE]\n\n")
+        else:
+            await response.write(b"data: [DONE]\n\n")
+        if self.end_gate is not None:
+            await self.end_gate.wait()
         await response.write_eof()
+        self.streams_ended += 1
         return response
