@@ -42,6 +42,8 @@ class StubConfig:
     stall_at_request: int | None = None
     """Block the whole server for `stall_s` when this request (0-based) arrives: a GC pause."""
     stall_s: float = 0.0
+    refuse_retry_after: str | None = None
+    """Refuse every generation with 429 and this Retry-After header: a server shedding load."""
 
 
 @dataclass(slots=True)
@@ -113,6 +115,17 @@ _MODELS = _plain(
     ).encode(),
 )
 _HEALTHY = _plain(b"200 OK", b"")
+
+
+def _refusal(retry_after: str) -> bytes:
+    body = b'{"error":{"message":"overloaded","code":429}}'
+    head = b"HTTP/1.1 429 Too Many Requests\r\nretry-after: %s\r\n" % retry_after.encode()
+    return head + b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
+        len(body),
+        body,
+    )
+
+
 _NOT_FOUND = _plain(b"404 Not Found", b'{"error":{"message":"no such route","code":404}}')
 
 
@@ -198,6 +211,9 @@ class StubServer:
         if config.stall_at_request == stats.requests:
             time.sleep(config.stall_s)  # deliberately blocks the loop: the whole server stalls
         stats.requests += 1
+        if config.refuse_retry_after is not None:
+            transport.write(_refusal(config.refuse_retry_after))
+            return
         if config.chunk_delay_s <= 0:
             transport.write(answer.whole)
             return

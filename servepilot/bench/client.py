@@ -182,6 +182,7 @@ class Client:
             warmup=warmup,
             replica=answer.replica,
             extra={"done_s": answer.done_s},
+            retry_after_s=answer.retry_after_s,
         )
 
     async def _exchange(self, request: bytes) -> Answer:

@@ -14,6 +14,7 @@ from rich.text import Text
 from servepilot.bench.report.columns import RUN_COLUMNS
 from servepilot.bench.report.fmt import fmt_ms, fmt_num, format_load
 from servepilot.bench.session import LEAK_BYTES_PER_REQUEST
+from servepilot.bench.shortfalls import shortfalls
 from servepilot.core.results import BenchResult, Load, LoadMode, Run
 
 
@@ -96,8 +97,9 @@ def level_summary(run: Run) -> str:
 
 
 def run_warnings(run: Run) -> tuple[str, ...]:
-    """What makes a measured run's numbers suspect: a client too slow, memory that leaks."""
-    warnings = []
+    """What makes a measured run's numbers suspect: refusals, a load never reached, a client
+    too slow, memory that leaks."""
+    warnings = list(shortfalls(run))
     if run.client is not None and run.client.client_bound:
         warnings.append(
             f"at {level_name(run.load)} the client could not keep up (achieved "

@@ -38,6 +38,10 @@ class Tally:
     its previous answer's end to its next send."""
     completed: int = 0
     failed: int = 0
+    refused: int = 0
+    """Of `failed`: the requests the server shed (429, or 503 with Retry-After)."""
+    retry_wait_s: float = 0.0
+    """Closed loop: the time workers spent waiting out Retry-After, all workers together."""
     no_usage: int = 0
     cpu_s: float = 0.0
     wall_s: float = 0.0
@@ -50,6 +54,7 @@ class Tally:
             self.completed += 1
         else:
             self.failed += 1
+            self.refused += record.refused
 
 
 def raise_fd_limit() -> None:
@@ -131,6 +136,20 @@ class Driver:
                 tally.lags_s.append(record.sent_s - previous_done)
             previous_done = record.extra["done_s"]
             tally.add(record)
+            if record.refused and record.retry_after_s:
+                # A server that sheds load asked us to come back later: hammering it would
+                # measure our own flood. The wait is not the client's lag.
+                await self._wait_out(record.retry_after_s, slots)
+                previous_done = self.clock()
+
+    async def _wait_out(self, retry_after_s: float, slots: ClosedSlots) -> None:
+        """Sleep `retry_after_s`, no longer than the request timeout nor past the level's end."""
+        wait = min(retry_after_s, self.client.target.timeout_s)
+        if slots.end_s is not None:
+            wait = min(wait, slots.end_s - self.clock())
+        if wait > 0:
+            self.tally.retry_wait_s += wait
+            await asyncio.sleep(wait)
 
     async def _open(self) -> None:
         loop = asyncio.get_running_loop()

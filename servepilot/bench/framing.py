@@ -64,6 +64,21 @@ def header(lower: bytes, source: bytes, name: bytes) -> bytes | None:
     return source[start : end if end >= 0 else len(source)].strip()
 
 
+REFUSALS = (429, 503)
+"""Statuses with which a server sheds load; with Retry-After they say when to come back."""
+
+
+def retry_after_s(raw: bytes | None) -> float | None:
+    """Retry-After in seconds when given as delta-seconds (an HTTP date is not followed)."""
+    if raw is None:
+        return None
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        return None
+    return value if value >= 0 else None
+
+
 def number(raw: bytes, base: int) -> int:
     try:
         value = int(raw.strip(), base)

@@ -125,6 +125,7 @@ def summarize(
         output_tokens_mean=out_tokens / len(times) if times else None,
         errors=dict(Counter(r.error for r in counted if r.error is not None)),
         client=client,
+        refused=sum(1 for r in counted if r.refused),
     )
     return slo.with_verdict(run)
 

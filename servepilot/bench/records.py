@@ -64,7 +64,17 @@ class RequestRecord:
     replica: str | None = None
     """X-Servepilot-Replica of the answer, when the target is a servepilot gateway."""
     extra: dict[str, float] = field(default_factory=dict)
+    retry_after_s: float | None = None
+    """The Retry-After (seconds) of a refused request, when the server gave one."""
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def refused(self) -> bool:
+        """The server shed this request: 429, or 503 with a Retry-After (a 503 without one
+        is an outage, not load shedding)."""
+        return self.error == "http_429" or (
+            self.error == "http_503" and self.retry_after_s is not None
+        )

@@ -57,6 +57,13 @@ class LoadOutcome:
     """Successful requests whose stream carried no usage: their token counts are unknown."""
     client_cpu: float = 0.0
     """CPU used by the busiest client process, as a share of one core."""
+    retry_wait_s: float = 0.0
+    """Closed loop: time the workers spent waiting out the server's Retry-After."""
+    peak_in_flight: int = 0
+    """The most measured requests in flight at once."""
+    load_reached: bool = True
+    """False when the level never ran at its load: fewer requests in flight than its
+    concurrency, or an open-loop rate the client fell short of."""
 
     def __repr__(self) -> str:
         # Short on purpose: asyncio formats the repr of a finished main task's result when
@@ -143,9 +150,12 @@ def outcome(
         max(r.end_s for r in measured) - min(r.intended_s for r in measured) if measured else 0.0
     )
     cpu = max((t.cpu_s / t.wall_s for t in tallies if t.wall_s > 0), default=0.0)
+    peak = peak_in_flight(measured)
     if plan.load.mode is LoadMode.RATE:
         health = _open_health(plan, measured, processes)
+        reached = not _short(measured)
     else:
+        reached = peak >= plan.load.value
         lags = [lag for t in tallies for lag in t.lags_s]
         completed = sum(1 for r in measured if r.ok)
         lag = summary_ms(lags)
@@ -164,23 +174,41 @@ def outcome(
         client=health,
         no_usage=sum(t.no_usage for t in tallies),
         client_cpu=cpu,
+        retry_wait_s=sum(t.retry_wait_s for t in tallies),
+        peak_in_flight=peak,
+        load_reached=reached,
     )
+
+
+def peak_in_flight(records: Sequence[RequestRecord]) -> int:
+    """The most of `records` in flight at once (sent, their answer not yet done)."""
+    # At equal times an end sorts before a start (-1 < 1): back to back is not overlap.
+    edges = sorted([(r.sent_s, 1) for r in records] + [(r.extra["done_s"], -1) for r in records])
+    level = peak = 0
+    for _, step in edges:
+        level += step
+        peak = max(peak, level)
+    return peak
 
 
 def _open_health(plan: LoadPlan, measured: list[RequestRecord], processes: int) -> ClientHealth:
     lag = summary_ms([r.sent_s - r.intended_s for r in measured])
+    return ClientHealth(
+        requested_rate=plan.load.value,
+        achieved_rate=_rate([r.sent_s for r in measured]),
+        send_lag_ms=lag,
+        client_bound=_short(measured) or (lag.p99 or 0.0) > LAG_LIMIT_MS,
+        processes=processes,
+    )
+
+
+def _short(measured: list[RequestRecord]) -> bool:
+    """The open loop sent slower than its schedule."""
     achieved = _rate([r.sent_s for r in measured])
     # Against the schedule as drawn (a Poisson sample's own rate), not the nominal rate:
     # only the client's lateness should count as a shortfall.
     scheduled = _rate([r.intended_s for r in measured])
-    short = scheduled > 0 and achieved < RATE_SHORTFALL * scheduled
-    return ClientHealth(
-        requested_rate=plan.load.value,
-        achieved_rate=achieved,
-        send_lag_ms=lag,
-        client_bound=short or (lag.p99 or 0.0) > LAG_LIMIT_MS,
-        processes=processes,
-    )
+    return scheduled > 0 and achieved < RATE_SHORTFALL * scheduled
 
 
 def _rate(times: list[float]) -> float:

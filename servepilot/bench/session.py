@@ -96,6 +96,12 @@ async def run_bench(opts: BenchOptions, tokenizer: Tokenizer, report: BenchRepor
             )
         run = summarize(
             load, outcome.records, opts.slo, duration_s=outcome.duration_s, client=outcome.client
+        ).model_copy(
+            update={
+                "retry_wait_s": outcome.retry_wait_s,
+                "peak_in_flight": outcome.peak_in_flight,
+                "load_reached": outcome.load_reached,
+            }
         )
         if opts.soak_s is not None:
             run = _with_soak(run, outcome.records, opts.window_s, soak_memory)

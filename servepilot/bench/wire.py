@@ -21,11 +21,13 @@ from dataclasses import dataclass
 from typing import cast
 
 from servepilot.bench.framing import (
+    REFUSALS,
     BadHttp,
     body_verdict,
     dechunk,
     header,
     number,
+    retry_after_s,
     status_of,
     stream_verdict,
     text,
@@ -53,6 +55,8 @@ class Answer:
     usage: bytes | None
     replica: str | None
     done_s: float
+    retry_after_s: float | None = None
+    """A refusal's (429, 503) Retry-After in seconds, when it gave one."""
 
 
 class Connection(asyncio.Protocol):
@@ -68,6 +72,7 @@ class Connection(asyncio.Protocol):
         self.deadline = 0.0
         self.status = 0
         self.replica: str | None = None
+        self.retry_after_s: float | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -133,6 +138,7 @@ class Connection(asyncio.Protocol):
         self._reset()
         self.scanner.reset()
         self.status, self.replica, self.waiter, self.deadline = 0, None, waiter, deadline
+        self.retry_after_s = None
         self.transport.write(request)
 
     def timeout(self) -> None:
@@ -152,7 +158,9 @@ class Connection(asyncio.Protocol):
         if waiter is None or waiter.done():
             return
         scanner = self.scanner
-        waiter.set_result(Answer(error, detail, scanner.chunks, scanner.usage, self.replica, now))
+        answer = Answer(error, detail, scanner.chunks, scanner.usage, self.replica, now)
+        answer.retry_after_s = self.retry_after_s
+        waiter.set_result(answer)
         if error is not None and not self.closed:
             self.abort()  # the rest of a failed answer is not worth reading
 
@@ -195,6 +203,8 @@ class Connection(asyncio.Protocol):
         ctype = header(lower, lower, b"content-type")
         self._sse = self.status == 200 and (ctype is None or b"event-stream" in ctype)
         self.replica = text(header(lower, head, b"x-servepilot-replica"))
+        if self.status in REFUSALS:
+            self.retry_after_s = retry_after_s(header(lower, lower, b"retry-after"))
         connection = header(lower, lower, b"connection")
         self._keep_alive = connection is None or b"close" not in connection
         encoding = header(lower, lower, b"transfer-encoding")

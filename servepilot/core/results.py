@@ -104,6 +104,16 @@ class Run(_Record):
     windows: tuple[Window, ...] = ()
     memory_growth_bytes_per_request: float | None = None
     """Soak only: the target's resident memory growth divided by requests served."""
+    refused: int = 0
+    """Of `failed`: requests the server shed (429, or 503 with Retry-After)."""
+    retry_wait_s: float = 0.0
+    """Closed loop: time the workers waited out Retry-After before their next request
+    (all workers together), instead of re-sending at once."""
+    peak_in_flight: int | None = None
+    """The most requests in flight at once (measured runs)."""
+    load_reached: bool = True
+    """False when the level never ran at its load (fewer requests than its concurrency, or
+    a rate the client could not keep): such a level is never the sweet spot."""
 
 
 class SweetSpot(_Record):
@@ -119,6 +129,8 @@ class BenchResult(_Record):
     slo: dict[str, float] = Field(default_factory=dict)
     runs: tuple[Run, ...]
     sweet_spot: SweetSpot | None = None
+    interrupted: bool = False
+    """The run was stopped (Ctrl-C) before its last level: `runs` holds the finished ones."""
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json", by_alias=True), indent=2)

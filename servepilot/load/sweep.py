@@ -46,8 +46,7 @@ def next_step(config: SweepConfig, runs: Sequence[Run]) -> SweepStep:
     last = runs[-1]
     attempted = last.completed + last.failed
     if attempted and last.failed / attempted > config.max_failed_share:
-        share = 100 * last.failed / attempted
-        return SweepStep(None, f"{share:.0f}% of requests failed at {_fmt(last.load)}")
+        return SweepStep(None, f"at {_fmt(last.load)}, {failure_shares(last)}")
     flat = _flat_levels(config, runs)
     if flat >= config.patience and _p99_climbing(runs[-flat - 1 :]):
         return SweepStep(
@@ -62,11 +61,42 @@ def next_step(config: SweepConfig, runs: Sequence[Run]) -> SweepStep:
     return SweepStep(Load(mode=config.mode, value=value), "throughput still rising")
 
 
+def failure_shares(run: Run) -> str:
+    """What became of a run's requests, refusals apart from other failures:
+    `98% of 20,490 requests were refused by the server (429/503), 2% completed`."""
+    attempted = run.completed + run.failed
+    if not attempted:
+        return "no request was sent"
+    other = run.failed - run.refused
+    parts = [
+        (run.refused, "were refused by the server (429/503)"),
+        (other, "failed"),
+        (run.completed, "completed"),
+    ]
+    words = [f"{_pct(n, attempted)} {what}" for n, what in parts if n]
+    head, *rest = words
+    head = head.replace(" ", f" of {attempted:,} requests ", 1)
+    return ", ".join([head, *rest])
+
+
+def _pct(count: int, total: int) -> str:
+    share = 100 * count / total
+    # Never round a few requests to "0%" or nearly all to "100%".
+    if 0 < share < 1:
+        return "<1%"
+    if 99 < share < 100:
+        return ">99%"
+    return f"{share:.0f}%"
+
+
 def sweet_spot(
     runs: Sequence[Run], *, slo_set: bool, plateau_share: float = 0.90
 ) -> SweetSpot | None:
-    """The best load among `runs`, with the reason (None when no run completed anything)."""
-    usable = sorted((r for r in runs if r.completed), key=lambda r: r.load.value)
+    """The best load among `runs`, with the reason (None when no run completed anything).
+
+    A level that never reached its load (`load_reached` false) is not a candidate: its
+    numbers describe a lighter load than its name says."""
+    usable = sorted((r for r in runs if r.completed and r.load_reached), key=lambda r: r.load.value)
     if not usable:
         return None
     if slo_set:

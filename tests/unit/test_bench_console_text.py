@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from servepilot.bench.console import level_name, level_summary, progress_counts, run_warnings
 from servepilot.bench.session import LEAK_BYTES_PER_REQUEST
-from servepilot.core.results import ClientHealth, Load, LoadMode
+from servepilot.core.results import ClientHealth, Load, LoadMode, Run, Stats
 from tests.unit.tune_support import run, stats
 
 
@@ -37,3 +37,20 @@ def test_a_run_warns_of_a_slow_client_and_of_a_leak() -> None:
         "understate the server; use --processes or a bigger client machine"
     )
     assert leak.startswith("memory grew 3.0 MiB per request during the soak")
+
+
+def test_warnings_name_refusals_and_a_load_never_reached() -> None:
+    empty = Stats(mean=None, p50=None, p90=None, p99=None)
+    run = Run(
+        load=Load(mode=LoadMode.CONCURRENCY, value=16), duration_s=3.0, completed=2, failed=10,
+        refused=9, retry_wait_s=4.5, peak_in_flight=12, load_reached=False,
+        request_throughput=0.0, output_throughput=0.0, total_token_throughput=0.0,
+        ttft_ms=empty, tpot_ms=empty, itl_ms=empty, e2e_ms=empty, goodput_rps=0.0,
+        slo_attainment=0.0,
+    )  # fmt: skip
+    assert run_warnings(run) == (
+        "at concurrency 16 the server shed load: 75% of 12 requests were refused by the server "
+        "(429/503), 8% failed, 17% completed; workers waited out Retry-After for 4.5 s in all",
+        "concurrency 16 never reached its load: at most 12 requests were in flight, only 12 "
+        "requests were sent (give --requests at least 16); not a candidate for the sweet spot",
+    )

@@ -5,13 +5,14 @@ from servepilot.load.sweep import SweepConfig, next_step, sweet_spot
 
 
 def run(level: float, tok_s: float, p99_ms: float, *, failed: int = 0, goodput: float = 0.0,
-        attainment: float = 1.0) -> Run:  # fmt: skip
+        attainment: float = 1.0, reached: bool = True) -> Run:  # fmt: skip
     s = Stats(mean=p99_ms / 2, p50=p99_ms / 2, p90=p99_ms * 0.9, p99=p99_ms, count=100)
     return Run(
         load=Load(mode=LoadMode.CONCURRENCY, value=level), duration_s=10.0,
         completed=100 - failed, failed=failed, request_throughput=tok_s / 100,
         output_throughput=tok_s, total_token_throughput=tok_s * 2, ttft_ms=s, tpot_ms=s,
         itl_ms=s, e2e_ms=s, goodput_rps=goodput, slo_attainment=attainment,
+        load_reached=reached,
     )  # fmt: skip
 
 
@@ -45,7 +46,7 @@ def test_sweep_does_not_stop_on_flat_throughput_with_flat_latency() -> None:
 
 def test_sweep_stops_when_requests_fail() -> None:
     step = next_step(SweepConfig(), [run(1, 100, 200), run(2, 120, 300, failed=20)])
-    assert step.load is None and "20% of requests failed" in step.reason
+    assert step.load is None and "20% of 100 requests failed" in step.reason
 
 
 def test_sweep_respects_its_limits() -> None:
@@ -90,3 +91,17 @@ def test_sweet_spot_skips_levels_that_missed_a_level_limit() -> None:
 
 def test_no_sweet_spot_without_completed_requests() -> None:
     assert sweet_spot([run(1, 0, 0, failed=100)], slo_set=False) is None
+
+
+def test_a_level_that_never_reached_its_load_is_never_the_sweet_spot() -> None:
+    # --requests 12: c=16/32/64 ran with at most 12 in flight. Their throughput (measured at
+    # 12 in flight) must not make c=16 the sweet spot.
+    runs = [run(1, 60, 200), run(2, 118, 210), run(4, 230, 230), run(8, 300, 300),
+            run(16, 390, 600, reached=False), run(32, 390, 600, reached=False)]  # fmt: skip
+    spot = sweet_spot(runs, slo_set=False)
+    assert spot is not None and spot.load.value == 8
+    assert "the highest load tested" in spot.reason
+    goodput = [run(4, 230, 230, goodput=2.0), run(16, 390, 600, goodput=3.0, reached=False)]
+    spot = sweet_spot(goodput, slo_set=True)
+    assert spot is not None and spot.load.value == 4
+    assert sweet_spot([run(16, 390, 600, reached=False)], slo_set=False) is None

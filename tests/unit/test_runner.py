@@ -185,3 +185,11 @@ def test_plan_rejects_nonsense() -> None:
         rate(0, max_requests=1)
     with pytest.raises(ConfigError, match="no requests"):
         loop.run(run_load(Target("http://h", "m"), closed(1, max_requests=1), []))
+
+
+def test_a_level_with_fewer_requests_than_its_concurrency_never_reaches_its_load() -> None:
+    with threaded_stub(StubConfig(chunks=3, chunk_delay_s=0.02)) as stub:
+        short = load(stub.url, closed(16, max_requests=12))
+        full = load(stub.url, closed(4, max_requests=12))
+    assert (short.peak_in_flight, short.load_reached) == (12, False)
+    assert (full.peak_in_flight, full.load_reached) == (4, True)

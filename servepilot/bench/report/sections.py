@@ -13,6 +13,7 @@ from html import escape
 
 from servepilot.bench.report.columns import RUN_COLUMNS
 from servepilot.bench.report.fmt import MISSING, fmt_bytes, fmt_ms, fmt_num, format_load
+from servepilot.bench.shortfalls import shortfalls
 from servepilot.core.results import BenchResult, Run
 
 LEAK_BYTES_PER_REQUEST = 2 * 2**20
@@ -81,7 +82,10 @@ def sweet_spot(result: BenchResult) -> str:
 
 def warnings(result: BenchResult) -> str:
     items = []
+    if result.interrupted:
+        items.append("The run was interrupted (Ctrl-C): only the levels that finished are here.")
     for run in result.runs:
+        items += shortfalls(run)
         client = run.client
         if client is not None and client.client_bound:
             asked = client.requested_rate

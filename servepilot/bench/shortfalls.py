@@ -1,0 +1,45 @@
+"""Where a level's load fell short of its name, in words for the terminal and the report:
+requests the server refused, and a level that never ran at its load (its numbers then
+describe a lighter load, so it is never the sweet spot).
+"""
+
+from __future__ import annotations
+
+from servepilot.core.results import LoadMode, Run
+from servepilot.load.sweep import failure_shares
+
+
+def _name(run: Run) -> str:
+    if run.load.mode is LoadMode.CONCURRENCY:
+        return f"concurrency {run.load.value:g}"
+    return f"rate {run.load.value:g}/s"
+
+
+def shortfalls(run: Run) -> tuple[str, ...]:
+    """One sentence per shortfall of `run`; none for a level that ran as named."""
+    found = []
+    if run.refused:
+        waited = (
+            f"; workers waited out Retry-After for {run.retry_wait_s:,.1f} s in all"
+            if run.retry_wait_s
+            else ""
+        )
+        found.append(f"at {_name(run)} the server shed load: {failure_shares(run)}{waited}")
+    if not run.load_reached:
+        found.append(f"{_name(run)} never reached its load: {_why_short(run)}; not a candidate "
+                     "for the sweet spot")  # fmt: skip
+    return tuple(found)
+
+
+def _why_short(run: Run) -> str:
+    if run.load.mode is LoadMode.CONCURRENCY:
+        peak = run.peak_in_flight or 0
+        sent = run.completed + run.failed
+        cause = (
+            f"only {sent} requests were sent (give --requests at least {run.load.value:g})"
+            if sent < run.load.value
+            else "requests ended before others started"
+        )
+        return f"at most {peak} requests were in flight, {cause}"
+    achieved = run.client.achieved_rate if run.client is not None else 0.0
+    return f"the client sent {achieved:.2f} req/s (use --processes or a bigger client machine)"
