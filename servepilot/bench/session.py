@@ -77,10 +77,48 @@ class BenchOutput:
 
 
 async def run_bench(opts: BenchOptions, tokenizer: Tokenizer, report: BenchReporter) -> BenchOutput:
-    levels = opts.levels
+    """Run the levels. Ctrl-C after a finished level ends the run with the finished levels
+    (the result marked `interrupted`); before any finished, it stops the command as usual."""
     runs: list[Run] = []
     records: list[tuple[Load, RequestRecord]] = []
-    soak_memory: list[int | None] = []
+    interrupted = False
+    try:
+        reason = await _run_levels(opts, tokenizer, report, runs, records)
+    except asyncio.CancelledError:
+        if not runs:
+            raise
+        interrupted = True
+        report.note(f"interrupted: keeping the {len(runs)} finished levels")
+    else:
+        if opts.levels.sweep is not None:
+            report.note(f"sweep stopped: {reason}")
+    slo = opts.slo.as_dict()
+    result = BenchResult(
+        source=Source.MEASURED,
+        target={
+            "url": opts.target.base_url,
+            "model": opts.target.model,
+            "endpoint": opts.target.endpoint.value,
+        },
+        workload=describe(opts.levels.workload),
+        slo=slo,
+        runs=tuple(runs),
+        sweet_spot=sweet_spot(runs, slo_set=bool(slo)) if len(runs) > 1 else None,
+        interrupted=interrupted,
+    )
+    return BenchOutput(result=result, records=tuple(records))
+
+
+async def _run_levels(
+    opts: BenchOptions,
+    tokenizer: Tokenizer,
+    report: BenchReporter,
+    runs: list[Run],
+    records: list[tuple[Load, RequestRecord]],
+) -> str:
+    """Run level after level, appending each finished one to `runs` and `records` (so they
+    survive an interruption); the reason the levels ended."""
+    levels = opts.levels
     while (step := levels.next_level(runs)).load is not None:
         load = step.load
         plan = levels.plan(load, seed=opts.seed, soak_s=opts.soak_s, processes=opts.processes)
@@ -94,35 +132,26 @@ async def run_bench(opts: BenchOptions, tokenizer: Tokenizer, report: BenchRepor
                 f"{outcome.no_usage} answers carried no token usage: output tokens were "
                 "counted as streamed chunks (enable stream_options.include_usage on the server)"
             )
-        run = summarize(
-            load, outcome.records, opts.slo, duration_s=outcome.duration_s, client=outcome.client
-        ).model_copy(
-            update={
-                "retry_wait_s": outcome.retry_wait_s,
-                "peak_in_flight": outcome.peak_in_flight,
-                "load_reached": outcome.load_reached,
-            }
-        )
+        run = _level_run(opts, load, outcome)
         if opts.soak_s is not None:
             run = _with_soak(run, outcome.records, opts.window_s, soak_memory)
-        runs.append(run)
         records += [(load, r) for r in outcome.records]
+        runs.append(run)
         report.level_done(run)
-    if levels.sweep is not None:
-        report.note(f"sweep stopped: {step.reason}")
-    result = BenchResult(
-        source=Source.MEASURED,
-        target={
-            "url": opts.target.base_url,
-            "model": opts.target.model,
-            "endpoint": opts.target.endpoint.value,
-        },
-        workload=describe(levels.workload),
-        slo=opts.slo.as_dict(),
-        runs=tuple(runs),
-        sweet_spot=sweet_spot(runs, slo_set=bool(opts.slo.as_dict())) if len(runs) > 1 else None,
+    return step.reason
+
+
+def _level_run(opts: BenchOptions, load: Load, outcome: LoadOutcome) -> Run:
+    run = summarize(
+        load, outcome.records, opts.slo, duration_s=outcome.duration_s, client=outcome.client
     )
-    return BenchOutput(result=result, records=tuple(records))
+    return run.model_copy(
+        update={
+            "retry_wait_s": outcome.retry_wait_s,
+            "peak_in_flight": outcome.peak_in_flight,
+            "load_reached": outcome.load_reached,
+        }
+    )
 
 
 async def _run_level(

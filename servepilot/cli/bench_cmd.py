@@ -8,7 +8,7 @@ from pathlib import Path
 from servepilot.bench.client import Target
 from servepilot.bench.compare import compare_results, render_comparison
 from servepilot.bench.console import progress_counts, run_warnings
-from servepilot.bench.outputs import write_outputs
+from servepilot.bench.outputs import check_out_dir, write_outputs
 from servepilot.bench.records import Endpoint
 from servepilot.bench.session import (
     BenchOptions,
@@ -25,7 +25,7 @@ from servepilot.cli.load_options import add_load_flags, add_workload_flags, leve
 from servepilot.cli.options import base_url
 from servepilot.core import loop
 from servepilot.core.errors import ConfigError
-from servepilot.core.results import Load, load_result
+from servepilot.core.results import BenchResult, Load, load_result
 from servepilot.core.slo import Slo, parse_slo
 from servepilot.core.units import parse_duration_s
 
@@ -103,6 +103,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.url is None:
         raise ConfigError("--url is required", hint="e.g. --url http://127.0.0.1:8000")
     levels = levels_from_args(args)
+    if args.out is not None:
+        check_out_dir(args.out)
     root = base_url(args.url, "--url")
     model = args.model or served_model(root, args.api_key)
     target = Target(base_url=root, model=model, endpoint=Endpoint(args.endpoint),
@@ -119,7 +121,7 @@ def _run(args: argparse.Namespace) -> int:
     tokenizer = open_tokenizer(target.base_url, target.model, args.tokenizer)
     output = _run_with_progress(opts, tokenizer)
     _report(output, args.out)
-    return 0
+    return exit_code(output.result)
 
 
 def compare(args: argparse.Namespace) -> int:
@@ -151,6 +153,17 @@ def _report(output: BenchOutput, out_dir: Path | None) -> None:
     if out_dir is not None:
         write_outputs(out_dir, result, output.records)
         print_step(f"wrote {out_dir}/results.json, requests.csv and report.html")
+
+
+def exit_code(result: BenchResult) -> int:
+    """130 for a run cut short by Ctrl-C (as the shell reports it), once its levels are saved."""
+    if result.interrupted:
+        print_warning(
+            f"interrupted after {len(result.runs)} finished levels: the results above (and in "
+            "--out) hold only those"
+        )
+        return 130
+    return 0
 
 
 def _window_s(args: argparse.Namespace, soak_s: float | None) -> float:

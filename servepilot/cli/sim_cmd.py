@@ -10,7 +10,8 @@ from pathlib import Path
 from rich.text import Text
 
 from servepilot.bench.console import level_name, progress_counts
-from servepilot.bench.outputs import write_results_json
+from servepilot.bench.outputs import check_out_dir, write_results_json
+from servepilot.cli.bench_cmd import exit_code
 from servepilot.cli.console import print_step, print_warning
 from servepilot.cli.levels_view import level_bars, print_runs
 from servepilot.cli.load_options import add_load_flags, add_workload_flags, levels_from_args
@@ -126,6 +127,8 @@ def _fleet_flags(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check_counts(args)
+    if args.out is not None:
+        check_out_dir(args.out)
     config = config_from_args(args, {"replicas.count": "replicas", "gateway.policy": "policy"})
     setup = fleet_setup.replica_setup(config, args.profile, cpu_flags())
     spec = _spec(args, config, setup)
@@ -141,8 +144,9 @@ def run(args: argparse.Namespace) -> int:
         print_step(line)
     for note in setup.notes:
         print_warning(note)
-    _report(_run_with_progress(opts), args.out)
-    return 0
+    output = _run_with_progress(opts)
+    _report(output, args.out)
+    return exit_code(output.result)
 
 
 def _check_counts(args: argparse.Namespace) -> None:

@@ -103,15 +103,24 @@ def simulate(
     on_done: Callable[[Run], None] | None = None,
     note: Callable[[str], None] | None = None,
 ) -> SimOutput:
+    """Run the levels; Ctrl-C after a finished level ends the run with the finished levels
+    (`interrupted` set) instead of losing them (Ctrl-C before any finished still raises)."""
     runs: list[Run] = []
     stats: list[FleetStats] = []
-    while (load := opts.levels.next_level(runs).load) is not None:
-        progress = on_level(load, level_plan(opts, load)) if on_level is not None else None
-        outcome = run_level(opts, len(runs), load, progress, note)
-        runs.append(outcome.run)
-        stats.append(outcome.stats)
-        if on_done is not None:
-            on_done(outcome.run)
+    interrupted = False
+    try:
+        while (load := opts.levels.next_level(runs).load) is not None:
+            progress = on_level(load, level_plan(opts, load)) if on_level is not None else None
+            outcome = run_level(opts, len(runs), load, progress, note)
+            runs.append(outcome.run)
+            stats.append(outcome.stats)
+            if on_done is not None:
+                on_done(outcome.run)
+    except KeyboardInterrupt:
+        finished = min(len(runs), len(stats))
+        if not finished:
+            raise
+        runs, stats, interrupted = runs[:finished], stats[:finished], True
     slo = opts.slo.as_dict()
     result = BenchResult(
         source=Source.SIMULATED,
@@ -120,6 +129,7 @@ def simulate(
         slo=slo,
         runs=tuple(runs),
         sweet_spot=sweet_spot(runs, slo_set=bool(slo)) if len(runs) > 1 else None,
+        interrupted=interrupted,
     )
     return SimOutput(result, tuple(stats))
 
