@@ -90,9 +90,10 @@ def level_summary(run: Run) -> str:
     """A finished level, in the place of its progress counts."""
     p99 = run.e2e_ms.p99
     p99_text = f"{p99:,.0f} ms" if p99 is not None else "—"
+    refused = f" ({run.refused:,} refused)" if run.refused else ""
     return (
-        f"{run.completed:,} ok, {run.failed:,} failed · {run.output_throughput:,.1f} tok/s · "
-        f"P99 E2E {p99_text}"
+        f"{run.completed:,} ok, {run.failed:,} failed{refused} · "
+        f"{run.output_throughput:,.1f} tok/s · P99 E2E {p99_text}"
     )
 
 

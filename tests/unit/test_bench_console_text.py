@@ -21,6 +21,8 @@ def test_progress_counts_mention_failures_only_when_there_are_some() -> None:
 def test_a_finished_level_reads_as_counts_throughput_and_p99() -> None:
     done = run(4, 1.0, failed=2, e2e_ms=3456.0)
     assert level_summary(done) == "20 ok, 2 failed · 10.0 tok/s · P99 E2E 3,456 ms"
+    shed = done.model_copy(update={"refused": 2})
+    assert level_summary(shed) == "20 ok, 2 failed (2 refused) · 10.0 tok/s · P99 E2E 3,456 ms"
 
 
 def test_a_run_warns_of_a_slow_client_and_of_a_leak() -> None:

@@ -328,3 +328,12 @@ def test_console_table_and_sweet_spot_line() -> None:
     line = sweet_spot_line(result)
     assert line == "sweet spot: c=4 (400 tok/s, TTFT p99 —, E2E p99 904 ms): [bold]plateau"
     assert sweet_spot_line(make_result(runs, sweet_spot=None)).startswith("sweet spot: none")
+
+
+def test_html_warns_of_refusals_a_load_never_reached_and_an_interruption() -> None:
+    runs = (make_run(16, completed=2, failed=10, refused=9, peak_in_flight=12,
+                     load_reached=False),)  # fmt: skip
+    html = render_html_report(make_result(runs, interrupted=True), generated_at=WHEN)
+    assert "The run was interrupted (Ctrl-C)" in html
+    assert "the server shed load: 75% of 12 requests were refused by the server" in html
+    assert "concurrency 16 never reached its load: at most 12 requests were in flight" in html
