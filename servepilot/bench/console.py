@@ -12,10 +12,10 @@ from rich.table import Table
 from rich.text import Text
 
 from servepilot.bench.report.columns import RUN_COLUMNS
-from servepilot.bench.report.fmt import fmt_ms, fmt_num, format_load
+from servepilot.bench.report.fmt import fmt_ms, fmt_num, format_load, level_name
 from servepilot.bench.session import LEAK_BYTES_PER_REQUEST
 from servepilot.bench.shortfalls import shortfalls
-from servepilot.core.results import BenchResult, Load, LoadMode, Run
+from servepilot.core.results import BenchResult, Run
 
 
 def render_runs_table(result: BenchResult) -> Table:
@@ -72,13 +72,6 @@ def sweet_spot_line(result: BenchResult) -> str:
             f" E2E p99 {fmt_ms(run.e2e_ms.p99)})"
         )
     return f"sweet spot: {format_load(spot.load)}{facts}: {spot.reason}"
-
-
-def level_name(load: Load) -> str:
-    """`concurrency 16`, `rate 2.5/s`: a level's name beside its progress bar and in messages."""
-    if load.mode is LoadMode.CONCURRENCY:
-        return f"concurrency {load.value:g}"
-    return f"rate {load.value:g}/s"
 
 
 def progress_counts(completed: int, failed: int) -> str:

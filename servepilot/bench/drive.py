@@ -38,8 +38,6 @@ class Tally:
     its previous answer's end to its next send."""
     completed: int = 0
     failed: int = 0
-    refused: int = 0
-    """Of `failed`: the requests the server shed (429, or 503 with Retry-After)."""
     retry_wait_s: float = 0.0
     """Closed loop: the time workers spent waiting out Retry-After, all workers together."""
     no_usage: int = 0
@@ -54,7 +52,6 @@ class Tally:
             self.completed += 1
         else:
             self.failed += 1
-            self.refused += record.refused
 
 
 def raise_fd_limit() -> None:

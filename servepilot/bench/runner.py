@@ -60,7 +60,7 @@ class LoadOutcome:
     retry_wait_s: float = 0.0
     """Closed loop: time the workers spent waiting out the server's Retry-After."""
     peak_in_flight: int = 0
-    """The most measured requests in flight at once."""
+    """The most requests in flight at once (warm-up ones included)."""
     load_reached: bool = True
     """False when the level never ran at its load: fewer requests in flight than its
     concurrency, or an open-loop rate the client fell short of."""
@@ -150,7 +150,8 @@ def outcome(
         max(r.end_s for r in measured) - min(r.intended_s for r in measured) if measured else 0.0
     )
     cpu = max((t.cpu_s / t.wall_s for t in tallies if t.wall_s > 0), default=0.0)
-    peak = peak_in_flight(measured)
+    # Warm-up requests count here: they load the server as much as measured ones do.
+    peak = peak_in_flight(records)
     if plan.load.mode is LoadMode.RATE:
         health = _open_health(plan, measured, processes)
         reached = not _short(measured)

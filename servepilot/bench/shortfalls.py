@@ -5,14 +5,9 @@ describe a lighter load, so it is never the sweet spot).
 
 from __future__ import annotations
 
+from servepilot.bench.report.fmt import level_name
 from servepilot.core.results import LoadMode, Run
 from servepilot.load.sweep import failure_shares
-
-
-def _name(run: Run) -> str:
-    if run.load.mode is LoadMode.CONCURRENCY:
-        return f"concurrency {run.load.value:g}"
-    return f"rate {run.load.value:g}/s"
 
 
 def shortfalls(run: Run) -> tuple[str, ...]:
@@ -24,10 +19,14 @@ def shortfalls(run: Run) -> tuple[str, ...]:
             if run.retry_wait_s
             else ""
         )
-        found.append(f"at {_name(run)} the server shed load: {failure_shares(run)}{waited}")
+        found.append(
+            f"at {level_name(run.load)} the server shed load: {failure_shares(run)}{waited}"
+        )
     if not run.load_reached:
-        found.append(f"{_name(run)} never reached its load: {_why_short(run)}; not a candidate "
-                     "for the sweet spot")  # fmt: skip
+        found.append(
+            f"{level_name(run.load)} never reached its load: {_why_short(run)}; "
+            "not a candidate for the sweet spot"
+        )
     return tuple(found)
 
 

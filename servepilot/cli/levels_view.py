@@ -11,7 +11,8 @@ from rich.console import RenderableType
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from servepilot.bench.console import level_name, level_summary, render_runs_table, sweet_spot_line
+from servepilot.bench.console import level_summary, render_runs_table, sweet_spot_line
+from servepilot.bench.report.fmt import level_name
 from servepilot.cli.console import err_console, out_console
 from servepilot.core.results import BenchResult, Load, Run
 

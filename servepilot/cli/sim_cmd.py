@@ -9,8 +9,9 @@ from pathlib import Path
 
 from rich.text import Text
 
-from servepilot.bench.console import level_name, progress_counts
+from servepilot.bench.console import progress_counts
 from servepilot.bench.outputs import check_out_dir, write_results_json
+from servepilot.bench.report.fmt import level_name
 from servepilot.cli.bench_cmd import exit_code
 from servepilot.cli.console import print_step, print_warning
 from servepilot.cli.levels_view import level_bars, print_runs

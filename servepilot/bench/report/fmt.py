@@ -17,6 +17,13 @@ def format_load(load: Load) -> str:
     return f"r={load.value:g}/s"
 
 
+def level_name(load: Load) -> str:
+    """`concurrency 16`, `rate 2.5/s`: a level's name in sentences and beside its progress."""
+    if load.mode is LoadMode.CONCURRENCY:
+        return f"concurrency {load.value:g}"
+    return f"rate {load.value:g}/s"
+
+
 def load_axis_label(mode: LoadMode) -> str:
     if mode is LoadMode.CONCURRENCY:
         return "concurrency (requests in flight)"
