@@ -13,6 +13,8 @@ from servepilot.core import loop
 from servepilot.core.results import Load, LoadMode, Run, Stats
 from servepilot.core.slo import Slo
 from servepilot.load.sweep import SweepConfig, next_step
+from tests.unit.fake_upstream import FakeUpstream
+from tests.unit.gateway_support import gateway_in_front_of, run
 
 SPECS = [RequestSpec(index=i, prompt=f"p{i}", max_tokens=3, input_tokens=2) for i in range(8)]
 
@@ -90,3 +92,26 @@ def test_the_sweep_stop_reason_states_the_true_shares() -> None:
     )
     step = next_step(SweepConfig(), [_run(completed=50, failed=50, refused=0)])
     assert step.reason == "at concurrency 64, 50% of 100 requests failed, 50% completed"
+
+
+def test_bench_against_a_shedding_gateway_waits_instead_of_flooding() -> None:
+    # One replica slot, one queue place: of 8 workers 6 are refused (429, Retry-After 1) at
+    # once; they wait to the level's end while the 2 admitted ones are served in turn.
+    plan = LoadPlan(Load(mode=LoadMode.CONCURRENCY, value=8), duration_s=0.6, grace_s=1.0)
+    got: list[LoadOutcome] = []
+
+    async def body() -> None:
+        upstream = await FakeUpstream("a", models=("stub-model",), capacity=1).start()
+        upstream.reply_delay_s = 0.1
+        async with gateway_in_front_of(
+            [upstream], admission={"max_queued": 1}, retry_after_s=1
+        ) as (_, url):
+            got.append(await run_load(Target(url, "stub-model"), plan, SPECS))
+
+    run(body(), timeout_s=20)
+    records = got[0].records
+    refused = [r for r in records if r.refused]
+    assert len(refused) >= 6 and all(r.retry_after_s == 1.0 for r in refused)
+    assert all(r.ok or r.refused for r in records)
+    # Without the wait the refused workers re-send at once: hundreds of requests in 0.6 s.
+    assert len(records) <= 6 + 2 * 8
