@@ -47,6 +47,10 @@ def next_step(config: SweepConfig, runs: Sequence[Run]) -> SweepStep:
     attempted = last.completed + last.failed
     if attempted and last.failed / attempted > config.max_failed_share:
         return SweepStep(None, f"at {_fmt(last.load)}, {failure_shares(last)}")
+    if not last.load_reached:
+        return SweepStep(
+            None, f"{_fmt(last.load)} never reached its load: a higher level would not add any"
+        )
     flat = _flat_levels(config, runs)
     if flat >= config.patience and _p99_climbing(runs[-flat - 1 :]):
         return SweepStep(

@@ -105,3 +105,10 @@ def test_a_level_that_never_reached_its_load_is_never_the_sweet_spot() -> None:
     spot = sweet_spot(goodput, slo_set=True)
     assert spot is not None and spot.load.value == 4
     assert sweet_spot([run(16, 390, 600, reached=False)], slo_set=False) is None
+
+
+def test_sweep_stops_after_a_level_that_never_reached_its_load() -> None:
+    # --requests 12 --sweep: c=16 had at most 12 in flight; c=32 would have no more.
+    step = next_step(SweepConfig(), [run(8, 300, 300), run(16, 390, 600, reached=False)])
+    assert step.load is None
+    assert step.reason == "concurrency 16 never reached its load: a higher level would not add any"
