@@ -88,7 +88,7 @@ async def run_bench(opts: BenchOptions, tokenizer: Tokenizer, report: BenchRepor
         if not runs:
             raise
         interrupted = True
-        report.note(f"interrupted: keeping the {len(runs)} finished levels")
+        report.note(f"interrupted: keeping the finished levels ({len(runs)})")
     else:
         if opts.levels.sweep is not None:
             report.note(f"sweep stopped: {reason}")

@@ -162,9 +162,10 @@ def _report(output: BenchOutput, out_dir: Path | None) -> None:
 def exit_code(result: BenchResult) -> int:
     """130 for a run cut short by Ctrl-C (as the shell reports it), once its levels are saved."""
     if result.interrupted:
+        done = len(result.runs)
         print_warning(
-            f"interrupted after {len(result.runs)} finished levels: the results above (and in "
-            "--out) hold only those"
+            f"interrupted after {done} finished level{'s' if done != 1 else ''}: the results "
+            "above (and in --out) hold only those"
         )
         return 130
     return 0

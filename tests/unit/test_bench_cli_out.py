@@ -89,7 +89,7 @@ def test_ctrl_c_after_a_finished_level_saves_it(tmp_path: Path) -> None:
             if proc.poll() is None:
                 proc.kill()
     assert proc.returncode == 130, stderr[-3000:]
-    assert "Traceback" not in stderr and "interrupted after 1 finished levels" in stderr
+    assert "Traceback" not in stderr and "interrupted after 1 finished level:" in stderr
     data = json.loads((out / "results.json").read_text())
     assert data["interrupted"] is True
     assert [(r["load"]["value"], r["completed"]) for r in data["runs"]] == [(1, 2)]
