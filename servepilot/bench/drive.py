@@ -136,17 +136,21 @@ class Driver:
             if record.refused and record.retry_after_s:
                 # A server that sheds load asked us to come back later: hammering it would
                 # measure our own flood. The wait is not the client's lag.
-                await self._wait_out(record.retry_after_s, slots)
+                if not await self._wait_out(record.retry_after_s, slots):
+                    return
                 previous_done = self.clock()
 
-    async def _wait_out(self, retry_after_s: float, slots: ClosedSlots) -> None:
-        """Sleep `retry_after_s`, no longer than the request timeout nor past the level's end."""
+    async def _wait_out(self, retry_after_s: float, slots: ClosedSlots) -> bool:
+        """Sleep `retry_after_s`, no longer than the request timeout nor past the level's end;
+        False when the level ends first (then the worker is done: a timer that wakes a hair
+        early must not squeeze in one more request)."""
         wait = min(retry_after_s, self.client.target.timeout_s)
-        if slots.end_s is not None:
-            wait = min(wait, slots.end_s - self.clock())
-        if wait > 0:
-            self.tally.retry_wait_s += wait
-            await asyncio.sleep(wait)
+        left_s = None if slots.end_s is None else slots.end_s - self.clock()
+        if left_s is not None and left_s <= wait:
+            wait = max(left_s, 0.0)
+        self.tally.retry_wait_s += wait
+        await asyncio.sleep(wait)
+        return left_s is None or left_s > wait
 
     async def _open(self) -> None:
         loop = asyncio.get_running_loop()

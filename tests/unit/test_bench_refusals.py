@@ -44,9 +44,9 @@ def test_closed_loop_resends_after_a_short_retry_after() -> None:
     with threaded_stub(StubConfig(refuse_retry_after="0.2")) as stub:
         outcome = _load(stub.url, plan)
         received = stub.server.stats.requests
-    # Two workers, one request every 0.2 s each, for 0.5 s: at 0, 0.2, 0.4 s (and, as a
-    # timer may wake a millisecond early, perhaps once more just before the end).
-    assert 6 <= received <= 8
+    # Two workers, one request every 0.2 s each, for 0.5 s: at 0, 0.2, 0.4 s (on a busy
+    # machine the third may come after the end).
+    assert 4 <= received <= 6
     assert len(outcome.records) == received
 
 
