@@ -10,8 +10,10 @@ import pytest
 
 from benchmarks.stub_server import StubConfig, threaded_stub
 from servepilot.bench.client import Target
+from servepilot.bench.drive import Tally
 from servepilot.bench.records import RequestRecord, RequestSpec
 from servepilot.bench.runner import LoadOutcome, LoadPlan, choose_processes, run_load
+from servepilot.bench.runner import outcome as outcome_of
 from servepilot.core import loop
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Load, LoadMode
@@ -193,3 +195,17 @@ def test_a_level_with_fewer_requests_than_its_concurrency_never_reaches_its_load
         full = load(stub.url, closed(4, max_requests=12))
     assert (short.peak_in_flight, short.load_reached) == (12, False)
     assert (full.peak_in_flight, full.load_reached) == (4, True)
+
+
+def test_an_open_loop_the_client_fell_behind_never_reached_its_load() -> None:
+    def tally(lateness: float) -> Tally:
+        # Ten requests due every 10 ms (100/s), sent `lateness` x their due time.
+        records = [RequestRecord(index=i, intended_s=i / 100, sent_s=i * lateness / 100,
+                                 end_s=1.0, extra={"done_s": 1.0}) for i in range(10)]  # fmt: skip
+        return Tally(records=records)
+
+    plan = rate(100, max_requests=10)
+    kept = outcome_of(plan, [tally(1.0)], 0.0, 1)
+    behind = outcome_of(plan, [tally(2.0)], 0.0, 1)  # sent at 50/s
+    assert kept.load_reached and not behind.load_reached
+    assert behind.client.achieved_rate == pytest.approx(50.0)
