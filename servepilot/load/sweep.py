@@ -120,6 +120,12 @@ def sweet_spot(
     share = 100 * _throughput(chosen) / peak if peak else 100.0
     head = f"throughput is {share:.0f}% of its peak ({peak:.1f} tok/s) at {_fmt(chosen.load)}"
     if index + 1 == len(usable):
+        if any(not r.load_reached for r in runs):
+            return SweetSpot(
+                load=chosen.load,
+                reason=f"{head}, the highest load that ran at its level (higher ones never "
+                "reached theirs): throughput may still rise, try higher with more requests",
+            )
         return SweetSpot(
             load=chosen.load,
             reason=f"{head}, the highest load tested: throughput may still rise, try higher",
