@@ -37,10 +37,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run_status(args: argparse.Namespace) -> int:
     statuses = fleet_statuses(args.port)
     if not statuses:
-        out_console.print("no fleet is running (start one with `servepilot up`)")
+        out_console.print(control.none_running_line(args.port))
         return 0
     for st in statuses:
         out_console.print(control.status_line(st))
+        out_console.print(control.logs_line(st.record), soft_wrap=True)
         if st.problem:
             print_warning(st.problem)
         if st.replicas:
@@ -52,7 +53,7 @@ def run_status(args: argparse.Namespace) -> int:
 def run_down(args: argparse.Namespace) -> int:
     outcomes = stop_fleets(args.port, args.timeout)
     if not outcomes:
-        out_console.print("no fleet is running")
+        out_console.print(control.none_running_line(args.port))
         return 0
     code = 0
     for outcome in outcomes:

@@ -55,9 +55,19 @@ class LocalReplicas:
         self, on_ready: Callable[[ReplicaInfo], None] | None = None
     ) -> list[ReplicaInfo]:
         """Start every replica and wait until all are ready; on any failure stop them all."""
+        self.launch()
+        return await self.wait_ready(on_ready)
+
+    def launch(self) -> None:
+        """Start every replica's process without waiting (their pids are known after this)."""
         self.processes = self._build()
         for proc in self.processes:
             proc.start()
+
+    async def wait_ready(
+        self, on_ready: Callable[[ReplicaInfo], None] | None = None
+    ) -> list[ReplicaInfo]:
+        """Wait until every launched replica is ready; on any failure stop them all."""
         timeout_s = self.config.engine.startup_timeout_s
 
         async def ready(proc: ReplicaProcess) -> ReplicaInfo:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
 from servepilot.engine.process import ReplicaInfo
 from servepilot.engine.startup_log import KvCapacity
 from servepilot.fleet import control, up
-from servepilot.fleet.state import FleetRecord
+from servepilot.fleet.state import FleetRecord, FleetState, ReplicaRecord
 
 RECORD = FleetRecord(
     pid=4242,
@@ -77,3 +78,16 @@ def test_curl_example_is_a_shell_command_for_the_served_model() -> None:
         "model": "it's-mine",
         "messages": [{"role": "user", "content": "Hello!"}],
     }
+
+
+def test_status_line_of_a_starting_fleet_names_the_replicas_it_waits_for() -> None:
+    replicas = tuple(
+        ReplicaRecord(f"r{i}", f"http://h:{i}", 100 + i, f"/tmp/r{i}.log", ready=i == 1)
+        for i in range(3)
+    )
+    rec = replace(RECORD, replicas=replicas, state=FleetState.STARTING)
+    assert control.status_line(control.FleetStatus(rec, True, (), None)) == (
+        "fleet on port 8000: starting (1 of 3 replicas ready; waiting for r0, r2), "
+        "endpoint http://127.0.0.1:8000/v1, pid 4242"
+    )
+    assert control.logs_line(rec) == "logs: /tmp/run"
