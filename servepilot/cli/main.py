@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"servepilot {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in (
         plan_cmd,
         up_cmd,
@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        code: int = args.run(args)
+        code: int = args.run(args) if args.command else _help(parser)
         return code
     except ConfigError as exc:
         print_error(exc)
@@ -70,6 +70,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         err_console.print("interrupted")
         return 130
+
+
+def _help(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()  # `servepilot` alone: what it can do
+    return 0
 
 
 if __name__ == "__main__":

@@ -58,7 +58,10 @@ def status_line(status: FleetStatus) -> str:
         state = _starting_state(rec)
     else:
         state = "serving"
-    return f"fleet on port {rec.port}: {state}, endpoint {rec.gateway_url}/v1, pid {rec.pid}"
+    return (
+        f"fleet on port {rec.port}: {state}, endpoint {rec.gateway_url}/v1, pid {rec.pid}\n"
+        f"logs: {rec.run_dir}"
+    )
 
 
 def _starting_state(rec: FleetRecord) -> str:
@@ -66,10 +69,6 @@ def _starting_state(rec: FleetRecord) -> str:
     ready = len(rec.replicas) - len(waiting)
     awaited = f"waiting for {', '.join(waiting)}" if waiting else "starting the gateway"
     return f"starting ({ready} of {len(rec.replicas)} replicas ready; {awaited})"
-
-
-def logs_line(record: FleetRecord) -> str:
-    return f"logs: {record.run_dir}"
 
 
 def none_running_line(port: int | None) -> str:
@@ -123,6 +122,16 @@ def stop_fleets(port: int | None, timeout_s: float) -> list[StopOutcome]:
         remove_record(record.port)
         outcomes.append(StopOutcome(record, how, leftover))
     return outcomes
+
+
+def outcome_line(outcome: StopOutcome, timeout_s: float) -> tuple[bool, str]:
+    """What `down` says of a fleet it stopped: (is it a warning, the line)."""
+    port = outcome.record.port
+    if outcome.how == "drained":
+        return False, f"fleet on port {port} stopped"
+    if outcome.how == "killed":
+        return True, f"fleet on port {port} did not stop in {timeout_s:.0f} s; killed"
+    return False, f"fleet on port {port} was already gone; cleaned up its record"
 
 
 def _select(port: int | None) -> list[FleetRecord]:

@@ -15,6 +15,7 @@ from servepilot.engine.args import LaunchCommand, ServerSpec, launch_command, sp
 from servepilot.engine.model_source import ResolvedModel
 from servepilot.engine.process import ReplicaInfo, ReplicaProcess, free_port
 from servepilot.engine.simserver.args import SimModel, sim_launch_command
+from servepilot.fleet.logs import replica_log_name
 
 
 class LocalReplicas:
@@ -39,7 +40,7 @@ class LocalReplicas:
                     replica_id=f"r{index}",
                     command=command,
                     url=f"http://{host}:{port}",
-                    log_path=self.run_dir / f"replica-r{index}.log",
+                    log_path=self.run_dir / replica_log_name(f"r{index}"),
                 )
             )
         return processes

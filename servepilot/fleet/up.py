@@ -26,6 +26,7 @@ from servepilot.engine.model_source import ResolvedModel, resolve_model
 from servepilot.engine.process import ReplicaInfo
 from servepilot.engine.simserver.args import SimModel, sim_model
 from servepilot.fleet.local import LocalReplicas
+from servepilot.fleet.logs import gateway_log
 from servepilot.fleet.serve import ServedGateway, Upstream, check_port_free, start_gateway
 from servepilot.fleet.state import (
     FleetRecord,
@@ -48,6 +49,16 @@ class UpStarted:
     gateway_url: str
     model_name: str
     replicas: tuple[ReplicaInfo, ...]
+
+    @property
+    def endpoint_text(self) -> str:
+        """Where to send requests, one to try, how to stop (under the replicas' table)."""
+        return (
+            f"\nendpoint: {self.gateway_url}/v1  (model: {self.model_name})\n"
+            f"try:      {self.curl_example}\n"
+            f"stop:     Ctrl-C here, or `servepilot down` from another shell\n"
+            f"logs:     `servepilot logs [r0|gateway] [-f]`\n"
+        )
 
     @property
     def curl_example(self) -> str:
@@ -86,19 +97,31 @@ def replica_cells(info: ReplicaInfo) -> tuple[str, ...]:
 
 
 class UpReporter:
-    """Callbacks through which `up` reports progress; the CLI prints them."""
+    """Callbacks through which `up` reports progress; the CLI prints them. Steps and
+    warnings come with the wall-clock time: startup takes minutes, and its log is read later."""
 
     def __init__(
         self,
         step: Callable[[str], None],
-        replica_ready: Callable[[ReplicaInfo], None],
         serving: Callable[[UpStarted], None],
         warn: Callable[[str], None],
     ) -> None:
-        self.step = step
-        self.replica_ready = replica_ready
+        self._step = step
+        self._warn = warn
         self.serving = serving
-        self.warn = warn
+
+    def step(self, message: str) -> None:
+        self._step(stamped(message))
+
+    def warn(self, message: str) -> None:
+        self._warn(stamped(message))
+
+    def replica_ready(self, info: ReplicaInfo) -> None:
+        self.step(ready_line(info))
+
+
+def stamped(message: str) -> str:
+    return f"{time.strftime('%H:%M:%S')} {message}"
 
 
 async def run_up(config: FleetConfig, report: UpReporter) -> None:
@@ -122,7 +145,8 @@ async def run_up(config: FleetConfig, report: UpReporter) -> None:
     try:
         infos = await _until_stopped(replicas.wait_ready(starting.ready(report)), stop)
         if infos is not None:
-            await _serve(config, model.served_name, replicas, infos, stop, report)
+            with gateway_log(run_dir):
+                await _serve(config, model.served_name, replicas, infos, stop, report)
     finally:
         remove_record(gw.port)
 
