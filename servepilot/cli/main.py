@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"servepilot {__version__}")
+    parser.set_defaults(run=lambda _: _print_help(parser))  # `servepilot` alone
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in (
         plan_cmd,
@@ -59,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        code: int = args.run(args) if args.command else _help(parser)
+        code: int = args.run(args)
         return code
     except ConfigError as exc:
         print_error(exc)
@@ -72,8 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _help(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()  # `servepilot` alone: what it can do
+def _print_help(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
     return 0
 
 

@@ -16,8 +16,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     models = sub.add_parser(
         "models",
         help="list the models servepilot knows; prepare the embedded one for serving",
-        description="List the models servepilot knows, or prepare one for serving (`up` "
-        "does this by itself when needed).",
+        description="List the models servepilot knows, or prepare one for serving.",
     )
     msub = models.add_subparsers(dest="models_command", metavar="ACTION", required=True)
     msub.add_parser(
