@@ -90,6 +90,17 @@ def read_records() -> list[FleetRecord]:
     return records
 
 
+def check_no_fleet(port: int) -> None:
+    """Fail if a live `up` already holds `port`: while its replicas load its gateway does not
+    listen yet, so the port looks free, but two records cannot share the port."""
+    for record in read_records():
+        if record.port == port and record.is_alive():
+            raise FleetError(
+                f"a fleet is already {record.state} on port {port} (pid {record.pid})",
+                hint="pass --port with another port, or stop it with `servepilot down`",
+            )
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

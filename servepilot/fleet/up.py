@@ -32,6 +32,7 @@ from servepilot.fleet.state import (
     FleetRecord,
     FleetState,
     ReplicaRecord,
+    check_no_fleet,
     remove_record,
     write_record,
 )
@@ -128,6 +129,7 @@ async def run_up(config: FleetConfig, report: UpReporter) -> None:
     """Serve until SIGINT or SIGTERM, then drain and stop everything."""
     gw = config.gateway
     check_port_free(gw.host, gw.port)
+    check_no_fleet(gw.port)
     model: ResolvedModel | SimModel
     if config.engine.kind is EngineKind.SIM:
         model = sim_model(config.model, config.engine.sim_tokenizer)

@@ -1,10 +1,13 @@
 """`servepilot logs`: which file it reads (running fleet, last run), following a file, the
-gateway's log file, and the CLI around it (with no arguments, `models list`)."""
+gateway's log file, and the CLI around it (with no arguments, `models list`); one fleet a
+port, even while it starts."""
 
 from __future__ import annotations
 
 import logging
 import os
+import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,7 +15,7 @@ import pytest
 from servepilot.cli.main import main
 from servepilot.core.errors import FleetError
 from servepilot.fleet import logs
-from servepilot.fleet.state import FleetRecord, write_record
+from servepilot.fleet.state import FleetRecord, FleetState, check_no_fleet, write_record
 
 
 @pytest.fixture
@@ -107,3 +110,19 @@ def test_models_list_shows_the_presets_and_which_one_vllm_serves(
     assert rows["smollm2"] == ["0.135B", "LlamaForCausalLM", "up", "(vLLM),", "plan,", "sim"]
     assert rows["llama-3.1-8b"][:2] == ["8.03B", "LlamaForCausalLM"]
     assert rows["llama-3.1-8b"][2:4] == ["up", "--engine"]
+
+
+def test_a_second_up_on_the_port_of_a_starting_fleet_is_refused(state: Path) -> None:
+    starting = replace(_record(8000, state, os.getpid()), state=FleetState.STARTING)
+    write_record(starting)
+    with pytest.raises(FleetError, match=r"a fleet is already starting on port 8000 \(pid"):
+        check_no_fleet(8000)
+    check_no_fleet(8001)
+    write_record(replace(starting, pid=_dead_pid()))
+    check_no_fleet(8000)  # a stale record holds nothing
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
