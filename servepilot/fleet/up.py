@@ -21,12 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from servepilot.core.config import EngineKind, FleetConfig
-from servepilot.core.paths import state_dir
 from servepilot.engine.model_source import ResolvedModel, resolve_model
 from servepilot.engine.process import ReplicaInfo
 from servepilot.engine.simserver.args import SimModel, sim_model
 from servepilot.fleet.local import LocalReplicas
-from servepilot.fleet.logs import gateway_log
+from servepilot.fleet.logs import gateway_log, runs_dir
 from servepilot.fleet.serve import ServedGateway, Upstream, check_port_free, start_gateway
 from servepilot.fleet.state import (
     FleetRecord,
@@ -138,7 +137,7 @@ async def run_up(config: FleetConfig, report: UpReporter) -> None:
         # Converting the embedded model takes tens of seconds the first time: off the loop.
         model = await asyncio.to_thread(resolve_model, config.model, progress=report.step)
         what = "vLLM"
-    run_dir = state_dir() / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    run_dir = runs_dir() / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     replicas = LocalReplicas(config, model, run_dir)
     stop = _stop_event()
     report.step(f"starting {config.replicas.count} {what} replica(s); logs in {run_dir}")
