@@ -92,7 +92,9 @@ def test_gateway_log_keeps_the_gateways_records_in_the_run_folder(
 
 
 def test_servepilot_alone_prints_its_help(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([]) == 0
+    with pytest.raises(SystemExit) as done:
+        main([])
+    assert done.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: servepilot")
     assert "logs" in out and "status" in out
