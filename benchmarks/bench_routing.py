@@ -119,7 +119,9 @@ def vllm_replicas(b: Bench) -> list[str]:
         if up.poll() is not None:  # e.g. a replica failed: up stops and says which, with its log
             raise SystemExit(f"servepilot up exited with {up.returncode}:\n{tail(out / 'up.log')}")
         path = record_path(port)
-        if path.exists() and (record := json.loads(path.read_text()))["pid"] == up.pid:
+        record = json.loads(path.read_text()) if path.exists() else {}
+        # The record is written as the replicas launch (state "starting"); wait until served.
+        if record.get("pid") == up.pid and record.get("state") == "serving":
             return [replica["url"] for replica in record["replicas"]]
         time.sleep(1.0)
     raise SystemExit(f"the replicas were not ready in {b.args.startup_timeout:.0f} s: see up.log")

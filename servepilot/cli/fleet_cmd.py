@@ -1,4 +1,4 @@
-"""`servepilot status` and `servepilot down`: look at or stop fleets from another shell."""
+"""`servepilot status`, `down` and `logs`: look at, stop or read fleets from another shell."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import argparse
 from servepilot.cli.console import out_console, print_step, print_warning, simple_table
 from servepilot.fleet import control
 from servepilot.fleet.control import fleet_statuses, stop_fleets
+from servepilot.fleet.logs import GATEWAY, log_chunks
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -16,7 +17,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Show each running fleet: its gateway endpoint and, per replica, whether "
         "it is healthy and how many requests it is serving.",
     )
-    status.add_argument("--port", type=int, metavar="P", help="only the fleet on this port")
     status.set_defaults(run=run_status)
 
     down = sub.add_parser(
@@ -26,21 +26,30 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "requests, in-flight ones finish, then the replicas stop. After --timeout seconds "
         "whatever is left is killed.",
     )
-    down.add_argument("--port", type=int, metavar="P", help="only the fleet on this port")
     down.add_argument(
         "--timeout", type=float, default=90.0, metavar="S",
         help="seconds to wait for a clean stop before killing (default 90)",
     )  # fmt: skip
     down.set_defaults(run=run_down)
 
+    logs = sub.add_parser(
+        "logs", help="print a replica's (r0, r1, ...) or the gateway's log of the running "
+        "(or the last) fleet",
+    )  # fmt: skip
+    logs.add_argument("name", nargs="?", default=GATEWAY, metavar="REPLICA|gateway")
+    logs.add_argument("-f", "--follow", action="store_true", help="go on until the fleet stops")
+    logs.set_defaults(run=run_logs)
+    for parser in (status, down, logs):
+        parser.add_argument("--port", type=int, metavar="P", help="only the fleet on this port")
+
 
 def run_status(args: argparse.Namespace) -> int:
     statuses = fleet_statuses(args.port)
     if not statuses:
-        out_console.print("no fleet is running (start one with `servepilot up`)")
+        out_console.print(control.none_running_line(args.port))
         return 0
     for st in statuses:
-        out_console.print(control.status_line(st))
+        out_console.print(control.status_line(st), soft_wrap=True)
         if st.problem:
             print_warning(st.problem)
         if st.replicas:
@@ -52,18 +61,19 @@ def run_status(args: argparse.Namespace) -> int:
 def run_down(args: argparse.Namespace) -> int:
     outcomes = stop_fleets(args.port, args.timeout)
     if not outcomes:
-        out_console.print("no fleet is running")
+        out_console.print(control.none_running_line(args.port))
         return 0
     code = 0
     for outcome in outcomes:
-        port = outcome.record.port
-        if outcome.how == "drained":
-            print_step(f"fleet on port {port} stopped")
-        elif outcome.how == "killed":
-            print_warning(f"fleet on port {port} did not stop in {args.timeout:.0f} s; killed")
-        else:
-            print_step(f"fleet on port {port} was already gone; cleaned up its record")
+        warn, line = control.outcome_line(outcome, args.timeout)
+        (print_warning if warn else print_step)(line)
         if outcome.leftover_pids:
             print_warning(f"processes still alive: {outcome.leftover_pids}")
             code = 1
     return code
+
+
+def run_logs(args: argparse.Namespace) -> int:
+    for chunk in log_chunks(args.name, args.port, follow=args.follow):
+        print(chunk, end="", flush=True)
+    return 0

@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv) or ["--help"])
     try:
         code: int = args.run(args)
         return code

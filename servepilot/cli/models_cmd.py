@@ -1,21 +1,27 @@
-"""`servepilot models pull`: provision the embedded model ahead of time."""
+"""`servepilot models`: list the models servepilot knows, provision the embedded one."""
 
 from __future__ import annotations
 
 import argparse
 
-from servepilot.cli.console import out_console, print_step
+from servepilot.cli.console import out_console, print_step, simple_table
 from servepilot.core.config import EMBEDDED_MODEL, ModelConfig
 from servepilot.engine.model_source import resolve_model
+from servepilot.plan.presets import load_preset, preset_names
+
+MODEL_COLUMNS = ("name", "parameters", "architecture", "runs with")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     models = sub.add_parser(
         "models",
-        help="prepare models for serving",
-        description="Prepare models for serving. `up` does this by itself when needed.",
+        help="list the models servepilot knows; prepare the embedded one for serving",
+        description="List the models servepilot knows, or prepare one for serving.",
     )
     msub = models.add_subparsers(dest="models_command", metavar="ACTION", required=True)
+    msub.add_parser(
+        "list", help=f"the presets (--model NAME); {EMBEDDED_MODEL}, the embedded one, runs on vLLM"
+    ).set_defaults(run=run_list)
     pull = msub.add_parser(
         "pull",
         help="convert the embedded model (once) or check a local model folder",
@@ -30,4 +36,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run_pull(args: argparse.Namespace) -> int:
     resolved = resolve_model(ModelConfig(source=args.source), progress=print_step)
     out_console.print(f"{resolved.served_name}: {resolved.path}")
+    return 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    rows = []
+    for name in preset_names():
+        spec = load_preset(name)
+        # Only the embedded model ships weights: vLLM can serve it; the others are shapes.
+        uses = "up (vLLM), " if name == EMBEDDED_MODEL else "up --engine sim, "
+        rows.append(
+            (name, f"{spec.params_total / 1e9:.3g}B", spec.architecture, uses + "plan, sim")
+        )
+    out_console.print(simple_table("models", MODEL_COLUMNS, rows, right={"parameters"}))
     return 0

@@ -8,7 +8,6 @@ from servepilot.cli.console import err_console, out_console, print_step, print_w
 from servepilot.cli.options import add_config_flag, config_from_args
 from servepilot.core import loop
 from servepilot.core.config import EngineKind
-from servepilot.engine.process import ReplicaInfo
 from servepilot.fleet import up
 from servepilot.fleet.up import UpReporter, UpStarted, run_up
 
@@ -65,25 +64,17 @@ def run(args: argparse.Namespace) -> int:
         spinner.stop()
         _serving(started)
 
-    reporter = UpReporter(
-        step=print_step, replica_ready=_replica_ready, serving=serving, warn=print_warning
-    )
+    reporter = UpReporter(step=print_step, serving=serving, warn=print_warning)
     spinner.start()
     try:
         loop.run(run_up(config, reporter))
     finally:
         spinner.stop()
-    print_step("stopped")
+    print_step(up.stamped("stopped"))
     return 0
-
-
-def _replica_ready(info: ReplicaInfo) -> None:
-    print_step(up.ready_line(info))
 
 
 def _serving(started: UpStarted) -> None:
     rows = map(up.replica_cells, started.replicas)
     out_console.print(simple_table("replicas", up.REPLICA_COLUMNS, rows, no_wrap=True))
-    out_console.print(f"\nendpoint: {started.gateway_url}/v1  (model: {started.model_name})")
-    out_console.print(f"try:      {started.curl_example}", soft_wrap=True)
-    out_console.print("stop:     Ctrl-C here, or `servepilot down` from another shell\n")
+    out_console.print(started.endpoint_text, soft_wrap=True)

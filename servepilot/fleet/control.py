@@ -11,7 +11,13 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from servepilot.fleet.state import FleetRecord, pid_alive, read_records, remove_record
+from servepilot.fleet.state import (
+    FleetRecord,
+    FleetState,
+    pid_alive,
+    read_records,
+    remove_record,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +35,9 @@ def fleet_statuses(port: int | None = None) -> list[FleetStatus]:
         if not record.is_alive():
             statuses.append(FleetStatus(record, False, (), "its `servepilot up` is gone"))
             continue
+        if record.state is FleetState.STARTING:  # no gateway to ask yet
+            statuses.append(FleetStatus(record, True, (), None))
+            continue
         try:
             replicas = _get_json(f"{record.gateway_url}/admin/replicas")
             statuses.append(FleetStatus(record, True, tuple(replicas), None))
@@ -43,8 +52,34 @@ REPLICA_COLUMNS = ("id", "url", "healthy", "in flight", "running", "waiting", "K
 
 def status_line(status: FleetStatus) -> str:
     rec = status.record
-    state = "serving" if status.alive else "stale"
-    return f"fleet on port {rec.port}: {state}, endpoint {rec.gateway_url}/v1, pid {rec.pid}"
+    if not status.alive:
+        state = "stale"
+    elif rec.state is FleetState.STARTING:
+        state = _starting_state(rec)
+    else:
+        state = "serving"
+    return (
+        f"fleet on port {rec.port}: {state}, endpoint {rec.gateway_url}/v1, pid {rec.pid}\n"
+        f"logs: {rec.run_dir}"
+    )
+
+
+def _starting_state(rec: FleetRecord) -> str:
+    waiting = [r.replica_id for r in rec.replicas if not r.ready]
+    ready = len(rec.replicas) - len(waiting)
+    awaited = f"waiting for {', '.join(waiting)}" if waiting else "starting the gateway"
+    return f"starting ({ready} of {len(rec.replicas)} replicas ready; {awaited})"
+
+
+def none_running_line(port: int | None) -> str:
+    """What `status` and `down` say when no fleet matches: with --port, which ports do run."""
+    if port is None:
+        return "no fleet is running (start one with `servepilot up`)"
+    others = sorted(r.port for r in read_records() if r.is_alive())
+    if not others:
+        return f"no fleet on port {port}; no fleet is running"
+    listed = ", ".join(str(p) for p in others)
+    return f"no fleet on port {port}; fleets run on port {listed} (see `servepilot status`)"
 
 
 def replica_cells(replica: dict[str, Any]) -> tuple[str, ...]:
@@ -87,6 +122,16 @@ def stop_fleets(port: int | None, timeout_s: float) -> list[StopOutcome]:
         remove_record(record.port)
         outcomes.append(StopOutcome(record, how, leftover))
     return outcomes
+
+
+def outcome_line(outcome: StopOutcome, timeout_s: float) -> tuple[bool, str]:
+    """What `down` says of a fleet it stopped: (is it a warning, the line)."""
+    port = outcome.record.port
+    if outcome.how == "drained":
+        return False, f"fleet on port {port} stopped"
+    if outcome.how == "killed":
+        return True, f"fleet on port {port} did not stop in {timeout_s:.0f} s; killed"
+    return False, f"fleet on port {port} was already gone; cleaned up its record"
 
 
 def _select(port: int | None) -> list[FleetRecord]:

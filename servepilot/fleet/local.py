@@ -15,6 +15,7 @@ from servepilot.engine.args import LaunchCommand, ServerSpec, launch_command, sp
 from servepilot.engine.model_source import ResolvedModel
 from servepilot.engine.process import ReplicaInfo, ReplicaProcess, free_port
 from servepilot.engine.simserver.args import SimModel, sim_launch_command
+from servepilot.fleet.logs import replica_log_name
 
 
 class LocalReplicas:
@@ -39,7 +40,7 @@ class LocalReplicas:
                     replica_id=f"r{index}",
                     command=command,
                     url=f"http://{host}:{port}",
-                    log_path=self.run_dir / f"replica-r{index}.log",
+                    log_path=self.run_dir / replica_log_name(f"r{index}"),
                 )
             )
         return processes
@@ -55,9 +56,19 @@ class LocalReplicas:
         self, on_ready: Callable[[ReplicaInfo], None] | None = None
     ) -> list[ReplicaInfo]:
         """Start every replica and wait until all are ready; on any failure stop them all."""
+        self.launch()
+        return await self.wait_ready(on_ready)
+
+    def launch(self) -> None:
+        """Start every replica's process without waiting (their pids are known after this)."""
         self.processes = self._build()
         for proc in self.processes:
             proc.start()
+
+    async def wait_ready(
+        self, on_ready: Callable[[ReplicaInfo], None] | None = None
+    ) -> list[ReplicaInfo]:
+        """Wait until every launched replica is ready; on any failure stop them all."""
         timeout_s = self.config.engine.startup_timeout_s
 
         async def ready(proc: ReplicaProcess) -> ReplicaInfo:

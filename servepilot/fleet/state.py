@@ -1,8 +1,10 @@
 """What a running `servepilot up` leaves so `status` and `down` find it from another shell.
 
-One JSON file per gateway port under `state_dir()/fleets/`. It is written atomically once the
-fleet is serving and removed when `up` stops; a record whose `up` process is gone is stale and
-is cleaned away by whoever finds it.
+One JSON file per gateway port under `state_dir()/fleets/`. It is written as soon as the
+replicas are launched (state `starting`, so a fleet that is still loading can be seen and
+stopped), rewritten as each replica becomes ready and once the gateway serves, and removed when
+`up` stops; every write is atomic. A record whose `up` process is gone is stale and is cleaned
+away by whoever finds it.
 """
 
 from __future__ import annotations
@@ -11,10 +13,17 @@ import contextlib
 import json
 import os
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from servepilot.core.errors import FleetError
 from servepilot.core.paths import state_dir
+
+
+class FleetState(StrEnum):
+    STARTING = "starting"
+    """The replicas are loading; the gateway does not listen yet."""
+    SERVING = "serving"
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +32,7 @@ class ReplicaRecord:
     url: str
     pid: int
     log_path: str
+    ready: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,9 +42,10 @@ class FleetRecord:
     gateway_url: str
     port: int
     started_at_s: float
-    """Unix time the fleet started serving."""
+    """Unix time `up` launched the replicas."""
     run_dir: str
     replicas: tuple[ReplicaRecord, ...]
+    state: FleetState = FleetState.SERVING
 
     def is_alive(self) -> bool:
         return pid_alive(self.pid)
@@ -69,13 +80,25 @@ def read_records() -> list[FleetRecord]:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             replicas = tuple(ReplicaRecord(**r) for r in data.pop("replicas"))
-            records.append(FleetRecord(**data, replicas=replicas))
+            state = FleetState(data.pop("state", FleetState.SERVING))
+            records.append(FleetRecord(**data, replicas=replicas, state=state))
         except (OSError, ValueError, TypeError, KeyError) as exc:
             raise FleetError(
                 f"{path}: unreadable fleet record ({exc})",
                 hint="delete the file if no `servepilot up` is running",
             ) from None
     return records
+
+
+def check_no_fleet(port: int) -> None:
+    """Fail if a live `up` already holds `port`: while its replicas load its gateway does not
+    listen yet, so the port looks free, but two records cannot share the port."""
+    for record in read_records():
+        if record.port == port and record.is_alive():
+            raise FleetError(
+                f"a fleet is already {record.state} on port {port} (pid {record.pid})",
+                hint="pass --port with another port, or stop it with `servepilot down`",
+            )
 
 
 def pid_alive(pid: int) -> bool:

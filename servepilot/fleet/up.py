@@ -1,7 +1,9 @@
 """`up`: the replicas and the gateway in front of them, from start to an ordered shutdown.
 
-Order of start: model -> replicas (all ready) -> gateway -> fleet record.
-Order of stop, the reverse: record -> gateway (drain in-flight work) -> replicas.
+Order of start: model -> replicas launched -> fleet record (`starting`) -> replicas ready ->
+gateway -> fleet record (`serving`).
+Order of stop, the reverse: record -> gateway (drain in-flight work) -> replicas. Stopped while
+starting: the replicas are stopped, then the record goes.
 """
 
 from __future__ import annotations
@@ -13,17 +15,26 @@ import os
 import shlex
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from servepilot.core.config import EngineKind, FleetConfig
-from servepilot.core.paths import state_dir
 from servepilot.engine.model_source import ResolvedModel, resolve_model
 from servepilot.engine.process import ReplicaInfo
 from servepilot.engine.simserver.args import SimModel, sim_model
 from servepilot.fleet.local import LocalReplicas
+from servepilot.fleet.logs import gateway_log, runs_dir
 from servepilot.fleet.serve import ServedGateway, Upstream, check_port_free, start_gateway
-from servepilot.fleet.state import FleetRecord, ReplicaRecord, remove_record, write_record
+from servepilot.fleet.state import (
+    FleetRecord,
+    FleetState,
+    ReplicaRecord,
+    check_no_fleet,
+    remove_record,
+    write_record,
+)
 from servepilot.routing.admission.budget import replica_capacity
 
 # Draining waits this long for in-flight requests when `up` is told to stop.
@@ -38,6 +49,16 @@ class UpStarted:
     gateway_url: str
     model_name: str
     replicas: tuple[ReplicaInfo, ...]
+
+    @property
+    def endpoint_text(self) -> str:
+        """Where to send requests, one to try, how to stop (under the replicas' table)."""
+        return (
+            f"\nendpoint: {self.gateway_url}/v1  (model: {self.model_name})\n"
+            f"try:      {self.curl_example}\n"
+            f"stop:     Ctrl-C here, or `servepilot down` from another shell\n"
+            f"logs:     `servepilot logs [r0|gateway] [-f]`\n"
+        )
 
     @property
     def curl_example(self) -> str:
@@ -76,25 +97,38 @@ def replica_cells(info: ReplicaInfo) -> tuple[str, ...]:
 
 
 class UpReporter:
-    """Callbacks through which `up` reports progress; the CLI prints them."""
+    """Callbacks through which `up` reports progress; the CLI prints them. Steps and
+    warnings come with the wall-clock time: startup takes minutes, and its log is read later."""
 
     def __init__(
         self,
         step: Callable[[str], None],
-        replica_ready: Callable[[ReplicaInfo], None],
         serving: Callable[[UpStarted], None],
         warn: Callable[[str], None],
     ) -> None:
-        self.step = step
-        self.replica_ready = replica_ready
+        self._step = step
+        self._warn = warn
         self.serving = serving
-        self.warn = warn
+
+    def step(self, message: str) -> None:
+        self._step(stamped(message))
+
+    def warn(self, message: str) -> None:
+        self._warn(stamped(message))
+
+    def replica_ready(self, info: ReplicaInfo) -> None:
+        self.step(ready_line(info))
+
+
+def stamped(message: str) -> str:
+    return f"{time.strftime('%H:%M:%S')} {message}"
 
 
 async def run_up(config: FleetConfig, report: UpReporter) -> None:
     """Serve until SIGINT or SIGTERM, then drain and stop everything."""
     gw = config.gateway
     check_port_free(gw.host, gw.port)
+    check_no_fleet(gw.port)
     model: ResolvedModel | SimModel
     if config.engine.kind is EngineKind.SIM:
         model = sim_model(config.model, config.engine.sim_tokenizer)
@@ -103,21 +137,48 @@ async def run_up(config: FleetConfig, report: UpReporter) -> None:
         # Converting the embedded model takes tens of seconds the first time: off the loop.
         model = await asyncio.to_thread(resolve_model, config.model, progress=report.step)
         what = "vLLM"
-    run_dir = state_dir() / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    run_dir = runs_dir() / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     replicas = LocalReplicas(config, model, run_dir)
     stop = _stop_event()
     report.step(f"starting {config.replicas.count} {what} replica(s); logs in {run_dir}")
-    start = asyncio.ensure_future(replicas.start(on_ready=report.replica_ready))
+    replicas.launch()
+    starting = _StartingRecord(f"http://{gw.host}:{gw.port}", gw.port, run_dir, replicas)
+    try:
+        infos = await _until_stopped(replicas.wait_ready(starting.ready(report)), stop)
+        if infos is not None:
+            with gateway_log(run_dir):
+                await _serve(config, model.served_name, replicas, infos, stop, report)
+    finally:
+        remove_record(gw.port)
+
+
+async def _until_stopped(
+    ready: Coroutine[Any, Any, list[ReplicaInfo]], stop: asyncio.Event
+) -> list[ReplicaInfo] | None:
+    """The replicas once all are ready, or None if told to stop first (they are stopped)."""
+    start = asyncio.ensure_future(ready)
     stop_wait = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({start, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-    if not start.done():
-        start.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await start
+    try:
+        await asyncio.wait({start, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
         stop_wait.cancel()
-        return
-    stop_wait.cancel()
-    infos = start.result()
+    if start.done():
+        return start.result()
+    start.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await start
+    return None
+
+
+async def _serve(
+    config: FleetConfig,
+    model_name: str,
+    replicas: LocalReplicas,
+    infos: list[ReplicaInfo],
+    stop: asyncio.Event,
+    report: UpReporter,
+) -> None:
+    """Start the gateway in front of the ready replicas and serve until told to stop."""
     served: ServedGateway | None = None
     try:
         upstreams = [
@@ -128,16 +189,53 @@ async def run_up(config: FleetConfig, report: UpReporter) -> None:
             )
             for i in infos
         ]
-        served = await start_gateway(gw, upstreams)
-        write_record(_record(served, infos, run_dir))
-        report.serving(UpStarted(served.url, model.served_name, tuple(infos)))
+        served = await start_gateway(config.gateway, upstreams)
+        if served.port != config.gateway.port:  # port 0: the OS picked one
+            remove_record(config.gateway.port)
+        write_record(_record(served, infos, replicas.run_dir))
+        report.serving(UpStarted(served.url, model_name, tuple(infos)))
         await _watch(replicas, stop, report)
     finally:
-        remove_record(served.port if served else gw.port)
+        if served is not None:
+            remove_record(served.port)
         report.step("draining the gateway and stopping the replicas")
         if served is not None:
             await served.stop(DRAIN_TIMEOUT_S)
         await replicas.stop()
+
+
+class _StartingRecord:
+    """The fleet record while the replicas load: which are ready, which are awaited."""
+
+    def __init__(self, gateway_url: str, port: int, run_dir: Path, replicas: LocalReplicas) -> None:
+        self.gateway_url = gateway_url
+        self.port = port
+        self.run_dir = run_dir
+        self.replicas = replicas
+        self.started_at_s = time.time()
+        self.ready_ids: set[str] = set()
+        self.write()
+
+    def write(self) -> None:
+        rows = tuple(
+            ReplicaRecord(p.replica_id, p.url, p.pid or 0, str(p.log_path),
+                          p.replica_id in self.ready_ids)
+            for p in self.replicas.processes
+        )  # fmt: skip
+        write_record(
+            FleetRecord(os.getpid(), self.gateway_url, self.port, self.started_at_s,
+                        str(self.run_dir), rows, FleetState.STARTING)
+        )  # fmt: skip
+
+    def ready(self, report: UpReporter) -> Callable[[ReplicaInfo], None]:
+        """The on-ready callback: report the replica, then record it as ready."""
+
+        def on_ready(info: ReplicaInfo) -> None:
+            report.replica_ready(info)
+            self.ready_ids.add(info.replica_id)
+            self.write()
+
+        return on_ready
 
 
 async def _watch(replicas: LocalReplicas, stop: asyncio.Event, report: UpReporter) -> None:

@@ -141,7 +141,7 @@ class Dispatcher:
         elif outcome.failure is not None or outcome.status >= 500:
             self.breakers.record_failure(rid, now)
             if outcome.retryable:
-                self._pool.record_failure(replica)
+                self._pool.record_failure(replica, f"a request failed: {outcome.failure}")
         else:
             self.breakers.record_success(rid, now)
             if replica.consecutive_failures:
@@ -257,6 +257,8 @@ class Dispatcher:
         starting = not views and self._pool.starting()
         report = self.driver.tick(now, self, FleetLoad(len(views), starting, mean_kv, waiting))
         self._refuse_expired(report.expired, now)
+        if not views and not starting:
+            self._refuse_all(now)  # nothing to wait for any more: the cold start failed
         routable = {view.replica_id for view in views}
         for replica_id in self.hard_limit.tracked() - routable:
             self.driver.forget(replica_id)  # out of rotation: it gets no traffic to slow
@@ -287,6 +289,13 @@ class Dispatcher:
             waiter.future.set_exception(
                 shed(_SHED_MESSAGES[Reason.QUEUE_BUDGET], Reason.QUEUE_BUDGET, retry)
             )
+
+    def _refuse_all(self, now: float) -> None:
+        """503 for every waiting request: no replica is ready and none is starting."""
+        for waiter in self.queue.expired(float("inf")):
+            if not waiter.future.done():
+                self._metrics.count_shed(Reason.NO_REPLICA, waiter.view.priority)
+                waiter.future.set_exception(no_ready_replica(self._config.retry_after_s))
 
     def _forget(self, replica_id: str) -> None:
         self.breakers.forget(replica_id)

@@ -12,6 +12,8 @@ import contextlib
 import itertools
 import json
 import logging
+import os
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -153,8 +155,19 @@ class ReplicaPool:
         return any(r.healthy and not r.draining for r in self._replicas.values())
 
     def starting(self) -> bool:
-        """Whether some replica is still on its way up (never healthy yet)."""
-        return any(not r.ever_healthy and not r.draining for r in self._replicas.values())
+        """Whether some replica is still on its way up: never healthy yet, and added less
+        than `cold_start_wait_s` ago. A loading vLLM refuses connections just as a dead one
+        does, so only time tells them apart: past that window the replica counts as down,
+        and requests get their 503 at once instead of waiting for it."""
+        now_s = time.monotonic()
+        return any(self._starting(r, now_s) for r in self._replicas.values())
+
+    def _starting(self, replica: Replica, now_s: float) -> bool:
+        return (
+            not replica.ever_healthy
+            and not replica.draining
+            and now_s - replica.added_at_s < self._config.admission.cold_start_wait_s
+        )
 
     def model_cards(self) -> list[Mapping[str, Any]]:
         """The /v1/models entries of the routable replicas, one per model id."""
@@ -175,16 +188,36 @@ class ReplicaPool:
     def release(replica: Replica) -> None:
         replica.in_flight -= 1
 
-    def record_failure(self, replica: Replica) -> None:
-        """A failed check or a refused/reset connection; enough in a row take it out."""
+    def record_failure(self, replica: Replica, cause: str) -> None:
+        """A failed check or a refused/reset connection (`cause` says which); enough in a
+        row take it out. Its going down is logged once, with how it was detected."""
         replica.consecutive_failures += 1
         if replica.healthy and replica.consecutive_failures >= self._config.unhealthy_after:
             replica.healthy = False
             log.warning(
-                "replica %s taken out of rotation after %d consecutive failures",
+                "replica %s (%s) is down, taken out of rotation: %d failures in a row, "
+                "the last: %s",
                 replica.replica_id,
+                replica.url,
                 replica.consecutive_failures,
+                cause,
             )
+        elif self._never_came_up(replica):
+            replica.reported_down = True
+            log.warning(
+                "replica %s (%s) is down: not healthy once in the %g s since it was "
+                "added (cold_start_wait_s); the last check: %s",
+                replica.replica_id,
+                replica.url,
+                self._config.admission.cold_start_wait_s,
+                cause,
+            )
+
+    def _never_came_up(self, replica: Replica) -> bool:
+        """Past its startup window without a healthy check, and not yet reported."""
+        if replica.ever_healthy or replica.reported_down or replica.draining:
+            return False
+        return not self._starting(replica, time.monotonic())
 
     @staticmethod
     def record_success(replica: Replica) -> None:
@@ -233,8 +266,9 @@ class ReplicaPool:
                 log.exception("health check round failed")
 
     async def _check(self, replica: Replica) -> None:
-        if await self._get_body(replica.endpoint("/health")) is None:
-            self.record_failure(replica)
+        failure = await self._health_failure(replica.endpoint("/health"))
+        if failure is not None:
+            self.record_failure(replica, f"GET /health: {failure}")
             return
         metrics_text, models_doc = await asyncio.gather(
             self._get_body(replica.endpoint("/metrics")),
@@ -247,9 +281,23 @@ class ReplicaPool:
             self._learn_models(replica, models_doc)
         replica.consecutive_failures = 0
         replica.ever_healthy = True
+        replica.reported_down = False
         if not replica.healthy:
             replica.healthy = True
             log.info("replica %s is healthy and in rotation", replica.replica_id)
+
+    async def _health_failure(self, url: URL) -> str | None:
+        """Why the replica's /health is not a 200 (None: it is)."""
+        try:
+            async with self.session.get(url, timeout=self._probe_timeout) as resp:
+                return None if resp.status == 200 else f"answered HTTP {resp.status}"
+        except aiohttp.ClientConnectorError as exc:
+            code = exc.os_error.errno
+            return f"cannot connect ({os.strerror(code) if code else exc.os_error})"
+        except TimeoutError:
+            return f"no answer within {self._config.connect_timeout_s:g} s"
+        except aiohttp.ClientError as exc:
+            return f"{type(exc).__name__}: {exc}"
 
     async def _get_body(self, url: URL) -> bytes | None:
         """The body of a 200 answer, or None when the replica gave none in time."""

@@ -3,6 +3,7 @@ record reported about it, and the prebuilt bytes of the requests sent to it."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,7 @@ class Replica:
     __slots__ = (
         "_endpoints",
         "_heads",
+        "added_at_s",
         "base_url",
         "capacity",
         "consecutive_failures",
@@ -66,6 +68,7 @@ class Replica:
         "model_cards",
         "model_ids",
         "replica_id",
+        "reported_down",
         "upstream",
         "url",
     )
@@ -96,6 +99,10 @@ class Replica:
         self.healthy = False
         self.draining = False
         self.ever_healthy = False
+        self.added_at_s = time.monotonic()
+        """When the gateway registered it (time.monotonic()): its startup window opens."""
+        self.reported_down = False
+        """Its never coming up was logged (once)."""
         self.gauges: LoadGauges = NO_LOAD
         self.model_cards: tuple[Mapping[str, Any], ...] = ()
         self.model_ids: frozenset[str] = frozenset()

@@ -66,7 +66,10 @@ class RunningFleet:
         self.proc.wait(timeout=30)
 
 
-def start_fleet(state_dir: Path, replicas: int, extra: list[str] | None = None) -> RunningFleet:
+def start_fleet(
+    state_dir: Path, replicas: int, extra: list[str] | None = None, until: str = "serving"
+) -> RunningFleet:
+    """`servepilot up`, returned once its record says `until` (`starting` or `serving`)."""
     port = free_port()
     env = {**os.environ, "SERVEPILOT_STATE": str(state_dir)}
     output = state_dir / f"up-{port}.out"
@@ -79,21 +82,28 @@ def start_fleet(state_dir: Path, replicas: int, extra: list[str] | None = None) 
         )  # fmt: skip
     record_path = state_dir / "fleets" / f"{port}.json"
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while not record_path.exists():
+    while (record := _read_record(record_path)) is None or record["state"] != until:
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             raise RuntimeError(f"servepilot up did not start:\n{output.read_text()[-4000:]}")
-        time.sleep(0.5)
-    record = json.loads(record_path.read_text())
+        time.sleep(0.2)
     return RunningFleet(proc=proc, port=port, env=env, output=output, record=record)
+
+
+def _read_record(path: Path) -> dict[str, Any] | None:
+    try:
+        record: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    return record
 
 
 @contextlib.contextmanager
 def running_fleet(
-    state_dir: Path, replicas: int, extra: list[str] | None = None
+    state_dir: Path, replicas: int, extra: list[str] | None = None, until: str = "serving"
 ) -> Iterator[RunningFleet]:
     """A started fleet, killed on the way out unless a test has stopped it already."""
-    running = start_fleet(state_dir, replicas, extra)
+    running = start_fleet(state_dir, replicas, extra, until)
     try:
         yield running
     finally:

@@ -4,13 +4,15 @@ with known answers."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
 from servepilot.engine.process import ReplicaInfo
 from servepilot.engine.startup_log import KvCapacity
 from servepilot.fleet import control, up
-from servepilot.fleet.state import FleetRecord
+from servepilot.fleet.state import FleetRecord, FleetState, ReplicaRecord
 
 RECORD = FleetRecord(
     pid=4242,
@@ -29,7 +31,7 @@ def replica(kv: KvCapacity | None) -> ReplicaInfo:
 def test_status_line_says_whether_the_fleet_serves() -> None:
     serving = control.FleetStatus(RECORD, True, (), None)
     assert control.status_line(serving) == (
-        "fleet on port 8000: serving, endpoint http://127.0.0.1:8000/v1, pid 4242"
+        "fleet on port 8000: serving, endpoint http://127.0.0.1:8000/v1, pid 4242\nlogs: /tmp/run"
     )
     stale = control.FleetStatus(RECORD, False, (), "its `servepilot up` is gone")
     assert control.status_line(stale).startswith("fleet on port 8000: stale,")
@@ -77,3 +79,33 @@ def test_curl_example_is_a_shell_command_for_the_served_model() -> None:
         "model": "it's-mine",
         "messages": [{"role": "user", "content": "Hello!"}],
     }
+
+
+def test_status_line_of_a_starting_fleet_names_the_replicas_it_waits_for() -> None:
+    replicas = tuple(
+        ReplicaRecord(f"r{i}", f"http://h:{i}", 100 + i, f"/tmp/r{i}.log", ready=i == 1)
+        for i in range(3)
+    )
+    rec = replace(RECORD, replicas=replicas, state=FleetState.STARTING)
+    assert control.status_line(control.FleetStatus(rec, True, (), None)) == (
+        "fleet on port 8000: starting (1 of 3 replicas ready; waiting for r0, r2), "
+        "endpoint http://127.0.0.1:8000/v1, pid 4242\nlogs: /tmp/run"
+    )
+
+
+def test_up_steps_carry_the_wall_clock_time() -> None:
+    said: list[str] = []
+    reporter = up.UpReporter(step=said.append, serving=lambda _: None, warn=said.append)
+    reporter.replica_ready(replica(None))
+    reporter.warn("replica r0 exited")
+    assert re.fullmatch(r"\d\d:\d\d:\d\d replica r0 ready at .*", said[0])
+    assert re.fullmatch(r"\d\d:\d\d:\d\d replica r0 exited", said[1])
+
+
+def test_down_says_how_each_fleet_stopped() -> None:
+    def line(how: str) -> tuple[bool, str]:
+        return control.outcome_line(control.StopOutcome(RECORD, how, ()), 90.0)
+
+    assert line("drained") == (False, "fleet on port 8000 stopped")
+    assert line("killed") == (True, "fleet on port 8000 did not stop in 90 s; killed")
+    assert line("stale") == (False, "fleet on port 8000 was already gone; cleaned up its record")
