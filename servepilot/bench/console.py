@@ -107,3 +107,19 @@ def run_warnings(run: Run) -> tuple[str, ...]:
             "a leak by the 2 MB/request rule"
         )
     return tuple(warnings)
+
+
+def ending(result: BenchResult, *, measured: bool) -> tuple[int, str | None]:
+    """A run's exit code and what to say of it: 130 when Ctrl-C cut it short (its finished
+    levels are saved); for a measured run, 1 when no request of any level succeeded, since
+    its numbers then describe the failures, not the server."""
+    if result.interrupted:
+        done = len(result.runs)
+        return 130, (
+            f"interrupted after {done} finished level{'s' if done != 1 else ''}: the results "
+            "above (and in --out) hold only those"
+        )
+    if measured and result.runs and all(run.completed == 0 for run in result.runs):
+        failed = sum(run.failed for run in result.runs)
+        return 1, f"no request succeeded: all {failed:,} failed (see the errors above)"
+    return 0, None

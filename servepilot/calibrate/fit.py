@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from servepilot.calibrate.samples import ProbeKind, ProbeSample, relative_error
+from servepilot.core.texttable import TextTable
 from servepilot.plan.costmodel import COEFFICIENTS, CostModel, fit_cost_model
 
 OUTLIER_SPREAD = 4.0
@@ -69,24 +70,16 @@ def p90(values: Sequence[float]) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
 
 
-@dataclass(frozen=True, slots=True)
-class Rows:
-    """A table as plain data (the CLI draws it): a title, column names, rows of text."""
-
-    title: str
-    columns: tuple[str, ...]
-    rows: tuple[tuple[str, ...], ...]
-
-
 SAMPLE_COLUMNS = ("probe", "prefill tok", "prefill seqs", "decode seqs", "context tok",
                   "steps", "measured ms", "fitted ms", "error %")  # fmt: skip
 
 
-def sample_table(fit: Fit) -> Rows:
+def sample_table(fit: Fit) -> TextTable:
     """One row per sample: its shape, the measured and the fitted time, the error; samples
     left out of the fit say so."""
     samples = sorted((*fit.kept, *fit.outliers), key=_order)
-    return Rows("probes", SAMPLE_COLUMNS, tuple(_sample_row(s, fit) for s in samples))
+    rows = tuple(_sample_row(s, fit) for s in samples)
+    return TextTable("probes", SAMPLE_COLUMNS, rows, right=SAMPLE_COLUMNS[1:])
 
 
 def _sample_row(sample: ProbeSample, fit: Fit) -> tuple[str, ...]:
@@ -112,10 +105,11 @@ def _order(sample: ProbeSample) -> tuple[int, int, int, int]:
     return kinds.index(sample.kind), s.decode_seqs, s.prefill_tokens, s.context_tokens
 
 
-def coefficient_table(model: CostModel) -> Rows:
+def coefficient_table(model: CostModel) -> TextTable:
     """One row per coefficient: its name and its time."""
     values = zip(COEFFICIENTS, model.coefficients, strict=True)
-    return Rows("fitted", ("coefficient", "value"), tuple((n, _time(v)) for n, v in values))
+    rows = tuple((n, _time(v)) for n, v in values)
+    return TextTable("fitted", ("coefficient", "value"), rows, right=("value",))
 
 
 def _time(seconds: float) -> str:

@@ -20,12 +20,12 @@ from servepilot.bench.session import (
 from servepilot.bench.target import served_model
 from servepilot.bench.tokenizer import Tokenizer, open_tokenizer
 from servepilot.cli.console import out_console, print_step, print_warning
-from servepilot.cli.levels_view import level_bars, print_runs
+from servepilot.cli.levels_view import exit_code, level_bars, print_runs
 from servepilot.cli.load_options import add_load_flags, add_workload_flags, levels_from_args
 from servepilot.cli.options import base_url
 from servepilot.core import loop
 from servepilot.core.errors import ConfigError
-from servepilot.core.results import BenchResult, Load, load_result
+from servepilot.core.results import Load, load_result
 from servepilot.core.slo import Slo, parse_slo
 from servepilot.core.units import parse_duration_s
 
@@ -125,7 +125,7 @@ def _run(args: argparse.Namespace) -> int:
     tokenizer = open_tokenizer(target.base_url, target.model, args.tokenizer)
     output = _run_with_progress(opts, tokenizer)
     _report(output, args.out)
-    return exit_code(output.result)
+    return exit_code(output.result, measured=True)
 
 
 def compare(args: argparse.Namespace) -> int:
@@ -157,18 +157,6 @@ def _report(output: BenchOutput, out_dir: Path | None) -> None:
     if out_dir is not None:
         write_outputs(out_dir, result, output.records)
         print_step(f"wrote {out_dir}/results.json, requests.csv and report.html")
-
-
-def exit_code(result: BenchResult) -> int:
-    """130 for a run cut short by Ctrl-C (as the shell reports it), once its levels are saved."""
-    if result.interrupted:
-        done = len(result.runs)
-        print_warning(
-            f"interrupted after {done} finished level{'s' if done != 1 else ''}: the results "
-            "above (and in --out) hold only those"
-        )
-        return 130
-    return 0
 
 
 def _window_s(args: argparse.Namespace, soak_s: float | None) -> float:

@@ -10,13 +10,15 @@ from pathlib import Path
 
 from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from servepilot.bench.records import Endpoint
-from servepilot.calibrate.fit import Rows, coefficient_table, sample_table
+from servepilot.calibrate.fit import coefficient_table, sample_table
 from servepilot.calibrate.run import Calibration, CalibrationRequest, calibrate
-from servepilot.cli.console import err_console, out_console, print_step, print_warning, simple_table
+from servepilot.cli.console import draw, err_console, out_console, print_step, print_warning
 from servepilot.cli.options import base_url
+
+# The fit's tables: the first column names the row, the others are numbers.
+_STYLE = {"box": box.SIMPLE_HEAD, "pad_edge": False, "header_style": "bold"}
 
 DESCRIPTION = """\
 Measure a running vLLM replica and fit servepilot's step-time cost model to it: the time of
@@ -99,19 +101,6 @@ class _View:
             bar.update(task, completed=probes, probe="done")
 
     def fitted(self, calibration: Calibration) -> None:
-        out_console.print(table(sample_table(calibration.fit)))
-        out_console.print(table(coefficient_table(calibration.fit.model)))
+        out_console.print(draw(sample_table(calibration.fit), **_STYLE))
+        out_console.print(draw(coefficient_table(calibration.fit.model), **_STYLE))
         out_console.print(calibration.overheads())
-
-
-def table(rows: Rows) -> Table:
-    """The first column names the row; the others are numbers, to the right."""
-    return simple_table(
-        rows.title,
-        rows.columns,
-        rows.rows,
-        right=rows.columns[1:],
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        header_style="bold",
-    )

@@ -11,6 +11,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from servepilot.core.texttable import TextTable
+
 # Piped output (a log file, a test) gets a wide fixed width: rich would otherwise assume 80
 # columns and cut the URLs in tables.
 _PIPED_WIDTH = 160
@@ -32,6 +34,13 @@ def print_warning(message: str) -> None:
 
 def print_step(message: str) -> None:
     err_console.print(Text("• ", style="cyan") + Text(message))
+
+
+def draw(table: TextTable, **options: Any) -> Table:
+    """A TextTable from the package that owns its data, drawn as simple_table draws."""
+    caption = {"caption": table.caption, "caption_justify": "left"} if table.caption else {}
+    return simple_table(table.title, table.columns, table.rows, right=table.right,
+                        **(caption | options))  # fmt: skip
 
 
 def simple_table(

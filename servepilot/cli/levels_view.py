@@ -11,7 +11,7 @@ from rich.console import RenderableType
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from servepilot.bench.console import level_summary, render_runs_table, sweet_spot_line
+from servepilot.bench.console import ending, level_summary, render_runs_table, sweet_spot_line
 from servepilot.bench.report.fmt import level_name
 from servepilot.cli.console import err_console, out_console
 from servepilot.core.results import BenchResult, Load, Run
@@ -57,3 +57,11 @@ def print_runs(result: BenchResult) -> None:
     out_console.print(render_runs_table(result))
     if result.sweet_spot is not None:
         out_console.print(Text(sweet_spot_line(result)))
+
+
+def exit_code(result: BenchResult, *, measured: bool) -> int:
+    """bench's and sim's exit code for `result`, saying why when it is not 0."""
+    code, why = ending(result, measured=measured)
+    if why is not None:
+        err_console.print(Text("warning: ", style="yellow") + Text(why))
+    return code

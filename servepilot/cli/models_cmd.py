@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from servepilot.cli.console import out_console, print_step, simple_table
+from servepilot.cli.console import draw, out_console, print_step
 from servepilot.core.config import EMBEDDED_MODEL, ModelConfig
 from servepilot.engine.model_source import resolve_model
-from servepilot.plan.presets import load_preset, preset_names
-
-MODEL_COLUMNS = ("name", "parameters", "architecture", "runs with")
+from servepilot.plan.presets import preset_table
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,13 +38,5 @@ def run_pull(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    rows = []
-    for name in preset_names():
-        spec = load_preset(name)
-        # Only the embedded model ships weights: vLLM can serve it; the others are shapes.
-        uses = "up (vLLM), " if name == EMBEDDED_MODEL else "up --engine sim, "
-        rows.append(
-            (name, f"{spec.params_total / 1e9:.3g}B", spec.architecture, uses + "plan, sim")
-        )
-    out_console.print(simple_table("models", MODEL_COLUMNS, rows, right={"parameters"}))
+    out_console.print(draw(preset_table(EMBEDDED_MODEL)))
     return 0

@@ -6,10 +6,9 @@ import argparse
 import json
 from pathlib import Path
 
-from rich.table import Table
 from rich.text import Text
 
-from servepilot.cli.console import out_console, print_step, print_warning, simple_table
+from servepilot.cli.console import draw, out_console, print_step, print_warning
 from servepilot.cli.options import add_config_flag, config_from_args
 from servepilot.core.errors import ConfigError
 from servepilot.engine.args import vllm_command
@@ -146,38 +145,26 @@ def _write(path: Path, text: str) -> None:
 def _render(plan: Plan, command: str | None, rung: str | None) -> None:
     style = "bold green" if plan.fits else "bold red"
     out_console.print(Text(report.headline(plan) + " — ") + Text(report.verdict(plan), style=style))
-    out_console.print(_table(report.memory_table(plan)))
+    out_console.print(draw(report.memory_table(plan)))
     out_console.print(report.kv_line(plan))
     if plan.assessment.reason:
         out_console.print(f"layout: {plan.assessment.reason}")
     if plan.fits:
-        out_console.print(_table(report.knob_table(plan)))
+        out_console.print(draw(report.knob_table(plan)))
     if plan.ladder:
-        out_console.print(_table(report.ladder_table(plan)))
+        out_console.print(draw(report.ladder_table(plan)))
     out_console.print(report.advice_line(plan))
     for warning in plan.advice.warnings:
         out_console.print(Text("warning: ", style="yellow") + Text(warning))
     out_console.print(_cost(report.cost_line(plan)))
     if plan.estimates is not None:
-        out_console.print(_table(report.estimates_table(plan.estimates)))
+        out_console.print(draw(report.estimates_table(plan.estimates)))
     if command is None:
         out_console.print(Text("command: none; nothing fits, even on the ladder", style="red"))
     elif rung is not None:
         out_console.print(Text(f'command after "{rung}": ', style="bold") + Text(command))
     else:
         out_console.print(Text("command: ", style="bold") + Text(command))
-
-
-def _table(rows: report.TextTable) -> Table:
-    caption = rows.caption or None
-    return simple_table(
-        rows.title,
-        rows.columns,
-        rows.rows,
-        right=rows.right,
-        caption=caption,
-        caption_justify="left",
-    )
 
 
 def _cost(line: report.CostLine) -> Text:

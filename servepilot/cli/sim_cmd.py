@@ -12,9 +12,8 @@ from rich.text import Text
 from servepilot.bench.console import progress_counts
 from servepilot.bench.outputs import check_out_dir, write_results_json
 from servepilot.bench.report.fmt import level_name
-from servepilot.cli.bench_cmd import exit_code
 from servepilot.cli.console import print_step, print_warning
-from servepilot.cli.levels_view import level_bars, print_runs
+from servepilot.cli.levels_view import exit_code, level_bars, print_runs
 from servepilot.cli.load_options import add_load_flags, add_workload_flags, levels_from_args
 from servepilot.cli.options import add_config_flag, config_from_args
 from servepilot.core.config import FleetConfig, PolicyName
@@ -147,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         print_warning(note)
     output = _run_with_progress(opts)
     _report(output, args.out)
-    return exit_code(output.result)
+    return exit_code(output.result, measured=False)
 
 
 def _check_counts(args: argparse.Namespace) -> None:

@@ -15,12 +15,10 @@ from servepilot.cli.options import add_config_flag, config_from_args
 from servepilot.core.config import EngineKind
 from servepilot.tune import narration
 from servepilot.tune.artifacts import fleet_command, tuned_fleet, write_artifacts
-from servepilot.tune.policy import Proposal
-from servepilot.tune.score import Trial
-from servepilot.tune.search import SearchEvents, SearchResult, run_search
+from servepilot.tune.search import SearchResult, run_search
 from servepilot.tune.setup import TuneOptions, TuneSetup, build_setup
-from servepilot.tune.space import Knob, TrialConfig
-from servepilot.tune.summary import Summary, summarize_search, trial_row
+from servepilot.tune.space import Knob
+from servepilot.tune.summary import Summary, summarize_search
 
 DESCRIPTION = """\
 Search vLLM's knobs for the configuration that carries the most goodput (requests per second
@@ -117,24 +115,8 @@ def tune_options(args: argparse.Namespace) -> TuneOptions:
 
 
 def search(setup: TuneSetup) -> SearchResult:
-    space = setup.space.space
-    budget = setup.goal.budget_trials
-    print_step(narration.start_line(setup))
-    for note in space.notes:
-        print_step(note)
-
-    def started(index: int, proposal: Proposal) -> None:
-        print_step(narration.trial_started_line(index, budget, proposal, space.default))
-
-    def finished(trial: Trial, resumed: bool) -> None:
-        row = trial_row(trial, setup.goal.sla, space.default)
-        print_step(narration.trial_finished_line(row, budget, resumed))
-
-    def pruned(config: TrialConfig, why: str) -> None:
-        print_step(narration.pruned_line(config, why, space.default))
-
-    events = SearchEvents(started, finished, pruned)
-    return run_search(space, setup.goal, setup.runner, setup.store, events)
+    events = narration.search_events(setup, print_step)
+    return run_search(setup.space.space, setup.goal, setup.runner, setup.store, events)
 
 
 def _report(setup: TuneSetup, result: SearchResult) -> int:

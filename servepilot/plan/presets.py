@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from servepilot.core.errors import ConfigError
+from servepilot.core.texttable import TextTable
 from servepilot.plan.hf_config import spec_from_hf_config
 from servepilot.plan.spec import ModelSpec
 
@@ -163,3 +164,16 @@ def _index() -> Mapping[str, tuple[str, str]]:
             if other != name:
                 raise _preset_error(f"preset file {file.name}", f"{key!r} also names {other}")
     return index
+
+
+def preset_table(embedded: str) -> TextTable:
+    """Every preset: its size and architecture, and what servepilot can do with it. Only the
+    embedded model ships weights, so only it runs on vLLM; the others are shapes."""
+    rows = []
+    for name in preset_names():
+        spec = load_preset(name)
+        uses = "up (vLLM), " if name == embedded else "up --engine sim, "
+        size = f"{spec.params_total / 1e9:.3g}B"
+        rows.append((name, size, spec.architecture, uses + "plan, sim"))
+    columns = ("name", "parameters", "architecture", "runs with")
+    return TextTable("models", columns, tuple(rows), right=("parameters",))

@@ -8,23 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from servepilot.core.texttable import TextTable
 from servepilot.plan.estimate import Estimates
 from servepilot.plan.hardware import AcceleratorKind
 from servepilot.plan.planner import Plan
 
 GB = 1e9
-
-
-@dataclass(frozen=True, slots=True)
-class TextTable:
-    """A table as plain data: a title, column names, rows of text, the columns of numbers (to
-    align right) and a caption ("" for none)."""
-
-    title: str
-    columns: tuple[str, ...]
-    rows: tuple[tuple[str, ...], ...]
-    right: tuple[str, ...] = ()
-    caption: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,16 +4,19 @@ beside the summary it reads."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from servepilot.bench.report.fmt import format_load
 from servepilot.core.results import Run
 from servepilot.core.slo import Slo
 from servepilot.tune.policy import Proposal
+from servepilot.tune.score import Trial
+from servepilot.tune.search import SearchEvents
 from servepilot.tune.setup import TuneSetup
 from servepilot.tune.sla import meets, worst
 from servepilot.tune.space import TrialConfig
-from servepilot.tune.summary import Summary, TrialRow
+from servepilot.tune.summary import Summary, TrialRow, trial_row
 
 TABLE_COLUMNS = (
     "#",
@@ -116,3 +119,24 @@ def verdict(summary: Summary) -> Verdict:
             f"{binding.limit_ms:,.0f} ms at best"
         )
     return Verdict(False, "", text)
+
+
+def search_events(setup: TuneSetup, say: Callable[[str], None]) -> SearchEvents:
+    """The search told as lines to `say`: its start and the space's notes at once, then a
+    line for each trial started, finished (or found in trials.jsonl) and pruned."""
+    space, goal = setup.space.space, setup.goal
+    say(start_line(setup))
+    for note in space.notes:
+        say(note)
+
+    def started(index: int, proposal: Proposal) -> None:
+        say(trial_started_line(index, goal.budget_trials, proposal, space.default))
+
+    def finished(trial: Trial, resumed: bool) -> None:
+        row = trial_row(trial, goal.sla, space.default)
+        say(trial_finished_line(row, goal.budget_trials, resumed))
+
+    def pruned(config: TrialConfig, why: str) -> None:
+        say(pruned_line(config, why, space.default))
+
+    return SearchEvents(started, finished, pruned)

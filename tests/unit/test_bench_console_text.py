@@ -57,3 +57,23 @@ def test_warnings_name_refusals_and_a_load_never_reached() -> None:
         "concurrency 16 never reached its load: at most 12 requests were in flight, only 12 "
         "requests were sent (give --requests at least 16); not a candidate for the sweet spot",
     )
+
+
+def test_the_exit_code_says_interrupted_and_all_failed_and_nothing_else() -> None:
+    from servepilot.bench.console import ending
+    from servepilot.core.results import BenchResult, Source
+
+    def result(*runs_: Run, interrupted: bool = False) -> BenchResult:
+        return BenchResult(source=Source.MEASURED, target={}, workload={}, runs=runs_,
+                           interrupted=interrupted)  # fmt: skip
+
+    ok, dead = run(4, 1.0), run(4, 0.0).model_copy(update={"completed": 0, "failed": 20})
+    assert ending(result(ok, dead), measured=True) == (0, None)
+    assert ending(result(ok, interrupted=True), measured=True) == (
+        130, "interrupted after 1 finished level: the results above (and in --out) hold only those"
+    )  # fmt: skip
+    assert ending(result(dead, dead), measured=True) == (
+        1, "no request succeeded: all 40 failed (see the errors above)"
+    )  # fmt: skip
+    # A simulation whose requests all fail still describes the fleet: it says so in its table.
+    assert ending(result(dead), measured=False) == (0, None)

@@ -38,7 +38,7 @@ from servepilot.calibrate.samples import (
     wave_samples,
 )
 from servepilot.calibrate.server import server_facts
-from servepilot.cli.calibrate_cmd import table
+from servepilot.cli.console import draw
 from servepilot.cli.main import main
 from servepilot.core.errors import ConfigError, EngineError
 from servepilot.engine.metrics import EngineMetric, scrape
@@ -279,8 +279,8 @@ def test_the_table_shows_measured_fitted_and_error() -> None:
     assert decode == ("decode 8 seqs", "0", "0", "8", "800", "8", "31.6", "33.6", "+6.3")
     assert len(rows.columns) == len(prefill)
     console = Console(record=True, width=200)
-    console.print(table(rows))
-    console.print(table(coefficient_table(KNOWN)))
+    console.print(draw(rows))
+    console.print(draw(coefficient_table(KNOWN)))
     text = console.export_text()
     assert "prefill 100" in text and "+6.3" in text
     assert "base_s" in text and "20.000 ms" in text

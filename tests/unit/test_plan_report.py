@@ -101,3 +101,18 @@ def test_estimates_table_has_both_points_and_the_fleet_in_its_caption() -> None:
     assert caption[0].startswith("capacity is bounded by ") and "2 replica(s)" in caption[0]
     assert caption[1].startswith("the target QPS needs ")
     assert caption[-1].startswith("steady state at the mean lengths, no queueing")
+
+
+def test_the_model_list_says_which_preset_runs_on_vllm() -> None:
+    from servepilot.plan.presets import preset_names, preset_table
+
+    table = preset_table("smollm2")
+    rows = {row[0]: row for row in table.rows}
+    assert list(rows) == preset_names()
+    assert rows["smollm2"][3] == "up (vLLM), plan, sim"
+    assert rows["deepseek-v3"][1:] == (
+        "683B",
+        "DeepseekV3ForCausalLM",
+        "up --engine sim, plan, sim",
+    )
+    assert table.right == ("parameters",)

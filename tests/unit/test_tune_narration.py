@@ -99,3 +99,26 @@ def test_a_search_is_summarized_with_its_incumbent_not_a_noisy_winner() -> None:
     assert (found.resumed, found.pruned, found.stop) == (1, 1, STOP)
     noisy = summarize(trials, SLA, space.default, STOP).best
     assert noisy is not None and noisy.trial.index == 2
+
+
+def test_a_search_is_told_line_by_line_as_it_goes() -> None:
+    from types import SimpleNamespace
+
+    from servepilot.tune.policy import Goal
+    from tests.unit.tune_support import two_knob_space
+
+    space = two_knob_space()
+    sla = parse_slo("ttft_p99_ms=500")
+    from servepilot.core.config import EngineKind
+
+    goal = Goal(sla=sla, budget_trials=5)
+    setup = SimpleNamespace(engine=EngineKind.SIM, space=SimpleNamespace(space=space), goal=goal)
+    said: list[str] = []
+    events = narration.search_events(setup, said.append)  # type: ignore[arg-type]
+    assert said == [narration.start_line(setup), *space.notes]  # type: ignore[arg-type]
+    proposal = Proposal(config=space.default, reason="the planner's default")
+    events.started(1, proposal)
+    events.pruned(space.default, "cannot change the result")
+    assert said[-2] == narration.trial_started_line(1, 5, proposal, space.default)
+    assert said[-1] == narration.pruned_line(space.default, "cannot change the result",
+                                             space.default)  # fmt: skip
