@@ -12,7 +12,13 @@ from benchmarks.stub_server import StubConfig, threaded_stub
 from servepilot.bench.client import Target
 from servepilot.bench.drive import Tally
 from servepilot.bench.records import RequestRecord, RequestSpec
-from servepilot.bench.runner import LoadOutcome, LoadPlan, choose_processes, run_load
+from servepilot.bench.runner import (
+    LoadOutcome,
+    LoadPlan,
+    choose_processes,
+    peak_in_flight,
+    run_load,
+)
 from servepilot.bench.runner import outcome as outcome_of
 from servepilot.core import loop
 from servepilot.core.errors import ConfigError
@@ -35,13 +41,15 @@ def load(url: str, plan: LoadPlan, specs: Sequence[RequestSpec] = SPECS, **kw: A
     return outcome
 
 
-def in_flight_max(records: Sequence[RequestRecord]) -> int:
-    edges = sorted([(r.sent_s, 1) for r in records] + [(r.extra["done_s"], -1) for r in records])
-    level = peak = 0
-    for _, step in edges:
-        level += step
-        peak = max(peak, level)
-    return peak
+def test_peak_in_flight_counts_overlaps_not_back_to_back_requests() -> None:
+    from types import SimpleNamespace
+
+    def rec(sent_s: float, done_s: float) -> SimpleNamespace:
+        return SimpleNamespace(sent_s=sent_s, extra={"done_s": done_s})
+
+    assert peak_in_flight([]) == 0
+    assert peak_in_flight([rec(0, 1), rec(1, 2), rec(2, 3)]) == 1  # type: ignore[list-item]
+    assert peak_in_flight([rec(0, 3), rec(1, 2), rec(1.5, 4), rec(3, 5)]) == 3  # type: ignore[list-item]
 
 
 def test_closed_loop_keeps_exactly_n_in_flight() -> None:
@@ -49,7 +57,7 @@ def test_closed_loop_keeps_exactly_n_in_flight() -> None:
         outcome = load(stub.url, closed(8, max_requests=64))
         peak = stub.server.stats.max_in_flight
     assert len(outcome.records) == 64 and all(r.ok for r in outcome.records)
-    assert peak == 8 and in_flight_max(outcome.records) == 8
+    assert peak == 8 and peak_in_flight(outcome.records) == 8
     assert all(r.intended_s == r.sent_s for r in outcome.records)
     assert outcome.client.requested_rate is None and outcome.client.processes == 1
 
@@ -168,7 +176,7 @@ def test_several_processes_share_one_time_base() -> None:
     assert max(abs(r.sent_s - r.intended_s) for r in opened.records) < 0.25
     assert len(shut.records) == 40 and all(r.ok for r in shut.records) and peak == 4
     assert sorted(r.index for r in shut.records) == list(range(40))
-    assert min(r.sent_s for r in shut.records) >= 0 and in_flight_max(shut.records) == 4
+    assert min(r.sent_s for r in shut.records) >= 0 and peak_in_flight(shut.records) == 4
 
 
 def test_process_count_rule() -> None:
