@@ -192,8 +192,10 @@ async def _serve(
         served = await start_gateway(config.gateway, upstreams)
         if served.port != config.gateway.port:  # port 0: the OS picked one
             remove_record(config.gateway.port)
-        write_record(_record(served, infos, replicas.run_dir))
+        # Announced first, then recorded: a script (or test) that waits for the record's
+        # `serving` finds the endpoint already printed.
         report.serving(UpStarted(served.url, model_name, tuple(infos)))
+        write_record(_record(served, infos, replicas.run_dir))
         await _watch(replicas, stop, report)
     finally:
         if served is not None:
