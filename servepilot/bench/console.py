@@ -112,14 +112,33 @@ def run_warnings(run: Run) -> tuple[str, ...]:
 def ending(result: BenchResult, *, measured: bool) -> tuple[int, str | None]:
     """A run's exit code and what to say of it: 130 when Ctrl-C cut it short (its finished
     levels are saved); for a measured run, 1 when no request of any level succeeded, since
-    its numbers then describe the failures, not the server."""
+    its numbers then describe the failures, not the server; for a simulated one, a warning
+    when most requests failed."""
     if result.interrupted:
         done = len(result.runs)
         return 130, (
             f"interrupted after {done} finished level{'s' if done != 1 else ''}: the results "
             "above (and in --out) hold only those"
         )
+    failed = sum(run.failed for run in result.runs)
+    total = failed + sum(run.completed for run in result.runs)
     if measured and result.runs and all(run.completed == 0 for run in result.runs):
-        failed = sum(run.failed for run in result.runs)
         return 1, f"no request succeeded: all {failed:,} failed (see the errors above)"
+    if not measured and failed * 2 > total:
+        # A what-if that mostly fails answers "this fleet cannot carry this load"; say so
+        # rather than let a table of failures pass for a result.
+        return (
+            0,
+            f"{failed:,} of {total:,} simulated requests failed ({_top_errors(result)}): "
+            "this fleet does not carry this load",
+        )
     return 0, None
+
+
+def _top_errors(result: BenchResult) -> str:
+    counts: dict[str, int] = {}
+    for run in result.runs:
+        for kind, count in run.errors.items():
+            counts[kind] = counts.get(kind, 0) + count
+    top = sorted(counts.items(), key=lambda item: -item[1])[:3]
+    return ", ".join(f"{kind} {count:,}" for kind, count in top) or "no error kinds recorded"

@@ -67,7 +67,10 @@ def test_the_exit_code_says_interrupted_and_all_failed_and_nothing_else() -> Non
         return BenchResult(source=Source.MEASURED, target={}, workload={}, runs=runs_,
                            interrupted=interrupted)  # fmt: skip
 
-    ok, dead = run(4, 1.0), run(4, 0.0).model_copy(update={"completed": 0, "failed": 20})
+    ok = run(4, 1.0)
+    dead = run(4, 0.0).model_copy(
+        update={"completed": 0, "failed": 20, "errors": {"http_429": 15, "cancelled_at_end": 5}}
+    )
     assert ending(result(ok, dead), measured=True) == (0, None)
     assert ending(result(ok, interrupted=True), measured=True) == (
         130, "interrupted after 1 finished level: the results above (and in --out) hold only those"
@@ -75,5 +78,9 @@ def test_the_exit_code_says_interrupted_and_all_failed_and_nothing_else() -> Non
     assert ending(result(dead, dead), measured=True) == (
         1, "no request succeeded: all 40 failed (see the errors above)"
     )  # fmt: skip
-    # A simulation whose requests all fail still describes the fleet: it says so in its table.
-    assert ending(result(dead), measured=False) == (0, None)
+    # A simulation that mostly fails still describes the fleet (exit 0), and says so.
+    assert ending(result(ok), measured=False) == (0, None)
+    assert ending(result(dead), measured=False) == (
+        0, "20 of 20 simulated requests failed (http_429 15, cancelled_at_end 5): this fleet "
+        "does not carry this load"
+    )  # fmt: skip
