@@ -13,8 +13,7 @@ from rich.text import Text
 
 from servepilot.bench.report.columns import RUN_COLUMNS
 from servepilot.bench.report.fmt import fmt_ms, fmt_num, format_load, level_name
-from servepilot.bench.session import LEAK_BYTES_PER_REQUEST
-from servepilot.bench.shortfalls import shortfalls
+from servepilot.bench.shortfalls import client_limited, leak_bytes_per_request, shortfalls
 from servepilot.core.results import BenchResult, Run
 
 
@@ -94,14 +93,13 @@ def run_warnings(run: Run) -> tuple[str, ...]:
     """What makes a measured run's numbers suspect: refusals, a load never reached, a client
     too slow, memory that leaks."""
     warnings = list(shortfalls(run))
-    if run.client is not None and run.client.client_bound:
+    if (client := client_limited(run)) is not None:
         warnings.append(
             f"at {level_name(run.load)} the client could not keep up (achieved "
-            f"{run.client.achieved_rate:.1f} req/s): the numbers understate the server; "
+            f"{client.achieved_rate:.1f} req/s): the numbers understate the server; "
             "use --processes or a bigger client machine"
         )
-    growth = run.memory_growth_bytes_per_request
-    if growth is not None and growth > LEAK_BYTES_PER_REQUEST:
+    if (growth := leak_bytes_per_request(run)) is not None:
         warnings.append(
             f"memory grew {growth / 2**20:.1f} MiB per request during the soak: "
             "a leak by the 2 MB/request rule"

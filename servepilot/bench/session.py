@@ -27,9 +27,6 @@ from servepilot.load.loadplan import LoadPlan
 from servepilot.load.sweep import sweet_spot
 from servepilot.load.workload import describe
 
-# A leak, in seed 000's words: memory growing by more than 2 MB per request served.
-LEAK_BYTES_PER_REQUEST = 2 * 1024 * 1024
-
 
 @dataclass(frozen=True, slots=True)
 class BenchOptions:

@@ -6,8 +6,22 @@ describe a lighter load, so it is never the sweet spot).
 from __future__ import annotations
 
 from servepilot.bench.report.fmt import level_name
-from servepilot.core.results import LoadMode, Run
+from servepilot.core.results import ClientHealth, LoadMode, Run
 from servepilot.load.sweep import failure_shares
+
+LEAK_BYTES_PER_REQUEST = 2 * 2**20
+"""A leak, in seed 000's words: resident memory growing by more than 2 MB per request."""
+
+
+def client_limited(run: Run) -> ClientHealth | None:
+    """The client's health when the client, not the server, limited `run`."""
+    return run.client if run.client is not None and run.client.client_bound else None
+
+
+def leak_bytes_per_request(run: Run) -> float | None:
+    """The target's memory growth per request when it is a leak by LEAK_BYTES_PER_REQUEST."""
+    growth = run.memory_growth_bytes_per_request
+    return growth if growth is not None and growth > LEAK_BYTES_PER_REQUEST else None
 
 
 def shortfalls(run: Run) -> tuple[str, ...]:

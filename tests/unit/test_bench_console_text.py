@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from servepilot.bench.console import level_summary, progress_counts, run_warnings
 from servepilot.bench.report.fmt import level_name
-from servepilot.bench.session import LEAK_BYTES_PER_REQUEST
+from servepilot.bench.shortfalls import LEAK_BYTES_PER_REQUEST
 from servepilot.core.results import ClientHealth, Load, LoadMode, Run, Stats
 from tests.unit.tune_support import run, stats
 

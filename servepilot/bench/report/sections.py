@@ -13,10 +13,14 @@ from html import escape
 
 from servepilot.bench.report.columns import RUN_COLUMNS
 from servepilot.bench.report.fmt import MISSING, fmt_bytes, fmt_ms, fmt_num, format_load
-from servepilot.bench.shortfalls import shortfalls
+from servepilot.bench.shortfalls import (
+    LEAK_BYTES_PER_REQUEST,
+    client_limited,
+    leak_bytes_per_request,
+    shortfalls,
+)
 from servepilot.core.results import BenchResult, Run
 
-LEAK_BYTES_PER_REQUEST = 2 * 2**20
 """The seeds' leak signal: resident memory growing by more than 2 MB per request served."""
 
 
@@ -86,8 +90,7 @@ def warnings(result: BenchResult) -> str:
         items.append("The run was interrupted (Ctrl-C): only the levels that finished are here.")
     for run in result.runs:
         items += shortfalls(run)
-        client = run.client
-        if client is not None and client.client_bound:
+        if (client := client_limited(run)) is not None:
             asked = client.requested_rate
             wanted = f" of the {fmt_num(asked)} req/s asked" if asked is not None else ""
             items.append(
@@ -96,8 +99,7 @@ def warnings(result: BenchResult) -> str:
                 f"{fmt_num(client.send_lag_ms.p99)} ms); its latencies understate the "
                 "server's best case and its throughput is not the server's ceiling."
             )
-        growth = run.memory_growth_bytes_per_request
-        if growth is not None and growth > LEAK_BYTES_PER_REQUEST:
+        if (growth := leak_bytes_per_request(run)) is not None:
             items.append(
                 f"{format_load(run.load)}: the target's resident memory grew by "
                 f"{fmt_bytes(growth)} per request (leak signal: more than 2 MiB per request)."
