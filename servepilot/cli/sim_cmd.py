@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.text import Text
 
-from servepilot.bench.console import progress_counts
+from servepilot.bench.console import progress_counts, run_warnings
 from servepilot.bench.outputs import check_out_dir, write_results_json
 from servepilot.bench.report.fmt import level_name
 from servepilot.cli.console import print_step, print_warning
@@ -204,6 +204,8 @@ def _report(output: SimOutput, out_dir: Path | None) -> None:
     print_runs(result)
     for run, stats in zip(result.runs, output.stats, strict=True):
         print_step(f"{level_name(run.load)}: {narration.level_stats(run, stats)}")
+        for warning in run_warnings(run):
+            print_warning(warning)
     if out_dir is not None:
         write_results_json(out_dir, result)
         print_step(f"wrote {out_dir}/results.json (compare: servepilot bench compare)")
