@@ -52,6 +52,8 @@ def commands(
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             subparsers.update(action.choices)
+        elif action.help == argparse.SUPPRESS:
+            continue  # hidden from --help, so from completion too
         elif action.option_strings:
             offered = [str(c) for c in action.choices or ()]
             offered += [v for flag in action.option_strings for v in values.get(flag, ())]

@@ -70,6 +70,8 @@ SUBCOMMANDS = ["plan", "up", "status", "down", "logs", "gateway", "bench", "cali
         # `sim` after --model is its value, not the subcommand: bench's flags follow.
         ("servepilot bench --model sim --requ", ["--requests"]),
         ("servepilot bench compare --", ["--help"]),
+        # --detached-run-dir, hidden from --help, is not offered either.
+        ("servepilot up --det", ["--detach"]),
     ],
 )  # fmt: skip
 def test_bash_completes_subcommands_flags_and_values(
