@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 
@@ -41,7 +41,7 @@ class BenchOptions:
     window_s: float = 30.0
     processes: int | None = None
     metrics_url: str | None = None
-    chat: ChatFrame = ChatFrame()
+    chat: ChatFrame = field(default_factory=ChatFrame)
     """What the chat template adds to a message, taken off each message's text."""
 
 
