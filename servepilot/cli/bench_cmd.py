@@ -44,9 +44,11 @@ level and stops by itself once throughput stops rising while latency keeps climb
 A request refused with 429 (or 503 with Retry-After) is counted as refused, and a closed-loop
 worker waits out its Retry-After before sending again: a server that sheds load is not flooded.
 
-Prompts have exact token counts by the server's own tokenizer. Results go to --out: results.json
-(schema servepilot.bench/v1), requests.csv (one row per request) and report.html (plots). Ctrl-C
-keeps the levels already finished (results marked interrupted; exit code 130).
+Prompts have exactly --input-tokens tokens as the server counts them (usage.prompt_tokens), cut
+with its own tokenizer; on chat the template's tokens, measured once, come off each message's
+text. Results go to --out: results.json (schema servepilot.bench/v1), requests.csv (one row per
+request) and report.html (plots). Ctrl-C keeps the levels already finished (results marked
+interrupted; exit code 130).
 
 examples:
   servepilot bench --url http://127.0.0.1:8000 --sweep --out runs/sweep
