@@ -1,9 +1,9 @@
 """The tokenizer prompts are measured with: the server's own, or a local copy of it.
 
 Prompt lengths are only exact by the tokenizer that serves the model, so the default asks the
-server: vLLM's `POST /tokenize` and `POST /detokenize` on the replica's base URL. A servepilot
-gateway (and most non-vLLM servers) do not expose those, so `--tokenizer PATH` loads the same
-tokenizer from a local Hugging Face folder instead.
+server: vLLM's `POST /tokenize` and `POST /detokenize` on the replica's base URL (a servepilot
+gateway proxies them). Most non-vLLM servers do not expose those, so `--tokenizer PATH` loads
+the same tokenizer from a local Hugging Face folder instead.
 
 Token ids never include special tokens (`add_special_tokens: false`): a prompt's length is the
 length of its text; whatever BOS token the server adds comes on top. `count_chat` counts a
