@@ -7,15 +7,19 @@ to one user message (a default system prompt, role markers and the generation pr
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Mapping, Sequence
+import shutil
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from servepilot.bench.chat_template import ChatFrame, measure_chat_frame
 from servepilot.bench.records import Endpoint, RequestSpec
-from servepilot.bench.tokenizer import LocalTokenizer
+from servepilot.bench.tokenizer import LocalTokenizer, ServerTokenizer
 from servepilot.bench.workload import build_workload
 from servepilot.core.config import ModelConfig
 from servepilot.core.errors import ConfigError
@@ -188,3 +192,65 @@ def test_the_measured_template_is_said_and_recorded() -> None:
     assert frame.as_target(Endpoint.CHAT) == {"chat_template_tokens": 30}
     assert frame.describe(Endpoint.COMPLETIONS, "t") is None
     assert frame.as_target(Endpoint.COMPLETIONS) == {}
+
+
+def test_a_local_folder_without_a_chat_template_cannot_count_one(
+    tok: LocalTokenizer, tmp_path: Path
+) -> None:
+    source = resolve_model(ModelConfig()).path
+    shutil.copy(source / "tokenizer.json", tmp_path)
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    bare = LocalTokenizer(tmp_path)
+    assert bare.count_chat([{"role": "user", "content": "hi"}]) is None
+    assert measure_chat_frame(bare, Endpoint.CHAT) == ChatFrame(0, known=False)
+    # With the template the same tokenizer counts it.
+    assert tok.count_chat([{"role": "user", "content": "hi"}]) == 1 + SMOLLM2_TEMPLATE_TOKENS
+
+
+def _tokenize_server(chat_status: int) -> web.Application:
+    """vLLM's /tokenize shape, one token per word; `messages` answered with `chat_status`
+    (and, when 200, 4 template tokens around the words)."""
+
+    async def tokenize(request: web.Request) -> web.Response:
+        body = await request.json()
+        if "messages" not in body:
+            words = body["prompt"].split()
+        elif chat_status != 200:
+            return web.json_response({"error": {"message": "`prompt` is required"}}, status=400)
+        else:
+            words = ["<s>", "user", *body["messages"][0]["content"].split(), "</s>", "bot"]
+        return web.json_response({"tokens": list(range(len(words))), "count": len(words)})
+
+    app = web.Application()
+    app.router.add_post("/tokenize", tokenize)
+    return app
+
+
+def _serve(app: web.Application) -> Iterator[str]:
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
+
+
+def test_the_servers_tokenize_counts_the_template_or_says_it_cannot() -> None:
+    for url in _serve(_tokenize_server(200)):
+        server = ServerTokenizer(url, "m")
+        assert measure_chat_frame(server, Endpoint.CHAT) == ChatFrame(4)
+    # A server whose /tokenize refuses `messages` (400): the counts exclude the template.
+    for url in _serve(_tokenize_server(400)):
+        server = ServerTokenizer(url, "m")
+        assert server.count_chat([{"role": "user", "content": "a b"}]) is None
+        assert measure_chat_frame(server, Endpoint.CHAT) == ChatFrame(0, known=False)
