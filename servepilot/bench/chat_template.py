@@ -11,10 +11,11 @@ target, by the same tokenizer the prompts are cut with: one templated count (vLL
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from servepilot.bench.records import Endpoint
+from servepilot.bench.records import Endpoint, RequestRecord, RequestSpec
 from servepilot.bench.tokenizer import Tokenizer
 
 # Stripped prose like the corpus's: templates that trim content leave it unchanged.
@@ -50,6 +51,41 @@ class ChatFrame:
         if endpoint is not Endpoint.CHAT:
             return {}
         return {"chat_template_tokens": self.overhead_tokens if self.known else None}
+
+
+def count_gap_note(
+    frame: ChatFrame,
+    endpoint: Endpoint,
+    sent: Sequence[RequestSpec],
+    records: Sequence[RequestRecord],
+) -> str | None:
+    """The check on the sizing: a line when the server's prompt tokens (usage) differ from
+    the asked ones, on the requests it answered, saying where the difference comes from."""
+    asked_of = {spec.index: spec.input_tokens for spec in sent if not spec.history}
+    pairs = [
+        (asked_of[r.index], r.input_tokens)
+        for r in records
+        if r.ok and r.input_tokens is not None and r.index in asked_of and not r.warmup
+    ]
+    if not pairs:
+        return None
+    asked = sum(a for a, _ in pairs) / len(pairs)
+    counted = sum(c for _, c in pairs) / len(pairs)
+    if abs(counted - asked) < 0.05:
+        return None
+    if endpoint is not Endpoint.CHAT:
+        cause = "what the server adds to a text (a BOS token)"
+    elif not frame.known:
+        cause = "the chat template, which bench could not count here"
+    else:
+        cause = (
+            f"the chat template, which does not add the same {frame.overhead_tokens} tokens "
+            "(measured on one sample) to every text"
+        )
+    return (
+        f"the server counted {counted:,.1f} prompt tokens per request where {asked:,.1f} were "
+        f"asked: {counted - asked:+,.1f} from {cause}"
+    )
 
 
 def measure_chat_frame(tokenizer: Tokenizer, endpoint: Endpoint) -> ChatFrame:

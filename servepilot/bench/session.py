@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from servepilot.bench.chat_template import ChatFrame
+from servepilot.bench.chat_template import ChatFrame, count_gap_note
 from servepilot.bench.client import Target
 from servepilot.bench.metrics import summarize, windows
 from servepilot.bench.records import RequestRecord, RequestSpec
@@ -137,6 +137,9 @@ async def _run_levels(
                 f"{outcome.no_usage} answers carried no token usage: output tokens were "
                 "counted as streamed chunks (enable stream_options.include_usage on the server)"
             )
+        gap = count_gap_note(opts.chat, opts.target.endpoint, workload, outcome.records)
+        if gap is not None:
+            report.note(gap)
         run = _level_run(opts, load, outcome)
         if opts.soak_s is not None:
             run = _with_soak(run, outcome.records, opts.window_s, soak_memory)

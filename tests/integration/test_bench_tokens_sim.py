@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -71,3 +72,27 @@ def test_the_gateway_counts_a_chat_as_the_replica_does(gateway_url: str) -> None
     text = "One short message."
     templated = tokenizer.count_chat([{"role": "user", "content": text}])
     assert templated == len(tokenizer.encode(text)) + SMOLLM2_TEMPLATE_TOKENS
+
+
+def test_a_tokenizer_without_the_template_is_reported_not_hidden(
+    gateway_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --tokenizer PATH whose folder holds no chat template: bench cannot size for it, says
+    # so before the run, and after it reports the server's count and the difference.
+    source = resolve_model(ModelConfig()).path
+    bare = tmp_path / "tokenizer"
+    bare.mkdir()
+    shutil.copy(source / "tokenizer.json", bare)
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    result, counts = _bench(gateway_url, tmp_path / "bare", "--tokenizer", str(bare))
+    assert counts == [256 + SMOLLM2_TEMPLATE_TOKENS] * 6
+    target = result["target"]
+    assert isinstance(target, dict) and target["chat_template_tokens"] is None
+    err = " ".join(capsys.readouterr().err.split())
+    assert "cannot render the chat template" in err
+    assert (
+        "the server counted 286.0 prompt tokens per request where 256.0 were asked: +30.0 from "
+        "the chat template, which bench could not count here"
+    ) in err

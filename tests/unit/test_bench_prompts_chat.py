@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from servepilot.bench.chat_template import ChatFrame, measure_chat_frame
-from servepilot.bench.records import Endpoint, RequestSpec
+from servepilot.bench.chat_template import ChatFrame, count_gap_note, measure_chat_frame
+from servepilot.bench.records import Endpoint, RequestRecord, RequestSpec
 from servepilot.bench.tokenizer import LocalTokenizer, ServerTokenizer
 from servepilot.bench.workload import build_workload
 from servepilot.core.config import ModelConfig
@@ -254,3 +254,42 @@ def test_the_servers_tokenize_counts_the_template_or_says_it_cannot() -> None:
         server = ServerTokenizer(url, "m")
         assert server.count_chat([{"role": "user", "content": "a b"}]) is None
         assert measure_chat_frame(server, Endpoint.CHAT) == ChatFrame(0, known=False)
+
+
+def _sent_and_answered(
+    asked: Sequence[int], counted: Sequence[int | None]
+) -> tuple[list[RequestSpec], list[RequestRecord]]:
+    sent = [RequestSpec(i, "p", 4, n) for i, n in enumerate(asked)]
+    answered = [RequestRecord(i, 0.0, 0.0, input_tokens=c) for i, c in enumerate(counted)]
+    return sent, answered
+
+
+def test_the_servers_count_is_checked_against_the_asked_one() -> None:
+    sent, answered = _sent_and_answered([256, 256, 300], [256, 256, 300])
+    assert count_gap_note(ChatFrame(30), Endpoint.CHAT, sent, answered) is None
+    # The template could not be counted: every request is 30 over, and the line says why.
+    sent, answered = _sent_and_answered([256, 256], [286, 286])
+    assert count_gap_note(ChatFrame(0, known=False), Endpoint.CHAT, sent, answered) == (
+        "the server counted 286.0 prompt tokens per request where 256.0 were asked: +30.0 "
+        "from the chat template, which bench could not count here"
+    )
+    note = count_gap_note(ChatFrame(30), Endpoint.CHAT, sent, answered)
+    assert note is not None and note.endswith(
+        "+30.0 from the chat template, which does not add the same 30 tokens (measured on "
+        "one sample) to every text"
+    )
+    sent, answered = _sent_and_answered([100, 100], [101, 101])
+    note = count_gap_note(ChatFrame(), Endpoint.COMPLETIONS, sent, answered)
+    assert note is not None and note.endswith(
+        "+1.0 from what the server adds to a text (a BOS token)"
+    )
+
+
+def test_the_check_skips_failures_missing_usage_and_conversations() -> None:
+    sent, answered = _sent_and_answered([256, 256, 256], [256, None, 999])
+    failed = RequestRecord(2, 0.0, 0.0, input_tokens=999, error="http_500")
+    assert count_gap_note(ChatFrame(30), Endpoint.CHAT, sent, [*answered[:2], failed]) is None
+    # A later turn carries its history: the server's count is larger by design.
+    turn = RequestSpec(0, "p", 4, 256, history=(("user", "a"), ("assistant", "b")))
+    record = RequestRecord(0, 0.0, 0.0, input_tokens=600)
+    assert count_gap_note(ChatFrame(30), Endpoint.CHAT, [turn], [record]) is None
