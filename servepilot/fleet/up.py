@@ -35,6 +35,7 @@ from servepilot.fleet.state import (
     remove_record,
     write_record,
 )
+from servepilot.gateway import ReplicaPool
 from servepilot.routing.admission.budget import replica_capacity
 
 # Draining waits this long for in-flight requests when `up` is told to stop.
@@ -209,7 +210,7 @@ async def _serve(
         # `serving` finds the endpoint already printed.
         report.serving(UpStarted(served.url, model_name, tuple(infos), detached))
         write_record(_record(served, infos, replicas.run_dir))
-        await _watch(replicas, stop, report)
+        await _watch(replicas, served.gateway.pool, stop, report)
     finally:
         if served is not None:
             remove_record(served.port)
@@ -253,13 +254,17 @@ class _StartingRecord:
         return on_ready
 
 
-async def _watch(replicas: LocalReplicas, stop: asyncio.Event, report: UpReporter) -> None:
-    """Wait for the stop signal; warn once for each replica that dies meanwhile."""
+async def _watch(
+    replicas: LocalReplicas, pool: ReplicaPool, stop: asyncio.Event, report: UpReporter
+) -> None:
+    """Wait for the stop signal; warn once for each replica that dies meanwhile, and tell
+    the gateway at once (its health checks would take `unhealthy_after` rounds)."""
     reported: set[str] = set()
     while not stop.is_set():
         for proc, code in replicas.exited():
             if proc.replica_id not in reported:
                 reported.add(proc.replica_id)
+                pool.mark_down(proc.replica_id, f"its process exited with code {code}")
                 report.warn(
                     f"replica {proc.replica_id} exited with code {code}; the gateway routes "
                     f"around it (log: {proc.log_path})"

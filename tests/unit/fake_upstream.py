@@ -30,7 +30,8 @@ def sse(payload: dict[str, Any]) -> bytes:
 class FakeUpstream:
     """An OpenAI-shaped server: /health, /metrics, /v1/models, chat and completions.
 
-    `capacity` and `group` are what `gateway_in_front_of` registers it with. With
+    `capacity`, `group` and `starting` (still loading: requests wait for it) are what
+    `gateway_in_front_of` registers it with. With
     `hold_requests` set, every generation request is recorded and then held until the test
     releases it (`release_next`, `release_all`), which is how tests keep requests in flight.
     """
@@ -43,6 +44,7 @@ class FakeUpstream:
         *,
         capacity: int | None = None,
         group: str | None = None,
+        starting: bool = False,
     ) -> None:
         self.name = name
         self.models = tuple(models)
@@ -50,6 +52,7 @@ class FakeUpstream:
         self.url = f"http://127.0.0.1:{self.port}"
         self.capacity = capacity
         self.group = group
+        self.starting = starting
         self.metrics_text = ""
         self.health_status = 200
         self.received: list[dict[str, Any]] = []
