@@ -1,6 +1,6 @@
-"""The logs of a fleet `up` started: one file per replica and one for the gateway, in the
-run's folder (`state_dir()/runs/<time>-<pid>/`). `servepilot logs` finds them through the
-fleet records, or in the newest run folder once the fleet is gone."""
+"""The logs of a fleet `up` started: one file per replica, one for the gateway and its access
+log, in the run's folder (`state_dir()/runs/<time>-<pid>/`). `servepilot logs` finds them
+through the fleet records, or in the newest run folder once the fleet is gone."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from servepilot.fleet.state import FleetRecord, pid_alive, read_records
 
 GATEWAY = "gateway"
 GATEWAY_LOG = "gateway.log"
+ACCESS_LOG = "access.log"
+"""The gateway's access log (JSON lines), unless gateway.access_log.path puts it elsewhere."""
 _FOLLOW_POLL_S = 0.5
 
 

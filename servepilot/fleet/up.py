@@ -25,7 +25,7 @@ from servepilot.engine.model_source import ResolvedModel, resolve_model
 from servepilot.engine.process import ReplicaInfo
 from servepilot.engine.simserver.args import SimModel, sim_model
 from servepilot.fleet.local import LocalReplicas
-from servepilot.fleet.logs import gateway_log, new_run_dir
+from servepilot.fleet.logs import ACCESS_LOG, gateway_log, new_run_dir
 from servepilot.fleet.serve import ServedGateway, Upstream, check_port_free, start_gateway
 from servepilot.fleet.state import (
     FleetRecord,
@@ -203,7 +203,7 @@ async def _serve(
             )
             for i in infos
         ]
-        served = await start_gateway(config.gateway, upstreams)
+        served = await start_gateway(config.gateway, upstreams, replicas.run_dir / ACCESS_LOG)
         if served.port != config.gateway.port:  # port 0: the OS picked one
             remove_record(config.gateway.port)
         # Announced first, then recorded: a script (or test) that waits for the record's

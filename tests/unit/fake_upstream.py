@@ -67,6 +67,7 @@ class FakeUpstream:
         self.split_done = False  # `data: [DONE]` in two writes, cut inside its `[DONE]`
         self.peers: set[tuple[str, int]] = set()  # the client ends of generation requests
         self.die_mid_stream = False
+        self.usage: dict[str, int] | None = None  # a non-streamed answer's `usage`, when set
         self.endless_stream = False
         self.stream_aborted = asyncio.Event()
         self.hold_requests = False
@@ -161,9 +162,13 @@ class FakeUpstream:
             return web.json_response(error, status=self.reply_status)
         if not body.get("stream"):
             message = {"role": "assistant", "content": f"hello from {self.name}"}
-            return web.json_response(
-                {"object": "chat.completion", "choices": [{"message": message}]}
-            )
+            answer: dict[str, Any] = {
+                "object": "chat.completion",
+                "choices": [{"message": message}],
+            }
+            if self.usage is not None:
+                answer["usage"] = self.usage
+            return web.json_response(answer)
         return await self._stream(request)
 
     async def _stream(self, request: web.Request) -> web.StreamResponse:
