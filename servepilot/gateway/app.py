@@ -134,30 +134,10 @@ class Gateway:
 
     async def handle(self, request: HttpRequest) -> None:
         """Answer one request; errors become OpenAI-shaped JSON, never a traceback."""
-        path = request.path
-        route = path
         trail = None if self.access_log is None else Trail()
         error: str | None = None
         try:
-            inference = self._inference.get(path)
-            if inference is not None:
-                self._allow(request, "POST")
-                caller = self.auth.caller(request.headers.get("authorization"), self._clock())
-                await inference(request, caller, trail)
-            elif path in self._gets:
-                self._allow(request, "GET")
-                await self._gets[path](request)
-            elif path == "/admin/replicas" or path.startswith(_ADMIN_PREFIX):
-                route = "/admin/replicas" if path == "/admin/replicas" else "/admin/replicas/{id}"
-                await self._admin(request)
-            else:
-                route = "unmatched"  # one label, so scanners cannot blow up the series count
-                raise GatewayError(
-                    404,
-                    f"no route {request.method} {path}",
-                    error_type=INVALID_REQUEST,
-                    code="not_found",
-                )
+            await self._dispatch(request, trail)
         except GatewayError as exc:
             if request.responded:
                 raise RuntimeError(f"{exc.status} after the response started: {exc}") from exc
@@ -175,13 +155,39 @@ class Gateway:
         except Exception:
             # A bug must still answer in the API's error shape (the server does that), and
             # be counted.
-            self.metrics.count_request(route, 500)
+            self.metrics.count_request(self._route_label(request.path), 500)
             if trail is not None:
                 self._log(request, trail, 500, "internal_error")
             raise
-        self.metrics.count_request(route, request.status)
+        self.metrics.count_request(self._route_label(request.path), request.status)
         if trail is not None:
             self._log(request, trail, request.status, error)
+
+    def _route_label(self, path: str) -> str:
+        """The `route` label of a path: one per route, so scanners cannot blow up the series."""
+        if path in self._inference or path in self._gets or path == "/admin/replicas":
+            return path
+        return "/admin/replicas/{id}" if path.startswith(_ADMIN_PREFIX) else "unmatched"
+
+    async def _dispatch(self, request: HttpRequest, trail: Trail | None) -> None:
+        path = request.path
+        inference = self._inference.get(path)
+        if inference is not None:
+            self._allow(request, "POST")
+            caller = self.auth.caller(request.headers.get("authorization"), self._clock())
+            await inference(request, caller, trail)
+        elif path in self._gets:
+            self._allow(request, "GET")
+            await self._gets[path](request)
+        elif path == "/admin/replicas" or path.startswith(_ADMIN_PREFIX):
+            await self._admin(request)
+        else:
+            raise GatewayError(
+                404,
+                f"no route {request.method} {path}",
+                error_type=INVALID_REQUEST,
+                code="not_found",
+            )
 
     def _log(self, request: HttpRequest, trail: Trail, status: int, error: str | None) -> None:
         """The request's access log line; every error gets one, answers as sampled."""
