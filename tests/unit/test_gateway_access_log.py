@@ -10,7 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
+from servepilot.cli.gateway_cmd import _check_writable
+from servepilot.core.errors import ConfigError
 from servepilot.core.gateway_config import AccessLogConfig
 from servepilot.gateway.access_log import AccessLog
 from tests.unit.fake_upstream import FakeUpstream, sse
@@ -215,3 +218,10 @@ def test_no_path_no_log() -> None:
             assert gw.access_log is None
 
     run(body())
+
+
+def test_an_access_log_that_cannot_be_written_fails_before_serving(tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    with pytest.raises(ConfigError, match=r"--access-log .*file/access.log: cannot write it"):
+        _check_writable(blocked / "access.log")  # a file where its folder should be
