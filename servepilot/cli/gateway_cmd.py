@@ -8,7 +8,6 @@ from pathlib import Path
 from servepilot.cli.console import out_console, print_step
 from servepilot.cli.options import add_config_flag, base_url, config_from_args
 from servepilot.core.config import PolicyName
-from servepilot.core.errors import ConfigError
 from servepilot.fleet.serve import check_port_free
 from servepilot.gateway import run_gateway
 
@@ -78,22 +77,7 @@ def run(args: argparse.Namespace) -> int:
         config = config.model_copy(
             update={"access_log": config.access_log.model_copy(update={"enabled": True})}
         )
-    if args.access_log is not None:
-        _check_writable(args.access_log)
     replicas = [(f"r{i}", url) for i, url in enumerate(urls)]
     run_gateway(config, replicas, on_started=started, access_log_path=args.access_log)
     print_step("stopped")
     return 0
-
-
-def _check_writable(path: Path) -> None:
-    """Fail before serving, not at the first write, when the access log cannot be written."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8"):
-            pass
-    except OSError as exc:
-        raise ConfigError(
-            f"--access-log {path}: cannot write it ({exc.strerror})",
-            hint="pass a path in a folder you can write to",
-        ) from None

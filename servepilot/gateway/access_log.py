@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from servepilot.core.errors import ConfigError
 from servepilot.core.gateway_config import AccessLogConfig
 
 log = logging.getLogger(__name__)
@@ -123,8 +124,16 @@ class AccessLog:
     # --- the writer -----------------------------------------------------------------------
 
     def start(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        """Open the file (ConfigError when it cannot be written) and start the writer."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (see close())
+        except OSError as exc:
+            raise ConfigError(
+                f"the access log {self.path} cannot be written: {exc.strerror}",
+                hint="pass --access-log (or set gateway.access_log.path to) a file in a folder "
+                "you can write to",
+            ) from None
         self._task = asyncio.get_running_loop().create_task(self._run(), name="access-log")
 
     async def close(self) -> None:

@@ -102,12 +102,17 @@ class Gateway:
         """Listen (on the config's host/port unless given) and return the bound port."""
         if self._started:
             raise RuntimeError("the gateway is already started")
-        bound = await self._server.start(
-            host or self.config.host, self.config.port if port is None else port
-        )
-        self._started = True
         if self.access_log is not None:
-            self.access_log.start()
+            self.access_log.start()  # first: a log that cannot be written stops nothing
+        try:
+            bound = await self._server.start(
+                host or self.config.host, self.config.port if port is None else port
+            )
+        except BaseException:
+            if self.access_log is not None:
+                await self.access_log.close()
+            raise
+        self._started = True
         self.pool.start_health_checks()
         self.dispatcher.start()
         log.info("gateway listening on %s:%d", host or self.config.host, bound)

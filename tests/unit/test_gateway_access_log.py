@@ -12,9 +12,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from servepilot.cli.gateway_cmd import _check_writable
 from servepilot.core.errors import ConfigError
-from servepilot.core.gateway_config import AccessLogConfig
+from servepilot.core.gateway_config import AccessLogConfig, GatewayConfig
+from servepilot.gateway import Gateway
 from servepilot.gateway.access_log import AccessLog
 from tests.unit.fake_upstream import FakeUpstream, sse
 from tests.unit.gateway_support import (
@@ -220,8 +220,16 @@ def test_no_path_no_log() -> None:
     run(body())
 
 
-def test_an_access_log_that_cannot_be_written_fails_before_serving(tmp_path: Path) -> None:
+def test_an_access_log_that_cannot_be_written_fails_before_listening(tmp_path: Path) -> None:
     blocked = tmp_path / "file"
     blocked.write_text("")
-    with pytest.raises(ConfigError, match=r"--access-log .*file/access.log: cannot write it"):
-        _check_writable(blocked / "access.log")  # a file where its folder should be
+    config = GatewayConfig(port=0, access_log={"path": str(blocked / "access.log")})
+
+    async def body() -> None:
+        gateway = Gateway(config)
+        with pytest.raises(ConfigError, match=r"access log .*file/access.log cannot be written"):
+            await gateway.start("127.0.0.1", 0)
+        assert not gateway._started  # nothing to stop: it never listened
+        await gateway.stop(0)
+
+    run(body())
