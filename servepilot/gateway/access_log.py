@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
+import functools
 import json
 import logging
 import re
@@ -32,6 +32,8 @@ CLIENT_DISCONNECTED = "client_disconnected"
 # What the status of a line is when no status was answered: nginx's "client closed request".
 CLIENT_CLOSED_STATUS = 499
 _PATH_CHARS = 200  # a scanner's long paths do not make long lines
+# One encoder for every line: json.dumps with non-default separators builds one per call.
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 _USAGE = {
     name: re.compile(rb'"%b"\s*:\s*(\d+)' % name.encode())
     for name in ("prompt_tokens", "completion_tokens")
@@ -180,9 +182,10 @@ def _write(file: IO[str], text: str) -> None:
 def line(entry: _Entry) -> str:
     """One JSON line (newline included); the request's arrival time leads it."""
     end_s, e2e_s, method, path, status, bytes_in, trail, error = entry
-    arrived = datetime.datetime.fromtimestamp(end_s - e2e_s, datetime.UTC)
+    tail = trail.tail
+    counted = b"_tokens" in tail  # one scan; most streams carry no usage
     doc: dict[str, Any] = {
-        "time": arrived.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "time": _utc(end_s - e2e_s),
         "method": method,
         "path": path[:_PATH_CHARS],
         "status": status,
@@ -191,8 +194,8 @@ def line(entry: _Entry) -> str:
         "model": trail.model,
         "stream": trail.stream,
         "prompt_chars": trail.prompt_chars,
-        "prompt_tokens": _usage(trail.tail, "prompt_tokens"),
-        "output_tokens": _usage(trail.tail, "completion_tokens"),
+        "prompt_tokens": _usage(tail, "prompt_tokens") if counted else None,
+        "output_tokens": _usage(tail, "completion_tokens") if counted else None,
         "ttfb_ms": _ms(trail.ttfb_s),
         "ttft_ms": _ms(trail.ttft_s),
         "e2e_ms": _ms(e2e_s),
@@ -200,7 +203,19 @@ def line(entry: _Entry) -> str:
         "bytes_out": trail.bytes_out,
         "error": error,
     }
-    return json.dumps(doc, separators=(",", ":")) + "\n"
+    return _ENCODE(doc) + "\n"
+
+
+def _utc(at_s: float) -> str:
+    """ISO 8601 in UTC to the millisecond, e.g. 2026-12-01T14:50:00.123Z."""
+    second = int(at_s)
+    return f"{_utc_second(second)}.{int((at_s - second) * 1000):03d}Z"
+
+
+@functools.lru_cache(maxsize=4)
+def _utc_second(second: int) -> str:
+    """The lines of one flush share a handful of seconds: each is formatted once."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -15,7 +15,7 @@ import pytest
 from servepilot.core.errors import ConfigError
 from servepilot.core.gateway_config import AccessLogConfig, GatewayConfig
 from servepilot.gateway import Gateway
-from servepilot.gateway.access_log import AccessLog
+from servepilot.gateway.access_log import AccessLog, _utc
 from tests.unit.fake_upstream import FakeUpstream, sse
 from tests.unit.gateway_support import (
     STREAM_CHAT,
@@ -233,3 +233,8 @@ def test_an_access_log_that_cannot_be_written_fails_before_listening(tmp_path: P
         await gateway.stop(0)
 
     run(body())
+
+
+def test_times_are_utc_to_the_millisecond() -> None:
+    assert _utc(86_400.25) == "1970-01-02T00:00:00.250Z"
+    assert _utc(86_399.999_9) == "1970-01-01T23:59:59.999Z"  # truncated, never rounded up
