@@ -33,10 +33,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     down.set_defaults(run=run_down)
 
     logs = sub.add_parser(
-        "logs", help="print a replica's (r0, r1, ...) or the gateway's log of the running "
-        "(or the last) fleet",
+        "logs", help="print a replica's (r0, r1, ...), the gateway's or its access log (access) "
+        "of the running (or the last) fleet",
     )  # fmt: skip
-    logs.add_argument("name", nargs="?", default=GATEWAY, metavar="REPLICA|gateway")
+    logs.add_argument("name", nargs="?", default=GATEWAY, metavar="REPLICA|gateway|access")
     logs.add_argument("-f", "--follow", action="store_true", help="go on until the fleet stops")
     logs.set_defaults(run=run_logs)
     for parser in (status, down, logs):

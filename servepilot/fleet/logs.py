@@ -18,6 +18,7 @@ from servepilot.core.paths import state_dir
 from servepilot.fleet.state import FleetRecord, pid_alive, read_records
 
 GATEWAY = "gateway"
+ACCESS = "access"
 GATEWAY_LOG = "gateway.log"
 ACCESS_LOG = "access.log"
 """The gateway's access log (JSON lines), unless gateway.access_log.path puts it elsewhere."""
@@ -45,9 +46,10 @@ class LogSource:
 
 
 def find_log(name: str, port: int | None) -> LogSource:
-    """The log called `name` (`gateway`, or a replica id such as `r0`) of the running fleet
-    (the one on `port`), else of the newest run."""
-    filename = GATEWAY_LOG if name == GATEWAY else replica_log_name(name.removeprefix("replica-"))
+    """The log called `name` (`gateway`, `access`, or a replica id such as `r0`) of the
+    running fleet (the one on `port`), else of the newest run."""
+    named = {GATEWAY: GATEWAY_LOG, ACCESS: ACCESS_LOG}
+    filename = named.get(name) or replica_log_name(name.removeprefix("replica-"))
     running = [r for r in read_records() if r.is_alive() and port in (None, r.port)]
     if len(running) > 1:
         ports = ", ".join(str(r.port) for r in running)

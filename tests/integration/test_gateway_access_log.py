@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from tests.integration.fleetproc import down, running_fleet
+from tests.integration.fleetproc import cli, down, running_fleet
 from tests.integration.gatewayproc import GatewayProcess, StubProcess
 
 REQUESTS = 12
@@ -66,3 +66,5 @@ def test_up_writes_access_log_next_to_gateway_log(tmp_path: Path) -> None:
     lines = [line for line in _lines(run_dir / "access.log") if line["method"] == "POST"]
     assert [(line["status"], line["replica"]) for line in lines] == answers == [(200, "r0")] * 3
     assert all(line["output_tokens"] == 2 for line in lines)
+    shown = cli(["logs", "access"], fleet.env)  # the last run's, once the fleet is gone
+    assert shown.returncode == 0 and shown.stdout == (run_dir / "access.log").read_text()
