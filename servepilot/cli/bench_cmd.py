@@ -7,7 +7,7 @@ from pathlib import Path
 
 from servepilot.bench.client import Target
 from servepilot.bench.compare import compare_results, render_comparison
-from servepilot.bench.console import progress_counts, run_warnings
+from servepilot.bench.console import progress_counts, progress_left, run_warnings
 from servepilot.bench.outputs import check_out_dir, write_outputs
 from servepilot.bench.records import Endpoint
 from servepilot.bench.session import (
@@ -142,7 +142,8 @@ def _run_with_progress(opts: BenchOptions, tokenizer: Tokenizer) -> BenchOutput:
 
         def progress(p: LevelProgress) -> None:
             done = p.completed + p.failed if p.planned is not None else p.elapsed_s
-            bars.update(p.load, done, progress_counts(p.completed, p.failed))
+            counts = progress_counts(p.completed, p.failed)
+            bars.update(p.load, done, counts, progress_left(p.left_s))
 
         reporter = BenchReporter(started, progress, bars.finish, bars.note)
         return loop.run(run_bench(opts, tokenizer, reporter))
