@@ -100,8 +100,10 @@ class RunClock:
     ) -> tuple[float, float] | None:
         """What is left of the run, `elapsed_s` into the level of `plan` with `answers` in."""
         if self._pace is None and answers and elapsed_s > 0:
+            known = self._estimate(self._plans).left_s is not None
             self._pace = first_answers_pace(plan, elapsed_s)
-            self._note()
+            if not known:  # the first estimate with a time in it
+                self._note()
         plans = [*self._plans[: self._done], plan, *self._plans[self._done + 1 :]]
         left = self._estimate(plans, (answers, elapsed_s))
         if left.short_s is None or left.left_s is None:

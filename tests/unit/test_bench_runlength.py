@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from servepilot.bench.client import Target
 from servepilot.bench.console import estimate_line, fmt_length_s, progress_left
 from servepilot.bench.runlength import (
     Pace,
@@ -16,7 +17,9 @@ from servepilot.bench.runlength import (
     level_s,
     run_loads,
 )
+from servepilot.bench.session import BenchOptions, BenchReporter, RunClock
 from servepilot.core.results import Load, LoadMode
+from servepilot.core.slo import Slo
 from servepilot.load.arrivals import Arrival
 from servepilot.load.levels import LevelOptions
 from servepilot.load.loadplan import LoadPlan
@@ -142,3 +145,31 @@ def test_the_time_left_is_a_range_or_one_figure() -> None:
     assert progress_left((120.0, 720.0)) == "2-12 min left"
     assert progress_left((30.0, 30.4)) == "about 30 s left"
     assert progress_left((60.0, 300.0)) == "60 s to 5 min left"
+
+
+def _clock_notes(levels: LevelOptions) -> tuple[list[str], RunClock]:
+    notes: list[str] = []
+    reporter = BenchReporter(lambda *_: None, lambda _: None, lambda _: None, notes.append)
+    opts = BenchOptions(target=Target(base_url="http://x", model="m"), levels=levels, seed=0,
+                        slo=Slo())  # fmt: skip
+    clock = RunClock(opts, reporter)
+    clock.start()
+    return notes, clock
+
+
+def test_the_run_clock_notes_a_time_once_it_has_one() -> None:
+    given = dataclasses.replace(LEVELS, sweep=None, loads=(c(1), c(2)), requests=4)
+    notes, clock = _clock_notes(given)
+    plan = LoadPlan(load=c(1), max_requests=4)
+    assert clock.progress(plan, 0, 0.2) is None
+    # The first answer, 2 s in: c=1 4 x 2 s; c=2 4 x 2 s (long) or 4 x 1 s (short).
+    assert clock.progress(plan, 1, 2.0) == (pytest.approx(6 + 4), pytest.approx(6 + 8))
+    assert len(notes) == 2 and notes[1].startswith("estimate: 12-16 s left for 2 levels")
+    clock.level_done(run(1, 60, 4000), sent=4, wall_s=8.0)
+    assert notes[2].startswith("level 1 of 2 done; estimate: 4-8 s left for 1 level")
+
+    timed = dataclasses.replace(given, requests=None, duration_s=10.0)
+    notes, clock = _clock_notes(timed)
+    clock.progress(LoadPlan(load=c(1), duration_s=10.0), 1, 2.0)
+    assert notes == ["estimate: at most 80 s left: 2 levels of 10 s each + up to 30 s for "
+                     "the answers in flight to finish"]  # fmt: skip
