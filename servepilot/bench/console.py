@@ -84,7 +84,7 @@ def progress_counts(completed: int, failed: int) -> str:
 
 def fmt_length_s(seconds: float) -> str:
     """`45 s`, `12 min`, `1 h 05 min`: a length read at a glance."""
-    if seconds < 90:
+    if seconds < 100:
         return f"{seconds:.0f} s"
     minutes = round(seconds / 60)
     if minutes < 60:

@@ -1,8 +1,8 @@
 """How long a bench run takes: the estimate printed before the first request, re-made as
 answers come in and levels finish.
 
-A duration-bound level's length follows from its flags: the duration plus the drain allowance
-(`LoadPlan.grace_s`) that the requests in flight at its end get, an upper bound. A
+A duration-bound level's length follows from its flags: the duration plus up to the drain
+allowance (`LoadPlan.grace_s`) that the requests in flight at its end get. A
 request-bound level's length depends on how fast the target answers, so it is estimated from a
 `Pace` measured on this run (the first answers, then each finished level) as a range: the long
 end if the throughput stays what was measured (a saturated server), the short end if the
@@ -72,7 +72,10 @@ def level_s(plan: LoadPlan, pace: Pace | None, *, short: bool = False) -> float 
     depends on a pace not yet measured."""
     if plan.duration_s is not None:
         warmup_s = _sending_s(plan, plan.warmup_requests, pace, short=short, tail=False)
-        return None if warmup_s is None else warmup_s + plan.duration_s + plan.grace_s
+        if warmup_s is None:
+            return None
+        # The answers in flight at the end take from nothing to the whole allowance.
+        return warmup_s + plan.duration_s + (0.0 if short else plan.grace_s)
     requests = plan.warmup_requests + (plan.max_requests or 0)
     return _sending_s(plan, requests, pace, short=short, tail=True)
 

@@ -37,7 +37,7 @@ class LevelBars:
         self._tasks[load] = self._bar.add_task(level_name(load), total=total, counts="")
 
     def update(self, load: Load, completed: float, counts: str, left: str = "") -> None:
-        """`left`: what is left of the run (`~4 min left`), when known."""
+        """`left`: what is left of the run (`2-4 min left`), when known."""
         counts = f"{counts} · {left}" if left else counts
         self._bar.update(self._tasks[load], completed=completed, counts=counts)
 
@@ -56,7 +56,7 @@ PLAIN_EVERY_S = 10.0
 
 class PlainLevels:
     """The same progress as plain lines, for a log file or CI, where a bar shows nothing:
-    `level 2 · concurrency 2: 12 ok, 1 failed · 20 s elapsed · ~3 min left`."""
+    `level 2 · concurrency 2: 12 ok, 1 failed · 20 s elapsed · 2-4 min left`."""
 
     def __init__(
         self,

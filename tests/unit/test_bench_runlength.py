@@ -64,6 +64,7 @@ def test_a_sweep_of_fixed_requests_ends_at_the_first_concurrency_above_them() ->
 def test_a_duration_bound_level_is_its_duration_plus_the_drain_allowance() -> None:
     plan = LoadPlan(load=c(4), duration_s=30.0)
     assert level_s(plan, None) == 60.0  # 30 s + grace 30 s, known before any answer
+    assert level_s(plan, None, short=True) == 30.0  # nothing left in flight at the end
     warm = dataclasses.replace(plan, warmup_requests=6)
     assert level_s(warm, None) is None  # the warm-up's time needs a pace
     assert level_s(warm, PACE) == pytest.approx(6 / 0.5 + 60)
@@ -125,16 +126,16 @@ def test_the_estimate_lines_say_what_they_rest_on() -> None:
         "estimate: 3 levels left, 60 requests in all; their time is estimated once the first "
         "answer is in; the sweep may stop sooner (its bound: 3 levels, c=1 to c=4)"
     )
-    after = estimate(counted, 1, PACE, sweep=True)  # c=2: 60 s; c=4: 30 to 40 s
+    after = estimate(counted, 1, PACE, sweep=True)  # c=2: 60 s; c=4: 30 to 40 s: 90-100 s
     assert estimate_line(after, counted, loads).startswith(
-        "level 1 of at most 3 done; estimate: about 2 min left for 2 levels, from test (the short "
-        "end if throughput grows with the load, the long end if it stays flat)"
+        "level 1 of at most 3 done; estimate: 90 s to 2 min left for 2 levels, from test "
+        "(the short end if throughput grows with the load, the long end if it stays flat)"
     )
 
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(45, "45 s"), (89.6, "90 s"), (720, "12 min"), (3900, "1 h 05 min")],
+    [(45, "45 s"), (89.6, "90 s"), (100, "2 min"), (720, "12 min"), (3900, "1 h 05 min")],
 )
 def test_lengths_read_at_a_glance(seconds: float, text: str) -> None:
     assert fmt_length_s(seconds) == text
