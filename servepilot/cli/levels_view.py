@@ -13,13 +13,7 @@ from rich.console import Console, RenderableType
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from servepilot.bench.console import (
-    ending,
-    fmt_length_s,
-    level_summary,
-    render_runs_table,
-    sweet_spot_line,
-)
+from servepilot.bench.console import ending, level_summary, render_runs_table, sweet_spot_line
 from servepilot.bench.report.fmt import level_name
 from servepilot.cli.console import err_console, out_console
 from servepilot.core.results import BenchResult, Load, Run
@@ -56,7 +50,7 @@ PLAIN_EVERY_S = 10.0
 
 class PlainLevels:
     """The same progress as plain lines, for a log file or CI, where a bar shows nothing:
-    `level 2 · concurrency 2: 12 ok, 1 failed · 20 s elapsed · 2-4 min left`."""
+    `level 2 · concurrency 2: 12 ok, 1 failed · 0:00:20 elapsed · 2-4 min left`."""
 
     def __init__(
         self,
@@ -80,12 +74,12 @@ class PlainLevels:
         now = self._clock()
         if now - self._last_s >= self._every_s:
             self._last_s = now
-            elapsed = f"{fmt_length_s(now - self._started[load][1])} elapsed"
+            elapsed = f"{_clock_text(now - self._started[load][1])} elapsed"
             self._line(load, " · ".join(part for part in (counts, elapsed, left) if part))
 
     def finish(self, run: Run) -> None:
         took_s = self._clock() - self._started[run.load][1]
-        self._line(run.load, f"done in {fmt_length_s(took_s)}: {level_summary(run)}")
+        self._line(run.load, f"done in {_clock_text(took_s)}: {level_summary(run)}")
 
     def note(self, message: RenderableType) -> None:
         # One line per message, however long: a log is read with grep.
@@ -94,6 +88,12 @@ class PlainLevels:
     def _line(self, load: Load, what: str) -> None:
         number = self._started[load][0]
         self._console.print(Text(f"level {number} · {level_name(load)}: {what}"), soft_wrap=True)
+
+
+def _clock_text(seconds: float) -> str:
+    """`0:03:10`, as the bar's elapsed column shows it: to the second, unlike the estimates."""
+    whole = int(seconds)
+    return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
 
 
 @contextmanager

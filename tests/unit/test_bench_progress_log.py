@@ -59,20 +59,20 @@ def test_a_redirected_bench_logs_its_progress_and_its_estimates(tmp_path: Path) 
     assert int(first[1]) == round(12 * answer_s) and int(first[2]) == round(16 * answer_s)
 
     progress = [line for line in lines if re.match(r"level \d · [^:]*: \d+ ok", line)]
-    ticks = [re.fullmatch(r"level (\d) · concurrency \d: (\d) ok · (\d+) s elapsed · .+ left", p)
-             for p in progress]  # fmt: skip
+    tick = r"level (\d) · concurrency \d: (\d) ok · 0:00:(\d\d) elapsed · .+ left"
+    ticks = [re.fullmatch(tick, p) for p in progress]
     assert all(t is not None for t in ticks), progress
     # c=1's 14 s give one line (at 10 s, with 4 to 7 answers in); never two within 10 s.
     first_level = [t for t in ticks if t is not None and t[1] == "1"]
     assert first_level and 3 <= int(first_level[0][2]) <= 7, progress
-    assert re.fullmatch(r".* · 10 s elapsed · \d+-\d+ s left", first_level[0][0])
+    assert re.fullmatch(r".* · 0:00:10 elapsed · \d+-\d+ s left", first_level[0][0])
     for level in {t[1] for t in ticks if t is not None}:
         times = [int(t[3]) for t in ticks if t is not None and t[1] == level]
         assert times[0] >= 10 and all(b - a >= 10 for a, b in itertools.pairwise(times))
-    assert re.search(r"^level 1 · concurrency 1: done in \d+ s: 8 ok, 0 failed · ", text, re.M)
+    assert re.search(r"^level 1 · concurrency 1: done in 0:00:\d\d: 8 ok, 0 failed · ", text, re.M)
     assert re.search(r"^level 1 of 2 done; estimate: \d+-\d+ s left for 1 level, from the ", text,
                      re.M)  # fmt: skip
-    assert re.search(r"^level 2 · concurrency 2: done in \d+ s: 8 ok, 0 failed · ", text, re.M)
+    assert re.search(r"^level 2 · concurrency 2: done in 0:00:\d\d: 8 ok, 0 failed · ", text, re.M)
 
 
 def test_plain_lines_come_at_most_every_ten_seconds() -> None:
@@ -87,7 +87,7 @@ def test_plain_lines_come_at_most_every_ten_seconds() -> None:
         plain.finish(run(4, 100, 800))
     assert captured.get().splitlines() == [
         "level 1 · concurrency 4: started",
-        "level 1 · concurrency 4: 10 ok · 10 s elapsed · about 1 min left",
-        "level 1 · concurrency 4: 20 ok · 20 s elapsed · about 1 min left",
-        "level 1 · concurrency 4: done in 25 s: 100 ok, 0 failed · 100.0 tok/s · P99 E2E 800 ms",
+        "level 1 · concurrency 4: 10 ok · 0:00:10 elapsed · about 1 min left",
+        "level 1 · concurrency 4: 20 ok · 0:00:20 elapsed · about 1 min left",
+        "level 1 · concurrency 4: done in 0:00:25: 100 ok, 0 failed · 100.0 tok/s · P99 E2E 800 ms",
     ]
