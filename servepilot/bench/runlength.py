@@ -95,10 +95,12 @@ def _sending_s(
         rate = pace.requests_per_s
         if by_latency is not None:
             rate = by_latency if short else min(rate, by_latency)
-        return requests / rate
+        return requests / rate if rate > 0 else None
     # Open loop: sent on schedule, answered no faster than measured (short end: on time);
     # the last answer comes one latency after its send.
     rate = plan.load.value if short else min(pace.requests_per_s, plan.load.value)
+    if rate <= 0:  # a level that measured nothing tells no time
+        return None
     return requests / rate + (pace.latency_s if tail else 0.0)
 
 

@@ -81,6 +81,12 @@ def test_a_request_bound_closed_loop_from_a_pace() -> None:
     assert level_s(one, PACE) == level_s(one, PACE, short=True) == pytest.approx(120.0)
 
 
+def test_a_pace_of_nothing_gives_no_time_rather_than_a_crash() -> None:
+    nothing = Pace(requests_per_s=0.0, latency_s=0.0, basis="a level of 0 requests")
+    assert level_s(LoadPlan(load=c(2), max_requests=5), nothing) is None
+    assert level_s(LoadPlan(load=r(2), max_requests=5), nothing) is None
+
+
 def test_a_request_bound_open_loop_from_a_pace() -> None:
     plan = LoadPlan(load=r(2), max_requests=20)
     pace = Pace(requests_per_s=1.0, latency_s=3.0, basis="test")
