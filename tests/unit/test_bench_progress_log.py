@@ -28,14 +28,16 @@ def test_a_redirected_bench_logs_its_progress_and_its_estimates(tmp_path: Path) 
         # one progress line at 10 s; c=2 about 7 s, none.
         done = subprocess.run(
             [sys.executable, "-m", "servepilot", "bench", "--url", sim.url, "--concurrency",
-             "1,2", "--requests", "8", "--input-tokens", "16", "--output-tokens", "80",
+             "1,2", "--requests", "8", "--input-tokens", "40", "--output-tokens", "80",
              "--out", str(out)],
             cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
             stderr=stderr, timeout=300, check=False,
         )  # fmt: skip
     text = log.read_text()
     assert done.returncode == 0, text[-3000:]
-    lines = text.splitlines()
+    # The first line says how the chat template is sized (tests/unit/test_bench_prompts_chat.py).
+    assert text.startswith("• the chat template adds 30 tokens to a message")
+    lines = text.splitlines()[1:]
     runs = json.loads((out / "results.json").read_text())["runs"]
     first_e2e_s = runs[0]["e2e_ms"]["p50"] / 1000
 
