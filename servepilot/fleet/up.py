@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from servepilot.core.cluster_config import ClusterBackend
 from servepilot.core.config import EngineKind, FleetConfig
+from servepilot.core.errors import FleetError
 from servepilot.engine.model_source import ResolvedModel, resolve_model
 from servepilot.engine.process import ReplicaInfo
 from servepilot.engine.simserver.args import SimModel, sim_model
@@ -126,6 +128,9 @@ def stamped(message: str) -> str:
 
 async def run_up(config: FleetConfig, report: UpReporter) -> None:
     """Serve until SIGINT or SIGTERM, then drain and stop everything."""
+    if config.cluster.backend is ClusterBackend.RAY:
+        await _run_on_ray(config, report)
+        return
     gw = config.gateway
     check_port_free(gw.host, gw.port)
     check_no_fleet(gw.port)
@@ -253,6 +258,20 @@ async def _watch(replicas: LocalReplicas, stop: asyncio.Event, report: UpReporte
                 )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), _WATCH_INTERVAL_S)
+
+
+async def _run_on_ray(config: FleetConfig, report: UpReporter) -> None:
+    # Imported here: Ray is an optional extra, and importing it takes seconds.
+    try:
+        from servepilot.fleet.ray.up import run_ray_up
+    except ModuleNotFoundError as exc:
+        if exc.name != "ray":
+            raise
+        raise FleetError(
+            "cluster.backend: ray needs Ray, which is not installed",
+            hint="pip install 'servepilot[ray]' (`make install` installs it)",
+        ) from None
+    await run_ray_up(config, report)
 
 
 def _stop_event() -> asyncio.Event:

@@ -1,0 +1,177 @@
+"""`up` on a Ray cluster (`cluster.backend: ray`): the replicas as actors on the cluster's
+nodes, the gateway here, in front of them, following them as they come and go.
+
+Order of start: the cluster joined (or started) -> fleet record (`starting`) -> placement groups
+placed -> actors started -> servers ready -> gateway -> fleet record (`serving`) -> watcher.
+Order of stop, the reverse: record -> watcher -> gateway (drain) -> actors and groups removed ->
+the cluster left (or, started here, stopped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from servepilot.core.config import EngineKind, FleetConfig
+from servepilot.engine.process import ReplicaInfo
+from servepilot.fleet.logs import gateway_log, replica_log_name, runs_dir
+from servepilot.fleet.ray import cluster
+from servepilot.fleet.ray.actor import ActorReady
+from servepilot.fleet.ray.replicas import RayReplicas
+from servepilot.fleet.ray.view import ClusterView, GroupRow, ReplicaRow, remove_view, write_view
+from servepilot.fleet.ray.watcher import GatewayMembership, ReplicaWatcher
+from servepilot.fleet.serve import ServedGateway, Upstream, check_port_free, start_gateway
+from servepilot.fleet.state import (
+    FleetRecord,
+    FleetState,
+    ReplicaRecord,
+    check_no_fleet,
+    remove_record,
+    write_record,
+)
+from servepilot.fleet.up import DRAIN_TIMEOUT_S, UpReporter, UpStarted, _stop_event, _until_stopped
+from servepilot.routing.admission.budget import replica_capacity
+
+# How often `status`'s view of the cluster is rewritten.
+_VIEW_EVERY_S = 2.0
+
+
+async def run_ray_up(config: FleetConfig, report: UpReporter) -> None:
+    """Serve on the Ray cluster until SIGINT or SIGTERM, then drain and remove everything."""
+    gw = config.gateway
+    check_port_free(gw.host, gw.port)
+    check_no_fleet(gw.port)
+    connection = await asyncio.to_thread(cluster.connect, config.cluster)
+    try:
+        await _run(config, report)
+    finally:
+        remove_view(gw.port)
+        connection.close()
+
+
+async def _run(config: FleetConfig, report: UpReporter) -> None:
+    gw = config.gateway
+    run_dir = runs_dir() / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    replicas = RayReplicas(config, run_dir, f"servepilot-{gw.port}-{os.getpid()}")
+    stop = _stop_event()
+    alive = len(await asyncio.to_thread(cluster.alive_resources))
+    report.step(f"Ray cluster at {config.cluster.address}: {alive} node(s) alive")
+    report.step(f"placing {replicas.plan.describe()}")
+    what = "simulated" if config.engine.kind is EngineKind.SIM else "vLLM"
+    report.step(
+        f"starting {config.replicas.count} {what} replica(s) as Ray actors; logs in {run_dir}"
+    )
+    starting = _StartingRecord(config, run_dir, replicas.replica_ids)
+    try:
+        infos = await _until_stopped(replicas.start(starting.ready(report)), stop)
+        if infos is not None:
+            with gateway_log(run_dir):
+                await _serve(config, replicas, infos, stop, report)
+    finally:
+        remove_record(gw.port)
+
+
+async def _serve(
+    config: FleetConfig,
+    replicas: RayReplicas,
+    infos: list[ReplicaInfo],
+    stop: asyncio.Event,
+    report: UpReporter,
+) -> None:
+    served: ServedGateway | None = None
+    watcher: ReplicaWatcher | None = None
+    try:
+        upstreams = [Upstream(i.replica_id, i.url, _capacity(config, i)) for i in infos]
+        served = await start_gateway(config.gateway, upstreams)
+        if served.port != config.gateway.port:  # port 0: the OS picked one
+            remove_record(config.gateway.port)
+        model_name = next(iter(replicas.answers.values())).served_name
+        report.serving(UpStarted(served.url, model_name, tuple(infos)))
+        write_record(_record(served, infos, replicas.run_dir, FleetState.SERVING))
+        membership = GatewayMembership(served.gateway, lambda a: _answer_capacity(config, a))
+        watcher = ReplicaWatcher(replicas.replicas, membership, report.warn, report.step)
+        watcher.start(replicas.answers)
+        while not stop.is_set():
+            view = await asyncio.to_thread(_view, config.cluster.address, replicas, watcher)
+            write_view(served.port, view)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), _VIEW_EVERY_S)
+    finally:
+        if served is not None:
+            remove_record(served.port)
+            remove_view(served.port)
+        report.step("draining the gateway and removing the replicas' actors and placement groups")
+        if watcher is not None:
+            await watcher.stop()
+        if served is not None:
+            await served.stop(DRAIN_TIMEOUT_S)
+        await replicas.stop()
+
+
+class _StartingRecord:
+    """The fleet record while the replicas are placed and load: which are ready."""
+
+    def __init__(self, config: FleetConfig, run_dir: Path, replica_ids: list[str]) -> None:
+        gw = config.gateway
+        self._gateway_url = f"http://{gw.host}:{gw.port}"
+        self._port = gw.port
+        self._run_dir = run_dir
+        self._ids = replica_ids
+        self._ready: dict[str, str] = {}
+        self._started_at_s = time.time()
+        self.write()
+
+    def write(self) -> None:
+        rows = tuple(
+            ReplicaRecord(i, self._ready.get(i, ""), 0, str(self._run_dir / replica_log_name(i)),
+                          i in self._ready)
+            for i in self._ids
+        )  # fmt: skip
+        write_record(
+            FleetRecord(os.getpid(), self._gateway_url, self._port, self._started_at_s,
+                        str(self._run_dir), rows, FleetState.STARTING)
+        )  # fmt: skip
+
+    def ready(self, report: UpReporter) -> Callable[[ReplicaInfo], None]:
+        def on_ready(info: ReplicaInfo) -> None:
+            report.replica_ready(info)
+            self._ready[info.replica_id] = info.url
+            self.write()
+
+        return on_ready
+
+
+def _record(
+    served: ServedGateway, infos: list[ReplicaInfo], run_dir: Path, state: FleetState
+) -> FleetRecord:
+    # pid 0: the servers run on the cluster's nodes, not here; `down` stops them through
+    # this `up` (and Ray stops them if it dies), never by pid.
+    rows = tuple(ReplicaRecord(i.replica_id, i.url, 0, str(i.log_path)) for i in infos)
+    return FleetRecord(os.getpid(), served.url, served.port, time.time(), str(run_dir), rows, state)
+
+
+def _capacity(config: FleetConfig, info: ReplicaInfo) -> int:
+    return replica_capacity(config, info.kv.kv_capacity_tokens if info.kv else None)
+
+
+def _answer_capacity(config: FleetConfig, answer: ActorReady) -> int | None:
+    return _capacity(config, answer.info) if answer.info else None
+
+
+def _view(address: str, replicas: RayReplicas, watcher: ReplicaWatcher) -> ClusterView:
+    groups = []
+    for replica in replicas.replicas:
+        state = replica.group_state()
+        groups.append(GroupRow(state.name, state.state, state.node_ids))
+    rows = []
+    for replica in replicas.replicas:
+        rid = replica.replica_id
+        answer = watcher.answers.get(rid)
+        url = answer.info.url if answer and answer.info else ""
+        rows.append(ReplicaRow(rid, watcher.states[rid], answer.node_id if answer else "", url,
+                               watcher.restarts[rid]))  # fmt: skip
+    return ClusterView(address, tuple(cluster.nodes()), tuple(groups), tuple(rows))
