@@ -24,6 +24,8 @@ from servepilot.core.errors import FleetError
 from servepilot.fleet.ray.cluster import alive_resources
 from servepilot.fleet.ray.placement import PlacementPlan, placement_shortfall, spread_selector
 
+_POLL_S = 0.1
+
 
 @dataclass(frozen=True, slots=True)
 class GroupState:
@@ -76,9 +78,11 @@ def _make_group(plan: PlacementPlan, name: str, selector: dict[str, str]) -> Any
 
 
 async def _wait_placed(group: Any, deadline: float, plan: PlacementPlan, timeout_s: float) -> None:
-    remaining_s = max(0.0, deadline - time.monotonic())
-    if await asyncio.to_thread(group.wait, remaining_s):
-        return
+    # Polled rather than group.wait(), which counts whole seconds only.
+    while time.monotonic() < deadline:
+        if (await asyncio.to_thread(placement_group_table, group)).get("state") == "CREATED":
+            return
+        await asyncio.sleep(_POLL_S)
     shortfall = await asyncio.to_thread(_shortfall, plan)
     raise FleetError(
         f"the replicas' placement groups were not placed within {timeout_s:g} s: {shortfall}",
