@@ -52,7 +52,7 @@ def sim_fleet(**sections: dict[str, Any]) -> FleetConfig:
 def node_of(cluster: Cluster, node_id: str) -> Any:
     """The cluster_utils node object (what remove_node takes) of a Ray node id."""
     for node in cluster.list_all_nodes():
-        if node.unique_id == node_id:
+        if node.node_id == node_id:
             return node
     raise LookupError(node_id)
 

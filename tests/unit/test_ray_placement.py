@@ -3,50 +3,71 @@ cluster lacks: pure functions, known answers."""
 
 from __future__ import annotations
 
-import pytest
-
 from servepilot.core.config import parse_config
 from servepilot.fleet.ray.placement import (
     Bundle,
+    GroupSpec,
     NodeResources,
     ReplicaLayout,
+    ReplicaSlot,
     placement_shortfall,
     plan_placement,
-    spread_selector,
 )
 
 
-def _layout(replicas: int = 4, tp: int = 1, pp: int = 1, per_node: int = 8) -> ReplicaLayout:
-    return ReplicaLayout(replicas, tp, pp, per_node, cpus_per_replica=1.0, spread=True)
+def _layout(
+    replicas: int = 4, tp: int = 1, pp: int = 1, per_node: int = 8, spread: bool = True
+) -> ReplicaLayout:
+    return ReplicaLayout(replicas, tp, pp, per_node, cpus_per_replica=1.0, spread=spread)
 
 
 def _nodes(count: int, cpus: float, gpus: float) -> list[NodeResources]:
     return [NodeResources(f"n{i}", cpus, gpus) for i in range(count)]
 
 
-def test_a_tp8_replica_packs_its_eight_gpus_on_one_node() -> None:
-    plan = plan_placement(_layout(tp=8))
-    assert plan.bundles == (Bundle(1.0, 0),) + (Bundle(0, 1),) * 8
-    assert [b.resources() for b in plan.bundles[:2]] == [{"CPU": 1.0}, {"GPU": 1.0}]
-    assert (plan.strategy, plan.ray_executor, plan.engine_args) == ("STRICT_PACK", False, ())
-    assert plan.replica_need == Bundle(1.0, 8)
+def test_pack_gives_each_replica_a_strict_pack_group_of_one_gpu_bundles() -> None:
+    plan = plan_placement(_layout(replicas=2, tp=8, spread=False))
+    bundles = (Bundle(1.0, 0),) + (Bundle(0, 1),) * 8
+    assert plan.groups == (
+        GroupSpec("r0", bundles, "STRICT_PACK"),
+        GroupSpec("r1", bundles, "STRICT_PACK"),
+    )
+    assert [b.resources() for b in bundles[:2]] == [{"CPU": 1.0}, {"GPU": 1.0}]
+    # The actor in bundle 0, a GPU lease in each of bundles 1..8.
+    assert plan.slots[1] == ReplicaSlot(1, 0, (1, 2, 3, 4, 5, 6, 7, 8))
+    assert (plan.replica_need, plan.ray_executor, plan.engine_args) == (Bundle(1.0, 8), False, ())
     assert plan.describe() == (
-        "4 placement groups of [{CPU: 1}] + [{GPU: 1}] x 8 STRICT_PACK, at most one per node"
+        "2 placement groups of [{CPU: 1}] + [{GPU: 1}] x 8 STRICT_PACK, one per replica, "
+        "sharing nodes where they fit"
+    )
+
+
+def test_spread_is_one_strict_spread_group_with_a_bundle_a_replica() -> None:
+    plan = plan_placement(_layout(replicas=3, tp=2))
+    assert plan.groups == (GroupSpec("spread", (Bundle(1.0, 2),) * 3, "STRICT_SPREAD"),)
+    assert Bundle(1.0, 2).resources() == {"CPU": 1.0, "GPU": 2.0}
+    # Replica 2's actor and both its GPU leases sit in bundle 2.
+    assert plan.slots == (ReplicaSlot(0, 0, (0, 0)), ReplicaSlot(0, 1, (1, 1)),
+                          ReplicaSlot(0, 2, (2, 2)))  # fmt: skip
+    assert plan.describe() == (
+        "one STRICT_SPREAD placement group, a bundle {CPU: 1, GPU: 2} per replica (3): "
+        "at most one replica per node"
     )
 
 
 def test_a_replica_wider_than_a_node_runs_vllms_ray_executor() -> None:
     plan = plan_placement(_layout(replicas=2, tp=8, pp=2, per_node=8))
-    assert (plan.bundles, plan.strategy, plan.gpus_per_replica) == ((Bundle(1.0, 0),), "PACK", 16)
+    assert plan.groups == (GroupSpec("spread", (Bundle(1.0, 0),) * 2, "STRICT_SPREAD"),)
+    assert (plan.gpus_per_replica, plan.slots[0].gpu_bundles) == (16, ())
     assert plan.engine_args == ("--distributed-executor-backend", "ray")
-    assert "vLLM's Ray executor places its GPUs" in plan.describe()
+    assert plan.describe().endswith("; vLLM's Ray executor places their GPUs")
     short = placement_shortfall(plan, _nodes(3, 8, 8))
     assert short is not None
     assert short.startswith("2 replicas of 16 GPUs across nodes need 32 GPUs; the cluster has 24")
     assert placement_shortfall(plan, _nodes(4, 8, 8)) is None
 
 
-def test_cpu_replicas_are_one_cpu_bundle_from_the_fleet_config() -> None:
+def test_cpu_replicas_from_the_fleet_config() -> None:
     config = parse_config(
         {"replicas": {"count": 3}, "cluster": {"cpus_per_replica": 2, "placement": "pack"}},
         origin="test",
@@ -54,11 +75,11 @@ def test_cpu_replicas_are_one_cpu_bundle_from_the_fleet_config() -> None:
     layout = ReplicaLayout.from_config(config)
     assert (layout.gpus_per_node, layout.gpus_per_replica, layout.spread) == (0, 0, False)
     plan = plan_placement(layout)
-    assert plan.bundles == (Bundle(2.0, 0),)
-    assert plan.bundles[0].resources() == {"CPU": 2.0}
+    assert [g.bundles for g in plan.groups] == [(Bundle(2.0, 0),)] * 3
+    assert plan.groups[0].bundles[0].resources() == {"CPU": 2.0}
 
 
-def test_the_gpu_config_gives_tp_gpu_bundles() -> None:
+def test_the_gpu_config_gives_tp_gpus_a_replica() -> None:
     config = parse_config(
         {"hardware": {"device": "gpu", "accelerator": "h100-80", "count": 8},
          "engine": {"tensor_parallel_size": 4}},
@@ -79,8 +100,7 @@ def test_more_spread_replicas_than_nodes_names_what_is_missing() -> None:
 
 
 def test_pack_counts_how_many_replicas_each_node_holds() -> None:
-    layout = ReplicaLayout(5, 2, 1, 8, cpus_per_replica=1.0, spread=False)
-    plan = plan_placement(layout)
+    plan = plan_placement(_layout(replicas=5, tp=2, spread=False))
     # 4 replicas of 2 GPUs fit a node of 8 GPUs (and 4 CPUs), 1 fits a node of 3 GPUs.
     assert placement_shortfall(plan, [NodeResources("a", 4, 8), NodeResources("b", 8, 3)]) is None
     assert placement_shortfall(plan, [NodeResources("a", 3, 8), NodeResources("b", 8, 1)]) == (
@@ -95,13 +115,3 @@ def test_no_node_alive_is_said() -> None:
         "1 replica STRICT_SPREAD needs 1 node with 1 CPU and 1 GPU free; the cluster has 0 "
         "(no node is alive)"
     )
-
-
-@pytest.mark.parametrize(
-    ("avoid", "selector"),
-    [([], {}), (["b", "a", "b"], {"ray.io/node-id": "!in(a,b)"})],
-)
-def test_spread_selector_keeps_bundles_off_the_nodes_taken(
-    avoid: list[str], selector: dict[str, str]
-) -> None:
-    assert spread_selector(avoid) == selector

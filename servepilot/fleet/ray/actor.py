@@ -47,8 +47,8 @@ class ActorSpec:
     run_dir: str
     engine_args: tuple[str, ...]
     """Placement's additions to the server's command line (vLLM's Ray executor)."""
-    gpu_bundles: int
-    """Bundles 1..gpu_bundles of the group hold one GPU each for this replica."""
+    gpu_bundles: tuple[int, ...]
+    """The bundle of the actor's group each of the replica's GPUs is leased from."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,9 +132,10 @@ def replica_actor_class() -> Any:
     return ray.remote(ReplicaServer)
 
 
-def _lease_gpus(count: int) -> tuple[list[Any], str]:
-    """Leases for the GPUs of bundles 1..count, and those GPUs' ids (CUDA_VISIBLE_DEVICES)."""
-    if count == 0:
+def _lease_gpus(bundles: tuple[int, ...]) -> tuple[list[Any], str]:
+    """One lease a GPU, from these bundles of the actor's group, and the GPUs' ids (what
+    CUDA_VISIBLE_DEVICES takes)."""
+    if not bundles:
         return [], ""
     group = get_current_placement_group()
     lease_class = ray.remote(GpuLease)
@@ -146,7 +147,7 @@ def _lease_gpus(count: int) -> tuple[list[Any], str]:
                 group, placement_group_bundle_index=bundle
             ),
         ).remote()
-        for bundle in range(1, count + 1)
+        for bundle in bundles
     ]
     ids = ray.get([lease.gpu_ids.remote() for lease in leases])
     return leases, ",".join(gpu for lease_ids in ids for gpu in lease_ids)

@@ -22,7 +22,7 @@ from ray.util.placement_group import (
 
 from servepilot.core.errors import FleetError
 from servepilot.fleet.ray.cluster import alive_resources
-from servepilot.fleet.ray.placement import PlacementPlan, placement_shortfall, spread_selector
+from servepilot.fleet.ray.placement import PlacementPlan, placement_shortfall
 
 _POLL_S = 0.1
 
@@ -36,19 +36,19 @@ class GroupState:
     """The nodes its bundles are on (empty while pending)."""
 
 
-async def place_groups(plan: PlacementPlan, names: Sequence[str], timeout_s: float) -> list[Any]:
-    """One placement group per name, placed; spread groups one after the other, each kept off
-    the nodes of those before it. Raises FleetError (and removes them all) past `timeout_s`."""
+async def place_groups(plan: PlacementPlan, fleet_name: str, timeout_s: float) -> list[Any]:
+    """The plan's groups (named `<fleet_name>-<key>`), placed; raises FleetError, having
+    removed them all, if they are not placed within `timeout_s`."""
     deadline = time.monotonic() + timeout_s
-    groups: list[Any] = []
-    taken: list[str] = []
+    groups = [
+        placement_group(
+            [bundle.resources() for bundle in spec.bundles],
+            strategy=spec.strategy,
+            name=f"{fleet_name}-{spec.key}",
+        )
+        for spec in plan.groups
+    ]
     try:
-        for name in names:
-            group = _make_group(plan, name, spread_selector(taken) if plan.spread else {})
-            groups.append(group)
-            if plan.spread:
-                await _wait_placed(group, deadline, plan, timeout_s)
-                taken += group_state(group, name).node_ids
         for group in groups:
             await _wait_placed(group, deadline, plan, timeout_s)
     except BaseException:
@@ -67,14 +67,6 @@ def remove_groups(groups: Sequence[Any]) -> None:
     for group in groups:
         with contextlib.suppress(Exception):  # already gone with a lost cluster
             remove_placement_group(group)
-
-
-def _make_group(plan: PlacementPlan, name: str, selector: dict[str, str]) -> Any:
-    bundles = [bundle.resources() for bundle in plan.bundles]
-    selectors = [selector] * len(bundles) if selector else None
-    return placement_group(
-        bundles, strategy=plan.strategy, name=name, bundle_label_selector=selectors
-    )
 
 
 async def _wait_placed(group: Any, deadline: float, plan: PlacementPlan, timeout_s: float) -> None:

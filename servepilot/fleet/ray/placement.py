@@ -2,24 +2,27 @@
 config alone, and whether a cluster's nodes can hold them, said in words. No Ray here: plain
 records in and out, so every rule is tested without a cluster.
 
-One placement group per replica, bundles `[{CPU: n}] + [{GPU: 1}] x TP`: bundle 0 holds the
-replica's actor (its server process), one bundle per GPU because that is the shape vLLM's own
-Ray executor requires ("a bundle cannot have more than 1 GPU"). A replica that fits one node
-packs STRICT_PACK, since tensor parallelism across nodes is slow and vLLM only warns about it.
+`pack`: one placement group per replica, bundles `[{CPU: n}] + [{GPU: 1}] x TP`, STRICT_PACK
+(tensor parallelism across nodes is slow, and vLLM only warns about it). Bundle 0 holds the
+replica's actor (its server process), each GPU bundle one GPU lease, which is how the server
+learns the GPUs Ray gave it. Replicas share nodes where they fit.
 
-Between replicas, `spread` is node anti-affinity: each replica's bundles carry a label
-selector `ray.io/node-id: !in(<nodes the replicas placed before it hold>)`, and the groups are
-placed one after the other. Chosen over a STRICT_SPREAD anchor group (one small bundle per
-replica) because Ray cannot tie one group's bundles to the node of another group's bundle:
-after a node loss the anchor's bundle would move to a new node while the replica's group,
-pinned to the anchor's old node, could never follow. With anti-affinity each replica's group
-is one Ray object that Ray itself reschedules on a surviving node (the actor in it restarts
-there), still avoiding the nodes the earlier replicas held when it was placed.
+`spread` (the seeds' STRICT_SPREAD between replicas, so a node's loss costs one replica): one
+STRICT_SPREAD group for the fleet, the anchor group, whose bundle i is replica i's whole
+reservation `{CPU: n, GPU: TP}`; the actor and its GPU leases sit in that bundle. Ray places
+at most one bundle per node, and after a node loss reschedules the lost bundle on a node that
+holds none of the others, where the actor restarts. Chosen over the two alternatives, both
+tried on a local cluster with Ray 2.52: node anti-affinity through bundle label selectors
+(`ray.io/node-id: !in(...)`) is accepted but not honoured (groups land on the excluded node),
+and a small-bundle anchor beside per-replica groups cannot tie a replica's group to its anchor
+bundle's node (Ray has no such constraint, only a soft target that a reschedule ignores), so
+spread would not survive the first node loss. The price: a spread fleet's replicas are one Ray
+object, and a replica added later (autoscaling) needs a group of its own.
 
 A replica wider than one node (TP x PP above the GPUs of a node) runs vLLM's own Ray executor
 (`--distributed-executor-backend ray`): vLLM, started as a process rather than inside the
 actor, cannot reuse our group, so it places its workers in a group of its own (`{GPU: 1}` per
-rank, PACK) and ours holds only the driver's CPU bundle.
+rank, PACK) and ours holds only the driver's CPU.
 """
 
 from __future__ import annotations
@@ -31,9 +34,8 @@ from dataclasses import dataclass
 from servepilot.core.cluster_config import Placement
 from servepilot.core.config import Device, FleetConfig
 
-NODE_ID_LABEL = "ray.io/node-id"
 STRICT_PACK = "STRICT_PACK"
-PACK = "PACK"
+STRICT_SPREAD = "STRICT_SPREAD"
 RAY_EXECUTOR_ARGS = ("--distributed-executor-backend", "ray")
 
 
@@ -80,12 +82,35 @@ class Bundle:
 
 
 @dataclass(frozen=True, slots=True)
-class PlacementPlan:
-    """The placement group every replica gets, and how the replicas spread."""
-
-    replicas: int
+class GroupSpec:
+    key: str
+    """What the group's name ends with: the replica's id, or `spread` for the anchor group."""
     bundles: tuple[Bundle, ...]
     strategy: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSlot:
+    """Where one replica sits in the plan's groups."""
+
+    group: int
+    """Index in PlacementPlan.groups."""
+    bundle: int
+    """The bundle the replica's actor runs in."""
+    gpu_bundles: tuple[int, ...]
+    """The bundle of each of its GPU leases, one per GPU."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementPlan:
+    """The placement groups a fleet gets, and which part of them each replica uses."""
+
+    groups: tuple[GroupSpec, ...]
+    slots: tuple[ReplicaSlot, ...]
+    """One per replica, in replica order."""
+    replica_need: Bundle
+    """What one node must hold for one replica (all of it but a multi-node replica's GPUs,
+    which vLLM's executor places over nodes)."""
     spread: bool
     gpus_per_replica: int
     """All the GPUs one replica uses, those vLLM's executor places itself included."""
@@ -93,10 +118,8 @@ class PlacementPlan:
     """The replica spans nodes: vLLM runs with --distributed-executor-backend ray."""
 
     @property
-    def replica_need(self) -> Bundle:
-        """What one node must hold for one replica (all of it but a multi-node replica's
-        GPUs, which vLLM's executor spreads over nodes)."""
-        return Bundle(sum(b.cpus for b in self.bundles), sum(b.gpus for b in self.bundles))
+    def replicas(self) -> int:
+        return len(self.slots)
 
     @property
     def engine_args(self) -> tuple[str, ...]:
@@ -104,41 +127,37 @@ class PlacementPlan:
         return RAY_EXECUTOR_ARGS if self.ray_executor else ()
 
     def describe(self) -> str:
-        """One line for `up`: the group each replica gets, and the spread."""
-        gpu_bundles = sum(1 for b in self.bundles if b.gpus)
-        shown = f"[{{CPU: {self.bundles[0].cpus:g}}}]"
-        if gpu_bundles:
-            shown += f" + [{{GPU: 1}}] x {gpu_bundles}"
-        between = "at most one per node" if self.spread else "sharing nodes where they fit"
-        executor = "; vLLM's Ray executor places its GPUs" if self.ray_executor else ""
+        """One line for `up`: the groups, and how the replicas share nodes."""
+        executor = "; vLLM's Ray executor places their GPUs" if self.ray_executor else ""
+        need = self.replica_need
+        if self.spread:
+            shown = f"{{CPU: {need.cpus:g}" + (f", GPU: {need.gpus}}}" if need.gpus else "}")
+            return (
+                f"one STRICT_SPREAD placement group, a bundle {shown} per replica "
+                f"({self.replicas}): at most one replica per node{executor}"
+            )
+        shown = f"[{{CPU: {need.cpus:g}}}]" + (
+            f" + [{{GPU: 1}}] x {need.gpus}" if need.gpus else ""
+        )
         return (
-            f"{_count(self.replicas, 'placement group')} of {shown} {self.strategy}, {between}"
-            f"{executor}"
+            f"{_count(self.replicas, 'placement group')} of {shown} {STRICT_PACK}, one per "
+            f"replica, sharing nodes where they fit{executor}"
         )
 
 
 def plan_placement(layout: ReplicaLayout) -> PlacementPlan:
-    driver = Bundle(layout.cpus_per_replica, 0)
     gpus = layout.gpus_per_replica
     wider_than_node = gpus > layout.gpus_per_node > 0
-    if wider_than_node:
-        bundles: tuple[Bundle, ...] = (driver,)
+    need = Bundle(layout.cpus_per_replica, 0 if wider_than_node else gpus)
+    count = layout.replicas
+    if layout.spread:
+        groups: tuple[GroupSpec, ...] = (GroupSpec("spread", (need,) * count, STRICT_SPREAD),)
+        slots = tuple(ReplicaSlot(0, i, (i,) * need.gpus) for i in range(count))
     else:
-        bundles = (driver,) + (Bundle(0, 1),) * gpus
-    return PlacementPlan(
-        replicas=layout.replicas,
-        bundles=bundles,
-        strategy=PACK if wider_than_node else STRICT_PACK,
-        spread=layout.spread,
-        gpus_per_replica=gpus,
-        ray_executor=wider_than_node,
-    )
-
-
-def spread_selector(avoid_node_ids: Iterable[str]) -> dict[str, str]:
-    """The label selector that keeps a bundle off these nodes (empty: anywhere)."""
-    ids = sorted(set(avoid_node_ids))
-    return {NODE_ID_LABEL: f"!in({','.join(ids)})"} if ids else {}
+        bundles = (Bundle(need.cpus, 0),) + (Bundle(0, 1),) * need.gpus
+        groups = tuple(GroupSpec(f"r{i}", bundles, STRICT_PACK) for i in range(count))
+        slots = tuple(ReplicaSlot(i, 0, tuple(range(1, need.gpus + 1))) for i in range(count))
+    return PlacementPlan(groups, slots, need, layout.spread, gpus, wider_than_node)
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,8 +38,6 @@ class RayReplica:
     """One replica's actor and placement group; what the watcher follows it through."""
 
     replica_id: str
-    group_name: str
-    group: Any
     actor: Any
 
     async def ready(self) -> ActorReady:
@@ -61,9 +59,6 @@ class RayReplica:
         with contextlib.suppress(Exception):  # already dead: Ray restarts it anyway
             ray.kill(self.actor, no_restart=False)
 
-    def group_state(self) -> GroupState:
-        return group_state(self.group, self.group_name)
-
 
 class RayReplicas:
     """Places the replicas' groups, starts their actors, waits for them, removes it all."""
@@ -74,6 +69,7 @@ class RayReplicas:
         self.fleet_name = fleet_name
         self.plan: PlacementPlan = plan_placement(ReplicaLayout.from_config(config))
         self.replicas: list[RayReplica] = []
+        self.groups: list[Any] = []
         self.answers: dict[str, ActorReady] = {}
         """The answer each replica gave when it first became ready."""
 
@@ -92,24 +88,26 @@ class RayReplicas:
             raise
 
     async def _launch(self) -> None:
-        ids = self.replica_ids
-        names = [f"{self.fleet_name}-{replica_id}" for replica_id in ids]
         timeout_s = self.config.cluster.placement_timeout_s
-        groups = await place_groups(self.plan, names, timeout_s)
+        self.groups = await place_groups(self.plan, self.fleet_name, timeout_s)
         actor_class = replica_actor_class()
-        gpu_bundles = sum(1 for bundle in self.plan.bundles if bundle.gpus)
-        for replica_id, name, group in zip(ids, names, groups, strict=True):
+        for replica_id, slot in zip(self.replica_ids, self.plan.slots, strict=True):
             spec = ActorSpec(
-                self.config, replica_id, str(self.run_dir), self.plan.engine_args, gpu_bundles
+                self.config, replica_id, str(self.run_dir), self.plan.engine_args, slot.gpu_bundles
             )
+            group = self.groups[slot.group]
             actor = actor_class.options(
-                num_cpus=self.plan.bundles[0].cpus,
+                num_cpus=self.plan.replica_need.cpus,
                 max_restarts=self.config.cluster.max_restarts,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    group, placement_group_bundle_index=0
+                    group, placement_group_bundle_index=slot.bundle
                 ),
             ).remote(spec)
-            self.replicas.append(RayReplica(replica_id, name, group, actor))
+            self.replicas.append(RayReplica(replica_id, actor))
+
+    def group_states(self) -> list[GroupState]:
+        names = [f"{self.fleet_name}-{spec.key}" for spec in self.plan.groups]
+        return [group_state(g, name) for g, name in zip(self.groups, names, strict=True)]
 
     async def _ready(
         self, replica: RayReplica, on_ready: Callable[[ReplicaInfo], None]
@@ -138,8 +136,8 @@ class RayReplicas:
                 ray.kill(replica.actor, no_restart=True)
 
         await asyncio.gather(*(stop_one(r) for r in self.replicas))
-        remove_groups([r.group for r in self.replicas])
-        self.replicas = []
+        remove_groups(self.groups)
+        self.replicas, self.groups = [], []
 
 
 def _first_line(exc: BaseException) -> str:

@@ -163,10 +163,7 @@ def _answer_capacity(config: FleetConfig, answer: ActorReady) -> int | None:
 
 
 def _view(address: str, replicas: RayReplicas, watcher: ReplicaWatcher) -> ClusterView:
-    groups = []
-    for replica in replicas.replicas:
-        state = replica.group_state()
-        groups.append(GroupRow(state.name, state.state, state.node_ids))
+    groups = [GroupRow(g.name, g.state, g.node_ids) for g in replicas.group_states()]
     rows = []
     for replica in replicas.replicas:
         rid = replica.replica_id
