@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import openai
 import pytest
+import yaml
 
 ray = pytest.importorskip("ray")
 
@@ -28,6 +30,7 @@ from servepilot.fleet.ray.watcher import (  # noqa: E402
     ReplicaWatcher,
 )
 from servepilot.fleet.serve import Upstream, start_gateway  # noqa: E402
+from tests.integration.fleetproc import cli, running_fleet, wait_until  # noqa: E402
 from tests.integration.ray_support import (  # noqa: E402
     node_of,
     our_actors_alive,
@@ -111,6 +114,43 @@ def test_more_spread_replicas_than_nodes_fail_within_the_timeout_saying_why(
     )
     assert _groups_left() == []
     assert our_actors_alive() == []
+
+
+def test_up_status_down_from_the_command_line(cluster: Cluster, tmp_path: Path) -> None:
+    """`servepilot up -c fleet.yaml` joins the cluster by its address; status shows its nodes,
+    the placement group and the replica actors; down leaves no actor and no group."""
+    fleet_yaml = tmp_path / "fleet.yaml"
+    fleet_yaml.write_text(
+        yaml.safe_dump(
+            {
+                "engine": {"kind": "sim", "sim_step_ms": 5},
+                "model": {"source": "llama-3.1-8b"},
+                "cluster": {"backend": "ray", "address": cluster.address},
+            }
+        )
+    )
+    with running_fleet(tmp_path / "state", 2, ["-c", str(fleet_yaml)]) as fleet:
+        client = openai.OpenAI(base_url=f"{fleet.url}/v1", api_key="unused", max_retries=0)
+        answer = client.completions.create(model="llama-3.1-8b", prompt="hello", max_tokens=8)
+        assert answer.choices[0].text
+        status = ""
+
+        def shows_the_cluster() -> bool:
+            nonlocal status
+            status = cli(["status", "--port", str(fleet.port)], fleet.env).stdout
+            return "replica actors" in status
+
+        assert wait_until(shows_the_cluster, 30), status
+        assert f"Ray cluster {cluster.address}: 4 of 4 nodes alive" in status
+        assert f"servepilot-{fleet.port}-{fleet.proc.pid}-spread" in status
+        assert "CREATED" in status
+        assert status.count(" ready ") == 2, status
+        done = cli(["down", "--port", str(fleet.port)], fleet.env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert fleet.proc.wait(timeout=60) == 0
+    assert "placing one STRICT_SPREAD placement group" in fleet.log()
+    assert _groups_left() == []
+    assert wait_until(lambda: our_actors_alive() == [], 10)
 
 
 # --- node loss under load (last: it takes a node away from the module's cluster) ------------

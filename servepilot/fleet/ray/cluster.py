@@ -8,6 +8,7 @@ already connected (a test, a notebook) is used as it is and left connected.
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass
 
 import ray
@@ -53,7 +54,11 @@ def connect(cluster: ClusterConfig) -> RayConnection:
     else:
         options["address"] = cluster.address
     try:
-        ray.init(**options)
+        with warnings.catch_warnings():
+            # Ray's notice of a future default for CUDA_VISIBLE_DEVICES on GPU-less actors;
+            # a replica's server gets its GPUs' ids set explicitly (actor.py).
+            warnings.filterwarnings("ignore", "Tip: In future versions of Ray", FutureWarning)
+            ray.init(**options)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise FleetError(
             f"cannot join the Ray cluster at {cluster.address}: {exc}",

@@ -45,7 +45,9 @@ async def run_ray_up(config: FleetConfig, report: UpReporter) -> None:
     gw = config.gateway
     check_port_free(gw.host, gw.port)
     check_no_fleet(gw.port)
-    connection = await asyncio.to_thread(cluster.connect, config.cluster)
+    # On this thread, blocking: ray.init installs its signal handlers on the main thread only
+    # (ours replace them once the replicas start), and nothing else runs yet.
+    connection = cluster.connect(config.cluster)
     try:
         await _run(config, report)
     finally:
