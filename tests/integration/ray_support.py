@@ -17,16 +17,16 @@ WORKER_NODES = 3
 GPUS_PER_NODE = 2
 
 
-def start_cluster() -> Iterator[Cluster]:
-    """A head (1 CPU, no GPU) and 3 nodes of 2 CPUs and 2 logical GPUs; this process is its
-    driver. Always shut down, whatever the tests did to it."""
+def start_cluster(worker_nodes: int = WORKER_NODES) -> Iterator[Cluster]:
+    """A head (1 CPU, no GPU) and `worker_nodes` nodes of 2 CPUs and 2 logical GPUs; this
+    process is its driver. Always shut down, whatever the tests did to it."""
     cluster = Cluster(
         initialize_head=True,
         head_node_args={"num_cpus": 1, "include_dashboard": False,
                         "object_store_memory": OBJECT_STORE_BYTES},
     )  # fmt: skip
     try:
-        for _ in range(WORKER_NODES):
+        for _ in range(worker_nodes):
             cluster.add_node(
                 num_cpus=2, num_gpus=GPUS_PER_NODE, object_store_memory=OBJECT_STORE_BYTES
             )
