@@ -3,13 +3,17 @@ cluster lacks: pure functions, known answers."""
 
 from __future__ import annotations
 
+import pytest
+
 from servepilot.core.config import parse_config
+from servepilot.core.errors import FleetError
 from servepilot.fleet.ray.placement import (
     Bundle,
     GroupSpec,
     NodeResources,
     ReplicaLayout,
     ReplicaSlot,
+    check_room,
     placement_shortfall,
     plan_placement,
 )
@@ -115,3 +119,18 @@ def test_no_node_alive_is_said() -> None:
         "1 replica STRICT_SPREAD needs 1 node with 1 CPU and 1 GPU free; the cluster has 0 "
         "(no node is alive)"
     )
+
+
+def test_a_cluster_that_cannot_grow_fails_before_placing_another_only_warns() -> None:
+    plan = plan_placement(_layout(replicas=2, per_node=0))  # CPU replicas, spread
+    one_node = [NodeResources("local", 2, 0)]
+    lacking = "2 replicas STRICT_SPREAD need 2 nodes with 1 CPU free; the cluster has 1"
+    with pytest.raises(FleetError) as caught:
+        check_room(plan, one_node, fixed_cluster=True)
+    assert caught.value.message.startswith(
+        f"the Ray cluster of this machine cannot hold the replicas: {lacking}"
+    )
+    assert "cluster.placement: pack" in str(caught.value.hint)
+    warning = check_room(plan, one_node, fixed_cluster=False)
+    assert warning is not None and warning.startswith(lacking)
+    assert check_room(plan, one_node * 2, fixed_cluster=True) is None

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from servepilot.core.cluster_config import Placement
 from servepilot.core.config import Device, FleetConfig
+from servepilot.core.errors import FleetError
 
 STRICT_PACK = "STRICT_PACK"
 STRICT_SPREAD = "STRICT_SPREAD"
@@ -196,6 +197,22 @@ def placement_shortfall(plan: PlacementPlan, nodes: Iterable[NodeResources]) -> 
     return (
         f"{replicas} of {_resources_text(need)} each (one node a replica) {verb} room for "
         f"{plan.replicas}; the cluster's nodes hold {held} ({had})"
+    )
+
+
+def check_room(
+    plan: PlacementPlan, nodes: Iterable[NodeResources], fixed_cluster: bool
+) -> str | None:
+    """Before placing: None if the nodes can hold the plan. Else, on a cluster that cannot
+    grow (the one `address: local` starts), FleetError at once; on another, what it lacks,
+    for a warning: an autoscaler may still add nodes within the placement timeout."""
+    shortfall = placement_shortfall(plan, nodes)
+    if shortfall is None or not fixed_cluster:
+        return shortfall
+    raise FleetError(
+        f"the Ray cluster of this machine cannot hold the replicas: {shortfall}",
+        hint="set cluster.placement: pack (one node holds several replicas), lower "
+        "replicas.count or cluster.cpus_per_replica, or raise cluster.local_cpus",
     )
 
 

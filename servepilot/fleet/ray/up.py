@@ -21,6 +21,7 @@ from servepilot.engine.process import ReplicaInfo
 from servepilot.fleet.logs import gateway_log, replica_log_name, runs_dir
 from servepilot.fleet.ray import cluster
 from servepilot.fleet.ray.actor import ActorReady
+from servepilot.fleet.ray.placement import check_room
 from servepilot.fleet.ray.replicas import RayReplicas
 from servepilot.fleet.ray.view import ClusterView, GroupRow, ReplicaRow, remove_view, write_view
 from servepilot.fleet.ray.watcher import GatewayMembership, ReplicaWatcher
@@ -49,19 +50,22 @@ async def run_ray_up(config: FleetConfig, report: UpReporter) -> None:
     # (ours replace them once the replicas start), and nothing else runs yet.
     connection = cluster.connect(config.cluster)
     try:
-        await _run(config, report)
+        await _run(config, report, connection.started_cluster)
     finally:
         remove_view(gw.port)
         connection.close()
 
 
-async def _run(config: FleetConfig, report: UpReporter) -> None:
+async def _run(config: FleetConfig, report: UpReporter, fixed_cluster: bool) -> None:
     gw = config.gateway
     run_dir = runs_dir() / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     replicas = RayReplicas(config, run_dir, f"servepilot-{gw.port}-{os.getpid()}")
     stop = _stop_event()
-    alive = len(await asyncio.to_thread(cluster.alive_resources))
-    report.step(f"Ray cluster at {config.cluster.address}: {alive} node(s) alive")
+    nodes = await asyncio.to_thread(cluster.alive_resources)
+    report.step(f"Ray cluster at {config.cluster.address}: {len(nodes)} node(s) alive")
+    if lacking := check_room(replicas.plan, nodes, fixed_cluster):
+        timeout_s = config.cluster.placement_timeout_s
+        report.warn(f"{lacking}; waiting up to {timeout_s:g} s for nodes to join")
     report.step(f"placing {replicas.plan.describe()}")
     what = "simulated" if config.engine.kind is EngineKind.SIM else "vLLM"
     report.step(
