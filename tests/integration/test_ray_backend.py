@@ -6,6 +6,8 @@ missing, and nothing of ours is left on the cluster afterwards."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -235,7 +237,10 @@ def test_node_loss_under_load_every_request_ends_once_and_the_replica_comes_back
 
                 clients = [asyncio.ensure_future(client()) for _ in range(6)]
                 await asyncio.sleep(2.0)
-                await asyncio.to_thread(cluster.remove_node, lost_node)
+                # A node that loses power: its server dies at once with the streams it
+                # serves (a removed raylet alone would let it drain them), then the node.
+                os.kill(replicas.answers[lost.replica_id].info.pid, signal.SIGKILL)
+                await asyncio.to_thread(cluster.remove_node, lost_node, False)
                 await asyncio.sleep(2.0)
                 stop.set()
                 await asyncio.gather(*clients)
