@@ -3,6 +3,7 @@ several raylets on this machine, logical GPUs), and fleet configs of simulated r
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,7 +31,10 @@ def start_cluster(worker_nodes: int = WORKER_NODES) -> Iterator[Cluster]:
             cluster.add_node(
                 num_cpus=2, num_gpus=GPUS_PER_NODE, object_store_memory=OBJECT_STORE_BYTES
             )
-        ray.init(address=cluster.address, log_to_driver=False)
+        with warnings.catch_warnings():
+            # Ray's notice of a future default for GPU-less actors (as fleet/ray/cluster.py).
+            warnings.filterwarnings("ignore", "Tip: In future versions of Ray", FutureWarning)
+            ray.init(address=cluster.address, log_to_driver=False)
         yield cluster
     finally:
         ray.shutdown()
