@@ -252,6 +252,10 @@ def test_node_loss_under_load_every_request_ends_once_and_the_replica_comes_back
                     90,
                 )
                 assert back, (watcher.states, said)
+                back_line = [line for line in said if "serves again" in line]
+                assert len(back_line) == 1, said
+                recovery_s = float(back_line[0].rsplit(", ", 1)[1].split(" s after")[0])
+                assert 0 < recovery_s < 90, back_line
                 after = [await _stream(session, served.url) for _ in range(9)]
             return outcomes, lost.replica_id, after, watcher
         finally:

@@ -5,6 +5,7 @@ again at its new URL, one that fails to start is restarted; stop() ends every ta
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import deque
 from pathlib import Path
 
@@ -68,8 +69,10 @@ class Members:
         self.events.append(("leave", replica_id))
 
 
-async def _run(replica: ScriptedReplica, members: Members, settle_s: float = 0.2) -> ReplicaWatcher:
-    said: list[str] = []
+async def _run(
+    replica: ScriptedReplica, members: Members, settle_s: float = 0.2, said: list[str] | None = None
+) -> ReplicaWatcher:
+    said = [] if said is None else said
     watcher = ReplicaWatcher([replica], members, said.append, said.append, retry_s=0.01)
     watcher.start({"r0": _answer("a", "http://10.0.0.1:1")})
     await asyncio.sleep(settle_s)
@@ -83,9 +86,15 @@ def test_a_lost_replica_leaves_and_its_restart_joins_at_its_new_url() -> None:
         ready=[first, ReplicaUnavailable("restarting"), second],
         exits=[ReplicaUnavailable("node died")],
     )
-    members = Members()
-    watcher = asyncio.run(_run(replica, members))
+    members, said = Members(), []
+    watcher = asyncio.run(_run(replica, members, said=said))
     assert members.events == [("leave", "r0"), ("join", "http://10.0.0.2:2")]
+    assert said[0] == "replica r0 lost (node died); the gateway routes around it"
+    assert re.fullmatch(
+        r"replica r0 serves again at http://10.0.0.2:2 \(node 10.0.0.1\), "
+        r"0\.\d s after it was lost",
+        said[1],
+    ), said
     assert watcher.states["r0"] is ReplicaState.READY
     assert watcher.restarts["r0"] == 1
     assert watcher.answers["r0"].node_id == "n2"

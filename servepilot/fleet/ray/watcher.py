@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from typing import Protocol
@@ -94,6 +95,8 @@ class ReplicaWatcher:
         self._seen: dict[str, str] = {}
         """replica id -> the incarnation that served last."""
         self._in_gateway: set[str] = set()
+        self._lost_at: dict[str, float] = {}
+        """When each replica now gone was lost (monotonic seconds): recovery time is said."""
         self.states: dict[str, ReplicaState] = {
             r.replica_id: ReplicaState.STARTING for r in replicas
         }
@@ -142,7 +145,9 @@ class ReplicaWatcher:
             if previous is not None and previous != answer.incarnation:
                 self.restarts[replica_id] += 1
             url = answer.info.url if answer.info else "?"
-            self._step(f"replica {replica_id} serves again at {url} (node {answer.node_ip})")
+            lost_at = self._lost_at.pop(replica_id, None)
+            after = f", {time.monotonic() - lost_at:.1f} s after it was lost" if lost_at else ""
+            self._step(f"replica {replica_id} serves again at {url} (node {answer.node_ip}){after}")
         self.states[replica_id] = ReplicaState.READY
         self.answers[replica_id] = answer
         code = await replica.until_exit()
@@ -155,6 +160,7 @@ class ReplicaWatcher:
 
     async def _lost(self, replica_id: str, why: str) -> None:
         if self.states[replica_id] is not ReplicaState.LOST:
+            self._lost_at.setdefault(replica_id, time.monotonic())
             self._warn(f"replica {replica_id} lost ({why}); the gateway routes around it")
         self.states[replica_id] = ReplicaState.LOST
         await self._leave(replica_id)
