@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.text import Text
 
-from servepilot.bench.console import progress_counts
+from servepilot.bench.console import progress_counts, run_warnings
 from servepilot.bench.outputs import check_out_dir, write_results_json
 from servepilot.bench.report.fmt import level_name
 from servepilot.cli.console import print_step, print_warning
@@ -71,18 +71,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _fleet_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("simulated fleet")
     add = g.add_argument
-    add(
-        "--profile",
-        type=Path,
-        metavar="PROFILE.json",
-        help="step times measured by `servepilot calibrate` (default: the roofline estimate)",
-    )
+    add("--profile", type=Path, metavar="PROFILE.json", help="step times measured by "
+        "`servepilot calibrate` (default: the roofline estimate)")  # fmt: skip
     add("--replicas", type=int, metavar="N", help="replicas (default: replicas.count)")
-    add(
-        "--policy",
-        choices=[p.value for p in PolicyName],
-        help="routing policy (default: gateway.policy)",
-    )
+    add("--policy", choices=[p.value for p in PolicyName],
+        help="routing policy (default: gateway.policy)")  # fmt: skip
     add(
         "--network-ms",
         metavar="K=MS,...",
@@ -91,37 +84,18 @@ def _fleet_flags(parser: argparse.ArgumentParser) -> None:
         "client=1,same=0.05,cross=7.5-15 (default: client half the request overhead the "
         "profile measured, else 0; same 0; cross the seed's 15-30 ms split each way)",
     )
-    add(
-        "--replicas-per-node",
-        type=int,
-        metavar="N",
-        help="replicas sharing a node (default: hardware.count / GPUs per replica)",
-    )
-    add(
-        "--scrape-interval",
-        metavar="T",
-        help="how often the gateway reads vLLM's gauges (default: gateway.health_interval_s)",
-    )
-    add(
-        "--cold-start",
-        default=DEFAULT_COLD_START,
-        metavar="T",
+    add("--replicas-per-node", type=int, metavar="N",
+        help="replicas sharing a node (default: hardware.count / GPUs per replica)")  # fmt: skip
+    add("--scrape-interval", metavar="T", help="how often the gateway reads vLLM's gauges "
+        "(default: gateway.health_interval_s)")  # fmt: skip
+    add("--cold-start", default=DEFAULT_COLD_START, metavar="T",
         help="launch to serving, for replicas the autoscaler adds (default 78s, the seed's "
-        "DeepSeek-V4 load from NVMe)",
-    )
+        "DeepSeek-V4 load from NVMe)")  # fmt: skip
     add("--start-cold", action="store_true", help="the first replicas start cold too")
-    add(
-        "--autoscale",
-        metavar="MIN:MAX",
-        help="scale between MIN and MAX replicas on in-flight + queued requests",
-    )
-    add(
-        "--autoscale-target",
-        type=float,
-        default=0.7,
-        metavar="F",
-        help="share of the concurrency budgets to aim at (default 0.7)",
-    )
+    add("--autoscale", metavar="MIN:MAX",
+        help="scale between MIN and MAX replicas on in-flight + queued requests")  # fmt: skip
+    add("--autoscale-target", type=float, default=0.7, metavar="F",
+        help="share of the concurrency budgets to aim at (default 0.7)")  # fmt: skip
     add("--autoscale-interval", default="15s", metavar="T", help="how often to decide")  # fmt: skip
 
 
@@ -204,6 +178,8 @@ def _report(output: SimOutput, out_dir: Path | None) -> None:
     print_runs(result)
     for run, stats in zip(result.runs, output.stats, strict=True):
         print_step(f"{level_name(run.load)}: {narration.level_stats(run, stats)}")
+        for warning in run_warnings(run):
+            print_warning(warning)
     if out_dir is not None:
         write_results_json(out_dir, result)
         print_step(f"wrote {out_dir}/results.json (compare: servepilot bench compare)")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from servepilot.core.config import EngineKind, FleetConfig
 from servepilot.engine.process import ReplicaInfo
-from servepilot.fleet.logs import gateway_log, replica_log_name, runs_dir
+from servepilot.fleet.logs import gateway_log, new_run_dir, replica_log_name
 from servepilot.fleet.ray import cluster
 from servepilot.fleet.ray.actor import ActorReady
 from servepilot.fleet.ray.placement import check_room
@@ -41,8 +41,11 @@ from servepilot.routing.admission.budget import replica_capacity
 _VIEW_EVERY_S = 2.0
 
 
-async def run_ray_up(config: FleetConfig, report: UpReporter) -> None:
-    """Serve on the Ray cluster until SIGINT or SIGTERM, then drain and remove everything."""
+async def run_ray_up(
+    config: FleetConfig, report: UpReporter, detached_run_dir: Path | None = None
+) -> None:
+    """Serve on the Ray cluster until SIGINT or SIGTERM, then drain and remove everything.
+    `detached_run_dir`: as run_up's (this is the process `up --detach` started)."""
     gw = config.gateway
     check_port_free(gw.host, gw.port)
     check_no_fleet(gw.port)
@@ -50,15 +53,17 @@ async def run_ray_up(config: FleetConfig, report: UpReporter) -> None:
     # (ours replace them once the replicas start), and nothing else runs yet.
     connection = cluster.connect(config.cluster)
     try:
-        await _run(config, report, connection.started_cluster)
+        await _run(config, report, connection.started_cluster, detached_run_dir)
     finally:
         remove_view(gw.port)
         connection.close()
 
 
-async def _run(config: FleetConfig, report: UpReporter, fixed_cluster: bool) -> None:
+async def _run(
+    config: FleetConfig, report: UpReporter, fixed_cluster: bool, detached_run_dir: Path | None
+) -> None:
     gw = config.gateway
-    run_dir = runs_dir() / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    run_dir = detached_run_dir or new_run_dir()
     replicas = RayReplicas(config, run_dir, f"servepilot-{gw.port}-{os.getpid()}")
     stop = _stop_event()
     nodes = await asyncio.to_thread(cluster.alive_resources)
@@ -76,7 +81,8 @@ async def _run(config: FleetConfig, report: UpReporter, fixed_cluster: bool) -> 
         infos = await _until_stopped(replicas.start(starting.ready(report)), stop)
         if infos is not None:
             with gateway_log(run_dir):
-                await _serve(config, replicas, infos, stop, report)
+                detached = detached_run_dir is not None
+                await _serve(config, replicas, infos, stop, report, detached)
     finally:
         remove_record(gw.port)
 
@@ -87,6 +93,7 @@ async def _serve(
     infos: list[ReplicaInfo],
     stop: asyncio.Event,
     report: UpReporter,
+    detached: bool,
 ) -> None:
     served: ServedGateway | None = None
     watcher: ReplicaWatcher | None = None
@@ -96,7 +103,7 @@ async def _serve(
         if served.port != config.gateway.port:  # port 0: the OS picked one
             remove_record(config.gateway.port)
         model_name = next(iter(replicas.answers.values())).served_name
-        report.serving(UpStarted(served.url, model_name, tuple(infos)))
+        report.serving(UpStarted(served.url, model_name, tuple(infos), detached))
         write_record(_record(served, infos, replicas.run_dir, FleetState.SERVING))
         membership = GatewayMembership(served.gateway, lambda a: _answer_capacity(config, a))
         watcher = ReplicaWatcher(replicas.replicas, membership, report.warn, report.step)

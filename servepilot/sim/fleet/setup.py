@@ -46,13 +46,17 @@ class ReplicaSetup:
     kv_bytes: int
     kv_capacity_tokens: int
     prompt_overhead_tokens: int
-    """Tokens the server adds to every prompt (chat template), from the profile's meta."""
+    """Tokens the server adds on top of every prompt's --input-tokens, from the profile's
+    meta: a BOS token on completions; 0 on chat, where bench sizes the text so the template
+    is part of --input-tokens (`chat_template_tokens`)."""
     request_overhead_s: float
     """A request's time outside the engine's steps (HTTP, API server, detokenizing), as
     calibrate measured it; 0 without a profile."""
     replicas_per_node: int
     model_name: str
     notes: tuple[str, ...] = ()
+    chat_template_tokens: int = 0
+    """A chat profile's template tokens: inside --input-tokens, not added to it."""
 
 
 def replica_setup(
@@ -78,6 +82,9 @@ def replica_setup(
         )
     cost, kind, overhead = _cost(request, shape, engine.tensor_parallel_size, profile, notes)
     meta = _meta(profile) if profile is not None else {}
+    # bench takes a chat template off each message's text (bench.chat_template): the
+    # server then counts --input-tokens, and so does the simulation.
+    template = overhead if meta.get("endpoint") == "chat" else 0
     devices = engine.tensor_parallel_size * engine.pipeline_parallel_size
     cpu = request.accelerator.kind is AcceleratorKind.CPU
     return ReplicaSetup(
@@ -87,7 +94,8 @@ def replica_setup(
         capacity=replica_capacity(config, setup.kv_capacity_tokens),
         kv_bytes=setup.kv_bytes,
         kv_capacity_tokens=setup.kv_capacity_tokens,
-        prompt_overhead_tokens=overhead,
+        prompt_overhead_tokens=overhead - template,
+        chat_template_tokens=template,
         request_overhead_s=_request_overhead_s(meta, profile),
         replicas_per_node=max(
             1, config.replicas.count if cpu else config.hardware.count // devices
@@ -223,6 +231,7 @@ def target_section(
             "coefficients": dict(zip(COEFFICIENTS, spec.cost.coefficients, strict=True)),
         },
         "prompt_overhead_tokens": setup.prompt_overhead_tokens,
+        "chat_template_tokens": setup.chat_template_tokens,
         "network_ms": {
             "client": net.client_gateway_s * 1e3,
             "same_node": [net.same_node.low_s * 1e3, net.same_node.high_s * 1e3],
