@@ -154,12 +154,12 @@ async def run_up(
         what = "vLLM"
     run_dir = detached_run_dir or new_run_dir()
     replicas = LocalReplicas(config, model, run_dir)
-    stop = _stop_event()
+    stop = stop_event()
     report.step(f"starting {config.replicas.count} {what} replica(s); logs in {run_dir}")
     replicas.launch()
     starting = _StartingRecord(f"http://{gw.host}:{gw.port}", gw.port, run_dir, replicas)
     try:
-        infos = await _until_stopped(replicas.wait_ready(starting.ready(report)), stop)
+        infos = await until_stopped(replicas.wait_ready(starting.ready(report)), stop)
         if infos is not None:
             with gateway_log(run_dir):
                 await _serve(config, model.served_name, replicas, infos, stop, report,
@@ -168,7 +168,7 @@ async def run_up(
         remove_record(gw.port)
 
 
-async def _until_stopped(
+async def until_stopped(
     ready: Coroutine[Any, Any, list[ReplicaInfo]], stop: asyncio.Event
 ) -> list[ReplicaInfo] | None:
     """The replicas once all are ready, or None if told to stop first (they are stopped)."""
@@ -289,7 +289,8 @@ async def _run_on_ray(
     await run_ray_up(config, report, detached_run_dir)
 
 
-def _stop_event() -> asyncio.Event:
+def stop_event() -> asyncio.Event:
+    """Set by SIGINT or SIGTERM (Ctrl-C, `servepilot down`); the Ray backend's `up` too."""
     event = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

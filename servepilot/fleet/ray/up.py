@@ -34,7 +34,7 @@ from servepilot.fleet.state import (
     remove_record,
     write_record,
 )
-from servepilot.fleet.up import DRAIN_TIMEOUT_S, UpReporter, UpStarted, _stop_event, _until_stopped
+from servepilot.fleet.up import DRAIN_TIMEOUT_S, UpReporter, UpStarted, stop_event, until_stopped
 from servepilot.routing.admission.budget import replica_capacity
 
 # How often `status`'s view of the cluster is rewritten.
@@ -65,7 +65,7 @@ async def _run(
     gw = config.gateway
     run_dir = detached_run_dir or new_run_dir()
     replicas = RayReplicas(config, run_dir, f"servepilot-{gw.port}-{os.getpid()}")
-    stop = _stop_event()
+    stop = stop_event()
     nodes = await asyncio.to_thread(cluster.alive_resources)
     report.step(f"Ray cluster at {config.cluster.address}: {len(nodes)} node(s) alive")
     if lacking := check_room(replicas.plan, nodes, fixed_cluster):
@@ -78,7 +78,7 @@ async def _run(
     )
     starting = _StartingRecord(config, run_dir, replicas.replica_ids)
     try:
-        infos = await _until_stopped(replicas.start(starting.ready(report)), stop)
+        infos = await until_stopped(replicas.start(starting.ready(report)), stop)
         if infos is not None:
             with gateway_log(run_dir):
                 detached = detached_run_dir is not None
