@@ -15,8 +15,8 @@ import os
 import shlex
 import signal
 import time
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -157,7 +157,9 @@ async def run_up(
     stop = stop_event()
     report.step(f"starting {config.replicas.count} {what} replica(s); logs in {run_dir}")
     replicas.launch()
-    starting = _StartingRecord(f"http://{gw.host}:{gw.port}", gw.port, run_dir, replicas)
+    awaited = [ReplicaRecord(p.replica_id, p.url, p.pid or 0, str(p.log_path), ready=False)
+               for p in replicas.processes]  # fmt: skip
+    starting = StartingRecord(f"http://{gw.host}:{gw.port}", gw.port, run_dir, awaited)
     try:
         infos = await until_stopped(replicas.wait_ready(starting.ready(report)), stop)
         if infos is not None:
@@ -224,35 +226,33 @@ async def _serve(
         await replicas.stop()
 
 
-class _StartingRecord:
-    """The fleet record while the replicas load: which are ready, which are awaited."""
+class StartingRecord:
+    """The fleet record while the replicas load: which are ready, which are awaited (the Ray
+    backend's `up` keeps one too)."""
 
-    def __init__(self, gateway_url: str, port: int, run_dir: Path, replicas: LocalReplicas) -> None:
+    def __init__(
+        self, gateway_url: str, port: int, run_dir: Path, awaited: Sequence[ReplicaRecord]
+    ) -> None:
         self.gateway_url = gateway_url
         self.port = port
         self.run_dir = run_dir
-        self.replicas = replicas
+        self.rows = {row.replica_id: row for row in awaited}
         self.started_at_s = time.time()
-        self.ready_ids: set[str] = set()
         self.write()
 
     def write(self) -> None:
-        rows = tuple(
-            ReplicaRecord(p.replica_id, p.url, p.pid or 0, str(p.log_path),
-                          p.replica_id in self.ready_ids)
-            for p in self.replicas.processes
-        )  # fmt: skip
         write_record(
             FleetRecord(os.getpid(), self.gateway_url, self.port, self.started_at_s,
-                        str(self.run_dir), rows, FleetState.STARTING)
+                        str(self.run_dir), tuple(self.rows.values()), FleetState.STARTING)
         )  # fmt: skip
 
     def ready(self, report: UpReporter) -> Callable[[ReplicaInfo], None]:
-        """The on-ready callback: report the replica, then record it as ready."""
+        """The on-ready callback: report the replica, then record it as ready (at its URL)."""
 
         def on_ready(info: ReplicaInfo) -> None:
             report.replica_ready(info)
-            self.ready_ids.add(info.replica_id)
+            row = self.rows[info.replica_id]
+            self.rows[info.replica_id] = replace(row, url=info.url, ready=True)
             self.write()
 
         return on_ready

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from servepilot.core.config import EngineKind, FleetConfig
@@ -34,7 +33,14 @@ from servepilot.fleet.state import (
     remove_record,
     write_record,
 )
-from servepilot.fleet.up import DRAIN_TIMEOUT_S, UpReporter, UpStarted, stop_event, until_stopped
+from servepilot.fleet.up import (
+    DRAIN_TIMEOUT_S,
+    StartingRecord,
+    UpReporter,
+    UpStarted,
+    stop_event,
+    until_stopped,
+)
 from servepilot.routing.admission.budget import replica_capacity
 
 # How often `status`'s view of the cluster is rewritten.
@@ -76,7 +82,10 @@ async def _run(
     report.step(
         f"starting {config.replicas.count} {what} replica(s) as Ray actors; logs in {run_dir}"
     )
-    starting = _StartingRecord(config, run_dir, replicas.replica_ids)
+    # pid 0 and no URL yet: the servers will run on the cluster's nodes, at ports not chosen.
+    awaited = [ReplicaRecord(i, "", 0, str(run_dir / replica_log_name(i)), ready=False)
+               for i in replicas.replica_ids]  # fmt: skip
+    starting = StartingRecord(f"http://{gw.host}:{gw.port}", gw.port, run_dir, awaited)
     try:
         infos = await until_stopped(replicas.start(starting.ready(report)), stop)
         if infos is not None:
@@ -123,39 +132,6 @@ async def _serve(
         if served is not None:
             await served.stop(DRAIN_TIMEOUT_S)
         await replicas.stop()
-
-
-class _StartingRecord:
-    """The fleet record while the replicas are placed and load: which are ready."""
-
-    def __init__(self, config: FleetConfig, run_dir: Path, replica_ids: list[str]) -> None:
-        gw = config.gateway
-        self._gateway_url = f"http://{gw.host}:{gw.port}"
-        self._port = gw.port
-        self._run_dir = run_dir
-        self._ids = replica_ids
-        self._ready: dict[str, str] = {}
-        self._started_at_s = time.time()
-        self.write()
-
-    def write(self) -> None:
-        rows = tuple(
-            ReplicaRecord(i, self._ready.get(i, ""), 0, str(self._run_dir / replica_log_name(i)),
-                          i in self._ready)
-            for i in self._ids
-        )  # fmt: skip
-        write_record(
-            FleetRecord(os.getpid(), self._gateway_url, self._port, self._started_at_s,
-                        str(self._run_dir), rows, FleetState.STARTING)
-        )  # fmt: skip
-
-    def ready(self, report: UpReporter) -> Callable[[ReplicaInfo], None]:
-        def on_ready(info: ReplicaInfo) -> None:
-            report.replica_ready(info)
-            self._ready[info.replica_id] = info.url
-            self.write()
-
-        return on_ready
 
 
 def _record(
