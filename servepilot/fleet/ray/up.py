@@ -27,7 +27,6 @@ from servepilot.fleet.ray.watcher import GatewayMembership, ReplicaWatcher
 from servepilot.fleet.serve import ServedGateway, Upstream, check_port_free, start_gateway
 from servepilot.fleet.state import (
     FleetRecord,
-    FleetState,
     ReplicaRecord,
     check_no_fleet,
     remove_record,
@@ -113,7 +112,7 @@ async def _serve(
             remove_record(config.gateway.port)
         model_name = next(iter(replicas.answers.values())).served_name
         report.serving(UpStarted(served.url, model_name, tuple(infos), detached))
-        write_record(_record(served, infos, replicas.run_dir, FleetState.SERVING))
+        write_record(_record(served, infos, replicas.run_dir))
         membership = GatewayMembership(served.gateway, lambda a: _answer_capacity(config, a))
         watcher = ReplicaWatcher(replicas.replicas, membership, report.warn, report.step)
         watcher.start(replicas.answers)
@@ -134,13 +133,11 @@ async def _serve(
         await replicas.stop()
 
 
-def _record(
-    served: ServedGateway, infos: list[ReplicaInfo], run_dir: Path, state: FleetState
-) -> FleetRecord:
+def _record(served: ServedGateway, infos: list[ReplicaInfo], run_dir: Path) -> FleetRecord:
     # pid 0: the servers run on the cluster's nodes, not here; `down` stops them through
     # this `up` (and Ray stops them if it dies), never by pid.
     rows = tuple(ReplicaRecord(i.replica_id, i.url, 0, str(i.log_path)) for i in infos)
-    return FleetRecord(os.getpid(), served.url, served.port, time.time(), str(run_dir), rows, state)
+    return FleetRecord(os.getpid(), served.url, served.port, time.time(), str(run_dir), rows)
 
 
 def _capacity(config: FleetConfig, info: ReplicaInfo) -> int:
