@@ -15,12 +15,14 @@ import os
 import shlex
 import signal
 import time
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from servepilot.core.cluster_config import ClusterBackend
 from servepilot.core.config import EngineKind, FleetConfig
+from servepilot.core.errors import FleetError
 from servepilot.engine.model_source import ResolvedModel, resolve_model
 from servepilot.engine.process import ReplicaInfo
 from servepilot.engine.simserver.args import SimModel, sim_model
@@ -137,6 +139,9 @@ async def run_up(
 ) -> None:
     """Serve until SIGINT or SIGTERM, then drain and stop everything. `detached_run_dir`:
     this is the process `up --detach` started, in the run folder it made (detach.py)."""
+    if config.cluster.backend is ClusterBackend.RAY:
+        await _run_on_ray(config, report, detached_run_dir)
+        return
     gw = config.gateway
     check_port_free(gw.host, gw.port)
     check_no_fleet(gw.port)
@@ -150,12 +155,14 @@ async def run_up(
         what = "vLLM"
     run_dir = detached_run_dir or new_run_dir()
     replicas = LocalReplicas(config, model, run_dir)
-    stop = _stop_event()
+    stop = stop_event()
     report.step(f"starting {config.replicas.count} {what} replica(s); logs in {run_dir}")
     replicas.launch()
-    starting = _StartingRecord(f"http://{gw.host}:{gw.port}", gw.port, run_dir, replicas)
+    awaited = [ReplicaRecord(p.replica_id, p.url, p.pid or 0, str(p.log_path), ready=False)
+               for p in replicas.processes]  # fmt: skip
+    starting = StartingRecord(f"http://{gw.host}:{gw.port}", gw.port, run_dir, awaited)
     try:
-        infos = await _until_stopped(replicas.wait_ready(starting.ready(report)), stop)
+        infos = await until_stopped(replicas.wait_ready(starting.ready(report)), stop)
         if infos is not None:
             with gateway_log(run_dir):
                 await _serve(config, model.served_name, replicas, infos, stop, report,
@@ -164,7 +171,7 @@ async def run_up(
         remove_record(gw.port)
 
 
-async def _until_stopped(
+async def until_stopped(
     ready: Coroutine[Any, Any, list[ReplicaInfo]], stop: asyncio.Event
 ) -> list[ReplicaInfo] | None:
     """The replicas once all are ready, or None if told to stop first (they are stopped)."""
@@ -220,35 +227,33 @@ async def _serve(
         await replicas.stop()
 
 
-class _StartingRecord:
-    """The fleet record while the replicas load: which are ready, which are awaited."""
+class StartingRecord:
+    """The fleet record while the replicas load: which are ready, which are awaited (the Ray
+    backend's `up` keeps one too)."""
 
-    def __init__(self, gateway_url: str, port: int, run_dir: Path, replicas: LocalReplicas) -> None:
+    def __init__(
+        self, gateway_url: str, port: int, run_dir: Path, awaited: Sequence[ReplicaRecord]
+    ) -> None:
         self.gateway_url = gateway_url
         self.port = port
         self.run_dir = run_dir
-        self.replicas = replicas
+        self.rows = {row.replica_id: row for row in awaited}
         self.started_at_s = time.time()
-        self.ready_ids: set[str] = set()
         self.write()
 
     def write(self) -> None:
-        rows = tuple(
-            ReplicaRecord(p.replica_id, p.url, p.pid or 0, str(p.log_path),
-                          p.replica_id in self.ready_ids)
-            for p in self.replicas.processes
-        )  # fmt: skip
         write_record(
             FleetRecord(os.getpid(), self.gateway_url, self.port, self.started_at_s,
-                        str(self.run_dir), rows, FleetState.STARTING)
+                        str(self.run_dir), tuple(self.rows.values()), FleetState.STARTING)
         )  # fmt: skip
 
     def ready(self, report: UpReporter) -> Callable[[ReplicaInfo], None]:
-        """The on-ready callback: report the replica, then record it as ready."""
+        """The on-ready callback: report the replica, then record it as ready (at its URL)."""
 
         def on_ready(info: ReplicaInfo) -> None:
             report.replica_ready(info)
-            self.ready_ids.add(info.replica_id)
+            row = self.rows[info.replica_id]
+            self.rows[info.replica_id] = replace(row, url=info.url, ready=True)
             self.write()
 
         return on_ready
@@ -273,7 +278,24 @@ async def _watch(
             await asyncio.wait_for(stop.wait(), _WATCH_INTERVAL_S)
 
 
-def _stop_event() -> asyncio.Event:
+async def _run_on_ray(
+    config: FleetConfig, report: UpReporter, detached_run_dir: Path | None
+) -> None:
+    # Imported here: Ray is an optional extra, and importing it takes seconds.
+    try:
+        from servepilot.fleet.ray.up import run_ray_up
+    except ModuleNotFoundError as exc:
+        if exc.name != "ray":
+            raise
+        raise FleetError(
+            "cluster.backend: ray needs Ray, which is not installed",
+            hint="pip install 'servepilot[ray]' (`make install` installs it)",
+        ) from None
+    await run_ray_up(config, report, detached_run_dir)
+
+
+def stop_event() -> asyncio.Event:
+    """Set by SIGINT or SIGTERM (Ctrl-C, `servepilot down`); the Ray backend's `up` too."""
     event = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
