@@ -1,0 +1,181 @@
+"""A node lost under load, on a local multi-node Ray cluster (ray_cluster.py): simulated
+replicas behind the gateway, a stream of requests, one replica's node taken away, until the
+replica serves again on another node. tests/integration/test_ray_backend.py asserts on what
+it returns; bench_ray.py's recovery part times it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+from ray.cluster_utils import Cluster
+
+from benchmarks.ray_cluster import node_of
+from servepilot.core.config import FleetConfig
+from servepilot.fleet.ray.replicas import RayReplicas
+from servepilot.fleet.ray.watcher import GatewayMembership, ReplicaState, ReplicaWatcher
+from servepilot.fleet.serve import Upstream, start_gateway
+
+PROMPT = {"model": "llama-3.1-8b", "prompt": "hello " * 20, "max_tokens": 48, "stream": True}
+REPLICA_HEADER = "X-Servepilot-Replica"
+# The load: this many clients, each sending its next request when the last one ended.
+CLIENTS = 6
+BACK_WITHIN_S = 90.0
+
+
+@dataclass
+class Outcome:
+    replica: str | None = None
+    kind: str = "pending"
+    """complete | interrupted (an SSE error event ended it) | http_error | broken | hang"""
+    detail: str = ""
+    streamed: bool = False
+    """Generated content had reached the client before the request ended."""
+
+
+@dataclass(frozen=True)
+class NodeLoss:
+    """What one node loss did."""
+
+    outcomes: list[Outcome]
+    """The requests sent from before the loss until the load stopped."""
+    lost_id: str
+    said: list[str]
+    """The watcher's lines (lost, serves again)."""
+    recovery_s: float
+    """From the node's loss to the replica's return into the gateway."""
+    after: list[Outcome]
+    """Requests sent once the replica was back (one per replica, three times)."""
+    nodes: list[str]
+    """The node of each replica at the end."""
+
+
+async def stream_once(session: aiohttp.ClientSession, url: str) -> Outcome:
+    """One streamed completion through the gateway, and its single outcome (never raises)."""
+    outcome = Outcome()
+    try:
+        async with asyncio.timeout(30):
+            async with session.post(f"{url}/v1/completions", json=PROMPT) as resp:
+                outcome.replica = resp.headers.get(REPLICA_HEADER)
+                body = await resp.read()
+                if resp.status != 200:
+                    outcome.kind, outcome.detail = "http_error", f"{resp.status} {body[:200]!r}"
+                    return outcome
+    except TimeoutError:
+        outcome.kind = "hang"
+        return outcome
+    except aiohttp.ClientError as exc:
+        outcome.kind, outcome.detail = "broken", repr(exc)
+        return outcome
+    events = [e.strip() for e in body.split(b"\n\n") if e.strip()]
+    outcome.streamed = any(_has_content(e) for e in events)
+    if events and events[-1] == b"data: [DONE]" and events.count(b"data: [DONE]") == 1:
+        outcome.kind = "complete"
+    elif events and events[-1].startswith(b'data: {"error"'):
+        outcome.kind, outcome.detail = "interrupted", events[-1][:200].decode()
+    else:
+        outcome.kind, outcome.detail = "broken", repr(body[-200:])
+    return outcome
+
+
+def _has_content(event: bytes) -> bool:
+    """An SSE event that carries generated text."""
+    if not event.startswith(b"data: {"):
+        return False
+    try:
+        choices = json.loads(event[6:]).get("choices") or []
+    except ValueError:
+        return False
+    return any(isinstance(c, dict) and c.get("text") for c in choices)
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        await asyncio.sleep(0.05)
+    return condition()
+
+
+async def node_loss_under_load(
+    cluster: Cluster,
+    config: FleetConfig,
+    run_dir: Path,
+    fleet_name: str,
+    before_s: float = 2.0,
+    after_s: float | None = 2.0,
+) -> NodeLoss:
+    """Start `config`'s replicas and a gateway, load them, lose the node of the last replica
+    that is not on the head, and wait until that replica serves again; everything of ours is
+    removed on the way out (the node stays lost). The load starts `before_s` before the loss
+    and stops `after_s` after it (None: once the replica serves again)."""
+    replicas = RayReplicas(config, run_dir, fleet_name)
+    infos = await replicas.start(lambda info: None)
+    served = await start_gateway(config.gateway, [Upstream(i.replica_id, i.url) for i in infos])
+    said: list[str] = []
+    back_at: list[float] = []
+
+    def step(line: str) -> None:
+        if "serves again" in line:
+            back_at.append(time.monotonic())
+        said.append(line)
+
+    membership = GatewayMembership(served.gateway, lambda answer: None)
+    watcher = ReplicaWatcher(replicas.replicas, membership, said.append, step)
+    watcher.start(replicas.answers)
+    try:
+        head_id = cluster.head_node.node_id
+        on_worker = [
+            r for r in replicas.replicas if replicas.answers[r.replica_id].node_id != head_id
+        ]
+        lost = on_worker[-1]
+        lost_answer = replicas.answers[lost.replica_id]
+        assert lost_answer.info is not None
+        lost_node = node_of(cluster, lost_answer.node_id)
+        outcomes: list[Outcome] = []
+        stop = asyncio.Event()
+        async with aiohttp.ClientSession() as session:
+
+            async def client() -> None:
+                while not stop.is_set():
+                    outcomes.append(await stream_once(session, served.url))
+
+            clients = [asyncio.ensure_future(client()) for _ in range(CLIENTS)]
+            await asyncio.sleep(before_s)
+            # A node that loses power: its server dies at once with the streams it serves (a
+            # removed raylet alone would let it drain them), then the node.
+            lost_at = time.monotonic()
+            os.kill(lost_answer.info.pid, signal.SIGKILL)
+            await asyncio.to_thread(cluster.remove_node, lost_node, False)
+
+            def is_back() -> bool:
+                return (
+                    watcher.restarts[lost.replica_id] == 1
+                    and watcher.states[lost.replica_id] is ReplicaState.READY
+                )
+
+            if after_s is None:
+                await _until(is_back, BACK_WITHIN_S)
+            else:
+                await asyncio.sleep(after_s)
+            stop.set()
+            await asyncio.gather(*clients)
+            back = await _until(is_back, BACK_WITHIN_S)
+            if not back or not back_at:
+                raise AssertionError(f"not back in {BACK_WITHIN_S:g} s: {watcher.states}, {said}")
+            after = [await stream_once(session, served.url) for _ in range(3 * len(infos))]
+        nodes = [watcher.answers[r.replica_id].node_id for r in replicas.replicas]
+        return NodeLoss(outcomes, lost.replica_id, said, back_at[0] - lost_at, after, nodes)
+    finally:
+        await watcher.stop()
+        await served.stop(5)
+        await replicas.stop()
