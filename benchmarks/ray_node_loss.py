@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import ray
 from ray.cluster_utils import Cluster
 
 from benchmarks.ray_cluster import node_of
 from servepilot.core.config import FleetConfig
+from servepilot.fleet.ray.actor import ActorReady
 from servepilot.fleet.ray.replicas import RayReplicas
 from servepilot.fleet.ray.watcher import GatewayMembership, ReplicaState, ReplicaWatcher
 from servepilot.fleet.serve import Upstream, start_gateway
@@ -52,6 +54,8 @@ class NodeLoss:
     """The watcher's lines (lost, serves again)."""
     recovery_s: float
     """From the node's loss to the replica's return into the gateway."""
+    dead_s: float
+    """From the node's loss until Ray marked it dead (its health checks missed)."""
     after: list[Outcome]
     """Requests sent once the replica was back (one per replica, three times)."""
     nodes: list[str]
@@ -134,48 +138,72 @@ async def node_loss_under_load(
     watcher.start(replicas.answers)
     try:
         head_id = cluster.head_node.node_id
-        on_worker = [
-            r for r in replicas.replicas if replicas.answers[r.replica_id].node_id != head_id
-        ]
-        lost = on_worker[-1]
-        lost_answer = replicas.answers[lost.replica_id]
-        assert lost_answer.info is not None
-        lost_node = node_of(cluster, lost_answer.node_id)
-        outcomes: list[Outcome] = []
-        stop = asyncio.Event()
+        lost = [r for r in replicas.replicas if replicas.answers[r.replica_id].node_id != head_id]
+        lost_id = lost[-1].replica_id
+
+        def is_back() -> bool:
+            return watcher.restarts[lost_id] == 1 and watcher.states[lost_id] is ReplicaState.READY
+
         async with aiohttp.ClientSession() as session:
-
-            async def client() -> None:
-                while not stop.is_set():
-                    outcomes.append(await stream_once(session, served.url))
-
-            clients = [asyncio.ensure_future(client()) for _ in range(CLIENTS)]
+            load = _Load(session, served.url)
             await asyncio.sleep(before_s)
-            # A node that loses power: its server dies at once with the streams it serves (a
-            # removed raylet alone would let it drain them), then the node.
             lost_at = time.monotonic()
-            os.kill(lost_answer.info.pid, signal.SIGKILL)
-            await asyncio.to_thread(cluster.remove_node, lost_node, False)
-
-            def is_back() -> bool:
-                return (
-                    watcher.restarts[lost.replica_id] == 1
-                    and watcher.states[lost.replica_id] is ReplicaState.READY
-                )
-
+            dead = asyncio.ensure_future(_marked_dead_after(replicas.answers[lost_id], lost_at))
+            await _lose_node(cluster, replicas.answers[lost_id])
             if after_s is None:
                 await _until(is_back, BACK_WITHIN_S)
             else:
                 await asyncio.sleep(after_s)
-            stop.set()
-            await asyncio.gather(*clients)
-            back = await _until(is_back, BACK_WITHIN_S)
-            if not back or not back_at:
+            outcomes = await load.stop()
+            if not await _until(is_back, BACK_WITHIN_S) or not back_at:
                 raise AssertionError(f"not back in {BACK_WITHIN_S:g} s: {watcher.states}, {said}")
             after = [await stream_once(session, served.url) for _ in range(3 * len(infos))]
         nodes = [watcher.answers[r.replica_id].node_id for r in replicas.replicas]
-        return NodeLoss(outcomes, lost.replica_id, said, back_at[0] - lost_at, after, nodes)
+        dead_s = await dead
+        return NodeLoss(outcomes, lost_id, said, back_at[0] - lost_at, dead_s, after, nodes)
     finally:
         await watcher.stop()
         await served.stop(5)
         await replicas.stop()
+
+
+class _Load:
+    """CLIENTS clients, each sending its next request when its last one ended, until stopped."""
+
+    def __init__(self, session: aiohttp.ClientSession, url: str) -> None:
+        self._outcomes: list[Outcome] = []
+        self._stop = asyncio.Event()
+
+        async def client() -> None:
+            while not self._stop.is_set():
+                self._outcomes.append(await stream_once(session, url))
+
+        self._clients = [asyncio.ensure_future(client()) for _ in range(CLIENTS)]
+
+    async def stop(self) -> list[Outcome]:
+        """Let every request in flight end; the outcomes of all."""
+        self._stop.set()
+        await asyncio.gather(*self._clients)
+        return self._outcomes
+
+
+async def _lose_node(cluster: Cluster, answer: ActorReady) -> None:
+    """A node that loses power: its server dies at once with the streams it serves (a removed
+    raylet alone would let it drain them), then the node."""
+    assert answer.info is not None
+    os.kill(answer.info.pid, signal.SIGKILL)
+    await asyncio.to_thread(cluster.remove_node, node_of(cluster, answer.node_id), False)
+
+
+async def _marked_dead_after(answer: ActorReady, since: float) -> float:
+    """Seconds from `since` until Ray's GCS lists the replica's node as dead (NaN: not within
+    BACK_WITHIN_S)."""
+
+    def until_dead() -> float:
+        while time.monotonic() - since < BACK_WITHIN_S:
+            if not any(n["NodeID"] == answer.node_id and n["Alive"] for n in ray.nodes()):
+                return time.monotonic() - since
+            time.sleep(0.2)
+        return float("nan")
+
+    return await asyncio.to_thread(until_dead)
