@@ -130,6 +130,8 @@ def measure_rounds(
         for name, (url, direct, pid) in routers.items():
             row[f"{name} direct"] = load(direct, args, tmp, None)
             row[name] = load(url, args, tmp, pid)
+            if row[name]["failed"] >= args.requests / 2:
+                raise SystemExit(f"{name}: {row[name]['failed']:.0f} requests failed (is it down?)")
         rows.append(row)
         cpu = ", ".join(f"{n} {row[n]['cpu_us']:.0f} us/req" for n in routers)
         print(f"  round {index + 1}/{args.rounds} ({time.perf_counter() - started:.0f} s, "
@@ -339,6 +341,9 @@ def main() -> None:
     parts = [args.only] if args.only else list(PARTS)
     sections = []
     with tempfile.TemporaryDirectory() as tmp:
+        # Fleet records of our own: a `servepilot down --all` run by someone else on this
+        # machine must not stop the fleets under test.
+        os.environ["SERVEPILOT_STATE"] = str(Path(tmp) / "state")
         for part in parts:
             started = time.perf_counter()
             print(f"{part}:", flush=True)
