@@ -118,10 +118,11 @@ async def node_loss_under_load(
     before_s: float = 2.0,
     after_s: float | None = 2.0,
 ) -> NodeLoss:
-    """Start `config`'s replicas and a gateway, load them, lose the node of the last replica
-    that is not on the head, and wait until that replica serves again; everything of ours is
-    removed on the way out (the node stays lost). The load starts `before_s` before the loss
-    and stops `after_s` after it (None: once the replica serves again)."""
+    """Start `config`'s replicas and a gateway, load them, lose the node of a replica that is
+    on neither the head nor the driver's node, and wait until that replica serves again;
+    everything of ours is removed on the way out (the node stays lost). The load starts
+    `before_s` before the loss and stops `after_s` after it (None: once the replica serves
+    again)."""
     replicas = RayReplicas(config, run_dir, fleet_name)
     infos = await replicas.start(lambda info: None)
     served = await start_gateway(config.gateway, [Upstream(i.replica_id, i.url) for i in infos])
@@ -137,9 +138,12 @@ async def node_loss_under_load(
     watcher = ReplicaWatcher(replicas.replicas, membership, said.append, step)
     watcher.start(replicas.answers)
     try:
-        head_id = cluster.head_node.node_id
-        lost = [r for r in replicas.replicas if replicas.answers[r.replica_id].node_id != head_id]
-        lost_id = lost[-1].replica_id
+        # Neither the head's node (the GCS) nor the one whose raylet this driver talks to (of
+        # several raylets on one address Ray gives the driver any): losing either would take
+        # the driver, and with it every replica actor it owns, down too.
+        spared = {cluster.head_node.node_id, ray.get_runtime_context().get_node_id()}
+        answers = replicas.answers
+        lost_id = [r for r in replicas.replica_ids if answers[r].node_id not in spared][-1]
 
         def is_back() -> bool:
             return watcher.restarts[lost_id] == 1 and watcher.states[lost_id] is ReplicaState.READY
