@@ -81,6 +81,10 @@ def replica_setup(
             "models one group of full-attention blocks holding the tokens vLLM reports"
         )
     cost, kind, overhead = _cost(request, shape, engine.tensor_parallel_size, profile, notes)
+    if profile is None and (
+        mismatch := request.accelerator.host_mismatch(request.weights_dtype, cpu_flags)
+    ):
+        notes.append(mismatch)
     meta = _meta(profile) if profile is not None else {}
     # bench takes a chat template off each message's text (bench.chat_template): the
     # server then counts --input-tokens, and so does the simulation.
