@@ -23,6 +23,8 @@ from servepilot.core.slo import Slo, parse_slo
 from servepilot.core.units import parse_duration_or_zero_s, parse_duration_s
 from servepilot.engine.cpu import cpu_flags
 from servepilot.load.loadplan import LoadPlan
+from servepilot.scaling.policies import ScalingPolicyName
+from servepilot.scaling.snapshot import AutoscalePolicy
 from servepilot.sim.fleet import narration
 from servepilot.sim.fleet import setup as fleet_setup
 from servepilot.sim.fleet.network import parse_network
@@ -48,6 +50,8 @@ examples:
   servepilot sim -c fleet.yaml --profile profile.json --sweep --out runs/sim
   servepilot sim -c llama-8b-h100.yaml --rate 5000 --duration 1h  (docs/examples/ in the repo)
   servepilot sim -c fleet.yaml --rate 200 --duration 30m --autoscale 2:16 --cold-start 78s
+  servepilot sim -c fleet.yaml --rate 200 --duration 30m --autoscale 2:20 \
+      --scaling-policy predictive --replica-rps 12
   servepilot bench compare runs/sim/results.json runs/measured/results.json
 """
 
@@ -113,14 +117,36 @@ def _fleet_flags(parser: argparse.ArgumentParser) -> None:
     add(
         "--autoscale",
         metavar="MIN:MAX",
-        help="scale between MIN and MAX replicas on in-flight + queued requests",
+        help="scale between MIN and MAX replicas with --scaling-policy",
+    )
+    add(
+        "--scaling-policy",
+        choices=[p.value for p in ScalingPolicyName],
+        default=ScalingPolicyName.TARGET.value,
+        help="target: replicas for --autoscale-target of the concurrency budgets in use (like "
+        "a Kubernetes HPA; the default); step: the seeds' rules, +10%% of the replicas above "
+        "80%% utilisation, -5%% below 50%%, with cool-downs; predictive: step, or more when "
+        "the forecast arrivals need more (needs --replica-rps)",
     )
     add(
         "--autoscale-target",
         type=float,
         default=0.7,
         metavar="F",
-        help="share of the concurrency budgets to aim at (default 0.7)",
+        help="target's share of the concurrency budgets to aim at (default 0.7)",
+    )
+    add(
+        "--replica-rps",
+        type=float,
+        metavar="R",
+        help="predictive: requests per second one replica serves within the SLO (measured: "
+        "sim or bench on one replica, the sweet spot)",
+    )
+    add(
+        "--forecast-horizon",
+        metavar="T",
+        help="predictive: how far ahead to size the fleet (default: --cold-start plus "
+        "--autoscale-interval)",
     )
     add("--autoscale-interval", default="15s", metavar="T", help="how often to decide")  # fmt: skip
 
@@ -138,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         slo=_slo(args, config),
         prompt_overhead_tokens=setup.prompt_overhead_tokens,
         target=fleet_setup.target_section(config, setup, spec, args.profile),
-        autoscaler=fleet_setup.autoscaler(args.autoscale, args.autoscale_target),
+        autoscaler=_autoscaler(args, spec),
     )
     for line in narration.describe(setup, spec):
         print_step(line)
@@ -171,6 +197,22 @@ def _spec(
         start_cold=args.start_cold,
         autoscale_interval_s=parse_duration_s(args.autoscale_interval, "--autoscale-interval"),
     )
+
+
+def _autoscaler(args: argparse.Namespace, spec: FleetSpec) -> Callable[[], AutoscalePolicy] | None:
+    horizon = args.forecast_horizon
+    setup = fleet_setup.autoscaler(
+        args.autoscale,
+        ScalingPolicyName(args.scaling_policy),
+        target=args.autoscale_target,
+        replica_rps=args.replica_rps,
+        horizon_s=(
+            parse_duration_s(horizon, "--forecast-horizon")
+            if horizon
+            else spec.cold_start_s + spec.autoscale_interval_s
+        ),
+    )
+    return setup.build if setup is not None else None
 
 
 def _slo(args: argparse.Namespace, config: FleetConfig) -> Slo:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from servepilot.plan.hardware import AcceleratorKind
 from servepilot.plan.kv import KvCacheShape
 from servepilot.plan.request import PlanRequest
 from servepilot.routing.admission.budget import replica_capacity
-from servepilot.scaling.target_utilisation import TargetUtilisation
+from servepilot.scaling.policies import AutoscaleSetup, ScalingPolicyName
 from servepilot.sim.engine.records import SchedulerConfig
 from servepilot.sim.engine.setup import EngineKnobs, EngineSetup, Precision, engine_setup
 from servepilot.sim.fleet.network import NetworkConfig
@@ -179,9 +178,16 @@ def _overhead(meta: dict[str, Any], path: Path) -> int:
     return value
 
 
-def autoscaler(text: str | None, target: float) -> partial[TargetUtilisation] | None:
-    """`MIN:MAX` (the --autoscale flag) -> the autoscaling policy of the simulated fleet, aiming
-    at `target` of the concurrency budgets; None when not given."""
+def autoscaler(
+    text: str | None,
+    policy: ScalingPolicyName = ScalingPolicyName.TARGET,
+    *,
+    target: float = 0.7,
+    replica_rps: float | None = None,
+    horizon_s: float = 0.0,
+) -> AutoscaleSetup | None:
+    """`MIN:MAX` (the --autoscale flag) and the policy's own numbers -> what builds the
+    simulated fleet's autoscaling policy; None when --autoscale is not given."""
     if not text:
         return None
     low, sep, high = text.partition(":")
@@ -191,7 +197,15 @@ def autoscaler(text: str | None, target: float) -> partial[TargetUtilisation] | 
         lo = hi = -1
     if not sep or not 0 <= lo <= hi or hi < 1:
         raise ConfigError(f"--autoscale {text!r}: expected MIN:MAX, e.g. 2:16")
-    return partial(TargetUtilisation, target, lo, hi)
+    if replica_rps is not None and replica_rps <= 0:
+        raise ConfigError(f"--replica-rps must be > 0, got {replica_rps}")
+    if policy is ScalingPolicyName.PREDICTIVE and replica_rps is None:
+        raise ConfigError(
+            "--scaling-policy predictive needs --replica-rps: the requests per second one "
+            "replica serves within the SLO",
+            hint="simulate one replica: servepilot sim --replicas 1 --sweep (the sweet spot)",
+        )
+    return AutoscaleSetup(policy, lo, hi, target, replica_rps, horizon_s)
 
 
 def target_section(
