@@ -23,8 +23,7 @@ from servepilot.core.slo import Slo, parse_slo
 from servepilot.core.units import parse_duration_or_zero_s, parse_duration_s
 from servepilot.engine.cpu import cpu_flags
 from servepilot.load.loadplan import LoadPlan
-from servepilot.scaling.policies import ScalingPolicyName
-from servepilot.scaling.snapshot import AutoscalePolicy
+from servepilot.scaling.policies import AutoscaleSetup, ScalingPolicyName
 from servepilot.sim.fleet import narration
 from servepilot.sim.fleet import setup as fleet_setup
 from servepilot.sim.fleet.network import parse_network
@@ -158,13 +157,15 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args, {"replicas.count": "replicas", "gateway.policy": "policy"})
     setup = fleet_setup.replica_setup(config, args.profile, cpu_flags())
     spec = _spec(args, config, setup)
+    scaling = _autoscale(args, spec)
+    target = fleet_setup.target_section(config, setup, spec, args.profile)
     opts = SimOptions(
         spec=spec,
         levels=levels_from_args(args),
         slo=_slo(args, config),
         prompt_overhead_tokens=setup.prompt_overhead_tokens,
-        target=fleet_setup.target_section(config, setup, spec, args.profile),
-        autoscaler=_autoscaler(args, spec),
+        target=target if scaling is None else target | {"autoscale": scaling.describe()},
+        autoscaler=scaling.build if scaling is not None else None,
     )
     for line in narration.describe(setup, spec):
         print_step(line)
@@ -199,9 +200,9 @@ def _spec(
     )
 
 
-def _autoscaler(args: argparse.Namespace, spec: FleetSpec) -> Callable[[], AutoscalePolicy] | None:
+def _autoscale(args: argparse.Namespace, spec: FleetSpec) -> AutoscaleSetup | None:
     horizon = args.forecast_horizon
-    setup = fleet_setup.autoscaler(
+    return fleet_setup.autoscaler(
         args.autoscale,
         ScalingPolicyName(args.scaling_policy),
         target=args.autoscale_target,
@@ -212,7 +213,6 @@ def _autoscaler(args: argparse.Namespace, spec: FleetSpec) -> Callable[[], Autos
             else spec.cold_start_s + spec.autoscale_interval_s
         ),
     )
-    return setup.build if setup is not None else None
 
 
 def _slo(args: argparse.Namespace, config: FleetConfig) -> Slo:

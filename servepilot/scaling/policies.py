@@ -44,6 +44,19 @@ class AutoscaleSetup:
                 "its sweet spot's rate",
             )
 
+    def describe(self) -> dict[str, object]:
+        """For a results file: the policy and the numbers it reads."""
+        out: dict[str, object] = {
+            "policy": self.policy.value,
+            "min_replicas": self.min_replicas,
+            "max_replicas": self.max_replicas,
+        }
+        if self.policy is ScalingPolicyName.TARGET:
+            out["target"] = self.target
+        if self.policy is ScalingPolicyName.PREDICTIVE:
+            out |= {"replica_rps": self.replica_rps, "horizon_s": self.horizon_s}
+        return out
+
     def build(self) -> AutoscalePolicy:
         """A fresh policy (each keeps its own state: one per fleet, or per simulated level)."""
         if self.policy is ScalingPolicyName.TARGET:

@@ -22,11 +22,16 @@ class StepRules:
     """Below this peak utilisation: a step down, if the removal check passes."""
     up_share: float = 0.10
     down_share: float = 0.05
-    up_cooldown_s: float = 60.0
-    """From the fleet's last change to the next step up."""
-    down_cooldown_s: float = 300.0
-    """From the fleet's last change to the next step down (longer: a replica given back
-    costs a cold start to get again)."""
+    up_cooldown_s: float = 30.0
+    """From the fleet's last change to the next step up. Short: the freeze while replicas
+    start already holds the next step for a cold start; this only lets the minute's peak
+    see the replicas that joined."""
+    down_cooldown_s: float = 60.0
+    """From the fleet's last change to the next step down. One replica a minute at most (at
+    up to 39 replicas): a fleet of 20 halves in about 10 minutes. Flapping is kept off by
+    the gap between the lines, the minute's peak and the removal check. With 300 s (the
+    HPA's window) halving 20 replicas takes 50 minutes (docs/benchmarks.md: bench-autoscale
+    measured both)."""
     window_s: float = 60.0
     """The utilisation compared with the lines is its peak over this window."""
     limits: UtilisationLimits = field(default_factory=UtilisationLimits)
