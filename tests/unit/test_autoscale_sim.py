@@ -103,6 +103,8 @@ def test_sim_runs_each_policy(tmp_path: Path, flags: list[str]) -> None:
     assert main([*args, *flags, "--out", str(out)]) == 0
     result = load_result(out / "results.json")
     assert result.runs[0].completed >= 70
+    level = result.target["levels"][0]
+    assert level["scale_events"] >= 0 and level["replica_hours"] > 0
     described = result.target["autoscale"]
     assert (described["policy"], described["min_replicas"], described["max_replicas"]) == (
         flags[1],

@@ -406,4 +406,6 @@ class FleetSim:
             replicas_end=self.gateway.ready + self.gateway.starting,
             shed=dict(self.gateway.shed), queued=self.gateway.queued, events=events,
             wall_s=time.perf_counter() - wall0, cpu_s=time.process_time() - cpu0,
+            replica_s=self.replica_seconds(self.now_s),
+            scale_events=len(self.autoscale.events) if self.autoscale is not None else None,
         )  # fmt: skip
