@@ -26,7 +26,8 @@ class RequestSpec:
     """The text: the whole prompt (completions) or the last user message (chat)."""
     max_tokens: int
     input_tokens: int
-    """Tokens of `prompt` by the server's tokenizer (what the workload asked for)."""
+    """What the workload asked for, as the server counts it: the tokens of `prompt`, plus on
+    chat the template's (taken off the text: `bench.chat_template`); not `history`."""
     history: tuple[tuple[str, str], ...] = ()
     """Earlier (role, content) turns of a chat session, sent before `prompt`."""
     at_s: float | None = None

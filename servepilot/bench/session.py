@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 
+from servepilot.bench.chat_template import ChatFrame, count_gap_note
 from servepilot.bench.client import Target
 from servepilot.bench.metrics import summarize, windows
 from servepilot.bench.records import RequestRecord, RequestSpec
@@ -39,6 +41,8 @@ class BenchOptions:
     window_s: float = 30.0
     processes: int | None = None
     metrics_url: str | None = None
+    chat: ChatFrame = field(default_factory=ChatFrame)
+    """What the chat template adds to a message, taken off each message's text."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +100,7 @@ async def run_bench(opts: BenchOptions, tokenizer: Tokenizer, report: BenchRepor
             "url": opts.target.base_url,
             "model": opts.target.model,
             "endpoint": opts.target.endpoint.value,
+            **opts.chat.as_target(opts.target.endpoint),
         },
         workload=describe(opts.levels.workload),
         slo=slo,
@@ -120,7 +125,10 @@ async def _run_levels(
         load = step.load
         plan = levels.plan(load, seed=opts.seed, soak_s=opts.soak_s, processes=opts.processes)
         workload = await asyncio.to_thread(
-            build_workload, levels.level_workload(len(runs)), tokenizer, pool_size(plan)
+            functools.partial(build_workload, chat_template_tokens=opts.chat.overhead_tokens),
+            levels.level_workload(len(runs)),
+            tokenizer,
+            pool_size(plan),
         )
         report.level_started(load, plan.max_requests, plan.duration_s)
         outcome, soak_memory = await _run_level(opts, plan, workload, report)
@@ -129,6 +137,9 @@ async def _run_levels(
                 f"{outcome.no_usage} answers carried no token usage: output tokens were "
                 "counted as streamed chunks (enable stream_options.include_usage on the server)"
             )
+        gap = count_gap_note(opts.chat, opts.target.endpoint, workload, outcome.records)
+        if gap is not None:
+            report.note(gap)
         run = _level_run(opts, load, outcome)
         if opts.soak_s is not None:
             run = _with_soak(run, outcome.records, opts.window_s, soak_memory)

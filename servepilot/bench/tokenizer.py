@@ -1,19 +1,21 @@
 """The tokenizer prompts are measured with: the server's own, or a local copy of it.
 
 Prompt lengths are only exact by the tokenizer that serves the model, so the default asks the
-server: vLLM's `POST /tokenize` and `POST /detokenize` on the replica's base URL. A servepilot
-gateway (and most non-vLLM servers) do not expose those, so `--tokenizer PATH` loads the same
-tokenizer from a local Hugging Face folder instead.
+server: vLLM's `POST /tokenize` and `POST /detokenize` on the replica's base URL (a servepilot
+gateway proxies them). Most non-vLLM servers do not expose those, so `--tokenizer PATH` loads
+the same tokenizer from a local Hugging Face folder instead.
 
 Token ids never include special tokens (`add_special_tokens: false`): a prompt's length is the
-length of its text; whatever BOS token or chat template the server adds comes on top.
+length of its text; whatever BOS token the server adds comes on top. `count_chat` counts a
+conversation as the chat endpoint does, template included, so chat prompts can be sized to it
+(`bench.chat_template`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -42,6 +44,11 @@ class Tokenizer(Protocol):
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
 
     def decode_batch(self, ids: Sequence[Sequence[int]]) -> list[str]: ...
+
+    def count_chat(self, messages: Sequence[Mapping[str, str]]) -> int | None:
+        """Tokens of `messages` rendered by the chat template for generation (what
+        usage.prompt_tokens counts on the chat endpoint); None when the template is unknown."""
+        ...
 
 
 class LocalTokenizer:
@@ -86,6 +93,15 @@ class LocalTokenizer:
         decoded: list[str] = self._tok.batch_decode([list(one) for one in ids])
         return decoded
 
+    def count_chat(self, messages: Sequence[Mapping[str, str]]) -> int | None:
+        if not getattr(self._tok, "chat_template", None):
+            return None
+        text: str = self._tok.apply_chat_template(
+            [dict(m) for m in messages], tokenize=False, add_generation_prompt=True
+        )
+        # As vLLM does: the rendered text already holds the template's special tokens.
+        return len(self.encode(text))
+
 
 class ServerTokenizer:
     """vLLM's `/tokenize` and `/detokenize`; a batch is sent as concurrent requests."""
@@ -122,6 +138,16 @@ class ServerTokenizer:
         bodies = [{"model": self._model, "tokens": list(one)} for one in ids]
         answers = _run_blocking(lambda: self._post_all("/detokenize", bodies))
         return [_text_of(answer, self._url("/detokenize")) for answer in answers]
+
+    def count_chat(self, messages: Sequence[Mapping[str, str]]) -> int | None:
+        """vLLM's `/tokenize` with `messages`; None when the target refuses that form."""
+        url = self._url("/tokenize")
+        body = {"model": self._model, "messages": [dict(m) for m in messages]}
+        try:
+            answer = _run_blocking(lambda: self._post_all("/tokenize", [body]))[0]
+        except TokenizerRefused:
+            return None
+        return len(_tokens_of(answer, url))
 
     def _url(self, path: str) -> str:
         return self._base_url + path
@@ -160,16 +186,20 @@ class ServerTokenizer:
             ) from exc
 
 
-def _refused(url: str, status: int, text: str, model: object) -> ConfigError:
+class TokenizerRefused(ConfigError):
+    """The target answered a tokenizer call with an error status."""
+
+
+def _refused(url: str, status: int, text: str, model: object) -> TokenizerRefused:
     """The server's own reason first: a gateway or vLLM that does not serve `model` says so in
     an OpenAI-shaped body, which matters more than a missing /tokenize."""
     message = server_message(text)
     if status in (400, 404) and isinstance(model, str) and "model" in message.lower():
-        return ConfigError(
+        return TokenizerRefused(
             f"--url: POST {url} answered {status}: {message}",
             hint=f"the target does not serve --model {model!r}: see its GET /v1/models",
         )
-    return ConfigError(f"--url: POST {url} answered {status}: {message}", hint=_GATEWAY_HINT)
+    return TokenizerRefused(f"--url: POST {url} answered {status}: {message}", hint=_GATEWAY_HINT)
 
 
 def open_tokenizer(url: str, model: str, tokenizer_path: Path | None) -> Tokenizer:

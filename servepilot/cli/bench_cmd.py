@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from servepilot.bench.chat_template import ChatFrame, measure_chat_frame
 from servepilot.bench.client import Target
 from servepilot.bench.compare import compare_results, render_comparison
 from servepilot.bench.console import progress_counts, run_warnings
@@ -43,9 +44,11 @@ level and stops by itself once throughput stops rising while latency keeps climb
 A request refused with 429 (or 503 with Retry-After) is counted as refused, and a closed-loop
 worker waits out its Retry-After before sending again: a server that sheds load is not flooded.
 
-Prompts have exact token counts by the server's own tokenizer. Results go to --out: results.json
-(schema servepilot.bench/v1), requests.csv (one row per request) and report.html (plots). Ctrl-C
-keeps the levels already finished (results marked interrupted; exit code 130).
+Prompts have exactly --input-tokens tokens as the server counts them (usage.prompt_tokens), cut
+with its own tokenizer; on chat the template's tokens, measured once, come off each message's
+text. Results go to --out: results.json (schema servepilot.bench/v1), requests.csv (one row per
+request) and report.html (plots). Ctrl-C keeps the levels already finished (results marked
+interrupted; exit code 130).
 
 examples:
   servepilot bench --url http://127.0.0.1:8000 --sweep --out runs/sweep
@@ -116,16 +119,24 @@ def _run(args: argparse.Namespace) -> int:
     soak_s = parse_duration_s(args.soak, "--soak") if args.soak else None
     if soak_s is not None and len(levels.loads) != 1:
         raise ConfigError("--soak runs one load level: give one --concurrency or --rate value")
+    tokenizer = open_tokenizer(target.base_url, target.model, args.tokenizer)
     opts = BenchOptions(
         target=target, levels=levels, seed=args.seed,
         slo=parse_slo(args.slo) if args.slo else Slo(),
         soak_s=soak_s, window_s=_window_s(args, soak_s), processes=args.processes,
-        metrics_url=args.metrics_url,
+        metrics_url=args.metrics_url, chat=_chat_frame(tokenizer, target),
     )  # fmt: skip
-    tokenizer = open_tokenizer(target.base_url, target.model, args.tokenizer)
     output = _run_with_progress(opts, tokenizer)
     _report(output, args.out)
     return exit_code(output.result, measured=True)
+
+
+def _chat_frame(tokenizer: Tokenizer, target: Target) -> ChatFrame:
+    frame = measure_chat_frame(tokenizer, target.endpoint)
+    line = frame.describe(target.endpoint, tokenizer.name)
+    if line is not None:
+        (print_step if frame.known else print_warning)(line)
+    return frame
 
 
 def compare(args: argparse.Namespace) -> int:

@@ -63,7 +63,8 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
                         "shared_prefix (N prefixes x suffixes); multi_turn (chat "
                         "sessions whose history grows); trace (--trace FILE)")  # fmt: skip
     g.add_argument("--input-tokens", type=int, default=256, metavar="N",
-                   help="prompt tokens (default 256)")  # fmt: skip
+                   help="prompt tokens as the server counts them, a chat template "
+                        "included (default 256)")  # fmt: skip
     g.add_argument("--output-tokens", type=int, default=128, metavar="N",
                    help="max_tokens of every request (default 128)")  # fmt: skip
     g.add_argument("--long-fraction", type=float, default=0.2, metavar="F",

@@ -20,7 +20,11 @@ from servepilot.cli import (
     up_cmd,
 )
 from servepilot.cli.console import err_console, print_error
+from servepilot.core import completion
+from servepilot.core.config import EMBEDDED_MODEL
 from servepilot.core.errors import ConfigError, ServepilotError
+from servepilot.plan.hardware import accelerator_names
+from servepilot.plan.presets import preset_names
 
 DESCRIPTION = """\
 servepilot runs LLM serving on vLLM: it starts vLLM replicas, puts an OpenAI-compatible
@@ -52,7 +56,20 @@ def build_parser() -> argparse.ArgumentParser:
         config_cmd,
     ):
         module.register(sub)
+    shells = sub.add_parser(
+        "completion", help="print the shell completion script for bash or zsh",
+        description="Print a script that completes servepilot's commands, flags and known values. "
+        "bash: `source <(servepilot completion bash)` in ~/.bashrc; zsh: the same in ~/.zshrc.",
+    )  # fmt: skip
+    shells.add_argument("shell", choices=completion.SHELLS)
+    shells.set_defaults(run=lambda args: _print_completion(args.shell))
     return parser
+
+
+def _print_completion(shell: str) -> int:
+    values = {"--model": [EMBEDDED_MODEL, *preset_names()], "--accelerator": accelerator_names()}
+    print(completion.script(shell, build_parser(), values), end="")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.text import Text
 
-from servepilot.bench.console import progress_counts
+from servepilot.bench.console import progress_counts, run_warnings
 from servepilot.bench.outputs import check_out_dir, write_results_json
 from servepilot.bench.report.fmt import level_name
 from servepilot.cli.console import print_step, print_warning
@@ -23,7 +23,7 @@ from servepilot.core.slo import Slo, parse_slo
 from servepilot.core.units import parse_duration_or_zero_s, parse_duration_s
 from servepilot.engine.cpu import cpu_flags
 from servepilot.load.loadplan import LoadPlan
-from servepilot.scaling.policies import AutoscaleSetup, ScalingPolicyName
+from servepilot.scaling.policies import ScalingPolicyName
 from servepilot.sim.fleet import narration
 from servepilot.sim.fleet import setup as fleet_setup
 from servepilot.sim.fleet.network import parse_network
@@ -48,9 +48,7 @@ writes results.json in bench's schema (servepilot.bench/v1, "source": "simulated
 examples:
   servepilot sim -c fleet.yaml --profile profile.json --sweep --out runs/sim
   servepilot sim -c llama-8b-h100.yaml --rate 5000 --duration 1h  (docs/examples/ in the repo)
-  servepilot sim -c fleet.yaml --rate 200 --duration 30m --autoscale 2:16 --cold-start 78s
-  servepilot sim -c fleet.yaml --rate 200 --duration 30m --autoscale 2:20 \
-      --scaling-policy predictive --replica-rps 12
+  servepilot sim -c fleet.yaml --rate 200 --duration 30m --autoscale 2:20 --scaling-policy step
   servepilot bench compare runs/sim/results.json runs/measured/results.json
 """
 
@@ -74,18 +72,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _fleet_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("simulated fleet")
     add = g.add_argument
-    add(
-        "--profile",
-        type=Path,
-        metavar="PROFILE.json",
-        help="step times measured by `servepilot calibrate` (default: the roofline estimate)",
-    )
+    add("--profile", type=Path, metavar="PROFILE.json", help="step times measured by "
+        "`servepilot calibrate` (default: the roofline estimate)")  # fmt: skip
     add("--replicas", type=int, metavar="N", help="replicas (default: replicas.count)")
-    add(
-        "--policy",
-        choices=[p.value for p in PolicyName],
-        help="routing policy (default: gateway.policy)",
-    )
+    add("--policy", choices=[p.value for p in PolicyName],
+        help="routing policy (default: gateway.policy)")  # fmt: skip
     add(
         "--network-ms",
         metavar="K=MS,...",
@@ -94,59 +85,24 @@ def _fleet_flags(parser: argparse.ArgumentParser) -> None:
         "client=1,same=0.05,cross=7.5-15 (default: client half the request overhead the "
         "profile measured, else 0; same 0; cross the seed's 15-30 ms split each way)",
     )
-    add(
-        "--replicas-per-node",
-        type=int,
-        metavar="N",
-        help="replicas sharing a node (default: hardware.count / GPUs per replica)",
-    )
-    add(
-        "--scrape-interval",
-        metavar="T",
-        help="how often the gateway reads vLLM's gauges (default: gateway.health_interval_s)",
-    )
-    add(
-        "--cold-start",
-        default=DEFAULT_COLD_START,
-        metavar="T",
+    add("--replicas-per-node", type=int, metavar="N",
+        help="replicas sharing a node (default: hardware.count / GPUs per replica)")  # fmt: skip
+    add("--scrape-interval", metavar="T", help="how often the gateway reads vLLM's gauges "
+        "(default: gateway.health_interval_s)")  # fmt: skip
+    add("--cold-start", default=DEFAULT_COLD_START, metavar="T",
         help="launch to serving, for replicas the autoscaler adds (default 78s, the seed's "
-        "DeepSeek-V4 load from NVMe)",
-    )
+        "DeepSeek-V4 load from NVMe)")  # fmt: skip
     add("--start-cold", action="store_true", help="the first replicas start cold too")
-    add(
-        "--autoscale",
-        metavar="MIN:MAX",
-        help="scale between MIN and MAX replicas with --scaling-policy",
-    )
-    add(
-        "--scaling-policy",
-        choices=[p.value for p in ScalingPolicyName],
-        default=ScalingPolicyName.TARGET.value,
-        help="target: replicas for --autoscale-target of the concurrency budgets in use (like "
-        "a Kubernetes HPA; the default); step: the seeds' rules, +10%% of the replicas above "
-        "80%% utilisation, -5%% below 50%%, with cool-downs; predictive: step, or more when "
-        "the forecast arrivals need more (needs --replica-rps)",
-    )
-    add(
-        "--autoscale-target",
-        type=float,
-        default=0.7,
-        metavar="F",
-        help="target's share of the concurrency budgets to aim at (default 0.7)",
-    )
-    add(
-        "--replica-rps",
-        type=float,
-        metavar="R",
-        help="predictive: requests per second one replica serves within the SLO (measured: "
-        "sim or bench on one replica, the sweet spot)",
-    )
-    add(
-        "--forecast-horizon",
-        metavar="T",
-        help="predictive: how far ahead to size the fleet (default: --cold-start plus "
-        "--autoscale-interval)",
-    )
+    add("--autoscale", metavar="MIN:MAX",
+        help="scale between MIN and MAX replicas with --scaling-policy")  # fmt: skip
+    add("--scaling-policy", choices=[p.value for p in ScalingPolicyName], default="target",
+        help="target (default): HPA-like; step: the seeds' +10%% above 80%% utilisation, -5%% "
+        "below 50%%; predictive: step, or more for the forecast (README)")  # fmt: skip
+    add("--autoscale-target", type=float, default=0.7, metavar="F",
+        help="target's share of the concurrency budgets to aim at (default 0.7)")  # fmt: skip
+    add("--replica-rps", type=float, metavar="R", help="predictive: req/s a replica serves "
+        "within the SLO")  # fmt: skip
+    add("--forecast-horizon", metavar="T", help="predictive (default: cold start + interval)")
     add("--autoscale-interval", default="15s", metavar="T", help="how often to decide")  # fmt: skip
 
 
@@ -157,14 +113,14 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args, {"replicas.count": "replicas", "gateway.policy": "policy"})
     setup = fleet_setup.replica_setup(config, args.profile, cpu_flags())
     spec = _spec(args, config, setup)
-    scaling = _autoscale(args, spec)
-    target = fleet_setup.target_section(config, setup, spec, args.profile)
+    scaling = fleet_setup.autoscaler(args.autoscale, args.scaling_policy, args.autoscale_target,
+        args.replica_rps, args.forecast_horizon, spec)  # fmt: skip
     opts = SimOptions(
         spec=spec,
         levels=levels_from_args(args),
         slo=_slo(args, config),
         prompt_overhead_tokens=setup.prompt_overhead_tokens,
-        target=target if scaling is None else target | {"autoscale": scaling.describe()},
+        target=fleet_setup.target_section(config, setup, spec, args.profile, scaling),
         autoscaler=scaling.build if scaling is not None else None,
     )
     for line in narration.describe(setup, spec):
@@ -200,21 +156,6 @@ def _spec(
     )
 
 
-def _autoscale(args: argparse.Namespace, spec: FleetSpec) -> AutoscaleSetup | None:
-    horizon = args.forecast_horizon
-    return fleet_setup.autoscaler(
-        args.autoscale,
-        ScalingPolicyName(args.scaling_policy),
-        target=args.autoscale_target,
-        replica_rps=args.replica_rps,
-        horizon_s=(
-            parse_duration_s(horizon, "--forecast-horizon")
-            if horizon
-            else spec.cold_start_s + spec.autoscale_interval_s
-        ),
-    )
-
-
 def _slo(args: argparse.Namespace, config: FleetConfig) -> Slo:
     """--slo, or else fleet.yaml's slo section."""
     return parse_slo(args.slo) if args.slo else config.slo
@@ -246,6 +187,8 @@ def _report(output: SimOutput, out_dir: Path | None) -> None:
     print_runs(result)
     for run, stats in zip(result.runs, output.stats, strict=True):
         print_step(f"{level_name(run.load)}: {narration.level_stats(run, stats)}")
+        for warning in run_warnings(run):
+            print_warning(warning)
     if out_dir is not None:
         write_results_json(out_dir, result)
         print_step(f"wrote {out_dir}/results.json (compare: servepilot bench compare)")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from servepilot.cli.console import err_console, out_console, print_step, print_warning, simple_table
 from servepilot.cli.options import add_config_flag, config_from_args
 from servepilot.core import loop
 from servepilot.core.config import EngineKind
 from servepilot.fleet import up
+from servepilot.fleet.detach import start_detached
 from servepilot.fleet.up import UpReporter, UpStarted, run_up
 
 HELP = "start vLLM (or simulated) replicas and the gateway in front of them; Ctrl-C stops"
@@ -19,7 +21,8 @@ OpenAI-compatible endpoint that routes each request to a replica.
 
 Stop with Ctrl-C here, or `servepilot down` from another shell: new requests are refused,
 in-flight ones finish, then the replicas stop. No process is left behind, even if this one is
-killed.
+killed. With --detach the fleet runs in the background (closing the terminal does not stop
+it): `up` returns once it serves, or fails saying why with nothing left running.
 
 `--engine sim` (or `engine.kind: sim` in fleet.yaml) starts simulated replicas instead:
 vLLM's HTTP API and metrics, timed in real time by servepilot's model of vLLM's scheduler,
@@ -43,6 +46,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--engine", choices=[k.value for k in EngineKind],
         help="vllm (default) or sim: simulated replicas (engine.kind)",
     )  # fmt: skip
+    parser.add_argument("--detach", action="store_true", help="run in the background, "
+                        "return once serving; `servepilot down` stops it")  # fmt: skip
+    # Set by --detach for the `up` it starts: the run folder it made.
+    parser.add_argument("--detached-run-dir", type=Path, help=argparse.SUPPRESS)
     parser.set_defaults(run=run)
 
 
@@ -56,6 +63,11 @@ def run(args: argparse.Namespace) -> int:
             "engine.kind": "engine",
         },
     )
+    if args.detach:
+        started = start_detached(config, lambda text: print(text, end="", flush=True))
+        print_step(f"serving in the background (pid {started.record.pid}); logs in "
+                   f"{started.record.run_dir} (its output: {started.log_path.name})")  # fmt: skip
+        return 0
     # A spinner while the replicas load (tens of seconds on CPU, minutes for large models);
     # it stops as soon as the fleet serves so the endpoint stays on screen.
     spinner = err_console.status("waiting for the replicas to load the model…")
@@ -67,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     reporter = UpReporter(step=print_step, serving=serving, warn=print_warning)
     spinner.start()
     try:
-        loop.run(run_up(config, reporter))
+        loop.run(run_up(config, reporter, args.detached_run_dir))
     finally:
         spinner.stop()
     print_step(up.stamped("stopped"))
@@ -77,4 +89,4 @@ def run(args: argparse.Namespace) -> int:
 def _serving(started: UpStarted) -> None:
     rows = map(up.replica_cells, started.replicas)
     out_console.print(simple_table("replicas", up.REPLICA_COLUMNS, rows, no_wrap=True))
-    out_console.print(started.endpoint_text, soft_wrap=True)
+    out_console.print(started.endpoint_text, soft_wrap=True, markup=False)

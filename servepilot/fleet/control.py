@@ -105,23 +105,25 @@ class StopOutcome:
 
 def stop_fleets(port: int | None, timeout_s: float) -> list[StopOutcome]:
     """Ask each `up` to drain and stop (SIGTERM); force it after `timeout_s`."""
-    outcomes = []
-    for record in _select(port):
-        how = "stale"
-        if record.is_alive():
-            os.kill(record.pid, signal.SIGTERM)
-            how = "drained" if _wait_gone(record.pid, timeout_s) else "killed"
-            if how == "killed":
-                _kill(record.pid)
-        # Replicas die with their parent (PDEATHSIG); this sweep is for the case where that
-        # could not happen, e.g. a record left by a crashed machine.
-        for replica in record.replicas:
-            if _is_replica(replica.pid):
-                _kill_group(replica.pid)
-        leftover = tuple(r.pid for r in record.replicas if _is_replica(r.pid))
-        remove_record(record.port)
-        outcomes.append(StopOutcome(record, how, leftover))
-    return outcomes
+    return [stop_fleet(record, timeout_s) for record in _select(port)]
+
+
+def stop_fleet(record: FleetRecord, timeout_s: float) -> StopOutcome:
+    """Ask the `up` of `record` to drain and stop (SIGTERM); force it after `timeout_s`."""
+    how = "stale"
+    if record.is_alive():
+        os.kill(record.pid, signal.SIGTERM)
+        how = "drained" if _wait_gone(record.pid, timeout_s) else "killed"
+        if how == "killed":
+            _kill(record.pid)
+    # Replicas die with their parent (PDEATHSIG); this sweep is for the case where that
+    # could not happen, e.g. a record left by a crashed machine.
+    for replica in record.replicas:
+        if _is_replica(replica.pid):
+            _kill_group(replica.pid)
+    leftover = tuple(r.pid for r in record.replicas if _is_replica(r.pid))
+    remove_record(record.port)
+    return StopOutcome(record, how, leftover)
 
 
 def outcome_line(outcome: StopOutcome, timeout_s: float) -> tuple[bool, str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +24,11 @@ _FOLLOW_POLL_S = 0.5
 
 def runs_dir() -> Path:
     return state_dir() / "runs"
+
+
+def new_run_dir() -> Path:
+    """The folder of a new run (not created): named by the time and this process's pid."""
+    return runs_dir() / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
 def replica_log_name(replica_id: str) -> str:

@@ -25,7 +25,7 @@ from servepilot.engine.model_source import ResolvedModel, resolve_model
 from servepilot.engine.process import ReplicaInfo
 from servepilot.engine.simserver.args import SimModel, sim_model
 from servepilot.fleet.local import LocalReplicas
-from servepilot.fleet.logs import gateway_log, runs_dir
+from servepilot.fleet.logs import gateway_log, new_run_dir
 from servepilot.fleet.serve import ServedGateway, Upstream, check_port_free, start_gateway
 from servepilot.fleet.state import (
     FleetRecord,
@@ -49,14 +49,21 @@ class UpStarted:
     gateway_url: str
     model_name: str
     replicas: tuple[ReplicaInfo, ...]
+    detached: bool = False
+    """Started by `up --detach`: no terminal to press Ctrl-C in."""
 
     @property
     def endpoint_text(self) -> str:
         """Where to send requests, one to try, how to stop (under the replicas' table)."""
+        stop = (
+            "`servepilot down`"
+            if self.detached
+            else "Ctrl-C here, or `servepilot down` from another shell"
+        )
         return (
             f"\nendpoint: {self.gateway_url}/v1  (model: {self.model_name})\n"
             f"try:      {self.curl_example}\n"
-            f"stop:     Ctrl-C here, or `servepilot down` from another shell\n"
+            f"stop:     {stop}\n"
             f"logs:     `servepilot logs [r0|gateway] [-f]`\n"
         )
 
@@ -124,8 +131,11 @@ def stamped(message: str) -> str:
     return f"{time.strftime('%H:%M:%S')} {message}"
 
 
-async def run_up(config: FleetConfig, report: UpReporter) -> None:
-    """Serve until SIGINT or SIGTERM, then drain and stop everything."""
+async def run_up(
+    config: FleetConfig, report: UpReporter, detached_run_dir: Path | None = None
+) -> None:
+    """Serve until SIGINT or SIGTERM, then drain and stop everything. `detached_run_dir`:
+    this is the process `up --detach` started, in the run folder it made (detach.py)."""
     gw = config.gateway
     check_port_free(gw.host, gw.port)
     check_no_fleet(gw.port)
@@ -137,7 +147,7 @@ async def run_up(config: FleetConfig, report: UpReporter) -> None:
         # Converting the embedded model takes tens of seconds the first time: off the loop.
         model = await asyncio.to_thread(resolve_model, config.model, progress=report.step)
         what = "vLLM"
-    run_dir = runs_dir() / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    run_dir = detached_run_dir or new_run_dir()
     replicas = LocalReplicas(config, model, run_dir)
     stop = _stop_event()
     report.step(f"starting {config.replicas.count} {what} replica(s); logs in {run_dir}")
@@ -147,7 +157,8 @@ async def run_up(config: FleetConfig, report: UpReporter) -> None:
         infos = await _until_stopped(replicas.wait_ready(starting.ready(report)), stop)
         if infos is not None:
             with gateway_log(run_dir):
-                await _serve(config, model.served_name, replicas, infos, stop, report)
+                await _serve(config, model.served_name, replicas, infos, stop, report,
+                             detached=detached_run_dir is not None)  # fmt: skip
     finally:
         remove_record(gw.port)
 
@@ -177,6 +188,8 @@ async def _serve(
     infos: list[ReplicaInfo],
     stop: asyncio.Event,
     report: UpReporter,
+    *,
+    detached: bool,
 ) -> None:
     """Start the gateway in front of the ready replicas and serve until told to stop."""
     served: ServedGateway | None = None
@@ -194,7 +207,7 @@ async def _serve(
             remove_record(config.gateway.port)
         # Announced first, then recorded: a script (or test) that waits for the record's
         # `serving` finds the endpoint already printed.
-        report.serving(UpStarted(served.url, model_name, tuple(infos)))
+        report.serving(UpStarted(served.url, model_name, tuple(infos), detached))
         write_record(_record(served, infos, replicas.run_dir))
         await _watch(replicas, stop, report)
     finally:

@@ -73,7 +73,9 @@ class Proxy:
     # vLLM's tokenizer endpoints, so a load tester pointed at the gateway can build prompts
     # of exact token counts with the replicas' own tokenizer.
     async def tokenize(self, request: HttpRequest, caller: Caller) -> None:
-        await self._proxy(request, caller, "/tokenize", "prompt")
+        # vLLM takes a `prompt` or chat `messages` (counted with the chat template, which
+        # bench sizes chat prompts by). A second parse, but tokenizer calls are not hot.
+        await self._proxy(request, caller, "/tokenize", _tokenize_field(request.body))
 
     async def detokenize(self, request: HttpRequest, caller: Caller) -> None:
         await self._proxy(request, caller, "/detokenize", "tokens")
@@ -254,3 +256,11 @@ def _upstream_failed(replica_id: str, why: str) -> GatewayError:
         code="upstream_error",
         headers={REPLICA_HEADER: replica_id},
     )
+
+
+def _tokenize_field(body: bytes) -> str:
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        return "prompt"  # validation answers the 400
+    return "messages" if isinstance(doc, dict) and "messages" in doc else "prompt"

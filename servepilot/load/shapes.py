@@ -6,8 +6,9 @@ from the seed's named streams. The simulator takes these shapes as they are (mil
 nothing); bench (`bench.workload.build_workload`) fills the same layout, from the same
 streams, with prompt text, so a simulation and a measurement see the same requests.
 
-Sizes are what the workload asked for (`input_tokens`); the server adds its chat template or
-BOS, and for a conversation the earlier turns, on top (see `history_tokens`).
+Sizes are what the workload asked for (`input_tokens`), as the server counts them: bench
+sizes a chat message's text so the chat template is inside that count; a BOS token (on
+completions) and, for a conversation, the earlier turns come on top (see `history_tokens`).
 """
 
 from __future__ import annotations

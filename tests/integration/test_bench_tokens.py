@@ -8,17 +8,22 @@ whatever special tokens the server adds, which is measured here rather than assu
 
 from __future__ import annotations
 
+import csv
 import json
 import random
 import time
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from servepilot.bench.chat_template import ChatFrame, measure_chat_frame
 from servepilot.bench.prompts import PromptMaker
+from servepilot.bench.records import Endpoint
 from servepilot.bench.tokenizer import LocalTokenizer, ServerTokenizer
 from servepilot.bench.workload import build_workload
+from servepilot.cli.main import main
 from servepilot.core.config import ModelConfig
 from servepilot.engine.model_source import resolve_model
 from servepilot.engine.process import ReplicaInfo
@@ -97,6 +102,25 @@ def test_chat_usage_is_the_last_message_plus_template_and_history(
         assert billed == templated
         history_tokens = len(request.history) // 2 * (40 + 16)
         assert billed > request.input_tokens + history_tokens
+
+
+def test_chat_prompts_of_256_tokens_are_256_by_vllms_usage(
+    vllm_replica: ReplicaInfo, tmp_path: Path
+) -> None:
+    """The issue's case: `--input-tokens 256` on chat was billed 286 (the template's 30)."""
+    base = vllm_replica.url
+    # The template is measured by vLLM's /tokenize with `messages`: SmolLM2's adds 30.
+    assert measure_chat_frame(ServerTokenizer(base, MODEL), Endpoint.CHAT) == ChatFrame(30)
+    out = tmp_path / "chat"
+    code = main(["bench", "--url", base, "--model", MODEL, "--concurrency", "1", "--requests", "3",
+                 "--input-tokens", "256", "--output-tokens", "2", "--out", str(out)])  # fmt: skip
+    assert code == 0
+    with (out / "requests.csv").open() as handle:
+        billed = [int(row["input_tokens"]) for row in csv.DictReader(handle)]
+    assert billed == [256] * 3
+    result = json.loads((out / "results.json").read_text())
+    assert result["target"]["chat_template_tokens"] == 30
+    assert result["runs"][0]["input_tokens_mean"] == 256
 
 
 def test_two_thousand_server_prompts_take_seconds(vllm_replica: ReplicaInfo) -> None:

@@ -125,8 +125,12 @@ class FakeUpstream:
         return web.json_response({"object": "list", "data": data})
 
     async def _tokenize(self, request: web.Request) -> web.Response:
-        """vLLM's /tokenize, one token per word; never held."""
-        words = str((await request.json())["prompt"]).split()
+        """vLLM's /tokenize, one token per word, and 2 a chat message adds; never held."""
+        body = await request.json()
+        if "messages" in body:
+            words = [w for m in body["messages"] for w in ["<m>", *m["content"].split(), "</m>"]]
+        else:
+            words = str(body["prompt"]).split()
         self.tokenized += 1
         return web.json_response({"count": len(words), "tokens": list(range(len(words)))})
 

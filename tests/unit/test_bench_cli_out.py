@@ -72,7 +72,7 @@ def test_ctrl_c_after_a_finished_level_saves_it(tmp_path: Path) -> None:
         # Level c=1: two requests one after the other; level c=2 is cut short by Ctrl-C.
         proc = subprocess.Popen(
             [sys.executable, "-m", "servepilot", "bench", "--url", sim.url, "--concurrency",
-             "1,2", "--requests", "2", "--input-tokens", "16", "--output-tokens", "60",
+             "1,2", "--requests", "2", "--input-tokens", "40", "--output-tokens", "60",
              "--out", str(out)],
             cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)},
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -175,21 +175,27 @@ def runs_table_rows(html: str) -> list[list[str]]:
 
 
 def test_html_run_table_holds_the_run_values() -> None:
-    runs = (make_run(1), make_run(4), make_run(16, output_throughput=1234.5))
+    runs = (
+        make_run(1),
+        make_run(4),
+        make_run(16, output_throughput=1234.5, input_tokens_mean=286.4),
+    )
     html = render_html_report(make_result(runs), generated_at=WHEN)
     rows = runs_table_rows(html)
     assert len(rows) == 3 and all(len(r) == len(RUN_COLUMNS) for r in rows)
-    load, done, failed, rps, tok_s, ttft50, ttft99 = rows[2][:7]
-    assert (load, done, failed, rps, tok_s, ttft50, ttft99) == (
+    load, done, failed, rps, tok_s, prompt, ttft50, ttft99 = rows[2][:8]
+    assert (load, done, failed, rps, tok_s, prompt, ttft50, ttft99) == (
         "c=16",
         "100",
         "0",
         "10.0",
         "1,234",
+        "286",  # the server's prompt tokens (usage), not the workload's asked 128
         "320",
         "640",
     )
-    assert rows[2][12] == "95.0%"
+    assert rows[0][5] == "—"  # no usage reported: no count, not the asked size
+    assert rows[2][13] == "95.0%"
     # TTFT p99 of 640 ms breaks the 300 ms SLO; 40 ms at c=1 does not.
     assert '<td class="over">640</td>' in html
     assert '<td class="over">40.0</td>' not in html

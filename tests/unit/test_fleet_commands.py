@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import servepilot
 from servepilot.cli.main import main
 from servepilot.core.errors import FleetError
 from servepilot.fleet import logs
@@ -98,6 +99,13 @@ def test_servepilot_alone_prints_its_help(capsys: pytest.CaptureFixture[str]) ->
     out = capsys.readouterr().out
     assert out.startswith("usage: servepilot")
     assert "logs" in out and "status" in out
+
+
+def test_version_prints_the_packages_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"servepilot {servepilot.__version__}\n"
 
 
 def test_models_list_shows_the_presets_and_which_one_vllm_serves(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from servepilot.engine.process import ReplicaInfo
 from servepilot.engine.startup_log import KvCapacity
-from servepilot.fleet import control, up
+from servepilot.fleet import control, detach, up
 from servepilot.fleet.state import FleetRecord, FleetState, ReplicaRecord
 
 RECORD = FleetRecord(
@@ -109,3 +109,28 @@ def test_down_says_how_each_fleet_stopped() -> None:
     assert line("drained") == (False, "fleet on port 8000 stopped")
     assert line("killed") == (True, "fleet on port 8000 did not stop in 90 s; killed")
     assert line("stale") == (False, "fleet on port 8000 was already gone; cleaned up its record")
+
+
+def test_a_failed_detached_up_is_explained_by_its_last_error() -> None:
+    log = (
+        "• 14:50:42 starting 2 simulated replica(s); logs in /runs/1\n"
+        "error: replica r0 (http://127.0.0.1:1) exited with code 1 before it was ready; full "
+        "log: \n"
+        "/runs/1/replica-r0.log\n"
+        "  probable cause: exited with code 1; see the log below\n"
+        "    Traceback (most recent call last):\n"
+    )
+    assert detach.failure_reason(log) == (
+        "replica r0 (http://127.0.0.1:1) exited with code 1 before it was ready; full log: "
+        "/runs/1/replica-r0.log"
+    )
+    taken = "error: port 8000 on 127.0.0.1 is already in use\n  hint: pass --port\n"
+    assert detach.failure_reason(taken) == "port 8000 on 127.0.0.1 is already in use"
+    assert detach.failure_reason("• starting\nKilled\n") == "Killed"
+    assert detach.failure_reason("") == "it printed nothing"
+
+
+def test_a_detached_fleet_is_told_to_stop_with_down_not_ctrl_c() -> None:
+    started = up.UpStarted("http://127.0.0.1:8000", "m", (), detached=True)
+    assert "stop:     `servepilot down`\n" in started.endpoint_text
+    assert "Ctrl-C" in up.UpStarted("http://127.0.0.1:8000", "m", ()).endpoint_text

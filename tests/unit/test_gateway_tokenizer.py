@@ -67,3 +67,22 @@ def test_a_tokenizer_call_with_no_replica_up_is_a_503() -> None:
             assert gw.pool.total_in_flight() == 0
 
     run(body())
+
+
+def test_a_tokenizer_call_with_chat_messages_is_proxied() -> None:
+    # vLLM's /tokenize counts `messages` with the chat template: bench sizes chat prompts by it.
+    async def body() -> None:
+        upstream = await FakeUpstream("a").start()
+        async with (
+            gateway_in_front_of([upstream]) as (_, url),
+            aiohttp.ClientSession() as client,
+        ):
+            messages = [{"role": "user", "content": "one two three"}]
+            reply = await call(client, url, {"model": "m", "messages": messages}, path="/tokenize")
+            assert reply.status == 200 and reply.json()["count"] == 5
+            assert upstream.tokenized == 1
+            # Neither form: the same 400 as before, naming the field vLLM expects.
+            reply = await call(client, url, {"model": "m"}, path="/tokenize")
+            assert "`prompt`" in reply.error(400)["message"]
+
+    run(body())

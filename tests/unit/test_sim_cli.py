@@ -83,6 +83,36 @@ def test_profile_sets_step_times_and_prompt_overhead(tmp_path: Path) -> None:
     assert run.ttft_ms.p50 == pytest.approx(prefill * 1000)
 
 
+def test_a_chat_profiles_template_is_inside_input_tokens_as_bench_sends_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # bench sizes a chat message so the server counts --input-tokens, template included: the
+    # simulation must not add the template again (it did: 40 + 30 = 70 tokens per prompt).
+    profile = tmp_path / "profile.json"
+    save_profile(PROFILE, profile, meta={"endpoint": "chat", "prompt_overhead_tokens": 30})
+    result = _sim(tmp_path, "--profile", str(profile), "--concurrency", "1", "--requests", "5",
+                  "--input-tokens", "40", "--output-tokens", "3")  # fmt: skip
+    assert result.target["prompt_overhead_tokens"] == 0
+    assert result.target["chat_template_tokens"] == 30
+    run = result.runs[0]
+    assert run.input_tokens_mean == 40
+    assert run.ttft_ms.p50 == pytest.approx((0.005 + 40 * 2e-5 + 1e-4) * 1000)
+    assert (
+        "prompt overhead: none on top of --input-tokens (the chat template's 30 tokens are "
+        "inside it, as bench sizes chat prompts)"
+    ) in capsys.readouterr().err.replace("\n", " ")
+
+
+def test_a_completions_profiles_bos_token_is_added(tmp_path: Path) -> None:
+    profile = tmp_path / "profile.json"
+    save_profile(PROFILE, profile, meta={"endpoint": "completions", "prompt_overhead_tokens": 1})
+    result = _sim(tmp_path, "--profile", str(profile), "--concurrency", "1", "--requests", "5",
+                  "--input-tokens", "40", "--output-tokens", "3")  # fmt: skip
+    assert result.target["prompt_overhead_tokens"] == 1
+    assert result.target["chat_template_tokens"] == 0
+    assert result.runs[0].input_tokens_mean == 41
+
+
 def test_the_profiles_request_overhead_is_the_default_client_delay(tmp_path: Path) -> None:
     profile = tmp_path / "profile.json"
     save_profile(PROFILE, profile, meta={"request_overhead_ms": 12.0})

@@ -13,7 +13,7 @@ import json
 import random
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +105,9 @@ class _EvenOnly:
 
     def decode_batch(self, ids: Sequence[Sequence[int]]) -> list[str]:
         return ["".join(chr(i) for i in one if i) for one in ids]
+
+    def count_chat(self, messages: Sequence[Mapping[str, str]]) -> int | None:
+        return None
 
 
 def test_a_tokenizer_that_never_fits_gives_up_with_a_clear_error() -> None:

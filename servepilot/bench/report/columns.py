@@ -72,6 +72,9 @@ RUN_COLUMNS: tuple[Column, ...] = (
     Column("Failed", "req", lambda run: f"{run.failed:,}"),
     Column("Req/s", "req/s", lambda run: fmt_num(run.request_throughput)),
     Column("Out tok/s", "tok/s", lambda run: fmt_num(run.output_throughput)),
+    # The server's count (usage.prompt_tokens, mean), not the asked size: on chat it holds
+    # the template, and a multi-turn request its earlier turns.
+    Column("Server prompt", "tok", lambda run: fmt_num(run.input_tokens_mean)),
     _stat_column("ttft", "p50"),
     _stat_column("ttft", "p99"),
     _stat_column("tpot", "p50"),

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from servepilot.core.results import Load, Run, Stats
+from servepilot.core.results import Load, LoadMode, Run, Stats
 from servepilot.core.slo import Metric, Slo
 
 EXACT_VALUES = 100_000
@@ -155,7 +155,8 @@ class RunCollector:
             return 0.0
         return self.last_end_s - self.first_send_s
 
-    def run(self, load: Load) -> Run:
+    def run(self, load: Load, peak_in_flight: int) -> Run:
+        """`peak_in_flight`: the most requests in flight at once, warm-up ones included."""
         duration = self.window_s
         per_s = 1.0 / duration if duration > 0 else 0.0
         attempted = self.completed + self.failed
@@ -176,8 +177,18 @@ class RunCollector:
             input_tokens_mean=self.input_tokens / self.completed if self.completed else None,
             output_tokens_mean=self.output_tokens / self.completed if self.completed else None,
             errors=dict(self.errors),
+            peak_in_flight=peak_in_flight,
+            load_reached=_load_reached(load, peak_in_flight),
         )
         return self._slo.with_verdict(run)
+
+
+def _load_reached(load: Load, peak_in_flight: int) -> bool:
+    """bench's rule (bench/runner.py): a closed loop reached its load when as many requests
+    as its concurrency were in flight at once; too few requests never get there. The
+    simulated client sends every open-loop request on its schedule, so a rate is always
+    reached (bench's shortfall is a client falling behind, which a simulation does not)."""
+    return load.mode is LoadMode.RATE or peak_in_flight >= load.value
 
 
 def _limit_s(slo: Slo, metric: Metric) -> float:

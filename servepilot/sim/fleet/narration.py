@@ -18,8 +18,7 @@ def describe(setup: ReplicaSetup, spec: FleetSpec) -> tuple[str, ...]:
         f"{s.block_size} ({setup.kv_capacity_tokens:,} tokens), gateway budget "
         f"{spec.capacity} per replica",
         f"step times: {setup.cost_kind} ({spec.cost.source})",
-        f"prompt overhead: {setup.prompt_overhead_tokens} tokens per request"
-        + ("" if setup.prompt_overhead_tokens else " (the profile does not say; 0 assumed)"),
+        _prompt_overhead(setup),
     ]
     client_ms = spec.network.client_gateway_s * 1e3
     if client_ms:
@@ -29,6 +28,17 @@ def describe(setup: ReplicaSetup, spec: FleetSpec) -> tuple[str, ...]:
             + (" (half the request overhead the profile measured)" if measured else "")
         )
     return tuple(lines)
+
+
+def _prompt_overhead(setup: ReplicaSetup) -> str:
+    if setup.chat_template_tokens:
+        return (
+            f"prompt overhead: none on top of --input-tokens (the chat template's "
+            f"{setup.chat_template_tokens} tokens are inside it, as bench sizes chat prompts)"
+        )
+    return f"prompt overhead: {setup.prompt_overhead_tokens} tokens per request" + (
+        "" if setup.prompt_overhead_tokens else " (the profile does not say; 0 assumed)"
+    )
 
 
 def level_stats(run: Run, stats: FleetStats) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 
 from servepilot.core.config import FleetConfig
 from servepilot.core.errors import ConfigError
+from servepilot.core.units import parse_duration_s
 from servepilot.plan.costmodel import COEFFICIENTS, CostModel, roofline_cost_model
 from servepilot.plan.costprofile import load_profile
 from servepilot.plan.dtypes import WeightDtype
@@ -45,13 +46,17 @@ class ReplicaSetup:
     kv_bytes: int
     kv_capacity_tokens: int
     prompt_overhead_tokens: int
-    """Tokens the server adds to every prompt (chat template), from the profile's meta."""
+    """Tokens the server adds on top of every prompt's --input-tokens, from the profile's
+    meta: a BOS token on completions; 0 on chat, where bench sizes the text so the template
+    is part of --input-tokens (`chat_template_tokens`)."""
     request_overhead_s: float
     """A request's time outside the engine's steps (HTTP, API server, detokenizing), as
     calibrate measured it; 0 without a profile."""
     replicas_per_node: int
     model_name: str
     notes: tuple[str, ...] = ()
+    chat_template_tokens: int = 0
+    """A chat profile's template tokens: inside --input-tokens, not added to it."""
 
 
 def replica_setup(
@@ -77,6 +82,9 @@ def replica_setup(
         )
     cost, kind, overhead = _cost(request, shape, engine.tensor_parallel_size, profile, notes)
     meta = _meta(profile) if profile is not None else {}
+    # bench takes a chat template off each message's text (bench.chat_template): the
+    # server then counts --input-tokens, and so does the simulation.
+    template = overhead if meta.get("endpoint") == "chat" else 0
     devices = engine.tensor_parallel_size * engine.pipeline_parallel_size
     cpu = request.accelerator.kind is AcceleratorKind.CPU
     return ReplicaSetup(
@@ -86,7 +94,8 @@ def replica_setup(
         capacity=replica_capacity(config, setup.kv_capacity_tokens),
         kv_bytes=setup.kv_bytes,
         kv_capacity_tokens=setup.kv_capacity_tokens,
-        prompt_overhead_tokens=overhead,
+        prompt_overhead_tokens=overhead - template,
+        chat_template_tokens=template,
         request_overhead_s=_request_overhead_s(meta, profile),
         replicas_per_node=max(
             1, config.replicas.count if cpu else config.hardware.count // devices
@@ -180,14 +189,15 @@ def _overhead(meta: dict[str, Any], path: Path) -> int:
 
 def autoscaler(
     text: str | None,
-    policy: ScalingPolicyName = ScalingPolicyName.TARGET,
-    *,
+    policy: str = "target",
     target: float = 0.7,
     replica_rps: float | None = None,
-    horizon_s: float = 0.0,
+    horizon: str | None = None,
+    spec: FleetSpec | None = None,
 ) -> AutoscaleSetup | None:
-    """`MIN:MAX` (the --autoscale flag) and the policy's own numbers -> what builds the
-    simulated fleet's autoscaling policy; None when --autoscale is not given."""
+    """The --autoscale MIN:MAX flag and the policy's own (--scaling-policy, --autoscale-target,
+    --replica-rps, --forecast-horizon, by default the cold start plus one interval of `spec`)
+    -> what builds the simulated fleet's autoscaling policy; None without --autoscale."""
     if not text:
         return None
     low, sep, high = text.partition(":")
@@ -199,20 +209,29 @@ def autoscaler(
         raise ConfigError(f"--autoscale {text!r}: expected MIN:MAX, e.g. 2:16")
     if replica_rps is not None and replica_rps <= 0:
         raise ConfigError(f"--replica-rps must be > 0, got {replica_rps}")
-    if policy is ScalingPolicyName.PREDICTIVE and replica_rps is None:
+    name = ScalingPolicyName(policy)
+    if name is ScalingPolicyName.PREDICTIVE and replica_rps is None:
         raise ConfigError(
             "--scaling-policy predictive needs --replica-rps: the requests per second one "
             "replica serves within the SLO",
             hint="simulate one replica: servepilot sim --replicas 1 --sweep (the sweet spot)",
         )
-    return AutoscaleSetup(policy, lo, hi, target, replica_rps, horizon_s)
+    if horizon:
+        horizon_s = parse_duration_s(horizon, "--forecast-horizon")
+    else:
+        horizon_s = spec.cold_start_s + spec.autoscale_interval_s if spec is not None else 0.0
+    return AutoscaleSetup(name, lo, hi, target, replica_rps, horizon_s)
 
 
 def target_section(
-    config: FleetConfig, setup: ReplicaSetup, spec: FleetSpec, profile: Path | None
+    config: FleetConfig,
+    setup: ReplicaSetup,
+    spec: FleetSpec,
+    profile: Path | None,
+    scaling: AutoscaleSetup | None = None,
 ) -> dict[str, Any]:
     """The results file's "target" section: the simulated fleet, and where its numbers came
-    from."""
+    from (its autoscaling policy too, when it has one)."""
     s, net, engine = setup.scheduler, spec.network, config.engine
     return {
         "simulator": "servepilot.sim",
@@ -237,6 +256,7 @@ def target_section(
             "coefficients": dict(zip(COEFFICIENTS, spec.cost.coefficients, strict=True)),
         },
         "prompt_overhead_tokens": setup.prompt_overhead_tokens,
+        "chat_template_tokens": setup.chat_template_tokens,
         "network_ms": {
             "client": net.client_gateway_s * 1e3,
             "same_node": [net.same_node.low_s * 1e3, net.same_node.high_s * 1e3],
@@ -244,4 +264,4 @@ def target_section(
         },
         "scrape_interval_s": spec.scrape_interval_s or config.gateway.health_interval_s,
         "cold_start_s": spec.cold_start_s,
-    }  # fmt: skip
+    } | ({"autoscale": scaling.describe()} if scaling is not None else {})  # fmt: skip

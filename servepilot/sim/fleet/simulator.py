@@ -93,9 +93,12 @@ class FleetSim:
         self.now_s = 0.0
         self._live: dict[int, FleetRequest] = {}
         """Requests sent and not answered yet, by id."""
+        self._peak_in_flight = 0
         self._deadline = math.inf
         self._peak = 0
         self._sending = True
+        self._sends_due = 0
+        """Closed loop: sends on their way to the gateway (SEND events not yet handled)."""
         self._closed: ClosedSlots | None = None
         self._open: Iterator[Slot] | None = None
         self._plan: LoadPlan | None = None
@@ -259,12 +262,17 @@ class FleetSim:
             return
         if closed.end_s is not None and self._deadline == math.inf:
             self._deadline = closed.end_s + self._grace_s
+        self._sends_due += 1
         self._push(client_s + self._cg, SEND, slot)
 
     def _arrive(self, slot: Slot, now_s: float) -> None:
         assert self._factory is not None
         request = self._factory.make(slot, now_s)
-        self._live[request.request_id] = request
+        live = self._live
+        live[request.request_id] = request
+        # Warm-up requests count, as in bench: they load the fleet as much as measured ones.
+        if len(live) > self._peak_in_flight:
+            self._peak_in_flight = len(live)
         if self.autoscale is not None:
             self.autoscale.arrivals.add(now_s)
         self.gateway.arrive(request, now_s)
@@ -309,7 +317,7 @@ class FleetSim:
         try:
             events = self._loop(progress)
             self._cancel_outstanding()
-            run = self._collector.run(plan.load)
+            run = self._collector.run(plan.load, self._peak_in_flight)
         finally:
             if collecting:
                 gc.enable()
@@ -331,7 +339,9 @@ class FleetSim:
             self._sending = self._closed is not None and self._sending
         live = self._live
         events = 0
-        while self._sending or live:
+        # A worker told "no more slots" ends the closed loop's sending, but others' sends may
+        # still be on their way (with fewer requests than workers, all of them are).
+        while self._sending or live or self._sends_due:
             events += 1
             if not events % PROGRESS_EVERY and progress is not None:
                 c = self._collector
@@ -348,6 +358,7 @@ class FleetSim:
                 elif kind == RELEASE:
                     self._release(obj, now)  # type: ignore[arg-type]
                 elif kind == SEND:
+                    self._sends_due -= 1
                     self._arrive(obj, now)  # type: ignore[arg-type]
                 else:
                     self._timer(kind, obj, now)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import aiohttp
 
+from servepilot.bench.chat_template import measure_chat_frame
 from servepilot.bench.client import Target
 from servepilot.bench.metrics import summarize
 from servepilot.bench.runner import run_load
@@ -115,6 +117,10 @@ class VllmTrialRunner:
         # The replica's own /tokenize: through the gateway, tokenizing a level's prompts
         # would take the admission budget a small max_num_seqs leaves, and be shed (429).
         tokenizer = open_tokenizer(replica_url, model, None)
+        # As bench sends them: chat texts less the template, so the server counts
+        # --input-tokens (and the sim runner, which adds no template on chat, agrees).
+        chat = await asyncio.to_thread(measure_chat_frame, tokenizer, target.endpoint)
+        sized = functools.partial(build_workload, chat_template_tokens=chat.overhead_tokens)
         runs: list[Run] = []
         while (load := next_load(self.sweep, self.sla, runs).load) is not None:
             if replicas.exited():
@@ -122,7 +128,7 @@ class VllmTrialRunner:
             plan = LoadPlan(load=load, max_requests=self._requests(load), seed=self.workload.seed)
             spec = dataclasses.replace(self.workload, seed=self.workload.seed + len(runs))
             count = plan.max_requests or 0
-            requests = await asyncio.to_thread(build_workload, spec, tokenizer, count)
+            requests = await asyncio.to_thread(sized, spec, tokenizer, count)
             outcome = await run_load(target, plan, requests)
             run = summarize(
                 load, outcome.records, self.sla, duration_s=outcome.duration_s,
