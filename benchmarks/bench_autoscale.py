@@ -257,10 +257,12 @@ def table(rows: list[Row]) -> str:
     )
     lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        saved = 1.0 - r.replica_hours / static[r.trace] if r.trace in static else 0.0
+        versus = "—"
+        if r.policy != "static" and r.trace in static:
+            versus = f"{r.replica_hours / static[r.trace] - 1.0:+.0%}"
         lines.append(
             f"| {r.trace} | {r.policy} | {r.attainment:.2%} | {r.ttft_p99_ms:,.0f} "
-            f"| {r.tpot_p99_ms:.1f} | {r.replica_hours:.2f} | {-saved:+.0%} "
+            f"| {r.tpot_p99_ms:.1f} | {r.replica_hours:.2f} | {versus} "
             f"| {r.scale_events} | {r.peak_replicas} | {r.decide_us:.0f} |"
         )
     return "\n".join(lines)
@@ -285,8 +287,9 @@ def verdicts(rows: list[Row]) -> list[str]:
         saved = 1.0 - pred_row.replica_hours / static_row.replica_hours
         equal = pred_row.attainment >= min(0.99, static_row.attainment)
         met = saved >= 0.30 and equal
+        fewer = f"{saved:.0%} fewer" if saved >= 0 else f"{-saved:.0%} more"
         out.append(
-            f"{trace}: predictive {saved:.0%} fewer replica-hours than static at "
+            f"{trace}: predictive {fewer} replica-hours than static at "
             f"{pred_row.attainment:.2%} vs {static_row.attainment:.2%} attainment: "
             f"{'met' if met else 'MISSED'} (>= 30% at equal attainment)"
         )
