@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from servepilot.core.errors import ConfigError
 from servepilot.scaling.forecast import HoltForecast
-from servepilot.scaling.snapshot import FleetSnapshot, ScaleDecision, Why
+from servepilot.scaling.snapshot import FleetSnapshot, ScaleDecision, ScaleReason
 from servepilot.scaling.step import StepPolicy, StepRules, without_float_noise
 
 
@@ -66,7 +66,7 @@ class PredictivePolicy:
             f"forecast {rate:.1f} req/s within {sizing.horizon_s:g} s needs {need} at "
             f"{sizing.fill:g} x {sizing.replica_rps:g} req/s (rules: {base.replicas})"
         )
-        return ScaleDecision(need, Why.FORECAST, detail)
+        return ScaleDecision(need, ScaleReason.FORECAST, detail)
 
     def _feed(self, per_second: tuple[float, ...], now_s: float) -> None:
         second = int(now_s)

@@ -76,7 +76,7 @@ class FleetSnapshot:
         return sum(self.queued_by_class)
 
 
-class Why(enum.Enum):
+class ScaleReason(enum.Enum):
     """Why a policy wants the replica count it answers (a metric label: stable values)."""
 
     HOLD = "hold"
@@ -103,7 +103,7 @@ class Why(enum.Enum):
 class ScaleDecision:
     replicas: int
     """Replicas (ready or starting) the fleet should have."""
-    why: Why
+    reason: ScaleReason
     detail: str = ""
     """The numbers behind it, for a log line."""
 

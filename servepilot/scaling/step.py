@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from servepilot.core.errors import ConfigError
-from servepilot.scaling.snapshot import FleetSnapshot, ScaleDecision, Why
+from servepilot.scaling.snapshot import FleetSnapshot, ScaleDecision, ScaleReason
 from servepilot.scaling.utilisation import PeakWindow, UtilisationLimits, fleet_utilisation
 
 
@@ -108,20 +108,22 @@ class StepPolicy:
         seen = f"peak utilisation {peak:.2f} over {rules.window_s:g} s, {have} replicas"
         if rules.bounded(have) != have:
             bounds = f"[{rules.min_replicas}, {rules.max_replicas}]"
-            return ScaleDecision(rules.bounded(have), Why.BOUNDS, f"{have} outside {bounds}")
+            return ScaleDecision(
+                rules.bounded(have), ScaleReason.BOUNDS, f"{have} outside {bounds}"
+            )
         if snapshot.starting:
-            return ScaleDecision(have, Why.STARTING, f"{snapshot.starting} still starting")
+            return ScaleDecision(have, ScaleReason.STARTING, f"{snapshot.starting} still starting")
         since_s = now_s - self._changed_s
         if peak > rules.upper:
             want = rules.bounded(have + rules.step_up(have))
             if want == have:
-                return ScaleDecision(have, Why.BOUNDS, f"{seen}; at max")
+                return ScaleDecision(have, ScaleReason.BOUNDS, f"{seen}; at max")
             if since_s < rules.up_cooldown_s:
                 return _cooling(have, seen, since_s)
-            return ScaleDecision(want, Why.UP, f"{seen} > {rules.upper:g}")
+            return ScaleDecision(want, ScaleReason.UP, f"{seen} > {rules.upper:g}")
         if peak < rules.lower:
             return self._down(snapshot, have, peak, since_s, seen)
-        return ScaleDecision(have, Why.HOLD, seen)
+        return ScaleDecision(have, ScaleReason.HOLD, seen)
 
     def _down(
         self, snapshot: FleetSnapshot, have: int, peak: float, since_s: float, seen: str
@@ -129,7 +131,7 @@ class StepPolicy:
         rules = self.rules
         want = rules.bounded(have - rules.step_down(have))
         if want == have:
-            return ScaleDecision(have, Why.BOUNDS, f"{seen}; at min")
+            return ScaleDecision(have, ScaleReason.BOUNDS, f"{seen}; at min")
         if since_s < rules.down_cooldown_s:
             return _cooling(have, seen, since_s)
         ready = snapshot.ready
@@ -137,10 +139,10 @@ class StepPolicy:
         after = peak * ready / left if left > 0 else math.inf
         if after >= rules.upper:
             return ScaleDecision(
-                have, Why.REMOVAL_CHECK, f"{seen}; {after:.2f} on the {max(0, left)} left"
+                have, ScaleReason.REMOVAL_CHECK, f"{seen}; {after:.2f} on the {max(0, left)} left"
             )
-        return ScaleDecision(want, Why.DOWN, f"{seen} < {rules.lower:g}; {after:.2f} after")
+        return ScaleDecision(want, ScaleReason.DOWN, f"{seen} < {rules.lower:g}; {after:.2f} after")
 
 
 def _cooling(have: int, seen: str, since_s: float) -> ScaleDecision:
-    return ScaleDecision(have, Why.COOL_DOWN, f"{seen}; last change {since_s:.0f} s ago")
+    return ScaleDecision(have, ScaleReason.COOL_DOWN, f"{seen}; last change {since_s:.0f} s ago")

@@ -6,7 +6,7 @@ import math
 from collections import deque
 
 from servepilot.core.errors import ConfigError
-from servepilot.scaling.snapshot import FleetSnapshot, ScaleDecision, Why
+from servepilot.scaling.snapshot import FleetSnapshot, ScaleDecision, ScaleReason
 
 
 class TargetUtilisation:
@@ -54,4 +54,4 @@ class TargetUtilisation:
         # The highest desire of the window: down only once every recent look agreed.
         desired = max(w for _, w in recent)
         detail = f"{load} in flight + queued, {self._target:g} x {self._budget} per replica"
-        return ScaleDecision(desired, Why.TARGET, detail)
+        return ScaleDecision(desired, ScaleReason.TARGET, detail)

@@ -16,7 +16,7 @@ from servepilot.core.results import Load, LoadMode, load_result
 from servepilot.core.slo import Slo
 from servepilot.load.loadplan import LoadPlan
 from servepilot.plan.costmodel import CostModel
-from servepilot.scaling.snapshot import FleetSnapshot, ScaleDecision, Why
+from servepilot.scaling.snapshot import FleetSnapshot, ScaleDecision, ScaleReason
 from servepilot.sim import SchedulerConfig
 from servepilot.sim.fleet.network import Delay, NetworkConfig
 from servepilot.sim.fleet.simulator import FleetSim, FleetSpec
@@ -49,7 +49,7 @@ class _Script:
     def decide(self, snapshot: FleetSnapshot, now_s: float) -> ScaleDecision:
         self.seen.append(snapshot)
         wanted = [n for at_s, n in self.plan if at_s <= now_s]
-        return ScaleDecision(wanted[-1] if wanted else snapshot.provisioned, Why.HOLD)
+        return ScaleDecision(wanted[-1] if wanted else snapshot.provisioned, ScaleReason.HOLD)
 
 
 def _run(spec: FleetSpec, policy: _Script, seconds: float, gap_s: float = 0.1) -> FleetSim:

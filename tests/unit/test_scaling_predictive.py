@@ -10,7 +10,7 @@ import pytest
 from servepilot.core.errors import ConfigError
 from servepilot.scaling.forecast import HoltForecast
 from servepilot.scaling.predictive import ForecastSizing, PredictivePolicy
-from servepilot.scaling.snapshot import FleetSnapshot, ReplicaSample, Why
+from servepilot.scaling.snapshot import FleetSnapshot, ReplicaSample, ScaleReason
 from servepilot.scaling.step import StepRules
 
 RULES = StepRules(min_replicas=2, max_replicas=20, up_cooldown_s=0, down_cooldown_s=0)
@@ -63,7 +63,7 @@ def test_the_fleet_is_sized_for_the_forecast_at_fill() -> None:
     # 40 req/s steady, 5 req/s a replica at fill 0.8: ceil(40 / 4) = 10.
     policy = PredictivePolicy(ForecastSizing(replica_rps=5.0, horizon_s=90.0), RULES)
     decision = policy.decide(_snap(60.0, 4, (40.0,) * 60), 60.0)
-    assert (decision.replicas, decision.why) == (10, Why.FORECAST)
+    assert (decision.replicas, decision.reason) == (10, ScaleReason.FORECAST)
     assert decision.detail.startswith("forecast 40.0 req/s within 90 s needs 10")
 
 
@@ -79,7 +79,7 @@ def test_never_below_the_step_rules_and_within_max() -> None:
     policy = PredictivePolicy(ForecastSizing(replica_rps=5.0, horizon_s=90.0), RULES)
     # Little traffic but replicas full: the rules' +10% wins over the forecast's 2.
     decision = policy.decide(_snap(10.0, 10, (1.0,) * 10, busy=95), 10.0)
-    assert (decision.replicas, decision.why) == (11, Why.UP)
+    assert (decision.replicas, decision.reason) == (11, ScaleReason.UP)
     flood = PredictivePolicy(ForecastSizing(replica_rps=5.0, horizon_s=90.0), RULES)
     assert flood.decide(_snap(10.0, 4, (1000.0,) * 10), 10.0).replicas == 20
 

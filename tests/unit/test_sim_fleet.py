@@ -23,7 +23,7 @@ from servepilot.plan.costmodel import CostModel
 from servepilot.routing import LeastLoad, PrefixAffinity, RoundRobin, make_policy
 from servepilot.routing.admission import AdmissionController, AdmissionQueue, free_slots
 from servepilot.routing.base import ReplicaView, RequestView
-from servepilot.scaling.snapshot import FleetSnapshot, ScaleDecision, Why
+from servepilot.scaling.snapshot import FleetSnapshot, ScaleDecision, ScaleReason
 from servepilot.scaling.target_utilisation import TargetUtilisation
 from servepilot.sim import ReplicaModel, SchedulerConfig, SimRequest
 from servepilot.sim.fleet.collect import WeightedHistogram
@@ -312,7 +312,7 @@ class _Recorder:
 
     def decide(self, snapshot: FleetSnapshot, now_s: float) -> ScaleDecision:
         self.calls.append(snapshot)
-        return ScaleDecision(self.desired, Why.HOLD)
+        return ScaleDecision(self.desired, ScaleReason.HOLD)
 
 
 def test_autoscaler_is_asked_and_a_new_replica_serves_after_its_cold_start() -> None:
