@@ -39,9 +39,8 @@ class AutoscaleSetup:
         if self.policy is ScalingPolicyName.PREDICTIVE and self.replica_rps is None:
             raise ConfigError(
                 "the predictive policy needs the requests per second one replica serves "
-                "within the SLO",
-                hint="measure it: servepilot sim (or bench) on one replica with --sweep; "
-                "its sweet spot's rate",
+                "within the SLO (sim's --replica-rps)",
+                hint="simulate one replica: servepilot sim --replicas 1 --sweep (the sweet spot)",
             )
 
     def describe(self) -> dict[str, object]:

@@ -50,7 +50,7 @@ def test_the_forecast_horizon_defaults_to_the_cold_start_plus_a_tick() -> None:
 
 
 def test_predictive_without_replica_rps_names_the_flag() -> None:
-    with pytest.raises(ConfigError, match="needs --replica-rps"):
+    with pytest.raises(ConfigError, match="within the SLO \\(sim's --replica-rps\\)"):
         autoscaler("2:20", "predictive")
     with pytest.raises(ConfigError, match="--replica-rps must be > 0"):
         autoscaler("2:20", "predictive", replica_rps=0.0)

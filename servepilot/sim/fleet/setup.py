@@ -209,18 +209,11 @@ def autoscaler(
         raise ConfigError(f"--autoscale {text!r}: expected MIN:MAX, e.g. 2:16")
     if replica_rps is not None and replica_rps <= 0:
         raise ConfigError(f"--replica-rps must be > 0, got {replica_rps}")
-    name = ScalingPolicyName(policy)
-    if name is ScalingPolicyName.PREDICTIVE and replica_rps is None:
-        raise ConfigError(
-            "--scaling-policy predictive needs --replica-rps: the requests per second one "
-            "replica serves within the SLO",
-            hint="simulate one replica: servepilot sim --replicas 1 --sweep (the sweet spot)",
-        )
     if horizon:
         horizon_s = parse_duration_s(horizon, "--forecast-horizon")
     else:
         horizon_s = spec.cold_start_s + spec.autoscale_interval_s if spec is not None else 0.0
-    return AutoscaleSetup(name, lo, hi, target, replica_rps, horizon_s)
+    return AutoscaleSetup(ScalingPolicyName(policy), lo, hi, target, replica_rps, horizon_s)
 
 
 def target_section(
