@@ -61,7 +61,7 @@ class StepRules:
 
 
 def without_float_noise(value: float) -> float:
-    """`value` without the binary rounding that would make ceil(0.1 x 30) 4 instead of 3."""
+    """`value` without the binary rounding that would make ceil(0.07 x 100) 8 instead of 7."""
     return round(value, 9)
 
 

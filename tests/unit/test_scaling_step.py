@@ -32,9 +32,14 @@ def _decide(policy: StepPolicy, now_s: float, ready: int, utilisation: float) ->
     [(0, 1, 1), (3, 1, 1), (10, 1, 1), (11, 2, 1), (20, 2, 1), (30, 3, 1), (39, 4, 1), (40, 4, 2)],
 )
 def test_step_sizes_round_to_whole_replicas_at_least_one(replicas: int, up: int, down: int) -> None:
-    # 10% of 3 is one replica; 10% of 30 is 3 (not 4 from 0.1 x 30 = 3.0000000000000004).
+    # 10% of 3 is one replica, 10% of 11 two; 5% of 39 one, 5% of 40 two.
     rules = StepRules()
     assert (rules.step_up(replicas), rules.step_down(replicas)) == (up, down)
+
+
+def test_a_share_that_binary_floats_miss_still_rounds_right() -> None:
+    # 0.07 x 100 is 7.000000000000001 in binary floating point: ceil would make it 8.
+    assert StepRules(up_share=0.07).step_up(100) == 7
 
 
 def test_above_the_upper_line_adds_ten_percent_and_one_at_small_fleets() -> None:
