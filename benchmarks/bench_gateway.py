@@ -5,6 +5,9 @@ pinned to core 0 with the same policy kind (round_robin) in front of the same st
 generator (servepilot's bench client) and the stubs share core 1. Every round also measures the
 stubs called directly, so the latency a router adds is read against the same machine state.
 
+servepilot's gateway runs twice per round, without and with its access log (every request
+logged to a file in the run's temporary folder), so that the log's cost is read side by side.
+
 Reported per router: its CPU time per proxied request (user + system from /proc, over the
 measured run only; summed over its worker processes), requests/s, and the p50/p99 end-to-end
 latency it adds over calling a stub directly. Rounds alternate; the table shows medians.
@@ -83,6 +86,10 @@ def servepilot_gateway(stubs: list[str], port: int, args: argparse.Namespace) ->
     return argv
 
 
+def servepilot_gateway_logged(stubs: list[str], port: int, args: argparse.Namespace) -> list[str]:
+    return [*servepilot_gateway(stubs, port, args), "--access-log", str(args.access_log)]
+
+
 def vllm_router(stubs: list[str], port: int, args: argparse.Namespace) -> list[str]:
     exe = shutil.which("vllm-router", path=str(Path(sys.executable).parent))
     if exe is None:
@@ -94,6 +101,7 @@ def vllm_router(stubs: list[str], port: int, args: argparse.Namespace) -> list[s
 
 ROUTERS: dict[str, tuple[Callable[[list[str], int, argparse.Namespace], list[str]], str]] = {
     "servepilot gateway": (servepilot_gateway, "/ready"),
+    "servepilot + access log": (servepilot_gateway_logged, "/ready"),
     "vllm-router": (vllm_router, "/health"),
 }
 
@@ -142,24 +150,32 @@ def table(rounds: list[dict[str, dict[str, float]]], args: argparse.Namespace) -
         f"({f'{args.delay_ms:g} ms apart' if args.delay_ms else 'in one write'}) at concurrency "
         f"{args.concurrency}, 2 stub replicas; routers on core {ROUTER_CORE}, load + stubs on "
         f"core {LOAD_CORE}; median of {len(rounds)} rounds",
-        f"{'router':<20} {'CPU us/req':>10} {'requests/s':>10} {'+p50 e2e ms':>12} "
+        f"{'router':<24} {'CPU us/req':>10} {'requests/s':>10} {'+p50 e2e ms':>12} "
         f"{'+p99 e2e ms':>12}   rounds (CPU us/req)",
     ]
     for name in ROUTERS:
         each = ", ".join(f"{r[name]['cpu_us']:.0f}" for r in rounds)
         added50 = med(name, "e2e_p50_ms") - med("direct", "e2e_p50_ms")
         added99 = med(name, "e2e_p99_ms") - med("direct", "e2e_p99_ms")
-        lines.append(f"{name:<20} {med(name, 'cpu_us'):>10.0f} {med(name, 'rps'):>10.0f} "
+        lines.append(f"{name:<24} {med(name, 'cpu_us'):>10.0f} {med(name, 'rps'):>10.0f} "
                      f"{added50:>12.2f} {added99:>12.2f}   {each}")  # fmt: skip
     d = rounds and statistics.median(r["direct"]["rps"] for r in rounds)
-    lines.append(f"{'direct (no router)':<20} {'':>10} {d:>10.0f}")
-    ours, theirs = "servepilot gateway", "vllm-router"
-    cpu_ratio = med(ours, "cpu_us") / med(theirs, "cpu_us")
-    lines.append(
-        f"servepilot / vllm-router: CPU per request x{cpu_ratio:.2f} (target <= 1), added p99 "
-        f"{med(ours, 'e2e_p99_ms') - med('direct', 'e2e_p99_ms'):.2f} vs "
-        f"{med(theirs, 'e2e_p99_ms') - med('direct', 'e2e_p99_ms'):.2f} ms (target: no worse)"
-    )
+    lines.append(f"{'direct (no router)':<24} {d:>21.0f}")
+    ours, logged, theirs = "servepilot gateway", "servepilot + access log", "vllm-router"
+    if ours in ROUTERS and theirs in ROUTERS:
+        cpu_ratio = med(ours, "cpu_us") / med(theirs, "cpu_us")
+        lines.append(
+            f"servepilot / vllm-router: CPU per request x{cpu_ratio:.2f} (target <= 1), added "
+            f"p99 {med(ours, 'e2e_p99_ms') - med('direct', 'e2e_p99_ms'):.2f} vs "
+            f"{med(theirs, 'e2e_p99_ms') - med('direct', 'e2e_p99_ms'):.2f} ms (target: no worse)"
+        )
+    if ours in ROUTERS and logged in ROUTERS:
+        # Per round, then the median: the two runs of a round share the machine's state.
+        extra = statistics.median(r[logged]["cpu_us"] - r[ours]["cpu_us"] for r in rounds)
+        lines.append(
+            f"access log on vs off: {extra:+.0f} us CPU per request "
+            f"({extra / med(ours, 'cpu_us'):+.0%}; median of the rounds' differences)"
+        )
     failed = sum(r[name]["failed"] for r in rounds for name in r)
     if failed:
         lines.append(f"WARNING: {failed:.0f} requests failed")
@@ -176,16 +192,20 @@ def main() -> None:
         "--delay-ms", type=float, default=0.0,
         help="stub pause before each token (0: the whole answer in one write)",
     )  # fmt: skip
-    parser.add_argument("--only", choices=sorted(ROUTERS), help="measure one router")
+    parser.add_argument(
+        "--only", choices=sorted(ROUTERS), action="append",
+        help="measure only this router (repeat for several)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.only:
         for name in list(ROUTERS):
-            if name != args.only:
+            if name not in args.only:
                 del ROUTERS[name]
     stubs = [start_stub(args.chunks, args.delay_ms, LOAD_CORE) for _ in range(2)]
     rounds = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
+            args.access_log = Path(tmp) / "access.log"
             for index in range(args.rounds):
                 started = time.perf_counter()
                 rows = one_round([url for _, url in stubs], args, Path(tmp))

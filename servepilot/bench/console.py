@@ -7,14 +7,18 @@ the report shows cannot disagree.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich import box
 from rich.table import Table
 from rich.text import Text
 
 from servepilot.bench.report.columns import RUN_COLUMNS
 from servepilot.bench.report.fmt import fmt_ms, fmt_num, format_load, level_name
+from servepilot.bench.runlength import Estimate
 from servepilot.bench.shortfalls import client_limited, leak_bytes_per_request, shortfalls
-from servepilot.core.results import BenchResult, Run
+from servepilot.core.results import BenchResult, Load, Run
+from servepilot.load.loadplan import LoadPlan
 
 
 def render_runs_table(result: BenchResult) -> Table:
@@ -76,6 +80,77 @@ def sweet_spot_line(result: BenchResult) -> str:
 def progress_counts(completed: int, failed: int) -> str:
     """A running level's requests so far: `12 ok`, `12 ok, 1 failed`."""
     return f"{completed:,} ok" + (f", {failed:,} failed" if failed else "")
+
+
+def fmt_length_s(seconds: float) -> str:
+    """`45 s`, `12 min`, `1 h 05 min`: a length read at a glance."""
+    if seconds < 100:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def estimate_line(estimate: Estimate, plans: Sequence[LoadPlan], loads: Sequence[Load]) -> str:
+    """The run's length as far as it is known: before the first request, once the first
+    answer is in, and after each level (`plans` and `loads`: every level, a sweep's to its
+    upper bound)."""
+    done, total = estimate.levels_done, estimate.levels_total
+    head = "estimate: "
+    if done:
+        head = f"level {done} of {'at most ' if estimate.sweep else ''}{total} done; estimate: "
+    left = plans[done:]
+    count = f"{len(left)} level{'s' if len(left) != 1 else ''}"
+    long_s, short_s = estimate.left_s, estimate.short_s
+    if long_s is None or short_s is None:
+        body = f"{count} left, {_sizes(left)}; their time is estimated once the first answer is in"
+    elif estimate.bound_only:
+        body = f"at most {fmt_length_s(long_s)} left: {count} of {_sizes(left)}"
+    else:
+        basis = estimate.pace.basis if estimate.pace else "the levels' sizes"
+        body = (
+            f"{_range(short_s, long_s)} left for {count}, from {basis} "
+            "(the short end if throughput grows with the load, the long end if it stays flat)"
+        )
+    if estimate.sweep and loads:
+        body += (
+            f"; the sweep may stop sooner (its bound: {total} levels, "
+            f"{format_load(loads[0])} to {format_load(loads[-1])})"
+        )
+    return head + body
+
+
+def _range(short_s: float, long_s: float) -> str:
+    """`about 3 min`, or `1-3 min` when the ends differ."""
+    low, high = fmt_length_s(short_s), fmt_length_s(long_s)
+    if low == high:
+        return f"about {high}"
+    low_value, low_unit = low.rsplit(" ", 1)
+    if high.endswith(f" {low_unit}") and " h " not in high:
+        return f"{low_value}-{high}"
+    return f"{low} to {high}"
+
+
+def _sizes(plans: Sequence[LoadPlan]) -> str:
+    """`20 requests each (+5 warm-up)`, `30 s each + up to 30 s for the answers in flight`."""
+    if not plans:
+        return "nothing"
+    plan = plans[0]
+    warmup = f" (+{plan.warmup_requests:,} warm-up)" if plan.warmup_requests else ""
+    if plan.duration_s is not None:
+        return (
+            f"{fmt_length_s(plan.duration_s)} each{warmup} + up to "
+            f"{fmt_length_s(plan.grace_s)} for the answers in flight to finish"
+        )
+    total = sum(p.max_requests or 0 for p in plans)
+    return f"{total:,} requests in all{warmup}"
+
+
+def progress_left(left_s: tuple[float, float] | None) -> str:
+    """`about 4 min left`, `2-4 min left` (the estimate's short and long end), or nothing
+    while unknown."""
+    return "" if left_s is None else f"{_range(*left_s)} left"
 
 
 def level_summary(run: Run) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -16,8 +17,17 @@ import aiohttp
 
 from servepilot.bench.chat_template import ChatFrame, count_gap_note
 from servepilot.bench.client import Target
+from servepilot.bench.console import estimate_line
 from servepilot.bench.metrics import summarize, windows
 from servepilot.bench.records import RequestRecord, RequestSpec
+from servepilot.bench.runlength import (
+    Estimate,
+    Pace,
+    estimate,
+    first_answers_pace,
+    level_pace,
+    run_loads,
+)
 from servepilot.bench.runner import LoadOutcome, run_load
 from servepilot.bench.tokenizer import Tokenizer
 from servepilot.bench.workload import build_workload
@@ -53,6 +63,9 @@ class LevelProgress:
     elapsed_s: float
     planned: int | None
     planned_s: float | None
+    left_s: tuple[float, float] | None = None
+    """What is left of the whole run, in seconds (the short and the long end of the
+    estimate); None while unknown."""
 
 
 class BenchReporter:
@@ -69,6 +82,55 @@ class BenchReporter:
         self.progress = progress
         self.level_done = level_done
         self.note = note
+
+
+class RunClock:
+    """The run's length as it becomes known: noted before the first request, once the first
+    answer is in, and after every level; each progress report carries what is left."""
+
+    def __init__(self, opts: BenchOptions, report: BenchReporter) -> None:
+        self._loads = run_loads(opts.levels)
+        self._plans = [_plan(opts, load) for load in self._loads]
+        self._sweep = opts.levels.sweep is not None
+        self._report = report
+        self._pace: Pace | None = None
+        self._done = 0
+
+    def start(self) -> None:
+        self._note()
+
+    def progress(
+        self, plan: LoadPlan, answers: int, elapsed_s: float
+    ) -> tuple[float, float] | None:
+        """What is left of the run, `elapsed_s` into the level of `plan` with `answers` in."""
+        if self._pace is None and answers and elapsed_s > 0:
+            known = self._estimate(self._plans).left_s is not None
+            self._pace = first_answers_pace(plan, elapsed_s)
+            if not known:  # the first estimate with a time in it
+                self._note()
+        plans = [*self._plans[: self._done], plan, *self._plans[self._done + 1 :]]
+        left = self._estimate(plans, (answers, elapsed_s))
+        if left.short_s is None or left.left_s is None:
+            return None
+        return left.short_s, left.left_s
+
+    def level_done(self, run: Run, sent: int, wall_s: float) -> None:
+        self._done += 1
+        self._pace = level_pace(run, sent, wall_s)
+        if self._done < len(self._plans):
+            self._note()
+
+    def _note(self) -> None:
+        self._report.note(estimate_line(self._estimate(self._plans), self._plans, self._loads))
+
+    def _estimate(
+        self, plans: Sequence[LoadPlan], running: tuple[int, float] | None = None
+    ) -> Estimate:
+        return estimate(plans, self._done, self._pace, sweep=self._sweep, running=running)
+
+
+def _plan(opts: BenchOptions, load: Load) -> LoadPlan:
+    return opts.levels.plan(load, seed=opts.seed, soak_s=opts.soak_s, processes=opts.processes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,9 +183,12 @@ async def _run_levels(
     """Run level after level, appending each finished one to `runs` and `records` (so they
     survive an interruption); the reason the levels ended."""
     levels = opts.levels
+    clock = RunClock(opts, report)
+    clock.start()
     while (step := levels.next_level(runs)).load is not None:
         load = step.load
-        plan = levels.plan(load, seed=opts.seed, soak_s=opts.soak_s, processes=opts.processes)
+        plan = _plan(opts, load)
+        started_s = time.perf_counter()
         workload = await asyncio.to_thread(
             functools.partial(build_workload, chat_template_tokens=opts.chat.overhead_tokens),
             levels.level_workload(len(runs)),
@@ -131,7 +196,7 @@ async def _run_levels(
             pool_size(plan),
         )
         report.level_started(load, plan.max_requests, plan.duration_s)
-        outcome, soak_memory = await _run_level(opts, plan, workload, report)
+        outcome, soak_memory = await _run_level(opts, plan, workload, report, clock)
         if outcome.no_usage:
             report.note(
                 f"{outcome.no_usage} answers carried no token usage: output tokens were "
@@ -146,6 +211,7 @@ async def _run_levels(
         records += [(load, r) for r in outcome.records]
         runs.append(run)
         report.level_done(run)
+        clock.level_done(run, len(outcome.records), time.perf_counter() - started_s)
     return step.reason
 
 
@@ -163,12 +229,17 @@ def _level_run(opts: BenchOptions, load: Load, outcome: LoadOutcome) -> Run:
 
 
 async def _run_level(
-    opts: BenchOptions, plan: LoadPlan, workload: Sequence[RequestSpec], report: BenchReporter
+    opts: BenchOptions,
+    plan: LoadPlan,
+    workload: Sequence[RequestSpec],
+    report: BenchReporter,
+    clock: RunClock,
 ) -> tuple[LoadOutcome, list[int | None]]:
     def progress(completed: int, failed: int, elapsed_s: float) -> None:
+        left_s = clock.progress(plan, completed + failed, elapsed_s)
         report.progress(
             LevelProgress(
-                plan.load, completed, failed, elapsed_s, plan.max_requests, plan.duration_s
+                plan.load, completed, failed, elapsed_s, plan.max_requests, plan.duration_s, left_s
             )
         )
 

@@ -78,7 +78,7 @@ class _Sizing:
             taken = f"--prefix-tokens ({after}) and " if after else ""
             raise ConfigError(
                 f"{flag} ({tokens}) leaves no room for a message: {taken}the chat template "
-                f"({self.template_tokens} tokens, counted by the server) take it all",
+                f"({self.template_tokens} tokens, counted by the server) takes it all",
                 hint=f"raise {flag}, or send --endpoint completions (no template)",
             )
         return left

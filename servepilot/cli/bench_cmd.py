@@ -8,7 +8,7 @@ from pathlib import Path
 from servepilot.bench.chat_template import ChatFrame, measure_chat_frame
 from servepilot.bench.client import Target
 from servepilot.bench.compare import compare_results, render_comparison
-from servepilot.bench.console import progress_counts, run_warnings
+from servepilot.bench.console import progress_counts, progress_left, run_warnings
 from servepilot.bench.outputs import check_out_dir, write_outputs
 from servepilot.bench.records import Endpoint
 from servepilot.bench.session import (
@@ -44,6 +44,12 @@ level and stops by itself once throughput stops rising while latency keeps climb
 A request refused with 429 (or 503 with Retry-After) is counted as refused, and a closed-loop
 worker waits out its Retry-After before sending again: a server that sheds load is not flooded.
 
+Before the first request bench estimates the run's length: exact for --duration levels
+(levels x (duration + up to 30 s for the answers in flight)); for --requests levels, a range
+once the first answer is in, re-made after every level; a sweep's to its bound of levels. When
+stderr is not a terminal (a log file, CI), progress comes as plain lines, at most one every
+10 s while a level runs.
+
 Prompts have exactly --input-tokens tokens as the server counts them (usage.prompt_tokens), cut
 with its own tokenizer; on chat the template's tokens, measured once, come off each message's
 text. Results go to --out: results.json (schema servepilot.bench/v1), requests.csv (one row per
@@ -51,9 +57,12 @@ request) and report.html (plots). Ctrl-C keeps the levels already finished (resu
 interrupted; exit code 130).
 
 examples:
-  servepilot bench --url http://127.0.0.1:8000 --sweep --out runs/sweep
-  servepilot bench --url http://127.0.0.1:8000 --rate 2,4,8 --duration 60s --slo ttft_p99_ms=500
-  servepilot bench --url http://127.0.0.1:8000 --concurrency 8 --soak 30m --out runs/soak
+  # sized for the default fleet of `make serve` (one vLLM-CPU replica): minutes each
+  servepilot bench --url http://127.0.0.1:8000 --sweep --requests 16 --output-tokens 64
+  servepilot bench --url http://127.0.0.1:8000 --rate 0.2,0.4 --duration 60s --output-tokens 64
+  servepilot bench --url http://127.0.0.1:8000 --concurrency 2 --soak 5m --out runs/soak
+  # a GPU server: the default sizes (100+ requests a level, 128 output tokens)
+  servepilot bench --url http://gpu-host:8000 --sweep --out runs/sweep
   servepilot bench compare predicted/results.json measured/results.json
 """
 
@@ -153,7 +162,8 @@ def _run_with_progress(opts: BenchOptions, tokenizer: Tokenizer) -> BenchOutput:
 
         def progress(p: LevelProgress) -> None:
             done = p.completed + p.failed if p.planned is not None else p.elapsed_s
-            bars.update(p.load, done, progress_counts(p.completed, p.failed))
+            counts = progress_counts(p.completed, p.failed)
+            bars.update(p.load, done, counts, progress_left(p.left_s))
 
         reporter = BenchReporter(started, progress, bars.finish, bars.note)
         return loop.run(run_bench(opts, tokenizer, reporter))

@@ -8,6 +8,13 @@ from servepilot.cli.console import out_console, print_step, print_warning, simpl
 from servepilot.fleet import control
 from servepilot.fleet.control import fleet_statuses, stop_fleets
 from servepilot.fleet.logs import GATEWAY, log_chunks
+from servepilot.fleet.ray.view import (
+    GROUP_COLUMNS,
+    NODE_COLUMNS,
+    REPLICA_COLUMNS,
+    ClusterView,
+    read_view,
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -15,7 +22,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "status",
         help="show the fleets `servepilot up` is running and the state of their replicas",
         description="Show each running fleet: its gateway endpoint and, per replica, whether "
-        "it is healthy and how many requests it is serving.",
+        "it is healthy and how many requests it is serving. A fleet on Ray "
+        "(cluster.backend: ray) also shows the cluster's nodes, the replicas' placement "
+        "groups and their actors' state (ready, lost, restarted how often).",
     )
     status.set_defaults(run=run_status)
 
@@ -23,8 +32,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "down",
         help="stop fleets started by `servepilot up` (drain, then stop every replica)",
         description="Tell each running `servepilot up` to stop: the gateway refuses new "
-        "requests, in-flight ones finish, then the replicas stop. After --timeout seconds "
-        "whatever is left is killed.",
+        "requests, in-flight ones finish, then the replicas stop (on Ray: their actors and "
+        "placement groups are removed, the cluster is left as it was found). After --timeout "
+        "seconds whatever is left is killed.",
     )
     down.add_argument(
         "--timeout", type=float, default=90.0, metavar="S",
@@ -33,10 +43,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     down.set_defaults(run=run_down)
 
     logs = sub.add_parser(
-        "logs", help="print a replica's (r0, r1, ...) or the gateway's log of the running "
-        "(or the last) fleet",
+        "logs", help="print a replica's (r0, r1, ...), the gateway's or its access log (access) "
+        "of the running (or the last) fleet",
     )  # fmt: skip
-    logs.add_argument("name", nargs="?", default=GATEWAY, metavar="REPLICA|gateway")
+    logs.add_argument("name", nargs="?", default=GATEWAY, metavar="REPLICA|gateway|access")
     logs.add_argument("-f", "--follow", action="store_true", help="go on until the fleet stops")
     logs.set_defaults(run=run_logs)
     for parser in (status, down, logs):
@@ -55,7 +65,21 @@ def run_status(args: argparse.Namespace) -> int:
         if st.replicas:
             rows = map(control.replica_cells, st.replicas)
             out_console.print(simple_table("", control.REPLICA_COLUMNS, rows, no_wrap=True))
+        if st.alive and (cluster := read_view(st.record.port)) is not None:
+            _print_cluster(cluster)
     return 0
+
+
+def _print_cluster(view: ClusterView) -> None:
+    """A fleet on Ray: the cluster's nodes, the replicas' placement groups and actors."""
+    out_console.print(view.summary(), soft_wrap=True)
+    tables = (
+        ("nodes", NODE_COLUMNS, view.node_cells()),
+        ("placement groups", GROUP_COLUMNS, view.group_cells()),
+        ("replica actors", REPLICA_COLUMNS, view.replica_cells()),
+    )
+    for title, columns, rows in tables:
+        out_console.print(simple_table(title, columns, rows, no_wrap=True))
 
 
 def run_down(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from servepilot.cli.console import out_console, print_step
 from servepilot.cli.options import add_config_flag, base_url, config_from_args
@@ -17,7 +18,10 @@ checks each replica's /health, routes around those that fail, gives each replica
 --capacity requests at once and queues the rest by priority (X-Priority: 0 interactive,
 1 default, 2 batch), and serves one endpoint. Every other setting (admission budgets, circuit
 breakers, hard and soft limits, API keys) comes from fleet.yaml's `gateway` section; see
-`servepilot config`. Ctrl-C (or SIGTERM) drains in-flight requests and stops.
+`servepilot config`. With --access-log PATH, every request gets a JSON line in PATH (method,
+path, status, replica, class, sizes, TTFB/TTFT/E2E ms, error), written in the background
+(gateway.access_log sets sampling and buffering). Ctrl-C (or SIGTERM) drains in-flight requests,
+writes the last access log lines, and stops.
 """
 
 
@@ -44,6 +48,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )  # fmt: skip
     parser.add_argument("--port", type=int, metavar="P", help="port to listen on (default 8000)")
     parser.add_argument("--host", metavar="ADDR", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument(
+        "--access-log", type=Path, metavar="PATH",
+        help="append one JSON line per request to PATH (default: gateway.access_log.path, "
+        "else none)",
+    )  # fmt: skip
     parser.set_defaults(run=run)
 
 
@@ -64,6 +73,11 @@ def run(args: argparse.Namespace) -> int:
             f"(policy {config.policy.value}); Ctrl-C stops"
         )
 
-    run_gateway(config, [(f"r{i}", url) for i, url in enumerate(urls)], on_started=started)
+    if args.access_log is not None and not config.access_log.enabled:
+        config = config.model_copy(
+            update={"access_log": config.access_log.model_copy(update={"enabled": True})}
+        )
+    replicas = [(f"r{i}", url) for i, url in enumerate(urls)]
+    run_gateway(config, replicas, on_started=started, access_log_path=args.access_log)
     print_step("stopped")
     return 0

@@ -1,13 +1,15 @@
 """What `servepilot bench` and `servepilot sim` show of a run of load levels: one progress row
-a level while it runs, then the run table, the sweet spot and results.json. A measured and a
-simulated run read the same way, as their results do."""
+a level while it runs (plain lines at a bounded rate when stderr is not a terminal, so a log
+shows them), then the run table, the sweet spot and results.json. A measured and a simulated
+run read the same way, as their results do."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from rich.console import RenderableType
+from rich.console import Console, RenderableType
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
@@ -28,7 +30,9 @@ class LevelBars:
         """`total`: requests, or seconds for a duration-bound level; None: unknown."""
         self._tasks[load] = self._bar.add_task(level_name(load), total=total, counts="")
 
-    def update(self, load: Load, completed: float, counts: str) -> None:
+    def update(self, load: Load, completed: float, counts: str, left: str = "") -> None:
+        """`left`: what is left of the run (`2-4 min left`), when known."""
+        counts = f"{counts} · {left}" if left else counts
         self._bar.update(self._tasks[load], completed=completed, counts=counts)
 
     def finish(self, run: Run) -> None:
@@ -40,8 +44,63 @@ class LevelBars:
         self._bar.console.print(message)
 
 
+PLAIN_EVERY_S = 10.0
+"""A log gets a running level's progress at most this often (and at each level's start and end)."""
+
+
+class PlainLevels:
+    """The same progress as plain lines, for a log file or CI, where a bar shows nothing:
+    `level 2 · concurrency 2: 12 ok, 1 failed · 0:00:20 elapsed · 2-4 min left`."""
+
+    def __init__(
+        self,
+        console: Console,
+        every_s: float = PLAIN_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._console, self._every_s, self._clock = console, every_s, clock
+        self._started: dict[Load, tuple[int, float]] = {}
+        self._last_s = 0.0
+
+    def start(self, load: Load, total: float | None) -> None:
+        del total  # the level's size is in the estimate lines
+        now = self._clock()
+        self._started[load] = (len(self._started) + 1, now)
+        self._last_s = now
+        self._line(load, "started")
+
+    def update(self, load: Load, completed: float, counts: str, left: str = "") -> None:
+        del completed
+        now = self._clock()
+        if now - self._last_s >= self._every_s:
+            self._last_s = now
+            elapsed = f"{_clock_text(now - self._started[load][1])} elapsed"
+            self._line(load, " · ".join(part for part in (counts, elapsed, left) if part))
+
+    def finish(self, run: Run) -> None:
+        took_s = self._clock() - self._started[run.load][1]
+        self._line(run.load, f"done in {_clock_text(took_s)}: {level_summary(run)}")
+
+    def note(self, message: RenderableType) -> None:
+        # One line per message, however long: a log is read with grep.
+        self._console.print(message, soft_wrap=True)
+
+    def _line(self, load: Load, what: str) -> None:
+        number = self._started[load][0]
+        self._console.print(Text(f"level {number} · {level_name(load)}: {what}"), soft_wrap=True)
+
+
+def _clock_text(seconds: float) -> str:
+    """`0:03:10`, as the bar's elapsed column shows it: to the second, unlike the estimates."""
+    whole = int(seconds)
+    return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
+
+
 @contextmanager
-def level_bars() -> Iterator[LevelBars]:
+def level_bars() -> Iterator[LevelBars | PlainLevels]:
+    if not err_console.is_terminal:
+        yield PlainLevels(err_console)
+        return
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),

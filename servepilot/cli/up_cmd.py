@@ -28,6 +28,10 @@ it): `up` returns once it serves, or fails saying why with nothing left running.
 vLLM's HTTP API and metrics, timed in real time by servepilot's model of vLLM's scheduler,
 with the KV capacity vLLM would have. Dozens fit on one machine, to try the gateway at
 scale; `--model` may then also be a preset (llama-3.1-8b, deepseek-v3, ...).
+
+`cluster.backend: ray` in fleet.yaml runs the replicas as Ray actors on a Ray cluster's nodes
+(`cluster.address: local` starts one on this machine), spread one per node, restarted by Ray
+when a node is lost; the gateway runs here and follows them (README, "Scaling out on Ray").
 """
 
 

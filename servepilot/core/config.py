@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from servepilot.core.cluster_config import ClusterConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.gateway_config import GatewayConfig, PolicyName, Priority
 from servepilot.core.slo import Slo
@@ -246,6 +247,9 @@ class FleetConfig(_Section):
 
     traffic: TrafficConfig = Field(default_factory=TrafficConfig)
     """The traffic to plan for."""
+
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    """Where `up` runs the replicas: this machine (`local`) or a Ray cluster (`ray`)."""
 
     @model_validator(mode="after")
     def _device_fits_knobs(self) -> FleetConfig:

@@ -1,4 +1,5 @@
-"""The gateway's section of fleet.yaml: routing, admission, protection and API keys.
+"""The gateway's section of fleet.yaml: routing, admission, protection, API keys and the
+access log.
 
 Defaults follow the seeds where they give a number (8k-token shard boundary, 10% dynamic
 compensation, the 25 ms hard limit shedding 5% of the lowest class, 95% saturation for 30 s)
@@ -181,6 +182,31 @@ class AuthConfig(_Section):
     this is not, the /admin routes are closed."""
 
 
+class AccessLogConfig(_Section):
+    enabled: bool = True
+    """Write one JSON line per request (time, method, path, status, replica, class, sizes,
+    TTFB/TTFT/E2E, error); `servepilot up` writes it to access.log in the run folder, next to
+    gateway.log; `servepilot gateway` only with --access-log PATH (or `path`)."""
+
+    path: str | None = None
+    """File to append the lines to; unset: the run folder's access.log under `up`, none for
+    `servepilot gateway` without --access-log."""
+
+    sample_rate: float = Field(default=1.0, ge=0.0, le=1.0)
+    """Share of answered requests (status < 400) that get a line, evenly spread (0.1: every
+    tenth); errors, 429s and 503s included, always get one."""
+
+    flush_interval_ms: float = Field(default=500.0, gt=0)
+    """Lines are held in memory and written by one background task this often..."""
+
+    flush_lines: int = Field(default=1000, ge=1)
+    """...or as soon as this many are waiting, whichever comes first."""
+
+    buffer_lines: int = Field(default=20_000, ge=1)
+    """Lines held in memory at most; past it new lines are dropped and counted
+    (servepilot_access_log_dropped_total): a slow disk never slows the requests."""
+
+
 class GatewayConfig(_Section):
     host: str = "127.0.0.1"
     """Address the gateway listens on."""
@@ -221,3 +247,6 @@ class GatewayConfig(_Section):
 
     auth: AuthConfig = Field(default_factory=AuthConfig)
     """API keys and the admin key."""
+
+    access_log: AccessLogConfig = Field(default_factory=AccessLogConfig)
+    """The access log: one line per request, written off the request path."""

@@ -18,6 +18,21 @@ from servepilot.engine.simserver.args import SimModel, sim_launch_command
 from servepilot.fleet.logs import replica_log_name
 
 
+def replica_command(
+    config: FleetConfig,
+    model: ResolvedModel | SimModel,
+    host: str,
+    port: int,
+    cores: tuple[int, ...],
+) -> LaunchCommand:
+    """One replica's server command: vLLM's, or the simulated replica's (`engine.kind: sim`);
+    the Ray backend's actors start theirs with it too."""
+    if isinstance(model, SimModel):
+        return sim_launch_command(config, model, host, port)
+    spec = ServerSpec(str(model.path), model.served_name, host, port)
+    return launch_command(config.engine, spec, config.hardware.device, cores)
+
+
 class LocalReplicas:
     """Owns the replica processes of one `up`: starts them together, stops them together."""
 
@@ -46,11 +61,7 @@ class LocalReplicas:
         return processes
 
     def _command(self, host: str, port: int, cores: tuple[int, ...]) -> LaunchCommand:
-        model = self.model
-        if isinstance(model, SimModel):
-            return sim_launch_command(self.config, model, host, port)
-        spec = ServerSpec(str(model.path), model.served_name, host, port)
-        return launch_command(self.config.engine, spec, self.config.hardware.device, cores)
+        return replica_command(self.config, self.model, host, port, cores)
 
     async def start(
         self, on_ready: Callable[[ReplicaInfo], None] | None = None

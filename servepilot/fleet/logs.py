@@ -1,6 +1,6 @@
-"""The logs of a fleet `up` started: one file per replica and one for the gateway, in the
-run's folder (`state_dir()/runs/<time>-<pid>/`). `servepilot logs` finds them through the
-fleet records, or in the newest run folder once the fleet is gone."""
+"""The logs of a fleet `up` started: one file per replica, one for the gateway and its access
+log, in the run's folder (`state_dir()/runs/<time>-<pid>/`). `servepilot logs` finds them
+through the fleet records, or in the newest run folder once the fleet is gone."""
 
 from __future__ import annotations
 
@@ -18,7 +18,10 @@ from servepilot.core.paths import state_dir
 from servepilot.fleet.state import FleetRecord, pid_alive, read_records
 
 GATEWAY = "gateway"
+ACCESS = "access"
 GATEWAY_LOG = "gateway.log"
+ACCESS_LOG = "access.log"
+"""The gateway's access log (JSON lines), unless gateway.access_log.path puts it elsewhere."""
 _FOLLOW_POLL_S = 0.5
 
 
@@ -43,9 +46,10 @@ class LogSource:
 
 
 def find_log(name: str, port: int | None) -> LogSource:
-    """The log called `name` (`gateway`, or a replica id such as `r0`) of the running fleet
-    (the one on `port`), else of the newest run."""
-    filename = GATEWAY_LOG if name == GATEWAY else replica_log_name(name.removeprefix("replica-"))
+    """The log called `name` (`gateway`, `access`, or a replica id such as `r0`) of the
+    running fleet (the one on `port`), else of the newest run."""
+    named = {GATEWAY: GATEWAY_LOG, ACCESS: ACCESS_LOG}
+    filename = named.get(name) or replica_log_name(name.removeprefix("replica-"))
     running = [r for r in read_records() if r.is_alive() and port in (None, r.port)]
     if len(running) > 1:
         ports = ", ".join(str(r.port) for r in running)

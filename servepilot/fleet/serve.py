@@ -6,6 +6,7 @@ import asyncio
 import errno
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 from servepilot.core.config import GatewayConfig
 from servepilot.core.errors import FleetError
@@ -52,9 +53,13 @@ class Upstream:
     """Concurrency budget (None: the gateway's default)."""
 
 
-async def start_gateway(config: GatewayConfig, replicas: list[Upstream]) -> ServedGateway:
-    """Start the gateway in front of `replicas`; returns where it listens."""
-    gateway = Gateway(config)
+async def start_gateway(
+    config: GatewayConfig, replicas: list[Upstream], run_access_log: Path | None = None
+) -> ServedGateway:
+    """Start the gateway in front of `replicas`; returns where it listens. Its access log goes
+    to gateway.access_log.path when set, else to `run_access_log`."""
+    configured = config.access_log.path
+    gateway = Gateway(config, access_log_path=Path(configured) if configured else run_access_log)
     await asyncio.gather(*(gateway.pool.add(r.replica_id, r.url, r.capacity) for r in replicas))
     try:
         port = await gateway.start()

@@ -15,17 +15,19 @@ import os
 import shlex
 import signal
 import time
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from servepilot.core.cluster_config import ClusterBackend
 from servepilot.core.config import EngineKind, FleetConfig
+from servepilot.core.errors import FleetError
 from servepilot.engine.model_source import ResolvedModel, resolve_model
 from servepilot.engine.process import ReplicaInfo
 from servepilot.engine.simserver.args import SimModel, sim_model
 from servepilot.fleet.local import LocalReplicas
-from servepilot.fleet.logs import gateway_log, new_run_dir
+from servepilot.fleet.logs import ACCESS_LOG, gateway_log, new_run_dir
 from servepilot.fleet.serve import ServedGateway, Upstream, check_port_free, start_gateway
 from servepilot.fleet.state import (
     FleetRecord,
@@ -35,6 +37,7 @@ from servepilot.fleet.state import (
     remove_record,
     write_record,
 )
+from servepilot.gateway import ReplicaPool
 from servepilot.routing.admission.budget import replica_capacity
 
 # Draining waits this long for in-flight requests when `up` is told to stop.
@@ -136,6 +139,9 @@ async def run_up(
 ) -> None:
     """Serve until SIGINT or SIGTERM, then drain and stop everything. `detached_run_dir`:
     this is the process `up --detach` started, in the run folder it made (detach.py)."""
+    if config.cluster.backend is ClusterBackend.RAY:
+        await _run_on_ray(config, report, detached_run_dir)
+        return
     gw = config.gateway
     check_port_free(gw.host, gw.port)
     check_no_fleet(gw.port)
@@ -149,12 +155,14 @@ async def run_up(
         what = "vLLM"
     run_dir = detached_run_dir or new_run_dir()
     replicas = LocalReplicas(config, model, run_dir)
-    stop = _stop_event()
+    stop = stop_event()
     report.step(f"starting {config.replicas.count} {what} replica(s); logs in {run_dir}")
     replicas.launch()
-    starting = _StartingRecord(f"http://{gw.host}:{gw.port}", gw.port, run_dir, replicas)
+    awaited = [ReplicaRecord(p.replica_id, p.url, p.pid or 0, str(p.log_path), ready=False)
+               for p in replicas.processes]  # fmt: skip
+    starting = StartingRecord(f"http://{gw.host}:{gw.port}", gw.port, run_dir, awaited)
     try:
-        infos = await _until_stopped(replicas.wait_ready(starting.ready(report)), stop)
+        infos = await until_stopped(replicas.wait_ready(starting.ready(report)), stop)
         if infos is not None:
             with gateway_log(run_dir):
                 await _serve(config, model.served_name, replicas, infos, stop, report,
@@ -163,7 +171,7 @@ async def run_up(
         remove_record(gw.port)
 
 
-async def _until_stopped(
+async def until_stopped(
     ready: Coroutine[Any, Any, list[ReplicaInfo]], stop: asyncio.Event
 ) -> list[ReplicaInfo] | None:
     """The replicas once all are ready, or None if told to stop first (they are stopped)."""
@@ -202,14 +210,14 @@ async def _serve(
             )
             for i in infos
         ]
-        served = await start_gateway(config.gateway, upstreams)
+        served = await start_gateway(config.gateway, upstreams, replicas.run_dir / ACCESS_LOG)
         if served.port != config.gateway.port:  # port 0: the OS picked one
             remove_record(config.gateway.port)
         # Announced first, then recorded: a script (or test) that waits for the record's
         # `serving` finds the endpoint already printed.
         report.serving(UpStarted(served.url, model_name, tuple(infos), detached))
         write_record(_record(served, infos, replicas.run_dir))
-        await _watch(replicas, stop, report)
+        await _watch(replicas, served.gateway.pool, stop, report)
     finally:
         if served is not None:
             remove_record(served.port)
@@ -219,47 +227,49 @@ async def _serve(
         await replicas.stop()
 
 
-class _StartingRecord:
-    """The fleet record while the replicas load: which are ready, which are awaited."""
+class StartingRecord:
+    """The fleet record while the replicas load: which are ready, which are awaited (the Ray
+    backend's `up` keeps one too)."""
 
-    def __init__(self, gateway_url: str, port: int, run_dir: Path, replicas: LocalReplicas) -> None:
+    def __init__(
+        self, gateway_url: str, port: int, run_dir: Path, awaited: Sequence[ReplicaRecord]
+    ) -> None:
         self.gateway_url = gateway_url
         self.port = port
         self.run_dir = run_dir
-        self.replicas = replicas
+        self.rows = {row.replica_id: row for row in awaited}
         self.started_at_s = time.time()
-        self.ready_ids: set[str] = set()
         self.write()
 
     def write(self) -> None:
-        rows = tuple(
-            ReplicaRecord(p.replica_id, p.url, p.pid or 0, str(p.log_path),
-                          p.replica_id in self.ready_ids)
-            for p in self.replicas.processes
-        )  # fmt: skip
         write_record(
             FleetRecord(os.getpid(), self.gateway_url, self.port, self.started_at_s,
-                        str(self.run_dir), rows, FleetState.STARTING)
+                        str(self.run_dir), tuple(self.rows.values()), FleetState.STARTING)
         )  # fmt: skip
 
     def ready(self, report: UpReporter) -> Callable[[ReplicaInfo], None]:
-        """The on-ready callback: report the replica, then record it as ready."""
+        """The on-ready callback: report the replica, then record it as ready (at its URL)."""
 
         def on_ready(info: ReplicaInfo) -> None:
             report.replica_ready(info)
-            self.ready_ids.add(info.replica_id)
+            row = self.rows[info.replica_id]
+            self.rows[info.replica_id] = replace(row, url=info.url, ready=True)
             self.write()
 
         return on_ready
 
 
-async def _watch(replicas: LocalReplicas, stop: asyncio.Event, report: UpReporter) -> None:
-    """Wait for the stop signal; warn once for each replica that dies meanwhile."""
+async def _watch(
+    replicas: LocalReplicas, pool: ReplicaPool, stop: asyncio.Event, report: UpReporter
+) -> None:
+    """Wait for the stop signal; warn once for each replica that dies meanwhile, and tell
+    the gateway at once (its health checks would take `unhealthy_after` rounds)."""
     reported: set[str] = set()
     while not stop.is_set():
         for proc, code in replicas.exited():
             if proc.replica_id not in reported:
                 reported.add(proc.replica_id)
+                pool.mark_down(proc.replica_id, f"its process exited with code {code}")
                 report.warn(
                     f"replica {proc.replica_id} exited with code {code}; the gateway routes "
                     f"around it (log: {proc.log_path})"
@@ -268,7 +278,24 @@ async def _watch(replicas: LocalReplicas, stop: asyncio.Event, report: UpReporte
             await asyncio.wait_for(stop.wait(), _WATCH_INTERVAL_S)
 
 
-def _stop_event() -> asyncio.Event:
+async def _run_on_ray(
+    config: FleetConfig, report: UpReporter, detached_run_dir: Path | None
+) -> None:
+    # Imported here: Ray is an optional extra, and importing it takes seconds.
+    try:
+        from servepilot.fleet.ray.up import run_ray_up
+    except ModuleNotFoundError as exc:
+        if exc.name != "ray":
+            raise
+        raise FleetError(
+            "cluster.backend: ray needs Ray, which is not installed",
+            hint="pip install 'servepilot[ray]' (`make install` installs it)",
+        ) from None
+    await run_ray_up(config, report, detached_run_dir)
+
+
+def stop_event() -> asyncio.Event:
+    """Set by SIGINT or SIGTERM (Ctrl-C, `servepilot down`); the Ray backend's `up` too."""
     event = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -33,7 +33,11 @@ class AdminHandlers:
         added = _parse_add(request.body)
         try:
             info = await self._pool.add(
-                added.replica_id or self._pool.new_id(), added.url, added.capacity, added.group
+                added.replica_id or self._pool.new_id(),
+                added.url,
+                added.capacity,
+                added.group,
+                starting=added.starting,
             )
         except DuplicateReplica as exc:
             raise GatewayError(409, str(exc), error_type=INVALID_REQUEST, code="conflict") from None
@@ -63,6 +67,7 @@ class _NewReplica:
     url: str
     capacity: int | None
     group: str | None
+    starting: bool
 
 
 def _parse_add(body: bytes) -> _NewReplica:
@@ -88,7 +93,10 @@ def _parse_add(body: bytes) -> _NewReplica:
     group = doc.get("group")
     if group is not None and group not in ("short", "long"):
         raise bad_request('`group` must be "short" or "long" (length sharding)')
-    return _NewReplica(replica_id, _normalized(url), capacity, group)
+    starting = doc.get("starting", False)
+    if not isinstance(starting, bool):
+        raise bad_request("`starting` must be true (still loading: requests wait for it) or false")
+    return _NewReplica(replica_id, _normalized(url), capacity, group, starting)
 
 
 def _normalized(url: str) -> str:

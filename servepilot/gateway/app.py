@@ -8,14 +8,22 @@ with `await gateway.stop()`, which drains in-flight requests first.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from servepilot.core.gateway_config import GatewayConfig
+from servepilot.gateway.access_log import (
+    CLIENT_CLOSED_STATUS,
+    CLIENT_DISCONNECTED,
+    AccessLog,
+    Trail,
+)
 from servepilot.gateway.admin import AdminHandlers
 from servepilot.gateway.auth import Authenticator, Caller
 from servepilot.gateway.dispatch import Dispatcher
@@ -38,7 +46,7 @@ _HEALTH_BODY = json.dumps({"status": "ok"}).encode()
 _ADMIN_PREFIX = "/admin/replicas/"
 
 Route = Callable[[HttpRequest], Awaitable[None]]
-InferenceRoute = Callable[[HttpRequest, Caller], Awaitable[None]]
+InferenceRoute = Callable[[HttpRequest, Caller, Trail | None], Awaitable[None]]
 
 
 class Gateway:
@@ -51,7 +59,10 @@ class Gateway:
         *,
         seed: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        access_log_path: Path | None = None,
     ) -> None:
+        """`access_log_path` (else `config.access_log.path`) is where the access log goes,
+        when it is enabled; with neither, there is none."""
         self.config = config
         self.auth = Authenticator(config.auth)
         self.pool = ReplicaPool(config)
@@ -62,6 +73,8 @@ class Gateway:
         self.metrics = GatewayMetrics(self.pool, self.policy)
         self.dispatcher = Dispatcher(config, self.pool, self.policy, self.metrics, clock, seed)
         self.metrics.watch(self.dispatcher)
+        self.access_log = _access_log(config, access_log_path)
+        self.metrics.watch_access_log(self.access_log)
         proxy = Proxy(config, self.pool, self.policy, self.dispatcher, self.metrics)
         admin = AdminHandlers(self.pool)
         self._inference: dict[str, InferenceRoute] = {
@@ -89,9 +102,16 @@ class Gateway:
         """Listen (on the config's host/port unless given) and return the bound port."""
         if self._started:
             raise RuntimeError("the gateway is already started")
-        bound = await self._server.start(
-            host or self.config.host, self.config.port if port is None else port
-        )
+        if self.access_log is not None:
+            self.access_log.start()  # first: a log that cannot be written stops nothing
+        try:
+            bound = await self._server.start(
+                host or self.config.host, self.config.port if port is None else port
+            )
+        except BaseException:
+            if self.access_log is not None:
+                await self.access_log.close()
+            raise
         self._started = True
         self.pool.start_health_checks()
         self.dispatcher.start()
@@ -110,6 +130,8 @@ class Gateway:
                     "drain timeout: %d requests still in flight", self.pool.total_in_flight()
                 )
             await self._server.close()
+            if self.access_log is not None:
+                await self.access_log.close()  # every request has ended: its line is in
         await self.dispatcher.stop()
         await self.pool.close()
 
@@ -117,38 +139,69 @@ class Gateway:
 
     async def handle(self, request: HttpRequest) -> None:
         """Answer one request; errors become OpenAI-shaped JSON, never a traceback."""
-        path = request.path
-        route = path
+        trail = None if self.access_log is None else Trail()
+        error: str | None = None
         try:
-            inference = self._inference.get(path)
-            if inference is not None:
-                self._allow(request, "POST")
-                caller = self.auth.caller(request.headers.get("authorization"), self._clock())
-                await inference(request, caller)
-            elif path in self._gets:
-                self._allow(request, "GET")
-                await self._gets[path](request)
-            elif path == "/admin/replicas" or path.startswith(_ADMIN_PREFIX):
-                route = "/admin/replicas" if path == "/admin/replicas" else "/admin/replicas/{id}"
-                await self._admin(request)
-            else:
-                route = "unmatched"  # one label, so scanners cannot blow up the series count
-                raise GatewayError(
-                    404,
-                    f"no route {request.method} {path}",
-                    error_type=INVALID_REQUEST,
-                    code="not_found",
-                )
+            await self._dispatch(request, trail)
         except GatewayError as exc:
             if request.responded:
                 raise RuntimeError(f"{exc.status} after the response started: {exc}") from exc
-            request.respond(exc.status, exc.body(), headers=exc.header_pairs())
+            body = exc.body()
+            request.respond(exc.status, body, headers=exc.header_pairs())
+            error = exc.code
+            if trail is not None:
+                trail.bytes_out = len(body)
+        except asyncio.CancelledError:
+            # The client left (or the gateway stops): no status counted, but a line logged.
+            if trail is not None:
+                gone = CLIENT_DISCONNECTED if not request.connected else "gateway_stopped"
+                self._log(request, trail, request.status or CLIENT_CLOSED_STATUS, gone)
+            raise
         except Exception:
             # A bug must still answer in the API's error shape (the server does that), and
             # be counted.
-            self.metrics.count_request(route, 500)
+            self.metrics.count_request(self._route_label(request.path), 500)
+            if trail is not None:
+                self._log(request, trail, 500, "internal_error")
             raise
-        self.metrics.count_request(route, request.status)
+        self.metrics.count_request(self._route_label(request.path), request.status)
+        if trail is not None:
+            self._log(request, trail, request.status, error)
+
+    def _route_label(self, path: str) -> str:
+        """The `route` label of a path: one per route, so scanners cannot blow up the series."""
+        if path in self._inference or path in self._gets or path == "/admin/replicas":
+            return path
+        return "/admin/replicas/{id}" if path.startswith(_ADMIN_PREFIX) else "unmatched"
+
+    async def _dispatch(self, request: HttpRequest, trail: Trail | None) -> None:
+        path = request.path
+        inference = self._inference.get(path)
+        if inference is not None:
+            self._allow(request, "POST")
+            caller = self.auth.caller(request.headers.get("authorization"), self._clock())
+            await inference(request, caller, trail)
+        elif path in self._gets:
+            self._allow(request, "GET")
+            await self._gets[path](request)
+        elif path == "/admin/replicas" or path.startswith(_ADMIN_PREFIX):
+            await self._admin(request)
+        else:
+            raise GatewayError(
+                404,
+                f"no route {request.method} {path}",
+                error_type=INVALID_REQUEST,
+                code="not_found",
+            )
+
+    def _log(self, request: HttpRequest, trail: Trail, status: int, error: str | None) -> None:
+        """The request's access log line; every error gets one, answers as sampled."""
+        access = self.access_log
+        assert access is not None
+        if error is None and status < 400 and not access.sampled():
+            return
+        e2e_s = time.monotonic() - request.received_at
+        access.record(request.method, request.path, status, e2e_s, len(request.body), trail, error)
 
     async def _admin(self, request: HttpRequest) -> None:
         self.auth.check_admin(request.headers.get("authorization"))
@@ -195,3 +248,11 @@ class Gateway:
             raise no_ready_replica(self.config.retry_after_s)
         body = {"object": "list", "data": self.pool.model_cards()}
         request.respond(200, json.dumps(body).encode())
+
+
+def _access_log(config: GatewayConfig, path: Path | None) -> AccessLog | None:
+    settings = config.access_log
+    where = path or (Path(settings.path) if settings.path else None)
+    if not settings.enabled or where is None:
+        return None
+    return AccessLog(settings, where)

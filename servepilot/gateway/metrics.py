@@ -24,6 +24,7 @@ from servepilot.gateway.pool import ReplicaPool
 from servepilot.routing.base import RoutingPolicy
 
 if TYPE_CHECKING:
+    from servepilot.gateway.access_log import AccessLog
     from servepilot.gateway.relay import Outcome
     from servepilot.routing.admission import AdmissionQueue, BreakerBoard, HardLimit, SoftLimit
 
@@ -85,6 +86,7 @@ class GatewayMetrics:
         self._pool = pool
         self._policy = policy
         self._watched: _Watched | None = None
+        self._access_log: AccessLog | None = None
         self.requests = _Counts()
         self.errors = _Counts()
         self.upstream = _Counts()
@@ -104,6 +106,9 @@ class GatewayMetrics:
 
     def watch(self, dispatcher: _Watched) -> None:
         self._watched = dispatcher
+
+    def watch_access_log(self, access_log: AccessLog | None) -> None:
+        self._access_log = access_log
 
     # --- hot path -------------------------------------------------------------------------
 
@@ -200,6 +205,7 @@ class _Collector:
         yield from _replica_state(m)
         yield from _dispatch_state(m)
         yield from _policy_stats(m)
+        yield from _access_log_state(m)
 
 
 def _counter(name: str, doc: str, labels: list[str], counts: _Counts) -> CounterMetricFamily:
@@ -278,3 +284,22 @@ def _policy_stats(m: GatewayMetrics) -> Iterator[Metric]:
                       "the replica that most likely holds them in its prefix cache.")  # fmt: skip
         rate.add_metric([], float(stats.get("prefix_blocks_matched", 0.0)) / total)
         yield rate
+
+
+def _access_log_state(m: GatewayMetrics) -> Iterator[Metric]:
+    access = m._access_log
+    if access is None:
+        return
+    written = CounterMetricFamily("servepilot_access_log_lines", "Access log lines written.")
+    written.add_metric([], access.written)
+    yield written
+    dropped = CounterMetricFamily("servepilot_access_log_dropped", "Access log lines lost: "
+                                  "buffer_full (the writer fell behind), write_failed.",
+                                  labels=["reason"])  # fmt: skip
+    for reason, count in access.dropped.items():
+        dropped.add_metric([reason], count)
+    yield dropped
+    buffered = _gauge("access_log_buffered", "Access log lines held in memory, waiting for "
+                      "the writer.")  # fmt: skip
+    buffered.add_metric([], float(access.buffered))
+    yield buffered

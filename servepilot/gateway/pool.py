@@ -77,11 +77,19 @@ class ReplicaPool:
                 return candidate
 
     async def add(
-        self, replica_id: str, url: str, capacity: int | None = None, group: str | None = None
+        self,
+        replica_id: str,
+        url: str,
+        capacity: int | None = None,
+        group: str | None = None,
+        *,
+        starting: bool = False,
     ) -> ReplicaInfo:
         """Register a replica and check it once, so a ready one is routable on return.
 
         `capacity` is its concurrency budget (default: gateway.admission.replica_concurrency).
+        `starting`: it is still loading, so requests wait for it (up to cold_start_wait_s);
+        otherwise it is taken as running, and a failed first check makes it down at once.
         """
         if replica_id in self._replicas:
             raise DuplicateReplica(f"a replica with id {replica_id!r} is already registered")
@@ -91,6 +99,7 @@ class ReplicaPool:
             capacity=capacity or self._config.admission.replica_concurrency,
             connect_timeout_s=self._config.connect_timeout_s,
             group=group,
+            starting=starting,
         )
         self._replicas[replica_id] = replica
         await self._check(replica)
@@ -155,16 +164,18 @@ class ReplicaPool:
         return any(r.healthy and not r.draining for r in self._replicas.values())
 
     def starting(self) -> bool:
-        """Whether some replica is still on its way up: never healthy yet, and added less
-        than `cold_start_wait_s` ago. A loading vLLM refuses connections just as a dead one
-        does, so only time tells them apart: past that window the replica counts as down,
-        and requests get their 503 at once instead of waiting for it."""
+        """Whether some replica is still on its way up: handed over as starting, never
+        healthy yet, and added less than `cold_start_wait_s` ago. A loading vLLM refuses
+        connections just as a dead one does, so only time tells them apart: past that window
+        the replica counts as down, and requests get their 503 at once instead of waiting for
+        it. One handed over as running is never starting: nothing is worth waiting for."""
         now_s = time.monotonic()
         return any(self._starting(r, now_s) for r in self._replicas.values())
 
     def _starting(self, replica: Replica, now_s: float) -> bool:
         return (
-            not replica.ever_healthy
+            replica.starting
+            and not replica.ever_healthy
             and not replica.draining
             and now_s - replica.added_at_s < self._config.admission.cold_start_wait_s
         )
@@ -204,14 +215,34 @@ class ReplicaPool:
             )
         elif self._never_came_up(replica):
             replica.reported_down = True
-            log.warning(
-                "replica %s (%s) is down: not healthy once in the %g s since it was "
-                "added (cold_start_wait_s); the last check: %s",
-                replica.replica_id,
-                replica.url,
-                self._config.admission.cold_start_wait_s,
-                cause,
-            )
+            if replica.starting:
+                why = (
+                    f"not healthy once in the {self._config.admission.cold_start_wait_s:g} s "
+                    "since it was added (cold_start_wait_s); the last check"
+                )
+            else:
+                why = "it was added as running and its first check failed"
+            log.warning("replica %s (%s) is down: %s: %s", replica.replica_id, replica.url,
+                        why, cause)  # fmt: skip
+
+    def mark_down(self, replica_id: str, cause: str) -> None:
+        """Take a replica out of rotation now, on word from whoever runs it (its process
+        exited), instead of after failed checks; a later healthy check puts it back."""
+        replica = self._replicas.get(replica_id)
+        if replica is None or replica.reported_down:
+            return
+        replica.reported_down = True
+        replica.starting = False
+        replica.healthy = False
+        replica.consecutive_failures = max(
+            replica.consecutive_failures, self._config.unhealthy_after
+        )
+        log.warning(
+            "replica %s (%s) is down, taken out of rotation: %s",
+            replica.replica_id,
+            replica.url,
+            cause,
+        )
 
     def _never_came_up(self, replica: Replica) -> bool:
         """Past its startup window without a healthy check, and not yet reported."""

@@ -16,6 +16,7 @@ import logging
 import time
 
 from servepilot.core.gateway_config import GatewayConfig
+from servepilot.gateway.access_log import Trail
 from servepilot.gateway.auth import Caller
 from servepilot.gateway.dispatch import Dispatcher, Grant
 from servepilot.gateway.errors import (
@@ -64,31 +65,37 @@ class Proxy:
         # The gateway's own key is not the replicas' business; without auth it passes on.
         self._forwarded = _FORWARDED_HEADERS + (() if config.auth.keys else ("authorization",))
 
-    async def chat_completions(self, request: HttpRequest, caller: Caller) -> None:
-        await self._proxy(request, caller, "/v1/chat/completions", "messages")
+    async def chat_completions(
+        self, request: HttpRequest, caller: Caller, trail: Trail | None
+    ) -> None:
+        await self._proxy(request, caller, trail, "/v1/chat/completions", "messages")
 
-    async def completions(self, request: HttpRequest, caller: Caller) -> None:
-        await self._proxy(request, caller, "/v1/completions", "prompt")
+    async def completions(self, request: HttpRequest, caller: Caller, trail: Trail | None) -> None:
+        await self._proxy(request, caller, trail, "/v1/completions", "prompt")
 
     # vLLM's tokenizer endpoints, so a load tester pointed at the gateway can build prompts
     # of exact token counts with the replicas' own tokenizer.
-    async def tokenize(self, request: HttpRequest, caller: Caller) -> None:
+    async def tokenize(self, request: HttpRequest, caller: Caller, trail: Trail | None) -> None:
         # vLLM takes a `prompt` or chat `messages` (counted with the chat template, which
         # bench sizes chat prompts by). A second parse, but tokenizer calls are not hot.
-        await self._proxy(request, caller, "/tokenize", _tokenize_field(request.body))
+        await self._proxy(request, caller, trail, "/tokenize", _tokenize_field(request.body))
 
-    async def detokenize(self, request: HttpRequest, caller: Caller) -> None:
-        await self._proxy(request, caller, "/detokenize", "tokens")
+    async def detokenize(self, request: HttpRequest, caller: Caller, trail: Trail | None) -> None:
+        await self._proxy(request, caller, trail, "/detokenize", "tokens")
 
-    async def _proxy(self, request: HttpRequest, caller: Caller, path: str, field: str) -> None:
+    async def _proxy(
+        self, request: HttpRequest, caller: Caller, trail: Trail | None, path: str, field: str
+    ) -> None:
         try:
-            await self._forward(request, caller, path, field)
+            await self._forward(request, caller, trail, path, field)
         except asyncio.CancelledError:
             if not request.connected:
                 self._metrics.count_error("client_disconnected")
             raise
 
-    async def _forward(self, request: HttpRequest, caller: Caller, path: str, field: str) -> None:
+    async def _forward(
+        self, request: HttpRequest, caller: Caller, trail: Trail | None, path: str, field: str
+    ) -> None:
         parsed = parse_inference_request(request.body, field)
         known = self._pool.known_models
         if known and parsed.model not in known:
@@ -102,6 +109,9 @@ class Proxy:
         started = time.perf_counter()
         generates = path.startswith("/v1/")
         view = self._view(request, caller, parsed, generates=generates)
+        if trail is not None:
+            trail.model, trail.stream = parsed.model, parsed.stream
+            trail.prompt_chars, trail.priority = parsed.prompt_chars, view.priority
         extra = self._extra_headers(request)
         body = request.body
         tried: set[str] = set()
@@ -122,11 +132,10 @@ class Proxy:
                 self._metrics.count_retry()
                 continue
             first = outcome.first_chunk_at
-            self._metrics.observe_latency(
-                view.priority,
-                None if first is None else first - started,
-                time.perf_counter() - started,
-            )
+            ttft_s = None if first is None else first - started
+            self._metrics.observe_latency(view.priority, ttft_s, time.perf_counter() - started)
+            if trail is not None:
+                _follow(trail, grant.replica.replica_id, outcome, ttft_s)
             self._finish(request, grant, outcome)
             return
 
@@ -212,6 +221,15 @@ class Proxy:
             excerpt = outcome.body[:_EXCERPT_CHARS].decode("utf-8", "replace")
             raise _upstream_failed(replica_id, f"it answered HTTP {status}: {excerpt}")
         request.respond(status, outcome.body, outcome.content_type, (grant.replica.header,))
+
+
+def _follow(trail: Trail, replica_id: str, outcome: Outcome, ttft_s: float | None) -> None:
+    """Note how the request's last attempt went, for its access log line."""
+    trail.replica = replica_id
+    trail.ttfb_s = outcome.ttfb_s if outcome.status else None
+    trail.ttft_s = ttft_s
+    trail.bytes_out = outcome.streamed_bytes if outcome.streamed else len(outcome.body)
+    trail.tail = outcome.tail
 
 
 def _priority(header: str | None, caller: Caller) -> int:

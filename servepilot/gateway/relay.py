@@ -23,6 +23,9 @@ from servepilot.http1 import HttpRequest
 
 _EVENT_STREAM = b"text/event-stream"
 _LAST_EVENT = b"data: [DONE]\n\n"
+# An OpenAI answer's `usage` is in its last few hundred bytes (the last event of a stream
+# asked with include_usage comes just before [DONE]).
+_TAIL_BYTES = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,14 +47,18 @@ class Outcome:
     """Upstream time to first byte (response head)."""
     first_chunk_at: float | None = None
     """`time.perf_counter()` when the first streamed body chunk arrived."""
+    streamed_bytes: int = 0
+    """Body bytes of a streamed answer written to the client."""
+    tail: bytes = b""
+    """The last bytes of the answer (where its `usage` is), for the access log."""
 
 
 class Relay:
     """Relays one exchange; `done` resolves to its `Outcome`."""
 
     __slots__ = (
-        "_conn", "_content_type", "_first_chunk_s", "_head_s", "_parts", "_previous",
-        "_replica_header", "_request", "_sent_s", "_status", "_streaming", "done",
+        "_conn", "_content_type", "_first_chunk_s", "_head_s", "_last", "_parts", "_previous",
+        "_relayed", "_replica_header", "_request", "_sent_s", "_status", "_streaming", "done",
     )  # fmt: skip
 
     def __init__(
@@ -69,6 +76,8 @@ class Relay:
         self._content_type = b"application/json"
         self._parts: list[bytes] = []
         self._previous = b""  # the last piece written to the client
+        self._last = b""  # the stream's final piece
+        self._relayed = 0
         self._sent_s = time.perf_counter()
         self._head_s = 0.0
         self._first_chunk_s: float | None = None
@@ -106,6 +115,7 @@ class Relay:
             self._complete(data)
             return
         request.write_chunk(data)
+        self._relayed += len(data)
         self._previous = data
         if request.write_paused:
             # The client reads slower than the replica writes: stop reading upstream until
@@ -119,7 +129,9 @@ class Relay:
                 self._first_chunk_s = time.perf_counter()
             if self._request.connected:
                 # The last events and the end of the stream leave in one write.
-                self._request.end_stream(b"".join(self._parts))
+                self._last = b"".join(self._parts)
+                self._request.end_stream(self._last)
+                self._relayed += len(self._last)
             self._parts.clear()
         if not self.done.done():
             self.done.set_result(self._outcome())
@@ -141,6 +153,8 @@ class Relay:
         whole, so the client's stream ends now (one write) and the exchange counts as done
         before the client can react to it by closing its connection."""
         self._request.end_stream(data)
+        self._relayed += len(data)
+        self._last = data
         self._conn.drain()
         if not self.done.done():
             self.done.set_result(self._outcome())
@@ -162,13 +176,20 @@ class Relay:
 
     def _outcome(self, failure: UpstreamFailed | None = None, answered: bool = True) -> Outcome:
         sent = self._sent_s
+        body = b"".join(self._parts)
+        if self._streaming:
+            tail = self._previous[-_TAIL_BYTES:] + self._last[-_TAIL_BYTES:]
+        else:
+            tail = body[-_TAIL_BYTES:]
         return Outcome(
             status=self._status,
             streamed=self._streaming,
-            body=b"".join(self._parts),
+            body=body,
             content_type=self._content_type,
             failure=failure,
             retryable=failure is not None and not answered,
             ttfb_s=(self._head_s - sent) if self._head_s else 0.0,
             first_chunk_at=self._first_chunk_s,
+            streamed_bytes=self._relayed,
+            tail=tail,
         )

@@ -69,6 +69,7 @@ class Replica:
         "model_ids",
         "replica_id",
         "reported_down",
+        "starting",
         "upstream",
         "url",
     )
@@ -81,6 +82,7 @@ class Replica:
         capacity: int,
         connect_timeout_s: float,
         group: str | None = None,
+        starting: bool = False,
     ) -> None:
         self.replica_id = replica_id
         self.url = url
@@ -99,6 +101,10 @@ class Replica:
         self.healthy = False
         self.draining = False
         self.ever_healthy = False
+        self.starting = starting
+        """Handed over while it loads: until its first healthy check (or its startup window
+        closes) requests wait for it. A replica handed over as running is down at its first
+        failed check."""
         self.added_at_s = time.monotonic()
         """When the gateway registered it (time.monotonic()): its startup window opens."""
         self.reported_down = False

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from servepilot.core import loop
 from servepilot.core.config import GatewayConfig
@@ -23,6 +24,7 @@ def run_gateway(
     policy: RoutingPolicy | None = None,
     drain_timeout_s: float = 30.0,
     on_started: Callable[[int], None] | None = None,
+    access_log_path: Path | None = None,
 ) -> None:
     """Serve `replicas` ((replica_id, url) pairs) until SIGINT/SIGTERM, then drain and stop.
 
@@ -35,6 +37,7 @@ def run_gateway(
             policy=policy,
             drain_timeout_s=drain_timeout_s,
             on_started=on_started,
+            access_log_path=access_log_path,
         )
     )
 
@@ -47,11 +50,12 @@ async def serve(
     drain_timeout_s: float = 30.0,
     on_started: Callable[[int], None] | None = None,
     stop: asyncio.Event | None = None,
+    access_log_path: Path | None = None,
 ) -> None:
-    """Start a gateway in front of `replicas` and serve until `stop` is set (by default:
-    until SIGINT or SIGTERM)."""
+    """Start a gateway in front of `replicas` (running ones) and serve until `stop` is set
+    (by default: until SIGINT or SIGTERM)."""
     stop = stop if stop is not None else _stop_on_signals()
-    gateway = Gateway(config, policy)
+    gateway = Gateway(config, policy, access_log_path=access_log_path)
     try:
         # Probe every replica before listening, so /ready is right from the first request.
         await asyncio.gather(*(gateway.pool.add(rid, url) for rid, url in replicas))

@@ -65,6 +65,18 @@ def next_step(config: SweepConfig, runs: Sequence[Run]) -> SweepStep:
     return SweepStep(Load(mode=config.mode, value=value), "throughput still rising")
 
 
+def sweep_loads(config: SweepConfig) -> tuple[Load, ...]:
+    """Every load the sweep may run, in order: its upper bound, the levels `next_step` gives
+    when nothing stops it sooner."""
+    loads = [Load(mode=config.mode, value=config.start)]
+    while len(loads) < config.max_levels:
+        value = _next_value(config, loads[-1].value)
+        if value > config.max_value:
+            break
+        loads.append(Load(mode=config.mode, value=value))
+    return tuple(loads)
+
+
 def failure_shares(run: Run) -> str:
     """What became of a run's requests, refusals apart from other failures:
     `98% of 20,490 requests were refused by the server (429/503), 2% completed`."""

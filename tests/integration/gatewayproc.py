@@ -203,8 +203,10 @@ class GatewayProcess:
         policy: str = "round_robin",
         capacity: int | None = None,
         gateway: dict[str, Any] | None = None,
+        extra: Sequence[str] = (),
     ) -> None:
         self.replicas = list(replicas)
+        self.extra = list(extra)  # more command-line flags
         self.workdir = workdir
         self.policy = policy
         self.capacity = capacity
@@ -234,6 +236,7 @@ class GatewayProcess:
             argv += ["--replica", url]
         if self.capacity is not None:
             argv += ["--capacity", str(self.capacity)]
+        argv += self.extra
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

@@ -29,4 +29,4 @@ def test_logs_of_a_running_and_of_the_last_fleet(tmp_path: Path) -> None:
         assert after.returncode == 0 and after.stdout.startswith(gateway.stdout.splitlines()[0])
         assert "gateway listening" in gateway.stdout
     missing = cli(["logs", "r5"], fleet.env)
-    assert missing.returncode == 1 and "the logs of this run: gateway, r0" in missing.stderr
+    assert missing.returncode == 1 and "the logs of this run: access, gateway, r0" in missing.stderr

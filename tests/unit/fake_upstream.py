@@ -30,7 +30,8 @@ def sse(payload: dict[str, Any]) -> bytes:
 class FakeUpstream:
     """An OpenAI-shaped server: /health, /metrics, /v1/models, chat and completions.
 
-    `capacity` and `group` are what `gateway_in_front_of` registers it with. With
+    `capacity`, `group` and `starting` (still loading: requests wait for it) are what
+    `gateway_in_front_of` registers it with. With
     `hold_requests` set, every generation request is recorded and then held until the test
     releases it (`release_next`, `release_all`), which is how tests keep requests in flight.
     """
@@ -43,6 +44,7 @@ class FakeUpstream:
         *,
         capacity: int | None = None,
         group: str | None = None,
+        starting: bool = False,
     ) -> None:
         self.name = name
         self.models = tuple(models)
@@ -50,6 +52,7 @@ class FakeUpstream:
         self.url = f"http://127.0.0.1:{self.port}"
         self.capacity = capacity
         self.group = group
+        self.starting = starting
         self.metrics_text = ""
         self.health_status = 200
         self.received: list[dict[str, Any]] = []
@@ -64,6 +67,7 @@ class FakeUpstream:
         self.split_done = False  # `data: [DONE]` in two writes, cut inside its `[DONE]`
         self.peers: set[tuple[str, int]] = set()  # the client ends of generation requests
         self.die_mid_stream = False
+        self.usage: dict[str, int] | None = None  # a non-streamed answer's `usage`, when set
         self.endless_stream = False
         self.stream_aborted = asyncio.Event()
         self.hold_requests = False
@@ -158,9 +162,13 @@ class FakeUpstream:
             return web.json_response(error, status=self.reply_status)
         if not body.get("stream"):
             message = {"role": "assistant", "content": f"hello from {self.name}"}
-            return web.json_response(
-                {"object": "chat.completion", "choices": [{"message": message}]}
-            )
+            answer: dict[str, Any] = {
+                "object": "chat.completion",
+                "choices": [{"message": message}],
+            }
+            if self.usage is not None:
+                answer["usage"] = self.usage
+            return web.json_response(answer)
         return await self._stream(request)
 
     async def _stream(self, request: web.Request) -> web.StreamResponse:

@@ -134,7 +134,13 @@ async def gateway_in_front_of(
         Gateway(config, seed=seed) if clock is None else Gateway(config, seed=seed, clock=clock)
     )
     for upstream in upstreams:
-        await gateway.pool.add(upstream.name, upstream.url, upstream.capacity, upstream.group)
+        await gateway.pool.add(
+            upstream.name,
+            upstream.url,
+            upstream.capacity,
+            upstream.group,
+            starting=upstream.starting,
+        )
     port = await gateway.start("127.0.0.1", 0)
     try:
         yield gateway, f"http://127.0.0.1:{port}"

@@ -332,7 +332,7 @@ def test_all_replicas_refusing_gives_502_then_503() -> None:
 
 def test_ready_follows_the_health_checker() -> None:
     async def body() -> None:
-        upstream = FakeUpstream("a")  # registered before it listens
+        upstream = FakeUpstream("a", starting=True)  # registered before it listens
         cold = {"cold_start_wait_s": 0.3}
         async with (
             gateway_in_front_of([upstream], retry_after_s=7, admission=cold) as (_, url),
@@ -369,7 +369,7 @@ def test_ready_follows_the_health_checker() -> None:
 
 def test_requests_wait_for_a_starting_replica_instead_of_failing() -> None:
     async def body() -> None:
-        upstream = FakeUpstream("a")  # registered before it listens
+        upstream = FakeUpstream("a", starting=True)  # registered before it listens
         async with (
             gateway_in_front_of([upstream]) as (gw, url),
             aiohttp.ClientSession() as client,

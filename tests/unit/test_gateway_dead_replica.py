@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from types import SimpleNamespace
 
 import aiohttp
 import pytest
 
+from servepilot.core.config import GatewayConfig
+from servepilot.fleet.up import UpReporter, _watch
+from servepilot.gateway import serve
 from tests.unit.fake_upstream import FakeUpstream
 from tests.unit.gateway_support import CHAT, error_of, eventually, gateway_in_front_of, run, until
 
@@ -34,7 +38,7 @@ def test_a_replica_that_never_comes_up_gets_503s_at_once_after_its_window(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     async def body() -> None:
-        dead = FakeUpstream("a")  # never listens: connections are refused
+        dead = FakeUpstream("a", starting=True)  # never listens: connections are refused
         cold = {"cold_start_wait_s": WINDOW_S}
         with caplog.at_level(logging.WARNING, logger="servepilot.gateway.pool"):
             async with (
@@ -84,3 +88,110 @@ def test_a_replica_that_dies_is_logged_once_with_how_it_was_found(
         )
 
     run(body())
+
+
+def test_gateway_replica_at_a_closed_port_is_down_at_once_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`servepilot gateway --replica URL` hands over a running replica: dead at its first
+    check means down, and a request gets its 503 at once, not after cold_start_wait_s."""
+
+    async def body() -> None:
+        dead = FakeUpstream("dead")  # never listens
+        config = GatewayConfig(port=0, retry_after_s=3, admission={"cold_start_wait_s": 60.0})
+        stop = asyncio.Event()
+        ports: list[int] = []
+        with caplog.at_level(logging.INFO, logger="servepilot.gateway"):
+            serving = asyncio.ensure_future(
+                serve(config, [("r0", dead.url)], stop=stop, on_started=ports.append)
+            )
+            await eventually(until(lambda: bool(ports)))
+            async with aiohttp.ClientSession() as client:
+                assert await _timed_503(client, f"http://127.0.0.1:{ports[0]}") < 5.0
+            stop.set()
+            await serving
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert warnings == [
+            f"replica r0 ({dead.url}) is down: it was added as running and its first check "
+            "failed: GET /health: cannot connect (Connection refused)"
+        ]
+
+    run(body())
+
+
+def test_admin_add_is_running_unless_it_says_starting() -> None:
+    async def body() -> None:
+        async with (
+            gateway_in_front_of([], retry_after_s=3, admission={"cold_start_wait_s": 60.0}) as (
+                gw,
+                url,
+            ),
+            aiohttp.ClientSession() as client,
+        ):
+            running = {"id": "a", "url": FakeUpstream("a").url}
+            async with client.post(f"{url}/admin/replicas", json=running) as resp:
+                assert resp.status == 201
+            assert not gw.pool.starting()
+            assert await _timed_503(client, url) < 0.5
+            loading = {"id": "b", "url": FakeUpstream("b").url, "starting": True}
+            async with client.post(f"{url}/admin/replicas", json=loading) as resp:
+                assert resp.status == 201
+            assert gw.pool.starting()
+            bad = {"url": FakeUpstream("c").url, "starting": "yes"}
+            async with client.post(f"{url}/admin/replicas", json=bad) as resp:
+                assert (await error_of(resp, 400))["message"].startswith("`starting` must be")
+
+    run(body())
+
+
+def test_a_replica_whose_process_exited_is_down_at_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`up`'s supervisor tells the gateway when a replica's process exits: no health check
+    rounds to wait for, no cold-start wait for one still loading."""
+
+    async def body() -> None:
+        replica = await FakeUpstream("a").start()
+        loading = FakeUpstream("b", starting=True)
+        with caplog.at_level(logging.WARNING, logger="servepilot.gateway.pool"):
+            async with (
+                gateway_in_front_of(
+                    [replica, loading], retry_after_s=3, health_interval_s=60.0
+                ) as (gw, url),
+                aiohttp.ClientSession() as client,
+            ):
+                assert gw.pool.get("a").healthy and gw.pool.starting()
+                stop = asyncio.Event()
+                watching = asyncio.ensure_future(
+                    _watch(_Exited({"a": 1, "b": -9}), gw.pool, stop, _quiet())  # type: ignore[arg-type]
+                )
+                await eventually(until(lambda: not gw.pool.get("a").healthy), timeout_s=0.5)
+                assert not gw.pool.starting()
+                assert await _timed_503(client, url) < 0.5
+                stop.set()
+                await watching
+        assert caplog.messages == [
+            f"replica a ({replica.url}) is down, taken out of rotation: its process exited "
+            "with code 1",
+            f"replica b ({loading.url}) is down, taken out of rotation: its process exited "
+            "with code -9",
+        ]
+
+    run(body())
+
+
+class _Exited:
+    """Stands in for `LocalReplicas`: these replicas' processes have exited."""
+
+    def __init__(self, codes: dict[str, int]) -> None:
+        self._codes = codes
+
+    def exited(self) -> list[tuple[SimpleNamespace, int]]:
+        return [
+            (SimpleNamespace(replica_id=rid, log_path=f"{rid}.log"), code)
+            for rid, code in self._codes.items()
+        ]
+
+
+def _quiet() -> UpReporter:
+    return UpReporter(lambda _: None, lambda _: None, lambda _: None)

@@ -48,6 +48,8 @@ def test_the_tree_keeps_every_contract() -> None:
         ("core/units.py", "import servepilot.plan.kv", "core imports nothing of ours"),
         ("http1/server.py", "from servepilot.gateway import errors", "http1 imports nothing"),
         ("calibrate/fit.py", "import rich.table", "calibrate imports only"),
+        ("fleet/ray/placement.py", "import ray", "only the Ray backend imports ray"),
+        ("gateway/pool.py", "import ray.util", "only the Ray backend imports ray"),
     ],
 )
 def test_a_wrong_arrow_breaks_its_contract(

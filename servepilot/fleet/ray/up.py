@@ -1,0 +1,160 @@
+"""`up` on a Ray cluster (`cluster.backend: ray`): the replicas as actors on the cluster's
+nodes, the gateway here, in front of them, following them as they come and go.
+
+Order of start: the cluster joined (or started) -> fleet record (`starting`) -> placement groups
+placed -> actors started -> servers ready -> gateway -> fleet record (`serving`) -> watcher.
+Order of stop, the reverse: record -> watcher -> gateway (drain) -> actors and groups removed ->
+the cluster left (or, started here, stopped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from pathlib import Path
+
+from servepilot.core.config import EngineKind, FleetConfig
+from servepilot.engine.process import ReplicaInfo
+from servepilot.fleet.logs import gateway_log, new_run_dir, replica_log_name
+from servepilot.fleet.ray import cluster
+from servepilot.fleet.ray.actor import ActorReady
+from servepilot.fleet.ray.placement import check_room
+from servepilot.fleet.ray.replicas import RayReplicas
+from servepilot.fleet.ray.view import ClusterView, GroupRow, ReplicaRow, remove_view, write_view
+from servepilot.fleet.ray.watcher import GatewayMembership, ReplicaWatcher
+from servepilot.fleet.serve import ServedGateway, Upstream, check_port_free, start_gateway
+from servepilot.fleet.state import (
+    FleetRecord,
+    ReplicaRecord,
+    check_no_fleet,
+    remove_record,
+    write_record,
+)
+from servepilot.fleet.up import (
+    DRAIN_TIMEOUT_S,
+    StartingRecord,
+    UpReporter,
+    UpStarted,
+    stop_event,
+    until_stopped,
+)
+from servepilot.routing.admission.budget import replica_capacity
+
+# How often `status`'s view of the cluster is rewritten.
+_VIEW_EVERY_S = 2.0
+
+
+async def run_ray_up(
+    config: FleetConfig, report: UpReporter, detached_run_dir: Path | None = None
+) -> None:
+    """Serve on the Ray cluster until SIGINT or SIGTERM, then drain and remove everything.
+    `detached_run_dir`: as run_up's (this is the process `up --detach` started)."""
+    gw = config.gateway
+    check_port_free(gw.host, gw.port)
+    check_no_fleet(gw.port)
+    # On this thread, blocking: ray.init installs its signal handlers on the main thread only
+    # (ours replace them once the replicas start), and nothing else runs yet.
+    connection = cluster.connect(config.cluster)
+    try:
+        await _run(config, report, connection.started_cluster, detached_run_dir)
+    finally:
+        remove_view(gw.port)
+        connection.close()
+
+
+async def _run(
+    config: FleetConfig, report: UpReporter, fixed_cluster: bool, detached_run_dir: Path | None
+) -> None:
+    gw = config.gateway
+    run_dir = detached_run_dir or new_run_dir()
+    replicas = RayReplicas(config, run_dir, f"servepilot-{gw.port}-{os.getpid()}")
+    stop = stop_event()
+    nodes = await asyncio.to_thread(cluster.alive_resources)
+    report.step(f"Ray cluster at {config.cluster.address}: {len(nodes)} node(s) alive")
+    if lacking := check_room(replicas.plan, nodes, fixed_cluster):
+        timeout_s = config.cluster.placement_timeout_s
+        report.warn(f"{lacking}; waiting up to {timeout_s:g} s for nodes to join")
+    report.step(f"placing {replicas.plan.describe()}")
+    what = "simulated" if config.engine.kind is EngineKind.SIM else "vLLM"
+    report.step(
+        f"starting {config.replicas.count} {what} replica(s) as Ray actors; logs in {run_dir}"
+    )
+    # pid 0 and no URL yet: the servers will run on the cluster's nodes, at ports not chosen.
+    awaited = [ReplicaRecord(i, "", 0, str(run_dir / replica_log_name(i)), ready=False)
+               for i in replicas.replica_ids]  # fmt: skip
+    starting = StartingRecord(f"http://{gw.host}:{gw.port}", gw.port, run_dir, awaited)
+    try:
+        infos = await until_stopped(replicas.start(starting.ready(report)), stop)
+        if infos is not None:
+            with gateway_log(run_dir):
+                detached = detached_run_dir is not None
+                await _serve(config, replicas, infos, stop, report, detached)
+    finally:
+        remove_record(gw.port)
+
+
+async def _serve(
+    config: FleetConfig,
+    replicas: RayReplicas,
+    infos: list[ReplicaInfo],
+    stop: asyncio.Event,
+    report: UpReporter,
+    detached: bool,
+) -> None:
+    served: ServedGateway | None = None
+    watcher: ReplicaWatcher | None = None
+    try:
+        upstreams = [Upstream(i.replica_id, i.url, _capacity(config, i)) for i in infos]
+        served = await start_gateway(config.gateway, upstreams)
+        if served.port != config.gateway.port:  # port 0: the OS picked one
+            remove_record(config.gateway.port)
+        model_name = next(iter(replicas.answers.values())).served_name
+        report.serving(UpStarted(served.url, model_name, tuple(infos), detached))
+        write_record(_record(served, infos, replicas.run_dir))
+        membership = GatewayMembership(served.gateway, lambda a: _answer_capacity(config, a))
+        watcher = ReplicaWatcher(replicas.replicas, membership, report.warn, report.step)
+        watcher.start(replicas.answers)
+        while not stop.is_set():
+            view = await asyncio.to_thread(_view, config.cluster.address, replicas, watcher)
+            write_view(served.port, view)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), _VIEW_EVERY_S)
+    finally:
+        if served is not None:
+            remove_record(served.port)
+            remove_view(served.port)
+        report.step("draining the gateway and removing the replicas' actors and placement groups")
+        if watcher is not None:
+            await watcher.stop()
+        if served is not None:
+            await served.stop(DRAIN_TIMEOUT_S)
+        await replicas.stop()
+
+
+def _record(served: ServedGateway, infos: list[ReplicaInfo], run_dir: Path) -> FleetRecord:
+    # pid 0: the servers run on the cluster's nodes, not here; `down` stops them through
+    # this `up` (and Ray stops them if it dies), never by pid.
+    rows = tuple(ReplicaRecord(i.replica_id, i.url, 0, str(i.log_path)) for i in infos)
+    return FleetRecord(os.getpid(), served.url, served.port, time.time(), str(run_dir), rows)
+
+
+def _capacity(config: FleetConfig, info: ReplicaInfo) -> int:
+    return replica_capacity(config, info.kv.kv_capacity_tokens if info.kv else None)
+
+
+def _answer_capacity(config: FleetConfig, answer: ActorReady) -> int | None:
+    return _capacity(config, answer.info) if answer.info else None
+
+
+def _view(address: str, replicas: RayReplicas, watcher: ReplicaWatcher) -> ClusterView:
+    groups = [GroupRow(g.name, g.state, g.node_ids) for g in replicas.group_states()]
+    rows = []
+    for replica in replicas.replicas:
+        rid = replica.replica_id
+        answer = watcher.answers.get(rid)
+        url = answer.info.url if answer and answer.info else ""
+        rows.append(ReplicaRow(rid, watcher.states[rid], answer.node_id if answer else "", url,
+                               watcher.restarts[rid]))  # fmt: skip
+    return ClusterView(address, tuple(cluster.nodes()), tuple(groups), tuple(rows))

@@ -1,0 +1,171 @@
+"""Keeps the gateway's replicas in step with the replica actors as Ray loses and restarts them.
+
+One task per replica follows its actor: it waits until the actor's server is ready, adds it
+to the gateway (through the pool's add, the path POST /admin/replicas takes), then waits for
+the server or the actor to go, and removes it (the drain-then-remove of DELETE
+/admin/replicas/{id}). A replica that Ray restarts, on the same node or on another one after a
+node loss, comes back as a new incarnation, possibly at a new URL, and is added again. The
+tasks belong to the watcher and are cancelled, then awaited, by `stop()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from enum import StrEnum
+from typing import Protocol
+
+from servepilot.fleet.ray.actor import ActorReady
+from servepilot.gateway import Gateway
+from servepilot.gateway.pool import ReplicaNotFound
+
+log = logging.getLogger(__name__)
+
+# A replica whose actor is gone cannot finish its requests (they fail fast, their server is
+# dead); this only bounds the drain on a replica that went away half-alive.
+LEAVE_DRAIN_S = 5.0
+RETRY_S = 1.0
+
+
+class ReplicaUnavailable(Exception):
+    """The replica's actor is dead, restarting, or its call failed."""
+
+
+class ReplicaState(StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    LOST = "lost"
+    """Its actor or server went; Ray is restarting it (or gave up: see max_restarts)."""
+    FAILED = "failed"
+    """Its server did not start; the actor is restarted."""
+
+
+class FollowedReplica(Protocol):
+    @property
+    def replica_id(self) -> str: ...
+
+    async def ready(self) -> ActorReady: ...
+
+    async def until_exit(self) -> int: ...
+
+    def restart(self) -> None: ...
+
+
+class Membership(Protocol):
+    """Where replicas join and leave: the gateway's pool."""
+
+    async def join(self, replica_id: str, answer: ActorReady) -> None: ...
+
+    async def leave(self, replica_id: str) -> None: ...
+
+
+class GatewayMembership:
+    """The gateway's replica add / drain-then-remove, with each replica's concurrency budget."""
+
+    def __init__(self, gateway: Gateway, capacity: Callable[[ActorReady], int | None]) -> None:
+        self._gateway = gateway
+        self._capacity = capacity
+
+    async def join(self, replica_id: str, answer: ActorReady) -> None:
+        assert answer.info is not None
+        await self._gateway.pool.add(replica_id, answer.info.url, self._capacity(answer))
+
+    async def leave(self, replica_id: str) -> None:
+        with contextlib.suppress(ReplicaNotFound):
+            await self._gateway.pool.remove(replica_id, LEAVE_DRAIN_S)
+
+
+class ReplicaWatcher:
+    def __init__(
+        self,
+        replicas: Sequence[FollowedReplica],
+        membership: Membership,
+        warn: Callable[[str], None],
+        step: Callable[[str], None],
+        retry_s: float = RETRY_S,
+    ) -> None:
+        self._replicas = replicas
+        self._membership = membership
+        self._warn = warn
+        self._step = step
+        self._retry_s = retry_s
+        self._seen: dict[str, str] = {}
+        """replica id -> the incarnation that served last."""
+        self._in_gateway: set[str] = set()
+        self._lost_at: dict[str, float] = {}
+        """When each replica now gone was lost (monotonic seconds): recovery time is said."""
+        self.states: dict[str, ReplicaState] = {
+            r.replica_id: ReplicaState.STARTING for r in replicas
+        }
+        self.restarts: dict[str, int] = {r.replica_id: 0 for r in replicas}
+        self.answers: dict[str, ActorReady] = {}
+        """What each replica answered when it last became ready (its node, its URL)."""
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self, joined: Mapping[str, ActorReady]) -> None:
+        """Follow every replica; `joined`: those already in the gateway, as they answered."""
+        for replica_id, answer in joined.items():
+            self._seen[replica_id] = answer.incarnation
+            self._in_gateway.add(replica_id)
+            self.states[replica_id] = ReplicaState.READY
+            self.answers[replica_id] = answer
+        self._tasks = [asyncio.ensure_future(self._follow(r)) for r in self._replicas]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    async def _follow(self, replica: FollowedReplica) -> None:
+        while True:
+            try:
+                answer = await replica.ready()
+                if answer.info is None:
+                    await self._failed(replica, answer)
+                else:
+                    await self._serve(replica, answer)
+            except ReplicaUnavailable as exc:
+                await self._lost(replica.replica_id, str(exc))
+            await asyncio.sleep(self._retry_s)
+
+    async def _serve(self, replica: FollowedReplica, answer: ActorReady) -> None:
+        replica_id = replica.replica_id
+        previous = self._seen.get(replica_id)
+        if previous != answer.incarnation or replica_id not in self._in_gateway:
+            await self._leave(replica_id)  # an incarnation the watcher saw no loss of
+            await self._membership.join(replica_id, answer)
+            self._in_gateway.add(replica_id)
+            self._seen[replica_id] = answer.incarnation
+            if previous is not None and previous != answer.incarnation:
+                self.restarts[replica_id] += 1
+            url = answer.info.url if answer.info else "?"
+            lost_at = self._lost_at.pop(replica_id, None)
+            after = f", {time.monotonic() - lost_at:.1f} s after it was lost" if lost_at else ""
+            self._step(f"replica {replica_id} serves again at {url} (node {answer.node_ip}){after}")
+        self.states[replica_id] = ReplicaState.READY
+        self.answers[replica_id] = answer
+        code = await replica.until_exit()
+        await self._lost(replica_id, f"its server exited with code {code}")
+
+    async def _failed(self, replica: FollowedReplica, answer: ActorReady) -> None:
+        self.states[replica.replica_id] = ReplicaState.FAILED
+        self._warn(f"replica {replica.replica_id} did not start again: {answer.failure}")
+        replica.restart()
+
+    async def _lost(self, replica_id: str, why: str) -> None:
+        if self.states[replica_id] is not ReplicaState.LOST:
+            self._lost_at.setdefault(replica_id, time.monotonic())
+            self._warn(f"replica {replica_id} lost ({why}); the gateway routes around it")
+        self.states[replica_id] = ReplicaState.LOST
+        await self._leave(replica_id)
+
+    async def _leave(self, replica_id: str) -> None:
+        if replica_id in self._in_gateway:
+            self._in_gateway.discard(replica_id)
+            await self._membership.leave(replica_id)

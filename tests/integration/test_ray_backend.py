@@ -1,0 +1,282 @@
+"""The Ray backend on a real local multi-node Ray cluster (ray.cluster_utils.Cluster: a head
+and 3 nodes of 2 CPUs and 2 logical GPUs), with simulated replicas: placement spreads the
+replicas over distinct nodes, an impossible placement fails within its timeout saying what is
+missing, and nothing of ours is left on the cluster afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+import yaml
+
+ray = pytest.importorskip("ray")
+
+from ray.cluster_utils import Cluster  # noqa: E402
+from ray.util.placement_group import placement_group_table  # noqa: E402
+
+from servepilot.core.errors import FleetError  # noqa: E402
+from servepilot.fleet.ray.replicas import RayReplicas  # noqa: E402
+from servepilot.fleet.ray.watcher import (  # noqa: E402
+    GatewayMembership,
+    ReplicaState,
+    ReplicaWatcher,
+)
+from servepilot.fleet.serve import Upstream, start_gateway  # noqa: E402
+from tests.integration.fleetproc import cli, running_fleet, wait_until  # noqa: E402
+from tests.integration.ray_support import (  # noqa: E402
+    node_of,
+    our_actors_alive,
+    sim_fleet,
+    start_cluster,
+)
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    yield from start_cluster()
+
+
+GPU_FLEET = {
+    "hardware": {"device": "gpu", "accelerator": "h100-80", "count": 2},
+    "engine": {"tensor_parallel_size": 2},
+    "model": {"source": "llama-3.1-8b"},
+}
+
+
+def _server_env(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    pairs = (item.decode(errors="replace").partition("=") for item in raw if item)
+    return {key: value for key, _, value in pairs}
+
+
+def _groups_left() -> list[str]:
+    return [
+        g["name"] for g in placement_group_table().values()
+        if g["name"].startswith("servepilot-") and g["state"] != "REMOVED"
+    ]  # fmt: skip
+
+
+def test_spread_replicas_land_on_distinct_nodes_with_their_gpus(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    config = sim_fleet(replicas={"count": 3}, **GPU_FLEET)
+    replicas = RayReplicas(config, tmp_path, "servepilot-spread")
+
+    async def start_and_stop() -> list[tuple[str, str, dict[str, str]]]:
+        infos = await replicas.start(lambda info: None)
+        try:
+            seen = []
+            for info in infos:
+                answer = replicas.answers[info.replica_id]
+                seen.append((answer.node_id, info.url, _server_env(info.pid)))
+            return seen
+        finally:
+            await replicas.stop()
+
+    seen = asyncio.run(start_and_stop())
+    worker_ids = {n["NodeID"] for n in ray.nodes() if n["Resources"].get("GPU")}
+    assert {node for node, _, _ in seen} == worker_ids  # 3 replicas, 3 GPU nodes, one each
+    # Each server sees the two GPUs its group's GPU bundles hold (logical ids 0 and 1).
+    assert [sorted(env["CUDA_VISIBLE_DEVICES"].split(",")) for _, _, env in seen] == [
+        ["0", "1"]
+    ] * 3
+    assert _groups_left() == []
+    assert our_actors_alive() == []
+
+
+def test_more_spread_replicas_than_nodes_fail_within_the_timeout_saying_why(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    timeout_s = 4.0
+    config = sim_fleet(
+        replicas={"count": 4}, cluster={"placement_timeout_s": timeout_s}, **GPU_FLEET
+    )
+    replicas = RayReplicas(config, tmp_path, "servepilot-impossible")
+    began = time.monotonic()
+    with pytest.raises(FleetError) as caught:
+        asyncio.run(replicas.start(lambda info: None))
+    elapsed_s = time.monotonic() - began
+    assert timeout_s <= elapsed_s < timeout_s + 10
+    assert str(caught.value).startswith(
+        "the replicas' placement groups were not placed within 4 s: 4 replicas STRICT_SPREAD "
+        "need 4 nodes with 1 CPU and 2 GPUs free; the cluster has 3 "
+        "(nodes: 3 x 2 CPUs and 2 GPUs, 1 x 1 CPU)"
+    )
+    assert _groups_left() == []
+    assert our_actors_alive() == []
+
+
+def test_up_status_down_from_the_command_line(cluster: Cluster, tmp_path: Path) -> None:
+    """`servepilot up -c fleet.yaml` joins the cluster by its address; status shows its nodes,
+    the placement group and the replica actors; down leaves no actor and no group."""
+    fleet_yaml = tmp_path / "fleet.yaml"
+    fleet_yaml.write_text(
+        yaml.safe_dump(
+            {
+                "engine": {"kind": "sim", "sim_step_ms": 5},
+                "model": {"source": "llama-3.1-8b"},
+                "cluster": {"backend": "ray", "address": cluster.address},
+            }
+        )
+    )
+    with running_fleet(tmp_path / "state", 2, ["-c", str(fleet_yaml)]) as fleet:
+        client = openai.OpenAI(base_url=f"{fleet.url}/v1", api_key="unused", max_retries=0)
+        answer = client.completions.create(model="llama-3.1-8b", prompt="hello", max_tokens=8)
+        assert answer.choices[0].text
+        status = ""
+
+        def shows_the_cluster() -> bool:
+            nonlocal status
+            status = cli(["status", "--port", str(fleet.port)], fleet.env).stdout
+            return "replica actors" in status
+
+        assert wait_until(shows_the_cluster, 30), status
+        assert f"Ray cluster {cluster.address}: 4 of 4 nodes alive" in status
+        assert f"servepilot-{fleet.port}-{fleet.proc.pid}-spread" in status
+        assert "CREATED" in status
+        assert status.count(" ready ") == 2, status
+        done = cli(["down", "--port", str(fleet.port)], fleet.env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert fleet.proc.wait(timeout=60) == 0
+    assert "placing one STRICT_SPREAD placement group" in fleet.log()
+    assert _groups_left() == []
+    assert wait_until(lambda: our_actors_alive() == [], 10)
+
+
+# --- node loss under load (last: it takes a node away from the module's cluster) ------------
+
+PROMPT = {"model": "llama-3.1-8b", "prompt": "hello " * 20, "max_tokens": 48, "stream": True}
+REPLICA_HEADER = "X-Servepilot-Replica"
+
+
+@dataclass
+class Outcome:
+    replica: str | None = None
+    kind: str = "pending"
+    """complete | interrupted (an SSE error event ended it) | http_error | broken | hang"""
+    detail: str = ""
+
+
+async def _stream(session: aiohttp.ClientSession, url: str) -> Outcome:
+    """One streamed completion through the gateway, and its single outcome (never raises)."""
+    outcome = Outcome()
+    try:
+        async with asyncio.timeout(30):
+            async with session.post(f"{url}/v1/completions", json=PROMPT) as resp:
+                outcome.replica = resp.headers.get(REPLICA_HEADER)
+                body = await resp.read()
+                if resp.status != 200:
+                    outcome.kind, outcome.detail = "http_error", f"{resp.status} {body[:200]!r}"
+                    return outcome
+    except TimeoutError:
+        outcome.kind = "hang"
+        return outcome
+    except aiohttp.ClientError as exc:
+        outcome.kind, outcome.detail = "broken", repr(exc)
+        return outcome
+    events = [e.strip() for e in body.split(b"\n\n") if e.strip()]
+    if events and events[-1] == b"data: [DONE]" and events.count(b"data: [DONE]") == 1:
+        outcome.kind = "complete"
+    elif events and events[-1].startswith(b'data: {"error"'):
+        outcome.kind, outcome.detail = "interrupted", events[-1][:200].decode()
+    else:
+        outcome.kind, outcome.detail = "broken", repr(body[-200:])
+    return outcome
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        await asyncio.sleep(0.2)
+    return condition()
+
+
+def test_node_loss_under_load_every_request_ends_once_and_the_replica_comes_back(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    config = sim_fleet(replicas={"count": 3}, model={"source": "llama-3.1-8b"})
+    replicas = RayReplicas(config, tmp_path, "servepilot-loss")
+    head_id = cluster.head_node.node_id
+
+    async def scenario() -> tuple[list[Outcome], str, list[Outcome], ReplicaWatcher]:
+        infos = await replicas.start(lambda info: None)
+        served = await start_gateway(config.gateway, [Upstream(i.replica_id, i.url) for i in infos])
+        said: list[str] = []
+        membership = GatewayMembership(served.gateway, lambda answer: None)
+        watcher = ReplicaWatcher(replicas.replicas, membership, said.append, said.append)
+        watcher.start(replicas.answers)
+        try:
+            # On its node's loss the replica must come back on the one node that holds no
+            # replica (spread still holds).
+            on_worker = [
+                r for r in replicas.replicas if replicas.answers[r.replica_id].node_id != head_id
+            ]
+            lost = on_worker[-1]
+            lost_node = node_of(cluster, replicas.answers[lost.replica_id].node_id)
+            outcomes: list[Outcome] = []
+            stop = asyncio.Event()
+            async with aiohttp.ClientSession() as session:
+
+                async def client() -> None:
+                    while not stop.is_set():
+                        outcomes.append(await _stream(session, served.url))
+
+                clients = [asyncio.ensure_future(client()) for _ in range(6)]
+                await asyncio.sleep(2.0)
+                # A node that loses power: its server dies at once with the streams it
+                # serves (a removed raylet alone would let it drain them), then the node.
+                os.kill(replicas.answers[lost.replica_id].info.pid, signal.SIGKILL)
+                await asyncio.to_thread(cluster.remove_node, lost_node, False)
+                await asyncio.sleep(2.0)
+                stop.set()
+                await asyncio.gather(*clients)
+                back = await _until(
+                    lambda: (
+                        watcher.restarts[lost.replica_id] == 1
+                        and watcher.states[lost.replica_id] is ReplicaState.READY
+                    ),
+                    90,
+                )
+                assert back, (watcher.states, said)
+                back_line = [line for line in said if "serves again" in line]
+                assert len(back_line) == 1, said
+                recovery_s = float(back_line[0].rsplit(", ", 1)[1].split(" s after")[0])
+                assert 0 < recovery_s < 90, back_line
+                after = [await _stream(session, served.url) for _ in range(9)]
+            return outcomes, lost.replica_id, after, watcher
+        finally:
+            await watcher.stop()
+            await served.stop(5)
+            await replicas.stop()
+
+    outcomes, lost_id, after, watcher = asyncio.run(scenario())
+    kinds = Counter(o.kind for o in outcomes)
+    assert kinds["complete"] > 20, kinds
+    assert set(kinds) <= {"complete", "interrupted", "http_error"}, [
+        o for o in outcomes if o.kind not in ("complete", "interrupted", "http_error")
+    ]
+    # Only requests that were on the lost replica fail (those not streaming yet are retried
+    # on a survivor), and each with a clear error.
+    failed = [o for o in outcomes if o.kind != "complete"]
+    assert all(o.replica in (lost_id, None) and o.detail for o in failed), failed
+    # The restarted replica is back in the gateway, on the one node no other replica holds.
+    assert all(o.kind == "complete" for o in after), after
+    assert lost_id in {o.replica for o in after}
+    nodes = [watcher.answers[r].node_id for r in ("r0", "r1", "r2")]
+    assert len(set(nodes)) == 3, nodes
+    assert _groups_left() == []
+    assert our_actors_alive() == []
