@@ -16,6 +16,7 @@ from rich.text import Text
 from servepilot.bench.report.columns import RUN_COLUMNS, Column
 from servepilot.bench.report.fmt import fmt_ms, fmt_num, format_load, level_name
 from servepilot.bench.runlength import Estimate
+from servepilot.bench.runner import LAG_LIMIT_MS
 from servepilot.bench.shortfalls import client_limited, leak_bytes_per_request, shortfalls
 from servepilot.core.results import BenchResult, Load, Run
 from servepilot.load.loadplan import LoadPlan
@@ -182,10 +183,13 @@ def run_warnings(run: Run) -> tuple[str, ...]:
     too slow, memory that leaks."""
     warnings = list(shortfalls(run))
     if (client := client_limited(run)) is not None:
+        asked = client.requested_rate
+        rate = f"{client.achieved_rate:.2f}" + (f" of {asked:g}" if asked is not None else "")
         warnings.append(
-            f"at {level_name(run.load)} the client could not keep up (achieved "
-            f"{client.achieved_rate:.1f} req/s): the numbers understate the server; "
-            "use --processes or a bigger client machine"
+            f"at {level_name(run.load)} the client fell behind ({rate} req/s sent, send lag "
+            f"p99 {client.send_lag_ms.p99 or 0:,.0f} ms; more than {LAG_LIMIT_MS:g} ms, or a "
+            "rate short of the schedule, makes a client-bound run): the numbers understate "
+            "the server; give the client a quieter or bigger machine, or --processes"
         )
     if (growth := leak_bytes_per_request(run)) is not None:
         warnings.append(
