@@ -10,7 +10,7 @@ from servepilot.cli.options import add_config_flag, config_from_args
 from servepilot.core.errors import ConfigError
 from servepilot.core.kubernetes_config import Autoscaler, Runtime
 from servepilot.engine.cpu import cpu_flags
-from servepilot.fleet.k8s import render
+from servepilot.fleet.k8s import check, render
 from servepilot.plan.planner import make_plan
 from servepilot.plan.request import PlanRequest
 
@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
         "kubernetes.autoscaling.autoscaler": "autoscaler",
         "kubernetes.runtime": "runtime",
     })  # fmt: skip
+    check(config)  # the refusals that need no plan, before planning reads the model
     plan = make_plan(PlanRequest.from_fleet(config, cpu_flags()))
     files = render(config, plan)
     out: Path = args.out

@@ -97,8 +97,16 @@ class Target:
         return math.ceil(self.config.engine.startup_timeout_s / STARTUP_PERIOD_S)
 
 
+def check(config: FleetConfig) -> None:
+    """Refuse, naming the field, what stops the fleet on Kubernetes before it is planned (the
+    pods of a replica, the model's place in the volume)."""
+    pod_layout(config)
+    model_path(config)
+
+
 def resolve(config: FleetConfig, plan: Plan) -> Target:
     """The fleet on Kubernetes, or a ConfigError naming the field that stops it."""
+    check(config)
     _check_device(config, plan)
     layout = pod_layout(config)
     return Target(

@@ -1,0 +1,149 @@
+"""The parts of the manifests that carry the seeds' numbers, exactly: HPA bounds and steps,
+the spread between replicas, priorities, probes sized for the cold start, alert metric names."""
+
+from __future__ import annotations
+
+from servepilot.core.config import parse_config
+from servepilot.fleet.k8s.rayservice import engine_kwargs
+from tests.unit.k8s_support import DEEPSEEK_H200, FLEETS, TWO_NODE, by_kind, fleet, rendered
+
+SEEDS_BEHAVIOUR = {
+    "scaleUp": {
+        "stabilizationWindowSeconds": 0,
+        "selectPolicy": "Max",
+        "policies": [
+            {"type": "Percent", "value": 10, "periodSeconds": 60},
+            {"type": "Pods", "value": 1, "periodSeconds": 60},
+        ],
+    },
+    "scaleDown": {
+        "stabilizationWindowSeconds": 300,
+        "selectPolicy": "Max",
+        "policies": [
+            {"type": "Percent", "value": 5, "periodSeconds": 60},
+            {"type": "Pods", "value": 1, "periodSeconds": 60},
+        ],
+    },
+}
+
+
+def test_hpa_carries_the_seeds_bounds_steps_and_target() -> None:
+    (hpa,) = by_kind(rendered(fleet(FLEETS["deepseek-h200"])), "HorizontalPodAutoscaler")
+    spec = hpa["spec"]
+    assert (spec["minReplicas"], spec["maxReplicas"]) == (2, 20)
+    assert spec["behavior"] == SEEDS_BEHAVIOUR
+    assert spec["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "servepilot-vllm",
+    }
+    (metric,) = spec["metrics"]
+    # 80% of the default 256-request budget per replica.
+    assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "204800m"}
+    assert metric["external"]["metric"]["name"] == "servepilot_demand_requests"
+
+
+def test_keda_scales_the_leader_worker_set_with_the_same_steps() -> None:
+    (scaled,) = by_kind(
+        rendered(fleet(FLEETS["two-node"], autoscaling={"autoscaler": "keda"})), "ScaledObject"
+    )
+    spec = scaled["spec"]
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (2, 20)
+    assert spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"] == SEEDS_BEHAVIOUR
+    assert spec["scaleTargetRef"]["kind"] == "LeaderWorkerSet"  # multi-node replicas scale too
+    (trigger,) = spec["triggers"]
+    assert trigger["metadata"]["threshold"] == "204.8"
+    assert "servepilot_queue_depth" in trigger["metadata"]["query"]  # the cold-start demand
+
+
+def test_replicas_spread_one_node_apart() -> None:
+    (deployment,) = [
+        d
+        for d in by_kind(rendered(fleet(FLEETS["deepseek-h200"])), "Deployment")
+        if d["metadata"]["name"] == "servepilot-vllm"
+    ]
+    (constraint,) = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert constraint == {
+        "maxSkew": 1,
+        "topologyKey": "kubernetes.io/hostname",
+        "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": {"matchLabels": deployment["spec"]["selector"]["matchLabels"]},
+    }
+
+
+def test_pack_placement_drops_the_spread() -> None:
+    config = parse_config({**DEEPSEEK_H200, "cluster": {"placement": "pack"}}, origin="test")
+    for deployment in by_kind(rendered(config), "Deployment"):
+        assert "topologySpreadConstraints" not in deployment["spec"]["template"]["spec"]
+
+
+def test_priority_classes_interactive_above_batch_and_batch_never_preempts() -> None:
+    files = rendered(fleet(FLEETS["embedded"]))
+    classes = {p["metadata"]["name"]: p for p in by_kind(files, "PriorityClass")}
+    interactive, batch = classes["servepilot-interactive"], classes["servepilot-batch"]
+    assert (interactive["value"], batch["value"]) == (100_000, 1_000)
+    assert batch["preemptionPolicy"] == "Never"
+    assert not interactive["globalDefault"] and not batch["globalDefault"]
+    pods = [d["spec"]["template"]["spec"] for d in by_kind(files, "Deployment")]
+    assert {p["priorityClassName"] for p in pods} == {"servepilot-interactive"}
+
+
+def test_startup_probe_covers_the_cold_start_and_drain_precedes_sigterm() -> None:
+    config = fleet(FLEETS["two-node"])
+    (lws,) = by_kind(rendered(config), "LeaderWorkerSet")
+    leader = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]
+    container = leader["containers"][0]
+    startup = container["startupProbe"]
+    # engine.startup_timeout_s 600: ten minutes before the kubelet gives up.
+    assert startup["periodSeconds"] * startup["failureThreshold"] == 600
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "30"]
+    # drain 30 s + engine.stop_grace_s 20 s + 5 s margin.
+    assert leader["terminationGracePeriodSeconds"] == 55
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in leader[
+        "volumes"
+    ]
+    assert {"name": "model", "hostPath": {"path": "/mnt/nvme/models", "type": "Directory"}} in (
+        leader["volumes"]
+    )
+
+
+def test_alerts_read_vllms_current_names_and_export_nothing_under_vllm() -> None:
+    (rule,) = by_kind(rendered(fleet(FLEETS["embedded"])), "PrometheusRule")
+    exprs = " ".join(r["expr"] for g in rule["spec"]["groups"] for r in g["rules"])
+    assert "vllm:kv_cache_usage_perc" in exprs
+    assert "vllm:num_preemptions_total" in exprs
+    assert "gpu_cache_usage_perc" not in exprs
+    assert all(
+        not r.get("record", "").startswith("vllm:") for r in rule["spec"]["groups"][0]["rules"]
+    )
+
+
+def test_the_embedded_model_is_converted_into_the_volume_by_an_init_container() -> None:
+    (deployment,) = [
+        d for d in by_kind(rendered(fleet(FLEETS["embedded"])), "Deployment")
+        if d["metadata"]["name"] == "servepilot-vllm"
+    ]  # fmt: skip
+    pod = deployment["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["command"] == ["servepilot", "models", "pull", "smollm2"]
+    assert init["env"] == [{"name": "SERVEPILOT_CACHE", "value": "/models/.servepilot"}]
+    command = pod["containers"][0]["command"]
+    assert command[command.index("--model") + 1] == (
+        "/models/.servepilot/models/smollm2-135m-instruct"
+    )
+    assert "nvidia.com/gpu" not in pod["containers"][0]["resources"]["requests"]
+
+
+def test_ray_service_runs_the_same_engine_knobs() -> None:
+    (service,) = by_kind(rendered(fleet(TWO_NODE, runtime="ray")), "RayService")
+    assert "build_openai_app" in service["spec"]["serveConfigV2"]
+    argv = (
+        "vllm", "serve", "/m", "--tensor-parallel-size", "8", "--enforce-eager",
+        "--no-enable-prefix-caching", "--gpu-memory-utilization", "0.9", "--port", "8000",
+    )  # fmt: skip
+    assert engine_kwargs(argv) == {
+        "tensor_parallel_size": 8,
+        "enforce_eager": True,
+        "enable_prefix_caching": False,
+        "gpu_memory_utilization": 0.9,
+    }
