@@ -10,7 +10,7 @@ from servepilot.cli.options import add_config_flag, config_from_args
 from servepilot.core.errors import ConfigError
 from servepilot.core.kubernetes_config import Autoscaler, Runtime
 from servepilot.engine.cpu import cpu_flags
-from servepilot.fleet.k8s import check, render
+from servepilot.fleet.k8s import FILE_NAMES, check, render
 from servepilot.plan.planner import make_plan
 from servepilot.plan.request import PlanRequest
 
@@ -76,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for manifest in files:
         (out / manifest.name).write_text(manifest.text(), encoding="utf-8")
+    written = {manifest.name for manifest in files}
+    for stale in sorted(set(FILE_NAMES) - written):
+        (out / stale).unlink(missing_ok=True)  # an earlier render's, for another runtime
     for manifest in files:
         kinds = ", ".join(obj["kind"] for obj in manifest.objects)
         out_console.print(f"  {manifest.name}: {kinds}", markup=False)

@@ -96,3 +96,18 @@ def test_kubectl_kustomize_renders_the_written_folder(name: str, tmp_path: Path)
     namespaced = [o for o in objects if o["kind"] not in ("Namespace", "PriorityClass")]
     assert {o["metadata"]["namespace"] for o in namespaced} == {"llm"}
     assert len(objects) == len(all_objects(rendered(fleet(FLEETS[name], namespace="llm"))))
+
+
+def test_a_render_into_the_same_folder_leaves_no_file_of_the_previous_one(tmp_path: Path) -> None:
+    source = tmp_path / "fleet.yaml"
+    source.write_text(yaml.safe_dump(FLEETS["deepseek-h200"]))
+    out = tmp_path / "k8s"
+    (tmp_path / "k8s").mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert main(["k8s", "render", "-c", str(source), "--out", str(out)]) == 0
+    assert (out / "vllm.yaml").exists() and (out / "autoscaling.yaml").exists()
+    assert main(["k8s", "render", "-c", str(source), "--out", str(out), "--runtime", "ray"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "gateway.yaml", "kustomization.yaml", "monitoring.yaml", "namespace.yaml", "notes.txt",
+        "priorityclasses.yaml", "rayservice.yaml",
+    ]  # fmt: skip

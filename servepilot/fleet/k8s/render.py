@@ -22,6 +22,12 @@ from servepilot.fleet.k8s.target import Target, resolve
 from servepilot.plan.planner import Plan
 
 KUSTOMIZATION = "kustomization.yaml"
+# Every file `render` may write, whatever the runtime and autoscaler: a later render into the
+# same folder removes the ones it no longer writes.
+FILE_NAMES = (
+    "namespace.yaml", "priorityclasses.yaml", "rayservice.yaml", "vllm.yaml",
+    "autoscaling.yaml", "gateway.yaml", "monitoring.yaml", KUSTOMIZATION,
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
