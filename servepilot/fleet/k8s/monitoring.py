@@ -51,7 +51,8 @@ def alert_rules(target: Target) -> list[Manifest]:
     p99 = 'histogram_quantile(0.99, sum by (le) (rate(servepilot_ttft_seconds_bucket{%s,class="0"}[5m])))'  # noqa: E501
     rows = [
         ("ServepilotNoReadyReplica", "critical", "1m",
-         f"sum(servepilot_replica_healthy{{{ns}}}) == 0",
+         # `or vector(0)`: a gateway with no replica at all exports no series to sum.
+         f"(sum(servepilot_replica_healthy{{{ns}}}) or vector(0)) == 0",
          "No replica is in rotation: the gateway answers 503 (or holds requests in a cold "
          "start)."),
         ("ServepilotShedding", "warning", "5m",
