@@ -75,8 +75,10 @@ class KubernetesAutoscalingConfig(_Section):
     autoscaler: Autoscaler = Autoscaler.HPA
     """`hpa` (autoscaling/v2 through prometheus-adapter) or `keda` (a ScaledObject)."""
 
-    min_replicas: int = Field(default=2, ge=1)
-    """Replicas kept at least (the seeds: 2, so one node loss leaves one serving)."""
+    min_replicas: int = Field(default=2, ge=0)
+    """Replicas kept at least (the seeds: 2, so one node loss leaves one serving). 0 (KEDA
+    only): none while no request comes; the gateway holds the first ones through the cold
+    start (gateway.admission.cold_start_wait_s) and its queue is the demand that wakes them."""
 
     max_replicas: int = Field(default=20, ge=1)
     """Replicas at most (the seeds: 20)."""
@@ -106,6 +108,8 @@ class KubernetesAutoscalingConfig(_Section):
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> KubernetesAutoscalingConfig:
+        if self.min_replicas == 0 and self.autoscaler is Autoscaler.HPA:
+            raise ValueError("min_replicas 0 needs autoscaler keda: an HPA never scales to zero")
         if self.min_replicas > self.max_replicas:
             raise ValueError(
                 f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})"

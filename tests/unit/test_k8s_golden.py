@@ -147,3 +147,27 @@ def test_ray_service_runs_the_same_engine_knobs() -> None:
         "enable_prefix_caching": False,
         "gpu_memory_utilization": 0.9,
     }
+
+
+def test_the_autoscaler_owns_the_replica_count() -> None:
+    for name in ("deepseek-h200", "two-node"):
+        files = rendered(fleet(FLEETS[name]))
+        for workload in by_kind(files, "Deployment") + by_kind(files, "LeaderWorkerSet"):
+            if workload["metadata"]["name"] == "servepilot-vllm":
+                assert "replicas" not in workload["spec"]  # a re-apply keeps the HPA's count
+
+
+def test_keda_scales_from_zero_on_the_gateways_queue() -> None:
+    config = fleet(FLEETS["deepseek-h200"], autoscaling={"autoscaler": "keda", "min_replicas": 0})
+    (scaled,) = by_kind(rendered(config), "ScaledObject")
+    spec = scaled["spec"]
+    assert spec["minReplicaCount"] == 0
+    assert spec["fallback"] == {"failureThreshold": 3, "replicas": 1}
+    trigger = spec["triggers"][0]["metadata"]
+    # One queued request at the gateway (held through the cold start) wakes the replicas.
+    assert trigger["activationThreshold"] == "0"
+    assert trigger["query"] == (
+        'sum(servepilot_in_flight_requests{namespace="servepilot",service="servepilot-gateway"})'
+        ' + (sum(servepilot_queue_depth{namespace="servepilot",service="servepilot-gateway"})'
+        " or vector(0))"
+    )

@@ -160,7 +160,7 @@ def scaled_object(target: Target) -> Manifest:
             "pollingInterval": _KEDA_POLL_S,
             "cooldownPeriod": scaling.scale_down_window_s,
             # Prometheus unreachable: hold the floor rather than scale on no data.
-            "fallback": {"failureThreshold": 3, "replicas": scaling.min_replicas},
+            "fallback": {"failureThreshold": 3, "replicas": max(1, scaling.min_replicas)},
             "advanced": {"horizontalPodAutoscalerConfig": {"behavior": behaviour(target)}},
             "triggers": [trigger],
         },

@@ -38,11 +38,6 @@ def serving_selector(target: Target) -> dict[str, str]:
     return labels
 
 
-def initial_replicas(target: Target) -> int:
-    bounds = target.kube.autoscaling
-    return min(bounds.max_replicas, max(bounds.min_replicas, target.config.replicas.count))
-
-
 def deployment(target: Target) -> Manifest:
     labels = target.names.labels("vllm")
     container = serving_container(target, list(vllm_argv(target)))
@@ -50,8 +45,9 @@ def deployment(target: Target) -> Manifest:
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": target.metadata(target.names.vllm, "vllm"),
+        # No `replicas`: the autoscaler owns the count, and a later `kubectl apply` must not
+        # reset it.
         "spec": {
-            "replicas": initial_replicas(target),
             "selector": {"matchLabels": labels},
             # A new pod must be ready before an old one goes: capacity never dips in a rollout.
             "strategy": {"type": "RollingUpdate",
@@ -73,8 +69,7 @@ def leader_workers(target: Target) -> Manifest:
         "apiVersion": LWS_API,
         "kind": "LeaderWorkerSet",
         "metadata": target.metadata(target.names.vllm, "vllm"),
-        "spec": {
-            "replicas": initial_replicas(target),
+        "spec": {  # no `replicas`, as for the Deployment
             "startupPolicy": "LeaderCreated",
             "leaderWorkerTemplate": {
                 "size": target.layout.pods,
@@ -108,8 +103,9 @@ def disruption_budget(target: Target) -> Manifest:
         "kind": "PodDisruptionBudget",
         "metadata": target.metadata(target.names.vllm, "vllm"),
         "spec": {
-            # A node drain takes one replica at a time, as a node loss would.
+            # A node drain takes one pod at a time: one replica, as a node loss would (a
+            # multi-node replica's group restarts as a whole when any of its pods goes).
             "maxUnavailable": 1,
-            "selector": {"matchLabels": serving_selector(target)},
+            "selector": {"matchLabels": target.names.labels("vllm")},
         },
     }
