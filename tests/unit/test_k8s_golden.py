@@ -171,3 +171,23 @@ def test_keda_scales_from_zero_on_the_gateways_queue() -> None:
         ' + (sum(servepilot_queue_depth{namespace="servepilot",service="servepilot-gateway"})'
         " or vector(0))"
     )
+
+
+def test_the_gateway_pod_runs_a_command_servepilot_parses_on_its_configmap() -> None:
+    from servepilot.cli.main import build_parser
+    from servepilot.core.yamlfile import parse_yaml
+
+    config = fleet(FLEETS["deepseek-h200"])
+    files = rendered(config)
+    (config_map,) = [
+        c for c in by_kind(files, "ConfigMap") if c["metadata"]["name"].endswith("gateway")
+    ]
+    loaded = parse_config(parse_yaml(config_map["data"]["fleet.yaml"], origin="cm"), origin="cm")
+    assert loaded.gateway == config.gateway.model_copy(update={"host": "0.0.0.0", "port": 8000})
+    (gateway,) = [
+        d for d in by_kind(files, "Deployment") if d["metadata"]["name"].endswith("gateway")
+    ]
+    command = gateway["spec"]["template"]["spec"]["containers"][0]["command"]
+    args = build_parser().parse_args(command[1:])
+    assert args.discover == "k8s:servepilot-vllm"
+    assert str(args.config) == "/etc/servepilot/fleet.yaml"

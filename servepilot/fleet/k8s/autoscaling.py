@@ -127,7 +127,7 @@ def adapter_rules(target: Target) -> Manifest:
         "name": {"as": DEMAND_METRIC},
         "metricsQuery": demand_query(target, "<<.LabelMatchers>>"),
     }
-    text = yaml.safe_dump({"externalRules": [rule]}, sort_keys=False)
+    text = yaml.safe_dump({"externalRules": [rule]}, sort_keys=False, width=200)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",

@@ -47,6 +47,15 @@ class _PlainDumper(yaml.SafeDumper):
         return True
 
 
+def _text_block(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    # A ConfigMap's file (fleet.yaml, the adapter's rules, serveConfigV2) reads as a file.
+    style = "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_PlainDumper.add_representer(str, _text_block)
+
+
 def render(config: FleetConfig, plan: Plan) -> tuple[ManifestFile, ...]:
     """The manifest files of `config` (whose plan gives the pods' resources), kustomization
     last; a ConfigError names the field of a fleet Kubernetes cannot run as asked."""
