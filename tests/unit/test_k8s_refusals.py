@@ -35,6 +35,8 @@ CASES = [
     # A CPU fleet that names a GPU.
     ({"hardware": {"device": "cpu", "accelerator": "h100-80"}},
      "hardware.accelerator h100-80 is a GPU but hardware.device is cpu"),
+    ({"hardware": {"device": "gpu", "accelerator": "cpu"}},
+     "hardware.device gpu with hardware.accelerator cpu"),
     # Invalid values of the section itself.
     ({"kubernetes": {"namespace": "Prod_NS"}}, "kubernetes.namespace"),
     ({"kubernetes": {"autoscaling": {"min_replicas": 5, "max_replicas": 3}}},
