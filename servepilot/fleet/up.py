@@ -67,7 +67,7 @@ class UpStarted:
             f"\nendpoint: {self.gateway_url}/v1  (model: {self.model_name})\n"
             f"try:      {self.curl_example}\n"
             f"stop:     {stop}\n"
-            f"logs:     `servepilot logs [r0|gateway] [-f]`\n"
+            f"logs:     `servepilot logs [r0|gateway|access] [-f]`\n"
         )
 
     @property

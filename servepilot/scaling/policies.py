@@ -1,0 +1,67 @@
+"""The autoscaling policies by name, and what building one takes."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from servepilot.core.errors import ConfigError
+from servepilot.scaling.predictive import ForecastSizing, PredictivePolicy
+from servepilot.scaling.snapshot import AutoscalePolicy
+from servepilot.scaling.step import StepPolicy, StepRules
+from servepilot.scaling.target_utilisation import TargetUtilisation
+
+
+class ScalingPolicyName(enum.Enum):
+    STEP = "step"
+    """The seeds' step rules (`scaling.step`)."""
+    PREDICTIVE = "predictive"
+    """A forecast of the arrivals ahead of the cold start, never below `step`."""
+    TARGET = "target"
+    """The HPA-like share of the concurrency budgets (`scaling.target_utilisation`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscaleSetup:
+    """Everything a policy is built from; the fields a policy does not read are ignored."""
+
+    policy: ScalingPolicyName
+    min_replicas: int
+    max_replicas: int
+    target: float = 0.7
+    """`target`'s share of the concurrency budgets."""
+    replica_rps: float | None = None
+    """`predictive`'s requests per second one replica serves within the SLO."""
+    horizon_s: float = 0.0
+    """`predictive`'s forecast horizon: the cold start plus a tick."""
+
+    def __post_init__(self) -> None:
+        if self.policy is ScalingPolicyName.PREDICTIVE and self.replica_rps is None:
+            raise ConfigError(
+                "the predictive policy needs the requests per second one replica serves "
+                "within the SLO (sim's --replica-rps)",
+                hint="simulate one replica: servepilot sim --replicas 1 --sweep (the sweet spot)",
+            )
+
+    def describe(self) -> dict[str, object]:
+        """For a results file: the policy and the numbers it reads."""
+        out: dict[str, object] = {
+            "policy": self.policy.value,
+            "min_replicas": self.min_replicas,
+            "max_replicas": self.max_replicas,
+        }
+        if self.policy is ScalingPolicyName.TARGET:
+            out["target"] = self.target
+        if self.policy is ScalingPolicyName.PREDICTIVE:
+            out |= {"replica_rps": self.replica_rps, "horizon_s": self.horizon_s}
+        return out
+
+    def build(self) -> AutoscalePolicy:
+        """A fresh policy (each keeps its own state: one per fleet, or per simulated level)."""
+        if self.policy is ScalingPolicyName.TARGET:
+            return TargetUtilisation(self.target, self.min_replicas, self.max_replicas)
+        rules = StepRules(min_replicas=self.min_replicas, max_replicas=self.max_replicas)
+        if self.policy is ScalingPolicyName.STEP:
+            return StepPolicy(rules)
+        assert self.replica_rps is not None
+        return PredictivePolicy(ForecastSizing(self.replica_rps, self.horizon_s), rules)
