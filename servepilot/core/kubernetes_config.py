@@ -75,24 +75,27 @@ class KubernetesAutoscalingConfig(_Section):
     autoscaler: Autoscaler = Autoscaler.HPA
     """`hpa` (autoscaling/v2 through prometheus-adapter) or `keda` (a ScaledObject)."""
 
-    min_replicas: int = Field(default=2, ge=0)
-    """Replicas kept at least (the seeds: 2, so one node loss leaves one serving). 0 (KEDA
-    only): none while no request comes; the gateway holds the first ones through the cold
-    start (gateway.admission.cold_start_wait_s) and its queue is the demand that wakes them."""
+    min_replicas: int | None = Field(default=None, ge=0)
+    """Replicas kept at least. None: the seeds' 2 (scaling's step rules), so one node loss
+    leaves one serving. 0 (KEDA only): none while no request comes; the gateway holds the
+    first ones through the cold start (gateway.admission.cold_start_wait_s) and its queue is
+    the demand that wakes them."""
 
-    max_replicas: int = Field(default=20, ge=1)
-    """Replicas at most (the seeds: 20)."""
+    max_replicas: int | None = Field(default=None, ge=1)
+    """Replicas at most. None: the seeds' 20."""
 
-    target_utilisation: float = Field(default=0.8, gt=0.0, le=1.0)
+    target_utilisation: float | None = Field(default=None, gt=0.0, le=1.0)
     """Share of the replicas' concurrency budgets (gateway.admission.replica_concurrency)
-    that the gateway's demand (requests in flight plus queued) should fill."""
+    that the gateway's demand (requests in flight plus queued) should fill. None: the seeds'
+    upper line, 80%."""
 
-    scale_up_percent: int = Field(default=10, ge=1)
-    """Replicas added per period at most, in percent (at least one pod: the seeds' +10%)."""
+    scale_up_percent: int | None = Field(default=None, ge=1)
+    """Replicas added per period at most, in percent, at least one pod. None: the seeds'
+    10%."""
 
-    scale_down_percent: int = Field(default=5, ge=1)
-    """Replicas removed per period at most, in percent (at least one pod, or 5% of fewer than
-    20 replicas would round to none: the seeds' -5%)."""
+    scale_down_percent: int | None = Field(default=None, ge=1)
+    """Replicas removed per period at most, in percent, at least one pod (or 5% of fewer
+    than 20 replicas would round to none). None: the seeds' 5%."""
 
     period_s: int = Field(default=60, ge=1, le=1800)
     """The period the percentages apply to."""
@@ -110,10 +113,9 @@ class KubernetesAutoscalingConfig(_Section):
     def _bounds_ordered(self) -> KubernetesAutoscalingConfig:
         if self.min_replicas == 0 and self.autoscaler is Autoscaler.HPA:
             raise ValueError("min_replicas 0 needs autoscaler keda: an HPA never scales to zero")
-        if self.min_replicas > self.max_replicas:
-            raise ValueError(
-                f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})"
-            )
+        low, high = self.min_replicas, self.max_replicas
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"min_replicas ({low}) is above max_replicas ({high})")
         return self
 
 

@@ -30,7 +30,7 @@ SEEDS_BEHAVIOUR = {
 def test_hpa_carries_the_seeds_bounds_steps_and_target() -> None:
     (hpa,) = by_kind(rendered(fleet(FLEETS["deepseek-h200"])), "HorizontalPodAutoscaler")
     spec = hpa["spec"]
-    assert (spec["minReplicas"], spec["maxReplicas"]) == (2, 20)
+    assert (spec["minReplicas"], spec["maxReplicas"]) == (2, 20)  # scaling.step's StepRules
     assert spec["behavior"] == SEEDS_BEHAVIOUR
     assert spec["scaleTargetRef"] == {
         "apiVersion": "apps/v1",
@@ -191,3 +191,16 @@ def test_the_gateway_pod_runs_a_command_servepilot_parses_on_its_configmap() -> 
     args = build_parser().parse_args(command[1:])
     assert args.discover == "k8s:servepilot-vllm"
     assert str(args.config) == "/etc/servepilot/fleet.yaml"
+
+
+def test_given_bounds_and_steps_replace_the_seeds() -> None:
+    steps = {"min_replicas": 3, "max_replicas": 8, "target_utilisation": 0.5,
+             "scale_up_percent": 50, "scale_down_percent": 20}  # fmt: skip
+    (hpa,) = by_kind(
+        rendered(fleet(FLEETS["deepseek-h200"], autoscaling=steps)), "HorizontalPodAutoscaler"
+    )
+    spec = hpa["spec"]
+    assert (spec["minReplicas"], spec["maxReplicas"]) == (3, 8)
+    assert spec["behavior"]["scaleUp"]["policies"][0]["value"] == 50
+    assert spec["behavior"]["scaleDown"]["policies"][0]["value"] == 20
+    assert spec["metrics"][0]["external"]["target"]["averageValue"] == "128"  # 0.5 x 256

@@ -42,6 +42,9 @@ CASES = [
     ({"kubernetes": {"autoscaling": {"min_replicas": 5, "max_replicas": 3}}},
      "kubernetes.autoscaling: Value error, min_replicas (5) is above max_replicas (3)"),
     ({"kubernetes": {"model_volume": {"kind": "host_path"}}}, "kubernetes.model_volume"),
+    # Above the seeds' max (20), which it leaves unset.
+    ({"kubernetes": {"autoscaling": {"min_replicas": 25}}},
+     "kubernetes.autoscaling.min_replicas 25 is above max_replicas 20"),
     ({"kubernetes": {"autoscaling": {"min_replicas": 0}}},
      "min_replicas 0 needs autoscaler keda"),
     ({"gateway": {"auth": {"keys": [{"name": "a", "key": "sk-1"}]}}}, "gateway.auth.keys.0.key"),

@@ -55,8 +55,8 @@ def autoscaling_objects(target: Target) -> list[Manifest]:
 def behaviour(target: Target) -> Manifest:
     """The seeds' steps: up by 10% (at least one pod) at once, down by 5% (at least one pod,
     or it never shrinks below 20) after the stabilisation window."""
-    scaling = target.kube.autoscaling
-    period = scaling.period_s
+    config, bounds = target.kube.autoscaling, target.scaling
+    period = config.period_s
 
     def rule(percent: int, window_s: int) -> Manifest:
         return {
@@ -69,15 +69,15 @@ def behaviour(target: Target) -> Manifest:
         }
 
     return {
-        "scaleUp": rule(scaling.scale_up_percent, scaling.scale_up_window_s),
-        "scaleDown": rule(scaling.scale_down_percent, scaling.scale_down_window_s),
+        "scaleUp": rule(bounds.scale_up_percent, config.scale_up_window_s),
+        "scaleDown": rule(bounds.scale_down_percent, config.scale_down_window_s),
     }
 
 
 def demand_per_replica(target: Target) -> float:
     """The demand one replica should carry: the target share of its concurrency budget."""
     budget = target.config.gateway.admission.replica_concurrency
-    return target.kube.autoscaling.target_utilisation * budget
+    return target.scaling.target_utilisation * budget
 
 
 def demand_query(target: Target, matchers: str) -> str:
@@ -87,7 +87,7 @@ def demand_query(target: Target, matchers: str) -> str:
 
 
 def hpa(target: Target) -> Manifest:
-    scaling = target.kube.autoscaling
+    scaling = target.scaling
     metric = {
         "name": DEMAND_METRIC,
         "selector": {"matchLabels": {"service": target.names.gateway}},
@@ -137,13 +137,13 @@ def adapter_rules(target: Target) -> Manifest:
 
 
 def scaled_object(target: Target) -> Manifest:
-    scaling = target.kube.autoscaling
+    scaling, config = target.scaling, target.kube.autoscaling
     matchers = f'namespace="{target.kube.namespace}",service="{target.names.gateway}"'
     trigger = {
         "type": "prometheus",
         "metricType": "AverageValue",
         "metadata": {
-            "serverAddress": scaling.prometheus_url,
+            "serverAddress": config.prometheus_url,
             "query": demand_query(target, matchers),
             "threshold": _number(demand_per_replica(target)),
             "activationThreshold": "0",
@@ -158,7 +158,7 @@ def scaled_object(target: Target) -> Manifest:
             "minReplicaCount": scaling.min_replicas,
             "maxReplicaCount": scaling.max_replicas,
             "pollingInterval": _KEDA_POLL_S,
-            "cooldownPeriod": scaling.scale_down_window_s,
+            "cooldownPeriod": config.scale_down_window_s,
             # Prometheus unreachable: hold the floor rather than scale on no data.
             "fallback": {"failureThreshold": 3, "replicas": max(1, scaling.min_replicas)},
             "advanced": {"horizontalPodAutoscalerConfig": {"behavior": behaviour(target)}},

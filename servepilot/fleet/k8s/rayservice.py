@@ -23,7 +23,7 @@ _SERVE_OWNS = frozenset(
 
 
 def ray_service(target: Target) -> Manifest:
-    scaling = target.kube.autoscaling
+    scaling = target.scaling
     app = {
         "name": "llm",
         "route_prefix": "/",
@@ -85,7 +85,7 @@ def engine_kwargs(argv: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _llm_config(target: Target) -> dict[str, Any]:
-    scaling = target.kube.autoscaling
+    scaling = target.scaling
     budget = target.config.gateway.admission.replica_concurrency
     return {
         "model_loading_config": {

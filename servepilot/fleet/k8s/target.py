@@ -16,6 +16,7 @@ from servepilot.core.kubernetes_config import KubernetesConfig, Runtime
 from servepilot.engine.model_source import EMBEDDED_DIR_NAME
 from servepilot.plan.hardware import AcceleratorKind
 from servepilot.plan.planner import Plan
+from servepilot.scaling.step import StepRules
 
 GIB = 2**30
 HTTP_PORT = 8000
@@ -70,6 +71,17 @@ class PodResources:
 
 
 @dataclass(frozen=True, slots=True)
+class ScalingBounds:
+    """kubernetes.autoscaling with the seeds' step rules (scaling.step) where it is unset."""
+
+    min_replicas: int
+    max_replicas: int
+    target_utilisation: float
+    scale_up_percent: int
+    scale_down_percent: int
+
+
+@dataclass(frozen=True, slots=True)
 class Target:
     config: FleetConfig
     names: Names
@@ -80,6 +92,7 @@ class Target:
     image: str
     embedded: bool
     """The embedded model: an init container converts it into the volume first."""
+    scaling: ScalingBounds
 
     @property
     def kube(self) -> KubernetesConfig:
@@ -99,9 +112,27 @@ class Target:
 
 def check(config: FleetConfig) -> None:
     """Refuse, naming the field, what stops the fleet on Kubernetes before it is planned (the
-    pods of a replica, the model's place in the volume)."""
+    pods of a replica, the model's place in the volume, the autoscaling bounds)."""
     pod_layout(config)
     model_path(config)
+    scaling_bounds(config.kubernetes)
+
+
+def scaling_bounds(kube: KubernetesConfig) -> ScalingBounds:
+    given, seeds = kube.autoscaling, StepRules()
+    bounds = ScalingBounds(
+        min_replicas=seeds.min_replicas if given.min_replicas is None else given.min_replicas,
+        max_replicas=seeds.max_replicas if given.max_replicas is None else given.max_replicas,
+        target_utilisation=given.target_utilisation or seeds.upper,
+        scale_up_percent=given.scale_up_percent or _percent(seeds.up_share),
+        scale_down_percent=given.scale_down_percent or _percent(seeds.down_share),
+    )
+    if bounds.min_replicas > bounds.max_replicas:
+        raise ConfigError(
+            f"kubernetes.autoscaling.min_replicas {bounds.min_replicas} is above max_replicas "
+            f"{bounds.max_replicas}"
+        )
+    return bounds
 
 
 def resolve(config: FleetConfig, plan: Plan) -> Target:
@@ -118,6 +149,7 @@ def resolve(config: FleetConfig, plan: Plan) -> Target:
         served_name=config.model.served_name or PurePosixPath(config.model.source).name,
         image=config.kubernetes.vllm_image or _default_image(config),
         embedded=config.model.source == EMBEDDED_MODEL and config.kubernetes.model_path is None,
+        scaling=scaling_bounds(config.kubernetes),
     )
 
 
@@ -224,6 +256,10 @@ def _resources(config: FleetConfig, plan: Plan, layout: PodLayout) -> PodResourc
         memory_gib=weights_gib + _HOST_OVERHEAD_GIB,
         gpus=layout.gpus_per_pod,
     )
+
+
+def _percent(share: float) -> int:
+    return round(share * 100)
 
 
 def _default_image(config: FleetConfig) -> str:
