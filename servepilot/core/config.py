@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from servepilot.core.autoscale_config import AutoscaleConfig
 from servepilot.core.cluster_config import ClusterConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.gateway_config import GatewayConfig, PolicyName, Priority
@@ -250,6 +251,9 @@ class FleetConfig(_Section):
 
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     """Where `up` runs the replicas: this machine (`local`) or a Ray cluster (`ray`)."""
+
+    autoscale: AutoscaleConfig = Field(default_factory=AutoscaleConfig)
+    """Whether and how `up` adds and removes replicas as the load changes."""
 
     @model_validator(mode="after")
     def _device_fits_knobs(self) -> FleetConfig:
