@@ -10,7 +10,13 @@ import logging
 import pytest
 
 from servepilot.fleet.autoscale.controller import AutoscaleController
-from servepilot.scaling.snapshot import FleetSnapshot, ReplicaSample, ScaleDecision, ScaleReason
+from servepilot.scaling.snapshot import (
+    AutoscalePolicy,
+    FleetSnapshot,
+    ReplicaSample,
+    ScaleDecision,
+    ScaleReason,
+)
 from servepilot.scaling.step import StepPolicy, StepRules
 
 
@@ -93,13 +99,13 @@ class Scripted:
 
 
 def rig(
-    policy: object, in_flight: dict[str, int]
+    policy: AutoscalePolicy, in_flight: dict[str, int]
 ) -> tuple[AutoscaleController, FakeFleet, FakeBackend, Clock]:
     backend = FakeBackend()
     fleet = FakeFleet(backend, in_flight)
     clock = Clock()
     controller = AutoscaleController(
-        policy,  # type: ignore[arg-type]
+        policy,
         backend,
         fleet,
         interval_s=5.0,
