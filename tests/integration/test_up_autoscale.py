@@ -65,15 +65,18 @@ def ramp_up_and_down(fleet: RunningFleet, tmp_path: Path, output_tokens: int,
                      busy_s: float) -> None:  # fmt: skip
     """The ramp, the new replica in use, the drop, the drain and removal, nothing lost."""
     assert _replica_ids(fleet) == ["r0"]
-    # 5 in flight on a replica with room for 4: full, one waiting at the gateway.
-    busy = _bench(fleet, tmp_path / "busy", 5, f"{busy_s:g}s", output_tokens)
+    # One request in flight all along; four more for `busy_s`: 5 on a replica with room for
+    # 4 is full, with one waiting at the gateway.
+    light = _bench(fleet, tmp_path / "light", 1, f"{2 * busy_s:g}s", output_tokens)
+    busy = _bench(fleet, tmp_path / "busy", 4, f"{busy_s:g}s", output_tokens)
     assert wait_until(lambda: _replica_ids(fleet) == ["r0", "r1"], busy_s), fleet.log()
     assert wait_until(lambda: _routed_to(fleet, "r1") > 0, busy_s), fleet.log()
     _every_request_completed(busy, tmp_path / "busy")
     assert "autoscale: 1 -> 2 replicas (up: peak utilisation" in fleet.log()
-    # One in flight on two replicas: the rules give r1 back, drained while requests run.
-    light = _bench(fleet, tmp_path / "light", 1, f"{busy_s:g}s", output_tokens)
+    # Back to one in flight on two replicas: the rules give r1 back, drained while the
+    # light load still runs.
     assert wait_until(lambda: _replica_ids(fleet) == ["r0"], busy_s), fleet.log()
+    assert light.poll() is None, "the light load ended before the removal"
     _every_request_completed(light, tmp_path / "light")
     assert "autoscale: 2 -> 1 replicas (down: peak utilisation" in fleet.log()
 
@@ -87,7 +90,7 @@ def test_up_autoscale_adds_a_replica_under_load_and_drains_it_after(tmp_path: Pa
     }))  # fmt: skip
     extra = ["-c", str(fleet_yaml), "--autoscale", "1:3"]
     with running_fleet(tmp_path / "state", 1, extra) as fleet:
-        ramp_up_and_down(fleet, tmp_path, output_tokens=32, busy_s=40)
+        ramp_up_and_down(fleet, tmp_path, output_tokens=32, busy_s=30)
         gateway_log = cli(["logs", "gateway", "--port", str(fleet.port)], fleet.env).stdout
         assert "replica r1 removed (drained=True)" in gateway_log
         # Every decision is logged, those that change nothing too.
