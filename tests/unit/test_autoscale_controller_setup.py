@@ -7,8 +7,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import time
 from pathlib import Path
 
+import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -20,12 +22,14 @@ from servepilot.fleet import control
 from servepilot.fleet.autoscale.controller import Decision
 from servepilot.fleet.autoscale.metrics import AutoscaleCollector
 from servepilot.fleet.autoscale.start import autoscale_setup, check_autoscale, initial_replicas
-from servepilot.fleet.autoscale.view import fleet_snapshot
+from servepilot.fleet.autoscale.view import GatewayView, fleet_snapshot
 from servepilot.fleet.state import AutoscaleRecord, FleetRecord, read_records, write_record
 from servepilot.gateway import ReplicaInfo
 from servepilot.scaling.predictive import PredictivePolicy
 from servepilot.scaling.snapshot import ScaleReason
 from servepilot.scaling.step import StepPolicy
+from tests.unit.fake_upstream import FakeUpstream
+from tests.unit.gateway_support import CHAT, VLLM_METRICS, gateway_in_front_of, run
 from tests.unit.test_autoscale_controller import Scripted, rig
 
 
@@ -148,3 +152,31 @@ def test_status_shows_the_policy_bounds_and_last_decision(
         "autoscale: step between 1 and 3 replicas; last decision at "
     )
     assert line.endswith(": 1 -> 2 replicas (up: peak utilisation 1.00 over 60 s, 1 replicas)")
+
+
+def test_the_gateway_view_reads_the_live_gateway_and_counts_its_arrivals() -> None:
+    async def body() -> None:
+        upstream = FakeUpstream("a")
+        upstream.metrics_text = VLLM_METRICS
+        await upstream.start()
+        async with gateway_in_front_of([upstream]) as (gw, url), aiohttp.ClientSession() as client:
+            view = GatewayView(gw, lambda: ("r9",))
+            for _ in range(3):
+                async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
+                    assert resp.status == 200
+            async with client.get(f"{url}/v1/models") as resp:
+                assert resp.status == 200  # not a generation: not an arrival
+            t0_s = float(int(time.monotonic())) + 0.2  # the gateway's clock
+            view.count_arrivals(t0_s)
+            completion = {"model": "m", "prompt": "once", "max_tokens": 3}
+            async with client.post(f"{url}/v1/completions", json=completion) as resp:
+                assert resp.status == 200
+            view.count_arrivals(t0_s + 1)
+            snap = view.snapshot(t0_s + 2)
+        assert snap.arrivals_per_s[-2:] == (3.0, 1.0)
+        a, starting = snap.replicas
+        assert (a.replica_id, a.ready, a.running, a.waiting, a.kv_usage) == ("a", True, 5, 4, 0.5)
+        assert 0.0 <= a.metrics_age_s < 10.0  # scraped when it was added
+        assert (starting.replica_id, starting.ready) == ("r9", False)
+
+    run(body())
