@@ -27,8 +27,8 @@ def check_autoscale(config: FleetConfig) -> None:
     if config.cluster.backend is ClusterBackend.RAY:
         raise ConfigError(
             "autoscale.enabled (--autoscale): `up` autoscales local replicas only; the Ray "
-            "backend places the whole fleet in one STRICT_SPREAD placement group, which "
-            "cannot grow by a replica",
+            "backend places its replicas once, together (with placement spread in one "
+            "STRICT_SPREAD placement group, which cannot grow by a replica)",
             hint="use cluster.backend: local, or a fixed replicas.count on Ray",
         )
     if scaling.min_replicas < 1:
