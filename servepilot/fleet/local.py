@@ -42,8 +42,10 @@ class LocalReplicas:
         self.model = model
         self.run_dir = run_dir
         self.processes: list[ReplicaProcess] = []
+        self._next_index = 0
+        """The index of the next replica: an id (and its log file) is never given twice."""
 
-    def _slots(self) -> list[tuple[int, ...]]:
+    def core_slots(self) -> list[tuple[int, ...]]:
         """Each replica slot's cores: one per replica, or per replica at most when the fleet
         autoscales (a replica added later gets the cores of a slot, never all of them)."""
         count = self.config.replicas.count
@@ -62,7 +64,7 @@ class LocalReplicas:
         )
 
     def _build(self, count: int) -> list[ReplicaProcess]:
-        slots = self._slots()
+        slots = self.core_slots()
         return [self._process(index, slots[index % len(slots)]) for index in range(count)]
 
     def _command(self, host: str, port: int, cores: tuple[int, ...]) -> LaunchCommand:
@@ -79,14 +81,15 @@ class LocalReplicas:
         """Start `count` replicas' processes (default replicas.count) without waiting (their
         pids are known after this)."""
         self.processes = self._build(self.config.replicas.count if count is None else count)
+        self._next_index = len(self.processes)
         for proc in self.processes:
             proc.start()
 
     def launch_one(self) -> ReplicaProcess:
         """Start one more replica (the autoscaler's), under a new id, without waiting; await
         its `wait_ready`."""
-        index = 1 + max((int(p.replica_id[1:]) for p in self.processes), default=-1)
-        slots = self._slots()
+        index, self._next_index = self._next_index, self._next_index + 1
+        slots = self.core_slots()
         proc = self._process(index, slots[index % len(slots)])
         self.processes.append(proc)
         proc.start()

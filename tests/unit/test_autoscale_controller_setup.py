@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
 import time
 from pathlib import Path
 
@@ -18,11 +19,14 @@ from servepilot.cli import up_cmd
 from servepilot.core.autoscale_config import ScalingPolicyName
 from servepilot.core.config import FleetConfig, parse_config
 from servepilot.core.errors import ConfigError
+from servepilot.engine.process import ReplicaProcess
+from servepilot.engine.simserver.args import SimModel
 from servepilot.fleet import control
 from servepilot.fleet.autoscale.controller import Decision
 from servepilot.fleet.autoscale.metrics import AutoscaleCollector
 from servepilot.fleet.autoscale.start import autoscale_setup, check_autoscale, initial_replicas
 from servepilot.fleet.autoscale.view import GatewayView, fleet_snapshot
+from servepilot.fleet.local import LocalReplicas
 from servepilot.fleet.state import AutoscaleRecord, FleetRecord, read_records, write_record
 from servepilot.gateway import ReplicaInfo
 from servepilot.scaling.predictive import PredictivePolicy
@@ -180,3 +184,29 @@ def test_the_gateway_view_reads_the_live_gateway_and_counts_its_arrivals() -> No
         assert (starting.replica_id, starting.ready) == ("r9", False)
 
     run(body())
+
+
+def test_local_replicas_added_later_get_new_ids_and_a_slots_cores(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    started: list[str] = []
+    monkeypatch.setattr(ReplicaProcess, "start", lambda self: started.append(self.replica_id))
+    monkeypatch.setattr(ReplicaProcess, "stop", lambda self, grace_s: None)
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    scaling = {"enabled": True, "min_replicas": 1, "max_replicas": 3}
+    config = parse_config({"engine": {"kind": "sim"}, "autoscale": scaling}, origin="t")
+    replicas = LocalReplicas(config, SimModel("llama-3.1-8b", "m", None), tmp_path)
+    assert replicas.core_slots() == [(0, 1), (2, 3), (4, 5)]  # a third of the cores each, not all
+    replicas.launch(initial_replicas(config))
+    first = replicas.launch_one()
+    asyncio.run(replicas.stop_one("r1"))
+    second = replicas.launch_one()
+    assert started == ["r0", "r1", "r2"]  # an id is never given twice
+    assert (first.replica_id, second.replica_id) == ("r1", "r2")
+    assert [p.replica_id for p in replicas.processes] == ["r0", "r2"]
+    assert second.log_path == tmp_path / "replica-r2.log"
+    fixed = parse_config({"engine": {"kind": "sim"}, "replicas": {"count": 2}}, origin="t")
+    assert LocalReplicas(fixed, SimModel("m", "m", None), tmp_path).core_slots() == [
+        (0, 1, 2),
+        (3, 4, 5),
+    ]
