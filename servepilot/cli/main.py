@@ -13,6 +13,7 @@ from servepilot.cli import (
     config_cmd,
     fleet_cmd,
     gateway_cmd,
+    k8s_cmd,
     models_cmd,
     plan_cmd,
     sim_cmd,
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         calibrate_cmd,
         sim_cmd,
         tune_cmd,
+        k8s_cmd,
         models_cmd,
         config_cmd,
     ):
