@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 import pytest
 
+from servepilot.core.config import parse_config
+from servepilot.core.errors import EngineStartError
+from servepilot.engine.process import ReplicaInfo
 from servepilot.fleet.autoscale.controller import AutoscaleController
+from servepilot.fleet.autoscale.local import LocalScaling
 from servepilot.scaling.snapshot import (
     AutoscalePolicy,
     FleetSnapshot,
@@ -229,3 +234,62 @@ def test_stop_ends_the_loop_then_the_removals_then_the_backend() -> None:
     tail = [e for e in backend.journal if e != "count arrivals"]
     assert tail == ["drain r1 within 7 s", "drain r1 cancelled", "close"]
     assert "count arrivals" in backend.journal  # the loop counted arrivals between ticks
+
+
+class FakeProcess:
+    def __init__(self, replica_id: str, fails: bool) -> None:
+        self.replica_id = replica_id
+        self.fails = fails
+        self.loaded = asyncio.Event()
+
+    async def wait_ready(self, timeout_s: float) -> ReplicaInfo:
+        await self.loaded.wait()
+        if self.fails:
+            raise EngineStartError(f"{self.replica_id} exited", cause="code 1", log_tail="")
+        return ReplicaInfo(self.replica_id, "http://127.0.0.1:1", 7, Path("r.log"), None, 2.0)
+
+
+class FakeReplicas:
+    """LocalReplicas' launch_one and stop_one, without processes."""
+
+    def __init__(self, failing: set[str]) -> None:
+        self.config = parse_config({}, origin="test")
+        self.failing = failing
+        self.launched: dict[str, FakeProcess] = {}
+        self.stopped: list[str] = []
+
+    def launch_one(self) -> FakeProcess:
+        rid = f"r{len(self.launched) + 1}"
+        proc = self.launched[rid] = FakeProcess(rid, rid in self.failing)
+        return proc
+
+    async def stop_one(self, replica_id: str) -> None:
+        self.stopped.append(replica_id)
+
+
+def test_the_local_backend_joins_a_ready_replica_and_stops_one_that_failed() -> None:
+    replicas = FakeReplicas(failing={"r2"})
+    joined: list[str] = []
+
+    async def join(info: ReplicaInfo) -> None:
+        joined.append(info.replica_id)
+
+    async def run() -> None:
+        backend = LocalScaling(replicas, join)  # type: ignore[arg-type]
+        assert (await backend.add(), await backend.add(), await backend.add()) == (
+            "r1", "r2", "r3",
+        )  # fmt: skip
+        assert backend.starting() == ("r1", "r2", "r3")
+        replicas.launched["r1"].loaded.set()
+        replicas.launched["r2"].loaded.set()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert backend.starting() == ("r3",)
+        assert joined == ["r1"] and replicas.stopped == ["r2"]
+        await backend.remove("r3")  # still starting: its wait ends, its process stops
+        assert backend.starting() == () and replicas.stopped == ["r2", "r3"]
+        await backend.add()
+        await backend.close()  # waits cancelled; up stops the process with the rest
+        assert backend.starting() == () and replicas.stopped == ["r2", "r3"]
+
+    asyncio.run(run())
