@@ -16,6 +16,7 @@ from servepilot.cli.console import print_step, print_warning
 from servepilot.cli.levels_view import exit_code, level_bars, print_runs
 from servepilot.cli.load_options import add_load_flags, add_workload_flags, levels_from_args
 from servepilot.cli.options import add_config_flag, config_from_args
+from servepilot.core.autoscale_config import ScalingPolicyName
 from servepilot.core.config import FleetConfig, PolicyName
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Load
@@ -23,7 +24,6 @@ from servepilot.core.slo import Slo, parse_slo
 from servepilot.core.units import parse_duration_or_zero_s, parse_duration_s
 from servepilot.engine.cpu import cpu_flags
 from servepilot.load.loadplan import LoadPlan
-from servepilot.scaling.policies import ScalingPolicyName
 from servepilot.sim.fleet import narration
 from servepilot.sim.fleet import setup as fleet_setup
 from servepilot.sim.fleet.network import parse_network
