@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from servepilot.core.autoscale_config import ScalingPolicyName
+from servepilot.core.autoscale_config import AutoscaleConfig, ScalingPolicyName
 from servepilot.core.errors import ConfigError
 from servepilot.scaling.predictive import ForecastSizing, PredictivePolicy
 from servepilot.scaling.snapshot import AutoscalePolicy
@@ -38,6 +38,15 @@ class AutoscaleSetup:
                 "within the SLO (sim's --replica-rps)",
                 hint="simulate one replica: servepilot sim --replicas 1 --sweep (the sweet spot)",
             )
+
+    @classmethod
+    def from_section(cls, section: AutoscaleConfig, cold_start_s: float) -> AutoscaleSetup:
+        """fleet.yaml's `autoscale` section (what `up` runs, and `sim -c` without
+        --autoscale); predictive's horizon by default `cold_start_s` plus a tick."""
+        horizon_s = section.forecast_horizon_s or cold_start_s + section.interval_s
+        return cls(section.policy, section.min_replicas, section.max_replicas, section.target,
+                   section.replica_rps, horizon_s, section.window_s, section.up_cooldown_s,
+                   section.down_cooldown_s)  # fmt: skip
 
     def describe(self) -> dict[str, object]:
         """For a results file: the policy and the numbers it reads."""

@@ -24,7 +24,8 @@ from servepilot.engine.simserver.args import SimModel
 from servepilot.fleet import control
 from servepilot.fleet.autoscale.controller import Decision
 from servepilot.fleet.autoscale.metrics import AutoscaleCollector
-from servepilot.fleet.autoscale.start import autoscale_setup, check_autoscale, initial_replicas
+from servepilot.fleet.autoscale.start import check_autoscale, initial_replicas
+from servepilot.scaling.policies import AutoscaleSetup
 from servepilot.fleet.autoscale.view import GatewayView, fleet_snapshot
 from servepilot.fleet.local import LocalReplicas
 from servepilot.fleet.state import AutoscaleRecord, FleetRecord, read_records, write_record
@@ -98,12 +99,16 @@ def test_up_refuses_ray_and_a_minimum_of_zero() -> None:
 def test_the_policy_gets_the_sections_timings_and_the_measured_cold_start() -> None:
     scaling = {"enabled": True, "min_replicas": 1, "max_replicas": 3, "window_s": 3,
                "down_cooldown_s": 4, "interval_s": 5}  # fmt: skip
-    step = autoscale_setup(parse_config({"autoscale": scaling}, origin="t"), 40.0).build()
+    step = AutoscaleSetup.from_section(
+        parse_config({"autoscale": scaling}, origin="t").autoscale, 40.0
+    ).build()
     assert isinstance(step, StepPolicy)
     rules = step.rules
     assert (rules.window_s, rules.up_cooldown_s, rules.down_cooldown_s) == (3.0, 30.0, 4.0)
     predictive = {**scaling, "policy": "predictive", "replica_rps": 2.0}
-    built = autoscale_setup(parse_config({"autoscale": predictive}, origin="t"), 40.0).build()
+    built = AutoscaleSetup.from_section(
+        parse_config({"autoscale": predictive}, origin="t").autoscale, 40.0
+    ).build()
     assert isinstance(built, PredictivePolicy)
     assert built.sizing.horizon_s == 45.0  # 40 s measured cold start + a 5 s tick
 

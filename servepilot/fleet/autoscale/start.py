@@ -47,15 +47,6 @@ def initial_replicas(config: FleetConfig) -> int:
     return min(scaling.max_replicas, max(scaling.min_replicas, count))
 
 
-def autoscale_setup(config: FleetConfig, cold_start_s: float) -> AutoscaleSetup:
-    """The policy of the `autoscale` section; predictive's horizon by default the measured
-    `cold_start_s` of the first replicas plus a tick."""
-    a = config.autoscale
-    horizon_s = a.forecast_horizon_s or cold_start_s + a.interval_s
-    return AutoscaleSetup(a.policy, a.min_replicas, a.max_replicas, a.target, a.replica_rps,
-                          horizon_s, a.window_s, a.up_cooldown_s, a.down_cooldown_s)  # fmt: skip
-
-
 def start_autoscaler(
     config: FleetConfig,
     gateway: Gateway,
@@ -72,7 +63,7 @@ def start_autoscaler(
     backend = LocalScaling(replicas, join)
     scaling = config.autoscale
     controller = AutoscaleController(
-        autoscale_setup(config, cold_start_s).build(),
+        AutoscaleSetup.from_section(config.autoscale, cold_start_s).build(),
         backend,
         GatewayView(gateway, backend.starting),
         interval_s=scaling.interval_s,
