@@ -16,6 +16,7 @@ from servepilot.cli import (
     models_cmd,
     plan_cmd,
     sim_cmd,
+    top_cmd,
     tune_cmd,
     up_cmd,
 )
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         calibrate_cmd,
         sim_cmd,
         tune_cmd,
+        top_cmd,
         models_cmd,
         config_cmd,
     ):
