@@ -11,6 +11,7 @@ from servepilot.cli import (
     bench_cmd,
     calibrate_cmd,
     config_cmd,
+    doctor_cmd,
     fleet_cmd,
     gateway_cmd,
     models_cmd,
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         sim_cmd,
         tune_cmd,
         top_cmd,
+        doctor_cmd,
         models_cmd,
         config_cmd,
     ):

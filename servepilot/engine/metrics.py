@@ -62,6 +62,9 @@ class EngineMetric(enum.Enum):
     )
     PREFIX_CACHE_HITS = (Kind.COUNTER, "vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits")
     """Prompt tokens the prefix cache supplied."""
+    REQUESTS_FINISHED = (Kind.COUNTER, "vllm:request_success")
+    """Requests the engine finished, by finished_reason (stop, length, abort, ...)."""
+    E2E = (Kind.HISTOGRAM, "vllm:e2e_request_latency_seconds")
     TTFT = (Kind.HISTOGRAM, "vllm:time_to_first_token_seconds")
     TPOT = (
         Kind.HISTOGRAM,

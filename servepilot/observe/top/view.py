@@ -54,8 +54,10 @@ class TopView:
         base = ends[0] if ends is not None else None
         span = self._window.span_s()
         label = f"last {span:.0f} s" if base is not None else "since the gateway started"
-        ttft = {c: _recent(latest.ttft_by_class[c], base.ttft_by_class[c] if base else None)
-                for c in CLASSES}  # fmt: skip
+        ttft = {
+            c: _recent(latest.ttft_by_class[c], base.ttft_by_class[c] if base else None)
+            for c in CLASSES
+        }
         tpot = percentiles_ms(_recent(latest.tpot, base.tpot if base else None))
         sheds = _increase(latest.sheds_total, base.sheds_total if base else {})
         return Screen(
@@ -106,8 +108,13 @@ def replica_table(sample: FleetSample) -> TextTable:
         )
         for r in sample.replicas
     )
-    return TextTable("replicas", REPLICA_COLUMNS, rows, right=REPLICA_COLUMNS[2:],
-                     caption="preempted: vLLM's preemptions since the replica started")  # fmt: skip
+    return TextTable(
+        "replicas",
+        REPLICA_COLUMNS,
+        rows,
+        right=REPLICA_COLUMNS[2:],
+        caption="preempted: vLLM's preemptions since the replica started",
+    )
 
 
 def class_table(
@@ -126,8 +133,12 @@ def class_table(
                 f"{shed.get(cls, 0.0):,.0f}",
             )
         )
-    return TextTable(f"priority classes ({label}; TTFT at the gateway, queue wait included)",
-                     CLASS_COLUMNS, tuple(rows), right=CLASS_COLUMNS[1:])  # fmt: skip
+    return TextTable(
+        f"priority classes ({label}; TTFT at the gateway, queue wait included)",
+        CLASS_COLUMNS,
+        tuple(rows),
+        right=CLASS_COLUMNS[1:],
+    )
 
 
 def _shed_note(sheds: dict[str, float], label: str) -> tuple[str, ...]:
