@@ -14,7 +14,6 @@ from servepilot.cli.fleet_target import FleetTarget, find_fleet
 from servepilot.cli.options import add_config_flag
 from servepilot.core.config import load_config
 from servepilot.core.errors import FleetError
-from servepilot.fleet.logs import replica_log_name
 from servepilot.fleet.ray.view import read_view
 from servepilot.observe.doctor import evidence as recorded
 from servepilot.observe.doctor.finding import Finding, Severity
@@ -68,7 +67,7 @@ def run_doctor(args: argparse.Namespace) -> int:
         evidence = recorded.load(args.replay)
     else:
         target = _target(args.url)
-        logs = _replica_logs(target)
+        logs = target.replica_logs() if target is not None else {}
         url = target.gateway_url if target is not None else None
         config = load_config(args.config)
         gathered = gather(config, url, logs, _placement_groups(target))
@@ -94,17 +93,6 @@ def _target(url: str | None) -> FleetTarget | None:
             raise
         print_warning(f"{exc.message}: checking this machine only")
         return None
-
-
-def _replica_logs(target: FleetTarget | None) -> dict[str, str]:
-    if target is None or target.record is None:
-        return {}
-    logs = {}
-    for replica in target.record.replicas:
-        path = Path(target.record.run_dir) / replica_log_name(replica.replica_id)
-        if path.is_file():
-            logs[replica.replica_id] = path.read_text(encoding="utf-8", errors="replace")
-    return logs
 
 
 def _placement_groups(target: FleetTarget | None) -> tuple[tuple[str, str], ...]:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from servepilot.cli.options import base_url
 from servepilot.core.errors import FleetError
+from servepilot.fleet.logs import replica_log_name
 from servepilot.fleet.state import FleetRecord, FleetState, read_records
 
 
@@ -18,9 +19,16 @@ class FleetTarget:
     """The fleet's record when `up` runs it here (its run folder holds the replicas' logs);
     None for a gateway given by --url that no record names."""
 
-    @property
-    def run_dir(self) -> Path | None:
-        return Path(self.record.run_dir) if self.record is not None else None
+    def replica_logs(self) -> dict[str, str]:
+        """Each replica's log by id, from the run folder of the `up` that runs the fleet."""
+        if self.record is None:
+            return {}
+        logs = {}
+        for replica in self.record.replicas:
+            path = Path(self.record.run_dir) / replica_log_name(replica.replica_id)
+            if path.is_file():
+                logs[replica.replica_id] = path.read_text(encoding="utf-8", errors="replace")
+        return logs
 
 
 def find_fleet(url: str | None) -> FleetTarget:

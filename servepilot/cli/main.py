@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from servepilot import __version__
 from servepilot.cli import (
+    accept_cmd,
     bench_cmd,
     calibrate_cmd,
     config_cmd,
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         tune_cmd,
         top_cmd,
         doctor_cmd,
+        accept_cmd,
         models_cmd,
         config_cmd,
     ):

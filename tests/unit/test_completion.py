@@ -52,7 +52,7 @@ def _complete(shell: str, script: Path, line: str, cwd: Path | None = None) -> l
 
 
 SUBCOMMANDS = ["plan", "up", "status", "down", "logs", "gateway", "bench", "calibrate", "sim",
-               "tune", "top", "doctor", "models", "config", "completion"]  # fmt: skip
+               "tune", "top", "doctor", "accept", "models", "config", "completion"]  # fmt: skip
 
 
 @pytest.mark.parametrize(
