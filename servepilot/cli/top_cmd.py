@@ -12,6 +12,7 @@ from rich.text import Text
 
 from servepilot.cli.console import draw, out_console
 from servepilot.cli.fleet_target import find_fleet
+from servepilot.core.errors import FleetError
 from servepilot.observe.top.poll import poll
 from servepilot.observe.top.view import Screen, TopView
 
@@ -60,10 +61,23 @@ def run_top(args: argparse.Namespace) -> int:
         return 0
     interval_s = max(0.2, args.interval)
     with Live(render(view.screen(url)), console=out_console, auto_refresh=False) as live:
-        while True:
-            time.sleep(interval_s)
-            view.add(poll(url))
-            live.update(render(view.screen(url)), refresh=True)
+        try:
+            while True:
+                time.sleep(interval_s)
+                live.update(_refresh(view, url), refresh=True)
+        except KeyboardInterrupt:  # how a person closes a live view: not an error
+            return 0
+
+
+def _refresh(view: TopView, url: str) -> RenderableType:
+    """The view with a new sample; while the gateway does not answer, the last one with a
+    line saying so (a fleet restarting is exactly when top must stay open)."""
+    try:
+        view.add(poll(url))
+    except FleetError as exc:
+        stale = Text(f"{time.strftime('%H:%M:%S')} {exc.message}", style="bold red")
+        return Group(render(view.screen(url)), stale)
+    return render(view.screen(url))
 
 
 def render(screen: Screen) -> RenderableType:

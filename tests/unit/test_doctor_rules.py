@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from servepilot.observe.doctor.evidence import load
+from servepilot.observe.doctor.evidence import Evidence, ReplicaEvidence, load
 from servepilot.observe.doctor.finding import Finding, Severity
 from servepilot.observe.doctor.rules import diagnose
 
@@ -141,3 +141,13 @@ def test_every_finding_names_evidence_and_a_fix(case: str) -> None:
     for finding in findings(case):
         assert finding.evidence and finding.fix
         assert (finding.knob is None) == (finding.value is None)
+
+
+def test_preemptions_seen_only_in_the_log() -> None:
+    stats = "INFO [loggers.py:257] Engine 000: Running: 96 reqs, Waiting: 31 reqs, Preemptions: {}"
+    logged = Evidence(replicas=(ReplicaEvidence("r0", None, stats.format(3)),))
+    (found,) = diagnose(logged)
+    assert (found.rule, found.evidence) == ("preemptions", "r0: its log: Preemptions: 3")
+    # No KV line in the log: no max_num_seqs to compute, the KV space grows.
+    assert (found.knob, found.value) == ("engine.cpu_kv_cache_space_gib", "3")
+    assert diagnose(Evidence(replicas=(ReplicaEvidence("r0", None, stats.format(0)),))) == ()

@@ -23,7 +23,7 @@ SAFE_GPU_MEMORY_UTILIZATION = 0.85
 MAX_GPU_MEMORY_UTILIZATION = 0.95
 """vLLM's DeepSeek recipe: the most of a GPU worth giving vLLM."""
 # vLLM v1 logs "Preemptions: N" in its periodic stats line; v0 logged each preemption.
-_PREEMPTION_LOG = re.compile(r"Preemptions: (\d+)|is preempted by PreemptionMode")
+_PREEMPTION_LOG = re.compile(r"Preemptions: [1-9]\d*|is preempted by PreemptionMode")
 # vLLM's KV-too-small error says what the space it found does hold.
 # `(EngineCore pid=4667) ERROR 11-29 10:06:03 [core.py:1510] `: who logged it, and when.
 _LOG_PREFIX = re.compile(r"^(\([^)]*\) )?[A-Z]+ [\d-]+ [\d:]+ \[[^\]]*\] ")
