@@ -56,3 +56,10 @@ def test_this_machines_facts() -> None:
     assert env.cpu_flags == cpu_flags()
     assert env.shm_bytes is None or env.shm_bytes > 0
     assert env.placement_groups == ()
+
+
+def test_a_real_one_gpu_topology_printed_into_a_pipe() -> None:
+    # Driver 580 on an H200: the header underlined with escape codes even into a pipe.
+    text = (GPU_NODE.parent / "h200_topo_m.txt").read_text()
+    assert "\x1b[4mGPU0" in text
+    assert parse_topology(text) == {(0, 0): "X"}
