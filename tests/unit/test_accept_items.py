@@ -18,6 +18,7 @@ from servepilot.observe.accept.items import (
     sweet_spot,
     tensor_parallel,
 )
+from servepilot.observe.accept.run import is_moe
 
 PASS, FAIL, NA = Verdict.PASS, Verdict.FAIL, Verdict.NOT_APPLICABLE
 GPU_NODE = {"hardware": {"device": "gpu", "accelerator": "h100-80", "count": 8}}
@@ -124,3 +125,19 @@ def test_the_checklist_is_the_seeds_eight_items_in_order() -> None:
     assert [i.verdict for i in items] == [NA, PASS, PASS, PASS, PASS, PASS, PASS, PASS]
     failed_smoke = dataclasses.replace(measured, smoke=Smoke(False, "HTTP 503: no replica", 0.01))
     assert checklist(failed_smoke)[1].verdict is FAIL
+
+
+def test_a_moe_model_on_a_full_node_needs_expert_parallelism() -> None:
+    node = {**GPU_NODE, "model": {"source": "deepseek-v3"}}
+    tp8 = parse_config({**node, "engine": {"tensor_parallel_size": 8}}, origin="t")
+    ep = parse_config({**node, "engine": {"tensor_parallel_size": 8,
+                                          "enable_expert_parallel": True}}, origin="t")  # fmt: skip
+    assert is_moe(tp8) is True and is_moe(FleetConfig()) is False
+    assert is_moe(parse_config({"model": {"source": "/no/such/model"}}, origin="t")) is None
+    item = tensor_parallel(tp8, 1, moe=True)
+    assert item.verdict is FAIL and item.evidence.endswith(
+        "set engine.enable_expert_parallel: true"
+    )
+    assert tensor_parallel(ep, 1, moe=True).verdict is PASS
+    unknown = tensor_parallel(tp8, 1, moe=None)
+    assert unknown.verdict is PASS and "could not be read" in unknown.evidence

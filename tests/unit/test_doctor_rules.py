@@ -1,10 +1,12 @@
 """doctor's rules on recorded cases (tests/data/doctor/): each case's findings, their fleet.yaml
 knob and its new value, worked out by hand from the recorded numbers."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
+from servepilot.core.config import parse_config
 from servepilot.observe.doctor.evidence import Evidence, ReplicaEvidence, load
 from servepilot.observe.doctor.finding import Finding, Severity
 from servepilot.observe.doctor.rules import diagnose
@@ -151,3 +153,20 @@ def test_preemptions_seen_only_in_the_log() -> None:
     # No KV line in the log: no max_num_seqs to compute, the KV space grows.
     assert (found.knob, found.value) == ("engine.cpu_kv_cache_space_gib", "3")
     assert diagnose(Evidence(replicas=(ReplicaEvidence("r0", None, stats.format(0)),))) == ()
+
+
+def test_prefill_bound_ttft_with_chunked_prefill_on_depends_on_the_device() -> None:
+    recorded = load(CASES / "high_ttft_prefill")
+    chunked = {"enable_chunked_prefill": True, "max_num_batched_tokens": 4096}
+    cpu = parse_config({"engine": chunked}, origin="test")
+    gpu = parse_config({"engine": chunked, "hardware": {"device": "gpu",
+                        "accelerator": "h100-80"}}, origin="test")  # fmt: skip
+    on_cpu = [
+        f for f in diagnose(dataclasses.replace(recorded, config=cpu)) if f.rule == "high_ttft"
+    ]
+    on_gpu = [
+        f for f in diagnose(dataclasses.replace(recorded, config=gpu)) if f.rule == "high_ttft"
+    ]
+    # A CPU prefills at its compute rate: more replicas; a GPU: a bigger step budget (2 x 4,096).
+    assert [(f.knob, f.value) for f in on_cpu] == [("replicas.count", "2")]
+    assert [(f.knob, f.value) for f in on_gpu] == [("engine.max_num_batched_tokens", "8192")]

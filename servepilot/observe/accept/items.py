@@ -62,11 +62,13 @@ class Measured:
     """The configuration and the steps were written into the report."""
     replicas: int = 1
     """Replicas the gateway routes to."""
+    moe: bool | None = None
+    """Whether the model is a mixture of experts; None when its spec could not be read."""
 
 
 def checklist(m: Measured) -> tuple[Item, ...]:
     return (
-        tensor_parallel(m.config, m.replicas),
+        tensor_parallel(m.config, m.replicas, m.moe),
         smoke(m.smoke),
         startup_baseline(m.kv, m.config),
         sweep_measured(m.sweep),
@@ -84,7 +86,7 @@ def checklist(m: Measured) -> tuple[Item, ...]:
     )
 
 
-def tensor_parallel(config: FleetConfig, replicas: int) -> Item:
+def tensor_parallel(config: FleetConfig, replicas: int, moe: bool | None = None) -> Item:
     title = "TP fills the node (= its GPUs); MoE adds EP"
     engine, hardware = config.engine, config.hardware
     if hardware.device is Device.CPU:
@@ -100,8 +102,18 @@ def tensor_parallel(config: FleetConfig, replicas: int) -> Item:
         f"tensor_parallel_size {engine.tensor_parallel_size} x data_parallel_size "
         f"{engine.data_parallel_size} on a node of {hardware.count} GPUs{ep}"
     )
-    verdict = Verdict.PASS if per_replica == hardware.count else Verdict.FAIL
-    return Item(1, title, verdict, seen)
+    if per_replica != hardware.count:
+        return Item(1, title, Verdict.FAIL, seen)
+    if moe and not engine.enable_expert_parallel:
+        return Item(
+            1,
+            title,
+            Verdict.FAIL,
+            f"{seen}; the model is MoE: set engine.enable_expert_parallel: true",
+        )
+    if moe is None:
+        seen += "; MoE or not: the model's spec could not be read"
+    return Item(1, title, Verdict.PASS, seen)
 
 
 def smoke(result: Smoke) -> Item:

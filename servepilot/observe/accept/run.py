@@ -16,7 +16,7 @@ from servepilot.bench.client import Target
 from servepilot.bench.session import BenchOptions, BenchOutput, BenchReporter, run_bench
 from servepilot.bench.tokenizer import Tokenizer
 from servepilot.core.config import FleetConfig
-from servepilot.core.errors import FleetError
+from servepilot.core.errors import FleetError, ServepilotError
 from servepilot.core.results import Load, LoadMode
 from servepilot.engine.metrics import EngineMetric
 from servepilot.engine.startup_log import parse_kv_capacity
@@ -26,6 +26,7 @@ from servepilot.load.sweep import SweepConfig
 from servepilot.load.workload import WorkloadSpec
 from servepilot.observe.accept.items import Item, Measured, Smoke, checklist
 from servepilot.observe.top.poll import gateway_pages, replica_pages
+from servepilot.plan.presets import load_model
 
 SMOKE_PROMPT = "Say hello in five words."
 SMOKE_MAX_TOKENS = 16
@@ -87,6 +88,7 @@ async def run_accept(
         preemptions=None if before is None or after is None else max(0.0, after - before),
         recorded=True,
         replicas=replicas,
+        moe=is_moe(opts.config),
     )
     return Acceptance(checklist(measured), measured, sweep, soak)
 
@@ -166,6 +168,14 @@ def _content(doc: Any) -> str:
 
 def _since(started: float) -> float:
     return time.perf_counter() - started
+
+
+def is_moe(config: FleetConfig) -> bool | None:
+    """Whether the fleet's model is a mixture of experts (its preset or config.json)."""
+    try:
+        return load_model(config.model.source).is_moe
+    except ServepilotError:
+        return None
 
 
 def fleet_counts(gateway_url: str) -> tuple[float | None, int]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from servepilot.core.config import FleetConfig
+from servepilot.core.config import Device, FleetConfig
 from servepilot.core.slo import Metric
 from servepilot.engine.metrics import EngineMetric, Histogram, Scrape
 from servepilot.observe.doctor.evidence import Evidence
@@ -80,6 +80,20 @@ def _prefill_finding(config: FleetConfig, seen: str) -> Finding:
             fix="enable chunked prefill so a long prompt does not hold the batch",
             knob="engine.enable_chunked_prefill",
             value="true",
+        )
+    if config.hardware.device is Device.CPU:
+        # A CPU prefills at its compute rate whatever the step's token budget: only more
+        # cores (replicas) or fewer tokens to prefill (prefix caching) shorten it.
+        count = config.replicas.count
+        return Finding(
+            "high_ttft",
+            Severity.PROBLEM,
+            summary,
+            evidence=seen,
+            fix=f"spread prefills over more cores: replicas.count {count} -> {count + 1}; turn "
+            "on engine.enable_prefix_caching for prompts that share prefixes",
+            knob="replicas.count",
+            value=str(count + 1),
         )
     current = config.engine.max_num_batched_tokens
     value = max(SEED_BATCHED_TOKENS, 2 * current) if current else SEED_BATCHED_TOKENS
