@@ -4,6 +4,7 @@ that `servepilot up` started: found by its record, read over HTTP, its logs from
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,3 +81,21 @@ def test_top_prints_one_snapshot_when_piped(sim_fleet: RunningFleet) -> None:
     assert "since the gateway started" in done.stdout
     rows = [line.split() for line in done.stdout.splitlines()]
     assert next(r for r in rows if r[:1] == ["r0"])[:2] == ["r0", "yes"]
+
+
+def test_no_fleet_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
+    env = {**os.environ, "SERVEPILOT_STATE": str(tmp_path / "state")}
+    top = cli(["top"], env)
+    assert top.returncode == 1 and "no fleet is serving here" in top.stderr
+    dead = cli(["top", "--url", "http://127.0.0.1:9"], env)
+    assert (
+        dead.returncode == 1 and "the gateway at http://127.0.0.1:9 did not answer" in dead.stderr
+    )
+    accept = cli(["accept", "--url", "http://127.0.0.1:9", "--out", str(tmp_path / "a")], env)
+    assert accept.returncode == 2 and "cannot connect" in accept.stderr
+    # doctor still looks at this machine.
+    doctor = cli(["doctor", "--json"], env)
+    assert "no fleet is serving here: checking this machine only" in doctor.stderr
+    assert isinstance(json.loads(doctor.stdout), list)
+    for done in (top, dead, accept, doctor):
+        assert "Traceback" not in done.stderr
