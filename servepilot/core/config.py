@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from servepilot.core.cluster_config import ClusterConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.gateway_config import GatewayConfig, PolicyName, Priority
+from servepilot.core.kubernetes_config import KubernetesConfig
 from servepilot.core.slo import Slo
 from servepilot.core.yamlfile import parse_yaml, read_user_file
 
@@ -250,6 +251,10 @@ class FleetConfig(_Section):
 
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     """Where `up` runs the replicas: this machine (`local`) or a Ray cluster (`ray`)."""
+
+    kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
+    """What `servepilot k8s render` writes for a Kubernetes cluster: images, the model
+    volume, autoscaling, the runtime."""
 
     @model_validator(mode="after")
     def _device_fits_knobs(self) -> FleetConfig:
