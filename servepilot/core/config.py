@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from servepilot.core.autoscale_config import AutoscaleConfig
 from servepilot.core.cluster_config import ClusterConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.gateway_config import GatewayConfig, PolicyName, Priority
@@ -251,6 +252,10 @@ class FleetConfig(_Section):
 
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     """Where `up` runs the replicas: this machine (`local`) or a Ray cluster (`ray`)."""
+
+    autoscale: AutoscaleConfig = Field(default_factory=AutoscaleConfig)
+    """Whether and how `up` adds and removes replicas as the load changes (local replicas;
+    on Kubernetes: kubernetes.autoscaling)."""
 
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
     """What `servepilot k8s render` writes for a Kubernetes cluster: images, the model

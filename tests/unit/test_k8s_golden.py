@@ -204,3 +204,19 @@ def test_given_bounds_and_steps_replace_the_seeds() -> None:
     assert spec["behavior"]["scaleUp"]["policies"][0]["value"] == 50
     assert spec["behavior"]["scaleDown"]["policies"][0]["value"] == 20
     assert spec["metrics"][0]["external"]["target"]["averageValue"] == "128"  # 0.5 x 256
+
+
+def test_the_bounds_of_an_enabled_autoscale_section_carry_over_to_the_hpa() -> None:
+    data = FLEETS["deepseek-h200"] | {
+        "autoscale": {"enabled": True, "min_replicas": 3, "max_replicas": 6}
+    }
+    (hpa,) = by_kind(rendered(fleet(data)), "HorizontalPodAutoscaler")
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 6)
+    # kubernetes.autoscaling's own bounds win; a disabled section leaves the seeds' 2 and 20.
+    (hpa,) = by_kind(
+        rendered(fleet(data, autoscaling={"max_replicas": 9})), "HorizontalPodAutoscaler"
+    )
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 9)
+    off = FLEETS["deepseek-h200"] | {"autoscale": {"min_replicas": 3, "max_replicas": 6}}
+    (hpa,) = by_kind(rendered(fleet(off)), "HorizontalPodAutoscaler")
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 20)

@@ -48,6 +48,9 @@ CASES = [
     ({"kubernetes": {"autoscaling": {"min_replicas": 0}}},
      "min_replicas 0 needs autoscaler keda"),
     ({"gateway": {"auth": {"keys": [{"name": "a", "key": "sk-1"}]}}}, "gateway.auth.keys.0.key"),
+    # The `autoscale` section's bounds carry over, and an HPA cannot take its 0.
+    ({"autoscale": {"enabled": True, "min_replicas": 0, "max_replicas": 4}},
+     "autoscale.min_replicas 0: an HPA never scales to zero"),
 ]  # fmt: skip
 
 

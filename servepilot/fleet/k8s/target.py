@@ -12,7 +12,7 @@ from typing import Any
 
 from servepilot.core.config import EMBEDDED_MODEL, Device, FleetConfig
 from servepilot.core.errors import ConfigError
-from servepilot.core.kubernetes_config import KubernetesConfig, Runtime
+from servepilot.core.kubernetes_config import Autoscaler, KubernetesConfig, Runtime
 from servepilot.engine.model_source import EMBEDDED_DIR_NAME
 from servepilot.plan.hardware import AcceleratorKind
 from servepilot.plan.planner import Plan
@@ -115,18 +115,29 @@ def check(config: FleetConfig) -> None:
     pods of a replica, the model's place in the volume, the autoscaling bounds)."""
     pod_layout(config)
     model_path(config)
-    scaling_bounds(config.kubernetes)
+    scaling_bounds(config)
 
 
-def scaling_bounds(kube: KubernetesConfig) -> ScalingBounds:
-    given, seeds = kube.autoscaling, StepRules()
+def scaling_bounds(config: FleetConfig) -> ScalingBounds:
+    """kubernetes.autoscaling's bounds; where it leaves them out, those of fleet.yaml's
+    `autoscale` section when it is enabled (the fleet `up --autoscale` runs), else the seeds'
+    2 and 20."""
+    given, seeds = config.kubernetes.autoscaling, StepRules()
+    fleet = config.autoscale
+    low = fleet.min_replicas if fleet.enabled else seeds.min_replicas
+    high = fleet.max_replicas if fleet.enabled else seeds.max_replicas
     bounds = ScalingBounds(
-        min_replicas=seeds.min_replicas if given.min_replicas is None else given.min_replicas,
-        max_replicas=seeds.max_replicas if given.max_replicas is None else given.max_replicas,
+        min_replicas=low if given.min_replicas is None else given.min_replicas,
+        max_replicas=high if given.max_replicas is None else given.max_replicas,
         target_utilisation=given.target_utilisation or seeds.upper,
         scale_up_percent=given.scale_up_percent or _percent(seeds.up_share),
         scale_down_percent=given.scale_down_percent or _percent(seeds.down_share),
     )
+    if bounds.min_replicas == 0 and given.autoscaler is Autoscaler.HPA:
+        raise ConfigError(
+            "autoscale.min_replicas 0: an HPA never scales to zero",
+            hint="set kubernetes.autoscaling.min_replicas, or autoscaler: keda",
+        )
     if bounds.min_replicas > bounds.max_replicas:
         raise ConfigError(
             f"kubernetes.autoscaling.min_replicas {bounds.min_replicas} is above max_replicas "
@@ -149,7 +160,7 @@ def resolve(config: FleetConfig, plan: Plan) -> Target:
         served_name=config.model.served_name or PurePosixPath(config.model.source).name,
         image=config.kubernetes.vllm_image or _default_image(config),
         embedded=config.model.source == EMBEDDED_MODEL and config.kubernetes.model_path is None,
-        scaling=scaling_bounds(config.kubernetes),
+        scaling=scaling_bounds(config),
     )
 
 
