@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.fleetproc import RunningFleet, cli, running_fleet
+from tests.integration.fleetproc import RunningFleet, cli, running_fleet, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +99,22 @@ def test_no_fleet_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
     assert isinstance(json.loads(doctor.stdout), list)
     for done in (top, dead, accept, doctor):
         assert "Traceback" not in done.stderr
+
+
+def test_top_shows_the_autoscalers_decision(tmp_path: Path) -> None:
+    fleet_yaml = tmp_path / "fleet.yaml"
+    fleet_yaml.write_text(yaml.safe_dump({"engine": {"kind": "sim", "sim_step_ms": 2}}))
+    extra = ["-c", str(fleet_yaml), "--autoscale", "1:2"]
+    with running_fleet(tmp_path / "state", 1, extra) as fleet:
+        shown: list[str] = []
+
+        def decided() -> bool:
+            done = cli(["top"], fleet.env)
+            assert done.returncode == 0, done.stderr
+            shown.append(done.stdout)
+            return "autoscaler" in done.stdout
+
+        # The gauge appears with the controller's first decision, a tick after serving.
+        assert wait_until(decided, timeout_s=60, interval_s=1), shown[-1]
+        # An idle fleet at its minimum: the step policy holds one replica.
+        assert "· autoscaler wants 1 replica\n" in shown[-1]

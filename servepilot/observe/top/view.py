@@ -89,7 +89,8 @@ def headline(url: str, sample: FleetSample, tpot: Percentiles, label: str) -> st
         f"TPOT p50 {fmt_ms(tpot.p50_ms)}, p99 {fmt_ms(tpot.p99_ms)} ({label})",
     ]
     if sample.desired_replicas is not None:
-        parts.append(f"autoscaler wants {sample.desired_replicas:g} replicas")
+        wanted = sample.desired_replicas
+        parts.append(f"autoscaler wants {wanted:g} replica{'' if wanted == 1 else 's'}")
     if sample.degradation_level:
         parts.append(f"degraded to level {sample.degradation_level}")
     return " · ".join(parts)
