@@ -6,7 +6,7 @@ STAMP := $(VENV)/.servepilot-installed
 ARGS ?=
 
 .PHONY: install model serve down status test lint typecheck unit bench-client bench-gateway \
-	bench-routing bench-plan bench-sim bench-tune bench-ray clean
+	bench-routing bench-plan bench-sim bench-tune bench-autoscale bench-ray clean
 
 install: $(STAMP)
 
@@ -94,6 +94,13 @@ bench-sim: model
 # simulator in seconds; trials resume from runs/bench-tune-ENGINE/trials.jsonl.
 bench-tune: model
 	$(BIN)/python benchmarks/bench_tune.py $(ARGS)
+
+# Autoscaling policies on the simulator: static provisioning for the peak, target, step and
+# predictive on one fleet (Llama-3.1-70B on 4 H100s a replica, roofline step times, 78 s cold
+# start) under three seeded traces (diurnal, a fast ramp, bursts): SLO attainment,
+# replica-hours, scale events. A few CPU minutes; fails when a target of issue 17 is missed.
+bench-autoscale: install
+	$(BIN)/python benchmarks/bench_autoscale.py $(ARGS)
 
 # The fleet simulator's hot modules compiled with mypyc, into a cache keyed by their sources
 # (servepilot/sim/accel.py): about 2x faster simulations. A stale build is never loaded (the

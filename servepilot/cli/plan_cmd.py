@@ -154,7 +154,12 @@ def _render(plan: Plan, command: str | None, rung: str | None) -> None:
     if plan.ladder:
         out_console.print(draw(report.ladder_table(plan)))
     out_console.print(report.advice_line(plan))
-    for warning in plan.advice.warnings:
+    warnings = list(plan.advice.warnings)
+    if plan.request.cost_model is None and (
+        mismatch := plan.request.accelerator.host_mismatch(plan.request.weights_dtype, cpu_flags())
+    ):
+        warnings.append(mismatch)
+    for warning in warnings:
         out_console.print(Text("warning: ", style="yellow") + Text(warning))
     out_console.print(_cost(report.cost_line(plan)))
     if plan.estimates is not None:

@@ -16,6 +16,7 @@ from servepilot.cli.console import print_step, print_warning
 from servepilot.cli.levels_view import exit_code, level_bars, print_runs
 from servepilot.cli.load_options import add_load_flags, add_workload_flags, levels_from_args
 from servepilot.cli.options import add_config_flag, config_from_args
+from servepilot.core.autoscale_config import ScalingPolicyName
 from servepilot.core.config import FleetConfig, PolicyName
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Load
@@ -23,6 +24,7 @@ from servepilot.core.slo import Slo, parse_slo
 from servepilot.core.units import parse_duration_or_zero_s, parse_duration_s
 from servepilot.engine.cpu import cpu_flags
 from servepilot.load.loadplan import LoadPlan
+from servepilot.scaling.policies import AutoscaleSetup
 from servepilot.sim.fleet import narration
 from servepilot.sim.fleet import setup as fleet_setup
 from servepilot.sim.fleet.network import parse_network
@@ -47,7 +49,7 @@ writes results.json in bench's schema (servepilot.bench/v1, "source": "simulated
 examples:
   servepilot sim -c fleet.yaml --profile profile.json --sweep --out runs/sim
   servepilot sim -c llama-8b-h100.yaml --rate 5000 --duration 1h  (docs/examples/ in the repo)
-  servepilot sim -c fleet.yaml --rate 200 --duration 30m --autoscale 2:16 --cold-start 78s
+  servepilot sim -c fleet.yaml --rate 200 --duration 30m --autoscale 2:20 --scaling-policy step
   servepilot bench compare runs/sim/results.json runs/measured/results.json
 """
 
@@ -93,9 +95,16 @@ def _fleet_flags(parser: argparse.ArgumentParser) -> None:
         "DeepSeek-V4 load from NVMe)")  # fmt: skip
     add("--start-cold", action="store_true", help="the first replicas start cold too")
     add("--autoscale", metavar="MIN:MAX",
-        help="scale between MIN and MAX replicas on in-flight + queued requests")  # fmt: skip
+        help="scale between MIN and MAX replicas with --scaling-policy (without it: "
+        "fleet.yaml's autoscale section, when enabled)")  # fmt: skip
+    add("--scaling-policy", choices=[p.value for p in ScalingPolicyName], default="target",
+        help="target (default): HPA-like; step: the seeds' +10%% above 80%% utilisation, -5%% "
+        "below 50%%; predictive: step, or more for the forecast (README)")  # fmt: skip
     add("--autoscale-target", type=float, default=0.7, metavar="F",
-        help="share of the concurrency budgets to aim at (default 0.7)")  # fmt: skip
+        help="target's share of the concurrency budgets to aim at (default 0.7)")  # fmt: skip
+    add("--replica-rps", type=float, metavar="R", help="predictive: req/s a replica serves "
+        "within the SLO")  # fmt: skip
+    add("--forecast-horizon", metavar="T", help="predictive (default: cold start + interval)")
     add("--autoscale-interval", default="15s", metavar="T", help="how often to decide")  # fmt: skip
 
 
@@ -106,13 +115,18 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args, {"replicas.count": "replicas", "gateway.policy": "policy"})
     setup = fleet_setup.replica_setup(config, args.profile, cpu_flags())
     spec = _spec(args, config, setup)
+    scaling = fleet_setup.autoscaler(args.autoscale, args.scaling_policy, args.autoscale_target,
+        args.replica_rps, args.forecast_horizon, spec)  # fmt: skip
+    if scaling is None and config.autoscale.enabled:  # fleet.yaml's, as `up` would run it
+        spec = dataclasses.replace(spec, autoscale_interval_s=config.autoscale.interval_s)
+        scaling = AutoscaleSetup.from_section(config.autoscale, spec.cold_start_s)
     opts = SimOptions(
         spec=spec,
         levels=levels_from_args(args),
         slo=_slo(args, config),
         prompt_overhead_tokens=setup.prompt_overhead_tokens,
-        target=fleet_setup.target_section(config, setup, spec, args.profile),
-        autoscaler=fleet_setup.autoscaler(args.autoscale, args.autoscale_target),
+        target=fleet_setup.target_section(config, setup, spec, args.profile, scaling),
+        autoscaler=scaling.build if scaling is not None else None,
     )
     for line in narration.describe(setup, spec):
         print_step(line)

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from servepilot.core.errors import ConfigError
 from servepilot.core.yamlfile import parse_yaml, read_user_file
-from servepilot.plan.dtypes import WeightDtype
+from servepilot.plan.dtypes import BF16_FLAGS, WeightDtype
 
 GIB = 2**30
 SHIPPED_CATALOG = "accelerators.yaml"
@@ -103,6 +103,24 @@ class Accelerator:
             WeightDtype.FP4: self.fp4_flops,
         }.get(dtype)
         return self.bf16_flops if native is None else native
+
+    def host_mismatch(self, dtype: WeightDtype, host_flags: frozenset[str]) -> str | None:
+        """Why this entry's rates misjudge a CPU host that multiplies bfloat16 natively when
+        the entry says it emulates it (the `cpu` entry is an AVX2 machine's figures): costed
+        at the emulated rate, every step looks several times slower than it runs. None when
+        the entry fits the host (or is a GPU)."""
+        sixteen_bit = dtype in (WeightDtype.BF16, WeightDtype.FP16)
+        if self.kind is not AcceleratorKind.CPU or self.bf16_native or not sixteen_bit:
+            return None
+        if not host_flags & BF16_FLAGS:
+            return None
+        native = ", ".join(sorted(host_flags & BF16_FLAGS))
+        return (
+            f"this CPU multiplies bfloat16 natively ({native}), but the `{self.name}` "
+            "catalog entry costs it at an emulated rate (its figures are an AVX2 machine's): "
+            "roofline step times here are too slow; measure this host with `servepilot "
+            "calibrate` and pass --profile"
+        )
 
     def supports_native(self, dtype: WeightDtype) -> bool:
         """Whether the hardware multiplies in `dtype` itself (not dequantizing first)."""

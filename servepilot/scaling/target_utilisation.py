@@ -6,20 +6,20 @@ import math
 from collections import deque
 
 from servepilot.core.errors import ConfigError
-from servepilot.scaling.snapshot import FleetSnapshot
+from servepilot.scaling.snapshot import FleetSnapshot, ScaleDecision, ScaleReason
 
 
 class TargetUtilisation:
     """Replicas for a target share of the concurrency budgets in use, like a Kubernetes HPA
     on the gateway's in-flight plus queued requests.
 
-    desired = ceil((in flight + queued) / (target x capacity per replica)), within
+    desired = ceil((in flight + queued) / (target x budget per replica)), within
     [min_replicas, max_replicas]. Scaling up acts at once; scaling down waits until the
     desire has stayed lower for `scale_down_window_s` (the HPA's stabilisation window), so a
     dip between bursts does not throw away replicas that took a cold start to get.
     """
 
-    name = "target_utilisation"
+    name = "target"
 
     def __init__(
         self,
@@ -39,14 +39,19 @@ class TargetUtilisation:
         self._max = max_replicas
         self._window_s = scale_down_window_s
         self._recent: deque[tuple[float, int]] = deque()
+        self._budget = 1
+        """A replica's concurrency budget, as last seen (kept while the fleet is at zero)."""
 
-    def decide(self, snapshot: FleetSnapshot, now_s: float) -> int:
+    def decide(self, snapshot: FleetSnapshot, now_s: float) -> ScaleDecision:
+        if snapshot.replicas:
+            self._budget = max(1, snapshot.replicas[0].budget)
         load = snapshot.in_flight + snapshot.queued
-        per_replica = self._target * max(1, snapshot.capacity_per_replica)
-        wanted = min(self._max, max(self._min, math.ceil(load / per_replica)))
+        wanted = min(self._max, max(self._min, math.ceil(load / (self._target * self._budget))))
         recent = self._recent
         recent.append((now_s, wanted))
         while recent and recent[0][0] < now_s - self._window_s:
             recent.popleft()
         # The highest desire of the window: down only once every recent look agreed.
-        return max(w for _, w in recent)
+        desired = max(w for _, w in recent)
+        detail = f"{load} in flight + queued, {self._target:g} x {self._budget} per replica"
+        return ScaleDecision(desired, ScaleReason.TARGET, detail)

@@ -50,7 +50,7 @@ def test_detached_fleet_serves_until_down_and_leaves_nothing(env: dict[str, str]
     # What `up` prints, with the way to stop it that works without its terminal.
     assert f"endpoint: http://127.0.0.1:{port}/v1  (model: smollm2)" in done.stdout
     assert "stop:     `servepilot down`\n" in done.stdout
-    assert "logs:     `servepilot logs [r0|gateway] [-f]`" in done.stdout
+    assert "logs:     `servepilot logs [r0|gateway|access] [-f]`" in done.stdout
     state = Path(env["SERVEPILOT_STATE"])
     record = json.loads((state / "fleets" / f"{port}.json").read_text())
     assert record["state"] == "serving"

@@ -298,3 +298,17 @@ def test_accelerators_are_frozen() -> None:
     assert isinstance(acc, Accelerator)
     with pytest.raises(dataclasses.FrozenInstanceError):
         acc.memory_bytes = 1  # type: ignore[misc]
+
+
+def test_the_cpu_entry_says_it_misjudges_a_host_with_native_bfloat16() -> None:
+    cpu, h100 = get_accelerator("cpu"), get_accelerator("h100-80")
+    amx = frozenset({"avx2", "amx_bf16"})
+    avx2 = frozenset({"avx2", "fma"})
+    note = cpu.host_mismatch(WeightDtype.BF16, amx)
+    assert note is not None and "(amx_bf16)" in note and "`cpu` catalog entry" in note
+    # The entry fits: an AVX2 host emulates bf16 as the entry does; fp32 has its own rate.
+    assert cpu.host_mismatch(WeightDtype.BF16, avx2) is None
+    assert cpu.host_mismatch(WeightDtype.FP32, amx) is None
+    # An entry that multiplies bf16 natively, or a GPU, never misjudges the host's CPU.
+    assert dataclasses.replace(cpu, bf16_native=True).host_mismatch(WeightDtype.BF16, amx) is None
+    assert h100.host_mismatch(WeightDtype.BF16, amx) is None

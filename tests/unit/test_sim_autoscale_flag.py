@@ -1,24 +1,63 @@
-"""`sim --autoscale MIN:MAX`: the policy it builds, and the texts it refuses by name."""
+"""`sim --autoscale MIN:MAX --scaling-policy ...`: the policy it builds, and the texts it
+refuses by name."""
 
 from __future__ import annotations
 
 import pytest
 
+from servepilot.core.autoscale_config import ScalingPolicyName
 from servepilot.core.errors import ConfigError
+from servepilot.plan.costmodel import CostModel
+from servepilot.scaling.policies import AutoscaleSetup
+from servepilot.scaling.predictive import PredictivePolicy
+from servepilot.scaling.step import StepPolicy
 from servepilot.scaling.target_utilisation import TargetUtilisation
+from servepilot.sim.engine.records import SchedulerConfig
+from servepilot.sim.fleet.records import FleetSpec
 from servepilot.sim.fleet.setup import autoscaler
+
+COST = CostModel(0.01, 1e-4, 1e-3, 2e-3, 1e-6, 0.0, source="test")
 
 
 def test_min_max_builds_the_target_utilisation_policy() -> None:
-    assert autoscaler(None, 0.7) is None and autoscaler("", 0.7) is None
-    factory = autoscaler("2:16", 0.6)
-    assert factory is not None
-    assert (factory.func, factory.args) == (TargetUtilisation, (0.6, 2, 16))
-    assert isinstance(factory(), TargetUtilisation)
-    assert autoscaler("0:1", 0.7) is not None
+    assert autoscaler(None) is None and autoscaler("") is None
+    setup = autoscaler("2:16", target=0.6)
+    assert setup == AutoscaleSetup(ScalingPolicyName.TARGET, 2, 16, 0.6)
+    assert isinstance(setup.build(), TargetUtilisation)
+    assert autoscaler("0:1") is not None
+
+
+def test_step_and_predictive_get_min_and_max() -> None:
+    step = autoscaler("3:12", "step")
+    assert step is not None
+    built = step.build()
+    assert isinstance(built, StepPolicy)
+    assert (built.rules.min_replicas, built.rules.max_replicas) == (3, 12)
+    setup = autoscaler("2:20", "predictive", replica_rps=4.0, horizon="90s")
+    assert setup is not None
+    predictive = setup.build()
+    assert isinstance(predictive, PredictivePolicy)
+    assert (predictive.sizing.replica_rps, predictive.sizing.horizon_s) == (4.0, 90.0)
+    assert predictive.step.rules.max_replicas == 20
+
+
+def test_the_forecast_horizon_defaults_to_the_cold_start_plus_a_tick() -> None:
+    spec = FleetSpec(SchedulerConfig(64, 2048, 2048, 16, 1000), COST, 1, 8, cold_start_s=78.0,
+                     autoscale_interval_s=5.0)  # fmt: skip
+    setup = autoscaler("2:20", "predictive", replica_rps=4.0, spec=spec)
+    assert setup is not None and setup.horizon_s == 83.0
+    with pytest.raises(ConfigError, match="--forecast-horizon"):
+        autoscaler("2:20", "predictive", replica_rps=4.0, horizon="soon", spec=spec)
+
+
+def test_predictive_without_replica_rps_names_the_flag() -> None:
+    with pytest.raises(ConfigError, match="within the SLO \\(sim's --replica-rps\\)"):
+        autoscaler("2:20", "predictive")
+    with pytest.raises(ConfigError, match="--replica-rps must be > 0"):
+        autoscaler("2:20", "predictive", replica_rps=0.0)
 
 
 @pytest.mark.parametrize("text", ["3", "2:x", "5:2", "-1:4", "0:0", ":"])
 def test_anything_else_is_refused_naming_the_flag(text: str) -> None:
     with pytest.raises(ConfigError, match=f"--autoscale '{text}': expected MIN:MAX"):
-        autoscaler(text, 0.7)
+        autoscaler(text)

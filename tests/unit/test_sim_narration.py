@@ -70,3 +70,7 @@ def test_level_stats_give_the_simulation_speed_and_what_the_fleet_did() -> None:
     )
     instant = dataclasses.replace(stats, wall_s=0.0)
     assert "in 0.0 s (0 requests/s)" in narration.level_stats(level, instant)
+    scaled = dataclasses.replace(stats, scale_events=5, replica_s=9_000.0)
+    assert narration.level_stats(level, scaled).endswith(
+        "prefix hit rate 25%; autoscaling: 5 scale events, 2 replicas at most, 2.50 replica-hours"
+    )

@@ -89,6 +89,7 @@ class FleetReplica:
         "running",
         "slots",
         "state",
+        "stopped_s",
         "view",
         "waiting",
     )
@@ -113,6 +114,8 @@ class FleetReplica:
         self.launched_s = launched_s
         self.ready_s: float | None = launched_s if ready else None
         """When the gateway first found it ready."""
+        self.stopped_s: float | None = None
+        """When it left the fleet (drained, or cancelled while starting)."""
         self.dispatched = 0
         """Requests the gateway sent it."""
         self.in_flight = 0

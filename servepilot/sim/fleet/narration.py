@@ -44,8 +44,14 @@ def _prompt_overhead(setup: ReplicaSetup) -> str:
 def level_stats(run: Run, stats: FleetStats) -> str:
     """How long a level took to simulate and what the fleet did during it."""
     rate = (run.completed + run.failed) / stats.wall_s if stats.wall_s > 0 else 0.0
-    return (
+    text = (
         f"{stats.sim_s:,.1f} s simulated in {stats.wall_s:,.1f} s ({rate:,.0f} requests/s); "
         f"{stats.steps:,} steps, {stats.preemptions:,} preemptions, prefix hit rate "
         f"{stats.prefix_hit_rate:.0%}"
+    )
+    if stats.scale_events is None:
+        return text
+    return (
+        f"{text}; autoscaling: {stats.scale_events} scale events, {stats.replicas_peak} "
+        f"replicas at most, {stats.replica_s / 3600:,.2f} replica-hours"
     )

@@ -58,6 +58,11 @@ class FleetStats:
     events: int
     wall_s: float
     cpu_s: float
+    replica_s: float = 0.0
+    """Replica time paid for, every replica from its launch (cold start included) to its stop
+    or the end of the level."""
+    scale_events: int | None = None
+    """Decisions that changed the number of replicas; None without an autoscaler."""
 
 
 @dataclass(frozen=True, slots=True)

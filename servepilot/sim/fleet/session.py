@@ -144,5 +144,7 @@ def _stats_dict(stats: FleetStats) -> dict[str, Any]:
         "replicas_end": stats.replicas_end,
         "shed": stats.shed,
         "queued_in_gateway": stats.queued,
+        "replica_hours": round(stats.replica_s / 3600, 4),
+        "scale_events": stats.scale_events,
         "wall_s": round(stats.wall_s, 2),
     }

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
+from servepilot.core.autoscale_config import ScalingPolicyName, parse_bounds
 from servepilot.core.config import FleetConfig
 from servepilot.core.errors import ConfigError
+from servepilot.core.units import parse_duration_s
 from servepilot.plan.costmodel import COEFFICIENTS, CostModel, roofline_cost_model
 from servepilot.plan.costprofile import load_profile
 from servepilot.plan.dtypes import WeightDtype
@@ -27,7 +28,7 @@ from servepilot.plan.hardware import AcceleratorKind
 from servepilot.plan.kv import KvCacheShape
 from servepilot.plan.request import PlanRequest
 from servepilot.routing.admission.budget import replica_capacity
-from servepilot.scaling.target_utilisation import TargetUtilisation
+from servepilot.scaling.policies import AutoscaleSetup
 from servepilot.sim.engine.records import SchedulerConfig
 from servepilot.sim.engine.setup import EngineKnobs, EngineSetup, Precision, engine_setup
 from servepilot.sim.fleet.network import NetworkConfig
@@ -81,6 +82,10 @@ def replica_setup(
             "models one group of full-attention blocks holding the tokens vLLM reports"
         )
     cost, kind, overhead = _cost(request, shape, engine.tensor_parallel_size, profile, notes)
+    if profile is None and (
+        mismatch := request.accelerator.host_mismatch(request.weights_dtype, cpu_flags)
+    ):
+        notes.append(mismatch)
     meta = _meta(profile) if profile is not None else {}
     # bench takes a chat template off each message's text (bench.chat_template): the
     # server then counts --input-tokens, and so does the simulation.
@@ -187,26 +192,38 @@ def _overhead(meta: dict[str, Any], path: Path) -> int:
     return value
 
 
-def autoscaler(text: str | None, target: float) -> partial[TargetUtilisation] | None:
-    """`MIN:MAX` (the --autoscale flag) -> the autoscaling policy of the simulated fleet, aiming
-    at `target` of the concurrency budgets; None when not given."""
+def autoscaler(
+    text: str | None,
+    policy: str = "target",
+    target: float = 0.7,
+    replica_rps: float | None = None,
+    horizon: str | None = None,
+    spec: FleetSpec | None = None,
+) -> AutoscaleSetup | None:
+    """The --autoscale MIN:MAX flag and the policy's own (--scaling-policy, --autoscale-target,
+    --replica-rps, --forecast-horizon, by default the cold start plus one interval of `spec`)
+    -> what builds the simulated fleet's autoscaling policy; None without --autoscale."""
     if not text:
         return None
-    low, sep, high = text.partition(":")
-    try:
-        lo, hi = int(low), int(high)
-    except ValueError:
-        lo = hi = -1
-    if not sep or not 0 <= lo <= hi or hi < 1:
-        raise ConfigError(f"--autoscale {text!r}: expected MIN:MAX, e.g. 2:16")
-    return partial(TargetUtilisation, target, lo, hi)
+    lo, hi = parse_bounds(text)
+    if replica_rps is not None and replica_rps <= 0:
+        raise ConfigError(f"--replica-rps must be > 0, got {replica_rps}")
+    if horizon:
+        horizon_s = parse_duration_s(horizon, "--forecast-horizon")
+    else:
+        horizon_s = spec.cold_start_s + spec.autoscale_interval_s if spec is not None else 0.0
+    return AutoscaleSetup(ScalingPolicyName(policy), lo, hi, target, replica_rps, horizon_s)
 
 
 def target_section(
-    config: FleetConfig, setup: ReplicaSetup, spec: FleetSpec, profile: Path | None
+    config: FleetConfig,
+    setup: ReplicaSetup,
+    spec: FleetSpec,
+    profile: Path | None,
+    scaling: AutoscaleSetup | None = None,
 ) -> dict[str, Any]:
     """The results file's "target" section: the simulated fleet, and where its numbers came
-    from."""
+    from (its autoscaling policy too, when it has one)."""
     s, net, engine = setup.scheduler, spec.network, config.engine
     return {
         "simulator": "servepilot.sim",
@@ -239,4 +256,4 @@ def target_section(
         },
         "scrape_interval_s": spec.scrape_interval_s or config.gateway.health_interval_s,
         "cold_start_s": spec.cold_start_s,
-    }  # fmt: skip
+    } | ({"autoscale": scaling.describe()} if scaling is not None else {})  # fmt: skip

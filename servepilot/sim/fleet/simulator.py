@@ -38,9 +38,10 @@ from servepilot.load.slots import ClosedSlots, Slot, open_slots
 from servepilot.routing import make_policy
 from servepilot.routing.admission import BUSY_TICK_S
 from servepilot.routing.base import RoutingPolicy
-from servepilot.scaling.snapshot import AutoscalePolicy, FleetSnapshot
+from servepilot.scaling.snapshot import AutoscalePolicy
 from servepilot.sim import accel
 from servepilot.sim.engine.replica import ReplicaModel
+from servepilot.sim.fleet.autoscale import AutoscaleHook
 from servepilot.sim.fleet.collect import RunCollector
 from servepilot.sim.fleet.gateway import SimGateway
 from servepilot.sim.fleet.members import FleetReplica, FleetRequest, ReplicaState
@@ -82,7 +83,7 @@ class FleetSim:
         gw = spec.gateway
         self.policy = policy or make_policy(gw.policy, gw.routing, seed=spec.seed)
         self.gateway = SimGateway(gw, self.policy, self, random.Random(f"{spec.seed}/admit"))
-        self.autoscaler = autoscaler
+        self.autoscale = AutoscaleHook(autoscaler) if autoscaler is not None else None
         self._hop_rng = random.Random(f"{spec.seed}/network")
         self._cg = spec.network.client_gateway_s
         self._heap: list[tuple[float, int, int, object]] = []
@@ -126,9 +127,10 @@ class FleetSim:
         self._peak = max(self._peak, self.gateway.ready + self.gateway.starting)
         return replica
 
-    def _retire_if_done(self, replica: FleetReplica) -> None:
+    def _retire_if_done(self, replica: FleetReplica, now_s: float) -> None:
         if replica.in_flight == 0 and replica.result is None:
             self.gateway.remove(replica)
+            replica.stopped_s = now_s
 
     def _scale(self, desired: int, now_s: float) -> None:
         gateway = self.gateway
@@ -142,18 +144,16 @@ class FleetSim:
         live.sort(key=lambda r: (r.state is ReplicaState.STARTING, r.index), reverse=True)
         for replica in live[: have - desired]:
             gateway.drain(replica)
-            self._retire_if_done(replica)
+            self._retire_if_done(replica, now_s)
 
-    def snapshot(self, now_s: float) -> FleetSnapshot:
-        gateway = self.gateway
-        draining = sum(1 for r in gateway.replicas.values() if r.state is ReplicaState.DRAINING)
-        in_flight = sum(r.in_flight for r in gateway.replicas.values())
-        return FleetSnapshot(
-            now_s=now_s, ready=gateway.ready, starting=gateway.starting, draining=draining,
-            in_flight=in_flight, queued=len(gateway.queue), vllm_waiting=gateway.vllm_waiting,
-            mean_kv_usage=gateway.mean_kv_usage, capacity_per_replica=self.spec.capacity,
-            dispatch_rate_per_s=gateway.rate.rate_per_s(now_s),
-        )  # fmt: skip
+    def replica_seconds(self, until_s: float) -> float:
+        """Replica time paid for from the start to `until_s`: every replica from its launch
+        (a cold start is paid for too) to its stop."""
+        total = 0.0
+        for replica in self.replicas:
+            end_s = replica.stopped_s if replica.stopped_s is not None else until_s
+            total += max(0.0, min(end_s, until_s) - replica.launched_s)
+        return total
 
     # ---- what the gateway's decisions do (its Outlet) ------------------------------------
 
@@ -202,7 +202,7 @@ class FleetSim:
         if result is not None:
             heapq.heappush(self._heap, (now_s + result.duration_s, next(self._seq), STEP, replica))
         elif replica.state is _DRAINING:
-            self._retire_if_done(replica)
+            self._retire_if_done(replica, now_s)
 
     def _step_end(self, replica: FleetReplica, now_s: float) -> None:
         result = replica.result
@@ -244,7 +244,7 @@ class FleetSim:
             ttfb = first + (now_s - (request.finish_s or now_s)) - request.dispatched_s
         self.gateway.release(request, now_s, ttfb)
         if replica.state is _DRAINING:
-            self._retire_if_done(replica)
+            self._retire_if_done(replica, now_s)
 
     def _failed(self, request: FleetRequest, end_s: float, status: str) -> None:
         if not request.warmup:
@@ -273,6 +273,8 @@ class FleetSim:
         # Warm-up requests count, as in bench: they load the fleet as much as measured ones.
         if len(live) > self._peak_in_flight:
             self._peak_in_flight = len(live)
+        if self.autoscale is not None:
+            self.autoscale.arrivals.add(now_s)
         self.gateway.arrive(request, now_s)
 
     # ---- the run -------------------------------------------------------------------------
@@ -325,7 +327,7 @@ class FleetSim:
         spec = self.spec
         self._push(0.0, TICK, 0)
         self._push(self._scrape_s, SCRAPE, None)
-        if self.autoscaler is not None:
+        if self.autoscale is not None:
             self._push(spec.autoscale_interval_s, AUTOSCALE, None)
 
     def _loop(self, progress: Callable[[Progress], None] | None) -> int:
@@ -384,11 +386,12 @@ class FleetSim:
             self._push(self._tick_due, TICK, self._tick_gen)
         elif kind == SCRAPE:
             gateway.scrape(now_s)
+            if self.autoscale is not None:
+                self.autoscale.scraped_s = now_s
             self._push(now_s + self._scrape_s, SCRAPE, None)
         elif kind == AUTOSCALE:
-            assert self.autoscaler is not None
-            desired = self.autoscaler.decide(self.snapshot(now_s), now_s)
-            self._scale(max(0, desired), now_s)
+            assert self.autoscale is not None
+            self._scale(self.autoscale.decide(gateway, now_s), now_s)
             self._push(now_s + self.spec.autoscale_interval_s, AUTOSCALE, None)
         elif kind == READY:
             obj.engine_ready = True  # type: ignore[attr-defined]
@@ -414,4 +417,6 @@ class FleetSim:
             replicas_end=self.gateway.ready + self.gateway.starting,
             shed=dict(self.gateway.shed), queued=self.gateway.queued, events=events,
             wall_s=time.perf_counter() - wall0, cpu_s=time.process_time() - cpu0,
+            replica_s=self.replica_seconds(self.now_s),
+            scale_events=len(self.autoscale.events) if self.autoscale is not None else None,
         )  # fmt: skip

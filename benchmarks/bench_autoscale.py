@@ -1,0 +1,341 @@
+"""Autoscaling policies side by side on the simulator (issue 17): static provisioning for the
+peak, `target` (HPA-like), `step` (the seeds' rules) and `predictive` (a forecast ahead of the
+cold start, never below `step`), on the same simulated fleet under three traces.
+
+The fleet: Llama-3.1-70B replicas, each on 4 H100s (tensor parallel 4), step times from the
+planner's roofline, max_num_seqs 128, a cold start of 78 s (the seed's load from NVMe),
+replicas between 2 and 20 (the seed's bounds), a decision every 5 s, vLLM's gauges scraped
+every 2 s. Every request is P0 (interactive): prompts of 200-2,000 tokens, 50-500 output
+tokens (uniform, seeded). The SLO: TTFT <= 1 s and TPOT <= 75 ms per request; attainment is
+the share of all requests sent that met both (refused ones count as misses).
+
+1. The capacity of one replica: one replica under open-loop Poisson rates (2 simulated
+   minutes each); the highest rate with >= 99% attainment is `replica_rps`, what
+   `predictive` sizes with (at fill 0.8) and what static provisioning is sized with:
+   ceil(peak rate / (0.8 x replica_rps)) replicas, ready from the start.
+2. Three traces, arrival rates over time (non-homogeneous Poisson, thinned from a seeded
+   generator: the same arrivals for every policy):
+     diurnal  40 min: a compressed day, 20 -> 125 -> 20 req/s on a cosine
+     ramp     30 min: 25 req/s for 8 min, up to 125 req/s in 8 min (+12.5 req/s a minute:
+              more than a replica's worth per cold start), held 8 min, down in 6
+     bursts   30 min: 40 req/s with four 3-minute bursts to 110 req/s (10 s rises)
+   The autoscaled fleets start at 4 ready replicas.
+3. Per trace and policy: attainment, TTFT and TPOT p99, replica-hours (every replica from
+   its launch, cold start included, to its stop or the trace's end), scale events, the peak
+   of replicas, and the policy's CPU time per decision.
+
+Targets (issue 17): `predictive` >= 99% attainment on the ramp where `target` and `step`
+fall below it, and >= 30% fewer replica-hours than static peak provisioning at equal
+attainment. Printed as a table; written to OUT/summary.json. A few CPU minutes.
+
+    python benchmarks/bench_autoscale.py [--out runs/bench-autoscale] [--traces ramp,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script from a checkout
+
+from servepilot.core.config import parse_config  # noqa: E402
+from servepilot.core.results import Load, LoadMode  # noqa: E402
+from servepilot.core.slo import Slo, parse_slo  # noqa: E402
+from servepilot.engine.cpu import cpu_flags  # noqa: E402
+from servepilot.load.arrivals import Arrival, iter_arrival_offsets_s  # noqa: E402
+from servepilot.load.loadplan import LoadPlan  # noqa: E402
+from servepilot.scaling.predictive import ForecastSizing, PredictivePolicy  # noqa: E402
+from servepilot.scaling.snapshot import AutoscalePolicy, FleetSnapshot, ScaleDecision  # noqa: E402
+from servepilot.scaling.step import StepPolicy, StepRules  # noqa: E402
+from servepilot.scaling.target_utilisation import TargetUtilisation  # noqa: E402
+from servepilot.sim.fleet.setup import replica_setup  # noqa: E402
+from servepilot.sim.fleet.simulator import FleetSim, FleetSpec  # noqa: E402
+from servepilot.sim.fleet.traffic import Job, JobTable  # noqa: E402
+
+SLO = "ttft_p99_ms=1000,tpot_p99_ms=75"
+COLD_START_S = 78.0
+INTERVAL_S = 5.0
+MIN_REPLICAS, MAX_REPLICAS, START_REPLICAS = 2, 20, 4
+FILL = 0.8
+"""The share of a replica's capacity the predictive sizing (and static provisioning) plans
+it at."""
+GRACE_S = 60.0
+POLICIES = ("static", "target", "step", "predictive")
+MINUTE = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    name: str
+    duration_s: float
+    rate: Callable[[float], float]
+    """Requests per second at a time."""
+    peak_rps: float
+    seed: int
+
+
+def _diurnal(t: float) -> float:
+    return 20.0 + 105.0 * (1.0 - math.cos(2.0 * math.pi * t / (40 * MINUTE))) / 2.0
+
+
+def _ramp(t: float) -> float:
+    up_s, top_s, down_s = 8 * MINUTE, 16 * MINUTE, 24 * MINUTE
+    if t < up_s:
+        return 25.0
+    if t < top_s:
+        return 25.0 + 100.0 * (t - up_s) / (top_s - up_s)
+    if t < down_s:
+        return 125.0
+    return max(25.0, 125.0 - 100.0 * (t - down_s) / (6 * MINUTE))
+
+
+BURSTS_S = (4 * MINUTE, 11 * MINUTE, 17 * MINUTE, 24 * MINUTE)
+
+
+def _bursts(t: float) -> float:
+    for start in BURSTS_S:
+        into = t - start
+        if 0.0 <= into < 3 * MINUTE:
+            return 40.0 + 70.0 * min(1.0, into / 10.0)
+    return 40.0
+
+
+TRACES = {
+    "diurnal": Trace("diurnal", 40 * MINUTE, _diurnal, 125.0, seed=1),
+    "ramp": Trace("ramp", 30 * MINUTE, _ramp, 125.0, seed=2),
+    "bursts": Trace("bursts", 30 * MINUTE, _bursts, 110.0, seed=3),
+}
+
+
+def arrivals(trace: Trace) -> list[float]:
+    """The trace's send times: Poisson at its peak rate, each kept with probability
+    rate(t) / peak (thinning), from the trace's own seed."""
+    rng = random.Random(trace.seed)
+    out: list[float] = []
+    t = 0.0
+    while True:
+        t += rng.expovariate(trace.peak_rps)
+        if t >= trace.duration_s:
+            return out
+        if rng.random() * trace.peak_rps < trace.rate(t):
+            out.append(t)
+
+
+def fleet(replicas: int) -> FleetSpec:
+    config = parse_config(
+        {
+            "model": {"source": "llama-3.1-70b"},
+            "hardware": {"device": "gpu", "accelerator": "h100", "count": 8},
+            "engine": {"max_model_len": 8192, "max_num_seqs": 128, "tensor_parallel_size": 4},
+            "replicas": {"count": replicas},
+        },
+        origin="bench_autoscale",
+    )
+    setup = replica_setup(config, None, cpu_flags())
+    return FleetSpec(
+        scheduler=setup.scheduler,
+        cost=setup.cost,
+        replicas=replicas,
+        capacity=setup.capacity,
+        gateway=config.gateway,
+        scrape_interval_s=2.0,
+        cold_start_s=COLD_START_S,
+        autoscale_interval_s=INTERVAL_S,
+        seed=7,
+    )
+
+
+def jobs(count: int = 20_000, seed: int = 11) -> JobTable:
+    rng = random.Random(seed)
+    return JobTable(
+        Job(rng.randint(200, 2000), rng.randint(50, 500), priority=0) for _ in range(count)
+    )
+
+
+def replica_rps(slo: Slo, table: JobTable) -> tuple[float, list[dict[str, float]]]:
+    """The highest rate one replica serves with >= 99% attainment (a 0.5 req/s grid)."""
+    best, rows = 0.0, []
+    rate = 5.0
+    while True:
+        plan = LoadPlan(Load(mode=LoadMode.RATE, value=rate), duration_s=120.0, grace_s=30.0)
+        offsets = iter_arrival_offsets_s(rate, Arrival.POISSON, seed=5)
+        run = FleetSim(fleet(1)).run(plan, table, slo, offsets=offsets).run
+        rows.append({"rate": rate, "attainment": round(run.slo_attainment, 4)})
+        if run.slo_attainment < 0.99:
+            return best, rows
+        best, rate = rate, rate + 0.5
+
+
+class Timed:
+    """A policy whose decisions are timed (CPU per tick)."""
+
+    def __init__(self, policy: AutoscalePolicy) -> None:
+        self.policy = policy
+        self.name = policy.name
+        self.calls = 0
+        self.cpu_s = 0.0
+
+    def decide(self, snapshot: FleetSnapshot, now_s: float) -> ScaleDecision:
+        t0 = time.perf_counter()
+        decision = self.policy.decide(snapshot, now_s)
+        self.cpu_s += time.perf_counter() - t0
+        self.calls += 1
+        return decision
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    trace: str
+    policy: str
+    attainment: float
+    ttft_p99_ms: float
+    tpot_p99_ms: float
+    replica_hours: float
+    scale_events: int
+    peak_replicas: int
+    decide_us: float
+    requests: int
+
+
+def build(policy: str, rps: float, down_cooldown_s: float) -> AutoscalePolicy | None:
+    """The policy as `sim --autoscale 2:20 --scaling-policy NAME` builds it (the step rules'
+    down cool-down aside, when --down-cooldown is given)."""
+    rules = StepRules(min_replicas=MIN_REPLICAS, max_replicas=MAX_REPLICAS)
+    rules = replace(rules, down_cooldown_s=down_cooldown_s)
+    if policy == "target":
+        return TargetUtilisation(0.7, MIN_REPLICAS, MAX_REPLICAS)
+    if policy == "step":
+        return StepPolicy(rules)
+    if policy == "predictive":
+        sizing = ForecastSizing(rps, horizon_s=COLD_START_S + INTERVAL_S, fill=FILL)
+        return PredictivePolicy(sizing, rules)
+    return None
+
+
+def run_policy(
+    trace: Trace, sends: list[float], policy: str, rps: float, slo: Slo, down_cooldown_s: float
+) -> Row:
+    static = math.ceil(trace.peak_rps / (FILL * rps))
+    built = build(policy, rps, down_cooldown_s)
+    timed = Timed(built) if built is not None else None
+    sim = FleetSim(fleet(static if timed is None else START_REPLICAS), autoscaler=timed)
+    mean_rps = len(sends) / trace.duration_s
+    plan = LoadPlan(
+        Load(mode=LoadMode.RATE, value=mean_rps), duration_s=trace.duration_s, grace_s=GRACE_S
+    )
+    offsets: Iterator[float] = iter(sends)
+    out = sim.run(plan, jobs(), slo, offsets=offsets)
+    run = out.run
+    events = sim.autoscale.events if sim.autoscale is not None else []
+    return Row(
+        trace=trace.name,
+        policy=policy,
+        attainment=run.slo_attainment,
+        ttft_p99_ms=run.ttft_ms.p99 or 0.0,
+        tpot_p99_ms=run.tpot_ms.p99 or 0.0,
+        replica_hours=sim.replica_seconds(trace.duration_s) / 3600.0,
+        scale_events=len(events),
+        peak_replicas=out.stats.replicas_peak,
+        decide_us=timed.cpu_s / timed.calls * 1e6 if timed is not None and timed.calls else 0.0,
+        requests=run.completed + run.failed,
+    )
+
+
+def table(rows: list[Row]) -> str:
+    static = {r.trace: r.replica_hours for r in rows if r.policy == "static"}
+    head = (
+        "| trace | policy | SLO attainment | TTFT p99 ms | TPOT p99 ms | replica-hours "
+        "| vs static | scale events | peak replicas | decide µs |"
+    )
+    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        versus = "—"
+        if r.policy != "static" and r.trace in static:
+            versus = f"{r.replica_hours / static[r.trace] - 1.0:+.0%}"
+        lines.append(
+            f"| {r.trace} | {r.policy} | {r.attainment:.2%} | {r.ttft_p99_ms:,.0f} "
+            f"| {r.tpot_p99_ms:.1f} | {r.replica_hours:.2f} | {versus} "
+            f"| {r.scale_events} | {r.peak_replicas} | {r.decide_us:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def verdicts(rows: list[Row]) -> list[str]:
+    """The issue's two targets, each said as met or missed with its numbers."""
+    by = {(r.trace, r.policy): r for r in rows}
+    out = []
+    ramp = [by.get(("ramp", p)) for p in ("predictive", "target", "step")]
+    if all(ramp):
+        pred, target, step = (r.attainment for r in ramp if r is not None)
+        met = pred >= 0.99 and target < 0.99 and step < 0.99
+        out.append(
+            f"ramp: predictive {pred:.2%} vs target {target:.2%}, step {step:.2%}: "
+            f"{'met' if met else 'MISSED'} (predictive >= 99% where both fall below)"
+        )
+    for trace in TRACES:
+        pred_row, static_row = by.get((trace, "predictive")), by.get((trace, "static"))
+        if pred_row is None or static_row is None:
+            continue
+        saved = 1.0 - pred_row.replica_hours / static_row.replica_hours
+        equal = pred_row.attainment >= min(0.99, static_row.attainment)
+        met = saved >= 0.30 and equal
+        fewer = f"{saved:.0%} fewer" if saved >= 0 else f"{-saved:.0%} more"
+        out.append(
+            f"{trace}: predictive {fewer} replica-hours than static at "
+            f"{pred_row.attainment:.2%} vs {static_row.attainment:.2%} attainment: "
+            f"{'met' if met else 'MISSED'} (>= 30% at equal attainment)"
+        )
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("runs/bench-autoscale"))
+    parser.add_argument("--traces", default=",".join(TRACES), help="comma-separated")
+    parser.add_argument(
+        "--down-cooldown",
+        type=float,
+        default=StepRules().down_cooldown_s,
+        metavar="S",
+        help="the step rules' down cool-down (default: StepRules'); 300 for the HPA's window",
+    )
+    args = parser.parse_args()
+    slo = parse_slo(SLO)
+    cpu0 = time.process_time()
+    rps, sweep = replica_rps(slo, jobs())
+    print(f"one replica: {rps:g} req/s within the SLO ({SLO})", flush=True)
+    rows: list[Row] = []
+    for name in args.traces.split(","):
+        trace = TRACES[name]
+        sends = arrivals(trace)
+        for policy in POLICIES:
+            r = run_policy(trace, sends, policy, rps, slo, args.down_cooldown)
+            rows.append(r)
+            hours = f"{r.replica_hours:.2f} replica-hours"
+            print(f"  {name} {policy}: {r.attainment:.2%} SLO attainment, {hours}", flush=True)
+    print(table(rows))
+    lines = verdicts(rows)
+    for line in lines:
+        print(line)
+    cpu_s = time.process_time() - cpu0
+    print(f"CPU: {cpu_s:.0f} s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    summary = {
+        "replica_rps": rps, "sweep": sweep, "slo": SLO, "cold_start_s": COLD_START_S,
+        "down_cooldown_s": args.down_cooldown,
+        "rows": [asdict(r) for r in rows], "verdicts": lines, "cpu_s": round(cpu_s, 1),
+    }  # fmt: skip
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return 0 if all("MISSED" not in line for line in lines) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""The forecast ahead of the cold start: Holt's linear trend with known answers on a ramp and
+a step change, and the predictive policy's sizing, never below the step rules."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from servepilot.core.errors import ConfigError
+from servepilot.scaling.forecast import HoltForecast
+from servepilot.scaling.predictive import ForecastSizing, PredictivePolicy
+from servepilot.scaling.snapshot import FleetSnapshot, ReplicaSample, ScaleReason
+from servepilot.scaling.step import StepRules
+
+RULES = StepRules(min_replicas=2, max_replicas=20, up_cooldown_s=0, down_cooldown_s=0)
+
+
+def test_a_linear_ramp_is_forecast_within_half_a_percent() -> None:
+    holt = HoltForecast(alpha=0.1, beta=0.01)
+    for t in range(601):
+        holt.observe(10.0 + 0.1 * t)
+    # 90 s past the last observation (t = 600): 10 + 0.1 x 690 = 79.
+    assert holt.forecast(90.0) == pytest.approx(79.0, rel=0.005)
+    assert holt.trend == pytest.approx(0.1, rel=0.01)
+
+
+def test_a_step_change_converges_within_five_percent() -> None:
+    # 10 -> 50 req/s. Without a trend the level alone would take 27 ticks (0.9^n x 40 <=
+    # 2.5); the trend it learns from the jump gets there in 21, overshoots past 5% for a
+    # while, and stays within 5% from tick 58 on (the policy's alpha 0.1, beta 0.01).
+    holt = HoltForecast(alpha=0.1, beta=0.01)
+    for _ in range(300):
+        holt.observe(10.0)
+    errors = []
+    for _ in range(600):
+        holt.observe(50.0)
+        errors.append(abs(holt.forecast(0.0) - 50.0) / 50.0)
+    first = 1 + min(i for i, e in enumerate(errors) if e <= 0.05)
+    settled = 2 + max(i for i, e in enumerate(errors) if e > 0.05)
+    assert (first, settled) == (21, 58)
+    assert max(errors[first:]) < 0.15  # the overshoot stays under 15%
+    assert errors[-1] < 1e-3
+
+
+def test_forecast_before_any_observation_is_zero_and_never_negative() -> None:
+    holt = HoltForecast()
+    assert holt.forecast(60.0) == 0.0
+    holt.observe(5.0)
+    holt.observe(0.0)  # a falling trend
+    assert holt.forecast(1e6) == 0.0
+    assert holt.peak(60.0) == holt.forecast(0.0)
+
+
+def _snap(now_s: float, ready: int, arrivals: tuple[float, ...], busy: int = 60) -> FleetSnapshot:
+    replicas = tuple(
+        ReplicaSample(f"r{i}", True, busy, busy, 0, 0.0, 1.0, 100) for i in range(ready)
+    )
+    return FleetSnapshot(now_s, replicas, arrivals_per_s=arrivals)
+
+
+def test_the_fleet_is_sized_for_the_forecast_at_fill() -> None:
+    # 40 req/s steady, 5 req/s a replica at fill 0.8: ceil(40 / 4) = 10.
+    policy = PredictivePolicy(ForecastSizing(replica_rps=5.0, horizon_s=90.0), RULES)
+    decision = policy.decide(_snap(60.0, 4, (40.0,) * 60), 60.0)
+    assert (decision.replicas, decision.reason) == (10, ScaleReason.FORECAST)
+    assert decision.detail.startswith("forecast 40.0 req/s within 90 s needs 10")
+
+
+def test_a_ramp_is_sized_for_the_end_of_the_horizon() -> None:
+    policy = PredictivePolicy(ForecastSizing(replica_rps=5.0, horizon_s=90.0), RULES)
+    ramp = tuple(10.0 + 0.1 * t for t in range(600))
+    decision = policy.decide(_snap(600.0, 4, ramp), 600.0)
+    # The ramp at 599 + 90 s: 10 + 0.1 x 689 = 78.9 req/s; / 4 = 19.7 -> 20.
+    assert decision.replicas == 20
+
+
+def test_never_below_the_step_rules_and_within_max() -> None:
+    policy = PredictivePolicy(ForecastSizing(replica_rps=5.0, horizon_s=90.0), RULES)
+    # Little traffic but replicas full: the rules' +10% wins over the forecast's 2.
+    decision = policy.decide(_snap(10.0, 10, (1.0,) * 10, busy=95), 10.0)
+    assert (decision.replicas, decision.reason) == (11, ScaleReason.UP)
+    flood = PredictivePolicy(ForecastSizing(replica_rps=5.0, horizon_s=90.0), RULES)
+    assert flood.decide(_snap(10.0, 4, (1000.0,) * 10), 10.0).replicas == 20
+
+
+def test_each_second_is_fed_once() -> None:
+    policy = PredictivePolicy(ForecastSizing(replica_rps=5.0, horizon_s=90.0), RULES)
+    history = tuple(float(v) for v in range(10))
+    policy.decide(_snap(10.0, 4, history), 10.0)
+    assert policy.forecast.observed == 10
+    policy.decide(_snap(10.5, 4, history), 10.5)  # same second: nothing new
+    assert policy.forecast.observed == 10
+    policy.decide(_snap(13.0, 4, (*history[3:], 1.0, 2.0, 3.0)), 13.0)
+    assert policy.forecast.observed == 13
+
+
+def test_sizing_refuses_nonsense() -> None:
+    with pytest.raises(ConfigError):
+        ForecastSizing(replica_rps=0.0, horizon_s=90.0)
+    with pytest.raises(ConfigError):
+        ForecastSizing(replica_rps=1.0, horizon_s=90.0, fill=1.5)
+    assert math.isfinite(ForecastSizing(replica_rps=1.0, horizon_s=1.0).fill)
