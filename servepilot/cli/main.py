@@ -14,6 +14,7 @@ from servepilot.cli import (
     fleet_cmd,
     gateway_cmd,
     models_cmd,
+    observe_cmd,
     plan_cmd,
     sim_cmd,
     tune_cmd,
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         tune_cmd,
         models_cmd,
         config_cmd,
+        observe_cmd,
     ):
         module.register(sub)
     shells = sub.add_parser(
