@@ -8,7 +8,7 @@ from pathlib import Path
 from servepilot.cli.console import out_console, print_step
 from servepilot.cli.options import add_config_flag, base_url, config_from_args
 from servepilot.core.config import PolicyName
-from servepilot.fleet.serve import check_port_free
+from servepilot.fleet.serve import check_port_free, fleet_facts
 from servepilot.gateway import run_gateway
 
 DESCRIPTION = """\
@@ -18,10 +18,11 @@ checks each replica's /health, routes around those that fail, gives each replica
 --capacity requests at once and queues the rest by priority (X-Priority: 0 interactive,
 1 default, 2 batch), and serves one endpoint. Every other setting (admission budgets, circuit
 breakers, hard and soft limits, API keys) comes from fleet.yaml's `gateway` section; see
-`servepilot config`. With --access-log PATH, every request gets a JSON line in PATH (method,
-path, status, replica, class, sizes, TTFB/TTFT/E2E ms, error), written in the background
-(gateway.access_log sets sampling and buffering). Ctrl-C (or SIGTERM) drains in-flight requests,
-writes the last access log lines, and stops.
+`servepilot config`; with -c, /metrics also has batch utilisation (engine.max_num_seqs) and
+cost per QPS (the hardware's price). With --access-log PATH, every request gets a JSON line in
+PATH (method, path, status, replica, class, sizes, TTFB/TTFT/E2E ms, error), written in the
+background (gateway.access_log sets sampling and buffering). Ctrl-C (or SIGTERM) drains
+in-flight requests, writes the last access log lines, and stops.
 """
 
 
@@ -63,7 +64,10 @@ def run(args: argparse.Namespace) -> int:
         "gateway.host": "host",
         "gateway.admission.replica_concurrency": "capacity",
     }
-    config = config_from_args(args, overrides).gateway
+    fleet = config_from_args(args, overrides)
+    config = fleet.gateway
+    # With a fleet.yaml, its max_num_seqs and hardware price turn the batch and cost gauges on.
+    facts = fleet_facts(fleet) if args.config is not None else None
     urls = [base_url(u, "--replica") for u in args.replica]
     check_port_free(config.host, config.port)
 
@@ -78,6 +82,6 @@ def run(args: argparse.Namespace) -> int:
             update={"access_log": config.access_log.model_copy(update={"enabled": True})}
         )
     replicas = [(f"r{i}", url) for i, url in enumerate(urls)]
-    run_gateway(config, replicas, on_started=started, access_log_path=args.access_log)
+    run_gateway(config, replicas, on_started=started, access_log_path=args.access_log, facts=facts)
     print_step("stopped")
     return 0

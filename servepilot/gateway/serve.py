@@ -12,6 +12,7 @@ from pathlib import Path
 from servepilot.core import loop
 from servepilot.core.config import GatewayConfig
 from servepilot.gateway.app import Gateway
+from servepilot.gateway.fleet_gauges import FleetFacts
 from servepilot.routing.base import RoutingPolicy
 
 log = logging.getLogger(__name__)
@@ -25,8 +26,10 @@ def run_gateway(
     drain_timeout_s: float = 30.0,
     on_started: Callable[[int], None] | None = None,
     access_log_path: Path | None = None,
+    facts: FleetFacts | None = None,
 ) -> None:
     """Serve `replicas` ((replica_id, url) pairs) until SIGINT/SIGTERM, then drain and stop.
+    With `facts`, /metrics has the batch utilisation and cost gauges.
 
     Runs its own event loop, on uvloop when it is installed.
     """
@@ -38,6 +41,7 @@ def run_gateway(
             drain_timeout_s=drain_timeout_s,
             on_started=on_started,
             access_log_path=access_log_path,
+            facts=facts,
         )
     )
 
@@ -51,11 +55,14 @@ async def serve(
     on_started: Callable[[int], None] | None = None,
     stop: asyncio.Event | None = None,
     access_log_path: Path | None = None,
+    facts: FleetFacts | None = None,
 ) -> None:
     """Start a gateway in front of `replicas` (running ones) and serve until `stop` is set
     (by default: until SIGINT or SIGTERM)."""
     stop = stop if stop is not None else _stop_on_signals()
     gateway = Gateway(config, policy, access_log_path=access_log_path)
+    if facts is not None:
+        gateway.metrics.know_fleet(facts)
     try:
         # Probe every replica before listening, so /ready is right from the first request.
         await asyncio.gather(*(gateway.pool.add(rid, url) for rid, url in replicas))
