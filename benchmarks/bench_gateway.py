@@ -125,7 +125,7 @@ class Scraper:
         self._url, self._interval_s = url + "/metrics", interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
-        self.scrapes = 0
+        self.scrapes = self.failures = 0
 
     def __enter__(self) -> Scraper:
         self._thread.start()
@@ -137,9 +137,45 @@ class Scraper:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
-            with urllib.request.urlopen(self._url, timeout=5) as answer:
-                answer.read()
-            self.scrapes += 1
+            try:
+                with urllib.request.urlopen(self._url, timeout=30) as answer:
+                    answer.read()
+                self.scrapes += 1
+            except OSError:  # an overloaded machine: a missed scrape, as Prometheus has
+                self.failures += 1
+
+
+def scrape_cost_us(replicas: int, scrapes: int = 2000) -> tuple[float, float]:
+    """CPU microseconds of one /metrics render without and with the gauges (in this process,
+    interleaved, median of blocks): the gauges' whole cost, since they run only at scrape."""
+    from servepilot.core.config import GatewayConfig
+    from servepilot.gateway import FleetFacts, ReplicaInfo
+    from servepilot.gateway.metrics import GatewayMetrics
+    from servepilot.routing import make_policy
+
+    infos = [ReplicaInfo(f"r{i}", f"http://127.0.0.1:{9000 + i}", True, False, 3, 0, 5, 2, 0.4,
+                         ("m",), 64, None) for i in range(replicas)]  # fmt: skip
+
+    class Pool:
+        def replicas(self) -> list[ReplicaInfo]:
+            return infos
+
+    config = GatewayConfig()
+    policy = make_policy(config.policy, config.routing, 0)
+    plain, gauged = GatewayMetrics(Pool(), policy), GatewayMetrics(Pool(), policy)  # type: ignore[arg-type]
+    gauged.know_fleet(FleetFacts(max_num_seqs=128, replica_usd_per_hour=0.1))
+    for m in (plain, gauged):
+        for i in range(replicas):
+            m.count_request("/v1/chat/completions", 200)
+            m.observe_latency(i % 3, 0.05, 0.5)
+    blocks: dict[int, list[float]] = {0: [], 1: []}
+    for _ in range(20):
+        for key, m in enumerate((plain, gauged)):
+            started = time.process_time()
+            for _ in range(scrapes // 20):
+                m.render()
+            blocks[key].append((time.process_time() - started) / (scrapes // 20) * 1e6)
+    return statistics.median(blocks[0]), statistics.median(blocks[1])
 
 
 def load(url: str, args: argparse.Namespace, tmp: Path, probe_pid: int | None) -> dict[str, float]:
@@ -155,9 +191,14 @@ def load(url: str, args: argparse.Namespace, tmp: Path, probe_pid: int | None) -
     return result
 
 
-def one_round(stubs: list[str], args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, float]]:
+def one_round(
+    stubs: list[str], args: argparse.Namespace, tmp: Path, index: int
+) -> dict[str, dict[str, float]]:
     rows = {"direct": load(stubs[0], args, tmp, None)}
-    for name, (command, ready_path) in ROUTERS.items():
+    # Every other round in reverse order: a machine that gets busier during a round would
+    # otherwise always charge the same router.
+    order = list(ROUTERS.items())
+    for name, (command, ready_path) in order[::-1] if index % 2 else order:
         port = free_port()
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "RUST_LOG": "warn"}
         proc = subprocess.Popen(pinned(ROUTER_CORE, command(stubs, port, args)), env=env,
@@ -240,6 +281,8 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--scrape-s", type=float, default=1.0,
                         help="seconds between /metrics scrapes of the scraped runs")  # fmt: skip
+    parser.add_argument("--scrape-replicas", type=int, default=16,
+                        help="replicas in the in-process scrape-cost measurement")  # fmt: skip
     parser.add_argument(
         "--only", choices=sorted(ROUTERS), action="append",
         help="measure only this router (repeat for several)",
@@ -259,7 +302,7 @@ def main() -> None:
             args.fleet_yaml.write_text("engine: {max_num_seqs: 128}\n")
             for index in range(args.rounds):
                 started = time.perf_counter()
-                rows = one_round([url for _, url in stubs], args, Path(tmp))
+                rows = one_round([url for _, url in stubs], args, Path(tmp), index)
                 rounds.append(rows)
                 cpu = ", ".join(f"{n} {rows[n]['cpu_us']:.0f} us/req" for n in ROUTERS)
                 print(f"round {index + 1}/{args.rounds} ({time.perf_counter() - started:.0f} s, "
@@ -269,6 +312,11 @@ def main() -> None:
             proc.terminate()
             proc.wait(10)
     print(table(rounds, args))
+    without, with_gauges = scrape_cost_us(args.scrape_replicas)
+    print(
+        f"one /metrics scrape with {args.scrape_replicas} replicas: {without:.0f} us CPU, "
+        f"{with_gauges:.0f} us with the gauges ({with_gauges - without:+.0f} us a scrape)"
+    )
 
 
 if __name__ == "__main__":
