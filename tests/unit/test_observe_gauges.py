@@ -190,3 +190,17 @@ def test_fleet_facts_from_fleet_yaml() -> None:
     assert gpu == FleetFacts(max_num_seqs=256, replica_usd_per_hour=4 * 6.155)
     unknown = FleetConfig.model_validate({"hardware": {"accelerator": "no-such-chip"}})
     assert fleet_facts(unknown).replica_usd_per_hour is None
+
+
+def test_a_failing_gpu_read_leaves_the_gpu_gauges_out_of_that_scrape_only() -> None:
+    nvml = _fake_nvml([50], [1])
+    healthy = nvml.nvmlDeviceGetUtilizationRates
+
+    def fell_off_the_bus(handle: int) -> Any:
+        raise nvml.NVMLError("GPU is lost")
+
+    metrics = _metrics([_REPLICA], GpuGauges(nvml))
+    nvml.nvmlDeviceGetUtilizationRates = fell_off_the_bus
+    assert not {n for n in _names(metrics) if n.startswith("servepilot_gpu_")}
+    nvml.nvmlDeviceGetUtilizationRates = healthy
+    assert _samples(metrics)[("servepilot_gpu_utilization", (("gpu", "0"),))] == 0.5
