@@ -13,9 +13,10 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from servepilot.bench.report.columns import RUN_COLUMNS
+from servepilot.bench.report.columns import RUN_COLUMNS, Column
 from servepilot.bench.report.fmt import fmt_ms, fmt_num, format_load, level_name
 from servepilot.bench.runlength import Estimate
+from servepilot.bench.runner import LAG_LIMIT_MS
 from servepilot.bench.shortfalls import client_limited, leak_bytes_per_request, shortfalls
 from servepilot.core.results import BenchResult, Load, Run
 from servepilot.load.loadplan import LoadPlan
@@ -26,19 +27,21 @@ def render_runs_table(result: BenchResult) -> Table:
     table = Table(
         box=box.SIMPLE_HEAD,
         padding=(0, 1),
+        collapse_padding=True,
         pad_edge=False,
         header_style="bold",
         title=f"servepilot bench ({result.source.value})",
         title_justify="left",
     )
-    for i, column in enumerate(RUN_COLUMNS):
+    columns = terminal_columns(result)
+    for i, column in enumerate(columns):
         table.add_column(
             _stacked(column.header, column.unit), justify="left" if i == 0 else "right"
         )
     spot = result.sweet_spot.load if result.sweet_spot else None
     for run in result.runs:
         cells = []
-        for column in RUN_COLUMNS:
+        for column in columns:
             # Text, not markup: a cell holding "[...]" must print as is, not as a style tag.
             cell = Text(column.text(run))
             if column.over_slo(run, result.slo):
@@ -52,6 +55,17 @@ def render_runs_table(result: BenchResult) -> Table:
         table.caption = f"SLO {limits}; red: above the SLO"
         table.caption_justify = "left"
     return table
+
+
+def terminal_columns(result: BenchResult) -> tuple[Column, ...]:
+    """The report's columns less those that would only repeat another here, so that the table
+    fits a 120-column terminal: without an SLO, goodput is Req/s and SLO met 100%; in a
+    closed loop no rate was asked, so got/asked is Req/s. report.html keeps every column."""
+    closed = all(run.client is None or run.client.requested_rate is None for run in result.runs)
+    dropped = {"Goodput", "SLO met"} if not result.slo else set()
+    if closed:
+        dropped.add("Rate got/asked")
+    return tuple(c for c in RUN_COLUMNS if c.header not in dropped)
 
 
 def _stacked(header: str, unit: str) -> str:
@@ -169,10 +183,13 @@ def run_warnings(run: Run) -> tuple[str, ...]:
     too slow, memory that leaks."""
     warnings = list(shortfalls(run))
     if (client := client_limited(run)) is not None:
+        asked = client.requested_rate
+        rate = f"{client.achieved_rate:.2f}" + (f" of {asked:g}" if asked is not None else "")
         warnings.append(
-            f"at {level_name(run.load)} the client could not keep up (achieved "
-            f"{client.achieved_rate:.1f} req/s): the numbers understate the server; "
-            "use --processes or a bigger client machine"
+            f"at {level_name(run.load)} the client fell behind ({rate} req/s sent, send lag "
+            f"p99 {client.send_lag_ms.p99 or 0:,.0f} ms; more than {LAG_LIMIT_MS:g} ms, or a "
+            "rate short of the schedule, makes a client-bound run): the numbers understate "
+            "the server; give the client a quieter or bigger machine, or --processes"
         )
     if (growth := leak_bytes_per_request(run)) is not None:
         warnings.append(

@@ -8,12 +8,15 @@ from pathlib import Path
 from servepilot.cli.console import out_console, print_step
 from servepilot.cli.options import add_config_flag, base_url, config_from_args
 from servepilot.core.config import PolicyName
+from servepilot.core.errors import ConfigError
 from servepilot.fleet.serve import check_port_free, fleet_facts
 from servepilot.gateway import run_gateway
+from servepilot.gateway.k8s_endpoints import KubernetesEndpoints, parse_target
 
 DESCRIPTION = """\
 Run servepilot's gateway in front of vLLM (or any OpenAI-compatible) servers that you started
-yourself. Each --replica is a base URL such as http://10.0.0.5:8000 (without /v1). The gateway
+yourself. Each --replica is a base URL such as http://10.0.0.5:8000 (without /v1); in a
+Kubernetes pod, --discover k8s:SERVICE follows a Service's ready endpoints instead. The gateway
 checks each replica's /health, routes around those that fail, gives each replica at most
 --capacity requests at once and queues the rest by priority (X-Priority: 0 interactive,
 1 default, 2 batch), and serves one endpoint. Every other setting (admission budgets, circuit
@@ -35,8 +38,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_config_flag(parser)
     parser.add_argument(
-        "--replica", action="append", required=True, metavar="URL",
+        "--replica", action="append", default=[], metavar="URL",
         help="base URL of a replica; repeat for each",
+    )  # fmt: skip
+    parser.add_argument(
+        "--discover", metavar="k8s:SERVICE[.NS]",
+        help="in a Kubernetes pod: follow the ready endpoints of SERVICE (in namespace NS, "
+        "default the pod's own) through its EndpointSlices; replicas join and leave as they "
+        "become ready, scale or go (the pod's service account needs list on endpointslices)",
     )  # fmt: skip
     parser.add_argument(
         "--policy", choices=[p.value for p in PolicyName],
@@ -69,11 +78,16 @@ def run(args: argparse.Namespace) -> int:
     # With a fleet.yaml, its max_num_seqs and hardware price turn the batch and cost gauges on.
     facts = fleet_facts(fleet) if args.config is not None else None
     urls = [base_url(u, "--replica") for u in args.replica]
+    source = _source(args.discover)
+    if not urls and source is None:
+        raise ConfigError("give at least one --replica URL, or --discover k8s:SERVICE")
     check_port_free(config.host, config.port)
+
+    upstreams = [*urls, *([args.discover] if source is not None else [])]
 
     def started(port: int) -> None:
         out_console.print(
-            f"gateway on http://{config.host}:{port}/v1 -> {', '.join(urls)} "
+            f"gateway on http://{config.host}:{port}/v1 -> {', '.join(upstreams)} "
             f"(policy {config.policy.value}); Ctrl-C stops"
         )
 
@@ -82,6 +96,23 @@ def run(args: argparse.Namespace) -> int:
             update={"access_log": config.access_log.model_copy(update={"enabled": True})}
         )
     replicas = [(f"r{i}", url) for i, url in enumerate(urls)]
-    run_gateway(config, replicas, on_started=started, access_log_path=args.access_log, facts=facts)
+    run_gateway(
+        config,
+        replicas,
+        on_started=started,
+        access_log_path=args.access_log,
+        source=source,
+        facts=facts,
+    )
     print_step("stopped")
     return 0
+
+
+def _source(discover: str | None) -> KubernetesEndpoints | None:
+    if discover is None:
+        return None
+    try:
+        service, namespace = parse_target(discover)
+    except ValueError as exc:
+        raise ConfigError(f"--discover: {exc}") from None
+    return KubernetesEndpoints(service, namespace)

@@ -16,6 +16,7 @@ from servepilot.cli.console import print_step, print_warning
 from servepilot.cli.levels_view import exit_code, level_bars, print_runs
 from servepilot.cli.load_options import add_load_flags, add_workload_flags, levels_from_args
 from servepilot.cli.options import add_config_flag, config_from_args
+from servepilot.core.autoscale_config import ScalingPolicyName
 from servepilot.core.config import FleetConfig, PolicyName
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Load
@@ -23,7 +24,7 @@ from servepilot.core.slo import Slo, parse_slo
 from servepilot.core.units import parse_duration_or_zero_s, parse_duration_s
 from servepilot.engine.cpu import cpu_flags
 from servepilot.load.loadplan import LoadPlan
-from servepilot.scaling.policies import ScalingPolicyName
+from servepilot.scaling.policies import AutoscaleSetup
 from servepilot.sim.fleet import narration
 from servepilot.sim.fleet import setup as fleet_setup
 from servepilot.sim.fleet.network import parse_network
@@ -94,7 +95,8 @@ def _fleet_flags(parser: argparse.ArgumentParser) -> None:
         "DeepSeek-V4 load from NVMe)")  # fmt: skip
     add("--start-cold", action="store_true", help="the first replicas start cold too")
     add("--autoscale", metavar="MIN:MAX",
-        help="scale between MIN and MAX replicas with --scaling-policy")  # fmt: skip
+        help="scale between MIN and MAX replicas with --scaling-policy (without it: "
+        "fleet.yaml's autoscale section, when enabled)")  # fmt: skip
     add("--scaling-policy", choices=[p.value for p in ScalingPolicyName], default="target",
         help="target (default): HPA-like; step: the seeds' +10%% above 80%% utilisation, -5%% "
         "below 50%%; predictive: step, or more for the forecast (README)")  # fmt: skip
@@ -115,6 +117,9 @@ def run(args: argparse.Namespace) -> int:
     spec = _spec(args, config, setup)
     scaling = fleet_setup.autoscaler(args.autoscale, args.scaling_policy, args.autoscale_target,
         args.replica_rps, args.forecast_horizon, spec)  # fmt: skip
+    if scaling is None and config.autoscale.enabled:  # fleet.yaml's, as `up` would run it
+        spec = dataclasses.replace(spec, autoscale_interval_s=config.autoscale.interval_s)
+        scaling = AutoscaleSetup.from_section(config.autoscale, spec.cold_start_s)
     opts = SimOptions(
         spec=spec,
         levels=levels_from_args(args),

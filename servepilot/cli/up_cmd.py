@@ -8,6 +8,7 @@ from pathlib import Path
 from servepilot.cli.console import err_console, out_console, print_step, print_warning, simple_table
 from servepilot.cli.options import add_config_flag, config_from_args
 from servepilot.core import loop
+from servepilot.core.autoscale_config import ScalingPolicyName, parse_bounds
 from servepilot.core.config import EngineKind
 from servepilot.fleet import up
 from servepilot.fleet.detach import start_detached
@@ -32,6 +33,10 @@ scale; `--model` may then also be a preset (llama-3.1-8b, deepseek-v3, ...).
 `cluster.backend: ray` in fleet.yaml runs the replicas as Ray actors on a Ray cluster's nodes
 (`cluster.address: local` starts one on this machine), spread one per node, restarted by Ray
 when a node is lost; the gateway runs here and follows them (README, "Scaling out on Ray").
+
+`--autoscale MIN:MAX` (fleet.yaml's `autoscale` section) adds replicas when they are busy and
+removes idle ones, draining each first, by the `--scaling-policy` (README, "Autoscaling
+policies"); every decision goes to the gateway's log and /metrics, the changes to this output.
 """
 
 
@@ -50,6 +55,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--engine", choices=[k.value for k in EngineKind],
         help="vllm (default) or sim: simulated replicas (engine.kind)",
     )  # fmt: skip
+    parser.add_argument("--autoscale", metavar="MIN:MAX",
+                        help="scale between MIN and MAX replicas (local replicas)")  # fmt: skip
+    parser.add_argument("--scaling-policy", choices=[p.value for p in ScalingPolicyName],
+                        help="step (default): the seeds' rules; predictive; target")  # fmt: skip
+    parser.add_argument("--replica-rps", type=float, metavar="R",
+                        help="predictive: req/s one replica serves within the SLO")  # fmt: skip
     parser.add_argument("--detach", action="store_true", help="run in the background, "
                         "return once serving; `servepilot down` stops it")  # fmt: skip
     # Set by --detach for the `up` it starts: the run folder it made.
@@ -65,8 +76,15 @@ def run(args: argparse.Namespace) -> int:
             "gateway.port": "port",
             "model.source": "model",
             "engine.kind": "engine",
+            "autoscale.policy": "scaling_policy",
+            "autoscale.replica_rps": "replica_rps",
         },
     )
+    if args.autoscale:
+        lo, hi = parse_bounds(args.autoscale)
+        bounds = {"autoscale.enabled": True, "autoscale.min_replicas": lo,
+                  "autoscale.max_replicas": hi}  # fmt: skip
+        config = config.with_overrides(bounds, dict.fromkeys(bounds, "--autoscale"))
     if args.detach:
         started = start_detached(config, lambda text: print(text, end="", flush=True))
         print_step(f"serving in the background (pid {started.record.pid}); logs in "

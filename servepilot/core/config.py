@@ -15,9 +15,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from servepilot.core.autoscale_config import AutoscaleConfig
 from servepilot.core.cluster_config import ClusterConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.gateway_config import GatewayConfig, PolicyName, Priority
+from servepilot.core.kubernetes_config import KubernetesConfig
 from servepilot.core.slo import Slo
 from servepilot.core.yamlfile import parse_yaml, read_user_file
 
@@ -250,6 +252,14 @@ class FleetConfig(_Section):
 
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     """Where `up` runs the replicas: this machine (`local`) or a Ray cluster (`ray`)."""
+
+    autoscale: AutoscaleConfig = Field(default_factory=AutoscaleConfig)
+    """Whether and how `up` adds and removes replicas as the load changes (local replicas;
+    on Kubernetes: kubernetes.autoscaling)."""
+
+    kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
+    """What `servepilot k8s render` writes for a Kubernetes cluster: images, the model
+    volume, autoscaling, the runtime."""
 
     @model_validator(mode="after")
     def _device_fits_knobs(self) -> FleetConfig:

@@ -122,18 +122,29 @@ def vllm_command(config: FleetConfig, model: str, served_name: str) -> str:
     if config.model.source == EMBEDDED_MODEL:
         # Where `servepilot models pull smollm2` puts the converted folder.
         model = str(embedded_model_dir())
-    spec = ServerSpec(model_path=model, served_name=served_name, host="0.0.0.0", port=8000)
+    argv = serve_argv(config, model, served_name)
+    device = config.hardware.device
+    if device is Device.CPU:
+        return LaunchCommand(argv=argv, env=server_env(config.engine, device, ())).shell()
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def serve_argv(
+    config: FleetConfig, model: str, served_name: str, port: int = 8000
+) -> tuple[str, ...]:
+    """One replica's server argv serving `model` as it is (a folder or a hub repository) on
+    0.0.0.0:`port`: what `vllm_command` prints and the Kubernetes containers run."""
+    spec = ServerSpec(model_path=model, served_name=served_name, host="0.0.0.0", port=port)
     device = config.hardware.device
     engine = config.engine.model_copy(update={"kind": EngineKind.VLLM})
     if device is Device.CPU:
-        argv = ("python", "-m", SERVER_MODULE, *server_args(engine, spec, device))
-        return LaunchCommand(argv=argv, env=server_env(engine, device, ())).shell()
+        return ("python", "-m", SERVER_MODULE, *server_args(engine, spec, device))
     args = server_args(engine, spec, device, cpu_features=frozenset())
     args = args[2:]  # the model goes first, as `vllm serve` takes it
     if engine.pipeline_parallel_size > 1:
         # Pipeline stages on several nodes run on a Ray cluster spanning them.
         args += ["--distributed-executor-backend", "ray"]
-    return " ".join(["vllm", "serve", shlex.quote(model), *(shlex.quote(a) for a in args)])
+    return ("vllm", "serve", model, *args)
 
 
 def split_cores(total_cores: int, replicas: int, per_replica: int | None) -> list[tuple[int, ...]]:

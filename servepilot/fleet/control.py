@@ -60,8 +60,20 @@ def status_line(status: FleetStatus) -> str:
         state = "serving"
     return (
         f"fleet on port {rec.port}: {state}, endpoint {rec.gateway_url}/v1, pid {rec.pid}\n"
-        f"logs: {rec.run_dir}"
+        f"logs: {rec.run_dir}" + _autoscale_line(rec)
     )
+
+
+def _autoscale_line(rec: FleetRecord) -> str:
+    scaling = rec.autoscale
+    if scaling is None:
+        return ""
+    line = f"\nautoscale: {scaling.policy} between {scaling.min_replicas} and " \
+           f"{scaling.max_replicas} replicas"  # fmt: skip
+    if scaling.last_decision is not None and scaling.last_decision_at_s is not None:
+        at = time.strftime("%H:%M:%S", time.localtime(scaling.last_decision_at_s))
+        line += f"; last decision at {at}: {scaling.last_decision.removeprefix('autoscale: ')}"
+    return line
 
 
 def _starting_state(rec: FleetRecord) -> str:

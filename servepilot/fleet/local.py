@@ -34,31 +34,38 @@ def replica_command(
 
 
 class LocalReplicas:
-    """Owns the replica processes of one `up`: starts them together, stops them together."""
+    """Owns the replica processes of one `up`: starts them together (the autoscaler one more,
+    or stops one), stops them together."""
 
     def __init__(self, config: FleetConfig, model: ResolvedModel | SimModel, run_dir: Path) -> None:
         self.config = config
         self.model = model
         self.run_dir = run_dir
         self.processes: list[ReplicaProcess] = []
+        self._next_index = 0
+        """The index of the next replica: an id (and its log file) is never given twice."""
 
-    def _build(self) -> list[ReplicaProcess]:
+    def core_slots(self) -> list[tuple[int, ...]]:
+        """Each replica slot's cores: one per replica, or per replica at most when the fleet
+        autoscales (a replica added later gets the cores of a slot, never all of them)."""
         count = self.config.replicas.count
+        scaling = self.config.autoscale
+        slots = max(count, scaling.max_replicas) if scaling.enabled else count
+        return split_cores(os.cpu_count() or 1, slots, self.config.engine.cpu_threads)
+
+    def _process(self, index: int, cores: tuple[int, ...]) -> ReplicaProcess:
         host = self.config.replicas.host
-        cores = split_cores(os.cpu_count() or 1, count, self.config.engine.cpu_threads)
-        processes = []
-        for index in range(count):
-            port = free_port(host)
-            command = self._command(host, port, cores[index])
-            processes.append(
-                ReplicaProcess(
-                    replica_id=f"r{index}",
-                    command=command,
-                    url=f"http://{host}:{port}",
-                    log_path=self.run_dir / replica_log_name(f"r{index}"),
-                )
-            )
-        return processes
+        port = free_port(host)
+        return ReplicaProcess(
+            replica_id=f"r{index}",
+            command=self._command(host, port, cores),
+            url=f"http://{host}:{port}",
+            log_path=self.run_dir / replica_log_name(f"r{index}"),
+        )
+
+    def _build(self, count: int) -> list[ReplicaProcess]:
+        slots = self.core_slots()
+        return [self._process(index, slots[index % len(slots)]) for index in range(count)]
 
     def _command(self, host: str, port: int, cores: tuple[int, ...]) -> LaunchCommand:
         return replica_command(self.config, self.model, host, port, cores)
@@ -70,11 +77,31 @@ class LocalReplicas:
         self.launch()
         return await self.wait_ready(on_ready)
 
-    def launch(self) -> None:
-        """Start every replica's process without waiting (their pids are known after this)."""
-        self.processes = self._build()
+    def launch(self, count: int | None = None) -> None:
+        """Start `count` replicas' processes (default replicas.count) without waiting (their
+        pids are known after this)."""
+        self.processes = self._build(self.config.replicas.count if count is None else count)
+        self._next_index = len(self.processes)
         for proc in self.processes:
             proc.start()
+
+    def launch_one(self) -> ReplicaProcess:
+        """Start one more replica (the autoscaler's), under a new id, without waiting; await
+        its `wait_ready`."""
+        index, self._next_index = self._next_index, self._next_index + 1
+        slots = self.core_slots()
+        proc = self._process(index, slots[index % len(slots)])
+        self.processes.append(proc)
+        proc.start()
+        return proc
+
+    async def stop_one(self, replica_id: str) -> None:
+        """Stop one replica (SIGTERM, SIGKILL after the grace period) and forget it."""
+        proc = next((p for p in self.processes if p.replica_id == replica_id), None)
+        if proc is None:
+            return
+        self.processes.remove(proc)
+        await asyncio.to_thread(proc.stop, self.config.engine.stop_grace_s)
 
     async def wait_ready(
         self, on_ready: Callable[[ReplicaInfo], None] | None = None

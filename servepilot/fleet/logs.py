@@ -100,24 +100,30 @@ def tail(path: Path, keep_going: Callable[[], bool]) -> Iterator[str]:
             time.sleep(_FOLLOW_POLL_S)
 
 
+_GATEWAY_LOGGERS = ("servepilot.gateway", "servepilot.fleet.autoscale")
+
+
 @contextlib.contextmanager
 def gateway_log(run_dir: Path) -> Iterator[None]:
-    """While inside: the gateway's log records go to the run's gateway.log (INFO and up),
-    and warnings also to stderr, as bare messages (what they looked like before)."""
-    logger = logging.getLogger("servepilot.gateway")
+    """While inside: the gateway's (and its autoscaler's) log records go to the run's
+    gateway.log (INFO and up), and warnings also to stderr, as bare messages (what they
+    looked like before)."""
+    loggers = [logging.getLogger(name) for name in _GATEWAY_LOGGERS]
     run_dir.mkdir(parents=True, exist_ok=True)
     to_file = logging.FileHandler(run_dir / GATEWAY_LOG, encoding="utf-8")
     to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     to_stderr = logging.StreamHandler(sys.stderr)
     to_stderr.setLevel(logging.WARNING)
-    level = logger.level
-    logger.setLevel(logging.INFO)
-    logger.addHandler(to_file)
-    logger.addHandler(to_stderr)
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.INFO)
+        logger.addHandler(to_file)
+        logger.addHandler(to_stderr)
     try:
         yield
     finally:
-        logger.removeHandler(to_file)
-        logger.removeHandler(to_stderr)
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.removeHandler(to_file)
+            logger.removeHandler(to_stderr)
+            logger.setLevel(level)
         to_file.close()

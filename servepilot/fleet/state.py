@@ -36,6 +36,19 @@ class ReplicaRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class AutoscaleRecord:
+    """What `status` shows of a fleet's autoscaler."""
+
+    policy: str
+    min_replicas: int
+    max_replicas: int
+    last_decision: str | None = None
+    """Its last decision's log line."""
+    last_decision_at_s: float | None = None
+    """Unix time."""
+
+
+@dataclass(frozen=True, slots=True)
 class FleetRecord:
     pid: int
     """The `servepilot up` process."""
@@ -46,6 +59,8 @@ class FleetRecord:
     run_dir: str
     replicas: tuple[ReplicaRecord, ...]
     state: FleetState = FleetState.SERVING
+    autoscale: AutoscaleRecord | None = None
+    """None: a fixed number of replicas."""
 
     def is_alive(self) -> bool:
         return pid_alive(self.pid)
@@ -81,7 +96,10 @@ def read_records() -> list[FleetRecord]:
             data = json.loads(path.read_text(encoding="utf-8"))
             replicas = tuple(ReplicaRecord(**r) for r in data.pop("replicas"))
             state = FleetState(data.pop("state", FleetState.SERVING))
-            records.append(FleetRecord(**data, replicas=replicas, state=state))
+            scaling = data.pop("autoscale", None)
+            autoscale = AutoscaleRecord(**scaling) if scaling is not None else None
+            records.append(FleetRecord(**data, replicas=replicas, state=state,
+                                       autoscale=autoscale))  # fmt: skip
         except (OSError, ValueError, TypeError, KeyError) as exc:
             raise FleetError(
                 f"{path}: unreadable fleet record ({exc})",

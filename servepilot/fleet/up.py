@@ -2,8 +2,9 @@
 
 Order of start: model -> replicas launched -> fleet record (`starting`) -> replicas ready ->
 gateway -> fleet record (`serving`).
-Order of stop, the reverse: record -> gateway (drain in-flight work) -> replicas. Stopped while
-starting: the replicas are stopped, then the record goes.
+With `autoscale.enabled`, the autoscaler starts once the gateway serves (`fleet.autoscale`).
+Order of stop, the reverse: autoscaler -> record -> gateway (drain in-flight work) ->
+replicas. Stopped while starting: the replicas are stopped, then the record goes.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from servepilot.core.errors import FleetError
 from servepilot.engine.model_source import ResolvedModel, resolve_model
 from servepilot.engine.process import ReplicaInfo
 from servepilot.engine.simserver.args import SimModel, sim_model
+from servepilot.fleet.autoscale.controller import AutoscaleController, Decision
+from servepilot.fleet.autoscale.start import check_autoscale, initial_replicas, start_autoscaler
 from servepilot.fleet.local import LocalReplicas
 from servepilot.fleet.logs import ACCESS_LOG, gateway_log, new_run_dir
 from servepilot.fleet.serve import (
@@ -36,6 +39,7 @@ from servepilot.fleet.serve import (
     start_gateway,
 )
 from servepilot.fleet.state import (
+    AutoscaleRecord,
     FleetRecord,
     FleetState,
     ReplicaRecord,
@@ -145,6 +149,7 @@ async def run_up(
 ) -> None:
     """Serve until SIGINT or SIGTERM, then drain and stop everything. `detached_run_dir`:
     this is the process `up --detach` started, in the run folder it made (detach.py)."""
+    check_autoscale(config)
     if config.cluster.backend is ClusterBackend.RAY:
         await _run_on_ray(config, report, detached_run_dir)
         return
@@ -162,8 +167,9 @@ async def run_up(
     run_dir = detached_run_dir or new_run_dir()
     replicas = LocalReplicas(config, model, run_dir)
     stop = stop_event()
-    report.step(f"starting {config.replicas.count} {what} replica(s); logs in {run_dir}")
-    replicas.launch()
+    count = initial_replicas(config)
+    report.step(f"starting {count} {what} replica(s); logs in {run_dir}")
+    replicas.launch(count)
     awaited = [ReplicaRecord(p.replica_id, p.url, p.pid or 0, str(p.log_path), ready=False)
                for p in replicas.processes]  # fmt: skip
     starting = StartingRecord(f"http://{gw.host}:{gw.port}", gw.port, run_dir, awaited)
@@ -207,6 +213,7 @@ async def _serve(
 ) -> None:
     """Start the gateway in front of the ready replicas and serve until told to stop."""
     served: ServedGateway | None = None
+    autoscaler: AutoscaleController | None = None
     try:
         upstreams = [
             Upstream(
@@ -224,15 +231,61 @@ async def _serve(
         # Announced first, then recorded: a script (or test) that waits for the record's
         # `serving` finds the endpoint already printed.
         report.serving(UpStarted(served.url, model_name, tuple(infos), detached))
-        write_record(_record(served, infos, replicas.run_dir))
+        record = ServingRecord(served, replicas, config)
+        record.write()
+        if config.autoscale.enabled:
+            cold_start_s = max(i.startup_s for i in infos)
+            autoscaler = start_autoscaler(config, served.gateway, replicas, cold_start_s,
+                                          record.on_decision(report))  # fmt: skip
         await _watch(replicas, served.gateway.pool, stop, report)
     finally:
+        if autoscaler is not None:
+            await autoscaler.stop()  # first: nothing starts, stops or rewrites the record after
         if served is not None:
             remove_record(served.port)
         report.step("draining the gateway and stopping the replicas")
         if served is not None:
             await served.stop(DRAIN_TIMEOUT_S)
         await replicas.stop()
+
+
+class ServingRecord:
+    """The fleet record once the gateway serves; rewritten at each autoscaling decision
+    (the replicas it lists, so `down` finds every process, and the decision for `status`)."""
+
+    def __init__(self, served: ServedGateway, replicas: LocalReplicas, config: FleetConfig) -> None:
+        self.served = served
+        self.replicas = replicas
+        scaling = config.autoscale
+        self.autoscale = (
+            AutoscaleRecord(scaling.policy.value, scaling.min_replicas, scaling.max_replicas)
+            if scaling.enabled
+            else None
+        )
+        self.started_at_s = time.time()
+
+    def write(self) -> None:
+        served, procs = self.served, self.replicas.processes
+        write_record(
+            FleetRecord(os.getpid(), served.url, served.port, self.started_at_s,
+                        str(self.replicas.run_dir),
+                        tuple(ReplicaRecord(p.replica_id, p.url, p.pid or 0, str(p.log_path))
+                              for p in procs),
+                        autoscale=self.autoscale)
+        )  # fmt: skip
+
+    def on_decision(self, report: UpReporter) -> Callable[[Decision], None]:
+        """Report a change on up's output, then record the decision."""
+
+        def heard(decision: Decision) -> None:
+            if decision.direction != "hold":
+                report.step(decision.line())
+            if self.autoscale is not None:
+                self.autoscale = replace(self.autoscale, last_decision=decision.line(),
+                                         last_decision_at_s=decision.at_s)  # fmt: skip
+            self.write()
+
+        return heard
 
 
 class StartingRecord:
@@ -309,16 +362,3 @@ def stop_event() -> asyncio.Event:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, event.set)
     return event
-
-
-def _record(
-    served: ServedGateway, infos: list[ReplicaInfo], run_dir: os.PathLike[str]
-) -> FleetRecord:
-    return FleetRecord(
-        pid=os.getpid(),
-        gateway_url=served.url,
-        port=served.port,
-        started_at_s=time.time(),
-        run_dir=str(run_dir),
-        replicas=tuple(ReplicaRecord(i.replica_id, i.url, i.pid, str(i.log_path)) for i in infos),
-    )

@@ -101,6 +101,9 @@ class GatewayMetrics:
         self.sheds = _Counts()
         self.queued = _Counts()
         self.retries = 0
+        self.arrivals = 0
+        """Generation requests that reached the gateway, ever (an autoscaler's arrival rate
+        reads its increase; the hot path pays one increment)."""
         self.breaker_moves = _Counts()
         self.degradation_steps = _Counts()
         self.ttfb = _Histograms()

@@ -305,9 +305,11 @@ class ReplicaPool:
             self._get_body(replica.endpoint("/metrics")),
             self._get_body(replica.endpoint("/v1/models")),
         )
-        replica.gauges = (
-            NO_LOAD if metrics_text is None else parse_load(metrics_text.decode("utf-8", "replace"))
-        )
+        if metrics_text is None:
+            replica.gauges = NO_LOAD
+        else:
+            replica.gauges = parse_load(metrics_text.decode("utf-8", "replace"))
+            replica.scraped_at_s = time.monotonic()
         if models_doc is not None:
             self._learn_models(replica, models_doc)
         replica.consecutive_failures = 0

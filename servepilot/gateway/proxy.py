@@ -108,6 +108,7 @@ class Proxy:
             )
         started = time.perf_counter()
         generates = path.startswith("/v1/")
+        self._metrics.arrivals += generates
         view = self._view(request, caller, parsed, generates=generates)
         if trail is not None:
             trail.model, trail.stream = parsed.model, parsed.stream

@@ -30,6 +30,9 @@ class ReplicaInfo:
     models: tuple[str, ...]
     capacity: int
     group: str | None
+    scraped_at_s: float | None = None
+    """When its gauges were last read (time.monotonic()); None: never. An autoscaler reads
+    their age (not in the admin API's answer)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -69,6 +72,7 @@ class Replica:
         "model_ids",
         "replica_id",
         "reported_down",
+        "scraped_at_s",
         "starting",
         "upstream",
         "url",
@@ -110,6 +114,8 @@ class Replica:
         self.reported_down = False
         """Its never coming up was logged (once)."""
         self.gauges: LoadGauges = NO_LOAD
+        self.scraped_at_s: float | None = None
+        """When `gauges` were read (time.monotonic()); None: never."""
         self.model_cards: tuple[Mapping[str, Any], ...] = ()
         self.model_ids: frozenset[str] = frozenset()
         self._endpoints: dict[str, URL] = {}
@@ -144,6 +150,7 @@ class Replica:
             models=tuple(sorted(self.model_ids)),
             capacity=self.capacity,
             group=self.group,
+            scraped_at_s=self.scraped_at_s,
         )
 
 

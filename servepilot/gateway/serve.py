@@ -12,6 +12,7 @@ from pathlib import Path
 from servepilot.core import loop
 from servepilot.core.config import GatewayConfig
 from servepilot.gateway.app import Gateway
+from servepilot.gateway.discovery import EndpointSource, EndpointWatcher
 from servepilot.gateway.fleet_gauges import FleetFacts
 from servepilot.routing.base import RoutingPolicy
 
@@ -26,10 +27,12 @@ def run_gateway(
     drain_timeout_s: float = 30.0,
     on_started: Callable[[int], None] | None = None,
     access_log_path: Path | None = None,
+    source: EndpointSource | None = None,
     facts: FleetFacts | None = None,
 ) -> None:
-    """Serve `replicas` ((replica_id, url) pairs) until SIGINT/SIGTERM, then drain and stop.
-    With `facts`, /metrics has the batch utilisation and cost gauges.
+    """Serve `replicas` ((replica_id, url) pairs) and those `source` lists, until
+    SIGINT/SIGTERM, then drain and stop. With `facts`, /metrics has the batch utilisation and
+    cost gauges.
 
     Runs its own event loop, on uvloop when it is installed.
     """
@@ -41,6 +44,7 @@ def run_gateway(
             drain_timeout_s=drain_timeout_s,
             on_started=on_started,
             access_log_path=access_log_path,
+            source=source,
             facts=facts,
         )
     )
@@ -55,22 +59,33 @@ async def serve(
     on_started: Callable[[int], None] | None = None,
     stop: asyncio.Event | None = None,
     access_log_path: Path | None = None,
+    source: EndpointSource | None = None,
     facts: FleetFacts | None = None,
 ) -> None:
-    """Start a gateway in front of `replicas` (running ones) and serve until `stop` is set
-    (by default: until SIGINT or SIGTERM)."""
+    """Start a gateway in front of `replicas` (running ones), and of the replicas `source`
+    lists as they come and go, and serve until `stop` is set (by default: until SIGINT or
+    SIGTERM)."""
     stop = stop if stop is not None else _stop_on_signals()
     gateway = Gateway(config, policy, access_log_path=access_log_path)
     if facts is not None:
         gateway.metrics.know_fleet(facts)
+    watcher = None
+    if source is not None:
+        watcher = EndpointWatcher(gateway.pool, source, drain_timeout_s=drain_timeout_s)
     try:
         # Probe every replica before listening, so /ready is right from the first request.
         await asyncio.gather(*(gateway.pool.add(rid, url) for rid, url in replicas))
+        if watcher is not None:
+            await watcher.sync()
+            watcher.start()
         port = await gateway.start()
         if on_started is not None:
             on_started(port)
         await stop.wait()
     finally:
+        # The watcher first, so that no replica joins a gateway that is stopping.
+        if watcher is not None:
+            await watcher.stop()
         await gateway.stop(drain_timeout_s)
 
 

@@ -59,9 +59,7 @@ class Features:
 
 
 def features_of(config: FleetConfig) -> Features:
-    # fleet.yaml's `autoscale` section comes with issue 17's controller; without it, none.
-    autoscale = getattr(getattr(config, "autoscale", None), "enabled", False) is True
-    return Features(gpu=config.hardware.device is Device.GPU, autoscale=autoscale)
+    return Features(gpu=config.hardware.device is Device.GPU, autoscale=config.autoscale.enabled)
 
 
 def _latencies(title: str, histogram: str, by: str = "", legend: str = "") -> Panel:

@@ -1,24 +1,16 @@
-"""The autoscaling policies by name, and what building one takes."""
+"""The autoscaling policies by name (`ScalingPolicyName`, in core: fleet.yaml names them), and
+what building one takes."""
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from servepilot.core.autoscale_config import AutoscaleConfig, ScalingPolicyName
 from servepilot.core.errors import ConfigError
 from servepilot.scaling.predictive import ForecastSizing, PredictivePolicy
 from servepilot.scaling.snapshot import AutoscalePolicy
 from servepilot.scaling.step import StepPolicy, StepRules
 from servepilot.scaling.target_utilisation import TargetUtilisation
-
-
-class ScalingPolicyName(enum.Enum):
-    STEP = "step"
-    """The seeds' step rules (`scaling.step`)."""
-    PREDICTIVE = "predictive"
-    """A forecast of the arrivals ahead of the cold start, never below `step`."""
-    TARGET = "target"
-    """The HPA-like share of the concurrency budgets (`scaling.target_utilisation`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +26,10 @@ class AutoscaleSetup:
     """`predictive`'s requests per second one replica serves within the SLO."""
     horizon_s: float = 0.0
     """`predictive`'s forecast horizon: the cold start plus a tick."""
+    window_s: float | None = None
+    """The step rules' peak window (`step`, `predictive`); None: `StepRules`' own."""
+    up_cooldown_s: float | None = None
+    down_cooldown_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.policy is ScalingPolicyName.PREDICTIVE and self.replica_rps is None:
@@ -42,6 +38,15 @@ class AutoscaleSetup:
                 "within the SLO (sim's --replica-rps)",
                 hint="simulate one replica: servepilot sim --replicas 1 --sweep (the sweet spot)",
             )
+
+    @classmethod
+    def from_section(cls, section: AutoscaleConfig, cold_start_s: float) -> AutoscaleSetup:
+        """fleet.yaml's `autoscale` section (what `up` runs, and `sim -c` without
+        --autoscale); predictive's horizon by default `cold_start_s` plus a tick."""
+        horizon_s = section.forecast_horizon_s or cold_start_s + section.interval_s
+        return cls(section.policy, section.min_replicas, section.max_replicas, section.target,
+                   section.replica_rps, horizon_s, section.window_s, section.up_cooldown_s,
+                   section.down_cooldown_s)  # fmt: skip
 
     def describe(self) -> dict[str, object]:
         """For a results file: the policy and the numbers it reads."""
@@ -60,8 +65,22 @@ class AutoscaleSetup:
         """A fresh policy (each keeps its own state: one per fleet, or per simulated level)."""
         if self.policy is ScalingPolicyName.TARGET:
             return TargetUtilisation(self.target, self.min_replicas, self.max_replicas)
-        rules = StepRules(min_replicas=self.min_replicas, max_replicas=self.max_replicas)
+        rules = self.step_rules()
         if self.policy is ScalingPolicyName.STEP:
             return StepPolicy(rules)
         assert self.replica_rps is not None
         return PredictivePolicy(ForecastSizing(self.replica_rps, self.horizon_s), rules)
+
+    def step_rules(self) -> StepRules:
+        """The seeds' rules within [min, max], with the timings given here (else theirs)."""
+        rules = StepRules(min_replicas=self.min_replicas, max_replicas=self.max_replicas)
+        return replace(
+            rules,
+            window_s=_given(self.window_s, rules.window_s),
+            up_cooldown_s=_given(self.up_cooldown_s, rules.up_cooldown_s),
+            down_cooldown_s=_given(self.down_cooldown_s, rules.down_cooldown_s),
+        )
+
+
+def _given(value: float | None, default: float) -> float:
+    return default if value is None else value

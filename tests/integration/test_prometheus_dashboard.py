@@ -57,7 +57,10 @@ async def _traffic(url: str, model: str, bursts: int) -> list[int]:
 
 
 def _fleet_and_dashboard(tmp_path: Path, engine: dict[str, Any], replicas: int) -> None:
-    settings = {**FLEET, "engine": {**FLEET["engine"], **engine}}
+    # The autoscaler runs (its bounds hold the fleet where it is), so its panels are rendered.
+    autoscale = {"enabled": True, "min_replicas": replicas, "max_replicas": replicas,
+                 "interval_s": 1}  # fmt: skip
+    settings = {**FLEET, "engine": {**FLEET["engine"], **engine}, "autoscale": autoscale}
     config = FleetConfig.model_validate(settings)
     fleet_yaml = tmp_path / "fleet.yaml"
     fleet_yaml.write_text(yaml.safe_dump(settings))

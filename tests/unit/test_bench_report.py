@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from servepilot.bench.console import render_runs_table, sweet_spot_line
+from servepilot.bench.console import render_runs_table, sweet_spot_line, terminal_columns
 from servepilot.bench.metrics import request_times
 from servepilot.bench.records import RequestRecord
 from servepilot.bench.records_csv import CSV_COLUMNS, write_records_csv
@@ -326,7 +326,8 @@ def test_console_table_and_sweet_spot_line() -> None:
     runs = (make_run(1), make_run(4, ttft_ms=stats(None, None)))
     result = make_result(runs, sweet_spot=SweetSpot(load=runs[1].load, reason="[bold]plateau"))
     table = render_runs_table(result)
-    assert len(table.columns) == len(RUN_COLUMNS) and table.row_count == 2
+    # A closed loop asked no rate: got/asked would repeat Req/s, so the terminal leaves it out.
+    assert len(table.columns) == len(RUN_COLUMNS) - 1 and table.row_count == 2
     console = Console(record=True, width=200)
     console.print(table)
     text = console.export_text()
@@ -334,6 +335,19 @@ def test_console_table_and_sweet_spot_line() -> None:
     line = sweet_spot_line(result)
     assert line == "sweet spot: c=4 (400 tok/s, TTFT p99 —, E2E p99 904 ms): [bold]plateau"
     assert sweet_spot_line(make_result(runs, sweet_spot=None)).startswith("sweet spot: none")
+
+
+def test_the_terminal_table_fits_120_columns_by_leaving_out_what_repeats() -> None:
+    runs = tuple(make_run(c, completed=12_345, output_throughput=12_345.6) for c in (1, 64, 1024))
+    headers = [c.header for c in terminal_columns(make_result(runs, slo={}))]
+    assert "Goodput" not in headers and "SLO met" not in headers and "Rate got/asked" not in headers
+    assert [c.header for c in terminal_columns(make_result(runs))] == [
+        c.header for c in RUN_COLUMNS if c.header != "Rate got/asked"
+    ]
+    for result in (make_result(runs, slo={}), make_result(runs)):
+        console = Console(record=True, width=120)
+        console.print(render_runs_table(result))
+        assert "…" not in console.export_text()  # nothing cut short
 
 
 def test_html_warns_of_refusals_a_load_never_reached_and_an_interruption() -> None:

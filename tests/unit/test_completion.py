@@ -52,7 +52,8 @@ def _complete(shell: str, script: Path, line: str, cwd: Path | None = None) -> l
 
 
 SUBCOMMANDS = ["plan", "up", "status", "down", "logs", "gateway", "bench", "calibrate", "sim",
-               "tune", "models", "config", "observe", "completion"]  # fmt: skip
+               "tune", "k8s", "top", "doctor", "accept", "models", "config", "observe",
+               "completion"]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -67,6 +68,7 @@ SUBCOMMANDS = ["plan", "up", "status", "down", "logs", "gateway", "bench", "cali
         ("servepilot up --model llama-3.1-", ["llama-3.1-70b", "llama-3.1-8b"]),
         ("servepilot plan --accelerator h", ["h100-80", "h200-141"]),
         ("servepilot models ", ["list", "pull", "-h", "--help"]),
+        ("servepilot k8s render --autoscaler ", ["hpa", "keda"]),
         # `sim` after --model is its value, not the subcommand: bench's flags follow.
         ("servepilot bench --model sim --requ", ["--requests"]),
         ("servepilot bench compare --", ["--help"]),

@@ -39,6 +39,8 @@ def test_gpu_panels_only_where_gpus_are() -> None:
 
 def test_autoscaler_panels_only_when_it_runs() -> None:
     assert features_of(FleetConfig()) == Features(gpu=False, autoscale=False)
+    scaled = FleetConfig.model_validate({"autoscale": {"enabled": True, "max_replicas": 4}})
+    assert features_of(scaled) == Features(gpu=False, autoscale=True)
     quiet = queries(Features(gpu=False, autoscale=False))
     scaling = queries(Features(gpu=False, autoscale=True))
     assert not [q for q in quiet if "autoscale" in q]

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from servepilot.core.autoscale_config import ScalingPolicyName
 from servepilot.core.errors import ConfigError
 from servepilot.plan.costmodel import CostModel
-from servepilot.scaling.policies import AutoscaleSetup, ScalingPolicyName
+from servepilot.scaling.policies import AutoscaleSetup
 from servepilot.scaling.predictive import PredictivePolicy
 from servepilot.scaling.step import StepPolicy
 from servepilot.scaling.target_utilisation import TargetUtilisation

@@ -180,6 +180,19 @@ def test_duration_and_autoscale(tmp_path: Path) -> None:
     assert result.target["cold_start_s"] == 5.0
 
 
+def test_fleet_yamls_autoscale_section_is_simulated_without_the_flag(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        "autoscale: {enabled: true, min_replicas: 1, max_replicas: 3, interval_s: 2}\n"
+    )
+    flags = ["-c", str(fleet), "--cold-start", "5s", "--rate", "2", "--duration", "10s"]
+    result = _sim(tmp_path, *flags, "--output-tokens", "4")
+    # The section's policy (step, where the flag's default is target) and its bounds.
+    assert result.target["autoscale"] == {"policy": "step", "min_replicas": 1, "max_replicas": 3}
+    with_flag = _sim(tmp_path, *flags, "--output-tokens", "4", "--autoscale", "2:4")
+    assert with_flag.target["autoscale"]["policy"] == "target"  # the flag wins, whole
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

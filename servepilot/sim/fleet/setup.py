@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from servepilot.core.autoscale_config import ScalingPolicyName, parse_bounds
 from servepilot.core.config import FleetConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.units import parse_duration_s
@@ -27,7 +28,7 @@ from servepilot.plan.hardware import AcceleratorKind
 from servepilot.plan.kv import KvCacheShape
 from servepilot.plan.request import PlanRequest
 from servepilot.routing.admission.budget import replica_capacity
-from servepilot.scaling.policies import AutoscaleSetup, ScalingPolicyName
+from servepilot.scaling.policies import AutoscaleSetup
 from servepilot.sim.engine.records import SchedulerConfig
 from servepilot.sim.engine.setup import EngineKnobs, EngineSetup, Precision, engine_setup
 from servepilot.sim.fleet.network import NetworkConfig
@@ -204,13 +205,7 @@ def autoscaler(
     -> what builds the simulated fleet's autoscaling policy; None without --autoscale."""
     if not text:
         return None
-    low, sep, high = text.partition(":")
-    try:
-        lo, hi = int(low), int(high)
-    except ValueError:
-        lo = hi = -1
-    if not sep or not 0 <= lo <= hi or hi < 1:
-        raise ConfigError(f"--autoscale {text!r}: expected MIN:MAX, e.g. 2:16")
+    lo, hi = parse_bounds(text)
     if replica_rps is not None and replica_rps <= 0:
         raise ConfigError(f"--replica-rps must be > 0, got {replica_rps}")
     if horizon:

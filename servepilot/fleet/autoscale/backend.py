@@ -1,0 +1,28 @@
+"""The seam between the controller and whatever runs replicas (local processes today; Ray
+actors or a Kubernetes scale subresource behind the same three calls)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class ScalingBackend(Protocol):
+    """Starts and stops replicas for the controller. A replica it starts joins the gateway by
+    itself once ready; until then it is `starting`. Draining a replica at the gateway is the
+    controller's, before it calls `remove`."""
+
+    def starting(self) -> tuple[str, ...]:
+        """Ids of the replicas launched and not yet in the gateway, oldest first."""
+        ...
+
+    async def add(self) -> str:
+        """Launch one replica without waiting for it to load; its id."""
+        ...
+
+    async def remove(self, replica_id: str) -> None:
+        """Stop a replica: one the gateway has drained, or one still starting."""
+        ...
+
+    async def close(self) -> None:
+        """Stop waiting for the replicas still starting (`up` stops their processes)."""
+        ...

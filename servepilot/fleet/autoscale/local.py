@@ -1,0 +1,66 @@
+"""The local backend: the autoscaler's replicas are more child processes of `up`, launched by
+the same code as the first ones (`fleet.local.LocalReplicas`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from servepilot.engine.process import ReplicaInfo, ReplicaProcess
+from servepilot.fleet.local import LocalReplicas
+
+log = logging.getLogger(__name__)
+
+
+class LocalScaling:
+    """Launches a replica process and, once it is ready, hands it to `join` (which adds it to
+    the gateway); stops one the controller has drained. A replica that fails to start is
+    logged and stopped; the controller sees one fewer and decides again."""
+
+    def __init__(
+        self, replicas: LocalReplicas, join: Callable[[ReplicaInfo], Awaitable[None]]
+    ) -> None:
+        self._replicas = replicas
+        self._join = join
+        self._waits: dict[str, asyncio.Task[None]] = {}
+
+    def starting(self) -> tuple[str, ...]:
+        return tuple(self._waits)
+
+    async def add(self) -> str:
+        proc = self._replicas.launch_one()
+        rid = proc.replica_id
+        self._waits[rid] = asyncio.create_task(self._join_when_ready(proc), name=f"start {rid}")
+        return rid
+
+    async def _join_when_ready(self, proc: ReplicaProcess) -> None:
+        rid = proc.replica_id
+        try:
+            info = await proc.wait_ready(self._replicas.config.engine.startup_timeout_s)
+            # Joined before it stops counting as starting: the controller never sees it gone.
+            await self._join(info)
+            log.info("autoscale: replica %s ready in %.0f s, in the gateway", rid, info.startup_s)
+        except Exception as exc:  # EngineStartError, or the gateway refused it
+            log.warning("autoscale: replica %s did not start: %s", rid, exc)
+            await self._replicas.stop_one(rid)
+        finally:
+            self._waits.pop(rid, None)
+
+    async def remove(self, replica_id: str) -> None:
+        wait = self._waits.pop(replica_id, None)
+        if wait is not None:
+            wait.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await wait
+        await self._replicas.stop_one(replica_id)
+
+    async def close(self) -> None:
+        waits = list(self._waits.values())
+        self._waits.clear()
+        for wait in waits:
+            wait.cancel()
+        for wait in waits:
+            with contextlib.suppress(asyncio.CancelledError):
+                await wait

@@ -1,0 +1,50 @@
+"""The controller's metrics, served on the gateway's /metrics (a collector added to its
+registry, read at scrape time like the gateway's own)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from servepilot.fleet.autoscale.controller import AutoscaleController
+
+
+class AutoscaleCollector:
+    def __init__(self, controller: AutoscaleController) -> None:
+        self._controller = controller
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        c = self._controller
+        last = c.last
+        if last is not None:
+            desired = GaugeMetricFamily(
+                "servepilot_autoscale_desired_replicas",
+                "Replicas the autoscaling policy wanted at its last decision.",
+            )
+            desired.add_metric([], last.desired)
+            yield desired
+            current = GaugeMetricFamily(
+                "servepilot_autoscale_current_replicas",
+                "Replicas ready or starting at the autoscaler's last decision.",
+            )
+            current.add_metric([], last.current)
+            yield current
+        decisions = CounterMetricFamily(
+            "servepilot_autoscale_decisions",
+            "Autoscaling decisions, by direction (up, down, hold) and the policy's reason.",
+            labels=["direction", "reason"],
+        )
+        for (direction, reason), count in sorted(c.decisions.items()):
+            decisions.add_metric([direction, reason], count)
+        yield decisions
+        errors = CounterMetricFamily(
+            "servepilot_autoscale_errors",
+            "Changes the autoscaler could not make (a launch, drain or stop that failed); "
+            "each is tried again at a later tick.",
+        )
+        errors.add_metric([], c.errors)
+        yield errors

@@ -1,0 +1,75 @@
+"""`up --autoscale`: the controller built from fleet.yaml's `autoscale` section, in front of
+one gateway and the local replicas, its metrics on the gateway's /metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from servepilot.core.cluster_config import ClusterBackend
+from servepilot.core.config import FleetConfig
+from servepilot.core.errors import ConfigError
+from servepilot.engine.process import ReplicaInfo
+from servepilot.fleet.autoscale.controller import AutoscaleController, Decision
+from servepilot.fleet.autoscale.local import LocalScaling
+from servepilot.fleet.autoscale.metrics import AutoscaleCollector
+from servepilot.fleet.autoscale.view import GatewayView
+from servepilot.fleet.local import LocalReplicas
+from servepilot.gateway import Gateway
+from servepilot.routing.admission.budget import replica_capacity
+from servepilot.scaling.policies import AutoscaleSetup
+
+
+def check_autoscale(config: FleetConfig) -> None:
+    """What `up` cannot scale, refused before anything starts."""
+    scaling = config.autoscale
+    if not scaling.enabled:
+        return
+    if config.cluster.backend is ClusterBackend.RAY:
+        raise ConfigError(
+            "autoscale.enabled (--autoscale): `up` autoscales local replicas only; the Ray "
+            "backend places its replicas once, together (with placement spread in one "
+            "STRICT_SPREAD placement group, which cannot grow by a replica)",
+            hint="use cluster.backend: local, or a fixed replicas.count on Ray",
+        )
+    if scaling.min_replicas < 1:
+        raise ConfigError(
+            "autoscale.min_replicas (--autoscale MIN:MAX): `up` keeps at least 1 replica "
+            "(0 is for `servepilot sim`)"
+        )
+
+
+def initial_replicas(config: FleetConfig) -> int:
+    """replicas.count, moved inside the autoscaling bounds when the fleet autoscales."""
+    count = config.replicas.count
+    scaling = config.autoscale
+    if not scaling.enabled:
+        return count
+    return min(scaling.max_replicas, max(scaling.min_replicas, count))
+
+
+def start_autoscaler(
+    config: FleetConfig,
+    gateway: Gateway,
+    replicas: LocalReplicas,
+    cold_start_s: float,
+    on_decision: Callable[[Decision], None],
+) -> AutoscaleController:
+    """The running controller (stop it with `await controller.stop()` before the gateway)."""
+
+    async def join(info: ReplicaInfo) -> None:
+        kv = info.kv.kv_capacity_tokens if info.kv else None
+        await gateway.pool.add(info.replica_id, info.url, replica_capacity(config, kv))
+
+    backend = LocalScaling(replicas, join)
+    scaling = config.autoscale
+    controller = AutoscaleController(
+        AutoscaleSetup.from_section(config.autoscale, cold_start_s).build(),
+        backend,
+        GatewayView(gateway, backend.starting),
+        interval_s=scaling.interval_s,
+        drain_timeout_s=scaling.drain_timeout_s,
+        on_decision=on_decision,
+    )
+    gateway.metrics.registry.register(AutoscaleCollector(controller))
+    controller.start()
+    return controller

@@ -1,0 +1,87 @@
+"""The gateway's live state as the `FleetSnapshot` a scaling policy reads: per replica the
+gateway's in-flight count and budget and vLLM's scraped gauges with their age, the admission
+queue by class, the replicas a backend is still starting, and the arrivals of each second."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+from servepilot.gateway import Gateway, ReplicaInfo
+from servepilot.scaling.arrivals import ArrivalHistory
+from servepilot.scaling.snapshot import FleetSnapshot, ReplicaSample
+
+
+def replica_sample(info: ReplicaInfo, now_s: float) -> ReplicaSample:
+    """One replica the gateway routes to (or would, once healthy again). A replica that is
+    down keeps the age of its last gauges: stale, it counts as full, never as idle."""
+    scraped = info.scraped_at_s
+    return ReplicaSample(
+        replica_id=info.replica_id,
+        ready=True,
+        in_flight=info.in_flight,
+        running=info.running,
+        waiting=info.waiting,
+        kv_usage=info.kv_cache_usage,
+        metrics_age_s=math.inf if scraped is None else max(0.0, now_s - scraped),
+        budget=info.capacity,
+    )
+
+
+def starting_sample(replica_id: str, budget: int) -> ReplicaSample:
+    return ReplicaSample(replica_id, False, 0, 0, 0, 0.0, 0.0, budget)
+
+
+def fleet_snapshot(
+    infos: Iterable[ReplicaInfo],
+    starting: Iterable[str],
+    queued_by_class: tuple[int, int, int],
+    arrivals_per_s: tuple[float, ...],
+    now_s: float,
+    default_budget: int,
+) -> FleetSnapshot:
+    """Draining replicas are counted apart; a starting one the gateway already lists (it
+    joins while its backend still waits on it) is counted once."""
+    samples: list[ReplicaSample] = []
+    draining = 0
+    for info in infos:
+        if info.draining:
+            draining += 1
+        else:
+            samples.append(replica_sample(info, now_s))
+    known = {s.replica_id for s in samples}
+    samples += [starting_sample(r, default_budget) for r in starting if r not in known]
+    return FleetSnapshot(now_s, tuple(samples), draining, queued_by_class, arrivals_per_s)
+
+
+class GatewayView:
+    """Reads one in-process gateway. `count_arrivals` (every second) turns the gateway's
+    arrival counter into per-second counts; `snapshot` is what a tick hands the policy.
+    `now_s` comes from the caller's clock, which must be time.monotonic's (the gateway
+    stamps its scrapes with it)."""
+
+    def __init__(self, gateway: Gateway, starting: Callable[[], tuple[str, ...]]) -> None:
+        self._gateway = gateway
+        self._starting = starting
+        self.arrivals = ArrivalHistory()
+        self._counted = gateway.metrics.arrivals
+
+    def count_arrivals(self, now_s: float) -> None:
+        total = self._gateway.metrics.arrivals
+        self.arrivals.add(now_s, total - self._counted)
+        self._counted = total
+
+    def snapshot(self, now_s: float) -> FleetSnapshot:
+        gateway = self._gateway
+        return fleet_snapshot(
+            gateway.pool.replicas(),
+            self._starting(),
+            gateway.dispatcher.queue.depth_by_class(),
+            self.arrivals.per_second(now_s),
+            now_s,
+            gateway.config.admission.replica_concurrency,
+        )
+
+    async def drain(self, replica_id: str, timeout_s: float) -> bool:
+        """Stop routing to the replica, wait for its requests (up to `timeout_s`), drop it."""
+        return await self._gateway.pool.remove(replica_id, timeout_s)

@@ -1,0 +1,295 @@
+"""The autoscaler controller behind its one seam (a fake backend, a fake gateway view) with an
+injected clock: decisions applied, the freeze while starting, drain before remove, backend
+errors retried at the next tick, the order of shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+
+from servepilot.core.config import parse_config
+from servepilot.core.errors import EngineStartError
+from servepilot.engine.process import ReplicaInfo
+from servepilot.fleet.autoscale.controller import AutoscaleController
+from servepilot.fleet.autoscale.local import LocalScaling
+from servepilot.scaling.snapshot import (
+    AutoscalePolicy,
+    FleetSnapshot,
+    ReplicaSample,
+    ScaleDecision,
+    ScaleReason,
+)
+from servepilot.scaling.step import StepPolicy, StepRules
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+class FakeFleet:
+    """The gateway: ready replicas with an in-flight count each (budget 4), and a journal."""
+
+    def __init__(self, backend: FakeBackend, in_flight: dict[str, int]) -> None:
+        self.backend = backend
+        self.in_flight = dict(in_flight)
+        self.journal = backend.journal
+        self.drain_gate: asyncio.Event | None = None
+
+    def count_arrivals(self, now_s: float) -> None:
+        self.journal.append("count arrivals")
+
+    def snapshot(self, now_s: float) -> FleetSnapshot:
+        ready = [ReplicaSample(r, True, n, n, 0, 0.0, 1.0, 4) for r, n in self.in_flight.items()]
+        starting = [ReplicaSample(r, False, 0, 0, 0, 0.0, 0.0, 4) for r in self.backend.pending]
+        return FleetSnapshot(now_s, tuple(ready + starting))
+
+    async def drain(self, replica_id: str, timeout_s: float) -> bool:
+        self.journal.append(f"drain {replica_id} within {timeout_s:g} s")
+        try:
+            if self.drain_gate is not None:
+                await self.drain_gate.wait()
+        except asyncio.CancelledError:
+            self.journal.append(f"drain {replica_id} cancelled")
+            raise
+        del self.in_flight[replica_id]
+        return True
+
+
+class FakeBackend:
+    def __init__(self) -> None:
+        self.journal: list[str] = []
+        self.pending: list[str] = []
+        self.next_id = 1
+        self.fail_adds = 0
+
+    def starting(self) -> tuple[str, ...]:
+        return tuple(self.pending)
+
+    async def add(self) -> str:
+        if self.fail_adds:
+            self.fail_adds -= 1
+            raise OSError("no free port")
+        rid = f"r{self.next_id}"
+        self.next_id += 1
+        self.pending.append(rid)
+        self.journal.append(f"add {rid}")
+        return rid
+
+    async def remove(self, replica_id: str) -> None:
+        if replica_id in self.pending:
+            self.pending.remove(replica_id)
+        self.journal.append(f"remove {replica_id}")
+
+    async def close(self) -> None:
+        self.journal.append("close")
+
+
+class Scripted:
+    """A policy that answers what the test says."""
+
+    name = "scripted"
+
+    def __init__(self, replicas: int) -> None:
+        self.replicas = replicas
+
+    def decide(self, snapshot: FleetSnapshot, now_s: float) -> ScaleDecision:
+        return ScaleDecision(self.replicas, ScaleReason.HOLD, "told so")
+
+
+def rig(
+    policy: AutoscalePolicy, in_flight: dict[str, int]
+) -> tuple[AutoscaleController, FakeFleet, FakeBackend, Clock]:
+    backend = FakeBackend()
+    fleet = FakeFleet(backend, in_flight)
+    clock = Clock()
+    controller = AutoscaleController(
+        policy,
+        backend,
+        fleet,
+        interval_s=5.0,
+        drain_timeout_s=7.0,
+        clock=clock,
+    )
+    return controller, fleet, backend, clock
+
+
+def test_a_busy_replica_gets_a_second_and_no_third_while_it_starts() -> None:
+    rules = StepRules(min_replicas=1, max_replicas=3, up_cooldown_s=0.0, window_s=0.0)
+    controller, fleet, backend, clock = rig(StepPolicy(rules), {"r0": 4})
+
+    async def run() -> None:
+        first = await controller.tick()
+        assert (first.current, first.desired, first.reason) == (1, 2, ScaleReason.UP)
+        assert first.direction == "up"
+        assert backend.journal == ["add r1"]
+        # r1 still starting and r0 still full: the rules wait for r1 (no new step).
+        clock.now_s += 5
+        second = await controller.tick()
+        assert (second.current, second.desired, second.reason) == (2, 2, ScaleReason.STARTING)
+        assert backend.journal == ["add r1"]
+        # r1 joined; both full: one more step (10% of 2 is one replica).
+        backend.pending.clear()
+        fleet.in_flight["r1"] = 4
+        clock.now_s += 5
+        third = await controller.tick()
+        assert (third.current, third.desired) == (2, 3)
+        assert backend.journal == ["add r1", "add r2"]
+
+    asyncio.run(run())
+    assert controller.decisions == {("up", "up"): 2, ("hold", "starting"): 1}
+    assert controller.last is not None and controller.last.line().startswith(
+        "autoscale: 2 -> 3 replicas (up: peak utilisation 1.00"
+    )
+
+
+def test_removal_drains_at_the_gateway_before_the_backend_stops_it() -> None:
+    controller, fleet, backend, _ = rig(Scripted(1), {"r0": 0, "r1": 1})
+
+    async def run() -> None:
+        decision = await controller.tick()
+        assert (decision.current, decision.desired, decision.direction) == (2, 1, "down")
+        await controller.removals_done()
+
+    asyncio.run(run())
+    # The newest ready replica goes, drained first.
+    assert backend.journal == ["drain r1 within 7 s", "remove r1"]
+    assert list(fleet.in_flight) == ["r0"]
+
+
+def test_replicas_still_starting_go_first_without_a_drain() -> None:
+    controller, _, backend, _ = rig(Scripted(1), {"r0": 0})
+    backend.pending = ["r5", "r6"]
+
+    async def run() -> None:
+        await controller.tick()
+        await controller.removals_done()
+
+    asyncio.run(run())
+    assert backend.journal == ["remove r6", "remove r5"]
+
+
+def test_no_change_while_a_removal_still_drains() -> None:
+    controller, fleet, backend, _ = rig(Scripted(1), {"r0": 0, "r1": 0, "r2": 0})
+
+    async def run() -> None:
+        fleet.drain_gate = asyncio.Event()
+        await controller.tick()  # 3 -> 1: r2 and r1 drain
+        await asyncio.sleep(0)
+        assert controller.removing == 2
+        # Told 3 while they drain: nothing added (the removals finish first).
+        controller.policy = Scripted(3)
+        decision = await controller.tick()
+        assert decision.desired == 3 and "add r1" not in backend.journal
+        fleet.drain_gate.set()
+        await controller.removals_done()
+
+    asyncio.run(run())
+    assert backend.journal == [
+        "drain r2 within 7 s", "drain r1 within 7 s", "remove r2", "remove r1",
+    ]  # fmt: skip
+
+
+def test_a_backend_error_is_logged_and_retried_at_the_next_tick(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    controller, _, backend, clock = rig(Scripted(2), {"r0": 4})
+    backend.fail_adds = 1
+
+    async def run() -> None:
+        with caplog.at_level(logging.INFO, "servepilot.fleet.autoscale"):
+            await controller.tick()
+            assert backend.journal == [] and controller.errors == 1
+            clock.now_s += 5
+            await controller.tick()
+
+    asyncio.run(run())
+    assert backend.journal == ["add r1"]
+    assert "could not add a replica: OSError: no free port" in caplog.text
+    assert "autoscale: 1 -> 2 replicas (hold: told so)" in caplog.text
+
+
+def test_stop_ends_the_loop_then_the_removals_then_the_backend() -> None:
+    controller, fleet, backend, clock = rig(Scripted(1), {"r0": 0, "r1": 0})
+    controller.interval_s = 0.01
+
+    async def run() -> None:
+        fleet.drain_gate = asyncio.Event()
+        controller.start()
+        while "drain r1 within 7 s" not in backend.journal:
+            clock.now_s += 1
+            await asyncio.sleep(0.005)
+        await controller.stop()
+        ticks = len(backend.journal)
+        await asyncio.sleep(0.05)
+        assert len(backend.journal) == ticks  # nothing runs after stop
+
+    asyncio.run(run())
+    tail = [e for e in backend.journal if e != "count arrivals"]
+    assert tail == ["drain r1 within 7 s", "drain r1 cancelled", "close"]
+    assert "count arrivals" in backend.journal  # the loop counted arrivals between ticks
+
+
+class FakeProcess:
+    def __init__(self, replica_id: str, fails: bool) -> None:
+        self.replica_id = replica_id
+        self.fails = fails
+        self.loaded = asyncio.Event()
+
+    async def wait_ready(self, timeout_s: float) -> ReplicaInfo:
+        await self.loaded.wait()
+        if self.fails:
+            raise EngineStartError(f"{self.replica_id} exited", cause="code 1", log_tail="")
+        return ReplicaInfo(self.replica_id, "http://127.0.0.1:1", 7, Path("r.log"), None, 2.0)
+
+
+class FakeReplicas:
+    """LocalReplicas' launch_one and stop_one, without processes."""
+
+    def __init__(self, failing: set[str]) -> None:
+        self.config = parse_config({}, origin="test")
+        self.failing = failing
+        self.launched: dict[str, FakeProcess] = {}
+        self.stopped: list[str] = []
+
+    def launch_one(self) -> FakeProcess:
+        rid = f"r{len(self.launched) + 1}"
+        proc = self.launched[rid] = FakeProcess(rid, rid in self.failing)
+        return proc
+
+    async def stop_one(self, replica_id: str) -> None:
+        self.stopped.append(replica_id)
+
+
+def test_the_local_backend_joins_a_ready_replica_and_stops_one_that_failed() -> None:
+    replicas = FakeReplicas(failing={"r2"})
+    joined: list[str] = []
+
+    async def join(info: ReplicaInfo) -> None:
+        joined.append(info.replica_id)
+
+    async def run() -> None:
+        backend = LocalScaling(replicas, join)  # type: ignore[arg-type]
+        assert (await backend.add(), await backend.add(), await backend.add()) == (
+            "r1", "r2", "r3",
+        )  # fmt: skip
+        assert backend.starting() == ("r1", "r2", "r3")
+        replicas.launched["r1"].loaded.set()
+        replicas.launched["r2"].loaded.set()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert backend.starting() == ("r3",)
+        assert joined == ["r1"] and replicas.stopped == ["r2"]
+        await backend.remove("r3")  # still starting: its wait ends, its process stops
+        assert backend.starting() == () and replicas.stopped == ["r2", "r3"]
+        await backend.add()
+        await backend.close()  # waits cancelled; up stops the process with the rest
+        assert backend.starting() == () and replicas.stopped == ["r2", "r3"]
+
+    asyncio.run(run())

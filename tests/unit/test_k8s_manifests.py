@@ -1,0 +1,113 @@
+"""Every manifest `servepilot k8s render` writes validates offline against the real schemas:
+kubernetes-validate --strict for core kinds, the CRDs' published openAPIV3Schema for custom
+kinds; `kubectl kustomize` renders the folder."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from servepilot.cli.main import main
+from servepilot.fleet.k8s import all_objects
+from tests.unit.k8s_support import CRD_SCHEMAS, FLEETS, by_kind, fleet, rendered, validate
+
+VARIANTS = [
+    (name, overrides)
+    for name in FLEETS
+    for overrides in ({}, {"autoscaling": {"autoscaler": "keda"}})
+] + [(name, {"runtime": "ray"}) for name in ("deepseek-h200", "two-node")]
+
+
+@pytest.mark.parametrize(("name", "overrides"), VARIANTS)
+def test_every_object_validates_against_its_schema(name: str, overrides: dict[str, object]) -> None:
+    files = rendered(fleet(FLEETS[name], **overrides))
+    objects = all_objects(files)
+    assert objects
+    for obj in objects:
+        validate(obj)
+
+
+def test_every_kind_emitted_has_a_schema_it_is_checked_against() -> None:
+    emitted = {
+        (obj["apiVersion"], obj["kind"])
+        for name, overrides in VARIANTS
+        for obj in all_objects(rendered(fleet(FLEETS[name], **overrides)))
+    }
+    assert set(CRD_SCHEMAS) <= emitted  # every vendored CRD schema is used
+    core = emitted - set(CRD_SCHEMAS)
+    assert ("autoscaling/v2", "HorizontalPodAutoscaler") in core
+    assert ("policy/v1", "PodDisruptionBudget") in core
+
+
+def test_a_misspelt_field_fails_validation_core_and_crd() -> None:
+    files = rendered(fleet(FLEETS["two-node"]))
+    deployment = dict(by_kind(rendered(fleet(FLEETS["embedded"])), "Deployment")[0])
+    deployment["spec"] = {**deployment["spec"], "replica": 2}
+    with pytest.raises(Exception, match="replica"):
+        validate(deployment)
+    lws = dict(by_kind(files, "LeaderWorkerSet")[0])
+    lws["spec"] = {**lws["spec"], "leaderWorkerTemplte": {}}
+    with pytest.raises(jsonschema.ValidationError):
+        validate(lws)
+
+
+def test_the_three_fleets_choose_their_workload() -> None:
+    assert by_kind(rendered(fleet(FLEETS["embedded"])), "Deployment")
+    single = rendered(fleet(FLEETS["deepseek-h200"]))
+    assert not by_kind(single, "LeaderWorkerSet")
+    (lws,) = by_kind(rendered(fleet(FLEETS["two-node"])), "LeaderWorkerSet")
+    template = lws["spec"]["leaderWorkerTemplate"]
+    assert template["size"] == 2  # TP8 x PP2 on 8-GPU nodes: two pods of 8 GPUs
+    leader = template["leaderTemplate"]["spec"]["containers"][0]
+    assert leader["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert "--pipeline-parallel-size 2" in leader["command"][-1]
+
+
+def test_the_vllm_command_is_the_one_plan_prints() -> None:
+    from servepilot.engine.args import serve_argv
+
+    config = fleet(FLEETS["deepseek-h200"])
+    (deployment,) = [
+        d for d in by_kind(rendered(config), "Deployment") if d["metadata"]["name"].endswith("vllm")
+    ]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert tuple(container["command"]) == serve_argv(config, "/models/DeepSeek-V3", "deepseek-v3")
+    assert container["command"][:3] == ["vllm", "serve", "/models/DeepSeek-V3"]
+    assert "--enable-expert-parallel" in container["command"]
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+@pytest.mark.parametrize("name", list(FLEETS))
+def test_kubectl_kustomize_renders_the_written_folder(name: str, tmp_path: Path) -> None:
+    source = tmp_path / "fleet.yaml"
+    source.write_text(yaml.safe_dump(FLEETS[name]))
+    out = tmp_path / "manifests"
+    assert main(["k8s", "render", "-c", str(source), "--out", str(out), "--namespace", "llm"]) == 0
+    result = subprocess.run(
+        ["kubectl", "kustomize", str(out)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    objects = [o for o in yaml.safe_load_all(result.stdout) if o]
+    namespaced = [o for o in objects if o["kind"] not in ("Namespace", "PriorityClass")]
+    assert {o["metadata"]["namespace"] for o in namespaced} == {"llm"}
+    assert len(objects) == len(all_objects(rendered(fleet(FLEETS[name], namespace="llm"))))
+
+
+def test_a_render_into_the_same_folder_leaves_no_file_of_the_previous_one(tmp_path: Path) -> None:
+    source = tmp_path / "fleet.yaml"
+    source.write_text(yaml.safe_dump(FLEETS["deepseek-h200"]))
+    out = tmp_path / "k8s"
+    (tmp_path / "k8s").mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert main(["k8s", "render", "-c", str(source), "--out", str(out)]) == 0
+    assert (out / "vllm.yaml").exists() and (out / "autoscaling.yaml").exists()
+    assert main(["k8s", "render", "-c", str(source), "--out", str(out), "--runtime", "ray"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "gateway.yaml", "kustomization.yaml", "monitoring.yaml", "namespace.yaml", "notes.txt",
+        "priorityclasses.yaml", "rayservice.yaml",
+    ]  # fmt: skip
