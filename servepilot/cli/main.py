@@ -17,6 +17,7 @@ from servepilot.cli import (
     gateway_cmd,
     k8s_cmd,
     models_cmd,
+    observe_cmd,
     plan_cmd,
     sim_cmd,
     top_cmd,
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         accept_cmd,
         models_cmd,
         config_cmd,
+        observe_cmd,
     ):
         module.register(sub)
     shells = sub.add_parser(

@@ -31,7 +31,13 @@ from servepilot.fleet.autoscale.controller import AutoscaleController, Decision
 from servepilot.fleet.autoscale.start import check_autoscale, initial_replicas, start_autoscaler
 from servepilot.fleet.local import LocalReplicas
 from servepilot.fleet.logs import ACCESS_LOG, gateway_log, new_run_dir
-from servepilot.fleet.serve import ServedGateway, Upstream, check_port_free, start_gateway
+from servepilot.fleet.serve import (
+    ServedGateway,
+    Upstream,
+    check_port_free,
+    fleet_facts,
+    start_gateway,
+)
 from servepilot.fleet.state import (
     AutoscaleRecord,
     FleetRecord,
@@ -217,7 +223,9 @@ async def _serve(
             )
             for i in infos
         ]
-        served = await start_gateway(config.gateway, upstreams, replicas.run_dir / ACCESS_LOG)
+        served = await start_gateway(
+            config.gateway, upstreams, replicas.run_dir / ACCESS_LOG, fleet_facts(config)
+        )
         if served.port != config.gateway.port:  # port 0: the OS picked one
             remove_record(config.gateway.port)
         # Announced first, then recorded: a script (or test) that waits for the record's
