@@ -34,7 +34,9 @@ Work out, before anything is started, how a model runs on vLLM on given hardware
   command                 the ready vLLM command, and (--out) a fleet.yaml for `servepilot up`
   if it does not fit      the ladder: cut max_model_len, quantize the KV cache, quantize the
                           weights, add nodes, with the numbers for each step
-  advice and cost         one node or distributed, $/hour, $ per QPS, $ per 1M output tokens
+  advice and cost         one node or distributed, $/hour, and for --qps the replicas and
+                          nodes it needs by the capacity estimate, their $/hour, $ per QPS
+                          and $ per 1M output tokens
 
 Models: a preset name or a local Hugging Face folder (or its config.json). Accelerators come
 from the catalog (override memory and price with --memory-gib / --price). On CPU, --memory-gib
@@ -80,6 +82,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     traffic = parser.add_argument_group("traffic")
     traffic.add_argument("--qps", type=float, metavar="Q", help="requests per second to sustain")
     traffic.add_argument("--concurrency", type=int, metavar="N", help="requests in flight")
+    traffic.add_argument("--bursty", action="store_true", default=None,
+                         help="traffic comes in bursts: one node plus autoscaling when one "
+                              "node carries the sustained --qps")  # fmt: skip
     traffic.add_argument("--input-tokens", type=int, metavar="N", help="mean prompt length")
     traffic.add_argument("--output-tokens", type=int, metavar="N", help="mean output length")
     traffic.add_argument("--profile", type=Path, metavar="PROFILE.json",
@@ -100,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         "hardware.memory_gib": "memory_gib", "hardware.price_usd_per_hour": "price",
         "hardware.catalog": "catalog", "engine.max_model_len": "max_model_len",
         "traffic.target_qps": "qps", "traffic.concurrency": "concurrency",
+        "traffic.bursty": "bursty",
         "traffic.input_tokens": "input_tokens", "traffic.output_tokens": "output_tokens",
     })  # fmt: skip
     request = PlanRequest.from_fleet(config, cpu_flags(), args.weights_dtype, args.kv_dtype)

@@ -176,6 +176,8 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         },
         "cost": {
             "usd_per_hour": round(plan.cost.usd_per_hour, 4),
+            "nodes_for_target": plan.cost.nodes_for_target,
+            "usd_per_hour_for_target": _round(plan.cost.usd_per_hour_for_target),
             "usd_per_qps": _round(plan.cost.usd_per_qps),
             "usd_per_million_output_tokens": _round(plan.cost.usd_per_million_output_tokens),
             "over_qps_line": plan.cost.over_qps_line,
