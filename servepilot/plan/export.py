@@ -12,6 +12,7 @@ from servepilot.core.config import (
     ModelConfig,
     ReplicasConfig,
 )
+from servepilot.plan.checkpoint import checkpoint_for
 from servepilot.plan.dtypes import WeightDtype
 from servepilot.plan.estimate import Estimates
 from servepilot.plan.hardware import AcceleratorKind
@@ -100,8 +101,9 @@ def fleet_yaml(plan: Plan) -> str:
         f"# fleet.yaml written by `servepilot plan` for {plan.request.model.name} on "
         f"{plan.request.nodes} x {plan.request.count} {plan.request.accelerator.name}\n"
     )
-    repo = plan.request.model.repo_id
-    if repo is not None:
+    req = plan.request
+    repo = checkpoint_for(req.model, req.model_ref, req.weights_dtype).model
+    if req.model.repo_id is not None:
         header += (
             f"# model.source names a preset: download {repo} and set model.source to its "
             "folder before `servepilot up`\n"

@@ -126,7 +126,7 @@ def make_plan(req: PlanRequest) -> Plan:
         advice=advise(
             req.traffic,
             nodes=req.nodes,
-            nodes_per_replica=_nodes_per_replica(found, req),
+            nodes_per_replica=_nodes_per_replica(found, ladder),
             sizing=sizing,
         ),
         cost=cost(
@@ -218,7 +218,12 @@ def _assess_pair(req: PlanRequest) -> tuple[Option | None, Option]:
     return found.chosen, found.closest
 
 
-def _nodes_per_replica(found: Assessment, req: PlanRequest) -> int:
-    if found.chosen is None:
-        return req.nodes + 1
-    return found.chosen.parallelism.pp
+def _nodes_per_replica(found: Assessment, ladder: tuple[LadderStep, ...]) -> int:
+    """The chosen layout's; when nothing fits, the ladder's at the original precision (more
+    accelerators of the node count as one node), else one more node than given."""
+    if found.chosen is not None:
+        return found.chosen.parallelism.pp
+    wider = [step for step in ladder if step.fits and step.widens]
+    if not wider:
+        return found.setting.nodes + 1
+    return wider[0].request.nodes

@@ -130,9 +130,9 @@ def test_ladder_rungs_are_cumulative_and_shrink_memory() -> None:
     actions = [s.action for s in plan.ladder]
     assert actions[0].startswith("cut max_model_len 32,768")
     assert "quantize the KV cache to fp8" in actions
-    weights = [s.weights_per_rank_bytes for s in plan.ladder if "nodes" not in s.changes]
+    weights = [s.weights_per_rank_bytes for s in plan.ladder if not s.widens]
     assert weights == sorted(weights, reverse=True)
-    last = [s for s in plan.ladder if "nodes" not in s.changes][-1]
+    last = [s for s in plan.ladder if not s.widens][-1]
     assert last.request.weights_dtype is WeightDtype.AWQ
     assert last.request.kv_dtype is KvDtype.FP8
 

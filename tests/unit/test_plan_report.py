@@ -65,13 +65,15 @@ def test_a_plan_that_does_not_fit_says_how_short_and_lists_the_ladder() -> None:
     ladder = report.ladder_table(found)
     assert ladder.title == "to make it fit (the memory ladder)" and ladder.right == ()
     assert ladder.rows[0] == ("quantize the KV cache to fp8", "no", "TP1", "139.0", "0", "0.00")
+    # 141 GB of bf16 weights over 48 GB devices: four of the node's L40S (TP4), not four
+    # nodes of one (TP1+PP4).
     assert ladder.rows[-1] == (
-        "or, at the original precision, use 4 nodes",
+        "or, at the original precision, use 4 accelerators of the node",
         "yes",
-        "TP1+PP4",
-        "36.3",
-        "26,096",
-        "8.49",
+        "TP4",
+        "34.8",
+        "60,000",
+        "19.53",
     )
 
 
