@@ -115,3 +115,19 @@ def test_a_full_node_too_small_widens_to_nodes_of_the_full_count() -> None:
     assert wider[0].layout == "TP8+PP2+EP8"
     assert plan.advice.deployment is Deployment.DISTRIBUTED
     assert plan.advice.reasons == ("the model needs 2 nodes for one replica",)
+
+
+def test_the_terminal_shows_the_suggested_rungs_advice_and_both_launches(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main(["plan", "--model", "deepseek-v3", "--accelerator", "h100", "--count", "8"])
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+    assert code == 1
+    rung = "quantize the weights to 4 bits: serve cognitivecomputations/DeepSeek-V3-AWQ"
+    assert f'after "{rung}": advice: single-node' in out
+    assert f'command after "{rung}": # cognitivecomputations/DeepSeek-V3-AWQ is a published' in out
+    assert "vllm serve cognitivecomputations/DeepSeek-V3-AWQ " in out
+    assert "the model needs 2 nodes" not in out
+    two_nodes = out[out.index("or, at the original precision, use 2 nodes of 8:") :]
+    assert "ray start --head --port=6379" in two_nodes
+    assert two_nodes.rstrip().endswith("--distributed-executor-backend ray")
