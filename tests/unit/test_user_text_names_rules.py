@@ -15,7 +15,9 @@ from pydantic import BaseModel
 import servepilot
 from servepilot.core.config import FleetConfig
 
-DOCUMENT_NAME = re.compile(r"\bseed \d{3}|\bseeds?'s?(?=\W)|\bthe seeds?\b", re.IGNORECASE)
+DOCUMENT_NAME = re.compile(
+    r"\bseed \d{3}|\bseeds?'s?(?=\W)|\bthe seeds?\b|\bseeds?:", re.IGNORECASE
+)
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -68,5 +70,6 @@ def test_the_pattern_tells_a_document_from_a_random_seed() -> None:
     assert DOCUMENT_NAME.search("the KV budget (seed 004's budget)")
     assert DOCUMENT_NAME.search("step: the seeds' +10% rules")
     assert DOCUMENT_NAME.search("the seed's 15-30 ms")
+    assert DOCUMENT_NAME.search("no leak (seed: 30 min+)")
     assert not DOCUMENT_NAME.search("workload and arrival seed (default 0)")
     assert not DOCUMENT_NAME.search("same seeds, same request sizes")
