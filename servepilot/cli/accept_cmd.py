@@ -26,7 +26,7 @@ from servepilot.observe.accept.report import overall, write_report
 from servepilot.observe.accept.run import Acceptance, AcceptOptions, run_accept
 
 DESCRIPTION = """\
-Run seed 004's acceptance checklist for a single-node deployment against a live fleet and
+Run the acceptance checklist for a single-node deployment against a live fleet and
 write report.html and report.json (schema servepilot.accept/v1) to --out, a verdict (pass,
 fail, or n/a and why) with its evidence per item:
 
@@ -41,7 +41,7 @@ fail, or n/a and why) with its evidence per item:
 
 The sweep and the soak are `servepilot bench`'s (the same load, numbers and progress); their
 outputs (results.json, requests.csv, report.html) go to --out/sweep and --out/soak. The
-defaults are sized for this machine's CPU fleet (minutes); the seed's soak is 30 minutes or
+defaults are sized for this machine's CPU fleet (minutes); an acceptance soak is 30 minutes or
 more (--soak 30m). Exit code 1 when an item fails.
 
 Without --url, accept tests the fleet `servepilot up` runs here (and reads its replicas'
@@ -56,7 +56,7 @@ examples:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "accept",
-        help="seed 004's acceptance checklist against a live fleet; report.html and .json",
+        help="the single-node acceptance checklist against a live fleet; report.html and .json",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -74,7 +74,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--output-tokens", type=int, default=32, metavar="N",
                         help="max_tokens of each request (default 32)")  # fmt: skip
     parser.add_argument("--soak", default="2m", metavar="T",
-                        help="soak at the sweet spot (default 2m; the seed: 30m)")  # fmt: skip
+                        help="soak at the sweet spot (default 2m; 30m to accept)")  # fmt: skip
     parser.add_argument("--model", metavar="NAME", help="default: the fleet's only model")
     parser.add_argument("--api-key", metavar="KEY", help="sent as Authorization: Bearer KEY")
     parser.set_defaults(run=run_accept_cmd)

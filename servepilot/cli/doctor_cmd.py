@@ -21,7 +21,7 @@ from servepilot.observe.doctor.gather import gather
 from servepilot.observe.doctor.rules import diagnose
 
 DESCRIPTION = """\
-Diagnose a fleet with the troubleshooting table of seed 004, as rules over what can be seen:
+Diagnose a fleet with the serving troubleshooting table, as rules over what can be seen:
 - live metrics (the gateway's /metrics and each replica's): preemptions, a KV cache near full,
   high TTFT and whether queueing or prefill causes it, P99 spikes, under-filled batches,
   vLLM metrics that were renamed or are missing (vllm:gpu_cache_usage_perc, still read by

@@ -58,7 +58,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--autoscale", metavar="MIN:MAX",
                         help="scale between MIN and MAX replicas (local replicas)")  # fmt: skip
     parser.add_argument("--scaling-policy", choices=[p.value for p in ScalingPolicyName],
-                        help="step (default): the seeds' rules; predictive; target")  # fmt: skip
+                        help="step (default): the +10%%/-5%% step rules; "
+                             "predictive; target")  # fmt: skip
     parser.add_argument("--replica-rps", type=float, metavar="R",
                         help="predictive: req/s one replica serves within the SLO")  # fmt: skip
     parser.add_argument("--detach", action="store_true", help="run in the background, "

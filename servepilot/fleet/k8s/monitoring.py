@@ -66,7 +66,7 @@ def alert_rules(target: Target) -> list[Manifest]:
          f"sum(servepilot_in_flight_requests{{{ns}}}) "
          f"/ sum(servepilot_replica_capacity{{{ns}}}) < 0.7",
          "Replicas use less than 70% of their concurrency budgets: consolidate or raise "
-         "max_num_seqs (the seeds' batch utilisation alert)."),
+         "max_num_seqs (the 70% batch-utilisation rule)."),
         ("VllmKvCacheNearlyFull", "warning", "5m",
          f"max(vllm:kv_cache_usage_perc{{{ns}}}) > 0.95",
          "A replica's KV cache is over 95% full: requests queue and get preempted."),

@@ -229,7 +229,7 @@ def quantization(preemptions: float | None, config: FleetConfig) -> Item:
 
 
 def soak(run: Run | None, soak_s: float, config: FleetConfig) -> Item:
-    title = f"soak at the sweet spot: no leak, no avalanche (seed: {SEED_SOAK_S / 60:.0f} min+)"
+    title = f"soak at the sweet spot: no leak, no avalanche ({SEED_SOAK_S / 60:.0f} min+ to accept)"
     if run is None:
         return Item(7, title, Verdict.FAIL, "the soak did not run")
     attempted = run.completed + run.failed
@@ -257,7 +257,8 @@ def soak(run: Run | None, soak_s: float, config: FleetConfig) -> Item:
     )
     if soak_s < SEED_SOAK_S:
         seen += (
-            f" (shorter than the seed's {SEED_SOAK_S / 60:.0f} min: --soak 30m for the real one)"
+            f" (shorter than the {SEED_SOAK_S / 60:.0f} min acceptance soak: --soak 30m for "
+            "the real one)"
         )
     if problems:
         return Item(7, title, Verdict.FAIL, f"{seen}; " + "; ".join(problems))

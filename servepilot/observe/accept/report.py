@@ -88,7 +88,7 @@ table{{border-collapse:collapse}}td,th{{border-bottom:1px solid #ddd;padding:.4e
 text-align:left;vertical-align:top}}pre{{background:#f6f8fa;padding:1em;overflow:auto}}</style>
 </head><body>
 <h1>Acceptance: <span style="color:{_COLOURS[verdict]}">{verdict.value.upper()}</span></h1>
-<p>{html.escape(doc["target"]["url"])}: seed 004's checklist for a single-node deployment.</p>
+<p>{html.escape(doc["target"]["url"])}: the acceptance checklist for a single-node deployment.</p>
 <table><tr><th>#</th><th>item</th><th>verdict</th><th>evidence</th></tr>{rows}</table>
 <p>{links}</p>
 <h2>How to reproduce</h2><pre>{commands}</pre>
