@@ -160,6 +160,8 @@ async def run_up(
         what = "vLLM"
     run_dir = detached_run_dir or new_run_dir()
     replicas = LocalReplicas(config, model, run_dir)
+    if replicas.devices is not None:
+        report.step(f"GPUs per replica: {replicas.devices.describe()}")
     stop = stop_event()
     count = initial_replicas(config)
     report.step(f"starting {count} {what} replica(s); logs in {run_dir}")

@@ -86,7 +86,7 @@ def test_three_tp4_replicas_on_eight_gpus_are_refused_with_the_numbers() -> None
 def test_without_a_readable_gpu_the_declared_count_is_used_in_order() -> None:
     result = assign_devices(NO_GPU, GpuDemand(2, 2), declared_count=4)
     assert [result.visible_devices(n) for n in range(2)] == ["0,1", "2,3"]
-    assert result.basis == "in order"
+    assert result.basis == "in order; no GPU readable here, so hardware.count's 4"
     with pytest.raises(ConfigError, match=r"needs 8 GPUs .* but hardware.count is 4"):
         assign_devices(NO_GPU, GpuDemand(4, 2), declared_count=4)
 

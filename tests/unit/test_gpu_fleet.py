@@ -8,13 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from servepilot.cli.config_cmd import resolved_lines
+from servepilot.cli.main import main
 from servepilot.core.config import Device, EngineConfig, parse_config
 from servepilot.core.errors import ConfigError
 from servepilot.engine.args import ServerSpec, server_args, vllm_command
 from servepilot.engine.gpu.inventory import NO_GPU, GpuDevice, GpuInventory, GpuLink
 from servepilot.engine.model_source import ResolvedModel
 from servepilot.engine.simserver.args import SimModel
-from servepilot.fleet.devices import replica_devices
+from servepilot.fleet.devices import check_planned_fleet, replica_devices
 from servepilot.fleet.local import LocalReplicas
 
 GIB = 2**30
@@ -102,3 +104,39 @@ def test_enforce_eager_defaults_by_device() -> None:
 def test_the_printed_gpu_command_captures_cuda_graphs() -> None:
     config = parse_config(gpu_fleet(1, 8), origin="test")
     assert "--enforce-eager" not in vllm_command(config, "deepseek-ai/DeepSeek-V3", "ds")
+
+
+def test_config_shows_the_resolved_default_and_the_gpus(tmp_path: Path) -> None:
+
+    assert resolved_lines(parse_config({}, origin="t")) == [
+        "# resolved on this node:",
+        "#   engine.enforce_eager: true (by device, cpu)",
+    ]
+    lines = resolved_lines(parse_config(gpu_fleet(2, 4), origin="t"))
+    assert lines[1] == "#   engine.enforce_eager: false (by device, gpu)"
+    assert lines[2] == (
+        "#   GPUs per replica: r0: 0,1,2,3  r1: 4,5,6,7  "
+        "(in order; no GPU readable here, so hardware.count's 8)"
+    )
+    refused = resolved_lines(parse_config(gpu_fleet(3, 4), origin="t"))
+    assert refused[2].startswith("#   GPUs: refused: the fleet needs 12 GPUs")
+
+
+def test_plan_refuses_a_fleet_over_its_declared_gpus() -> None:
+
+    with pytest.raises(ConfigError, match=r"needs 12 GPUs .* \(8 x 1\) gives 8"):
+        check_planned_fleet(parse_config(gpu_fleet(3, 4), origin="t"))
+    check_planned_fleet(parse_config(gpu_fleet(2, 4), origin="t"))
+
+
+def test_the_plan_command_fails_naming_the_numbers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        "hardware: {device: gpu, accelerator: h200-141, count: 8}\n"
+        "model: {source: llama-3.1-70b}\nengine: {tensor_parallel_size: 4}\nreplicas: {count: 3}\n"
+    )
+    assert main(["plan", "-c", str(fleet)]) != 0
+    assert "the fleet needs 12 GPUs" in capsys.readouterr().err

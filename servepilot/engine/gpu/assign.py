@@ -58,6 +58,8 @@ def assign_devices(
         basis = "hardware.gpu_ids"
     elif domains:
         basis = "topology"
+    elif not inventory.devices:
+        basis = f"in order; no GPU readable here, so hardware.count's {declared_count}"
     return DeviceAssignment(replicas=tuple(chosen), basis=basis)
 
 
