@@ -22,6 +22,7 @@ import aiohttp
 
 from servepilot.core.errors import EngineStartError
 from servepilot.engine.args import LaunchCommand
+from servepilot.engine.smoke import SmokeFailure, smoke_generation
 from servepilot.engine.startup_log import KvCapacity, diagnose_failure, parse_kv_capacity
 
 _PR_SET_PDEATHSIG = 1
@@ -102,6 +103,7 @@ class ReplicaProcess:
                     await asyncio.to_thread(self.stop, 5.0)
                     raise self._failure(f"was not ready after {timeout_s:.0f} s", None)
                 await asyncio.sleep(0.5)
+        await self._smoke()
         return ReplicaInfo(
             replica_id=self.replica_id,
             url=self.url,
@@ -110,6 +112,19 @@ class ReplicaProcess:
             kv=parse_kv_capacity(self.log_text()),
             startup_s=time.monotonic() - self._started_at,
         )
+
+    async def _smoke(self) -> None:
+        """Readiness needs tokens, not only /health: a replica that cannot generate is
+        stopped and reported before it goes into rotation."""
+        try:
+            await smoke_generation(self.url)
+        except SmokeFailure as exc:
+            await asyncio.to_thread(self.stop, 5.0)
+            raise self._failure(
+                f"answered /health but its smoke generation failed ({exc})",
+                None,
+                cause="the server runs but the model does not generate",
+            ) from None
 
     def terminate(self) -> None:
         """SIGTERM the replica's process group without waiting (`stop` waits)."""
@@ -135,13 +150,18 @@ class ReplicaProcess:
         except OSError:
             return ""
 
-    def _failure(self, what: str, exit_code: int | None) -> EngineStartError:
+    def _failure(
+        self, what: str, exit_code: int | None, cause: str | None = None
+    ) -> EngineStartError:
         log = self.log_text()
         tail = "\n".join(log.splitlines()[-_LOG_TAIL_LINES:])
-        cause, hint = diagnose_failure(log, exit_code)
+        found, hint = diagnose_failure(log, exit_code)
+        # `cause` stands in for the generic one only: what the log names wins.
+        if cause is not None and (found, hint) == diagnose_failure("", exit_code):
+            found, hint = cause, "read the replica's full log for the engine's own error"
         return EngineStartError(
             f"replica {self.replica_id} ({self.url}) {what}; full log: {self.log_path}",
-            cause=cause,
+            cause=found,
             log_tail=tail,
             hint=hint,
         )
