@@ -23,7 +23,13 @@ import aiohttp
 from servepilot.core.errors import EngineStartError
 from servepilot.engine.args import LaunchCommand
 from servepilot.engine.smoke import SmokeFailure, smoke_generation
-from servepilot.engine.startup_log import KvCapacity, diagnose_failure, parse_kv_capacity
+from servepilot.engine.startup_log import (
+    GpuStartup,
+    KvCapacity,
+    diagnose_failure,
+    parse_gpu_startup,
+    parse_kv_capacity,
+)
 
 _PR_SET_PDEATHSIG = 1
 _LOG_TAIL_LINES = 25
@@ -52,6 +58,8 @@ class ReplicaInfo:
     log_path: Path
     kv: KvCapacity | None
     startup_s: float
+    gpu: GpuStartup | None = None
+    """What a GPU replica's log said about loading (weights, CUDA graphs, KV per GPU)."""
 
 
 class ReplicaProcess:
@@ -104,13 +112,16 @@ class ReplicaProcess:
                     raise self._failure(f"was not ready after {timeout_s:.0f} s", None)
                 await asyncio.sleep(0.5)
         await self._smoke()
+        log = self.log_text()
+        gpu = parse_gpu_startup(log)
         return ReplicaInfo(
             replica_id=self.replica_id,
             url=self.url,
             pid=self._proc.pid,
             log_path=self.log_path,
-            kv=parse_kv_capacity(self.log_text()),
+            kv=parse_kv_capacity(log),
             startup_s=time.monotonic() - self._started_at,
+            gpu=gpu if gpu.found else None,
         )
 
     async def _smoke(self) -> None:

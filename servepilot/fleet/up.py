@@ -93,7 +93,8 @@ REPLICA_COLUMNS = ("id", "url", "pid", "KV tokens", "max concurrency")
 
 def ready_line(info: ReplicaInfo) -> str:
     kv = f"{info.kv.kv_capacity_tokens:,} KV tokens" if info.kv else "KV capacity not reported"
-    return f"replica {info.replica_id} ready at {info.url} in {info.startup_s:.0f} s ({kv})"
+    gpu = f"; {info.gpu.summary()}" if info.gpu else ""
+    return f"replica {info.replica_id} ready at {info.url} in {info.startup_s:.0f} s ({kv}{gpu})"
 
 
 def replica_cells(info: ReplicaInfo) -> tuple[str, ...]:
