@@ -8,6 +8,7 @@ NVML through nvidia-ml-py when installed, else `nvidia-smi`.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 from servepilot.core.errors import ConfigError
 from servepilot.core.gpu_fit import GpuDemand
@@ -39,13 +40,14 @@ def show_inventory(inventory: GpuInventory) -> None:
         return
     indices = [d.index for d in inventory.devices]
     print("topology (NVL = NVLink, NUMA = PCIe in one NUMA node, SYS = across NUMA nodes):")
-    print("        " + "".join(f"GPU{i:<5}" for i in indices))
+    print((" " * 9 + "".join(f"GPU{i:<5}" for i in indices)).rstrip())
     for a in indices:
-        cells = [
-            "X" if a == b else _LINK_CELL.get(inventory.link(a, b) or GpuLink.CROSS_NUMA, "?")
-            for b in indices
-        ]
-        print(f"  GPU{a:<4}" + "".join(f"{c:<8}" for c in cells))
+        cells = ["X" if a == b else _cell(inventory.link(a, b)) for b in indices]
+        print((f"  GPU{a:<4}" + "".join(f"{c:<8}" for c in cells)).rstrip())
+
+
+def _cell(link: GpuLink | None) -> str:
+    return "?" if link is None else _LINK_CELL[link]
 
 
 def show_assignments(inventory: GpuInventory) -> None:
@@ -60,8 +62,8 @@ def show_assignments(inventory: GpuInventory) -> None:
         print(f"{label}: {assignment.describe()}")
 
 
-def main() -> int:
-    inventory = read_gpus()
+def main(read: Callable[[], GpuInventory] = read_gpus) -> int:
+    inventory = read()
     show_inventory(inventory)
     basis = "this node's GPUs" if inventory.devices else "8 GPUs assumed (none readable)"
     print(f"device assignment ({basis}):")

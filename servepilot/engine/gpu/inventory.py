@@ -8,12 +8,13 @@ from typing import Protocol
 
 
 class GpuLink(enum.IntEnum):
-    """How two GPUs reach each other, best first (the order the assignment prefers)."""
+    """How two GPUs reach each other, best first (the order the assignment prefers); from 1,
+    so that no link reads as false."""
 
-    NVLINK = 0
-    SAME_NUMA = 1
+    NVLINK = 1
+    SAME_NUMA = 2
     """PCIe within one NUMA node (nvidia-smi's PIX, PXB, PHB, NODE)."""
-    CROSS_NUMA = 2
+    CROSS_NUMA = 3
     """PCIe across the CPUs' interconnect (nvidia-smi's SYS)."""
 
 
