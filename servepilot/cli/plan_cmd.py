@@ -13,6 +13,7 @@ from servepilot.cli.options import add_config_flag, config_from_args
 from servepilot.core.errors import ConfigError
 from servepilot.engine.args import vllm_command
 from servepilot.engine.cpu import cpu_flags
+from servepilot.fleet.devices import check_planned_fleet
 from servepilot.plan import report
 from servepilot.plan.checkpoint import checkpoint_for
 from servepilot.plan.costprofile import load_profile
@@ -114,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         "traffic.bursty": "bursty",
         "traffic.input_tokens": "input_tokens", "traffic.output_tokens": "output_tokens",
     })  # fmt: skip
+    check_planned_fleet(config)
     request = PlanRequest.from_fleet(config, cpu_flags(), args.weights_dtype, args.kv_dtype)
     if args.profile is not None:
         request = request.replace(cost_model=load_profile(args.profile))

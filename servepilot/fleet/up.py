@@ -99,7 +99,8 @@ REPLICA_COLUMNS = ("id", "url", "pid", "KV tokens", "max concurrency")
 
 def ready_line(info: ReplicaInfo) -> str:
     kv = f"{info.kv.kv_capacity_tokens:,} KV tokens" if info.kv else "KV capacity not reported"
-    return f"replica {info.replica_id} ready at {info.url} in {info.startup_s:.0f} s ({kv})"
+    gpu = f"; {info.gpu.summary()}" if info.gpu else ""
+    return f"replica {info.replica_id} ready at {info.url} in {info.startup_s:.0f} s ({kv}{gpu})"
 
 
 def replica_cells(info: ReplicaInfo) -> tuple[str, ...]:
@@ -166,6 +167,8 @@ async def run_up(
         what = "vLLM"
     run_dir = detached_run_dir or new_run_dir()
     replicas = LocalReplicas(config, model, run_dir)
+    if replicas.devices is not None:
+        report.step(f"GPUs per replica: {replicas.devices.describe()}")
     stop = stop_event()
     count = initial_replicas(config)
     report.step(f"starting {count} {what} replica(s); logs in {run_dir}")
