@@ -32,7 +32,8 @@ def check_gpu_fit(demand: GpuDemand, available: int, where: str) -> None:
     if demand.total <= available:
         return
     raise ConfigError(
-        f"the fleet needs {demand.total} GPUs ({demand.replicas} replicas x "
+        f"the fleet needs {demand.total} GPUs ({demand.replicas} "
+        f"replica{'s' if demand.replicas != 1 else ''} x "
         f"tensor_parallel_size {demand.tensor_parallel_size} x pipeline_parallel_size "
         f"{demand.pipeline_parallel_size}) but {where} {available}",
         hint=f"run at most {available // demand.per_replica} replicas "

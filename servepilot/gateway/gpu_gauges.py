@@ -9,75 +9,24 @@ are the replicas' GPUs; a multi-node fleet reads the other nodes' from DCGM's ex
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
 
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class GpuReading:
-    index: int
-    utilization: float
-    """Share of the last sample period the GPU ran a kernel, 0..1 (NVML's gpu utilisation)."""
-    memory_used_bytes: int
-    memory_total_bytes: int
+from servepilot.engine.gpu.nvml import GpuReading, NvmlSampler
 
 
 class GpuGauges:
-    """NVML opened once, on the first scrape; every later scrape reads each device."""
+    """The GPUs' readings for each scrape, through engine.gpu's NVML sampler (the one place
+    servepilot talks to NVML)."""
 
     def __init__(self, nvml: ModuleType | None = None) -> None:
         """`nvml` stands in for the `pynvml` module (tests); None imports it."""
-        self._nvml = nvml
-        self._handles: list[Any] | None = None
-        self._opened = False
+        self._sampler = NvmlSampler(nvml)
 
     def readings(self) -> list[GpuReading]:
-        """One reading per GPU; empty where NVML is missing or fails (never a made-up value)."""
-        handles = self._open()
-        if not handles:
-            return []
-        nvml = self._nvml
-        assert nvml is not None
-        out = []
-        try:
-            for index, handle in enumerate(handles):
-                rates = nvml.nvmlDeviceGetUtilizationRates(handle)
-                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-                out.append(GpuReading(index, rates.gpu / 100.0, int(memory.used),
-                                      int(memory.total)))  # fmt: skip
-        except nvml.NVMLError as exc:
-            # A GPU that fell off the bus must not take /metrics down with it.
-            log.warning("NVML read failed, GPU gauges left out of this scrape: %s", exc)
-            return []
-        return out
-
-    def _open(self) -> list[Any]:
-        if not self._opened:
-            self._opened = True
-            self._handles = self._init()
-        return self._handles or []
-
-    def _init(self) -> list[Any]:
-        if self._nvml is None:
-            try:
-                import pynvml
-            except ImportError:
-                return []
-            self._nvml = pynvml
-        nvml = self._nvml
-        try:
-            nvml.nvmlInit()
-            return [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
-        except nvml.NVMLError as exc:
-            log.debug("no NVML here (%s): no GPU gauges", exc)
-            return []
+        return self._sampler.sample()
 
 
 def gpu_families(gauges: GpuGauges) -> Iterator[Metric]:

@@ -5,9 +5,11 @@ from pathlib import Path
 
 from servepilot.core.config import FleetConfig, parse_config
 from servepilot.engine.cpu import cpu_flags
+from servepilot.engine.gpu.inventory import GpuLink
+from servepilot.engine.gpu.smi import parse_topology
 from servepilot.observe.doctor.evidence import EnvFacts, Evidence, ReplicaEvidence, load, save
 from servepilot.observe.doctor.gather import environment
-from servepilot.observe.doctor.topology import nvlink_clique, parse_topology
+from servepilot.observe.doctor.topology import nvlink_clique
 
 GPU_NODE = Path(__file__).parent.parent / "data" / "doctor" / "gpu_node"
 
@@ -36,9 +38,9 @@ def test_an_empty_folder_is_a_case_with_no_evidence(tmp_path: Path) -> None:
 
 
 def test_the_topology_matrix_of_two_nvlink_islands() -> None:
-    links = parse_topology(load(GPU_NODE).env.gpu_topology or "")
-    assert len(links) == 64
-    assert links[0, 3] == "NV12" and links[3, 4] == "SYS" and links[5, 5] == "X"
+    links, _ = parse_topology(load(GPU_NODE).env.gpu_topology or "")
+    assert len(links) == 28  # every pair of 8 GPUs, once
+    assert links[0, 3] is GpuLink.NVLINK and links[3, 4] is GpuLink.CROSS_NUMA
     assert nvlink_clique(links, 0, 8) == 4
     assert nvlink_clique(links, 4, 4) == 4
     assert nvlink_clique(links, 2, 4) == 2  # GPU2, GPU3; GPU4 is across the SMP link
@@ -46,8 +48,8 @@ def test_the_topology_matrix_of_two_nvlink_islands() -> None:
 
 def test_a_pcie_only_pair() -> None:
     text = "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tPHB\t0-15\nGPU1\tPHB\t X \t0-15\n"
-    links = parse_topology(text)
-    assert links == {(0, 0): "X", (0, 1): "PHB", (1, 0): "PHB", (1, 1): "X"}
+    links, _ = parse_topology(text)
+    assert links == {(0, 1): GpuLink.SAME_NUMA}
     assert nvlink_clique(links, 0, 2) == 1
 
 
@@ -62,4 +64,4 @@ def test_a_real_one_gpu_topology_printed_into_a_pipe() -> None:
     # Driver 580 on an H200: the header underlined with escape codes even into a pipe.
     text = (GPU_NODE.parent / "h200_topo_m.txt").read_text()
     assert "\x1b[4mGPU0" in text
-    assert parse_topology(text) == {(0, 0): "X"}
+    assert parse_topology(text) == ({}, {0: 0})  # one GPU: no pair to link; NUMA node 0

@@ -122,7 +122,8 @@ def test_a_gpu_node_tp_across_nvlink_islands_shm_and_pending_placement() -> None
         ("placement_groups", P, "replicas.count", "2"),
     ]
     assert (
-        by_rule("gpu_node", "gpu_topology").evidence == "nvidia-smi topo -m: GPU0 <-> GPU4 is SYS"
+        by_rule("gpu_node", "gpu_topology").evidence
+        == "nvidia-smi topo -m: GPU0 <-> GPU4 is SYS, across NUMA nodes"
     )
     assert by_rule("gpu_node", "placement_groups").evidence == "servepilot-r2 PENDING"
 

@@ -1,8 +1,9 @@
 """What a user reads names the rule it applies, never the design document it came from:
 "seed 004's budget" means nothing to a user, "the KV-a-third-of-memory budget" does.
 
-Checked over every string servepilot can print (string literals other than docstrings), and
-over the fleet.yaml field descriptions `servepilot config` writes beside each field."""
+Checked over every string servepilot can print (string literals other than docstrings), over
+the fleet.yaml field descriptions `servepilot config` writes beside each field, and over the
+README and docs/ (prose, examples and sample output alike)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ from pydantic import BaseModel
 import servepilot
 from servepilot.core.config import FleetConfig
 
+# "--seed 123" and "the same flags and seed: ..." are the random seed; "seed 004", "seeds
+# 000/003" and "(seed: 30 min+)" name documents.
 DOCUMENT_NAME = re.compile(
-    r"\bseed \d{3}|\bseeds?'s?(?=\W)|\bthe seeds?\b|\bseeds?:", re.IGNORECASE
+    r"(?<!-)\bseeds? \d{3}|\bseeds?'s?(?=\W)|\bthe seeds?\b|\bseeds?: \d", re.IGNORECASE
 )
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -66,6 +70,23 @@ def test_no_fleet_yaml_field_description_names_a_seed_document() -> None:
     assert found == []
 
 
+def _user_documents() -> list[Path]:
+    docs = sorted((REPO_ROOT / "docs").rglob("*"))
+    return [REPO_ROOT / "README.md", *(p for p in docs if p.suffix in {".md", ".yaml", ".yml"})]
+
+
+def test_no_readme_or_docs_line_names_a_seed_document() -> None:
+    documents = _user_documents()
+    assert REPO_ROOT / "docs" / "tradeoff.md" in documents
+    found = [
+        f"{path.relative_to(REPO_ROOT)}:{number}: {line.strip()}"
+        for path in documents
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if DOCUMENT_NAME.search(line)
+    ]
+    assert found == []
+
+
 def test_the_pattern_tells_a_document_from_a_random_seed() -> None:
     assert DOCUMENT_NAME.search("the KV budget (seed 004's budget)")
     assert DOCUMENT_NAME.search("step: the seeds' +10% rules")
@@ -73,3 +94,8 @@ def test_the_pattern_tells_a_document_from_a_random_seed() -> None:
     assert DOCUMENT_NAME.search("no leak (seed: 30 min+)")
     assert not DOCUMENT_NAME.search("workload and arrival seed (default 0)")
     assert not DOCUMENT_NAME.search("same seeds, same request sizes")
+    assert DOCUMENT_NAME.search("seeds 000/003's operating lines")
+    assert DOCUMENT_NAME.search("# One 8-GPU node or ten? The seeds' trade-off, simulated")
+    assert not DOCUMENT_NAME.search("servepilot bench --seed 123 --sweep 1,2")
+    assert not DOCUMENT_NAME.search("60 simulated seconds per load level, seed 1")
+    assert not DOCUMENT_NAME.search("with the same flags and seed: other lengths")

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import logging
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from servepilot.engine.gpu.inventory import GpuDevice, GpuInventory, GpuLink
+
+log = logging.getLogger(__name__)
 
 
 def load_pynvml() -> ModuleType | None:
@@ -90,3 +94,60 @@ def _shutdown(nvml: Any) -> None:
         nvml.nvmlShutdown()
     except Exception:  # already shut down: nothing to release
         return
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """What a metrics scrape reads of one GPU."""
+
+    index: int
+    utilization: float
+    """Share of the last sample period the GPU ran a kernel, 0..1 (NVML's gpu utilisation)."""
+    memory_used_bytes: int
+    memory_total_bytes: int
+
+
+class NvmlSampler:
+    """Utilisation and memory of every GPU, NVML opened once on the first sample and kept
+    open (a scrape a second must not pay nvmlInit); `nvml` is the pynvml module (a fake in
+    tests), None to import it."""
+
+    def __init__(self, nvml: Any | None = None) -> None:
+        self._nvml = nvml
+        self._handles: list[Any] | None = None
+
+    def sample(self) -> list[GpuReading]:
+        """One reading per GPU; empty where NVML is missing or fails (never a made-up value)."""
+        handles = self._open()
+        if not handles:
+            return []
+        nvml: Any = self._nvml  # set by _open whenever it found handles
+        out = []
+        try:
+            for index, handle in enumerate(handles):
+                rates = nvml.nvmlDeviceGetUtilizationRates(handle)
+                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+                out.append(GpuReading(index, rates.gpu / 100.0, int(memory.used),
+                                      int(memory.total)))  # fmt: skip
+        except Exception as exc:  # NVMLError: a GPU that fell off the bus
+            log.warning("NVML read failed, GPU readings left out of this sample: %s", exc)
+            return []
+        return out
+
+    def _open(self) -> list[Any]:
+        if self._handles is None:
+            self._handles = self._init()
+        return self._handles
+
+    def _init(self) -> list[Any]:
+        if self._nvml is None:
+            self._nvml = load_pynvml()
+        nvml = self._nvml
+        if nvml is None:
+            return []
+        try:
+            nvml.nvmlInit()
+            return [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        except Exception as exc:  # no driver, no GPU
+            log.debug("no NVML here (%s): no GPU readings", exc)
+            return []

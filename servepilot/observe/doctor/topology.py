@@ -8,39 +8,31 @@ bridge), `NODE` (across PCIe host bridges in one NUMA node), `SYS` (across NUMA 
 
 from __future__ import annotations
 
-import re
-
 from servepilot.core.config import Device
+from servepilot.engine.gpu.inventory import GpuLink
+from servepilot.engine.gpu.smi import parse_topology
 from servepilot.observe.doctor.evidence import Evidence
 from servepilot.observe.doctor.finding import Finding, Severity
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_LINK_TEXT = {
+    GpuLink.NVLINK: "NVLink",
+    GpuLink.SAME_NUMA: "PCIe within one NUMA node",
+    GpuLink.CROSS_NUMA: "SYS, across NUMA nodes",
+}
+
+Links = dict[tuple[int, int], GpuLink]
 
 
-def parse_topology(text: str) -> dict[tuple[int, int], str]:
-    """The link between each pair of GPUs (both orders), from `nvidia-smi topo -m`."""
-    plain = _ANSI.sub("", text)  # the driver underlines the header, even into a pipe
-    lines = [line.split() for line in plain.splitlines() if line.strip()]
-    header = next((cells for cells in lines if cells and cells[0].startswith("GPU")), None)
-    if header is None:
-        return {}
-    gpus = [int(c[3:]) for c in header if c.startswith("GPU") and c[3:].isdigit()]
-    links: dict[tuple[int, int], str] = {}
-    for cells in lines:
-        name = cells[0] if cells else ""
-        if cells is header or not (name.startswith("GPU") and name[3:].isdigit()):
-            continue
-        for gpu, cell in zip(gpus, cells[1 : 1 + len(gpus)], strict=False):
-            links[int(name[3:]), gpu] = cell
-    return links
+def _link(links: Links, a: int, b: int) -> GpuLink | None:
+    return links.get((min(a, b), max(a, b)))
 
 
-def nvlink_clique(links: dict[tuple[int, int], str], first: int, size: int) -> int:
+def nvlink_clique(links: Links, first: int, size: int) -> int:
     """How many GPUs from `first` on (at most `size`) are all linked by NVLink pairwise."""
     count = 1
     while count < size:
         nxt = first + count
-        if not all(links.get((gpu, nxt), "").startswith("NV") for gpu in range(first, nxt)):
+        if not all(_link(links, gpu, nxt) is GpuLink.NVLINK for gpu in range(first, nxt)):
             break
         count += 1
     return count
@@ -51,8 +43,8 @@ def gpu_topology(evidence: Evidence) -> list[Finding]:
     tp = config.engine.tensor_parallel_size
     if config.hardware.device is not Device.GPU or tp < 2 or evidence.env.gpu_topology is None:
         return []
-    links = parse_topology(evidence.env.gpu_topology)
-    gpus = sorted({a for a, _ in links})
+    links, _ = parse_topology(evidence.env.gpu_topology)
+    gpus = sorted({gpu for pair in links for gpu in pair})
     found = []
     # Replicas take consecutive GPUs: replica k holds GPUs k*tp .. k*tp + tp - 1.
     for first in range(0, len(gpus) - tp + 1, tp):
@@ -60,11 +52,12 @@ def gpu_topology(evidence: Evidence) -> list[Finding]:
         if reach == tp:
             continue
         bad = next(
-            (a, b, links.get((a, b), "?"))
+            (a, b, _link(links, a, b))
             for b in range(first + 1, first + tp)
             for a in range(first, b)
-            if not links.get((a, b), "").startswith("NV")
+            if _link(links, a, b) is not GpuLink.NVLINK
         )
+        how = _LINK_TEXT[bad[2]] if bad[2] is not None else "not linked"
         fitting = 1 << (reach.bit_length() - 1)  # TP sizes are powers of two
         found.append(
             Finding(
@@ -72,7 +65,7 @@ def gpu_topology(evidence: Evidence) -> list[Finding]:
                 Severity.PROBLEM,
                 f"tensor parallelism {tp} over GPU{first}-GPU{first + tp - 1} leaves the NVLink "
                 "domain: every layer's all-reduce crosses PCIe or the CPU interconnect",
-                evidence=f"nvidia-smi topo -m: GPU{bad[0]} <-> GPU{bad[1]} is {bad[2]}",
+                evidence=f"nvidia-smi topo -m: GPU{bad[0]} <-> GPU{bad[1]} is {how}",
                 fix=f"keep TP inside the NVLink domain: engine.tensor_parallel_size {tp} -> "
                 f"{fitting}, and run more replicas (replicas.count) on the freed GPUs",
                 knob="engine.tensor_parallel_size",
