@@ -70,7 +70,7 @@ def _capacity_rules(scope: str) -> list[Rule]:
              f"{BATCH_UTILIZATION_FLOOR}", "5m", "warning",
              "Batch utilisation {{ $value | humanizePercentage }} (running / max_num_seqs) has "
              "been under 70% for 5 minutes.",
-             "The replicas are underfed (seed 004: low utilisation, poor throughput). With "
+             "The replicas are underfed (low utilisation, poor throughput per GPU). With "
              "traffic queued, raise engine.max_num_seqs / max_num_batched_tokens; with little "
              "traffic, consolidate onto fewer replicas (replicas.count or autoscale bounds)."),
         Rule("ServepilotCostPerQpsHigh",
@@ -78,7 +78,7 @@ def _capacity_rules(scope: str) -> list[Rule]:
              f"{COST_USD_PER_QPS_HOUR_CEILING}", "10m",
              "warning",
              "One QPS costs ${{ $value | printf \"%.3f\" }} per hour (fleet USD/h over "
-             "sustained QPS), above the seeds' $0.1 line.",
+             "sustained QPS), above the $0.1 line.",
              "Serve the same QPS on less hardware: raise batch utilisation (max_num_seqs), "
              "quantize (fp8) to fit more sequences per GPU, or scale in; "
              "`servepilot tune` finds the knobs for the SLA."),
@@ -101,7 +101,7 @@ def _engine_rules(scope: str) -> list[Rule]:
              f"max by (instance) ({kv_usage}) > {KV_CACHE_NEAR_FULL}", "5m",
              "warning",
              "KV cache of {{ $labels.instance }} is {{ $value | humanizePercentage }} full.",
-             "vLLM will preempt and recompute (seed 004: KV tight -> the memory/context "
+             "vLLM will preempt and recompute (KV tight -> the memory/context "
              "knobs): raise gpu_memory_utilization (at most 0.9) or cpu_kv_cache_space_gib, "
              "lower max_model_len to what the traffic needs, use kv_cache_dtype fp8, or add "
              "replicas."),
@@ -122,7 +122,7 @@ def _engine_rules(scope: str) -> list[Rule]:
              "15m", "warning",
              "{{ $labels.instance }}'s resident memory grows {{ $value | humanize }}B per "
              "request (over 2 MB: a leak).",
-             "Seed 004's soak rule: memory that climbs with requests is a leak (or KV "
+             "The soak's leak rule: memory that climbs with requests is a leak (or KV "
              "fragmentation). Compare with a `servepilot bench --soak`; restart the replica "
              "(drain it through /admin/replicas) and report it with the version."),
     ]  # fmt: skip
@@ -134,7 +134,7 @@ def _gpu_rule(scope: str) -> Rule:
         "ServepilotGpuSaturated", f"{utilization} > {GPU_UTILIZATION_CEILING}", "30s", "info",
         "GPU {{ $labels.gpu }} has been over 95% busy for 30 s.",
         "Informational: continuous batching pegs GPUs near 100% (llm-d). Act only if TTFT or "
-        "queue wait rises too: then the fleet is past its sweet spot (seed 004: P99 up, "
+        "queue wait rises too: then the fleet is past its sweet spot (P99 up, "
         "throughput flat): lower the concurrency or add replicas.",
     )  # fmt: skip
 
@@ -152,7 +152,7 @@ def _sla_rule(config: FleetConfig, scope: str) -> Rule | None:
         f"{limit_ms:g} ms (fleet.yaml slo.ttft_p99_ms).",
         "Queue wait high (the queue panels): add replicas or raise the autoscaler's max. "
         "Prefill slow: enable chunked prefill, lower max_num_batched_tokens. P99 up while "
-        "throughput is flat (seed 004): past the concurrency sweet spot, lower max_num_seqs "
+        "throughput is flat: past the concurrency sweet spot, lower max_num_seqs "
         "or quantize.",
     )  # fmt: skip
 

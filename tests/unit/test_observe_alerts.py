@@ -68,8 +68,8 @@ CASES = [
          {f"servepilot_cost_usd_per_qps_hour{{{GW}}}": "0.11x100"},
          {f"servepilot_cost_usd_per_qps_hour{{{GW}}}": "0.1x100"},
          "9m45s", "10m", {"instance": "127.0.0.1:8080", "job": "servepilot"},
-         "One QPS costs $0.110 per hour (fleet USD/h over sustained QPS), above the seeds' "
-         "$0.1 line."),
+         "One QPS costs $0.110 per hour (fleet USD/h over sustained QPS), above the $0.1 "
+         "line."),
     # 6 sheds every 15 s from t=0: the rate exists from the second sample (15 s); at 2m15s
     # the 5-minute window holds 54 sheds: 0.18/s.
     Case("ServepilotShedding",
