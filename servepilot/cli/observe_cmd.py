@@ -22,9 +22,10 @@ Prometheus data source) and {RULES_FILE} (add it to prometheus.yml's rule_files)
 dashboard shows the fleet, each replica and each priority class: request rate, TTFT/TPOT/ITL
 percentiles, queues, sheds, KV usage, preemptions, prefix-cache hits, batch utilisation, cost
 per QPS; GPU panels when hardware.device is gpu, autoscaler panels when it autoscales. The
-rules carry the seeds' thresholds (batch utilisation < 70% for 5 min, cost per QPS > $0.1,
-GPU > 95% for 30 s, memory growth > 2 MB per request, KV near full, preemptions, sheds, TTFT
-p99 over slo.ttft_p99_ms), each saying what to do.
+rules carry the operating thresholds (no ready replica, batch utilisation < 70% for 5 min, cost
+per QPS > $0.1, GPU > 95% for 30 s, memory growth > 2 MB per request, KV near full,
+preemptions, requests waiting in vLLM, sheds, TTFT p99 over slo.ttft_p99_ms), each saying
+what to do.
 """
 
 

@@ -107,7 +107,7 @@ def cost_families(
         per_qps = _gauge(
             "cost_usd_per_qps_hour",
             "Fleet dollars per hour / sustained requests per second: what one QPS costs per "
-            "hour (the seeds' alert line is 0.1).",
+            "hour (the alert's line is 0.1).",
         )
         per_qps.add_metric([], usd_per_hour / qps)
         yield per_qps

@@ -29,6 +29,7 @@ from servepilot.gateway.fleet_gauges import (
 )
 from servepilot.gateway.gpu_gauges import GpuGauges, gpu_families
 from servepilot.gateway.pool import ReplicaPool
+from servepilot.routing.admission.decision import Reason
 from servepilot.routing.base import RoutingPolicy
 
 if TYPE_CHECKING:
@@ -86,6 +87,9 @@ class _Histograms(dict[tuple[str, ...], Histogram]):
 
 
 _CLASS = ("0", "1", "2")
+_SHED_REASONS = (Reason.NO_REPLICA, Reason.DEGRADED, Reason.HARD_LIMIT, Reason.QUEUE_FULL,
+                 Reason.QUEUE_BUDGET)  # fmt: skip
+"""The reasons admission refuses a request with (429/503)."""
 
 
 class GatewayMetrics:
@@ -110,6 +114,12 @@ class GatewayMetrics:
         self.ttft = _Histograms()
         self.e2e = _Histograms()
         self.queue_wait = _Histograms()
+        # At 0 from the start for every label value known upfront: a fleet that never shed or
+        # queued still has the series its dashboard panels and alerts read.
+        for cls_ in _CLASS:
+            self.queue_wait[(cls_,)] = Histogram()
+            for reason in _SHED_REASONS:
+                self.sheds[(str(reason), cls_)] = 0
         self.fleet_facts: FleetFacts | None = None
         self.qps = QpsWindow()
         self.gpus = GpuGauges()

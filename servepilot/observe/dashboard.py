@@ -87,7 +87,7 @@ def _fleet_row(features: Features) -> Row:
         Panel("Cost per QPS (USD per hour per request/s)", "currencyUSD", (
             Target("servepilot_cost_usd_per_qps_hour", "USD/h per QPS"),
             Target("servepilot_fleet_cost_usd_per_hour", "fleet USD/h"),
-        ), "Fleet dollars per hour / sustained QPS over 5 minutes; the seeds' line is $0.1."),
+        ), "Fleet dollars per hour / sustained QPS over 5 minutes; the alert's line is $0.1."),
         Panel("Sheds by reason", "reqps", (Target(shed_rate(WINDOW), "{{reason}}"),)),
         Panel("KV cache usage, fullest replica", "percentunit",
               (Target("max(vllm:kv_cache_usage_perc)", "max"),)),

@@ -5,9 +5,10 @@ never at the threshold. Series are named and labelled as the gateway and vLLM 0.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,12 @@ def _histogram(name: str, labels: str, per_bucket: dict[str, str]) -> dict[str, 
 
 
 CASES = [
+    Case("ServepilotNoReadyReplica",
+         {f'servepilot_replica_healthy{{replica="r0",{GW}}}': "0x100"},
+         {f'servepilot_replica_healthy{{replica="r0",{GW}}}': "1x100"},
+         "45s", "1m", {},
+         "No replica is in rotation: the gateway answers 503 (or holds requests through a "
+         "cold start)."),
     Case("ServepilotBatchUnderfilled",
          {f"servepilot_fleet_batch_utilization{{{GW}}}": "0.69x100"},
          {f"servepilot_fleet_batch_utilization{{{GW}}}": "0.7x100"},
@@ -61,8 +68,8 @@ CASES = [
          {f"servepilot_cost_usd_per_qps_hour{{{GW}}}": "0.11x100"},
          {f"servepilot_cost_usd_per_qps_hour{{{GW}}}": "0.1x100"},
          "9m45s", "10m", {"instance": "127.0.0.1:8080", "job": "servepilot"},
-         "One QPS costs $0.110 per hour (fleet USD/h over sustained QPS), above the seeds' "
-         "$0.1 line."),
+         "One QPS costs $0.110 per hour (fleet USD/h over sustained QPS), above the $0.1 "
+         "line."),
     # 6 sheds every 15 s from t=0: the rate exists from the second sample (15 s); at 2m15s
     # the 5-minute window holds 54 sheds: 0.18/s.
     Case("ServepilotShedding",
@@ -80,6 +87,11 @@ CASES = [
          {f"vllm:num_preemptions_total{{{VLLM}}}": "0x100"},
          "5m", "5m15s", {"instance": "127.0.0.1:8001"},
          "127.0.0.1:8001 preempts 0.20 requests/s."),
+    Case("ServepilotRequestsWaiting",
+         {f"vllm:num_requests_waiting{{{VLLM}}}": "6x100"},
+         {f"vllm:num_requests_waiting{{{VLLM}}}": "5x100"},
+         "4m45s", "5m", {"instance": "127.0.0.1:8001"},
+         "127.0.0.1:8001 holds 6 requests in vLLM's own queue."),
     # 3.15 MB more every 15 s while one request finishes every 15 s: 3.15 MB per request;
     # 1.95 MB per request stays quiet.
     Case("ServepilotMemoryGrowthPerRequest",
@@ -105,9 +117,9 @@ CASES = [
 ]  # fmt: skip
 
 
-def _write_rules(tmp_path: Path) -> Path:
+def _write_rules(tmp_path: Path, labels: dict[str, str] | None = None) -> Path:
     path = tmp_path / "alerts.yaml"
-    path.write_text(yaml.safe_dump(alert_rules(CONFIG), sort_keys=False))
+    path.write_text(yaml.safe_dump(alert_rules(CONFIG, labels), sort_keys=False))
     return path
 
 
@@ -120,10 +132,23 @@ def _series(values: dict[str, str]) -> list[dict[str, str]]:
     return [{"series": name, "values": v} for name, v in values.items()]
 
 
-def _unit_test(case: Case, rules_file: Path) -> dict[str, Any]:
+def _in_namespace(values: dict[str, str], namespace: str) -> dict[str, str]:
+    return {name.replace("{", f'{{namespace="{namespace}",', 1): v for name, v in values.items()}
+
+
+def _unit_test(case: Case, rules_file: Path, scoped: bool = False) -> dict[str, Any]:
+    """Fires on `case.firing` at `fires_at`, not before; never on `case.below`. `scoped`
+    (rules matching namespace="llm"): the same, with the opposite series in another
+    namespace beside them, which must not count."""
+    firing, below, labels = _series(case.firing), _series(case.below), case.labels
+    if scoped:
+        firing = _series(_in_namespace(case.firing, "llm") | _in_namespace(case.below, "other"))
+        below = _series(_in_namespace(case.below, "llm") | _in_namespace(case.firing, "other"))
+        # Alerts that keep their series' labels (job among them) keep the namespace too.
+        labels = {**labels, "namespace": "llm"} if "job" in labels else labels
     rule = next(r for r in rules(CONFIG) if r.name == case.alert)
     expected = {
-        "exp_labels": {**case.labels, "severity": rule.severity},
+        "exp_labels": {**labels, "severity": rule.severity},
         "exp_annotations": {"summary": case.summary, "description": rule.description},
     }
     never = [{"eval_time": t, "alertname": case.alert, "exp_alerts": []}
@@ -132,11 +157,11 @@ def _unit_test(case: Case, rules_file: Path) -> dict[str, Any]:
         "rule_files": [str(rules_file)],
         "evaluation_interval": "15s",
         "tests": [
-            {"interval": "15s", "input_series": _series(case.firing), "alert_rule_test": [
+            {"interval": "15s", "input_series": firing, "alert_rule_test": [
                 {"eval_time": case.quiet_at, "alertname": case.alert, "exp_alerts": []},
                 {"eval_time": case.fires_at, "alertname": case.alert, "exp_alerts": [expected]},
             ]},
-            {"interval": "15s", "input_series": _series(case.below), "alert_rule_test": never},
+            {"interval": "15s", "input_series": below, "alert_rule_test": never},
         ],
     }  # fmt: skip
 
@@ -155,6 +180,38 @@ def test_every_rendered_alert_has_a_case() -> None:
 def test_the_alert_fires_past_its_threshold_after_its_window(tmp_path: Path, case: Case) -> None:
     test_file = tmp_path / "test.yaml"
     test_file.write_text(yaml.safe_dump(_unit_test(case, _write_rules(tmp_path))))
+    done = _promtool("test", "rules", str(test_file))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.alert)
+def test_rules_matching_a_namespace_read_only_its_series(tmp_path: Path, case: Case) -> None:
+    test_file = tmp_path / "test.yaml"
+    rules_file = _write_rules(tmp_path, {"namespace": "llm"})
+    test_file.write_text(yaml.safe_dump(_unit_test(case, rules_file, scoped=True)))
+    done = _promtool("test", "rules", str(test_file))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_matcher_is_in_every_selector() -> None:
+    scoped = alert_rules(CONFIG, {"namespace": "llm"})["groups"][0]["rules"]
+    plain = alert_rules(CONFIG)["groups"][0]["rules"]
+    for rule, bare in zip(scoped, plain, strict=True):
+        # Every metric name of the rule (a selector) opens a matcher list holding the namespace.
+        names = re.findall(r"(?:vllm:|servepilot_|process_)[a-z_]+", bare["expr"])
+        assert rule["expr"].count('namespace="llm"') == len(names), rule["expr"]
+        unscoped = re.sub(
+            r'\{namespace="llm"\}|namespace="llm",|,namespace="llm"', "", rule["expr"]
+        )
+        assert unscoped == bare["expr"]
+
+
+def test_an_empty_pool_is_no_ready_replica(tmp_path: Path) -> None:
+    """A gateway whose pool is empty exports no servepilot_replica_healthy series at all."""
+    case = next(c for c in CASES if c.alert == "ServepilotNoReadyReplica")
+    empty = replace(case, firing={f'servepilot_requests_total{{code="200",{GW}}}': "0x100"})
+    test_file = tmp_path / "test.yaml"
+    test_file.write_text(yaml.safe_dump(_unit_test(empty, _write_rules(tmp_path))))
     done = _promtool("test", "rules", str(test_file))
     assert done.returncode == 0, done.stdout + done.stderr
 

@@ -204,3 +204,17 @@ def test_a_failing_gpu_read_leaves_the_gpu_gauges_out_of_that_scrape_only() -> N
     assert not {n for n in _names(metrics) if n.startswith("servepilot_gpu_")}
     nvml.nvmlDeviceGetUtilizationRates = healthy
     assert _samples(metrics)[("servepilot_gpu_utilization", (("gpu", "0"),))] == 0.5
+
+
+def test_sheds_and_queue_wait_are_exported_at_zero_before_any_happens() -> None:
+    """The dashboard's sheds and queue-wait panels have series on a fleet that never shed or
+    queued: every shed reason x class counter and every class's queue-wait histogram at 0."""
+    samples = _samples(_metrics([]))
+    sheds = {labels: v for (name, labels), v in samples.items() if name == "servepilot_shed_total"}
+    reasons = ("degraded", "hard_limit", "no_replica", "queue_budget", "queue_full")
+    assert sheds == {(("class", c), ("reason", r)): 0.0 for r in reasons for c in ("0", "1", "2")}
+    waits = {
+        labels: v for (name, labels), v in samples.items()
+        if name == "servepilot_queue_wait_seconds_count"
+    }  # fmt: skip
+    assert waits == {(("class", c),): 0.0 for c in ("0", "1", "2")}
