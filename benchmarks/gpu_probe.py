@@ -19,7 +19,12 @@ from servepilot.engine.gpu.probe import read_gpus
 GIB = 2**30
 # (model, replicas, tensor parallel): fleets that fit one 8-GPU node (DeepSeek-V3 at TP 8
 # x 8 replicas would take 64 GPUs).
-FLEETS = (("llama-3.1-8b", 1, 1), ("llama-3.1-8b", 8, 1), ("llama-3.1-70b", 2, 4), ("llama-3.1-70b", 1, 8))
+FLEETS = (
+    ("llama-3.1-8b", 1, 1),
+    ("llama-3.1-8b", 8, 1),
+    ("llama-3.1-70b", 2, 4),
+    ("llama-3.1-70b", 1, 8),
+)
 _LINK_CELL = {GpuLink.NVLINK: "NVL", GpuLink.SAME_NUMA: "NUMA", GpuLink.CROSS_NUMA: "SYS"}
 
 
