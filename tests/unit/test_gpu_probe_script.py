@@ -40,8 +40,9 @@ def test_one_h200_through_nvidia_smi(capsys: pytest.CaptureFixture[str]) -> None
     assert out[0] == "reader: nvidia-smi; devices: 1"
     assert out[1] == ("  GPU0  NVIDIA H200  memory 0.00 / 140.40 GiB used  utilisation 0 %  NUMA 0")
     assert out[2] == "topology: not readable"
-    assert out[4].startswith("llama-3.1-8b: 8 x TP1: refused: the fleet needs 8 GPUs")
-    assert out[4].endswith("but this node has 1")
+    assert out[4] == "llama-3.1-8b: 1 x TP1: r0: 0  (in order)"
+    assert out[5].startswith("llama-3.1-8b: 8 x TP1: refused: the fleet needs 8 GPUs")
+    assert out[5].endswith("but this node has 1")
 
 
 def test_eight_nvlinked_gpus(capsys: pytest.CaptureFixture[str]) -> None:
