@@ -12,6 +12,7 @@ import json
 import sqlite3
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,9 +57,13 @@ class ActiveBatch:
 
 
 class JobStore:
-    def __init__(self, db: Database, files: FileStore) -> None:
+    def __init__(
+        self, db: Database, files: FileStore, clock: Callable[[], float] = time.time
+    ) -> None:
         self._db = db
         self._files = files
+        self.clock = clock
+        """Wall-clock seconds: deadlines and the OpenAI objects' timestamps."""
 
     def claim(self) -> bool:
         """The store exists and this process runs its jobs (see `Database.claim`)."""
@@ -74,7 +79,7 @@ class JobStore:
         lines: list[InputLine],
         errors: list[LineError],
     ) -> dict[str, Any]:
-        now = int(time.time())
+        now = int(self.clock())
         batch_id = f"batch_{uuid.uuid4().hex[:24]}"
         status = Status.FAILED if errors else Status.IN_PROGRESS
         error_doc = {"object": "list", "data": [e.as_openai() for e in errors]}
@@ -124,7 +129,7 @@ class JobStore:
         def update(conn: sqlite3.Connection) -> dict[str, Any] | None:
             conn.execute(
                 "UPDATE batches SET status = ?, cancelling_at = ? WHERE id = ? AND status = ?",
-                (Status.CANCELLING, int(time.time()), batch_id, Status.IN_PROGRESS),
+                (Status.CANCELLING, int(self.clock()), batch_id, Status.IN_PROGRESS),
             )
             return _get_sync(conn, batch_id)
 
@@ -183,7 +188,7 @@ class JobStore:
     async def set_finalizing(self, batch_id: str) -> None:
         await self._db.run(lambda conn: conn.execute(
             "UPDATE batches SET status = ?, finalizing_at = ? WHERE id = ? AND status = ?",
-            (Status.FINALIZING, int(time.time()), batch_id, Status.IN_PROGRESS),
+            (Status.FINALIZING, int(self.clock()), batch_id, Status.IN_PROGRESS),
         ))  # fmt: skip
 
     async def finish(self, batch_id: str, end: Status, unfinished_code: str | None) -> None:
@@ -213,7 +218,7 @@ class JobStore:
         conn.execute(
             f"UPDATE batches SET status = ?, {_ENDINGS[end]} = ?, output_file_id = ?, "
             "error_file_id = ?, failed = failed + ? WHERE id = ?",
-            (end, int(time.time()), output_id, error_id, failed_more, batch_id),
+            (end, int(self.clock()), output_id, error_id, failed_more, batch_id),
         )
 
     def _write(self, conn: sqlite3.Connection, name: str, lines: list[str]) -> str | None:

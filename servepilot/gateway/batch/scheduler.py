@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable
 
 from servepilot.core.batch_config import BatchConfig
@@ -37,13 +36,12 @@ class BatchScheduler:
         send: Send,
         config: BatchConfig,
         interactive_depth: Callable[[], int],
-        clock: Callable[[], float] = time.time,
     ) -> None:
         self._jobs = jobs
         self._send = send
         self._config = config
         self._interactive_depth = interactive_depth
-        self._clock = clock
+        self._clock = jobs.clock
         self.window = AimdWindow(config.max_concurrency)
         self._in_flight: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._held: dict[tuple[str, int], float] = {}
