@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from servepilot import __version__
 from servepilot.cli import (
+    batch_cmd,
     bench_cmd,
     calibrate_cmd,
     config_cmd,
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         tune_cmd,
         k8s_cmd,
         models_cmd,
+        batch_cmd,
         config_cmd,
     ):
         module.register(sub)

@@ -210,3 +210,27 @@ def test_model_errors_go_to_the_error_file(replica: str, tmp_path: Path) -> None
         [error] = output_lines(api, done.error_file_id)
         assert error["custom_id"] == "req-0" and error["response"]["status_code"] == 404
         assert error["response"]["body"]["error"]["code"] == "model_not_found"
+
+
+def test_cli_submit_wait_writes_the_results_beside_the_file(replica: str, tmp_path: Path) -> None:
+    with GatewayProcess([replica], tmp_path, gateway=batch_settings(tmp_path)) as gateway:
+        source = tmp_path / "questions.jsonl"
+        source.write_bytes(jsonl(6))
+        done = subprocess.run(
+            [sys.executable, "-m", "servepilot", "batch", "submit", str(source),
+             "--url", gateway.url, "--wait"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "completed, 6 completed, 0 failed of 6" in done.stderr
+        output = tmp_path / "questions.output.jsonl"
+        assert f"output: {output}" in done.stdout
+        ids = [json.loads(line)["custom_id"] for line in output.read_text().splitlines()]
+        assert ids == [f"req-{i}" for i in range(6)]
+        refused = subprocess.run(
+            [sys.executable, "-m", "servepilot", "batch", "submit", str(source),
+             "--url", gateway.url, "--window", "tomorrow"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert refused.returncode == 1
+        assert "HTTP 400: completion_window must be like '24h'" in refused.stderr
