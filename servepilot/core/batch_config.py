@@ -38,6 +38,11 @@ class BatchConfig(BaseModel):
     """Most batch lines in flight at once: the ceiling of the adaptive window, which halves
     on 429/5xx or growing interactive queues and grows back by one per window of successes."""
 
+    reserve_share: float = Field(default=0.2, ge=0.0, lt=1.0)
+    """Share of the replicas' slots (gateway.admission.replica_concurrency each) that batch
+    lines leave free, so that an interactive arrival finds a slot at once instead of waiting
+    for a batch line to end."""
+
     max_attempts: int = Field(default=3, ge=1)
     """Tries of a line whose replica fails (502/504) before it goes to the error file.
     A 429 or 503 (admission stepping aside for interactive traffic) is not an attempt."""

@@ -28,6 +28,7 @@ from servepilot.gateway.admin import AdminHandlers
 from servepilot.gateway.auth import Authenticator, Caller
 from servepilot.gateway.batch import BatchApi
 from servepilot.gateway.batch.exchange import Answer, send
+from servepilot.gateway.batch.scheduler import FleetRoom
 from servepilot.gateway.dispatch import Dispatcher
 from servepilot.gateway.errors import (
     INVALID_REQUEST,
@@ -98,7 +99,7 @@ class Gateway:
         self.batch: BatchApi | None = None
         uploads: tuple[UploadLimit, ...] = ()
         if config.batch.enabled:
-            self.batch = BatchApi(config.batch, self._send_batch_line, self._interactive_depth)
+            self.batch = BatchApi(config.batch, self._send_batch_line, self._batch_room)
             uploads = (self.batch.upload_limit,)
         self._server = HttpServer(
             self.handle,
@@ -250,9 +251,11 @@ class Gateway:
     async def _send_batch_line(self, path: str, body: bytes) -> Answer:
         return await send(self._inference[path], path, body)
 
-    def _interactive_depth(self) -> int:
-        p0, p1, _ = self.dispatcher.queue.depth_by_class()
-        return p0 + p1
+    def _batch_room(self) -> FleetRoom:
+        p0, p1, p2 = self.dispatcher.queue.depth_by_class()
+        views = self.pool.snapshot()
+        free = sum(max(0, view.capacity - view.in_flight) for view in views)
+        return FleetRoom(p0 + p1, p2, free, sum(view.capacity for view in views))
 
     def _count_rejected(self, status: int) -> None:
         self.metrics.count_request("unparsed", status)

@@ -15,7 +15,7 @@ from servepilot.gateway.batch.exchange import Answer
 from servepilot.gateway.batch.files import FileStore
 from servepilot.gateway.batch.jobs import JobStore, Status
 from servepilot.gateway.batch.lines import parse_input
-from servepilot.gateway.batch.scheduler import BatchScheduler
+from servepilot.gateway.batch.scheduler import BatchScheduler, FleetRoom
 from tests.unit.gateway_support import run
 
 CHAT = "/v1/chat/completions"
@@ -35,7 +35,15 @@ class Rig:
         self.files = FileStore(self.db, folder / "files")
         self.now = 1000.0
         self.jobs = JobStore(self.db, self.files, clock=lambda: self.now)
-        self.scheduler = BatchScheduler(self.jobs, send, BatchConfig(**config), lambda: 0)
+        self.slots = 100
+        self.interactive = 0
+        self.waiting = 0
+        self.scheduler = BatchScheduler(self.jobs, send, BatchConfig(**config), self.room)
+
+    def room(self) -> FleetRoom:
+        """Every line in flight holds a slot."""
+        free = self.slots - self.scheduler.in_flight - self.interactive
+        return FleetRoom(self.waiting, 0, free, self.slots)
 
     async def batch(self, count: int, window_s: int = 3600) -> str:
         lines, errors = parse_input(jsonl(count), CHAT)
@@ -187,3 +195,38 @@ def test_the_window_bounds_lines_in_flight_and_oldest_deadline_goes_first(
         await rig.db.close()
 
     run(scenario())
+
+
+def test_lines_leave_the_interactive_reserve_free(tmp_path: Path) -> None:
+    gate = asyncio.Event()
+
+    async def send(path: str, body: bytes) -> Answer:
+        await gate.wait()
+        return OK
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path, send, max_concurrency=64, reserve_share=0.2)
+        rig.scheduler.window.limit = 32
+        await rig.batch(40)
+        # 40 slots, 30 held by interactive requests: of the 10 free, 8 (20% of 40) are kept
+        # for interactive arrivals, 2 go to the batch.
+        rig.slots, rig.interactive = 40, 30
+        await rig.settle(5)
+        assert rig.scheduler.in_flight == 2
+        rig.interactive = 0
+        await rig.settle(5)
+        assert rig.scheduler.in_flight == 32  # 40 - 8 reserved, and the window is 32
+        rig.waiting = 3  # interactive requests queue up at the gateway
+        await rig.scheduler.step()
+        assert rig.scheduler.window.limit == 16  # halved
+        gate.set()
+        await rig.settle(20)
+        await rig.db.close()
+
+    run(scenario())
+
+
+def test_fleet_room_known_answers() -> None:
+    assert FleetRoom(0, 0, 10, 40).batch_room(0.2) == 2
+    assert FleetRoom(0, 3, 10, 40).batch_room(0.2) == -1
+    assert FleetRoom(0, 0, 7, 7).batch_room(0.0) == 7

@@ -26,7 +26,7 @@ from servepilot.gateway.batch.files import INPUT_PURPOSE, FileStore
 from servepilot.gateway.batch.jobs import JobStore
 from servepilot.gateway.batch.lines import ENDPOINTS, parse_input
 from servepilot.gateway.batch.multipart import MultipartError, parse_form
-from servepilot.gateway.batch.scheduler import BatchScheduler
+from servepilot.gateway.batch.scheduler import BatchScheduler, FleetRoom
 from servepilot.gateway.errors import INVALID_REQUEST, NOT_FOUND, GatewayError, bad_request
 from servepilot.http1 import HttpRequest, UploadLimit
 
@@ -42,14 +42,12 @@ Send = Callable[[str, bytes], Awaitable[Answer]]
 class BatchApi:
     """The batch service: its store, its scheduler and its routes."""
 
-    def __init__(
-        self, config: BatchConfig, send: Send, interactive_depth: Callable[[], int]
-    ) -> None:
+    def __init__(self, config: BatchConfig, send: Send, room: Callable[[], FleetRoom]) -> None:
         self.config = config
         self._db = Database(config.store_path())
         self.files = FileStore(self._db, config.files_path())
         self.jobs = JobStore(self._db, self.files)
-        self.scheduler = BatchScheduler(self.jobs, send, config, interactive_depth)
+        self.scheduler = BatchScheduler(self.jobs, send, config, room)
 
     @property
     def upload_limit(self) -> UploadLimit:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from servepilot.core.batch_config import BatchConfig
 from servepilot.gateway.batch.aimd import AimdWindow
@@ -29,18 +31,36 @@ _REPLICA_FAILED = (0, 502, 504)
 _HOLD_S = 0.5  # a line that was shed waits this long before it is tried again
 
 
+@dataclass(frozen=True, slots=True)
+class FleetRoom:
+    """What the scheduler reads of the gateway before starting lines."""
+
+    interactive_waiting: int
+    """P0 and P1 requests queued at the gateway."""
+    batch_waiting: int
+    """P2 requests queued at the gateway: lines already sent that will take a free slot."""
+    free_slots: int
+    total_slots: int
+
+    def batch_room(self, reserve_share: float) -> int:
+        """More lines that may be sent now: the free slots beyond the interactive reserve,
+        less those the lines already waiting for one will take."""
+        reserve = math.ceil(reserve_share * self.total_slots)
+        return self.free_slots - self.batch_waiting - reserve
+
+
 class BatchScheduler:
     def __init__(
         self,
         jobs: JobStore,
         send: Send,
         config: BatchConfig,
-        interactive_depth: Callable[[], int],
+        room: Callable[[], FleetRoom],
     ) -> None:
         self._jobs = jobs
         self._send = send
         self._config = config
-        self._interactive_depth = interactive_depth
+        self._room = room
         self._clock = jobs.clock
         self.window = AimdWindow(config.max_concurrency)
         self._in_flight: dict[tuple[str, int], asyncio.Task[None]] = {}
@@ -87,7 +107,6 @@ class BatchScheduler:
         """End what is due, then start what the window allows."""
         if not self._jobs.claim():
             return
-        self.window.on_interactive_queue(self._interactive_depth())
         now = self._clock()
         for batch in await self._jobs.active():
             if not await self._maybe_end(batch, now):
@@ -118,7 +137,10 @@ class BatchScheduler:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _fill(self, batch: ActiveBatch, now: float) -> None:
-        room = self.window.limit - len(self._in_flight)
+        fleet = self._room()
+        self.window.on_interactive_queue(fleet.interactive_waiting)
+        room = min(self.window.limit - len(self._in_flight),
+                   fleet.batch_room(self._config.reserve_share))  # fmt: skip
         if room <= 0:
             return
         skip = {i for (b, i) in self._in_flight if b == batch.batch_id}
