@@ -28,6 +28,7 @@ from servepilot.gateway.admin import AdminHandlers
 from servepilot.gateway.auth import Authenticator, Caller
 from servepilot.gateway.batch import BatchApi
 from servepilot.gateway.batch.exchange import Answer, send
+from servepilot.gateway.batch.metrics import BatchCollector
 from servepilot.gateway.batch.scheduler import FleetRoom
 from servepilot.gateway.dispatch import Dispatcher
 from servepilot.gateway.errors import (
@@ -101,6 +102,7 @@ class Gateway:
         if config.batch.enabled:
             self.batch = BatchApi(config.batch, self._send_batch_line, self._batch_room)
             uploads = (self.batch.upload_limit,)
+            self.metrics.registry.register(BatchCollector(self.batch.scheduler))
         self._server = HttpServer(
             self.handle,
             Limits(config.max_body_bytes, uploads=uploads),

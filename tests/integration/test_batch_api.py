@@ -105,6 +105,13 @@ def test_upload_create_poll_download(replica: str, tmp_path: Path) -> None:
         first = lines[0]["response"]
         assert first["status_code"] == 200 and first["body"]["object"] == "chat.completion"
         assert first["body"]["usage"]["completion_tokens"] == 16
+        metrics = gateway.metrics()
+        assert metrics.value("servepilot_batch_lines_total", outcome="completed") == 10
+        assert metrics.value("servepilot_batch_lines_total", outcome="failed") == 0
+        assert metrics.value("servepilot_batch_lines_in_flight") == 0
+        assert 1 <= metrics.value("servepilot_batch_window") <= 64
+        routes = metrics.by_label("servepilot_requests_total", "route")
+        assert routes["/v1/batches/{id}"] >= 1 and routes["/v1/files/{id}/content"] == 2
         listed = api.batches.list(limit=5)
         assert [b.id for b in listed.data] == [batch.id]
         assert api.files.retrieve(done.output_file_id).purpose == "batch_output"

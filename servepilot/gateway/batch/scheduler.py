@@ -67,6 +67,8 @@ class BatchScheduler:
         self._held: dict[tuple[str, int], float] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.outcomes = dict.fromkeys(("completed", "failed", "stepped_aside", "retried"), 0)
+        """Line answers since start, by what became of them (the metrics' counts)."""
 
     @property
     def in_flight(self) -> int:
@@ -158,11 +160,14 @@ class BatchScheduler:
             if answer.status in _STEP_ASIDE:
                 self.window.on_pushback()
                 self._held[key] = self._clock() + _HOLD_S
+                self.outcomes["stepped_aside"] += 1
             elif answer.status in _REPLICA_FAILED and line.attempts + 1 < self._config.max_attempts:
                 self.window.on_pushback()
+                self.outcomes["retried"] += 1
                 await self._jobs.count_attempt(line)
             else:
                 ok = 200 <= answer.status < 300
+                self.outcomes["completed" if ok else "failed"] += 1
                 if ok:
                     self.window.on_success()
                 elif answer.status >= 500:
