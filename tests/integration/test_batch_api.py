@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import sqlite3
 import subprocess
 import sys
 import time
@@ -167,8 +168,6 @@ def test_kill_9_mid_batch_then_restart(replica: str, tmp_path: Path) -> None:
 
 
 def _counts_in_store(folder: Path) -> int:
-    import sqlite3
-
     with sqlite3.connect(folder / "batch.sqlite3") as conn:
         return int(conn.execute("SELECT COUNT(*) FROM lines WHERE done = 1").fetchone()[0])
 
@@ -189,7 +188,7 @@ def test_bad_input(replica: str, tmp_path: Path) -> None:
                             ("invalid_url", 4)}  # fmt: skip
         with pytest.raises(openai.BadRequestError, match="endpoint must be one of"):
             api.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings",
-                               completion_window="24h")  # type: ignore[arg-type]  # fmt: skip
+                               completion_window="24h")  # fmt: skip
         with pytest.raises(openai.BadRequestError, match="is not an uploaded batch file"):
             api.batches.create(input_file_id="file-nope", endpoint="/v1/completions",
                                completion_window="24h")  # fmt: skip
