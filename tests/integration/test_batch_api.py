@@ -200,6 +200,10 @@ def test_bad_input(replica: str, tmp_path: Path) -> None:
         garbage = httpx.post(f"{gateway.url}/v1/files", content=b"x",
                              headers={"content-type": "text/plain"})  # fmt: skip
         assert garbage.status_code == 400 and "multipart/form-data" in garbage.text
+        wrong = httpx.delete(f"{gateway.url}/v1/batches/{batch.id}")
+        assert (wrong.status_code, wrong.headers["allow"]) == (405, "GET")
+        assert httpx.get(f"{gateway.url}/v1/batches/{batch.id}/nope").status_code == 404
+        assert httpx.get(f"{gateway.url}/v1/batches?limit=0").status_code == 400
 
 
 def test_model_errors_go_to_the_error_file(replica: str, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ Bad requests get a 400 naming the problem (404 for an unknown id), never a 500.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import urllib.parse
@@ -37,6 +38,7 @@ _WINDOW_UNIT_S = {"s": 1, "m": 60, "h": 3600}
 _MAX_PAGE = 100
 
 Send = Callable[[str, bytes], Awaitable[Answer]]
+Handler = Callable[[HttpRequest, str], Awaitable[None]]
 
 
 class BatchApi:
@@ -48,6 +50,16 @@ class BatchApi:
         self.files = FileStore(self._db, config.files_path())
         self.jobs = JobStore(self._db, self.files)
         self.scheduler = BatchScheduler(self.jobs, send, config, room)
+        # (collection, path segments, action, method) -> handler
+        self._routes: dict[tuple[str, int, str, str], Handler] = {
+            ("files", 1, "", "POST"): self._upload,
+            ("files", 2, "", "GET"): self._file,
+            ("files", 3, "content", "GET"): self._file_content,
+            ("batches", 1, "", "POST"): self._create,
+            ("batches", 1, "", "GET"): self._list,
+            ("batches", 2, "", "GET"): self._batch,
+            ("batches", 3, "cancel", "POST"): self._cancel,
+        }
 
     @property
     def upload_limit(self) -> UploadLimit:
@@ -77,17 +89,12 @@ class BatchApi:
     async def handle(self, request: HttpRequest) -> None:
         parts = request.path.split("/")[2:]  # ["files"], ["batches", id, "cancel"], ...
         route = (parts[0], len(parts), parts[2] if len(parts) > 2 else "", request.method)
-        handlers: dict[tuple[str, int, str, str], Callable[[HttpRequest, str], Awaitable[None]]]
-        handlers = {
-            ("files", 1, "", "POST"): self._upload,
-            ("files", 2, "", "GET"): self._file,
-            ("files", 3, "content", "GET"): self._file_content,
-            ("batches", 1, "", "POST"): self._create,
-            ("batches", 1, "", "GET"): self._list,
-            ("batches", 2, "", "GET"): self._batch,
-            ("batches", 3, "cancel", "POST"): self._cancel,
-        }
-        handler = handlers.get(route)
+        handler = self._routes.get(route)
+        allowed = [key[3] for key in self._routes if key[:3] == route[:3]]
+        if handler is None and allowed:
+            raise GatewayError(405, f"{request.method} is not allowed on {request.path}",
+                               error_type=INVALID_REQUEST, code="method_not_allowed",
+                               headers={"Allow": ", ".join(allowed)})  # fmt: skip
         if handler is None:
             raise GatewayError(404, f"no route {request.method} {request.path}",
                                error_type=INVALID_REQUEST, code="not_found")  # fmt: skip
@@ -138,7 +145,9 @@ class BatchApi:
         if stored is None or stored.purpose != INPUT_PURPOSE:
             raise bad_request(f"input_file_id {file_id!r} is not an uploaded batch file",
                               "invalid_input_file")  # fmt: skip
-        lines, errors = parse_input(await self.files.content(stored), endpoint)
+        content = await self.files.content(stored)
+        # Parsing a large file takes a while: off the event loop, like every store call.
+        lines, errors = await asyncio.to_thread(parse_input, content, endpoint)
         batch = await self.jobs.create(endpoint, stored.file_id, window_s, str(window), metadata,
                                        lines, errors)  # fmt: skip
         self.scheduler.wake()
