@@ -139,14 +139,16 @@ class Gateway:
         if self._started:
             self._started = False
             self._server.stop_listening()
-            if self.batch is not None:  # its lines in flight stay pending for the next start
-                await self.batch.stop()
+            if self.batch is not None:  # lines still in flight after it: sent again next start
+                await self.batch.stop_jobs(drain_timeout_s)
             await self.dispatcher.drain(drain_timeout_s)
             if not await self.pool.wait_idle(drain_timeout_s):
                 log.warning(
                     "drain timeout: %d requests still in flight", self.pool.total_in_flight()
                 )
             await self._server.close()
+            if self.batch is not None:
+                await self.batch.close()
             if self.access_log is not None:
                 await self.access_log.close()  # every request has ended: its line is in
         await self.dispatcher.stop()

@@ -230,3 +230,27 @@ def test_fleet_room_known_answers() -> None:
     assert FleetRoom(0, 0, 10, 40).batch_room(0.2) == 2
     assert FleetRoom(0, 3, 10, 40).batch_room(0.2) == -1
     assert FleetRoom(0, 0, 7, 7).batch_room(0.0) == 7
+
+
+def test_stop_lets_lines_finish_within_the_drain_timeout(tmp_path: Path) -> None:
+    async def slow(path: str, body: bytes) -> Answer:
+        await asyncio.sleep(0.2 if json.loads(body)["i"] == 0 else 60)
+        return OK
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path, slow, max_concurrency=2)
+        rig.scheduler.window.limit = 2
+        batch_id = await rig.batch(2)
+        await rig.scheduler.step()
+        assert rig.scheduler.in_flight == 2
+        started = asyncio.get_running_loop().time()
+        await rig.scheduler.stop(drain_timeout_s=1.0)
+        # c0 (0.2 s) finished and was committed; c1 (60 s) was cut at the timeout.
+        assert 0.9 <= asyncio.get_running_loop().time() - started < 5
+        batch = await rig.jobs.get(batch_id)
+        assert batch is not None and batch["request_counts"]["completed"] == 1
+        pending = await rig.jobs.pending(batch_id, 10, set())
+        assert [line.custom_id for line in pending] == ["c1"]
+        await rig.db.close()
+
+    run(scenario())

@@ -69,7 +69,12 @@ class BatchApi:
         """Run the jobs of the store (a restart picks up the batches in progress there)."""
         self.scheduler.start()
 
-    async def stop(self) -> None:
+    async def stop_jobs(self, drain_timeout_s: float) -> None:
+        """Start no more lines; let those in flight finish (up to the timeout)."""
+        await self.scheduler.stop(drain_timeout_s)
+
+    async def close(self) -> None:
+        """Close the store, once no request of the API can come any more."""
         await self.scheduler.stop()
         await self._db.close()
 

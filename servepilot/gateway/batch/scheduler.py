@@ -4,8 +4,9 @@ One loop owns everything: it ends batches that are due (expired, cancelled, all 
 and starts pending lines, earliest deadline first, while the AIMD window has room. Each line
 is a task of the loop's, sent at priority 2 through the gateway's admission; a 429 or 503
 (admission stepping aside) puts it back for later and cuts the window, a 2xx or a final
-error commits its result. Shutdown cancels the loop, then the lines in flight: they stay
-pending and are sent again on the next start.
+error commits its result. Shutdown stops the loop, lets the lines in flight finish within
+the drain timeout and cancels the rest: those stay pending and are sent again on the next
+start.
 """
 
 from __future__ import annotations
@@ -81,14 +82,17 @@ class BatchScheduler:
     def wake(self) -> None:
         self._wake.set()
 
-    async def stop(self) -> None:
-        """The loop first (it starts lines), then the lines it started."""
+    async def stop(self, drain_timeout_s: float = 0.0) -> None:
+        """The loop first (it starts lines), then the lines it started: those that finish
+        within `drain_timeout_s` are committed, the others cancelled."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         lines = list(self._in_flight.values())
+        if lines and drain_timeout_s > 0:
+            await asyncio.wait(lines, timeout=drain_timeout_s)
         for line in lines:
             line.cancel()
         await asyncio.gather(*lines, return_exceptions=True)
@@ -174,6 +178,8 @@ class BatchScheduler:
                     self.window.on_pushback()
                 result = result_line(line.custom_id, answer.status, answer.body)
                 await self._jobs.commit(line, ok, result)
+        except Exception:  # the line stays pending: sent again by a later step
+            log.exception("batch line %s of %s failed", line.custom_id, line.batch_id)
         finally:
             self._in_flight.pop(key, None)
             self._wake.set()
