@@ -192,7 +192,9 @@ def test_bad_input(replica: str, tmp_path: Path) -> None:
         with pytest.raises(openai.BadRequestError, match="is not an uploaded batch file"):
             api.batches.create(input_file_id="file-nope", endpoint="/v1/completions",
                                completion_window="24h")  # fmt: skip
-        with pytest.raises(openai.APIStatusError, match=r"batch\.max_file_bytes") as too_big:
+        with pytest.raises(
+            openai.APIStatusError, match=r"gateway\.batch\.max_file_bytes"
+        ) as too_big:
             api.files.create(file=("big.jsonl", io.BytesIO(jsonl(100))), purpose="batch")
         assert too_big.value.status_code == 413
         with pytest.raises(openai.NotFoundError):

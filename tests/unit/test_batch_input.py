@@ -79,8 +79,8 @@ def test_malformed_multipart(content_type: str, body: bytes, problem: str) -> No
 
 
 def test_upload_paths_get_their_own_body_limit() -> None:
-    limits = Limits(1024, uploads=(UploadLimit("/v1/files", 4096, "batch.max_file_bytes"),))
-    assert limits.body_limit(b"/v1/files") == (4096, " (batch.max_file_bytes)")
+    limits = Limits(1024, uploads=(UploadLimit("/v1/files", 4096, "gateway.batch.max_file_bytes"),))
+    assert limits.body_limit(b"/v1/files") == (4096, " (gateway.batch.max_file_bytes)")
     assert limits.body_limit(b"/v1/chat/completions") == (1024, "")
 
 

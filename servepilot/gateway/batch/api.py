@@ -63,7 +63,7 @@ class BatchApi:
 
     @property
     def upload_limit(self) -> UploadLimit:
-        return UploadLimit(FILES, self.config.max_file_bytes, "batch.max_file_bytes")
+        return UploadLimit(FILES, self.config.max_file_bytes, "gateway.batch.max_file_bytes")
 
     async def start(self) -> None:
         """Run the jobs of the store (a restart picks up the batches in progress there)."""
