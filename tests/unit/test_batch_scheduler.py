@@ -254,3 +254,26 @@ def test_stop_lets_lines_finish_within_the_drain_timeout(tmp_path: Path) -> None
         await rig.db.close()
 
     run(scenario())
+
+
+def test_a_line_that_breaks_the_gateway_ends_in_the_error_file(tmp_path: Path) -> None:
+    calls: list[int] = []
+
+    async def broken(path: str, body: bytes) -> Answer:
+        calls.append(1)
+        raise RuntimeError("a bug")
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path, broken, max_attempts=2)
+        batch_id = await rig.batch(1)
+        await rig.settle(20)
+        done = await rig.jobs.get(batch_id)
+        assert done is not None and done["status"] == "completed" and len(calls) == 2
+        [error] = await rig.results(done["error_file_id"])
+        assert error["error"] == {
+            "code": "internal_error",
+            "message": "the gateway failed to run this request: a bug",
+        }
+        await rig.db.close()
+
+    run(scenario())

@@ -21,7 +21,14 @@ from dataclasses import dataclass
 from servepilot.core.batch_config import BatchConfig
 from servepilot.gateway.batch.aimd import AimdWindow
 from servepilot.gateway.batch.exchange import Answer
-from servepilot.gateway.batch.jobs import ActiveBatch, JobStore, PendingLine, Status, result_line
+from servepilot.gateway.batch.jobs import (
+    ActiveBatch,
+    JobStore,
+    PendingLine,
+    Status,
+    error_line,
+    result_line,
+)
 
 log = logging.getLogger(__name__)
 
@@ -120,21 +127,33 @@ class BatchScheduler:
 
     async def _maybe_end(self, batch: ActiveBatch, now: float) -> bool:
         """End `batch` if it is due; True when it takes no more lines."""
-        running = [key for key in self._in_flight if key[0] == batch.batch_id]
+        running = any(key[0] == batch.batch_id for key in self._in_flight)
         if batch.status is Status.IN_PROGRESS and now >= batch.expires_at:
-            await self._cancel_lines(running)
-            await self._jobs.finish(batch.batch_id, Status.EXPIRED, "batch_expired")
+            await self._end(batch, Status.EXPIRED, "batch_expired")
             log.info("batch %s expired with %d lines not run", batch.batch_id, batch.pending)
-            return True
-        if batch.status is Status.CANCELLING:
-            await self._cancel_lines(running)
-            await self._jobs.finish(batch.batch_id, Status.CANCELLED, None)
-            return True
-        if batch.status is Status.FINALIZING or (batch.pending == 0 and not running):
+        elif batch.status is Status.CANCELLING:
+            await self._end(batch, Status.CANCELLED, None)
+        elif batch.status is Status.FINALIZING or (batch.pending == 0 and not running):
             await self._jobs.set_finalizing(batch.batch_id)
-            await self._jobs.finish(batch.batch_id, Status.COMPLETED, None)
-            return True
-        return False
+            await self._end(batch, Status.COMPLETED, None)
+        else:
+            return False
+        return True
+
+    async def _give_up_after_attempts(self, line: PendingLine, exc: Exception) -> None:
+        if line.attempts + 1 < self._config.max_attempts:
+            await self._jobs.count_attempt(line)
+            return
+        self.outcomes["failed"] += 1
+        message = f"the gateway failed to run this request: {exc}"
+        await self._jobs.commit(line, False, error_line(line.custom_id, "internal_error", message))
+
+    async def _end(self, batch: ActiveBatch, end: Status, unfinished_code: str | None) -> None:
+        running = [key for key in self._in_flight if key[0] == batch.batch_id]
+        await self._cancel_lines(running)
+        await self._jobs.finish(batch.batch_id, end, unfinished_code)
+        for key in [key for key in self._held if key[0] == batch.batch_id]:
+            del self._held[key]
 
     async def _cancel_lines(self, keys: list[tuple[str, int]]) -> None:
         tasks = [self._in_flight.pop(key) for key in keys]
@@ -178,8 +197,9 @@ class BatchScheduler:
                     self.window.on_pushback()
                 result = result_line(line.custom_id, answer.status, answer.body)
                 await self._jobs.commit(line, ok, result)
-        except Exception:  # the line stays pending: sent again by a later step
+        except Exception as exc:  # a bug: tried again, but never forever
             log.exception("batch line %s of %s failed", line.custom_id, line.batch_id)
+            await self._give_up_after_attempts(line, exc)
         finally:
             self._in_flight.pop(key, None)
             self._wake.set()
