@@ -5,8 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.servepilot-installed
 ARGS ?=
 
-.PHONY: install model serve down status test lint typecheck unit bench-client bench-gateway \
-	bench-routing bench-plan bench-sim bench-tune bench-autoscale bench-batch clean
+.PHONY: install model prometheus serve down status test lint typecheck unit bench-client \
+	bench-gateway bench-routing bench-plan bench-sim bench-tune bench-autoscale bench-ray \
+	bench-batch clean
 
 install: $(STAMP)
 
@@ -24,6 +25,26 @@ $(STAMP): pyproject.toml Makefile
 
 model: $(STAMP)
 	$(BIN)/servepilot models pull smollm2
+
+# Debian's prometheus package: the server and promtool, which the observe tests run (a real
+# Prometheus scraping a fleet, promtool on the rendered alert rules). Where systemd starts the
+# package's own service on :9090 it is stopped and disabled: servepilot runs its own.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+prometheus:
+	@if command -v prometheus >/dev/null && command -v promtool >/dev/null; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null; then \
+		echo "prometheus/promtool missing and no apt-get: install Prometheus 2.x yourself" \
+			"(the observe tests that need it skip)"; exit 0; fi; \
+	echo "installing Debian's prometheus package (server + promtool)"; \
+	$(SUDO) apt-get install -y --no-install-recommends prometheus || \
+		{ $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends prometheus; } \
+		|| exit 1; \
+	if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then \
+		echo "stopping and disabling the prometheus service the package started"; \
+		$(SUDO) systemctl disable --now prometheus; \
+	elif [ -x /etc/init.d/prometheus ] && /etc/init.d/prometheus status >/dev/null 2>&1; then \
+		echo "stopping the prometheus service the package started"; \
+		$(SUDO) /etc/init.d/prometheus stop; $(SUDO) update-rc.d prometheus disable; fi
 
 serve: model
 	$(BIN)/servepilot up $(ARGS)
@@ -47,7 +68,7 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
-test: model lint typecheck
+test: model prometheus lint typecheck
 	$(BIN)/pytest
 
 # servepilot bench against `vllm bench serve` on a zero-cost stub (see docs/benchmarks.md);
@@ -56,10 +77,19 @@ test: model lint typecheck
 bench-client: model
 	$(BIN)/python benchmarks/bench_client.py $(ARGS)
 
-# The gateway's CPU per request and added latency next to vllm-router's, on stub replicas.
+# The gateway's CPU per request and added latency next to vllm-router's, on stub replicas; and
+# its own cost with the access log and with the scrape-time gauges, side by side.
 bench-gateway: model
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/bench_gateway.py $(ARGS)
+
+# The Ray backend (issue 16): the gateway's CPU per request and added latency with local and
+# with Ray replicas, against Ray Serve's own HTTP proxy on a streaming stub, and the time from a
+# node's loss until its replica serves again on another node. A few minutes; ARGS="--only
+# overhead|anchor|recovery" runs one part (see --help).
+bench-ray: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python benchmarks/bench_ray.py $(ARGS)
 
 # Goodput of the routing policies (and vllm-router's cache_aware) over two real vLLM-CPU
 # replicas with prefix caching, on a shared-prefix workload.

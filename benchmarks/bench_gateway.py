@@ -7,6 +7,9 @@ stubs called directly, so the latency a router adds is read against the same mac
 
 servepilot's gateway runs twice per round, without and with its access log (every request
 logged to a file in the run's temporary folder), so that the log's cost is read side by side.
+Twice more, its /metrics scraped every --scrape-s seconds during the run: without and with the
+scrape-time gauges a fleet.yaml turns on (batch utilisation, cost per QPS), so that their cost
+is read side by side too (the scrapes' CPU is the gateway's).
 
 Reported per router: its CPU time per proxied request (user + system from /proc, over the
 measured run only; summed over its worker processes), requests/s, and the p50/p99 end-to-end
@@ -18,6 +21,7 @@ latency it adds over calling a stub directly. Rounds alternate; the table shows 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import socket
@@ -25,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -90,6 +95,10 @@ def servepilot_gateway_logged(stubs: list[str], port: int, args: argparse.Namesp
     return [*servepilot_gateway(stubs, port, args), "--access-log", str(args.access_log)]
 
 
+def servepilot_gateway_gauges(stubs: list[str], port: int, args: argparse.Namespace) -> list[str]:
+    return [*servepilot_gateway(stubs, port, args), "-c", str(args.fleet_yaml)]
+
+
 def vllm_router(stubs: list[str], port: int, args: argparse.Namespace) -> list[str]:
     exe = shutil.which("vllm-router", path=str(Path(sys.executable).parent))
     if exe is None:
@@ -102,8 +111,71 @@ def vllm_router(stubs: list[str], port: int, args: argparse.Namespace) -> list[s
 ROUTERS: dict[str, tuple[Callable[[list[str], int, argparse.Namespace], list[str]], str]] = {
     "servepilot gateway": (servepilot_gateway, "/ready"),
     "servepilot + access log": (servepilot_gateway_logged, "/ready"),
+    "servepilot, scraped": (servepilot_gateway, "/ready"),
+    "servepilot + gauges, scraped": (servepilot_gateway_gauges, "/ready"),
     "vllm-router": (vllm_router, "/health"),
 }
+SCRAPED = {"servepilot, scraped", "servepilot + gauges, scraped"}
+
+
+class Scraper:
+    """GET /metrics every `interval_s` in a thread, as Prometheus would, while a run lasts."""
+
+    def __init__(self, url: str, interval_s: float) -> None:
+        self._url, self._interval_s = url + "/metrics", interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.scrapes = self.failures = 0
+
+    def __enter__(self) -> Scraper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                with urllib.request.urlopen(self._url, timeout=30) as answer:
+                    answer.read()
+                self.scrapes += 1
+            except OSError:  # an overloaded machine: a missed scrape, as Prometheus has
+                self.failures += 1
+
+
+def scrape_cost_us(replicas: int, scrapes: int = 2000) -> tuple[float, float]:
+    """CPU microseconds of one /metrics render without and with the gauges (in this process,
+    interleaved, median of blocks): the gauges' whole cost, since they run only at scrape."""
+    from servepilot.core.config import GatewayConfig
+    from servepilot.gateway import FleetFacts, ReplicaInfo
+    from servepilot.gateway.metrics import GatewayMetrics
+    from servepilot.routing import make_policy
+
+    infos = [ReplicaInfo(f"r{i}", f"http://127.0.0.1:{9000 + i}", True, False, 3, 0, 5, 2, 0.4,
+                         ("m",), 64, None) for i in range(replicas)]  # fmt: skip
+
+    class Pool:
+        def replicas(self) -> list[ReplicaInfo]:
+            return infos
+
+    config = GatewayConfig()
+    policy = make_policy(config.policy, config.routing, 0)
+    plain, gauged = GatewayMetrics(Pool(), policy), GatewayMetrics(Pool(), policy)  # type: ignore[arg-type]
+    gauged.know_fleet(FleetFacts(max_num_seqs=128, replica_usd_per_hour=0.1))
+    for m in (plain, gauged):
+        for i in range(replicas):
+            m.count_request("/v1/chat/completions", 200)
+            m.observe_latency(i % 3, 0.05, 0.5)
+    blocks: dict[int, list[float]] = {0: [], 1: []}
+    for _ in range(20):
+        for key, m in enumerate((plain, gauged)):
+            started = time.process_time()
+            for _ in range(scrapes // 20):
+                m.render()
+            blocks[key].append((time.process_time() - started) / (scrapes // 20) * 1e6)
+    return statistics.median(blocks[0]), statistics.median(blocks[1])
 
 
 def load(url: str, args: argparse.Namespace, tmp: Path, probe_pid: int | None) -> dict[str, float]:
@@ -119,9 +191,14 @@ def load(url: str, args: argparse.Namespace, tmp: Path, probe_pid: int | None) -
     return result
 
 
-def one_round(stubs: list[str], args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, float]]:
+def one_round(
+    stubs: list[str], args: argparse.Namespace, tmp: Path, index: int
+) -> dict[str, dict[str, float]]:
     rows = {"direct": load(stubs[0], args, tmp, None)}
-    for name, (command, ready_path) in ROUTERS.items():
+    # Every other round in reverse order: a machine that gets busier during a round would
+    # otherwise always charge the same router.
+    order = list(ROUTERS.items())
+    for name, (command, ready_path) in order[::-1] if index % 2 else order:
         port = free_port()
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "RUST_LOG": "warn"}
         proc = subprocess.Popen(pinned(ROUTER_CORE, command(stubs, port, args)), env=env,
@@ -129,8 +206,10 @@ def one_round(stubs: list[str], args: argparse.Namespace, tmp: Path) -> dict[str
         try:
             url = f"http://127.0.0.1:{port}"
             wait_ready(url + ready_path, proc)
-            load(url, args, tmp, proc.pid)  # warm-up: connection pools, caches
-            rows[name] = load(url, args, tmp, proc.pid)
+            scraping = Scraper(url, args.scrape_s) if name in SCRAPED else contextlib.nullcontext()
+            with scraping:
+                load(url, args, tmp, proc.pid)  # warm-up: connection pools, caches
+                rows[name] = load(url, args, tmp, proc.pid)
         finally:
             proc.terminate()
             try:
@@ -176,6 +255,14 @@ def table(rounds: list[dict[str, dict[str, float]]], args: argparse.Namespace) -
             f"access log on vs off: {extra:+.0f} us CPU per request "
             f"({extra / med(ours, 'cpu_us'):+.0%}; median of the rounds' differences)"
         )
+    plain, gauged = "servepilot, scraped", "servepilot + gauges, scraped"
+    if plain in ROUTERS and gauged in ROUTERS:
+        extra = statistics.median(r[gauged]["cpu_us"] - r[plain]["cpu_us"] for r in rounds)
+        lines.append(
+            f"gauges on vs off, /metrics scraped every {args.scrape_s:g} s: {extra:+.1f} us CPU "
+            f"per request ({extra / med(plain, 'cpu_us'):+.1%}; median of the rounds' "
+            "differences; target <= +5%)"
+        )
     failed = sum(r[name]["failed"] for r in rounds for name in r)
     if failed:
         lines.append(f"WARNING: {failed:.0f} requests failed")
@@ -192,6 +279,10 @@ def main() -> None:
         "--delay-ms", type=float, default=0.0,
         help="stub pause before each token (0: the whole answer in one write)",
     )  # fmt: skip
+    parser.add_argument("--scrape-s", type=float, default=1.0,
+                        help="seconds between /metrics scrapes of the scraped runs")  # fmt: skip
+    parser.add_argument("--scrape-replicas", type=int, default=16,
+                        help="replicas in the in-process scrape-cost measurement")  # fmt: skip
     parser.add_argument(
         "--only", choices=sorted(ROUTERS), action="append",
         help="measure only this router (repeat for several)",
@@ -206,9 +297,12 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             args.access_log = Path(tmp) / "access.log"
+            # What turns the gauges on: the batch size and the price (the catalog's CPU host).
+            args.fleet_yaml = Path(tmp) / "fleet.yaml"
+            args.fleet_yaml.write_text("engine: {max_num_seqs: 128}\n")
             for index in range(args.rounds):
                 started = time.perf_counter()
-                rows = one_round([url for _, url in stubs], args, Path(tmp))
+                rows = one_round([url for _, url in stubs], args, Path(tmp), index)
                 rounds.append(rows)
                 cpu = ", ".join(f"{n} {rows[n]['cpu_us']:.0f} us/req" for n in ROUTERS)
                 print(f"round {index + 1}/{args.rounds} ({time.perf_counter() - started:.0f} s, "
@@ -218,6 +312,11 @@ def main() -> None:
             proc.terminate()
             proc.wait(10)
     print(table(rounds, args))
+    without, with_gauges = scrape_cost_us(args.scrape_replicas)
+    print(
+        f"one /metrics scrape with {args.scrape_replicas} replicas: {without:.0f} us CPU, "
+        f"{with_gauges:.0f} us with the gauges ({with_gauges - without:+.0f} us a scrape)"
+    )
 
 
 if __name__ == "__main__":

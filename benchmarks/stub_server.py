@@ -53,15 +53,23 @@ class StubStats:
     max_in_flight: int = 0
 
 
+def _sse(payload: bytes) -> bytes:
+    return b"data: " + payload + b"\n\n"
+
+
 def _chunk(payload: bytes) -> bytes:
-    event = b"data: " + payload + b"\n\n"
+    return _frame(_sse(payload))
+
+
+def _frame(event: bytes) -> bytes:
+    """One piece of a chunked transfer encoding."""
     return b"%x\r\n%s\r\n" % (len(event), event)
 
 
 def _event(kind: str, body: dict[str, object]) -> bytes:
     obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
     full = {"id": "stub-1", "object": obj, "created": 0, "model": MODEL, **body}
-    return _chunk(json.dumps(full, separators=(",", ":")).encode())
+    return _sse(json.dumps(full, separators=(",", ":")).encode())
 
 
 def _choice(kind: str, text: str, role: bool = False, finish: str | None = None) -> object:
@@ -69,6 +77,34 @@ def _choice(kind: str, text: str, role: bool = False, finish: str | None = None)
         delta: dict[str, str] = {"role": "assistant", "content": ""} if role else {"content": text}
         return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
     return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerEvents:
+    """The SSE events of one streamed answer of one endpoint, as vLLM sends them (each a
+    `data: ...` line and its blank line): what any stub, this server or another, streams."""
+
+    first: tuple[bytes, ...]
+    """Before the content: the role chunk of a chat answer."""
+    token: bytes
+    """One content chunk (one token); an answer sends it `chunks` times."""
+    tail: tuple[bytes, ...]
+    """The finish chunk, the usage chunk when asked for, [DONE]."""
+
+
+def answer_events(kind: str, config: StubConfig) -> AnswerEvents:
+    """`kind`: chat or completions."""
+    first = (_event(kind, {"choices": [_choice(kind, "", role=True)]}),) if kind == "chat" else ()
+    tail = [_event(kind, {"choices": [_choice(kind, "", finish="length")]})]
+    if config.usage:
+        usage = {
+            "prompt_tokens": config.prompt_tokens,
+            "completion_tokens": config.chunks,
+            "total_tokens": config.prompt_tokens + config.chunks,
+        }
+        tail.append(_event(kind, {"choices": [], "usage": usage}))
+    tail.append(_sse(b"[DONE]"))
+    return AnswerEvents(first, _event(kind, {"choices": [_choice(kind, " tok")]}), tuple(tail))
 
 
 class _Answer:
@@ -80,19 +116,10 @@ class _Answer:
     )
 
     def __init__(self, kind: str, config: StubConfig) -> None:
-        self.first = self.HEAD + (
-            _event(kind, {"choices": [_choice(kind, "", role=True)]}) if kind == "chat" else b""
-        )
-        self.token = _event(kind, {"choices": [_choice(kind, " tok")]})
-        tail = _event(kind, {"choices": [_choice(kind, "", finish="length")]})
-        if config.usage:
-            usage = {
-                "prompt_tokens": config.prompt_tokens,
-                "completion_tokens": config.chunks,
-                "total_tokens": config.prompt_tokens + config.chunks,
-            }
-            tail += _event(kind, {"choices": [], "usage": usage})
-        self.tail = tail + _chunk(b"[DONE]") + b"0\r\n\r\n"
+        events = answer_events(kind, config)
+        self.first = self.HEAD + b"".join(_frame(e) for e in events.first)
+        self.token = _frame(events.token)
+        self.tail = b"".join(_frame(e) for e in events.tail) + b"0\r\n\r\n"
         self.whole = self.first + self.token * config.chunks + self.tail
 
 

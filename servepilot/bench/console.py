@@ -17,7 +17,12 @@ from servepilot.bench.report.columns import RUN_COLUMNS, Column
 from servepilot.bench.report.fmt import fmt_ms, fmt_num, format_load, level_name
 from servepilot.bench.runlength import Estimate
 from servepilot.bench.runner import LAG_LIMIT_MS
-from servepilot.bench.shortfalls import client_limited, leak_bytes_per_request, shortfalls
+from servepilot.bench.shortfalls import (
+    client_limited,
+    leak_bytes_per_request,
+    leaking_sources,
+    shortfalls,
+)
 from servepilot.core.results import BenchResult, Load, Run
 from servepilot.load.loadplan import LoadPlan
 
@@ -194,6 +199,11 @@ def run_warnings(run: Run) -> tuple[str, ...]:
     if (growth := leak_bytes_per_request(run)) is not None:
         warnings.append(
             f"memory grew {growth / 2**20:.1f} MiB per request during the soak: "
+            "a leak by the 2 MB/request rule"
+        )
+    for source, growth in leaking_sources(run).items():
+        warnings.append(
+            f"{source}: memory grew {growth / 2**20:.1f} MiB per request during the soak: "
             "a leak by the 2 MB/request rule"
         )
     return tuple(warnings)

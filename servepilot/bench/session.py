@@ -13,12 +13,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import aiohttp
-
 from servepilot.bench.chat_template import ChatFrame, count_gap_note
 from servepilot.bench.client import Target
 from servepilot.bench.console import estimate_line
-from servepilot.bench.metrics import summarize, windows
+from servepilot.bench.metrics import summarize
 from servepilot.bench.records import RequestRecord, RequestSpec
 from servepilot.bench.runlength import (
     Estimate,
@@ -29,11 +27,17 @@ from servepilot.bench.runlength import (
     run_loads,
 )
 from servepilot.bench.runner import LoadOutcome, run_load
+from servepilot.bench.soak import (
+    MemorySample,
+    MemorySampler,
+    sample_every,
+    sample_memory,
+    with_soak,
+)
 from servepilot.bench.tokenizer import Tokenizer
 from servepilot.bench.workload import build_workload
 from servepilot.core.results import BenchResult, Load, Run, Source
 from servepilot.core.slo import Slo
-from servepilot.engine.metrics import parse_metrics
 from servepilot.load.levels import LevelOptions, pool_size
 from servepilot.load.loadplan import LoadPlan
 from servepilot.load.sweep import sweet_spot
@@ -52,6 +56,9 @@ class BenchOptions:
     processes: int | None = None
     metrics_url: str | None = None
     chat: ChatFrame = field(default_factory=ChatFrame)
+    memory_sources: MemorySampler | None = None
+    """Soak: memory beyond the target's /metrics (a local fleet's replica processes and
+    GPUs), sampled with it at every window's end."""
     """What the chat template adds to a message, taken off each message's text."""
 
 
@@ -207,7 +214,7 @@ async def _run_levels(
             report.note(gap)
         run = _level_run(opts, load, outcome)
         if opts.soak_s is not None:
-            run = _with_soak(run, outcome.records, opts.window_s, soak_memory)
+            run = with_soak(run, outcome.records, opts.window_s, soak_memory)
         records += [(load, r) for r in outcome.records]
         runs.append(run)
         report.level_done(run)
@@ -234,7 +241,7 @@ async def _run_level(
     workload: Sequence[RequestSpec],
     report: BenchReporter,
     clock: RunClock,
-) -> tuple[LoadOutcome, list[int | None]]:
+) -> tuple[LoadOutcome, list[MemorySample]]:
     def progress(completed: int, failed: int, elapsed_s: float) -> None:
         left_s = clock.progress(plan, completed + failed, elapsed_s)
         report.progress(
@@ -245,56 +252,18 @@ async def _run_level(
 
     if opts.soak_s is None:
         return await run_load(opts.target, plan, workload, on_progress=progress), []
-    memory: list[int | None] = []
-    sampler = asyncio.ensure_future(_sample_memory(opts, memory))
+    memory: list[MemorySample] = []
+    url = _metrics_url(opts)
+    sampler = asyncio.ensure_future(sample_every(url, opts.memory_sources, opts.window_s, memory))
     try:
         outcome = await run_load(opts.target, plan, workload, on_progress=progress)
     finally:
         sampler.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await sampler
-    memory.append(await _resident_memory(_metrics_url(opts)))
+    memory.append(await sample_memory(url, opts.memory_sources))
     return outcome, memory
-
-
-async def _sample_memory(opts: BenchOptions, samples: list[int | None]) -> None:
-    """The target's resident memory at the start and at the end of every soak window."""
-    url = _metrics_url(opts)
-    samples.append(await _resident_memory(url))
-    while True:
-        await asyncio.sleep(opts.window_s)
-        samples.append(await _resident_memory(url))
 
 
 def _metrics_url(opts: BenchOptions) -> str:
     return opts.metrics_url or f"{opts.target.base_url}/metrics"
-
-
-async def _resident_memory(url: str) -> int | None:
-    try:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session,
-            session.get(url) as resp,
-        ):
-            if resp.status != 200:
-                return None
-            return parse_metrics(await resp.text()).process_resident_memory_bytes
-    except Exception:  # a soak must not die because the target's /metrics hiccuped
-        return None
-
-
-def _with_soak(
-    run: Run, records: Sequence[RequestRecord], window_s: float, memory: Sequence[int | None]
-) -> Run:
-    # memory[0] is the start; memory[i] (i >= 1) the end of window i - 1.
-    per_window = list(memory[1:])
-    growth = None
-    known = [m for m in memory if m is not None]
-    if len(known) >= 2 and run.completed:
-        growth = (known[-1] - known[0]) / run.completed
-    return run.model_copy(
-        update={
-            "windows": windows(records, window_s, per_window),
-            "memory_growth_bytes_per_request": growth,
-        }
-    )

@@ -13,6 +13,13 @@ LEAK_BYTES_PER_REQUEST = 2 * 2**20
 """A leak, in seed 000's words: resident memory growing by more than 2 MB per request."""
 
 
+def is_leak(growth_bytes_per_request: float | None) -> bool:
+    """The one leak rule, for the target and for each memory source alike."""
+    return (
+        growth_bytes_per_request is not None and growth_bytes_per_request > LEAK_BYTES_PER_REQUEST
+    )
+
+
 def client_limited(run: Run) -> ClientHealth | None:
     """The client's health when the client, not the server, limited `run`."""
     return run.client if run.client is not None and run.client.client_bound else None
@@ -21,7 +28,14 @@ def client_limited(run: Run) -> ClientHealth | None:
 def leak_bytes_per_request(run: Run) -> float | None:
     """The target's memory growth per request when it is a leak by LEAK_BYTES_PER_REQUEST."""
     growth = run.memory_growth_bytes_per_request
-    return growth if growth is not None and growth > LEAK_BYTES_PER_REQUEST else None
+    return growth if growth is not None and is_leak(growth) else None
+
+
+def leaking_sources(run: Run) -> dict[str, float]:
+    """The memory sources (replica processes, GPUs) of a soak that leak by the same rule,
+    with their growth per request."""
+    by_source = run.memory_growth_by_source_bytes_per_request
+    return {name: growth for name, growth in by_source.items() if is_leak(growth)}
 
 
 def shortfalls(run: Run) -> tuple[str, ...]:

@@ -8,27 +8,23 @@ from pathlib import Path
 from servepilot.bench.chat_template import ChatFrame, measure_chat_frame
 from servepilot.bench.client import Target
 from servepilot.bench.compare import compare_results, render_comparison
-from servepilot.bench.console import progress_counts, progress_left, run_warnings
+from servepilot.bench.console import run_warnings
 from servepilot.bench.outputs import check_out_dir, write_outputs
 from servepilot.bench.records import Endpoint
-from servepilot.bench.session import (
-    BenchOptions,
-    BenchOutput,
-    BenchReporter,
-    LevelProgress,
-    run_bench,
-)
+from servepilot.bench.session import BenchOptions, BenchOutput, run_bench
+from servepilot.bench.soak import MemorySampler
 from servepilot.bench.target import served_model
 from servepilot.bench.tokenizer import Tokenizer, open_tokenizer
 from servepilot.cli.console import out_console, print_step, print_warning
-from servepilot.cli.levels_view import exit_code, level_bars, print_runs
+from servepilot.cli.levels_view import bench_reporter, exit_code, level_bars, print_runs
 from servepilot.cli.load_options import add_load_flags, add_workload_flags, levels_from_args
 from servepilot.cli.options import base_url
 from servepilot.core import loop
 from servepilot.core.errors import ConfigError
-from servepilot.core.results import Load, load_result
+from servepilot.core.results import load_result
 from servepilot.core.slo import Slo, parse_slo
 from servepilot.core.units import parse_duration_s
+from servepilot.fleet.soak_memory import fleet_memory_sampler, local_fleet
 
 DESCRIPTION = """\
 Load-test an OpenAI-compatible endpoint (a vLLM server, a servepilot gateway, any other) and
@@ -109,8 +105,9 @@ def _target_flags(parser: argparse.ArgumentParser) -> None:
                    help="a local Hugging Face tokenizer folder, "
                         "for servers without vLLM's /tokenize")  # fmt: skip
     g.add_argument("--metrics-url", metavar="URL",
-                   help="where to read the target's memory "
-                        "during --soak (default: URL/metrics)")  # fmt: skip
+                   help="where to read the target's memory during --soak (default: "
+                        "URL/metrics); a servepilot fleet on this machine is also read "
+                        "per replica process and per GPU")  # fmt: skip
     g.add_argument("--timeout", type=float, default=600.0, metavar="S",
                    help="per-request timeout in seconds (default 600)")  # fmt: skip
 
@@ -134,6 +131,7 @@ def _run(args: argparse.Namespace) -> int:
         slo=parse_slo(args.slo) if args.slo else Slo(),
         soak_s=soak_s, window_s=_window_s(args, soak_s), processes=args.processes,
         metrics_url=args.metrics_url, chat=_chat_frame(tokenizer, target),
+        memory_sources=_memory_sources(root) if soak_s is not None else None,
     )  # fmt: skip
     output = _run_with_progress(opts, tokenizer)
     _report(output, args.out)
@@ -156,17 +154,7 @@ def compare(args: argparse.Namespace) -> int:
 
 def _run_with_progress(opts: BenchOptions, tokenizer: Tokenizer) -> BenchOutput:
     with level_bars() as bars:
-
-        def started(load: Load, requests: int | None, duration_s: float | None) -> None:
-            bars.start(load, requests if requests is not None else duration_s)
-
-        def progress(p: LevelProgress) -> None:
-            done = p.completed + p.failed if p.planned is not None else p.elapsed_s
-            counts = progress_counts(p.completed, p.failed)
-            bars.update(p.load, done, counts, progress_left(p.left_s))
-
-        reporter = BenchReporter(started, progress, bars.finish, bars.note)
-        return loop.run(run_bench(opts, tokenizer, reporter))
+        return loop.run(run_bench(opts, tokenizer, bench_reporter(bars)))
 
 
 def _report(output: BenchOutput, out_dir: Path | None) -> None:
@@ -178,6 +166,17 @@ def _report(output: BenchOutput, out_dir: Path | None) -> None:
     if out_dir is not None:
         write_outputs(out_dir, result, output.records)
         print_step(f"wrote {out_dir}/results.json, requests.csv and report.html")
+
+
+def _memory_sources(root: str) -> MemorySampler | None:
+    record = local_fleet(root)
+    if record is None:
+        print_step("soak memory: the target's /metrics only (per replica process and GPU "
+                   "only for a servepilot fleet running on this machine)")  # fmt: skip
+        return None
+    print_step(f"soak memory: the target's /metrics, each process of its "
+               f"{len(record.replicas)} replica(s), and each GPU")  # fmt: skip
+    return fleet_memory_sampler(record)
 
 
 def _window_s(args: argparse.Namespace, soak_s: float | None) -> float:

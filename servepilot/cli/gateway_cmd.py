@@ -9,7 +9,7 @@ from servepilot.cli.console import out_console, print_step
 from servepilot.cli.options import add_config_flag, base_url, config_from_args
 from servepilot.core.config import PolicyName
 from servepilot.core.errors import ConfigError
-from servepilot.fleet.serve import check_port_free
+from servepilot.fleet.serve import check_port_free, fleet_facts
 from servepilot.gateway import run_gateway
 from servepilot.gateway.k8s_endpoints import KubernetesEndpoints, parse_target
 
@@ -21,10 +21,11 @@ checks each replica's /health, routes around those that fail, gives each replica
 --capacity requests at once and queues the rest by priority (X-Priority: 0 interactive,
 1 default, 2 batch), and serves one endpoint. Every other setting (admission budgets, circuit
 breakers, hard and soft limits, API keys) comes from fleet.yaml's `gateway` section; see
-`servepilot config`. With --access-log PATH, every request gets a JSON line in PATH (method,
-path, status, replica, class, sizes, TTFB/TTFT/E2E ms, error), written in the background
-(gateway.access_log sets sampling and buffering). Ctrl-C (or SIGTERM) drains in-flight requests,
-writes the last access log lines, and stops.
+`servepilot config`; with -c, /metrics also has batch utilisation (engine.max_num_seqs) and
+cost per QPS (the hardware's price). With --access-log PATH, every request gets a JSON line in
+PATH (method, path, status, replica, class, sizes, TTFB/TTFT/E2E ms, error), written in the
+background (gateway.access_log sets sampling and buffering). Ctrl-C (or SIGTERM) drains
+in-flight requests, writes the last access log lines, and stops.
 """
 
 
@@ -72,7 +73,10 @@ def run(args: argparse.Namespace) -> int:
         "gateway.host": "host",
         "gateway.admission.replica_concurrency": "capacity",
     }
-    config = config_from_args(args, overrides).gateway
+    fleet = config_from_args(args, overrides)
+    config = fleet.gateway
+    # With a fleet.yaml, its max_num_seqs and hardware price turn the batch and cost gauges on.
+    facts = fleet_facts(fleet) if args.config is not None else None
     urls = [base_url(u, "--replica") for u in args.replica]
     source = _source(args.discover)
     if not urls and source is None:
@@ -93,7 +97,12 @@ def run(args: argparse.Namespace) -> int:
         )
     replicas = [(f"r{i}", url) for i, url in enumerate(urls)]
     run_gateway(
-        config, replicas, on_started=started, access_log_path=args.access_log, source=source
+        config,
+        replicas,
+        on_started=started,
+        access_log_path=args.access_log,
+        source=source,
+        facts=facts,
     )
     print_step("stopped")
     return 0

@@ -7,10 +7,12 @@ from pathlib import Path
 
 from servepilot.cli.console import out_console, print_step
 from servepilot.cli.options import add_config_flag, config_from_args
+from servepilot.core.config import FleetConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.kubernetes_config import Autoscaler, Runtime
 from servepilot.engine.cpu import cpu_flags
-from servepilot.fleet.k8s import FILE_NAMES, check, render
+from servepilot.fleet.k8s import FILE_NAMES, Monitoring, check, render
+from servepilot.observe import alert_rules, dashboard
 from servepilot.plan.planner import make_plan
 from servepilot.plan.request import PlanRequest
 
@@ -26,7 +28,10 @@ component plus a kustomization.yaml, ready for `kubectl apply -k DIR`:
   rayservice.yaml       with --runtime ray, instead of the two above: a KubeRay RayService
   gateway.yaml          the gateway (Deployment, Service, ConfigMap of its config) and the RBAC
                         it needs to discover the replicas' endpoints
-  monitoring.yaml       a ServiceMonitor and a PrometheusRule with the alerts
+  monitoring.yaml       a ServiceMonitor, a PrometheusRule with the alerts of `servepilot
+                        observe render` (matching the namespace's series only) and its
+                        Grafana dashboard as a ConfigMap labelled grafana_dashboard: "1"
+                        for Grafana's dashboard sidecar
 The vLLM command is the one `plan` prints and `up` launches; the pods' resources come from the
 plan. fleet.yaml's `kubernetes` section sets the images, the model volume and autoscaling
 (`servepilot config` lists its fields). A fleet that cannot run as asked is refused with the
@@ -61,6 +66,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.set_defaults(run=run)
 
 
+def monitoring_of(config: FleetConfig) -> Monitoring:
+    """observe's alert rules, matching the fleet's namespace (one Prometheus watches every
+    namespace of a cluster), and its dashboard."""
+    rules = alert_rules(config, {"namespace": config.kubernetes.namespace})
+    return Monitoring(rule_groups=tuple(rules["groups"]), dashboard=dashboard(config))
+
+
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args, {
         "kubernetes.namespace": "namespace",
@@ -69,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     })  # fmt: skip
     check(config)  # the refusals that need no plan, before planning reads the model
     plan = make_plan(PlanRequest.from_fleet(config, cpu_flags()))
-    files = render(config, plan)
+    files = render(config, plan, monitoring_of(config))
     out: Path = args.out
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")

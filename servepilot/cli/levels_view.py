@@ -13,8 +13,16 @@ from rich.console import Console, RenderableType
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from servepilot.bench.console import ending, level_summary, render_runs_table, sweet_spot_line
+from servepilot.bench.console import (
+    ending,
+    level_summary,
+    progress_counts,
+    progress_left,
+    render_runs_table,
+    sweet_spot_line,
+)
 from servepilot.bench.report.fmt import level_name
+from servepilot.bench.session import BenchReporter, LevelProgress
 from servepilot.cli.console import err_console, out_console
 from servepilot.core.results import BenchResult, Load, Run
 
@@ -109,6 +117,20 @@ def level_bars() -> Iterator[LevelBars | PlainLevels]:
     )
     with Progress(*columns, console=err_console, transient=False) as bar:
         yield LevelBars(bar)
+
+
+def bench_reporter(bars: LevelBars | PlainLevels) -> BenchReporter:
+    """bench's progress callbacks drawn on `bars` (bench and accept run bench's session)."""
+
+    def started(load: Load, requests: int | None, duration_s: float | None) -> None:
+        bars.start(load, requests if requests is not None else duration_s)
+
+    def progress(p: LevelProgress) -> None:
+        done = p.completed + p.failed if p.planned is not None else p.elapsed_s
+        counts = progress_counts(p.completed, p.failed)
+        bars.update(p.load, done, counts, progress_left(p.left_s))
+
+    return BenchReporter(started, progress, bars.finish, bars.note)
 
 
 def print_runs(result: BenchResult) -> None:

@@ -8,16 +8,20 @@ from collections.abc import Sequence
 
 from servepilot import __version__
 from servepilot.cli import (
+    accept_cmd,
     batch_cmd,
     bench_cmd,
     calibrate_cmd,
     config_cmd,
+    doctor_cmd,
     fleet_cmd,
     gateway_cmd,
     k8s_cmd,
     models_cmd,
+    observe_cmd,
     plan_cmd,
     sim_cmd,
+    top_cmd,
     tune_cmd,
     up_cmd,
 )
@@ -55,9 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
         sim_cmd,
         tune_cmd,
         k8s_cmd,
+        top_cmd,
+        doctor_cmd,
+        accept_cmd,
         models_cmd,
         batch_cmd,
         config_cmd,
+        observe_cmd,
     ):
         module.register(sub)
     shells = sub.add_parser(

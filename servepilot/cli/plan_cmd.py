@@ -13,9 +13,12 @@ from servepilot.cli.options import add_config_flag, config_from_args
 from servepilot.core.errors import ConfigError
 from servepilot.engine.args import vllm_command
 from servepilot.engine.cpu import cpu_flags
+from servepilot.fleet.devices import check_planned_fleet
 from servepilot.plan import report
+from servepilot.plan.checkpoint import checkpoint_for
 from servepilot.plan.costprofile import load_profile
 from servepilot.plan.export import fleet_config, fleet_yaml, plan_json
+from servepilot.plan.launch import Launch
 from servepilot.plan.planner import Plan, make_plan
 from servepilot.plan.presets import preset_names
 from servepilot.plan.request import PlanRequest
@@ -31,10 +34,16 @@ Work out, before anything is started, how a model runs on vLLM on given hardware
                           the KV cache is the limit, PP across nodes when a node is too small
   knobs                   gpu_memory_utilization, max_model_len, max_num_seqs,
                           max_num_batched_tokens and chunked prefill, each with its reason
-  command                 the ready vLLM command, and (--out) a fleet.yaml for `servepilot up`
+  command                 the ready vLLM command (a 4-bit rung serves a published AWQ
+                          checkpoint, or a <placeholder> to fill in; a replica wider than a
+                          node gets its Ray launch, node by node), and (--out) a fleet.yaml
+                          for `servepilot up`
   if it does not fit      the ladder: cut max_model_len, quantize the KV cache, quantize the
-                          weights, add nodes, with the numbers for each step
-  advice and cost         one node or distributed, $/hour, $ per QPS, $ per 1M output tokens
+                          weights, or at the original precision more accelerators of the
+                          node, then more nodes, with the numbers for each step
+  advice and cost         one node or distributed, $/hour, and for --qps the replicas and
+                          nodes it needs by the capacity estimate, their $/hour, $ per QPS
+                          and $ per 1M output tokens
 
 Models: a preset name or a local Hugging Face folder (or its config.json). Accelerators come
 from the catalog (override memory and price with --memory-gib / --price). On CPU, --memory-gib
@@ -80,6 +89,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     traffic = parser.add_argument_group("traffic")
     traffic.add_argument("--qps", type=float, metavar="Q", help="requests per second to sustain")
     traffic.add_argument("--concurrency", type=int, metavar="N", help="requests in flight")
+    traffic.add_argument("--bursty", action="store_true", default=None,
+                         help="traffic comes in bursts: one node plus autoscaling when one "
+                              "node carries the sustained --qps")  # fmt: skip
     traffic.add_argument("--input-tokens", type=int, metavar="N", help="mean prompt length")
     traffic.add_argument("--output-tokens", type=int, metavar="N", help="mean output length")
     traffic.add_argument("--profile", type=Path, metavar="PROFILE.json",
@@ -100,8 +112,10 @@ def run(args: argparse.Namespace) -> int:
         "hardware.memory_gib": "memory_gib", "hardware.price_usd_per_hour": "price",
         "hardware.catalog": "catalog", "engine.max_model_len": "max_model_len",
         "traffic.target_qps": "qps", "traffic.concurrency": "concurrency",
+        "traffic.bursty": "bursty",
         "traffic.input_tokens": "input_tokens", "traffic.output_tokens": "output_tokens",
     })  # fmt: skip
+    check_planned_fleet(config)
     request = PlanRequest.from_fleet(config, cpu_flags(), args.weights_dtype, args.kv_dtype)
     if args.profile is not None:
         request = request.replace(cost_model=load_profile(args.profile))
@@ -110,16 +124,24 @@ def run(args: argparse.Namespace) -> int:
     # does: an answer to act on rather than a config vLLM would refuse.
     step = None if plan.fits else plan.first_fitting_step
     runnable = plan if step is None else make_plan(step.request)
-    command = _command(runnable) if runnable.fits else None
+    launch = _launch(runnable) if runnable.fits else None
+    # A rung at the original precision (more accelerators or nodes), offered beside the first.
+    wider = next((s for s in plan.ladder if s.fits and s.widens and s is not step), None)
+    also = None if wider is None else (wider.action, _launch(make_plan(wider.request)))
     if args.out is not None and runnable.fits:
         _write(args.out, fleet_yaml(runnable))
     if args.json:
-        data = plan_json(plan) | {"vllm_command": command if plan.fits else None}
+        data = plan_json(plan) | _launch_json(launch if plan.fits else None)
         if step is not None:
-            data["suggested"] = {"action": step.action, "vllm_command": command}
+            data["suggested"] = {"action": step.action, "advice": plan_json(runnable)["advice"]}
+            data["suggested"] |= _launch_json(launch)
+        if also is not None:
+            data["alternative"] = {"action": also[0]} | _launch_json(also[1])
         out_console.print_json(json.dumps(data), indent=2)
     else:
-        _render(plan, command, step.action if step else None)
+        _render(plan, runnable, launch, step.action if step else None)
+        if also is not None:
+            _print_launch(f"{also[0]}:", also[1])
     if args.out is not None:
         if runnable.fits:
             rung = f" (after: {step.action})" if step else ""
@@ -129,10 +151,17 @@ def run(args: argparse.Namespace) -> int:
     return 0 if plan.fits else 1
 
 
-def _command(plan: Plan) -> str:
-    config = fleet_config(plan)
-    model = plan.request.model.repo_id or config.model.source
-    return vllm_command(config, model, plan.request.model.name)
+def _launch(plan: Plan) -> Launch:
+    req = plan.request
+    checkpoint = checkpoint_for(req.model, req.model_ref, req.weights_dtype)
+    command = vllm_command(fleet_config(plan), checkpoint.model, req.model.name)
+    return Launch(command, nodes=plan.option.parallelism.pp, checkpoint=checkpoint)
+
+
+def _launch_json(launch: Launch | None) -> dict[str, object]:
+    if launch is None:
+        return {"vllm_command": None, "launch": None}
+    return {"vllm_command": launch.command, "launch": list(launch.steps)}
 
 
 def _write(path: Path, text: str) -> None:
@@ -142,7 +171,9 @@ def _write(path: Path, text: str) -> None:
         raise ConfigError(f"--out {path}: cannot write it ({exc.strerror})") from None
 
 
-def _render(plan: Plan, command: str | None, rung: str | None) -> None:
+def _render(plan: Plan, runnable: Plan, launch: Launch | None, rung: str | None) -> None:
+    """`runnable`: `plan`, or the ladder's first rung that fits, whose advice, cost, estimates
+    and launch are printed (`rung` its action)."""
     style = "bold green" if plan.fits else "bold red"
     out_console.print(Text(report.headline(plan) + " — ") + Text(report.verdict(plan), style=style))
     out_console.print(draw(report.memory_table(plan)))
@@ -153,23 +184,31 @@ def _render(plan: Plan, command: str | None, rung: str | None) -> None:
         out_console.print(draw(report.knob_table(plan)))
     if plan.ladder:
         out_console.print(draw(report.ladder_table(plan)))
-    out_console.print(report.advice_line(plan))
-    warnings = list(plan.advice.warnings)
+    after = "" if rung is None else f'after "{rung}": '
+    out_console.print(after + report.advice_line(runnable))
+    warnings = list(runnable.advice.warnings)
     if plan.request.cost_model is None and (
         mismatch := plan.request.accelerator.host_mismatch(plan.request.weights_dtype, cpu_flags())
     ):
         warnings.append(mismatch)
     for warning in warnings:
         out_console.print(Text("warning: ", style="yellow") + Text(warning))
-    out_console.print(_cost(report.cost_line(plan)))
-    if plan.estimates is not None:
-        out_console.print(draw(report.estimates_table(plan.estimates)))
-    if command is None:
+    out_console.print(_cost(report.cost_line(runnable)))
+    if runnable.estimates is not None:
+        out_console.print(draw(report.estimates_table(runnable.estimates)))
+    if launch is None:
         out_console.print(Text("command: none; nothing fits, even on the ladder", style="red"))
-    elif rung is not None:
-        out_console.print(Text(f'command after "{rung}": ', style="bold") + Text(command))
     else:
-        out_console.print(Text("command: ", style="bold") + Text(command))
+        _print_launch(f"command {after}".rstrip() if rung else "command:", launch)
+
+
+def _print_launch(title: str, launch: Launch) -> None:
+    if len(launch.steps) == 1:
+        out_console.print(Text(title + " ", style="bold") + Text(launch.command))
+        return
+    out_console.print(Text(title, style="bold"))
+    for line in launch.steps:
+        out_console.print(Text("  " + line, style="dim" if line.startswith("#") else ""))
 
 
 def _cost(line: report.CostLine) -> Text:

@@ -84,21 +84,22 @@ def _fleet_flags(parser: argparse.ArgumentParser) -> None:
         help="one-way delays in ms: client (client-gateway), same (gateway-replica on the "
         "gateway's node), cross (other nodes); a value or LOW-HIGH, e.g. "
         "client=1,same=0.05,cross=7.5-15 (default: client half the request overhead the "
-        "profile measured, else 0; same 0; cross the seed's 15-30 ms split each way)",
+        "profile measured, else 0; same 0; cross 15-30 ms, a measured cross-node "
+        "overhead, split each way)",
     )
     add("--replicas-per-node", type=int, metavar="N",
         help="replicas sharing a node (default: hardware.count / GPUs per replica)")  # fmt: skip
     add("--scrape-interval", metavar="T", help="how often the gateway reads vLLM's gauges "
         "(default: gateway.health_interval_s)")  # fmt: skip
     add("--cold-start", default=DEFAULT_COLD_START, metavar="T",
-        help="launch to serving, for replicas the autoscaler adds (default 78s, the seed's "
-        "DeepSeek-V4 load from NVMe)")  # fmt: skip
+        help="launch to serving, for replicas the autoscaler adds (default 78s, DeepSeek-V4's "
+        "measured load from NVMe)")  # fmt: skip
     add("--start-cold", action="store_true", help="the first replicas start cold too")
     add("--autoscale", metavar="MIN:MAX",
         help="scale between MIN and MAX replicas with --scaling-policy (without it: "
         "fleet.yaml's autoscale section, when enabled)")  # fmt: skip
     add("--scaling-policy", choices=[p.value for p in ScalingPolicyName], default="target",
-        help="target (default): HPA-like; step: the seeds' +10%% above 80%% utilisation, -5%% "
+        help="target (default): HPA-like; step: the step rules, +10%% above 80%% utilisation, -5%% "
         "below 50%%; predictive: step, or more for the forecast (README)")  # fmt: skip
     add("--autoscale-target", type=float, default=0.7, metavar="F",
         help="target's share of the concurrency budgets to aim at (default 0.7)")  # fmt: skip

@@ -22,7 +22,7 @@ from servepilot.tune.summary import Summary, summarize_search
 
 DESCRIPTION = """\
 Search vLLM's knobs for the configuration that carries the most goodput (requests per second
-meeting every SLO) under your SLA, in few trials: seed 004's tuning story, automated.
+meeting every SLO) under your SLA, in few trials: one knob at a time, as an operator tunes by hand.
 
 The search starts from `servepilot plan`'s configuration for the fleet and the workload and
 moves one knob at a time (max_num_seqs, max_num_batched_tokens, max_model_len, the KV

@@ -17,8 +17,13 @@ from servepilot.fleet.up import UpReporter, UpStarted, run_up
 HELP = "start vLLM (or simulated) replicas and the gateway in front of them; Ctrl-C stops"
 DESCRIPTION = """\
 Start N vLLM replicas of the model as child processes (each on a free port, logs in
-~/.local/state/servepilot/runs/), wait until every one is ready, then start the gateway: one
-OpenAI-compatible endpoint that routes each request to a replica.
+~/.local/state/servepilot/runs/), wait until every one is ready (it answers /health, then a
+2-token smoke generation returns tokens), then start the gateway: one OpenAI-compatible
+endpoint that routes each request to a replica.
+
+On GPUs (hardware.device: gpu) each replica gets its own TP x PP GPUs (CUDA_VISIBLE_DEVICES),
+kept inside one NVLink domain or NUMA node when the topology can be read, else in order;
+hardware.gpu_ids restricts them. A fleet that needs more GPUs than the node has is refused.
 
 Stop with Ctrl-C here, or `servepilot down` from another shell: new requests are refused,
 in-flight ones finish, then the replicas stop. No process is left behind, even if this one is
@@ -58,7 +63,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--autoscale", metavar="MIN:MAX",
                         help="scale between MIN and MAX replicas (local replicas)")  # fmt: skip
     parser.add_argument("--scaling-policy", choices=[p.value for p in ScalingPolicyName],
-                        help="step (default): the seeds' rules; predictive; target")  # fmt: skip
+                        help="step (default): the +10%%/-5%% step rules; "
+                             "predictive; target")  # fmt: skip
     parser.add_argument("--replica-rps", type=float, metavar="R",
                         help="predictive: req/s one replica serves within the SLO")  # fmt: skip
     parser.add_argument("--detach", action="store_true", help="run in the background, "

@@ -48,7 +48,7 @@ class AutoscaleConfig(_Section):
     """Most replicas."""
 
     policy: ScalingPolicyName = ScalingPolicyName.STEP
-    """`step`: the seeds' +10% above 80% utilisation, -5% below 50%; `predictive`: step, or
+    """`step`: the step rules, +10% above 80% utilisation, -5% below 50%; `predictive`: step, or
     more for the forecast arrivals (needs replica_rps); `target`: HPA-like (README,
     "Autoscaling policies")."""
 

@@ -13,7 +13,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from servepilot.core.autoscale_config import AutoscaleConfig
 from servepilot.core.cluster_config import ClusterConfig
@@ -77,6 +84,25 @@ class HardwareConfig(_Section):
     price_usd_per_hour: float | None = Field(default=None, gt=0)
     """Price of one accelerator per hour, overriding the catalog's, for `plan`'s cost."""
 
+    gpu_ids: tuple[int, ...] | None = None
+    """GPU device only: the GPUs (CUDA indices) `up` may give this node's replicas, in the
+    order it hands them out (tensor_parallel_size x pipeline_parallel_size each). None: every
+    GPU of the node, grouped by its topology (NVLink, then NUMA node) when it can be read."""
+
+    @field_validator("gpu_ids")
+    @classmethod
+    def _gpu_ids_are_distinct(cls, ids: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if ids is None:
+            return ids
+        if not ids:
+            raise ValueError("empty; leave it out to use every GPU of the node")
+        if min(ids) < 0:
+            raise ValueError(f"holds a negative index ({min(ids)})")
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        if twice:
+            raise ValueError(f"names GPU {twice[0]} more than once")
+        return ids
+
 
 class EngineConfig(_Section):
     kind: EngineKind = EngineKind.VLLM
@@ -131,8 +157,13 @@ class EngineConfig(_Section):
     kv_cache_dtype: str = "auto"
     """--kv-cache-dtype (auto, fp8, fp8_e4m3, fp8_e5m2)."""
 
-    enforce_eager: bool = True
-    """--enforce-eager: skip graph capture; starts much faster on CPU."""
+    enforce_eager: bool | None = None
+    """--enforce-eager: skip graph capture (CUDA graphs on GPUs). None decides by device:
+    eager on CPU (starts much faster), CUDA graphs on GPUs (faster decoding)."""
+
+    def enforce_eager_on(self, device: Device) -> bool:
+        """Whether `--enforce-eager` is passed on `device`: the field, else by device."""
+        return self.enforce_eager if self.enforce_eager is not None else device is Device.CPU
 
     enable_prefix_caching: bool | None = None
     """--enable-prefix-caching / --no-enable-prefix-caching. None keeps vLLM's default."""

@@ -76,26 +76,26 @@ class KubernetesAutoscalingConfig(_Section):
     """`hpa` (autoscaling/v2 through prometheus-adapter) or `keda` (a ScaledObject)."""
 
     min_replicas: int | None = Field(default=None, ge=0)
-    """Replicas kept at least. None: the seeds' 2 (scaling's step rules), so one node loss
+    """Replicas kept at least. None: the step rules' 2 (scaling.step), so one node loss
     leaves one serving. 0 (KEDA only): none while no request comes; the gateway holds the
     first ones through the cold start (gateway.admission.cold_start_wait_s) and its queue is
     the demand that wakes them."""
 
     max_replicas: int | None = Field(default=None, ge=1)
-    """Replicas at most. None: the seeds' 20."""
+    """Replicas at most. None: the step rules' 20."""
 
     target_utilisation: float | None = Field(default=None, gt=0.0, le=1.0)
     """Share of the replicas' concurrency budgets (gateway.admission.replica_concurrency)
-    that the gateway's demand (requests in flight plus queued) should fill. None: the seeds'
+    that the gateway's demand (requests in flight plus queued) should fill. None: the step rules'
     upper line, 80%."""
 
     scale_up_percent: int | None = Field(default=None, ge=1)
-    """Replicas added per period at most, in percent, at least one pod. None: the seeds'
+    """Replicas added per period at most, in percent, at least one pod. None: the step rules'
     10%."""
 
     scale_down_percent: int | None = Field(default=None, ge=1)
     """Replicas removed per period at most, in percent, at least one pod (or 5% of fewer
-    than 20 replicas would round to none). None: the seeds' 5%."""
+    than 20 replicas would round to none). None: the step rules' 5%."""
 
     period_s: int = Field(default=60, ge=1, le=1800)
     """The period the percentages apply to."""

@@ -61,6 +61,10 @@ class Window(_Record):
     ttft_p99_ms: float | None
     e2e_p99_ms: float | None
     resident_memory_bytes: int | None = None
+    memory_by_source_bytes: dict[str, int] = Field(default_factory=dict)
+    """Memory of each source sampled at the window's end, beyond the target's /metrics: each
+    process of a local fleet's replicas (`r0 VLLM::EngineCor (pid 1234)`) and each GPU's
+    used memory (`gpu0`)."""
 
 
 class ClientHealth(_Record):
@@ -104,6 +108,8 @@ class Run(_Record):
     windows: tuple[Window, ...] = ()
     memory_growth_bytes_per_request: float | None = None
     """Soak only: the target's resident memory growth divided by requests served."""
+    memory_growth_by_source_bytes_per_request: dict[str, float] = Field(default_factory=dict)
+    """Soak only: the same for each source of the windows' memory_by_source_bytes."""
     refused: int = 0
     """Of `failed`: requests the server shed (429, or 503 with Retry-After)."""
     retry_wait_s: float = 0.0

@@ -88,7 +88,7 @@ def server_args(
         args += ["--quantization", engine.quantization]
     args += _toggle("enable-chunked-prefill", engine.enable_chunked_prefill)
     args += _toggle("enable-prefix-caching", engine.enable_prefix_caching)
-    if engine.enforce_eager:
+    if engine.enforce_eager_on(device):
         args.append("--enforce-eager")
     args += list(engine.extra_args)
     return args

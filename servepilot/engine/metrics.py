@@ -62,7 +62,16 @@ class EngineMetric(enum.Enum):
     )
     PREFIX_CACHE_HITS = (Kind.COUNTER, "vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits")
     """Prompt tokens the prefix cache supplied."""
+    REQUESTS_FINISHED = (Kind.COUNTER, "vllm:request_success")
+    """Requests the engine finished, by finished_reason (stop, length, abort, ...)."""
+    E2E = (Kind.HISTOGRAM, "vllm:e2e_request_latency_seconds")
     TTFT = (Kind.HISTOGRAM, "vllm:time_to_first_token_seconds")
+    TPOT = (
+        Kind.HISTOGRAM,
+        "vllm:request_time_per_output_token_seconds",
+        "vllm:time_per_output_token_seconds",
+    )
+    """Per request, (E2E - TTFT) / (output tokens - 1); the second name was removed in 0.13."""
     QUEUE_TIME = (Kind.HISTOGRAM, "vllm:request_queue_time_seconds")
     PREFILL_TIME = (Kind.HISTOGRAM, "vllm:request_prefill_time_seconds")
     """Per request, the engine's time from scheduling it to its first token."""

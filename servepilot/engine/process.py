@@ -22,7 +22,14 @@ import aiohttp
 
 from servepilot.core.errors import EngineStartError
 from servepilot.engine.args import LaunchCommand
-from servepilot.engine.startup_log import KvCapacity, diagnose_failure, parse_kv_capacity
+from servepilot.engine.smoke import SmokeFailure, smoke_generation
+from servepilot.engine.startup_log import (
+    GpuStartup,
+    KvCapacity,
+    diagnose_failure,
+    parse_gpu_startup,
+    parse_kv_capacity,
+)
 
 _PR_SET_PDEATHSIG = 1
 _LOG_TAIL_LINES = 25
@@ -51,6 +58,8 @@ class ReplicaInfo:
     log_path: Path
     kv: KvCapacity | None
     startup_s: float
+    gpu: GpuStartup | None = None
+    """What a GPU replica's log said about loading (weights, CUDA graphs, KV per GPU)."""
 
 
 class ReplicaProcess:
@@ -102,14 +111,31 @@ class ReplicaProcess:
                     await asyncio.to_thread(self.stop, 5.0)
                     raise self._failure(f"was not ready after {timeout_s:.0f} s", None)
                 await asyncio.sleep(0.5)
+        await self._smoke()
+        log = self.log_text()
+        gpu = parse_gpu_startup(log)
         return ReplicaInfo(
             replica_id=self.replica_id,
             url=self.url,
             pid=self._proc.pid,
             log_path=self.log_path,
-            kv=parse_kv_capacity(self.log_text()),
+            kv=parse_kv_capacity(log),
             startup_s=time.monotonic() - self._started_at,
+            gpu=gpu if gpu.found else None,
         )
+
+    async def _smoke(self) -> None:
+        """Readiness needs tokens, not only /health: a replica that cannot generate is
+        stopped and reported before it goes into rotation."""
+        try:
+            await smoke_generation(self.url)
+        except SmokeFailure as exc:
+            await asyncio.to_thread(self.stop, 5.0)
+            raise self._failure(
+                f"answered /health but its smoke generation failed ({exc})",
+                None,
+                cause="the server runs but the model does not generate",
+            ) from None
 
     def terminate(self) -> None:
         """SIGTERM the replica's process group without waiting (`stop` waits)."""
@@ -135,13 +161,18 @@ class ReplicaProcess:
         except OSError:
             return ""
 
-    def _failure(self, what: str, exit_code: int | None) -> EngineStartError:
+    def _failure(
+        self, what: str, exit_code: int | None, cause: str | None = None
+    ) -> EngineStartError:
         log = self.log_text()
         tail = "\n".join(log.splitlines()[-_LOG_TAIL_LINES:])
-        cause, hint = diagnose_failure(log, exit_code)
+        found, hint = diagnose_failure(log, exit_code)
+        # `cause` stands in for the generic one only: what the log names wins.
+        if cause is not None and (found, hint) == diagnose_failure("", exit_code):
+            found, hint = cause, "read the replica's full log for the engine's own error"
         return EngineStartError(
             f"replica {self.replica_id} ({self.url}) {what}; full log: {self.log_path}",
-            cause=cause,
+            cause=found,
             log_tail=tail,
             hint=hint,
         )

@@ -1,4 +1,5 @@
-"""Read a vLLM replica's startup log: the KV capacity it found, or why it failed to start."""
+"""Read a vLLM replica's startup log: the KV capacity it found, on GPUs what loading took
+(weights, CUDA graphs, the parallel layout, KV per GPU), or why it failed to start."""
 
 from __future__ import annotations
 
@@ -34,6 +35,98 @@ def parse_kv_capacity(log: str) -> KvCapacity | None:
         max_model_len_tokens=_int(model_len) if model_len else None,
         max_concurrency=float(factor.replace(",", "")) if factor else None,
     )
+
+
+# GPU lines of vLLM v1 (tests/data/vllm_logs holds real samples with their sources):
+#   "Model loading took 12.66 GiB memory and 31.657031 seconds"  (earlier: "Loading model
+#   weights took 67.7229 GB"), "Graph capturing finished in 5 secs, took 0.11 GiB",
+#   "Available KV cache memory: 6.13 GiB", "# GPU blocks: 1381",
+#   "rank 1 in world size 2 is assigned as DP rank 0, PP rank 0, TP rank 1, EP rank 1",
+#   and workers named "(Worker_TP3_EP3 pid=...)" or "(VllmWorker PP1_TP1 pid=...)".
+_WEIGHTS = re.compile(
+    r"Model loading took ([\d.]+) GiB memory and ([\d.]+) seconds"
+    r"|Loading model weights took ([\d.]+) GB"
+)
+_GRAPHS = re.compile(r"Graph capturing finished in ([\d.]+) secs?, took ([\d.]+) GiB")
+_KV_MEMORY = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
+_GPU_BLOCKS = re.compile(r"# GPU blocks: ([\d,]+)")
+_RANKS = re.compile(r"DP rank (\d+), PP rank (\d+), TP rank (\d+)(?:, EP rank (\d+))?")
+_WORKER = re.compile(r"\((?:Vllm)?Worker[ _]((?:(?:DP|PP|TP|EP)\d+_?)+) pid=")
+_WORKER_RANK = re.compile(r"(DP|PP|TP|EP)(\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuStartup:
+    """What a GPU replica's startup log says about loading (None: the log does not say)."""
+
+    weights_gib: float | None = None
+    """Weight memory on one GPU."""
+    weights_load_s: float | None = None
+    cuda_graph_capture_s: float | None = None
+    cuda_graph_gib: float | None = None
+    kv_cache_gib_per_gpu: float | None = None
+    gpu_blocks: int | None = None
+    """KV cache blocks on each GPU (vLLM prints one count for all of a replica's GPUs)."""
+    layout: dict[str, int] | None = None
+    """Ranks per dimension seen (DP, PP, TP, EP), e.g. {"TP": 4, "EP": 4}; None: single GPU."""
+
+    @property
+    def found(self) -> bool:
+        return any(getattr(self, name) is not None for name in self.__slots__)
+
+    def summary(self) -> str:
+        """One line of what was found, e.g. `weights 12.66 GiB, CUDA graphs 0.11 GiB in
+        5 s, KV 6.13 GiB / 1,381 blocks per GPU, TP 2 x EP 2`."""
+        parts = []
+        if self.weights_gib is not None:
+            parts.append(f"weights {self.weights_gib:.2f} GiB")
+        if self.cuda_graph_gib is not None and self.cuda_graph_capture_s is not None:
+            graphs = f"{self.cuda_graph_gib:.2f} GiB in {self.cuda_graph_capture_s:.0f} s"
+            parts.append(f"CUDA graphs {graphs}")
+        per_gpu = []
+        if self.kv_cache_gib_per_gpu is not None:
+            per_gpu.append(f"{self.kv_cache_gib_per_gpu:.2f} GiB")
+        if self.gpu_blocks is not None:
+            per_gpu.append(f"{self.gpu_blocks:,} blocks")
+        if per_gpu:
+            parts.append(f"KV {' / '.join(per_gpu)} per GPU")
+        if self.layout:
+            parts.append(" x ".join(f"{dim} {size}" for dim, size in self.layout.items()))
+        return ", ".join(parts)
+
+
+def parse_gpu_startup(log: str) -> GpuStartup:
+    """The GPU facts of a startup log, each from its last report."""
+    weights = _WEIGHTS.findall(log)
+    graphs = _GRAPHS.findall(log)
+    kv = _KV_MEMORY.findall(log)
+    blocks = _GPU_BLOCKS.findall(log)
+    gib, load_s, old_gb = weights[-1] if weights else ("", "", "")
+    return GpuStartup(
+        weights_gib=float(gib or old_gb) if (gib or old_gb) else None,
+        weights_load_s=float(load_s) if load_s else None,
+        cuda_graph_capture_s=float(graphs[-1][0]) if graphs else None,
+        cuda_graph_gib=float(graphs[-1][1]) if graphs else None,
+        kv_cache_gib_per_gpu=float(kv[-1]) if kv else None,
+        gpu_blocks=_int(blocks[-1]) if blocks else None,
+        layout=_layout(log),
+    )
+
+
+def _layout(log: str) -> dict[str, int] | None:
+    """Size of each parallel dimension: the highest rank seen + 1, from the rank lines or,
+    where those are absent, from the workers' names; only dimensions above 1."""
+    highest: dict[str, int] = {}
+    for ranks in _RANKS.findall(log):
+        for dim, rank in zip(("DP", "PP", "TP", "EP"), ranks, strict=True):
+            if rank:
+                highest[dim] = max(highest.get(dim, 0), int(rank))
+    if not highest:
+        for name in _WORKER.findall(log):
+            for dim, rank in _WORKER_RANK.findall(name):
+                highest[dim] = max(highest.get(dim, 0), int(rank))
+    sizes = {dim: rank + 1 for dim, rank in sorted(highest.items()) if rank > 0}
+    return sizes or None
 
 
 # (pattern, probable cause, what to do). Checked in order; the first that matches wins, so the

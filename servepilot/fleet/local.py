@@ -12,9 +12,11 @@ from pathlib import Path
 from servepilot.core.config import FleetConfig
 from servepilot.core.errors import EngineStartError
 from servepilot.engine.args import LaunchCommand, ServerSpec, launch_command, split_cores
+from servepilot.engine.gpu.inventory import GpuInventory
 from servepilot.engine.model_source import ResolvedModel
 from servepilot.engine.process import ReplicaInfo, ReplicaProcess, free_port
 from servepilot.engine.simserver.args import SimModel, sim_launch_command
+from servepilot.fleet.devices import replica_devices, replica_slots
 from servepilot.fleet.logs import replica_log_name
 
 
@@ -37,38 +39,66 @@ class LocalReplicas:
     """Owns the replica processes of one `up`: starts them together (the autoscaler one more,
     or stops one), stops them together."""
 
-    def __init__(self, config: FleetConfig, model: ResolvedModel | SimModel, run_dir: Path) -> None:
+    def __init__(
+        self,
+        config: FleetConfig,
+        model: ResolvedModel | SimModel,
+        run_dir: Path,
+        gpus: GpuInventory | None = None,
+    ) -> None:
+        """`gpus`: this node's GPUs (read from the node when not given, on GPU fleets).
+        Raises ConfigError when the replicas need more GPUs than the node has."""
         self.config = config
         self.model = model
         self.run_dir = run_dir
         self.processes: list[ReplicaProcess] = []
         self._next_index = 0
         """The index of the next replica: an id (and its log file) is never given twice."""
+        self._slot_of: dict[str, int] = {}
+        self.devices = replica_devices(config, gpus)
+        """Each replica slot's GPUs (CUDA_VISIBLE_DEVICES); None without GPUs."""
 
     def core_slots(self) -> list[tuple[int, ...]]:
         """Each replica slot's cores: one per replica, or per replica at most when the fleet
         autoscales (a replica added later gets the cores of a slot, never all of them)."""
-        count = self.config.replicas.count
-        scaling = self.config.autoscale
-        slots = max(count, scaling.max_replicas) if scaling.enabled else count
+        slots = replica_slots(self.config)
         return split_cores(os.cpu_count() or 1, slots, self.config.engine.cpu_threads)
 
-    def _process(self, index: int, cores: tuple[int, ...]) -> ReplicaProcess:
+    def _process(self, index: int) -> ReplicaProcess:
         host = self.config.replicas.host
         port = free_port(host)
+        replica_id = f"r{index}"
+        slot = self._free_slot()
+        self._slot_of[replica_id] = slot
         return ReplicaProcess(
-            replica_id=f"r{index}",
-            command=self._command(host, port, cores),
+            replica_id=replica_id,
+            command=self._command(host, port, slot),
             url=f"http://{host}:{port}",
-            log_path=self.run_dir / replica_log_name(f"r{index}"),
+            log_path=self.run_dir / replica_log_name(replica_id),
         )
 
-    def _build(self, count: int) -> list[ReplicaProcess]:
-        slots = self.core_slots()
-        return [self._process(index, slots[index % len(slots)]) for index in range(count)]
+    def _free_slot(self) -> int:
+        """The first slot no live replica holds: an added replica never shares a running
+        one's GPUs (slots wrap round only past the fleet's maximum)."""
+        held = {self._slot_of.get(p.replica_id) for p in self.processes}
+        slots = replica_slots(self.config)
+        return next((s for s in range(slots) if s not in held), len(self._slot_of) % slots)
 
-    def _command(self, host: str, port: int, cores: tuple[int, ...]) -> LaunchCommand:
-        return replica_command(self.config, self.model, host, port, cores)
+    def _build(self, count: int) -> list[ReplicaProcess]:
+        self.processes = []
+        self._slot_of = {}
+        for index in range(count):
+            self.processes.append(self._process(index))
+        return self.processes
+
+    def _command(self, host: str, port: int, slot: int) -> LaunchCommand:
+        slots = self.core_slots()
+        command = replica_command(self.config, self.model, host, port, slots[slot % len(slots)])
+        if self.devices is None:
+            return command
+        # Before the user's engine.env, which may still set its own.
+        visible = self.devices.visible_devices(slot % len(self.devices.replicas))
+        return LaunchCommand(command.argv, {"CUDA_VISIBLE_DEVICES": visible, **command.env})
 
     async def start(
         self, on_ready: Callable[[ReplicaInfo], None] | None = None
@@ -89,8 +119,7 @@ class LocalReplicas:
         """Start one more replica (the autoscaler's), under a new id, without waiting; await
         its `wait_ready`."""
         index, self._next_index = self._next_index, self._next_index + 1
-        slots = self.core_slots()
-        proc = self._process(index, slots[index % len(slots)])
+        proc = self._process(index)
         self.processes.append(proc)
         proc.start()
         return proc

@@ -8,9 +8,11 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from servepilot.core.config import GatewayConfig
-from servepilot.core.errors import FleetError
-from servepilot.gateway import Gateway
+from servepilot.core.config import Device, FleetConfig, GatewayConfig
+from servepilot.core.errors import ConfigError, FleetError
+from servepilot.gateway import FleetFacts, Gateway
+from servepilot.plan.hardware import get_accelerator, load_catalog
+from servepilot.routing.admission.budget import max_num_seqs
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,13 +55,39 @@ class Upstream:
     """Concurrency budget (None: the gateway's default)."""
 
 
+def fleet_facts(config: FleetConfig) -> FleetFacts:
+    """max_num_seqs and a replica's hourly price, for the gateway's batch and cost gauges."""
+    return FleetFacts(max_num_seqs(config), _replica_usd_per_hour(config))
+
+
+def _replica_usd_per_hour(config: FleetConfig) -> float | None:
+    """A GPU replica pays for the GPUs it holds (TP x PP x DP); CPU replicas split the hosts
+    they share. None when the accelerator is not in the catalog."""
+    hw, engine = config.hardware, config.engine
+    try:
+        catalog = load_catalog(Path(hw.catalog)) if hw.catalog else None
+        price = hw.price_usd_per_hour or get_accelerator(hw.accelerator, catalog).price_usd_per_hour
+    except ConfigError:
+        return None
+    if hw.device is Device.CPU:
+        return price * hw.count * hw.nodes / config.replicas.count
+    gpus = engine.tensor_parallel_size * engine.pipeline_parallel_size
+    return price * gpus * engine.data_parallel_size
+
+
 async def start_gateway(
-    config: GatewayConfig, replicas: list[Upstream], run_access_log: Path | None = None
+    config: GatewayConfig,
+    replicas: list[Upstream],
+    run_access_log: Path | None = None,
+    facts: FleetFacts | None = None,
 ) -> ServedGateway:
     """Start the gateway in front of `replicas`; returns where it listens. Its access log goes
-    to gateway.access_log.path when set, else to `run_access_log`."""
+    to gateway.access_log.path when set, else to `run_access_log`. With `facts`, it exports
+    batch utilisation and cost per QPS."""
     configured = config.access_log.path
     gateway = Gateway(config, access_log_path=Path(configured) if configured else run_access_log)
+    if facts is not None:
+        gateway.metrics.know_fleet(facts)
     await asyncio.gather(*(gateway.pool.add(r.replica_id, r.url, r.capacity) for r in replicas))
     try:
         port = await gateway.start()

@@ -31,7 +31,13 @@ from servepilot.fleet.autoscale.controller import AutoscaleController, Decision
 from servepilot.fleet.autoscale.start import check_autoscale, initial_replicas, start_autoscaler
 from servepilot.fleet.local import LocalReplicas
 from servepilot.fleet.logs import ACCESS_LOG, gateway_log, new_run_dir
-from servepilot.fleet.serve import ServedGateway, Upstream, check_port_free, start_gateway
+from servepilot.fleet.serve import (
+    ServedGateway,
+    Upstream,
+    check_port_free,
+    fleet_facts,
+    start_gateway,
+)
 from servepilot.fleet.state import (
     AutoscaleRecord,
     FleetRecord,
@@ -93,7 +99,8 @@ REPLICA_COLUMNS = ("id", "url", "pid", "KV tokens", "max concurrency")
 
 def ready_line(info: ReplicaInfo) -> str:
     kv = f"{info.kv.kv_capacity_tokens:,} KV tokens" if info.kv else "KV capacity not reported"
-    return f"replica {info.replica_id} ready at {info.url} in {info.startup_s:.0f} s ({kv})"
+    gpu = f"; {info.gpu.summary()}" if info.gpu else ""
+    return f"replica {info.replica_id} ready at {info.url} in {info.startup_s:.0f} s ({kv}{gpu})"
 
 
 def replica_cells(info: ReplicaInfo) -> tuple[str, ...]:
@@ -160,6 +167,8 @@ async def run_up(
         what = "vLLM"
     run_dir = detached_run_dir or new_run_dir()
     replicas = LocalReplicas(config, model, run_dir)
+    if replicas.devices is not None:
+        report.step(f"GPUs per replica: {replicas.devices.describe()}")
     stop = stop_event()
     count = initial_replicas(config)
     report.step(f"starting {count} {what} replica(s); logs in {run_dir}")
@@ -217,7 +226,9 @@ async def _serve(
             )
             for i in infos
         ]
-        served = await start_gateway(config.gateway, upstreams, replicas.run_dir / ACCESS_LOG)
+        served = await start_gateway(
+            config.gateway, upstreams, replicas.run_dir / ACCESS_LOG, fleet_facts(config)
+        )
         if served.port != config.gateway.port:  # port 0: the OS picked one
             remove_record(config.gateway.port)
         # Announced first, then recorded: a script (or test) that waits for the record's

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from servepilot.gateway.app import Gateway
+from servepilot.gateway.fleet_gauges import FleetFacts
 from servepilot.gateway.pool import ReplicaNotFound, ReplicaPool
 from servepilot.gateway.proxy import REPLICA_HEADER
 from servepilot.gateway.replica import ReplicaInfo
@@ -10,6 +11,7 @@ from servepilot.gateway.serve import run_gateway, serve
 
 __all__ = [
     "REPLICA_HEADER",
+    "FleetFacts",
     "Gateway",
     "ReplicaInfo",
     "ReplicaNotFound",

@@ -20,7 +20,16 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
+from servepilot.gateway.fleet_gauges import (
+    FleetFacts,
+    QpsWindow,
+    answered,
+    batch_families,
+    cost_families,
+)
+from servepilot.gateway.gpu_gauges import GpuGauges, gpu_families
 from servepilot.gateway.pool import ReplicaPool
+from servepilot.routing.admission.decision import Reason
 from servepilot.routing.base import RoutingPolicy
 
 if TYPE_CHECKING:
@@ -78,6 +87,9 @@ class _Histograms(dict[tuple[str, ...], Histogram]):
 
 
 _CLASS = ("0", "1", "2")
+_SHED_REASONS = (Reason.NO_REPLICA, Reason.DEGRADED, Reason.HARD_LIMIT, Reason.QUEUE_FULL,
+                 Reason.QUEUE_BUDGET)  # fmt: skip
+"""The reasons admission refuses a request with (429/503)."""
 
 
 class GatewayMetrics:
@@ -102,6 +114,15 @@ class GatewayMetrics:
         self.ttft = _Histograms()
         self.e2e = _Histograms()
         self.queue_wait = _Histograms()
+        # At 0 from the start for every label value known upfront: a fleet that never shed or
+        # queued still has the series its dashboard panels and alerts read.
+        for cls_ in _CLASS:
+            self.queue_wait[(cls_,)] = Histogram()
+            for reason in _SHED_REASONS:
+                self.sheds[(str(reason), cls_)] = 0
+        self.fleet_facts: FleetFacts | None = None
+        self.qps = QpsWindow()
+        self.gpus = GpuGauges()
         self.registry.register(_Collector(self))
         # process_resident_memory_bytes and CPU seconds of the gateway process: what a soak
         # test watches for leaks.
@@ -112,6 +133,11 @@ class GatewayMetrics:
 
     def watch_access_log(self, access_log: AccessLog | None) -> None:
         self._access_log = access_log
+
+    def know_fleet(self, facts: FleetFacts) -> None:
+        """Turn on batch utilisation and cost per QPS (the launcher knows max_num_seqs and
+        the price; the replicas' /metrics do not say)."""
+        self.fleet_facts = facts
 
     # --- hot path -------------------------------------------------------------------------
 
@@ -209,6 +235,8 @@ class _Collector:
         yield from _dispatch_state(m)
         yield from _policy_stats(m)
         yield from _access_log_state(m)
+        yield from _fleet_state(m)
+        yield from gpu_families(m.gpus)
 
 
 def _counter(name: str, doc: str, labels: list[str], counts: _Counts) -> CounterMetricFamily:
@@ -306,3 +334,12 @@ def _access_log_state(m: GatewayMetrics) -> Iterator[Metric]:
                       "the writer.")  # fmt: skip
     buffered.add_metric([], float(access.buffered))
     yield buffered
+
+
+def _fleet_state(m: GatewayMetrics) -> Iterator[Metric]:
+    facts = m.fleet_facts
+    if facts is None:
+        return
+    replicas = m._pool.replicas()
+    yield from batch_families(facts, replicas)
+    yield from cost_families(facts, replicas, m.qps.update(answered(m.requests)))

@@ -13,6 +13,7 @@ from servepilot.core import loop
 from servepilot.core.config import GatewayConfig
 from servepilot.gateway.app import Gateway
 from servepilot.gateway.discovery import EndpointSource, EndpointWatcher
+from servepilot.gateway.fleet_gauges import FleetFacts
 from servepilot.routing.base import RoutingPolicy
 
 log = logging.getLogger(__name__)
@@ -27,9 +28,11 @@ def run_gateway(
     on_started: Callable[[int], None] | None = None,
     access_log_path: Path | None = None,
     source: EndpointSource | None = None,
+    facts: FleetFacts | None = None,
 ) -> None:
     """Serve `replicas` ((replica_id, url) pairs) and those `source` lists, until
-    SIGINT/SIGTERM, then drain and stop.
+    SIGINT/SIGTERM, then drain and stop. With `facts`, /metrics has the batch utilisation and
+    cost gauges.
 
     Runs its own event loop, on uvloop when it is installed.
     """
@@ -42,6 +45,7 @@ def run_gateway(
             on_started=on_started,
             access_log_path=access_log_path,
             source=source,
+            facts=facts,
         )
     )
 
@@ -56,12 +60,15 @@ async def serve(
     stop: asyncio.Event | None = None,
     access_log_path: Path | None = None,
     source: EndpointSource | None = None,
+    facts: FleetFacts | None = None,
 ) -> None:
     """Start a gateway in front of `replicas` (running ones), and of the replicas `source`
     lists as they come and go, and serve until `stop` is set (by default: until SIGINT or
     SIGTERM)."""
     stop = stop if stop is not None else _stop_on_signals()
     gateway = Gateway(config, policy, access_log_path=access_log_path)
+    if facts is not None:
+        gateway.metrics.know_fleet(facts)
     watcher = None
     if source is not None:
         watcher = EndpointWatcher(gateway.pool, source, drain_timeout_s=drain_timeout_s)

@@ -12,6 +12,7 @@ from servepilot.core.config import (
     ModelConfig,
     ReplicasConfig,
 )
+from servepilot.plan.checkpoint import checkpoint_for
 from servepilot.plan.dtypes import WeightDtype
 from servepilot.plan.estimate import Estimates
 from servepilot.plan.hardware import AcceleratorKind
@@ -100,8 +101,9 @@ def fleet_yaml(plan: Plan) -> str:
         f"# fleet.yaml written by `servepilot plan` for {plan.request.model.name} on "
         f"{plan.request.nodes} x {plan.request.count} {plan.request.accelerator.name}\n"
     )
-    repo = plan.request.model.repo_id
-    if repo is not None:
+    req = plan.request
+    repo = checkpoint_for(req.model, req.model_ref, req.weights_dtype).model
+    if req.model.repo_id is not None:
         header += (
             f"# model.source names a preset: download {repo} and set model.source to its "
             "folder before `servepilot up`\n"
@@ -176,6 +178,8 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         },
         "cost": {
             "usd_per_hour": round(plan.cost.usd_per_hour, 4),
+            "nodes_for_target": plan.cost.nodes_for_target,
+            "usd_per_hour_for_target": _round(plan.cost.usd_per_hour_for_target),
             "usd_per_qps": _round(plan.cost.usd_per_qps),
             "usd_per_million_output_tokens": _round(plan.cost.usd_per_million_output_tokens),
             "over_qps_line": plan.cost.over_qps_line,

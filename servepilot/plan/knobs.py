@@ -74,8 +74,8 @@ def model_len(given: int | None, wanted: int, model_max: int) -> Knob:
     value = min(wanted, model_max)
     return Knob(
         value,
-        f"longest prompt + output of the traffic, rounded up ({wanted:,}); seed 004: set it to "
-        "what the traffic needs, every extra token of it is KV memory taken from concurrency",
+        f"longest prompt + output of the traffic, rounded up ({wanted:,}): sized to the "
+        "traffic, as every extra token of it is KV memory taken from concurrency",
     )
 
 
@@ -91,12 +91,12 @@ def batched_tokens(
     if mean_input_tokens >= _LONG_PROMPT_TOKENS:
         return Knob(
             max(16384, max_num_seqs),
-            "long prompts fill a step's token budget before its sequence budget (seed 004), "
+            "long prompts fill a step's token budget before its sequence budget, "
             "so the budget is doubled from 8,192",
         )
     return Knob(
         max(8192, max_num_seqs),
-        "seed 004's value with chunked prefill: one step carries a whole 8k prefill chunk "
+        "the usual value with chunked prefill: one step carries a whole 8k prefill chunk "
         "beside the decodes; lower it (vLLM's DeepSeek recipe: 8k-16k) to cut activation memory",
     )
 
@@ -128,7 +128,7 @@ def num_seqs(
         )
     return Knob(
         start,
-        f"seed 004's starting point ({start}); the KV cache would hold {kv_fit:,} mean-length "
+        f"the usual starting point ({start}); the KV cache would hold {kv_fit:,} mean-length "
         f"requests, so `servepilot tune` can raise it while throughput climbs{note}",
     )
 
@@ -139,5 +139,5 @@ def chunked_prefill(given: bool | None) -> Knob:
     return Knob(
         True,
         "long prompts are prefilled in chunks beside running decodes instead of stalling "
-        "them (seed 004: better tail latency)",
+        "them: better tail latency",
     )

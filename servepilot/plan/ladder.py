@@ -1,7 +1,8 @@
-"""When a deployment does not fit: seed 004's ladder, each rung with its numbers.
+"""When a deployment does not fit: the memory ladder, each rung with its numbers.
 
 Cut max_model_len, quantize the KV cache, quantize the weights (each rung keeps the ones
-before it), and, instead of quantizing, add nodes.
+before it), and, instead of quantizing, more accelerators: first more of the node's (TP
+inside one node), then more nodes (PP across them) only when a whole node is too small.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from servepilot.plan.checkpoint import checkpoint_for
 from servepilot.plan.dtypes import KvDtype, WeightDtype
+from servepilot.plan.hardware import AcceleratorKind
 from servepilot.plan.layout import Option
 from servepilot.plan.request import PlanRequest
 
@@ -29,6 +32,11 @@ class LadderStep:
     kv_capacity_tokens: int
     max_concurrency: float
 
+    @property
+    def widens(self) -> bool:
+        """The rung adds accelerators or nodes instead of shrinking the model."""
+        return "count" in self.changes or "nodes" in self.changes
+
 
 Assess = Callable[[PlanRequest], tuple[Option | None, Option]]
 """A request -> (the chosen layout if one fits, the closest layout either way)."""
@@ -40,16 +48,11 @@ def build_ladder(req: PlanRequest, model_len: int, assess: Assess) -> tuple[Ladd
     for action, changes in _rungs(current):
         current = current.replace(**changes)
         steps.append(_step(action, changes, current, assess))
-    nodes = _nodes_needed(req.replace(max_model_len=model_len), assess)
-    if nodes is not None:
-        changes = {"nodes": nodes}
+    wider = _more_accelerators(req.replace(max_model_len=model_len), assess)
+    if wider is not None:
+        action, changes = wider
         steps.append(
-            _step(
-                f"or, at the original precision, use {nodes} nodes",
-                changes,
-                req.replace(max_model_len=model_len, nodes=nodes),
-                assess,
-            )
+            _step(action, changes, req.replace(max_model_len=model_len, **changes), assess)
         )
     return tuple(steps)
 
@@ -71,9 +74,10 @@ def _rungs(req: PlanRequest) -> list[tuple[str, dict[str, object]]]:
         target = WeightDtype.FP8 if fp8 else WeightDtype.INT8
         rungs.append((f"quantize the weights to {target.value}", {"weights_dtype": target}))
     if req.weights_dtype.bytes_per_param > WeightDtype.AWQ.bytes_per_param:
+        awq = checkpoint_for(req.model, req.model_ref, WeightDtype.AWQ)
         rungs.append(
             (
-                "quantize the weights to 4 bits (an AWQ or GPTQ checkpoint of the model)",
+                f"quantize the weights to 4 bits: serve {awq.model}",
                 {"weights_dtype": WeightDtype.AWQ},
             )
         )
@@ -95,10 +99,24 @@ def _step(action: str, changes: dict[str, object], req: PlanRequest, assess: Ass
     )
 
 
-def _nodes_needed(req: PlanRequest, assess: Assess) -> int | None:
-    """The fewest nodes (beyond the ones given) on which the model fits, if any up to 16."""
+def _more_accelerators(req: PlanRequest, assess: Assess) -> tuple[str, dict[str, object]] | None:
+    """At the original precision: the fewest of the node's accelerators that fit (TP inside
+    the node), else the fewest whole nodes up to 16 (PP across them), if any."""
+    if req.accelerator.kind is AcceleratorKind.CPU:
+        return None  # one vLLM-CPU server per replica, on one host: nothing to widen
+    per_node = req.accelerator.gpus_per_node
+    count = req.count * 2
+    while count <= per_node:
+        if assess(req.replace(count=count))[0] is not None:
+            return f"or, at the original precision, use {count} accelerators of the node", {
+                "count": count
+            }
+        count *= 2
+    full = max(req.count, per_node)
     for nodes in range(req.nodes + 1, MAX_NODES + 1):
-        chosen, _ = assess(req.replace(nodes=nodes))
-        if chosen is not None:
-            return nodes
+        if assess(req.replace(count=full, nodes=nodes))[0] is not None:
+            changes: dict[str, object] = {"nodes": nodes}
+            if full != req.count:
+                changes["count"] = full
+            return f"or, at the original precision, use {nodes} nodes of {full}", changes
     return None

@@ -167,11 +167,11 @@ def _smallest_tp(options: list[Option]) -> tuple[Option | None, str]:
                 )
             return option, (
                 f"the smallest TP inside the NVLink domain that leaves the KV cache "
-                f"{option.kv_share:.0%} of memory (seed 004's budget: about 35%)"
+                f"{option.kv_share:.0%} of memory (the KV-a-third-of-memory budget: about 35%)"
             )
     largest = ordered[-1]
     return largest, (
-        f"TP fills the NVLink domain (seed 004's first rule); the KV cache still gets only "
+        f"TP fills the NVLink domain (the TP-inside-NVLink rule); the KV cache still gets only "
         f"{largest.kv_share:.0%} of memory"
     )
 

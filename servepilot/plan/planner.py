@@ -13,6 +13,7 @@ from servepilot.plan.hardware import AcceleratorKind
 from servepilot.plan.ladder import LadderStep, build_ladder
 from servepilot.plan.layout import Option, Setting, candidates, choose, evaluate
 from servepilot.plan.request import PlanRequest
+from servepilot.plan.sizing import size_fleet
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +105,41 @@ def make_plan(req: PlanRequest) -> Plan:
     found = assess(req)
     setting = found.setting
     option = found.closest
+    knobs = _knobs(req, option)
+    ladder: tuple[LadderStep, ...] = ()
+    if found.chosen is None:
+        ladder = build_ladder(req, setting.max_model_len, _assess_pair)
+    estimates = _estimates(req, found.chosen, knobs) if found.chosen is not None else None
+    sizing = None
+    if estimates is not None:
+        sizing = size_fleet(
+            estimates,
+            target_qps=req.traffic.target_qps,
+            devices_per_replica=option.parallelism.devices,
+            devices_per_node=req.count,
+        )
+    return Plan(
+        request=req,
+        assessment=found,
+        knobs=knobs,
+        ladder=ladder,
+        advice=advise(
+            req.traffic,
+            nodes=req.nodes,
+            nodes_per_replica=_nodes_per_replica(found, ladder),
+            sizing=sizing,
+        ),
+        cost=cost(
+            req.traffic,
+            price_usd_per_hour=req.accelerator.price_usd_per_hour,
+            accelerators=req.count * req.nodes,
+            sizing=sizing,
+        ),
+        estimates=estimates,
+    )
+
+
+def _knobs(req: PlanRequest, option: Option) -> k.Knobs:
     per_pool = option.kv_capacity_tokens // option.parallelism.kv_pools
     seqs = k.num_seqs(
         req.max_num_seqs,
@@ -111,7 +147,7 @@ def make_plan(req: PlanRequest) -> Plan:
         per_pool // req.mean_request_tokens,
         req.traffic.concurrency,
     )
-    knobs = k.Knobs(
+    return k.Knobs(
         gpu_memory_utilization=k.memory_utilization(req.gpu_memory_utilization, req.accelerator),
         max_model_len=k.model_len(
             req.max_model_len, req.wanted_model_len, req.model.max_position_embeddings
@@ -124,22 +160,6 @@ def make_plan(req: PlanRequest) -> Plan:
             int(seqs.value or 1),
         ),
         enable_chunked_prefill=k.chunked_prefill(req.enable_chunked_prefill),
-    )
-    ladder: tuple[LadderStep, ...] = ()
-    if found.chosen is None:
-        ladder = build_ladder(req, setting.max_model_len, _assess_pair)
-    return Plan(
-        request=req,
-        assessment=found,
-        knobs=knobs,
-        ladder=ladder,
-        advice=advise(req.traffic, nodes=req.nodes, nodes_needed=_nodes_needed(found, req)),
-        cost=cost(
-            req.traffic,
-            price_usd_per_hour=req.accelerator.price_usd_per_hour,
-            accelerators=req.count * req.nodes,
-        ),
-        estimates=_estimates(req, found.chosen, knobs) if found.chosen is not None else None,
     )
 
 
@@ -198,7 +218,12 @@ def _assess_pair(req: PlanRequest) -> tuple[Option | None, Option]:
     return found.chosen, found.closest
 
 
-def _nodes_needed(found: Assessment, req: PlanRequest) -> int:
-    if found.chosen is None:
-        return req.nodes + 1
-    return found.chosen.parallelism.pp
+def _nodes_per_replica(found: Assessment, ladder: tuple[LadderStep, ...]) -> int:
+    """The chosen layout's; when nothing fits, the ladder's at the original precision (more
+    accelerators of the node count as one node), else one more node than given."""
+    if found.chosen is not None:
+        return found.chosen.parallelism.pp
+    wider = [step for step in ladder if step.fits and step.widens]
+    if not wider:
+        return found.setting.nodes + 1
+    return wider[0].request.nodes

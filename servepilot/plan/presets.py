@@ -19,6 +19,7 @@ from typing import Any
 
 from servepilot.core.errors import ConfigError
 from servepilot.core.texttable import TextTable
+from servepilot.plan.dtypes import WeightDtype, parse_weight_dtype
 from servepilot.plan.hf_config import spec_from_hf_config
 from servepilot.plan.spec import ModelSpec
 
@@ -30,6 +31,7 @@ _KNOWN_KEYS = _REQUIRED_KEYS | {
     "repo_id",
     "expert_dtype",
     "stated_params_include_mtp",
+    "quantized_checkpoints",
 }
 
 
@@ -82,7 +84,28 @@ def load_preset(name: str) -> ModelSpec:
     document = _read_json(file, what=f"preset {preset}")
     spec = _preset_spec(document, where=f"preset file {file}")
     repo_id = key if "/" in key else _optional_str(document.get("repo_id"))
-    return replace(spec, repo_id=repo_id)
+    quantized = _quantized_checkpoints(document.get("quantized_checkpoints", {}), str(file))
+    if repo_id != document.get("repo_id"):
+        quantized = ()  # another release of the shape (DeepSeek-R1): its own checkpoints
+    return replace(spec, repo_id=repo_id, quantized_checkpoints=quantized)
+
+
+def _quantized_checkpoints(value: Any, where: str) -> tuple[tuple[WeightDtype, str], ...]:
+    """{"awq": {"repo_id": ..., "source": <the model card's URL>}, ...} -> (format, repo)."""
+    if not isinstance(value, Mapping):
+        raise _preset_error(where, "quantized_checkpoints must map a weight format to a checkpoint")
+    out = []
+    for dtype, entry in value.items():
+        ok = isinstance(entry, Mapping) and {"repo_id", "source"} <= entry.keys()
+        if not ok or not all(isinstance(entry[k], str) for k in ("repo_id", "source")):
+            raise _preset_error(where, f"quantized_checkpoints.{dtype} needs repo_id and source")
+        out.append(
+            (
+                parse_weight_dtype(str(dtype), field=f"{where} quantized_checkpoints"),
+                entry["repo_id"],
+            )
+        )
+    return tuple(out)
 
 
 def _load_file(config_file: Path, *, name: str) -> ModelSpec:

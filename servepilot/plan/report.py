@@ -21,9 +21,10 @@ class CostLine:
     """The cost line in its three parts, which a terminal styles apart."""
 
     price: str
-    """$/hour, and per QPS and per 1M output tokens when the target QPS is known."""
+    """$/hour, and (when the target QPS is known) the nodes it needs, their $/hour, per QPS
+    and per 1M output tokens."""
     over_line: str
-    """A warning when the cost per QPS is over seed 003's line; "" when it is not."""
+    """A warning when the cost per QPS is over the $0.1 cost line; "" when it is not."""
     basis: str
 
 
@@ -97,7 +98,7 @@ def ladder_table(plan: Plan) -> TextTable:
         for step in plan.ladder
     )
     columns = ("step", "fits", "layout", "weights GB/device", "KV tokens", "concurrency")
-    return TextTable("to make it fit (seed 004's ladder)", columns, rows)
+    return TextTable("to make it fit (the memory ladder)", columns, rows)
 
 
 def estimates_table(found: Estimates) -> TextTable:
@@ -134,14 +135,20 @@ def _estimates_caption(found: Estimates) -> str:
 
 
 def cost_line(plan: Plan) -> CostLine:
-    c = plan.cost
+    c, qps = plan.cost, plan.request.traffic.target_qps
     price = f"cost: ${c.usd_per_hour:,.2f}/hour"
     over_line = ""
-    if c.usd_per_qps is not None and c.usd_per_million_output_tokens is not None:
+    if (
+        qps is not None
+        and c.usd_per_qps is not None
+        and c.usd_per_million_output_tokens is not None
+        and c.usd_per_hour_for_target is not None
+    ):
         price += (
-            f", ${c.usd_per_qps:,.4f} per QPS-hour, "
+            f" as planned; {qps:,.0f} QPS needs {c.nodes_for_target} node(s): "
+            f"${c.usd_per_hour_for_target:,.2f}/hour, ${c.usd_per_qps:,.4f} per QPS-hour, "
             f"${c.usd_per_million_output_tokens:,.3f} per 1M output tokens"
         )
         if c.over_qps_line:
-            over_line = " (over seed 003's $0.1 per QPS line)"
+            over_line = " (over the $0.1 per QPS cost line)"
     return CostLine(price, over_line, f" — {c.basis}")

@@ -128,6 +128,9 @@ class ModelSpec:
     """DeepSeek-V4: per layer, how many tokens one cached entry compresses (1 = none)."""
     repo_id: str | None = None
     """The Hugging Face repository the weights are published in (presets), for commands."""
+    quantized_checkpoints: tuple[tuple[WeightDtype, str], ...] = ()
+    """Published checkpoints of the same model in other weight formats (presets): (format,
+    Hugging Face repository), for commands that serve the model quantized."""
     mtp_layers: int = 0
     """Multi-token-prediction modules stored with the checkpoint (not counted in `num_layers`)."""
     hybrid: HybridAttentionShape | None = None

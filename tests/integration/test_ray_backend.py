@@ -6,15 +6,11 @@ missing, and nothing of ours is left on the cluster afterwards."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
-import aiohttp
 import openai
 import pytest
 import yaml
@@ -24,21 +20,11 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util.placement_group import placement_group_table  # noqa: E402
 
+from benchmarks.ray_cluster import our_actors_alive, sim_fleet, start_cluster  # noqa: E402
+from benchmarks.ray_node_loss import node_loss_under_load  # noqa: E402
 from servepilot.core.errors import FleetError  # noqa: E402
 from servepilot.fleet.ray.replicas import RayReplicas  # noqa: E402
-from servepilot.fleet.ray.watcher import (  # noqa: E402
-    GatewayMembership,
-    ReplicaState,
-    ReplicaWatcher,
-)
-from servepilot.fleet.serve import Upstream, start_gateway  # noqa: E402
 from tests.integration.fleetproc import cli, running_fleet, wait_until  # noqa: E402
-from tests.integration.ray_support import (  # noqa: E402
-    node_of,
-    our_actors_alive,
-    sim_fleet,
-    start_cluster,
-)
 
 pytestmark = pytest.mark.ray
 
@@ -157,113 +143,22 @@ def test_up_status_down_from_the_command_line(cluster: Cluster, tmp_path: Path) 
 
 # --- node loss under load (last: it takes a node away from the module's cluster) ------------
 
-PROMPT = {"model": "llama-3.1-8b", "prompt": "hello " * 20, "max_tokens": 48, "stream": True}
-REPLICA_HEADER = "X-Servepilot-Replica"
-
-
-@dataclass
-class Outcome:
-    replica: str | None = None
-    kind: str = "pending"
-    """complete | interrupted (an SSE error event ended it) | http_error | broken | hang"""
-    detail: str = ""
-
-
-async def _stream(session: aiohttp.ClientSession, url: str) -> Outcome:
-    """One streamed completion through the gateway, and its single outcome (never raises)."""
-    outcome = Outcome()
-    try:
-        async with asyncio.timeout(30):
-            async with session.post(f"{url}/v1/completions", json=PROMPT) as resp:
-                outcome.replica = resp.headers.get(REPLICA_HEADER)
-                body = await resp.read()
-                if resp.status != 200:
-                    outcome.kind, outcome.detail = "http_error", f"{resp.status} {body[:200]!r}"
-                    return outcome
-    except TimeoutError:
-        outcome.kind = "hang"
-        return outcome
-    except aiohttp.ClientError as exc:
-        outcome.kind, outcome.detail = "broken", repr(exc)
-        return outcome
-    events = [e.strip() for e in body.split(b"\n\n") if e.strip()]
-    if events and events[-1] == b"data: [DONE]" and events.count(b"data: [DONE]") == 1:
-        outcome.kind = "complete"
-    elif events and events[-1].startswith(b'data: {"error"'):
-        outcome.kind, outcome.detail = "interrupted", events[-1][:200].decode()
-    else:
-        outcome.kind, outcome.detail = "broken", repr(body[-200:])
-    return outcome
-
-
-async def _until(condition: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        await asyncio.sleep(0.2)
-    return condition()
-
 
 def test_node_loss_under_load_every_request_ends_once_and_the_replica_comes_back(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     config = sim_fleet(replicas={"count": 3}, model={"source": "llama-3.1-8b"})
-    replicas = RayReplicas(config, tmp_path, "servepilot-loss")
-    head_id = cluster.head_node.node_id
-
-    async def scenario() -> tuple[list[Outcome], str, list[Outcome], ReplicaWatcher]:
-        infos = await replicas.start(lambda info: None)
-        served = await start_gateway(config.gateway, [Upstream(i.replica_id, i.url) for i in infos])
-        said: list[str] = []
-        membership = GatewayMembership(served.gateway, lambda answer: None)
-        watcher = ReplicaWatcher(replicas.replicas, membership, said.append, said.append)
-        watcher.start(replicas.answers)
-        try:
-            # On its node's loss the replica must come back on the one node that holds no
-            # replica (spread still holds).
-            on_worker = [
-                r for r in replicas.replicas if replicas.answers[r.replica_id].node_id != head_id
-            ]
-            lost = on_worker[-1]
-            lost_node = node_of(cluster, replicas.answers[lost.replica_id].node_id)
-            outcomes: list[Outcome] = []
-            stop = asyncio.Event()
-            async with aiohttp.ClientSession() as session:
-
-                async def client() -> None:
-                    while not stop.is_set():
-                        outcomes.append(await _stream(session, served.url))
-
-                clients = [asyncio.ensure_future(client()) for _ in range(6)]
-                await asyncio.sleep(2.0)
-                # A node that loses power: its server dies at once with the streams it
-                # serves (a removed raylet alone would let it drain them), then the node.
-                os.kill(replicas.answers[lost.replica_id].info.pid, signal.SIGKILL)
-                await asyncio.to_thread(cluster.remove_node, lost_node, False)
-                await asyncio.sleep(2.0)
-                stop.set()
-                await asyncio.gather(*clients)
-                back = await _until(
-                    lambda: (
-                        watcher.restarts[lost.replica_id] == 1
-                        and watcher.states[lost.replica_id] is ReplicaState.READY
-                    ),
-                    90,
-                )
-                assert back, (watcher.states, said)
-                back_line = [line for line in said if "serves again" in line]
-                assert len(back_line) == 1, said
-                recovery_s = float(back_line[0].rsplit(", ", 1)[1].split(" s after")[0])
-                assert 0 < recovery_s < 90, back_line
-                after = [await _stream(session, served.url) for _ in range(9)]
-            return outcomes, lost.replica_id, after, watcher
-        finally:
-            await watcher.stop()
-            await served.stop(5)
-            await replicas.stop()
-
-    outcomes, lost_id, after, watcher = asyncio.run(scenario())
+    # On its node's loss the replica must come back on the one node that holds no replica
+    # (spread still holds).
+    loss = asyncio.run(node_loss_under_load(cluster, config, tmp_path, "servepilot-loss"))
+    outcomes, lost_id, after, said = loss.outcomes, loss.lost_id, loss.after, loss.said
+    back_line = [line for line in said if "serves again" in line]
+    assert len(back_line) == 1, said
+    recovery_s = float(back_line[0].rsplit(", ", 1)[1].split(" s after")[0])
+    assert 0 < recovery_s < 90, back_line
+    # From the node's loss: Ray notices the node is dead, then places the replica elsewhere.
+    assert 0 < loss.dead_s < loss.recovery_s < 90, (loss.dead_s, loss.recovery_s)
+    assert recovery_s <= loss.recovery_s, (recovery_s, loss.recovery_s)
     kinds = Counter(o.kind for o in outcomes)
     assert kinds["complete"] > 20, kinds
     assert set(kinds) <= {"complete", "interrupted", "http_error"}, [
@@ -273,10 +168,10 @@ def test_node_loss_under_load_every_request_ends_once_and_the_replica_comes_back
     # on a survivor), and each with a clear error.
     failed = [o for o in outcomes if o.kind != "complete"]
     assert all(o.replica in (lost_id, None) and o.detail for o in failed), failed
+    assert all(o.streamed for o in outcomes if o.kind == "complete")
     # The restarted replica is back in the gateway, on the one node no other replica holds.
     assert all(o.kind == "complete" for o in after), after
     assert lost_id in {o.replica for o in after}
-    nodes = [watcher.answers[r].node_id for r in ("r0", "r1", "r2")]
-    assert len(set(nodes)) == 3, nodes
+    assert len(set(loss.nodes)) == 3, loss.nodes
     assert _groups_left() == []
     assert our_actors_alive() == []

@@ -12,6 +12,7 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 
+from servepilot.cli.k8s_cmd import monitoring_of
 from servepilot.core.config import FleetConfig, parse_config
 from servepilot.fleet.k8s import ManifestFile, render
 from servepilot.plan.planner import make_plan
@@ -56,7 +57,8 @@ def fleet(data: dict[str, Any], **kubernetes: Any) -> FleetConfig:
 
 def rendered(config: FleetConfig) -> tuple[ManifestFile, ...]:
     # No CPU flags: `dtype: auto` resolves the same on every machine.
-    return render(config, make_plan(PlanRequest.from_fleet(config, frozenset())))
+    plan = make_plan(PlanRequest.from_fleet(config, frozenset()))
+    return render(config, plan, monitoring_of(config))
 
 
 def by_kind(files: tuple[ManifestFile, ...], kind: str) -> list[dict[str, Any]]:

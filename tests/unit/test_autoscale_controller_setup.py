@@ -25,11 +25,11 @@ from servepilot.fleet import control
 from servepilot.fleet.autoscale.controller import Decision
 from servepilot.fleet.autoscale.metrics import AutoscaleCollector
 from servepilot.fleet.autoscale.start import check_autoscale, initial_replicas
-from servepilot.scaling.policies import AutoscaleSetup
 from servepilot.fleet.autoscale.view import GatewayView, fleet_snapshot
 from servepilot.fleet.local import LocalReplicas
 from servepilot.fleet.state import AutoscaleRecord, FleetRecord, read_records, write_record
 from servepilot.gateway import ReplicaInfo
+from servepilot.scaling.policies import AutoscaleSetup
 from servepilot.scaling.predictive import PredictivePolicy
 from servepilot.scaling.snapshot import ScaleReason
 from servepilot.scaling.step import StepPolicy

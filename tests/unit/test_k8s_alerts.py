@@ -1,76 +1,69 @@
-"""The PrometheusRule's alerts, run by Prometheus' own promtool: the rules parse, and alerts on
-vLLM's current series fire (offline, no server)."""
+"""The PrometheusRule and the Grafana dashboard of `servepilot k8s render` are observe's, the
+one copy `servepilot observe render` writes: the rules matched to the fleet's namespace (their
+promtool tests, with and without the matcher, are in test_observe_alerts.py), the dashboard
+as a ConfigMap Grafana's sidecar picks up."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.unit.k8s_support import FLEETS, by_kind, fleet, rendered
+from servepilot.cli.main import main
+from servepilot.observe import alert_rules, dashboard
+from tests.unit.k8s_support import FLEETS, fleet, validate
 
-pytestmark = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is absent")
-
-NS = 'namespace="servepilot"'
-
-
-def _rules_file(tmp_path: Path) -> Path:
-    (rule,) = by_kind(rendered(fleet(FLEETS["embedded"])), "PrometheusRule")
-    path = tmp_path / "rules.yaml"
-    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
-    return path
+# A GPU fleet with an SLO renders every rule, the GPU row and the SLA alert among them.
+SLO_GPU = {**FLEETS["deepseek-h200"], "slo": {"ttft_p99_ms": 800}}
+CASES = {"embedded": FLEETS["embedded"], "deepseek-h200-slo": SLO_GPU}
 
 
-def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["promtool", *args], capture_output=True, text=True, timeout=60, check=False
-    )
+def _render(tmp_path: Path, data: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """`servepilot k8s render --namespace llm`: the objects of each written file."""
+    source = tmp_path / "fleet.yaml"
+    source.write_text(yaml.safe_dump(data))
+    out = tmp_path / "k8s"
+    assert main(["k8s", "render", "-c", str(source), "--out", str(out), "--namespace", "llm"]) == 0
+    return {p.name: [o for o in yaml.safe_load_all(p.read_text()) if o] for p in out.iterdir()}
 
 
-def _expect(rules: Path, alert: str, at: str) -> dict[str, Any]:
-    """An alert_rule_test: `alert` fires at `at` with its own severity and summary."""
-    groups = yaml.safe_load(rules.read_text())["groups"]
-    (rule,) = [r for g in groups for r in g["rules"] if r["alert"] == alert]
-    fired = {"exp_labels": rule["labels"], "exp_annotations": rule["annotations"]}
-    return {"eval_time": at, "alertname": alert, "exp_alerts": [fired]}
+def _one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (obj,) = [o for o in objects if o["kind"] == kind]
+    return obj
 
 
-def _run_unit_test(tmp_path: Path, rules: Path, series: list[dict[str, str]],
-                   expected: list[dict[str, Any]]) -> None:  # fmt: skip
-    unit = {"interval": "1m", "input_series": series, "alert_rule_test": expected}
-    path = tmp_path / "tests.yaml"
-    path.write_text(yaml.safe_dump({"rule_files": [str(rules)], "tests": [unit]}))
-    result = _promtool("test", "rules", str(path))
-    assert result.returncode == 0, result.stdout + result.stderr
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_prometheus_rule_holds_observes_rules_for_its_namespace(
+    tmp_path: Path, name: str
+) -> None:
+    files = _render(tmp_path, CASES[name])
+    rule = _one(files["monitoring.yaml"], "PrometheusRule")
+    config = fleet(CASES[name], namespace="llm")
+    assert rule["spec"]["groups"] == alert_rules(config, {"namespace": "llm"})["groups"]
+    exprs = [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert all('namespace="llm"' in expr for expr in exprs), exprs
+    names = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert {"ServepilotNoReadyReplica", "ServepilotShedding", "ServepilotKvCacheNearFull"} <= names
+    assert ("ServepilotTtftP99OverSla" in names) is (name == "deepseek-h200-slo")
 
 
-def test_the_rules_parse(tmp_path: Path) -> None:
-    result = _promtool("check", "rules", str(_rules_file(tmp_path)))
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 7 rules found" in result.stdout
-
-
-def test_alerts_fire_on_vllms_current_series(tmp_path: Path) -> None:
-    rules = _rules_file(tmp_path)
-    series = [
-        {"series": f'vllm:kv_cache_usage_perc{{{NS},pod="a"}}', "values": "0.97x15"},
-        {"series": f'vllm:num_preemptions_total{{{NS},pod="a"}}', "values": "0+3x20"},
-        {"series": f'servepilot_replica_healthy{{{NS},replica="r0"}}', "values": "0x10"},
-    ]
-    expected = [
-        _expect(rules, "VllmKvCacheNearlyFull", "10m"),
-        _expect(rules, "VllmPreempting", "15m"),
-        _expect(rules, "ServepilotNoReadyReplica", "5m"),
-    ]
-    _run_unit_test(tmp_path, rules, series, expected)
-
-
-def test_no_replica_at_all_is_no_ready_replica(tmp_path: Path) -> None:
-    # A gateway whose pool is empty exports no servepilot_replica_healthy series at all.
-    rules = _rules_file(tmp_path)
-    series = [{"series": f"servepilot_requests_total{{{NS}}}", "values": "0x5"}]
-    _run_unit_test(tmp_path, rules, series, [_expect(rules, "ServepilotNoReadyReplica", "3m")])
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_dashboard_config_map_holds_observes_dashboard(tmp_path: Path, name: str) -> None:
+    files = _render(tmp_path, CASES[name])
+    config_map = next(
+        o for o in files["monitoring.yaml"]
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "servepilot-dashboard"
+    )  # fmt: skip
+    validate(config_map)
+    assert config_map["metadata"]["namespace"] == "llm"
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    (text,) = config_map["data"].values()
+    board = json.loads(text)
+    assert board == dashboard(fleet(CASES[name], namespace="llm"))
+    gpu_row = any(p["title"].startswith("GPUs") for p in board["panels"])
+    assert gpu_row is (name == "deepseek-h200-slo")
+    (kustomization,) = files["kustomization.yaml"]
+    assert "monitoring.yaml" in kustomization["resources"]

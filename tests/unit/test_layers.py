@@ -50,6 +50,9 @@ def test_the_tree_keeps_every_contract() -> None:
         ("calibrate/fit.py", "import rich.table", "calibrate imports only"),
         ("fleet/ray/placement.py", "import ray", "only the Ray backend imports ray"),
         ("gateway/pool.py", "import ray.util", "only the Ray backend imports ray"),
+        ("observe/alerts.py", "from servepilot.fleet import up", "observe imports only"),
+        ("observe/dashboard.py", "from servepilot.gateway import app", "observe imports only"),
+        ("observe/dashboard.py", "import rich.table", "observe imports only"),
     ],
 )
 def test_a_wrong_arrow_breaks_its_contract(

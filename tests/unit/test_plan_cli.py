@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,33 @@ def test_json_has_the_documented_keys_and_a_runnable_command(
     command = data["vllm_command"]
     assert command.startswith("vllm serve deepseek-ai/DeepSeek-V3 ")
     assert "--tensor-parallel-size 8" in command and "--enable-expert-parallel" in command
-    assert data["cost"]["usd_per_qps"] == pytest.approx(data["cost"]["usd_per_hour"] / 400)
+
+
+@pytest.mark.parametrize("qps", [400, 5000])
+def test_deepseek_v3_cost_and_advice_come_from_the_replicas_the_estimate_needs(
+    capsys: pytest.CaptureFixture[str], qps: int
+) -> None:
+    code, out, _ = run(capsys, "--model", "deepseek-v3", "--accelerator", "h200", "--count", "8",
+                       "--qps", str(qps), "--json")  # fmt: skip
+    assert code == 0
+    data = json.loads(out)
+    per_replica = data["estimates"]["per_replica"]["capacity"]["request_throughput"]
+    # TP8+EP8: one replica per node of 8 H200 at the catalog's $6.305 each.
+    replicas = math.ceil(qps / per_replica)
+    assert replicas > 1
+    assert data["estimates"]["replicas_for_target"] == replicas
+    assert data["cost"]["nodes_for_target"] == replicas
+    assert data["cost"]["usd_per_hour"] == pytest.approx(8 * 6.305)
+    assert data["cost"]["usd_per_qps"] == pytest.approx(replicas * 8 * 6.305 / qps, rel=1e-3)
+    assert data["advice"]["deployment"] == "distributed"
+
+
+def test_bursty_flag_reaches_the_advice(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ("--model", "llama-3.1-8b", "--accelerator", "h100", "--count", "8", "--qps", "50")
+    _, out, _ = run(capsys, *args, "--json")
+    assert json.loads(out)["advice"]["deployment"] == "single-node"
+    _, out, _ = run(capsys, *args, "--bursty", "--json")
+    assert json.loads(out)["advice"]["deployment"] == "single-node+autoscaling"
 
 
 def test_not_fitting_exits_1_and_suggests_the_first_rung_that_fits(

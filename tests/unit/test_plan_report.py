@@ -63,29 +63,41 @@ def test_a_plan_that_does_not_fit_says_how_short_and_lists_the_ladder() -> None:
     found = plan("llama-3.1-70b", "l40s", 1)
     assert report.verdict(found) == "does not fit: 101.0 GB short per device"
     ladder = report.ladder_table(found)
-    assert ladder.title == "to make it fit (seed 004's ladder)" and ladder.right == ()
+    assert ladder.title == "to make it fit (the memory ladder)" and ladder.right == ()
     assert ladder.rows[0] == ("quantize the KV cache to fp8", "no", "TP1", "139.0", "0", "0.00")
+    # 141 GB of bf16 weights over 48 GB devices: four of the node's L40S (TP4), not four
+    # nodes of one (TP1+PP4).
     assert ladder.rows[-1] == (
-        "or, at the original precision, use 4 nodes",
+        "or, at the original precision, use 4 accelerators of the node",
         "yes",
-        "TP1+PP4",
-        "36.3",
-        "26,096",
-        "8.49",
+        "TP4",
+        "34.8",
+        "60,000",
+        "19.53",
     )
 
 
 def test_cost_line_without_a_target_is_the_hourly_price_only() -> None:
     line = report.cost_line(plan("smollm2", "cpu", 1))
     assert line.price == "cost: $0.10/hour" and line.over_line == ""
-    assert line.basis == " — no target QPS (traffic.target_qps): only the hourly price is known"
+    assert line.basis == (
+        " — no target QPS (traffic.target_qps): only the hourly price of the planned hardware "
+        "is known"
+    )
 
 
 def test_cost_line_over_the_qps_line_says_so_apart() -> None:
-    over = report.cost_line(plan("deepseek-v3", "h200", 8, target_qps=500.0))
-    assert over.price == ("cost: $50.44/hour, $0.1009 per QPS-hour, $0.109 per 1M output tokens")
-    assert over.over_line == " (over seed 003's $0.1 per QPS line)"
-    under = report.cost_line(plan("llama-3.1-70b", "h100", 8, target_qps=500.0))
+    found = plan("deepseek-v3", "h200", 8, target_qps=500.0)
+    assert found.estimates is not None and found.estimates.replicas_for_target == 17
+    # 17 nodes x 8 x $6.305 = $857.48/hour; / 500 QPS; / 460.8 M output tokens an hour.
+    over = report.cost_line(found)
+    assert over.price == (
+        "cost: $50.44/hour as planned; 500 QPS needs 17 node(s): $857.48/hour, "
+        "$1.7150 per QPS-hour, $1.861 per 1M output tokens"
+    )
+    assert over.over_line == " (over the $0.1 per QPS cost line)"
+    # smollm2 on 8 x H100 carries 500 QPS on one node: $49.24/hour / 500 = $0.0985.
+    under = report.cost_line(plan("smollm2", "h100", 8, target_qps=500.0))
     assert under.price.endswith("$0.0985 per QPS-hour, $0.107 per 1M output tokens")
     assert under.over_line == ""
 

@@ -14,9 +14,10 @@ from html import escape
 from servepilot.bench.report.columns import RUN_COLUMNS
 from servepilot.bench.report.fmt import MISSING, fmt_bytes, fmt_ms, fmt_num, format_load
 from servepilot.bench.shortfalls import (
-    LEAK_BYTES_PER_REQUEST,
     client_limited,
+    is_leak,
     leak_bytes_per_request,
+    leaking_sources,
     shortfalls,
 )
 from servepilot.core.results import BenchResult, Run
@@ -104,6 +105,11 @@ def warnings(result: BenchResult) -> str:
                 f"{format_load(run.load)}: the target's resident memory grew by "
                 f"{fmt_bytes(growth)} per request (leak signal: more than 2 MiB per request)."
             )
+        for source, growth in leaking_sources(run).items():
+            items.append(
+                f"{format_load(run.load)}: {source}'s memory grew by {fmt_bytes(growth)} "
+                "per request (leak signal: more than 2 MiB per request)."
+            )
     if not items:
         return ""
     lis = "".join(f"<li>{escape(i)}</li>" for i in items)
@@ -172,8 +178,11 @@ def soak_summary(run: Run) -> str:
     ]
     growth = run.memory_growth_bytes_per_request
     if growth is not None:
-        flag = " — above the 2 MiB leak signal" if growth > LEAK_BYTES_PER_REQUEST else ""
+        flag = " — above the 2 MiB leak signal" if is_leak(growth) else ""
         facts.append(f"memory growth {fmt_bytes(growth)} per request{flag}")
+    for source, source_growth in run.memory_growth_by_source_bytes_per_request.items():
+        flag = " — LEAK" if is_leak(source_growth) else ""
+        facts.append(f"{source} {fmt_bytes(source_growth)} per request{flag}")
     return f'<p class="soak">{escape(format_load(run.load))}: {escape("; ".join(facts))}.</p>'
 
 

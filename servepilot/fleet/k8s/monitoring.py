@@ -1,24 +1,39 @@
-"""Monitoring on Kubernetes: a ServiceMonitor for the gateway and the replicas, and a
-PrometheusRule with the alerts.
+"""Monitoring on Kubernetes: a ServiceMonitor for the gateway and the replicas, a
+PrometheusRule with the alerts and the Grafana dashboard as a ConfigMap.
 
-The alerts read vLLM's current metric names (`vllm:kv_cache_usage_perc`, not the removed
-`vllm:gpu_cache_usage_perc`; counters with their `_total`) and servepilot's own `servepilot_*`;
-nothing is re-exported under `vllm:`.
+The alert rules and the dashboard are inputs: observe renders them (its one copy, the same
+`servepilot observe render` writes) and the command passes them in, as fleet does not import
+observe.
 """
 
 from __future__ import annotations
 
-from servepilot.core.slo import Metric
+import json
+from dataclasses import dataclass
+
 from servepilot.fleet.k8s.pods import Manifest
 from servepilot.fleet.k8s.target import Target
 
 MONITORING_API = "monitoring.coreos.com/v1"
-# Without an SLO in fleet.yaml, interactive TTFT p99 above this alerts.
-DEFAULT_TTFT_P99_MS = 2000.0
+DASHBOARD_FILE = "servepilot-fleet.json"
+GRAFANA_DASHBOARD_LABEL = "grafana_dashboard"
+"""The label Grafana's dashboard sidecar looks for (kube-prometheus-stack's default)."""
 
 
-def monitoring_objects(target: Target) -> list[Manifest]:
-    return [service_monitor(target), prometheus_rule(target)]
+@dataclass(frozen=True, slots=True)
+class Monitoring:
+    rule_groups: tuple[Manifest, ...]
+    """Prometheus rule groups (a rule file's `groups`), scoped to the fleet's namespace."""
+    dashboard: Manifest
+    """Grafana's dashboard JSON model."""
+
+
+def monitoring_objects(target: Target, monitoring: Monitoring) -> list[Manifest]:
+    return [
+        service_monitor(target),
+        prometheus_rule(target, monitoring.rule_groups),
+        dashboard_config_map(target, monitoring.dashboard),
+    ]
 
 
 def service_monitor(target: Target) -> Manifest:
@@ -36,55 +51,23 @@ def service_monitor(target: Target) -> Manifest:
     }
 
 
-def prometheus_rule(target: Target) -> Manifest:
+def prometheus_rule(target: Target, groups: tuple[Manifest, ...]) -> Manifest:
     return {
         "apiVersion": MONITORING_API,
         "kind": "PrometheusRule",
         "metadata": target.metadata(target.names.prefix, "monitoring"),
-        "spec": {"groups": [{"name": "servepilot", "rules": alert_rules(target)}]},
+        "spec": {"groups": list(groups)},
     }
 
 
-def alert_rules(target: Target) -> list[Manifest]:
-    ns = f'namespace="{target.kube.namespace}"'
-    ttft_s = (target.config.slo.per_request_ms(Metric.TTFT) or DEFAULT_TTFT_P99_MS) / 1000
-    p99 = 'histogram_quantile(0.99, sum by (le) (rate(servepilot_ttft_seconds_bucket{%s,class="0"}[5m])))'  # noqa: E501
-    rows = [
-        ("ServepilotNoReadyReplica", "critical", "1m",
-         # `or vector(0)`: a gateway with no replica at all exports no series to sum.
-         f"(sum(servepilot_replica_healthy{{{ns}}}) or vector(0)) == 0",
-         "No replica is in rotation: the gateway answers 503 (or holds requests in a cold "
-         "start)."),
-        ("ServepilotShedding", "warning", "5m",
-         f"sum(rate(servepilot_shed_total{{{ns}}}[5m])) "
-         f"/ sum(rate(servepilot_requests_total{{{ns}}}[5m])) > 0.05",
-         "The gateway refuses more than 5% of requests (429/503): add replicas or raise "
-         "autoscaling.max_replicas."),
-        ("ServepilotInteractiveTtftHigh", "warning", "5m", f"{p99 % ns} > {ttft_s:g}",
-         f"Interactive (class 0) TTFT p99 at the gateway is above {ttft_s:g} s."),
-        ("ServepilotUnderBatched", "info", "5m",
-         f"sum(servepilot_in_flight_requests{{{ns}}}) "
-         f"/ sum(servepilot_replica_capacity{{{ns}}}) < 0.7",
-         "Replicas use less than 70% of their concurrency budgets: consolidate or raise "
-         "max_num_seqs (the seeds' batch utilisation alert)."),
-        ("VllmKvCacheNearlyFull", "warning", "5m",
-         f"max(vllm:kv_cache_usage_perc{{{ns}}}) > 0.95",
-         "A replica's KV cache is over 95% full: requests queue and get preempted."),
-        ("VllmPreempting", "warning", "10m",
-         f"sum(rate(vllm:num_preemptions_total{{{ns}}}[5m])) > 0",
-         "vLLM preempts requests (KV cache too small for the batch): lower max_num_seqs or "
-         "add replicas."),
-        ("VllmRequestsWaiting", "warning", "5m",
-         f"avg(vllm:num_requests_waiting{{{ns}}}) > 5",
-         "More than 5 requests wait in each replica's own queue on average."),
-    ]  # fmt: skip
-    return [
-        {
-            "alert": name,
-            "expr": expr,
-            "for": duration,
-            "labels": {"severity": severity},
-            "annotations": {"summary": summary},
-        }
-        for name, severity, duration, expr, summary in rows
-    ]
+def dashboard_config_map(target: Target, dashboard: Manifest) -> Manifest:
+    """The dashboard where Grafana's sidecar picks it up: any ConfigMap labelled
+    grafana_dashboard: "1" (in the namespaces the sidecar watches)."""
+    metadata = target.metadata(f"{target.names.prefix}-dashboard", "monitoring")
+    metadata["labels"] = {**metadata["labels"], GRAFANA_DASHBOARD_LABEL: "1"}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata,
+        "data": {DASHBOARD_FILE: json.dumps(dashboard, indent=2) + "\n"},
+    }

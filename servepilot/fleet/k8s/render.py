@@ -1,6 +1,6 @@
 """A fleet.yaml as Kubernetes manifests: one YAML file per component, in a stable order, plus
 the kustomization.yaml that lists them (`kubectl apply -k DIR`). Pure: the files are returned
-as text; the command writes them."""
+as text; the command writes them (and renders the alert rules and dashboard it passes in)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from servepilot.core.config import FleetConfig
 from servepilot.core.kubernetes_config import Runtime
 from servepilot.fleet.k8s.autoscaling import autoscaling_objects, priority_classes
 from servepilot.fleet.k8s.gateway import gateway_objects
-from servepilot.fleet.k8s.monitoring import monitoring_objects
+from servepilot.fleet.k8s.monitoring import Monitoring, monitoring_objects
 from servepilot.fleet.k8s.pods import Manifest
 from servepilot.fleet.k8s.rayservice import ray_service
 from servepilot.fleet.k8s.replicas import replica_objects
@@ -56,9 +56,10 @@ def _text_block(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
 _PlainDumper.add_representer(str, _text_block)
 
 
-def render(config: FleetConfig, plan: Plan) -> tuple[ManifestFile, ...]:
-    """The manifest files of `config` (whose plan gives the pods' resources), kustomization
-    last; a ConfigError names the field of a fleet Kubernetes cannot run as asked."""
+def render(config: FleetConfig, plan: Plan, monitoring: Monitoring) -> tuple[ManifestFile, ...]:
+    """The manifest files of `config` (whose plan gives the pods' resources; `monitoring` the
+    alert rules and the dashboard), kustomization last; a ConfigError names the field of a
+    fleet Kubernetes cannot run as asked."""
     target = resolve(config, plan)
     parts: list[tuple[str, Callable[[Target], list[Manifest]]]] = [
         ("namespace.yaml", _namespace),
@@ -68,7 +69,10 @@ def render(config: FleetConfig, plan: Plan) -> tuple[ManifestFile, ...]:
         parts.append(("rayservice.yaml", lambda t: [ray_service(t)]))
     else:
         parts += [("vllm.yaml", replica_objects), ("autoscaling.yaml", autoscaling_objects)]
-    parts += [("gateway.yaml", gateway_objects), ("monitoring.yaml", monitoring_objects)]
+    parts += [
+        ("gateway.yaml", gateway_objects),
+        ("monitoring.yaml", lambda t: monitoring_objects(t, monitoring)),
+    ]
     files = tuple(ManifestFile(name, tuple(build(target))) for name, build in parts)
     return (*files, ManifestFile(KUSTOMIZATION, (_kustomization(target, files),)))
 

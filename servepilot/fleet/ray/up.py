@@ -24,7 +24,13 @@ from servepilot.fleet.ray.placement import check_room
 from servepilot.fleet.ray.replicas import RayReplicas
 from servepilot.fleet.ray.view import ClusterView, GroupRow, ReplicaRow, remove_view, write_view
 from servepilot.fleet.ray.watcher import GatewayMembership, ReplicaWatcher
-from servepilot.fleet.serve import ServedGateway, Upstream, check_port_free, start_gateway
+from servepilot.fleet.serve import (
+    ServedGateway,
+    Upstream,
+    check_port_free,
+    fleet_facts,
+    start_gateway,
+)
 from servepilot.fleet.state import (
     FleetRecord,
     ReplicaRecord,
@@ -107,7 +113,7 @@ async def _serve(
     watcher: ReplicaWatcher | None = None
     try:
         upstreams = [Upstream(i.replica_id, i.url, _capacity(config, i)) for i in infos]
-        served = await start_gateway(config.gateway, upstreams)
+        served = await start_gateway(config.gateway, upstreams, facts=fleet_facts(config))
         if served.port != config.gateway.port:  # port 0: the OS picked one
             remove_record(config.gateway.port)
         model_name = next(iter(replicas.answers.values())).served_name

@@ -10,12 +10,17 @@ from servepilot.core.config import Device, FleetConfig
 _VLLM_DEFAULT_MAX_NUM_SEQS = {Device.CPU: 128, Device.GPU: 256}
 
 
+def max_num_seqs(config: FleetConfig) -> int:
+    """The batch size each replica runs with: engine.max_num_seqs, else vLLM's default."""
+    return config.engine.max_num_seqs or _VLLM_DEFAULT_MAX_NUM_SEQS[config.hardware.device]
+
+
 def replica_capacity(config: FleetConfig, kv_capacity_tokens: int | None) -> int:
     """min(max_num_seqs, KV tokens / tokens_per_request): more in flight than the batch holds
     only queues inside vLLM, where priorities cannot act; more than the KV cache holds makes
     vLLM preempt and recompute. `kv_capacity_tokens`: what the replica's KV cache holds (its
     startup log says), None when unknown."""
-    seqs = config.engine.max_num_seqs or _VLLM_DEFAULT_MAX_NUM_SEQS[config.hardware.device]
+    seqs = max_num_seqs(config)
     if kv_capacity_tokens is None:
         return seqs
     per_request = config.gateway.admission.tokens_per_request

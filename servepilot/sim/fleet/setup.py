@@ -143,7 +143,7 @@ def _engine(config: FleetConfig, request: PlanRequest) -> EngineSetup:
         enable_expert_parallel=engine.enable_expert_parallel,
         gpu_memory_utilization=engine.gpu_memory_utilization,
         kv_cache_memory_bytes=engine.cpu_kv_cache_bytes if cpu else None,
-        enforce_eager=engine.enforce_eager,
+        enforce_eager=engine.enforce_eager_on(config.hardware.device),
     )
     weights = request.weights_dtype
     compute = WeightDtype.FP32 if weights is WeightDtype.FP32 else WeightDtype.BF16

@@ -1,5 +1,6 @@
-"""A local multi-node Ray cluster for the Ray backend's tests (ray.cluster_utils.Cluster:
-several raylets on this machine, logical GPUs), and fleet configs of simulated replicas."""
+"""A local multi-node Ray cluster for the Ray backend's tests and bench_ray.py's recovery part
+(ray.cluster_utils.Cluster: several raylets on this machine, logical GPUs), and fleet configs
+of simulated replicas."""
 
 from __future__ import annotations
 
@@ -28,9 +29,7 @@ def start_cluster(worker_nodes: int = WORKER_NODES) -> Iterator[Cluster]:
     )  # fmt: skip
     try:
         for _ in range(worker_nodes):
-            cluster.add_node(
-                num_cpus=2, num_gpus=GPUS_PER_NODE, object_store_memory=OBJECT_STORE_BYTES
-            )
+            add_worker(cluster)
         with warnings.catch_warnings():
             # Ray's notice of a future default for GPU-less actors (as fleet/ray/cluster.py).
             warnings.filterwarnings("ignore", "Tip: In future versions of Ray", FutureWarning)
@@ -39,6 +38,11 @@ def start_cluster(worker_nodes: int = WORKER_NODES) -> Iterator[Cluster]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def add_worker(cluster: Cluster) -> None:
+    """One more node of 2 CPUs and GPUS_PER_NODE logical GPUs, once its raylet is up."""
+    cluster.add_node(num_cpus=2, num_gpus=GPUS_PER_NODE, object_store_memory=OBJECT_STORE_BYTES)
 
 
 def sim_fleet(**sections: dict[str, Any]) -> FleetConfig:

@@ -1,0 +1,121 @@
+"""`servepilot accept`: seed 004's acceptance checklist against a live fleet, as a report."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from rich.text import Text
+
+from servepilot.bench.client import Target
+from servepilot.bench.outputs import check_out_dir
+from servepilot.bench.target import served_model
+from servepilot.bench.tokenizer import open_tokenizer
+from servepilot.cli.console import out_console, print_step
+from servepilot.cli.fleet_target import FleetTarget, find_fleet
+from servepilot.cli.levels_view import bench_reporter, level_bars
+from servepilot.cli.options import add_config_flag
+from servepilot.core import loop
+from servepilot.core.config import load_config
+from servepilot.core.errors import ConfigError
+from servepilot.core.units import parse_duration_s
+from servepilot.observe.accept.items import Verdict
+from servepilot.observe.accept.report import overall, write_report
+from servepilot.observe.accept.run import Acceptance, AcceptOptions, run_accept
+
+DESCRIPTION = """\
+Run the acceptance checklist for a single-node deployment against a live fleet and
+write report.html and report.json (schema servepilot.accept/v1) to --out, a verdict (pass,
+fail, or n/a and why) with its evidence per item:
+
+  1. TP fills the node (= its GPUs), MoE adds EP        (fleet.yaml; n/a on CPU)
+  2. a minimal request runs                              (one chat request)
+  3. the startup logs' KV capacity, the tuning baseline  (the replicas' logs)
+  4. throughput, TTFT, TPOT and P99 over a concurrency curve (bench's sweep)
+  5. the sweet spot, with P99 within fleet.yaml's slo there
+  6. quantization when the KV budget binds               (preemptions during the run)
+  7. a soak at the sweet spot: no leak (2 MB/request), no avalanche (1% failed), P99 steady
+  8. the configuration and the steps written down        (the report itself)
+
+The sweep and the soak are `servepilot bench`'s (the same load, numbers and progress); their
+outputs (results.json, requests.csv, report.html) go to --out/sweep and --out/soak. The
+defaults are sized for this machine's CPU fleet (minutes); an acceptance soak is 30 minutes or
+more (--soak 30m). Exit code 1 when an item fails.
+
+Without --url, accept tests the fleet `servepilot up` runs here (and reads its replicas'
+logs); with --url, a fleet elsewhere (item 3 is then n/a).
+
+examples:
+  servepilot accept -c fleet.yaml --out runs/accept
+  servepilot accept -c fleet.yaml --soak 30m --requests 64 --max-concurrency 256 --out acc/
+"""
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "accept",
+        help="the single-node acceptance checklist against a live fleet; report.html and .json",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_config_flag(parser)
+    parser.add_argument("--url", metavar="URL",
+                        help="the gateway (default: the fleet `up` runs here)")  # fmt: skip
+    parser.add_argument("--out", type=Path, metavar="DIR", required=True,
+                        help="write report.html, report.json, sweep/ and soak/ here")  # fmt: skip
+    parser.add_argument("--requests", type=int, default=8, metavar="N",
+                        help="requests per sweep level (default 8)")  # fmt: skip
+    parser.add_argument("--max-concurrency", type=int, default=8, metavar="N",
+                        help="the sweep's last level: 1, 2, 4, ... N (default 8)")  # fmt: skip
+    parser.add_argument("--input-tokens", type=int, default=128, metavar="N",
+                        help="prompt tokens of each request (default 128)")  # fmt: skip
+    parser.add_argument("--output-tokens", type=int, default=32, metavar="N",
+                        help="max_tokens of each request (default 32)")  # fmt: skip
+    parser.add_argument("--soak", default="2m", metavar="T",
+                        help="soak at the sweet spot (default 2m; 30m to accept)")  # fmt: skip
+    parser.add_argument("--model", metavar="NAME", help="default: the fleet's only model")
+    parser.add_argument("--api-key", metavar="KEY", help="sent as Authorization: Bearer KEY")
+    parser.set_defaults(run=run_accept_cmd)
+
+
+def run_accept_cmd(args: argparse.Namespace) -> int:
+    if args.requests < 1 or args.max_concurrency < 1:
+        raise ConfigError("--requests and --max-concurrency must be at least 1")
+    check_out_dir(args.out)
+    fleet = find_fleet(args.url)
+    model = args.model or served_model(fleet.gateway_url, args.api_key)
+    target = Target(base_url=fleet.gateway_url, model=model, api_key=args.api_key)
+    opts = AcceptOptions(
+        target=target, config=load_config(args.config), logs=fleet.replica_logs(),
+        requests=args.requests, max_concurrency=args.max_concurrency,
+        input_tokens=args.input_tokens, output_tokens=args.output_tokens,
+        soak_s=parse_duration_s(args.soak, "--soak"),
+    )  # fmt: skip
+    tokenizer = open_tokenizer(target.base_url, target.model, None)
+    with level_bars() as bars:
+        acceptance = loop.run(run_accept(opts, tokenizer, bench_reporter(bars), print_step))
+    _print_items(acceptance)
+    json_path, html_path = write_report(args.out, acceptance, fleet.gateway_url,
+                                        _commands(args, fleet))  # fmt: skip
+    print_step(f"wrote {html_path} and {json_path}")
+    return 1 if overall(acceptance) is Verdict.FAIL else 0
+
+
+def _commands(args: argparse.Namespace, fleet: FleetTarget) -> list[str]:
+    config = f" -c {shlex.quote(str(args.config))}" if args.config else ""
+    up = f"servepilot up{config}" + (f" --port {fleet.record.port}" if fleet.record else "")
+    return [up, "servepilot " + shlex.join(sys.argv[1:])]
+
+
+_STYLE = {Verdict.PASS: "bold green", Verdict.FAIL: "bold red", Verdict.NOT_APPLICABLE: "dim"}
+
+
+def _print_items(acceptance: Acceptance) -> None:
+    for item in acceptance.items:
+        head = Text(f"{item.verdict.value.upper():<5}", style=_STYLE[item.verdict])
+        out_console.print(head + Text(f" {item.number}. {item.title}"))
+        out_console.print(Text(f"      {item.evidence}"), soft_wrap=True)
+    verdict = overall(acceptance)
+    out_console.print(Text(f"acceptance: {verdict.value}", style=_STYLE[verdict]))

@@ -1,0 +1,118 @@
+"""`servepilot doctor`: seed 004's troubleshooting table run over a live fleet, its logs and
+this machine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.text import Text
+
+from servepilot.cli.console import out_console, print_step, print_warning
+from servepilot.cli.fleet_target import FleetTarget, find_fleet
+from servepilot.cli.options import add_config_flag
+from servepilot.core.config import load_config
+from servepilot.core.errors import FleetError
+from servepilot.fleet.ray.view import read_view
+from servepilot.observe.doctor import evidence as recorded
+from servepilot.observe.doctor.finding import Finding, Severity
+from servepilot.observe.doctor.gather import gather
+from servepilot.observe.doctor.rules import diagnose
+
+DESCRIPTION = """\
+Diagnose a fleet with the serving troubleshooting table, as rules over what can be seen:
+- live metrics (the gateway's /metrics and each replica's): preemptions, a KV cache near full,
+  high TTFT and whether queueing or prefill causes it, P99 spikes, under-filled batches,
+  vLLM metrics that were renamed or are missing (vllm:gpu_cache_usage_perc, still read by
+  older dashboards and routers, is gone);
+- the replicas' logs (the run folder of `servepilot up`): out of memory, preemptions, the KV
+  capacity each replica found at startup;
+- this machine: the size of /dev/shm, the CPU's flags, the GPU topology for tensor
+  parallelism (nvidia-smi topo -m), Ray placement groups that cannot be placed.
+
+Each finding names its evidence and the fix: the fleet.yaml knob and its new value where one
+applies. Exit code 1 when a problem was found.
+
+Without --url, doctor looks at the fleet `servepilot up` runs here; with no fleet running it
+still checks this machine. --save DIR records the evidence (pages, logs, facts), --from DIR
+diagnoses a recording again, here or on another machine.
+
+examples:
+  servepilot doctor -c fleet.yaml
+  servepilot doctor --url http://127.0.0.1:8000 --save doctor-case/
+  servepilot doctor --from doctor-case/ --json
+"""
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "doctor",
+        help="diagnose a fleet: OOM, preemptions, high TTFT, P99 spikes, KV, shm, topology",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_config_flag(parser)
+    parser.add_argument("--url", metavar="URL",
+                        help="the gateway (default: the fleet `up` runs here)")  # fmt: skip
+    parser.add_argument("--save", type=Path, metavar="DIR", help="record the evidence here")
+    parser.add_argument("--from", dest="replay", type=Path, metavar="DIR",
+                        help="diagnose evidence recorded with --save instead")  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    parser.set_defaults(run=run_doctor)
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    if args.replay is not None:
+        evidence = recorded.load(args.replay)
+    else:
+        target = _target(args.url)
+        logs = target.replica_logs() if target is not None else {}
+        url = target.gateway_url if target is not None else None
+        config = load_config(args.config)
+        gathered = gather(config, url, logs, _placement_groups(target))
+        for note in gathered.notes:
+            print_warning(note)
+        evidence = gathered.evidence
+    if args.save is not None:
+        recorded.save(evidence, args.save)
+        print_step(f"evidence recorded in {args.save}")
+    findings = diagnose(evidence)
+    if args.json:
+        print(json.dumps([f.as_dict() for f in findings], indent=2))
+    else:
+        _print_findings(findings, len(evidence.replicas))
+    return 1 if any(f.severity is Severity.PROBLEM for f in findings) else 0
+
+
+def _target(url: str | None) -> FleetTarget | None:
+    try:
+        return find_fleet(url)
+    except FleetError as exc:
+        if url is not None:
+            raise
+        print_warning(f"{exc.message}: checking this machine only")
+        return None
+
+
+def _placement_groups(target: FleetTarget | None) -> tuple[tuple[str, str], ...]:
+    if target is None or target.record is None:
+        return ()
+    view = read_view(target.record.port)
+    return () if view is None else tuple((g.name, g.state) for g in view.groups)
+
+
+_STYLE = {Severity.PROBLEM: "bold red", Severity.WARNING: "bold yellow", Severity.INFO: "cyan"}
+
+
+def _print_findings(findings: tuple[Finding, ...], replicas: int) -> None:
+    if not findings:
+        out_console.print(f"no finding: {replicas} replicas and this machine look healthy")
+        return
+    for finding in findings:
+        head = Text(f"{finding.severity.value:<8}", style=_STYLE[finding.severity])
+        out_console.print(head + Text(f"{finding.rule}: {finding.summary}"))
+        out_console.print(Text(f"  evidence: {finding.evidence}"), soft_wrap=True)
+        out_console.print(Text(f"  fix: {finding.fix}"), soft_wrap=True)
+        if finding.knob is not None:
+            out_console.print(Text(f"  set {finding.knob}: {finding.value}", style="bold"))

@@ -1,0 +1,55 @@
+"""Which checkpoint a planned replica serves: the published one, or one in the planned format.
+
+vLLM quantizes 16-bit weights to fp8 as it loads them (`--quantization fp8`), so an fp8 plan
+serves the published checkpoint. Every other quantized format (AWQ, GPTQ, int8 W8A8, fp4)
+needs a checkpoint already in that format: a preset names a known public one; for anything
+else the command carries a placeholder the user must fill in, and says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from servepilot.plan.dtypes import WeightDtype
+from servepilot.plan.spec import ModelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    model: str
+    """What `vllm serve` takes as the model: a Hugging Face repository, a folder, or a
+    placeholder in angle brackets."""
+    note: str
+    """Where the checkpoint comes from, or what to fill in; "" for the published one."""
+
+    @property
+    def is_placeholder(self) -> bool:
+        return self.model.startswith("<")
+
+
+def checkpoint_for(spec: ModelSpec, model_ref: str, weights: WeightDtype) -> Checkpoint:
+    """`model_ref`: what the user named the model by (a preset name or a folder)."""
+    published = spec.repo_id or model_ref
+    if not needs_quantized_checkpoint(spec, weights):
+        return Checkpoint(published, "")
+    known = dict(spec.quantized_checkpoints).get(weights)
+    if known is not None:
+        return Checkpoint(
+            known, f"{known} is a published {weights.value} checkpoint of {spec.name}"
+        )
+    placeholder = f"<{weights.value} checkpoint of {spec.name}>"
+    return Checkpoint(
+        placeholder,
+        f"fill in {placeholder}: servepilot knows no published {weights.value} checkpoint "
+        f"of {spec.name}; vLLM cannot make one as it loads {published}, so quantize it "
+        "first (llm-compressor, AutoAWQ) or take one from the Hugging Face Hub",
+    )
+
+
+def needs_quantized_checkpoint(spec: ModelSpec, weights: WeightDtype) -> bool:
+    """The planned weights are in a format vLLM cannot produce from the published ones."""
+    return (
+        weights.is_quantized
+        and weights is not spec.checkpoint_dtype
+        and weights.vllm_quantization is None
+    )
