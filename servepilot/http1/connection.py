@@ -116,7 +116,9 @@ class HttpConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         declared = self._headers.get("content-length")
-        self._body_limit = self._server.limits.body_limit(self._url.partition(b"?")[0])
+        limits = self._server.limits
+        if limits.uploads:  # otherwise the limit never changes: nothing to look up per request
+            self._body_limit = limits.body_limit(self._url.partition(b"?")[0])
         if declared is not None and declared.isdigit() and int(declared) > self._body_limit[0]:
             self._reject_large()
         elif self._headers.get("expect", "").lower() == "100-continue" and self._task is None:
