@@ -202,6 +202,9 @@ def test_bad_input(replica: str, tmp_path: Path) -> None:
         garbage = httpx.post(f"{gateway.url}/v1/files", content=b"x",
                              headers={"content-type": "text/plain"})  # fmt: skip
         assert garbage.status_code == 400 and "multipart/form-data" in garbage.text
+        (tmp_path / "files" / f"{uploaded.id}.jsonl").unlink()
+        gone = httpx.get(f"{gateway.url}/v1/files/{uploaded.id}/content")
+        assert gone.status_code == 404 and "is gone" in gone.text
         wrong = httpx.delete(f"{gateway.url}/v1/batches/{batch.id}")
         assert (wrong.status_code, wrong.headers["allow"]) == (405, "GET")
         assert httpx.get(f"{gateway.url}/v1/batches/{batch.id}/nope").status_code == 404

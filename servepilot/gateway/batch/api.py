@@ -131,7 +131,14 @@ class BatchApi:
         stored = await self.files.get(file_id)
         if stored is None:
             raise _not_found("file", file_id)
-        request.respond(200, await self.files.content(stored), b"application/jsonl")
+        try:
+            content = await self.files.content(stored)
+        except OSError as exc:  # removed from disk behind the store's back
+            message = f"the content of file {file_id!r} is gone: {exc}"
+            raise GatewayError(
+                404, message, error_type=NOT_FOUND, code="file_content_missing"
+            ) from None
+        request.respond(200, content, b"application/jsonl")
 
     # --- batches ------------------------------------------------------------------------
 
