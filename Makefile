@@ -6,7 +6,8 @@ STAMP := $(VENV)/.servepilot-installed
 ARGS ?=
 
 .PHONY: install model prometheus serve down status test lint typecheck unit bench-client \
-	bench-gateway bench-routing bench-plan bench-sim bench-tune bench-autoscale bench-ray clean
+	bench-gateway bench-routing bench-plan bench-sim bench-tune bench-autoscale bench-ray \
+	bench-batch clean
 
 install: $(STAMP)
 
@@ -122,6 +123,12 @@ bench-tune: model
 # replica-hours, scale events. A few CPU minutes; fails when a target of issue 17 is missed.
 bench-autoscale: install
 	$(BIN)/python benchmarks/bench_autoscale.py $(ARGS)
+
+# Batch jobs on idle capacity: P0 TTFT p99 with and without a large concurrent batch, and the
+# share of the idle capacity the batch used, on two simulated replicas with a cost model,
+# behind one gateway. About 4 minutes; fails when a target of issue 20 is missed.
+bench-batch: install
+	$(BIN)/python benchmarks/bench_batch.py $(ARGS)
 
 # The fleet simulator's hot modules compiled with mypyc, into a cache keyed by their sources
 # (servepilot/sim/accel.py): about 2x faster simulations. A stale build is never loaded (the

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from servepilot import __version__
 from servepilot.cli import (
     accept_cmd,
+    batch_cmd,
     bench_cmd,
     calibrate_cmd,
     config_cmd,
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         doctor_cmd,
         accept_cmd,
         models_cmd,
+        batch_cmd,
         config_cmd,
         observe_cmd,
     ):

@@ -13,6 +13,8 @@ import os
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from servepilot.core.batch_config import BatchConfig
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
@@ -250,3 +252,6 @@ class GatewayConfig(_Section):
 
     access_log: AccessLogConfig = Field(default_factory=AccessLogConfig)
     """The access log: one line per request, written off the request path."""
+
+    batch: BatchConfig = Field(default_factory=BatchConfig)
+    """The OpenAI Files and Batch API: its store, file limit and concurrency."""

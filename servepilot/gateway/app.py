@@ -26,6 +26,10 @@ from servepilot.gateway.access_log import (
 )
 from servepilot.gateway.admin import AdminHandlers
 from servepilot.gateway.auth import Authenticator, Caller
+from servepilot.gateway.batch import BatchApi
+from servepilot.gateway.batch.exchange import Answer, send
+from servepilot.gateway.batch.metrics import BatchCollector
+from servepilot.gateway.batch.scheduler import FleetRoom
 from servepilot.gateway.dispatch import Dispatcher
 from servepilot.gateway.errors import (
     INVALID_REQUEST,
@@ -36,7 +40,7 @@ from servepilot.gateway.errors import (
 from servepilot.gateway.metrics import GatewayMetrics
 from servepilot.gateway.pool import ReplicaPool
 from servepilot.gateway.proxy import Proxy
-from servepilot.http1 import HttpRequest, HttpServer, Limits
+from servepilot.http1 import HttpRequest, HttpServer, Limits, UploadLimit
 from servepilot.routing import make_policy
 from servepilot.routing.base import RoutingPolicy
 
@@ -93,8 +97,17 @@ class Gateway:
         self._admin_add = admin.add_replica
         self._admin_remove = admin.remove_replica
         self._clock = clock
+        self.batch: BatchApi | None = None
+        uploads: tuple[UploadLimit, ...] = ()
+        if config.batch.enabled:
+            self.batch = BatchApi(config.batch, self._send_batch_line, self._batch_room)
+            uploads = (self.batch.upload_limit,)
+            self.metrics.registry.register(BatchCollector(self.batch.scheduler))
         self._server = HttpServer(
-            self.handle, Limits(config.max_body_bytes), server_error_body, self._count_rejected
+            self.handle,
+            Limits(config.max_body_bytes, uploads=uploads),
+            server_error_body,
+            self._count_rejected,
         )
         self._started = False
 
@@ -115,6 +128,8 @@ class Gateway:
         self._started = True
         self.pool.start_health_checks()
         self.dispatcher.start()
+        if self.batch is not None:
+            await self.batch.start()
         log.info("gateway listening on %s:%d", host or self.config.host, bound)
         return bound
 
@@ -124,12 +139,16 @@ class Gateway:
         if self._started:
             self._started = False
             self._server.stop_listening()
+            if self.batch is not None:  # lines still in flight after it: sent again next start
+                await self.batch.stop_jobs(drain_timeout_s)
             await self.dispatcher.drain(drain_timeout_s)
             if not await self.pool.wait_idle(drain_timeout_s):
                 log.warning(
                     "drain timeout: %d requests still in flight", self.pool.total_in_flight()
                 )
             await self._server.close()
+            if self.batch is not None:
+                await self.batch.close()
             if self.access_log is not None:
                 await self.access_log.close()  # every request has ended: its line is in
         await self.dispatcher.stop()
@@ -172,6 +191,8 @@ class Gateway:
         """The `route` label of a path: one per route, so scanners cannot blow up the series."""
         if path in self._inference or path in self._gets or path == "/admin/replicas":
             return path
+        if self.batch is not None and self.batch.owns(path):
+            return self.batch.route_label(path)
         return "/admin/replicas/{id}" if path.startswith(_ADMIN_PREFIX) else "unmatched"
 
     async def _dispatch(self, request: HttpRequest, trail: Trail | None) -> None:
@@ -186,6 +207,9 @@ class Gateway:
             await self._gets[path](request)
         elif path == "/admin/replicas" or path.startswith(_ADMIN_PREFIX):
             await self._admin(request)
+        elif self.batch is not None and self.batch.owns(path):
+            self.auth.caller(request.headers.get("authorization"), self._clock())
+            await self.batch.handle(request)
         else:
             raise GatewayError(
                 404,
@@ -225,6 +249,17 @@ class Gateway:
                 code="method_not_allowed",
                 headers={"Allow": allowed},
             )
+
+    # --- batch lines: the proxy's routes, in process, at priority 2 -------------------------
+
+    async def _send_batch_line(self, path: str, body: bytes) -> Answer:
+        return await send(self._inference[path], path, body)
+
+    def _batch_room(self) -> FleetRoom:
+        p0, p1, p2 = self.dispatcher.queue.depth_by_class()
+        views = self.pool.snapshot()
+        free = sum(max(0, view.capacity - view.in_flight) for view in views)
+        return FleetRoom(p0 + p1, p2, free, sum(view.capacity for view in views))
 
     def _count_rejected(self, status: int) -> None:
         self.metrics.count_request("unparsed", status)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from servepilot.http1.connection import HttpConnection
 from servepilot.http1.request import Disconnected, HttpRequest
-from servepilot.http1.server import ErrorBody, Handler, HttpServer, Limits
+from servepilot.http1.server import ErrorBody, Handler, HttpServer, Limits, UploadLimit
 
 __all__ = [
     "Disconnected",
@@ -16,4 +16,5 @@ __all__ = [
     "HttpRequest",
     "HttpServer",
     "Limits",
+    "UploadLimit",
 ]

@@ -43,6 +43,7 @@ class HttpConnection(asyncio.Protocol):
         self._head_bytes = 0
         self._body: list[bytes] = []
         self._body_bytes = 0
+        self._body_limit = (server.limits.max_body_bytes, "")
         self._pending: collections.deque[HttpRequest] = collections.deque()
         self._task: asyncio.Task[None] | None = None
         self._writable: asyncio.Future[None] | None = None
@@ -115,9 +116,11 @@ class HttpConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         declared = self._headers.get("content-length")
-        limit = self._server.limits.max_body_bytes
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            self._reject(413, f"the request body is larger than {limit} bytes", "body_too_large")
+        limits = self._server.limits
+        if limits.uploads:  # otherwise the limit never changes: nothing to look up per request
+            self._body_limit = limits.body_limit(self._url.partition(b"?")[0])
+        if declared is not None and declared.isdigit() and int(declared) > self._body_limit[0]:
+            self._reject_large()
         elif self._headers.get("expect", "").lower() == "100-continue" and self._task is None:
             # Not while an earlier pipelined request is being answered: the interim response
             # would land inside that answer. The client sends its body after a short wait.
@@ -125,9 +128,8 @@ class HttpConnection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
-        limit = self._server.limits.max_body_bytes
-        if self._body_bytes > limit:
-            self._reject(413, f"the request body is larger than {limit} bytes", "body_too_large")
+        if self._body_bytes > self._body_limit[0]:
+            self._reject_large()
             return
         self._body.append(body)
 
@@ -219,6 +221,11 @@ class HttpConnection(asyncio.Protocol):
         self._head_bytes += size
         if self._head_bytes > self._server.limits.max_head_bytes:
             self._reject(431, "the request line and headers are too large", "headers_too_large")
+
+    def _reject_large(self) -> None:
+        limit, setting = self._body_limit
+        message = f"the request body is larger than {limit} bytes{setting}"
+        self._reject(413, message, "body_too_large")
 
     def _reject(self, status: int, message: str, code: str) -> None:
         """Answer a request that cannot be parsed or accepted, then close the connection."""

@@ -31,10 +31,28 @@ did not answer (500)."""
 
 
 @dataclass(frozen=True, slots=True)
+class UploadLimit:
+    """A path whose bodies may be larger than `Limits.max_body_bytes` (file uploads)."""
+
+    path: str
+    max_body_bytes: int
+    setting: str
+    """The configuration field that sets it, named in the 413."""
+
+
+@dataclass(frozen=True, slots=True)
 class Limits:
     max_body_bytes: int
     max_head_bytes: int = 64 * 1024
     """The request line and headers together (431 past it)."""
+    uploads: tuple[UploadLimit, ...] = ()
+
+    def body_limit(self, path: bytes) -> tuple[int, str]:
+        """The largest body accepted on `path`, and what to call that limit in a 413."""
+        for upload in self.uploads:
+            if path == upload.path.encode():
+                return upload.max_body_bytes, f" ({upload.setting})"
+        return self.max_body_bytes, ""
 
 
 class HttpServer:

@@ -52,7 +52,7 @@ def _complete(shell: str, script: Path, line: str, cwd: Path | None = None) -> l
 
 
 SUBCOMMANDS = ["plan", "up", "status", "down", "logs", "gateway", "bench", "calibrate", "sim",
-               "tune", "k8s", "top", "doctor", "accept", "models", "config", "observe",
+               "tune", "k8s", "top", "doctor", "accept", "models", "batch", "config", "observe",
                "completion"]  # fmt: skip
 
 
