@@ -49,6 +49,25 @@ def error_body(message: str, *, error_type: str, code: str) -> bytes:
     return json.dumps(payload).encode()
 
 
+def client_error_from_replica(status: int, body: bytes, replica_id: str) -> bytes | None:
+    """A replica's 4xx body in the OpenAI shape every gateway error has, or None when it has
+    it already (vLLM's own answers: relayed as they are). A replica that is not vLLM, or a
+    route vLLM leaves to its web framework (`{"detail": "Not Found"}`), answers otherwise."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        doc = None
+    error = doc.get("error") if isinstance(doc, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str) and error.get("type"):
+        return None
+    excerpt = body[:300].decode("utf-8", "replace")
+    return error_body(
+        f"replica {replica_id} answered HTTP {status}: {excerpt}",
+        error_type=INVALID_REQUEST,
+        code="not_found" if status == 404 else "upstream_client_error",
+    )
+
+
 def server_error_body(status: int, message: str, code: str) -> bytes:
     """The body of an answer the HTTP server gives on its own (http1.ErrorBody): a request
     it could not parse or accept, or one the gateway failed to answer."""

@@ -24,6 +24,7 @@ from servepilot.gateway.errors import (
     UPSTREAM,
     GatewayError,
     bad_request,
+    client_error_from_replica,
     sse_error_event,
 )
 from servepilot.gateway.metrics import GatewayMetrics
@@ -221,7 +222,10 @@ class Proxy:
             self._metrics.count_error("upstream_5xx")
             excerpt = outcome.body[:_EXCERPT_CHARS].decode("utf-8", "replace")
             raise _upstream_failed(replica_id, f"it answered HTTP {status}: {excerpt}")
-        request.respond(status, outcome.body, outcome.content_type, (grant.replica.header,))
+        body, content_type = outcome.body, outcome.content_type
+        if status >= 400 and (shaped := client_error_from_replica(status, body, replica_id)):
+            body, content_type = shaped, b"application/json"
+        request.respond(status, body, content_type, (grant.replica.header,))
 
 
 def _follow(trail: Trail, replica_id: str, outcome: Outcome, ttft_s: float | None) -> None:

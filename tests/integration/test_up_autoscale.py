@@ -119,5 +119,5 @@ def test_up_autoscale_on_vllm_cpu(tmp_path: Path) -> None:
     }))  # fmt: skip
     extra = ["-c", str(fleet_yaml), "--autoscale", "1:2"]
     with running_fleet(tmp_path / "state", 1, extra) as fleet:
-        ramp_up_and_down(fleet, tmp_path, output_tokens=16, busy_s=240)
+        ramp_up_and_down(fleet, tmp_path, output_tokens=16, busy_s=120)
         down(fleet, timeout_s=120)

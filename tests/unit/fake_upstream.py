@@ -58,6 +58,7 @@ class FakeUpstream:
         self.received: list[dict[str, Any]] = []
         self.received_headers: list[dict[str, str]] = []
         self.reply_status = 200
+        self.reply_body: bytes | None = None  # with reply_status: these bytes, as they are
         self.reply_delay_s = 0.0
         self.gate: asyncio.Event | None = None  # chunk 2 waits for it when set
         # When set, the end of a streamed body waits for it after `data: [DONE]` has gone out,
@@ -158,8 +159,12 @@ class FakeUpstream:
             await release.wait()
         await asyncio.sleep(self.reply_delay_s)
         if self.reply_status != 200:
-            error = {"object": "error", "message": "prompt too long", "code": self.reply_status}
-            return web.json_response(error, status=self.reply_status)
+            if self.reply_body is not None:  # a server that is not vLLM, or a framework 404
+                return web.Response(body=self.reply_body, status=self.reply_status)
+            # vLLM 0.32's ErrorResponse (vllm/entrypoints/serve/engine/protocol.py).
+            info = {"message": "prompt too long", "type": "BadRequestError", "param": None,
+                    "code": self.reply_status}  # fmt: skip
+            return web.json_response({"error": info}, status=self.reply_status)
         if not body.get("stream"):
             message = {"role": "assistant", "content": f"hello from {self.name}"}
             answer: dict[str, Any] = {

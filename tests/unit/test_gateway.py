@@ -218,8 +218,15 @@ def test_upstream_4xx_is_passed_through_and_5xx_becomes_502() -> None:
             upstream.reply_status = 400
             async with client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT) as resp:
                 assert resp.status == 400 and resp.headers[HEADER] == "a"
-                assert (await resp.json())["message"] == "prompt too long"
-            upstream.reply_status = 500
+                # vLLM's own error body is relayed as it is.
+                assert (await resp.json())["error"]["message"] == "prompt too long"
+            # One in another shape (not vLLM, or a framework's 404) is put in OpenAI's.
+            upstream.reply_status, upstream.reply_body = 404, b'{"detail":"Not Found"}'
+            async with client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT) as resp:
+                error = await error_of(resp, 404)
+                assert error["message"] == 'replica a answered HTTP 404: {"detail":"Not Found"}'
+                assert (error["type"], error["code"]) == ("invalid_request_error", "not_found")
+            upstream.reply_status, upstream.reply_body = 500, None
             async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
                 assert (await error_of(resp, 502))["code"] == "upstream_error"
                 assert resp.headers[HEADER] == "a"

@@ -25,9 +25,10 @@ CONFIG = parse_config(
 def test_describe_says_what_each_replica_is_and_where_its_step_times_come_from() -> None:
     setup = replica_setup(CONFIG, None, frozenset())
     spec = fleet_spec(CONFIG, setup, network=NetworkConfig(), seed=0)
+    # CUDA graphs (on by default on GPUs) take their memory out of the KV pool.
     assert narration.describe(setup, spec) == (
-        "2 x llama-3.1-8b: max_num_seqs 1024, max_num_batched_tokens 8,192, 28,064 KV blocks of "
-        "16 (449,024 tokens), gateway budget 256 per replica",
+        "2 x llama-3.1-8b: max_num_seqs 1024, max_num_batched_tokens 8,192, 27,552 KV blocks of "
+        "16 (440,832 tokens), gateway budget 256 per replica",
         "step times: roofline (roofline: h100-80/llama-3.1-8b)",
         "prompt overhead: 0 tokens per request (the profile does not say; 0 assumed)",
     )
