@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import enum
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from servepilot.core.errors import ConfigError
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+from servepilot.core.section import Section as _Section
 
 
 class ScalingPolicyName(enum.Enum):

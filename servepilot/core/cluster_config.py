@@ -11,14 +11,12 @@ from __future__ import annotations
 import enum
 import re
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from servepilot.core.section import Section as _Section
 
 # `ray://host:port` (Ray Client) or `host:port` (the GCS address `ray start --head` prints).
 _ADDRESS = re.compile(r"(ray://)?[A-Za-z0-9_.-]+:\d{1,5}")
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class ClusterBackend(enum.StrEnum):

@@ -15,7 +15,6 @@ from typing import Any
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     field_validator,
@@ -27,16 +26,13 @@ from servepilot.core.cluster_config import ClusterConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.gateway_config import GatewayConfig, PolicyName, Priority
 from servepilot.core.kubernetes_config import KubernetesConfig
+from servepilot.core.section import Section as _Section
 from servepilot.core.slo import Slo
 from servepilot.core.yamlfile import parse_yaml, read_user_file
 
 __all__ = ["FleetConfig", "GatewayConfig", "PolicyName", "Priority", "load_config", "parse_config"]
 
 EMBEDDED_MODEL = "smollm2"
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class Device(enum.StrEnum):

@@ -11,14 +11,12 @@ from __future__ import annotations
 import enum
 import re
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from servepilot.core.section import Section as _Section
 
 # RFC 1123 label: what Kubernetes accepts as a namespace and as a Service name.
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class VolumeKind(enum.StrEnum):
