@@ -9,16 +9,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from servepilot.core.paths import state_dir
+from servepilot.core.section import Section
 
 SQLITE_SCHEME = "sqlite:///"
 
 
-class BatchConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
-
+class BatchConfig(Section):
     enabled: bool = True
     """Serve /v1/files and /v1/batches and run batch jobs on idle capacity."""
 
