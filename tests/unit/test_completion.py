@@ -52,8 +52,8 @@ def _complete(shell: str, script: Path, line: str, cwd: Path | None = None) -> l
 
 
 SUBCOMMANDS = ["plan", "up", "status", "down", "logs", "gateway", "bench", "calibrate", "profile",
-               "sim", "tune", "k8s", "top", "doctor", "accept", "models", "batch", "config", "observe",
-               "completion"]  # fmt: skip
+               "sim", "tune", "k8s", "top", "doctor", "accept", "models", "batch", "config",
+               "observe", "completion"]  # fmt: skip
 
 
 @pytest.mark.parametrize(
