@@ -263,3 +263,17 @@ def test_sim_and_plan_take_a_gpu_profile(
                  "--profile", str(H200_LLAMA), "--json"]) == 0  # fmt: skip
     plan = json.loads(capsys.readouterr().out)
     assert "gpu profile: NVIDIA H200" in json.dumps(plan)
+
+
+def test_composed_decode_steps_match_a_whole_forward_timed_on_the_h200() -> None:
+    """benchmarks/gpu_forward_check.py timed Llama-3.1-8B's whole decode step (32 layers in
+    one CUDA graph) on the same H200: the sum of the isolated operators is within 5% of it
+    (short by the residual adds the profile leaves out)."""
+    table = load_gpu_profile(H200_LLAMA)
+    step = StepComposer(table, comm_token_s=0.0, comm_step_s=0.0)
+    forward = json.loads((H200_LLAMA.parent / "h200-llama-3.1-8b-bf16-forward.json").read_text())
+    assert forward["gpu"] == table.gpu and len(forward["points"]) == 7
+    for point in forward["points"]:
+        batch, context = point["batch"], point["context"]
+        composed = step.gpu_time_s(StepShape(0, 0, batch, batch * context, 0))
+        assert composed / (point["us"] * 1e-6) - 1 == pytest.approx(-0.03, abs=0.02)

@@ -210,7 +210,9 @@ def _elapsed_s(torch: Any, dev: Any, fn: Callable[[], object], n: int) -> float:
     return float(begin.elapsed_time(end)) / 1e3 / n
 
 
-def _copies(nbytes: int) -> int:
+def _copies(dev: Any, nbytes: int) -> int:
+    if dev.type != "cuda":
+        return 1  # a CPU run checks the logic only: no cache to defeat
     return max(1, min(_MAX_COPIES, math.ceil(_ROTATE_BYTES / max(nbytes, 1))))
 
 
@@ -230,7 +232,7 @@ def _gemm(torch: Any, dev: Any, op: dict[str, Any], point: dict[str, Any], dtype
         m = -(-m // 16) * 16  # FP8 tensor-core GEMMs take rows in multiples of 16
     wdt = torch.float8_e4m3fn if fp8 else _float_dtype(torch, dev)
     elem = 1 if fp8 else (2 if wdt == torch.bfloat16 else 4)
-    copies = _copies(groups * k * n * elem)
+    copies = _copies(dev, groups * k * n * elem)
     if groups == 1:
         x = torch.randn(m, k, device=dev).to(wdt)
         ws = [torch.randn(n, k, device=dev).to(wdt).t() for _ in range(copies)]
@@ -280,7 +282,7 @@ def moe_load(tokens: int, experts: int, top_k: int) -> tuple[int, int]:
 def _rmsnorm(torch: Any, dev: Any, op: dict[str, Any], point: dict[str, Any], _: str) -> float:
     m, width = int(point["tokens"]), int(op["width"])
     wdt = _float_dtype(torch, dev)
-    xs = [torch.randn(m, width, device=dev, dtype=wdt) for _ in range(_copies(m * width * 2))]
+    xs = [torch.randn(m, width, device=dev, dtype=wdt) for _ in range(_copies(dev, m * width * 2))]
     weight = torch.ones(width, device=dev, dtype=wdt)
     norm = getattr(torch.nn.functional, "rms_norm", None)
     if norm is None:
@@ -296,7 +298,9 @@ def _rmsnorm(torch: Any, dev: Any, op: dict[str, Any], point: dict[str, Any], _:
 def _silu_mul(torch: Any, dev: Any, op: dict[str, Any], point: dict[str, Any], _: str) -> float:
     m, width = int(point["tokens"]), int(op["width"])
     wdt = _float_dtype(torch, dev)
-    xs = [torch.randn(m, 2 * width, device=dev, dtype=wdt) for _ in range(_copies(m * width * 4))]
+    xs = [
+        torch.randn(m, 2 * width, device=dev, dtype=wdt) for _ in range(_copies(dev, m * width * 4))
+    ]
     silu = torch.nn.functional.silu
     return time_us(torch, dev, lambda i: silu(xs[i][:, :width]) * xs[i][:, width:], len(xs))
 
@@ -315,7 +319,7 @@ def _attn_decode(torch: Any, dev: Any, op: dict[str, Any], point: dict[str, Any]
     )
     wdt = _float_dtype(torch, dev)
     kv_bytes = b * ctx * kv_heads * (qk + (0 if op.get("latent") else v)) * 2
-    copies = _copies(kv_bytes)
+    copies = _copies(dev, kv_bytes)
     if op.get("latent"):
         q = torch.randn(b, heads, qk, device=dev, dtype=wdt)
         caches = [torch.randn(b, ctx, qk, device=dev, dtype=wdt) for _ in range(copies)]
