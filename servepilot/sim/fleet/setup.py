@@ -175,7 +175,11 @@ def _cost(
         kv_bytes_per_token=shape.bytes_per_token,
         tp=tp,
     )
-    notes.append("roofline step times: an estimate from peak rates; calibrate for accuracy")
+    ceilings = "measured" if request.accelerator.measured_source else "datasheet"
+    notes.append(
+        f"roofline step times: an estimate from the accelerator's {ceilings} ceilings; "
+        "for accuracy, profile the GPU (`servepilot profile`) or calibrate a replica"
+    )
     return model, "roofline", 0
 
 
