@@ -1,9 +1,10 @@
 """Step times from a measured GPU profile against the roofline, both held against published
 end-to-end vLLM measurements on an H200 (docs/benchmarks.md, "GPU profiles").
 
-Each published run is simulated twice with `servepilot sim` (same fleet, same load): with
+Each published run is simulated three times with `servepilot sim` (same fleet, same load): with
 `--profile` (the operators measured on an H200, benchmarks/gpu_profiles/) and without (the
-roofline at the catalog's measured H200 ceilings). Prints predicted and published TPOT and
+roofline at the catalog's measured H200 ceilings, and for reference at the datasheet's
+peaks, as servepilot's roofline was before issue 23). Prints predicted and published TPOT and
 output throughput, the errors, and the median error of each source.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_profile.py
@@ -53,19 +54,33 @@ RUNS = (
 )  # fmt: skip
 
 
-def simulate(run: Published, profile: Path | None, work: Path) -> dict[str, float]:
-    fleet = work / f"{run.name}.yaml"
+# The catalog's H200 without its measured ceilings: the roofline as it was, on datasheet peaks.
+DATASHEET = """accelerators:
+  - name: h200-141
+    measured_hbm_bandwidth_bytes_per_s: null
+    measured_bf16_flops: null
+    measured_fp8_flops: null
+    measured_source: null
+"""
+
+
+def simulate(run: Published, kind: str, work: Path) -> dict[str, float]:
+    """`kind`: profile, roofline (measured ceilings) or datasheet (the roofline on peaks)."""
+    catalog = work / "datasheet.yaml"
+    catalog.write_text(DATASHEET)
+    fleet = work / f"{run.name}-{kind}.yaml"
+    extra = f", catalog: {catalog}" if kind == "datasheet" else ""
     fleet.write_text(
         f"model: {{source: {run.model}}}\n"
-        f"hardware: {{accelerator: h200, count: {run.tp}, device: gpu}}\n"
+        f"hardware: {{accelerator: h200, count: {run.tp}, device: gpu{extra}}}\n"
         f"engine: {{tensor_parallel_size: {run.tp}}}\n"
     )
-    out = work / f"{run.name}-{'profile' if profile else 'roofline'}"
+    out = work / f"{run.name}-{kind}"
     args = ["sim", "-c", str(fleet), "--concurrency", str(run.batch),
             "--requests", str(run.batch), "--input-tokens", str(run.input_tokens),
             "--output-tokens", str(run.output_tokens), "--out", str(out)]  # fmt: skip
-    if profile is not None:
-        args += ["--profile", str(profile)]
+    if kind == "profile":
+        args += ["--profile", str(PROFILES / run.profile)]
     log = io.StringIO()
     with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         code = main(args)
@@ -81,13 +96,13 @@ def simulate(run: Published, profile: Path | None, work: Path) -> dict[str, floa
 
 
 def main_() -> None:
-    errors: dict[str, list[float]] = {"profile": [], "roofline": []}
+    errors: dict[str, list[float]] = {"profile": [], "roofline": [], "datasheet": []}
     print(f"{'run':<22} {'source':<9} {'TPOT p50 ms':>18} {'err':>7} "
           f"{'output tok/s':>20} {'err':>7}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         for run in RUNS:
-            for kind, profile in (("profile", PROFILES / run.profile), ("roofline", None)):
-                got = simulate(run, profile, Path(tmp))
+            for kind in errors:
+                got = simulate(run, kind, Path(tmp))
                 # Published TPOT: the batch's decode time over its 127 later tokens, its
                 # prefill (a 256-token step) taken at the simulated TTFT.
                 tpot = (run.e2e_ms - got["ttft_ms"]) / (run.output_tokens - 1)
