@@ -281,3 +281,22 @@ def test_composed_decode_steps_match_a_whole_forward_timed_on_the_h200() -> None
         batch, context = point["batch"], point["context"]
         composed = step.gpu_time_s(StepShape(0, 0, batch, batch * context, 0))
         assert composed / (point["us"] * 1e-6) - 1 == pytest.approx(-0.03, abs=0.02)
+
+
+def test_tune_on_the_simulator_takes_a_gpu_profile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        "model: {source: llama-3.1-8b}\nhardware: {accelerator: h200, count: 1, device: gpu}\n"
+    )
+    out = tmp_path / "tune"
+    assert main(["tune", "-c", str(fleet), "--engine", "sim", "--profile", str(H200_LLAMA),
+                 "--input-tokens", "512", "--output-tokens", "32", "--requests", "20",
+                 "--budget", "1", "--slo", "ttft_p99_ms=2000,tpot_p99_ms=50",
+                 "--out", str(out)]) == 0  # fmt: skip
+    trial = json.loads((out / "trials.jsonl").read_text().splitlines()[0])
+    # Alone on the replica, a decode step of the 8B model on the H200: ~4.8 ms of operators
+    # plus 1 ms of CPU overhead (the roofline would say 4.8 in all).
+    tpot = trial["outcome"]["runs"][0]["tpot_ms"]["p50"]
+    assert 5.5 < tpot < 6.2
