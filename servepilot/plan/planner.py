@@ -188,7 +188,12 @@ def _cost_model(req: PlanRequest, option: Option, load: ReplicaLoad) -> CostMode
             load.input_tokens, load.output_tokens, load.max_num_seqs, load.max_num_batched_tokens
         )
         return profile_cost_model(
-            req.cost_model, req.model, req.accelerator, tp=option.parallelism.tp, at=at
+            req.cost_model,
+            req.model,
+            req.accelerator,
+            tp=option.parallelism.tp,
+            weights=req.weights_dtype,
+            at=at,
         ).model
     if req.cost_model is not None:
         return req.cost_model

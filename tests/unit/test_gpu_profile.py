@@ -236,6 +236,9 @@ def test_a_profile_of_another_model_or_tp_is_refused() -> None:
         composer(table, load_preset("qwen3-32b"), h200, tp=1, where="t")
     with pytest.raises(ConfigError, match="tp 2"):
         composer(table, load_preset("llama-3.1-8b"), h200, tp=2, where="t")
+    with pytest.raises(ConfigError, match="times bf16 weights; the fleet runs fp8"):
+        composer(table, load_preset("llama-3.1-8b"), h200, tp=1, where="t",
+                 weights=WeightDtype.FP8)  # fmt: skip
 
 
 def test_the_measured_h200_profile_linearizes_within_a_few_percent() -> None:

@@ -35,6 +35,7 @@ from servepilot.plan.costmodel import (
     fit_cost_model,
     prefill_pairs,
 )
+from servepilot.plan.dtypes import WeightDtype
 from servepilot.plan.gpu_profile.table import GpuProfile
 from servepilot.plan.hardware import Accelerator
 from servepilot.plan.spec import ModelSpec
@@ -81,10 +82,22 @@ class StepComposer:
 
 
 def composer(
-    profile: GpuProfile, spec: ModelSpec, accelerator: Accelerator, *, tp: int, where: str
+    profile: GpuProfile,
+    spec: ModelSpec,
+    accelerator: Accelerator,
+    *,
+    tp: int,
+    where: str,
+    weights: WeightDtype | None = None,
 ) -> StepComposer:
-    """The composer for `spec` served at `tp` on `accelerator`; the profile must have been
-    taken for the same model and TP (its shapes are one rank's)."""
+    """The composer for `spec` served at `tp` (and `weights`, when given) on `accelerator`;
+    the profile must have been taken for the same model, TP and weight format (its shapes
+    are one rank's)."""
+    if weights is not None and profile.dtype != weights.value:
+        raise ConfigError(
+            f"{where}: the profile times {profile.dtype} weights; the fleet runs {weights.value}",
+            hint=f"profile it: servepilot profile --model {spec.name} --dtype {weights.value}",
+        )
     if profile.model != spec.name:
         raise ConfigError(
             f"{where}: the profile is of {profile.model}, the fleet serves {spec.name}",

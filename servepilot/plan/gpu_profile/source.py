@@ -10,6 +10,7 @@ from pathlib import Path
 from servepilot.core.errors import ConfigError
 from servepilot.plan.costmodel import CostModel
 from servepilot.plan.costprofile import load_profile
+from servepilot.plan.dtypes import WeightDtype
 from servepilot.plan.gpu_profile.compose import Linearized, Operating, composer, linearize
 from servepilot.plan.gpu_profile.table import GpuProfile, gpu_profile_from, is_gpu_profile
 from servepilot.plan.hardware import Accelerator
@@ -33,6 +34,7 @@ def profile_cost_model(
     accelerator: Accelerator,
     *,
     tp: int,
+    weights: WeightDtype,
     at: Operating,
 ) -> Linearized:
     """The step cost model of `spec` at `tp` from the measured operators, linear around
@@ -42,4 +44,5 @@ def profile_cost_model(
             f"a GPU profile ({profile.gpu}) cannot time a CPU replica",
             hint="profile CPU replicas with `servepilot calibrate`",
         )
-    return linearize(composer(profile, spec, accelerator, tp=tp, where=profile.source), at)
+    step = composer(profile, spec, accelerator, tp=tp, where=profile.source, weights=weights)
+    return linearize(step, at)

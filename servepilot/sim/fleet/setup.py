@@ -197,7 +197,9 @@ def _gpu_cost(
         scheduler.max_num_seqs,
         scheduler.max_num_batched_tokens,
     )
-    fitted = profile_cost_model(profile, request.model, request.accelerator, tp=tp, at=at)
+    fitted = profile_cost_model(
+        profile, request.model, request.accelerator, tp=tp, weights=request.weights_dtype, at=at
+    )
     notes.append(
         f"step times composed from {profile.source} ({profile.versions}), linearized around "
         f"the traffic: median error {fitted.median_error:.1%}, at most {fitted.max_error:.1%}; "
