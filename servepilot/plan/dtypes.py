@@ -41,9 +41,16 @@ class WeightDtype(enum.StrEnum):
 
     @property
     def vllm_quantization(self) -> str | None:
-        """The --quantization value to pass when the checkpoint is not already in this format
-        (online quantization); None where vLLM needs a pre-quantized checkpoint or no flag."""
+        """The --quantization value that makes vLLM quantize 16-bit weights to this format as
+        it loads them (online); None where it needs a checkpoint already in the format."""
         return {WeightDtype.FP8: "fp8"}.get(self)
+
+    @property
+    def vllm_checkpoint_method(self) -> str | None:
+        """The quantization method vLLM detects in the config.json of a checkpoint published in
+        this format (from its quantization_config; no --quantization is needed): W8A8 int8 is
+        llm-compressor's compressed-tensors, FP4 is NVIDIA ModelOpt's NVFP4."""
+        return _CHECKPOINT_METHODS.get(self)
 
 
 _BYTES_PER_PARAM: dict[WeightDtype, float] = {
@@ -57,6 +64,14 @@ _BYTES_PER_PARAM: dict[WeightDtype, float] = {
     WeightDtype.GPTQ: 0.5 + 2.5 / 128,
 }
 
+_CHECKPOINT_METHODS: dict[WeightDtype, str] = {
+    WeightDtype.FP8: "fp8",
+    WeightDtype.INT8: "compressed-tensors",
+    WeightDtype.FP4: "modelopt_fp4",
+    WeightDtype.AWQ: "awq",
+    WeightDtype.GPTQ: "gptq",
+}
+
 # What users and vLLM call the same formats.
 _WEIGHT_ALIASES = {
     "float32": WeightDtype.FP32,
@@ -68,6 +83,12 @@ _WEIGHT_ALIASES = {
     "nvfp4": WeightDtype.FP4,
     "mxfp4": WeightDtype.FP4,
     "int4": WeightDtype.AWQ,
+    # vLLM's --quantization names of the same formats (vLLM 0.32)
+    "modelopt_fp4": WeightDtype.FP4,
+    "auto_awq": WeightDtype.AWQ,
+    "awq_marlin": WeightDtype.AWQ,
+    "auto_gptq": WeightDtype.GPTQ,
+    "gptq_marlin": WeightDtype.GPTQ,
 }
 
 
