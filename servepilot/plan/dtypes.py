@@ -96,6 +96,27 @@ def parse_weight_dtype(text: str, *, field: str = "--weights-dtype") -> WeightDt
     return _parse(WeightDtype, _WEIGHT_ALIASES, text, field=field, what="weight format")
 
 
+# vLLM methods that name a container, not a format: the checkpoint's config.json says which
+# format it holds (llm-compressor's compressed-tensors: W8A8 int8, FP8, W4A16, NVFP4; NVIDIA
+# ModelOpt: FP8 or NVFP4).
+_CONTAINER_METHODS = frozenset({"compressed-tensors", "modelopt"})
+
+
+def quantization_weights(method: str, checkpoint: WeightDtype, *, field: str) -> WeightDtype:
+    """The weight format a --quantization value serves, for a checkpoint published in
+    `checkpoint`: a container method means the checkpoint's own (quantized) format."""
+    if method.strip().lower() not in _CONTAINER_METHODS:
+        return parse_weight_dtype(method, field=field)
+    if not checkpoint.is_quantized:
+        raise ConfigError(
+            f"{field}: {method} reads a checkpoint quantized in that format, but the model's "
+            f"checkpoint is {checkpoint.value}",
+            hint="point model.source at the quantized checkpoint's folder, or leave "
+            "quantization unset (vLLM reads the method from the checkpoint's config.json)",
+        )
+    return checkpoint
+
+
 class KvDtype(enum.StrEnum):
     """The KV cache's element format (vLLM's --kv-cache-dtype), `auto` = the model's dtype."""
 

@@ -174,3 +174,45 @@ def test_tune_refuses_a_start_that_needs_another_checkpoint() -> None:
         build_space(config, req, longest_request_tokens=3000)
     assert "only with awq weights" in str(caught.value)
     assert "hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4" in (caught.value.hint or "")
+
+
+def _w8a8_folder(tmp_path: Path) -> Path:
+    """A RedHatAI-style W8A8 checkpoint folder: Llama-3.1-8B's config.json with llm-compressor's
+    compressed-tensors quantization_config (int8 weights and activations)."""
+    preset = json.loads(
+        (Path(__file__).parents[2] / "servepilot/plan/presets/llama-3.1-8b.json").read_text()
+    )
+    weights = {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True}
+    group = {"targets": ["Linear"], "weights": weights, "input_activations": weights}
+    preset["config"]["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "int-quantized",
+        "config_groups": {"group_0": group},
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(preset["config"]))
+    return tmp_path
+
+
+@pytest.mark.parametrize("quantization", [None, "compressed-tensors"])
+def test_a_w8a8_checkpoint_is_planned_in_int8_with_or_without_the_flag(
+    tmp_path: Path, quantization: str | None
+) -> None:
+    config = FleetConfig.model_validate(
+        {"model": {"source": str(_w8a8_folder(tmp_path))},
+         "hardware": {"device": "gpu", "accelerator": "a100-80", "count": 1},
+         "engine": {"quantization": quantization}}
+    )  # fmt: skip
+    assert PlanRequest.from_fleet(config, frozenset()).weights_dtype is WeightDtype.INT8
+
+
+def test_vllm_method_names_mean_their_format_or_the_checkpoints() -> None:
+    def weights(model: str, quantization: str) -> WeightDtype:
+        config = FleetConfig.model_validate(
+            {"model": {"source": model}, "engine": {"quantization": quantization},
+             "hardware": {"device": "gpu", "accelerator": "b200", "count": 1}}
+        )  # fmt: skip
+        return PlanRequest.from_fleet(config, frozenset()).weights_dtype
+
+    assert weights("llama-3.1-8b", "modelopt_fp4") is WeightDtype.FP4
+    assert weights("llama-3.1-8b", "awq_marlin") is WeightDtype.AWQ
+    with pytest.raises(ConfigError, match="checkpoint is bf16"):
+        weights("llama-3.1-8b", "compressed-tensors")
