@@ -32,7 +32,7 @@ VLLM_METHODS = frozenset(
 ACCELERATORS = (
     ("a100-80", (1, 8)), ("h100-80", (1, 8)), ("b200", (1, 8)), ("l40s", (1, 8)), ("cpu", (1,)),
 )  # fmt: skip
-FORMATS = (None, WeightDtype.FP8, WeightDtype.INT8, WeightDtype.FP4, WeightDtype.AWQ)
+FORMATS = (None, *WeightDtype)  # the checkpoint's own format, then every one
 
 
 def quantization_flag(command: str) -> str | None:
