@@ -98,21 +98,13 @@ class Proxy:
         self, request: HttpRequest, caller: Caller, trail: Trail | None, path: str, field: str
     ) -> None:
         parsed = parse_inference_request(request.body, field)
-        known = self._pool.known_models
-        if known and parsed.model not in known:
-            raise GatewayError(
-                404,
-                f"the model {parsed.model!r} does not exist here; "
-                f"served: {', '.join(sorted(known))}",
-                error_type=INVALID_REQUEST,
-                code="model_not_found",
-            )
+        model = self._model(parsed.model)
         started = time.perf_counter()
         generates = path.startswith("/v1/")
         self._metrics.arrivals += generates
-        view = self._view(request, caller, parsed, generates=generates)
+        view = self._view(request, caller, parsed, model, generates=generates)
         if trail is not None:
-            trail.model, trail.stream = parsed.model, parsed.stream
+            trail.model, trail.stream = model, parsed.stream
             trail.prompt_chars, trail.priority = parsed.prompt_chars, view.priority
         extra = self._extra_headers(request)
         body = request.body
@@ -141,8 +133,36 @@ class Proxy:
             self._finish(request, grant, outcome)
             return
 
+    def _model(self, asked: str | None) -> str:
+        """The model a request goes to: the one it names, which some replica must serve, or
+        without one (as vLLM allows) the fleet's only model; "" while no replica has said
+        what it serves (any replica may take it)."""
+        known = self._pool.known_models
+        if asked is None:
+            sole = self._pool.sole_model
+            if sole is None and known:
+                raise bad_request(
+                    "the request body has no `model` and this gateway serves several; "
+                    f"name one of: {', '.join(sorted(known))}",
+                    "missing_field",
+                )
+            return sole or ""
+        if known and asked not in known:
+            raise GatewayError(
+                404,
+                f"the model {asked!r} does not exist here; served: {', '.join(sorted(known))}",
+                error_type=INVALID_REQUEST,
+                code="model_not_found",
+            )
+        return asked
+
     def _view(
-        self, request: HttpRequest, caller: Caller, parsed: InferenceRequest, generates: bool
+        self,
+        request: HttpRequest,
+        caller: Caller,
+        parsed: InferenceRequest,
+        model: str,
+        generates: bool,
     ) -> RequestView:
         """What routing and admission know of the request. Tokenizer calls (`generates`
         false) leave nothing in a replica's prefix cache, so they carry no prefix hashes."""
@@ -153,7 +173,7 @@ class Proxy:
             block, blocks = routing.prefix_block_chars, routing.prefix_max_blocks
             hashes = prefix_hashes(prompt_text(parsed.doc, block * blocks), block, blocks)
         return RequestView(
-            model=parsed.model,
+            model=model,
             prompt_chars=parsed.prompt_chars,
             prompt_tokens=int(parsed.prompt_chars / routing.chars_per_token),
             prefix_hashes=hashes,

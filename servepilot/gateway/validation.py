@@ -16,7 +16,8 @@ from servepilot.gateway.errors import GatewayError, bad_request
 
 @dataclass(frozen=True, slots=True)
 class InferenceRequest:
-    model: str
+    model: str | None
+    """None when the body names none: as with vLLM, the fleet's only model serves it."""
     stream: bool
     prompt_chars: int
     doc: dict[str, Any]
@@ -32,9 +33,7 @@ def parse_inference_request(body: bytes, prompt_field: str) -> InferenceRequest:
     if not isinstance(doc, dict):
         raise bad_request("the request body must be a JSON object", "invalid_json")
     model = doc.get("model")
-    if model is None:
-        raise _missing("model")
-    if not isinstance(model, str) or not model:
+    if model is not None and (not isinstance(model, str) or not model):
         raise bad_request("`model` must be a non-empty string")
     stream = doc.get("stream")
     if stream is not None and not isinstance(stream, bool):

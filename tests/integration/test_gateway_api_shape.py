@@ -1,6 +1,7 @@
 """vLLM's API shape at the gateway, in front of simulated replicas, as the official `openai`
 client and Python's urllib see it: every early refusal (413, 431) reaches a client that
-writes its whole body before reading."""
+writes its whole body before reading; a request without `model` is served by the fleet's
+only model."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
+import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from servepilot.core.config import GatewayConfig
 from tests.integration.threaded_gateway import ThreadedGateway, Upstream
@@ -71,3 +74,66 @@ def test_urllib_with_headers_over_the_limit_reads_the_431(gateway: ThreadedGatew
     status, error = _refusal(_post(f"{gateway.url}/v1/completions", body, big))
     assert (status, error["code"]) == (431, "headers_too_large")
     _no_lingering(gateway)
+
+
+# --- `model` is optional, as in vLLM 0.32 ---------------------------------------------------
+
+
+def _client(gateway: ThreadedGateway) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+
+
+def test_openai_without_model_is_served_by_the_fleets_only_model(gateway: ThreadedGateway) -> None:
+    client = _client(gateway)
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+    # `omit` leaves the field out of the body, as a client written for vLLM may.
+    chat = client.chat.completions.create(model=openai.omit, messages=messages, max_tokens=3)  # type: ignore[arg-type]
+    assert (chat.model, chat.usage and chat.usage.completion_tokens) == (MODEL, 3)
+    text = client.completions.create(model=openai.omit, prompt="hi", max_tokens=2)  # type: ignore[arg-type]
+    assert (text.model, text.usage and text.usage.completion_tokens) == (MODEL, 2)
+    stream = client.chat.completions.create(
+        model=openai.omit,  # type: ignore[arg-type]
+        messages=messages,
+        max_tokens=4,
+        stream=True,
+    )
+    assert sum(1 for c in stream if c.choices and c.choices[0].delta.content) == 4
+
+
+def test_urllib_without_model_is_served_by_the_fleets_only_model(gateway: ThreadedGateway) -> None:
+    body = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
+    with urllib.request.urlopen(_post(f"{gateway.url}/v1/completions", body), timeout=10) as resp:
+        answer = json.loads(resp.read())
+        assert resp.headers["X-Servepilot-Replica"] == "r0"
+    assert (answer["model"], answer["usage"]["completion_tokens"]) == (MODEL, 2)
+
+
+@pytest.fixture(scope="module")
+def two_models(sim: ThreadedSim) -> Iterator[ThreadedGateway]:
+    with ThreadedSim([*BASE_ARGS, "--served-model-name", "other"]) as other:
+        upstreams = [Upstream("r0", sim.url), Upstream("r1", other.url)]
+        with ThreadedGateway(GatewayConfig(), upstreams) as gw:
+            yield gw
+
+
+def test_without_model_before_two_models_is_a_400_naming_the_choices(
+    two_models: ThreadedGateway,
+) -> None:
+    expected = (
+        "the request body has no `model` and this gateway serves several; "
+        "name one of: other, smollm2"
+    )
+    with pytest.raises(openai.BadRequestError) as refused:
+        _client(two_models).chat.completions.create(
+            model=openai.omit,  # type: ignore[arg-type]
+            messages=[{"role": "user", "content": "hi"}],
+        )
+    assert refused.value.code == "missing_field" and refused.value.message.endswith(expected)
+    body = json.dumps({"prompt": "hi"}).encode()
+    status, error = _refusal(_post(f"{two_models.url}/v1/completions", body))
+    assert (status, error["code"], error["message"]) == (400, "missing_field", expected)
+    named = json.dumps({"model": "other", "prompt": "hi", "max_tokens": 1}).encode()
+    with urllib.request.urlopen(
+        _post(f"{two_models.url}/v1/completions", named), timeout=10
+    ) as resp:
+        assert resp.headers["X-Servepilot-Replica"] == "r1"
