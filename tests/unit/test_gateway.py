@@ -271,7 +271,11 @@ def test_upstream_4xx_is_passed_through_and_5xx_becomes_502() -> None:
             upstream.reply_status, upstream.reply_body = 404, b'{"detail":"Not Found"}'
             async with client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT) as resp:
                 error = await error_of(resp, 404)
-                assert error["message"] == 'replica a answered HTTP 404: {"detail":"Not Found"}'
+                assert error["message"] == (
+                    "the model 'm' does not serve POST /v1/chat/completions: replica a answered "
+                    '404 ({"detail":"Not Found"}); vLLM serves /v1/chat/completions for '
+                    "generative models (vLLM's generate runner)"
+                )
                 assert (error["type"], error["code"]) == ("invalid_request_error", "not_found")
             upstream.reply_status, upstream.reply_body = 500, None
             async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
