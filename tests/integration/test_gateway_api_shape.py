@@ -137,3 +137,56 @@ def test_without_model_before_two_models_is_a_400_naming_the_choices(
         _post(f"{two_models.url}/v1/completions", named), timeout=10
     ) as resp:
         assert resp.headers["X-Servepilot-Replica"] == "r1"
+
+
+# --- vLLM's other routes --------------------------------------------------------------------
+
+
+def test_openai_responses_through_the_gateway(gateway: ThreadedGateway) -> None:
+    client = _client(gateway)
+    reply = client.responses.create(model=MODEL, input="Tell me a story", max_output_tokens=4)
+    assert reply.output_text == " lorem ipsum dolor sit"
+    assert reply.usage is not None and reply.usage.output_tokens == 4
+    bare = client.responses.create(input="hi", max_output_tokens=2, stream=True)  # no model
+    events = [e.type for e in bare]
+    assert events[0] == "response.created" and events[-1] == "response.completed"
+    assert events.count("response.output_text.delta") == 2
+
+
+def _not_served(path: str) -> str:
+    return (
+        f"the model 'smollm2' does not serve POST {path}: replica r0 answered 404 "
+        '({"detail":"Not Found"}); vLLM serves '
+        f"{path} for "
+    )
+
+
+def test_openai_embeddings_and_audio_get_the_gateways_404(gateway: ThreadedGateway) -> None:
+    client = _client(gateway)
+    with pytest.raises(openai.NotFoundError) as embeddings:
+        client.embeddings.create(model=MODEL, input="hi")
+    assert embeddings.value.code == "not_found"
+    assert _not_served("/v1/embeddings") in embeddings.value.message
+    with pytest.raises(openai.NotFoundError) as audio:
+        client.audio.transcriptions.create(model=MODEL, file=("a.wav", b"RIFF" + bytes(64)))
+    assert _not_served("/v1/audio/transcriptions") in audio.value.message
+    assert "speech-to-text models" in audio.value.message
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/embeddings", {"input": "hi"}),
+        ("/v1/score", {"text_1": "a", "text_2": "b"}),
+        ("/v1/rerank", {"query": "a", "documents": ["b", "c"]}),
+        ("/pooling", {"input": "hi"}),
+    ],
+)
+def test_urllib_on_a_pooling_route_gets_the_gateways_404(
+    gateway: ThreadedGateway, path: str, body: dict[str, object]
+) -> None:
+    status, error = _refusal(_post(f"{gateway.url}{path}", json.dumps(body).encode()))
+    assert (status, error["code"], error["type"]) == (404, "not_found", "invalid_request_error")
+    assert str(error["message"]).startswith(_not_served(path))
+    text = urllib.request.urlopen(f"{gateway.url}/metrics", timeout=10).read().decode()
+    assert f'servepilot_requests_total{{code="404",route="{path}"}}' in text
