@@ -283,6 +283,7 @@ class HttpConnection(asyncio.Protocol):
             transport.close()
             return
         transport.write_eof()  # sent after the answer: the client reads it, then EOF
+        transport.resume_reading()  # paused if pipelined requests were waiting their turn
         loop = asyncio.get_running_loop()
         self._linger_timer = loop.call_later(limits.linger_s, self._stop_lingering)
         self._server.lingering += 1

@@ -161,3 +161,25 @@ def test_a_lingering_close_ends_within_its_bound_when_the_client_never_closes(
     assert 1.9 < closed_after_s < 3.0, closed_after_s
     assert parse_responses(received)[0][0].status == 431
     assert not sim.inspect(lambda s: s.connections)
+
+
+def test_a_refusal_behind_pipelined_requests_lingers_too(sim: ThreadedSim) -> None:
+    """Two pipelined requests, then a head over the limit and 8 MiB more: the first is
+    answered (the refusal drops what waited behind it), then the connection lingers, reading
+    again (it had stopped while the second waited its turn), so the client's send completes
+    and it reads the answer; a server that did not read would leave it blocked in its send
+    until the close resets it."""
+    body = _chat(2, stream=False)
+    raw = (
+        _head(body) + body
+        + b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+        + b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * 70_000 + b"\r\n\r\n"
+        + b"x" * (8 * 1024 * 1024)
+    )  # fmt: skip
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)  # before connect
+        sock.settimeout(10)
+        sock.connect(("127.0.0.1", sim.port))
+        sock.sendall(raw)
+        responses, _ = parse_responses(_read_to_close(sock))
+    assert [r.status for r in responses] == [200]
