@@ -105,7 +105,8 @@ class Proxy:
     ) -> None:
         content_type: bytes | None = None
         if route.multipart:  # forwarded as it came, boundary and all
-            content_type = request.headers.get("content-type", "").encode("latin-1")
+            given = request.headers.get("content-type", "application/octet-stream")
+            content_type = given.encode("latin-1")
             parsed = parse_multipart_request(request.body, content_type)
         else:
             parsed = parse_inference_request(request.body, route.prompt_field)

@@ -6,10 +6,10 @@ socket paused). A client that disconnects cancels its handler, which is how an u
 generation gets aborted. Malformed requests get a 400 and the connection closes; a body over
 the limit gets a 413 before it is read, a request line and headers over theirs a 431. Those
 early answers end with a lingering close (`_linger`), so that a client still sending its body
-reads the answer instead of a reset. A
-request that sends `Expect: 100-continue` is told to go on at once. Writes are never refused,
-but the request says when the client reads slower than its answer comes (`write_paused`), so
-a handler can stop feeding it until the socket drains.
+reads the answer instead of a reset. A request that sends `Expect: 100-continue` is told to
+go on at once. Writes are never refused, but the request says when the client reads slower
+than its answer comes (`write_paused`), so a handler can stop feeding it until the socket
+drains.
 """
 
 from __future__ import annotations
