@@ -116,7 +116,7 @@ class Proxy:
         self._metrics.arrivals += admitted
         view = self._view(request, caller, parsed, model, admitted)
         if trail is not None:
-            trail.model, trail.stream = model, parsed.stream
+            trail.model, trail.stream = model or None, parsed.stream
             trail.prompt_chars, trail.priority = parsed.prompt_chars, view.priority
         extra = self._extra_headers(request)
         body = request.body
