@@ -76,6 +76,15 @@ def test_urllib_with_headers_over_the_limit_reads_the_431(gateway: ThreadedGatew
     _no_lingering(gateway)
 
 
+def test_urllib_with_a_head_llhttp_refuses_reads_the_400(gateway: ThreadedGateway) -> None:
+    # Content-Length beside chunked coding: refused at the head, with 4 MiB still to come.
+    body = b"x" * (4 * 1024 * 1024)
+    both = {"Content-Length": str(len(body)), "Transfer-Encoding": "chunked"}
+    status, error = _refusal(_post(f"{gateway.url}/v1/completions", body, both))
+    assert (status, error["code"], error["type"]) == (400, "bad_http", "invalid_request_error")
+    _no_lingering(gateway)
+
+
 # --- `model` is optional, as in vLLM 0.32 ---------------------------------------------------
 
 
