@@ -142,6 +142,7 @@ class Replica:
         return b"%bcontent-length: %d\r\n%b\r\n" % (start, length, extra)
 
     def _request_line(self, path: str) -> bytes:
+        """The request line and Host header of a POST to `path`."""
         host = f"{self.base_url.host}:{self.base_url.port}"
         return f"POST {self.base_url.path.rstrip('/')}{path} HTTP/1.1\r\nhost: {host}\r\n".encode()
 
