@@ -1,0 +1,143 @@
+"""The Ray backend of the autoscaler, driven by scripted actors (no Ray): an added replica is
+followed by the watcher and counts as starting until it is in the gateway; one whose server
+does not start is removed (the controller sees one fewer); a removal lets the watcher go
+before the actor is killed, so it is no loss."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from servepilot.core.config import parse_config
+from servepilot.engine.process import ReplicaInfo
+from servepilot.fleet.ray.actor import ActorReady
+from servepilot.fleet.ray.placement import ReplicaLayout, plan_placement
+from servepilot.fleet.ray.scaling import RayScaling
+from servepilot.fleet.ray.watcher import ReplicaState, ReplicaWatcher
+
+CONFIG = parse_config({"cluster": {"backend": "ray", "placement": "pack"}}, origin="test")
+
+
+def _answer(replica_id: str, url: str | None) -> ActorReady:
+    info = ReplicaInfo(replica_id, url, 7, Path(f"{replica_id}.log"), None, 1.0) if url else None
+    return ActorReady("n1", "10.0.0.1", "a", "smollm2", info, None if url else "boom")
+
+
+@dataclass
+class ScriptedActor:
+    """A replica actor that answers ready() once `answer` is called, then serves until
+    stopped."""
+
+    replica_id: str
+    own_group: bool = False
+    group_name: str = ""
+    _answer: ActorReady | None = None
+    _answered: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def answer(self, answer: ActorReady) -> None:
+        self._answer = answer
+        self._answered.set()
+
+    async def ready(self) -> ActorReady:
+        await self._answered.wait()
+        assert self._answer is not None
+        return self._answer
+
+    async def until_exit(self) -> int:
+        await asyncio.Event().wait()
+        return 0
+
+    def restart(self) -> None:
+        pass
+
+
+class FakeReplicas:
+    """RayReplicas' part the backend uses, with scripted actors (bundles of a group of ours)."""
+
+    def __init__(self) -> None:
+        self.config = CONFIG
+        self.plan = plan_placement(ReplicaLayout.from_config(CONFIG))
+        self.added: list[ScriptedActor] = []
+        self.removed: list[str] = []
+
+    def add(self, target_node: str | None) -> ScriptedActor:
+        actor = ScriptedActor(f"r{len(self.added) + 1}")
+        self.added.append(actor)
+        return actor
+
+    async def remove(self, replica_id: str) -> None:
+        self.removed.append(replica_id)
+
+
+class Members:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+
+    async def join(self, replica_id: str, answer: ActorReady) -> None:
+        self.events.append(("join", replica_id))
+
+    async def leave(self, replica_id: str) -> None:
+        self.events.append(("leave", replica_id))
+
+
+def _backend() -> tuple[RayScaling, FakeReplicas, ReplicaWatcher, Members, list[str]]:
+    replicas, members, said = FakeReplicas(), Members(), []
+    watcher = ReplicaWatcher([], members, said.append, said.append, retry_s=0.01)
+    watcher.start({})
+    return RayScaling(replicas, watcher, said.append), replicas, watcher, members, said  # type: ignore[arg-type]
+
+
+def test_an_added_replica_is_starting_until_the_watcher_puts_it_in_the_gateway() -> None:
+    async def scenario() -> None:
+        backend, replicas, watcher, members, said = _backend()
+        assert await backend.add() == "r1"
+        await asyncio.sleep(0.05)
+        assert backend.starting() == ("r1",)
+        assert watcher.states["r1"] is ReplicaState.STARTING
+        replicas.added[0].answer(_answer("r1", "http://10.0.0.1:5"))
+        await asyncio.sleep(0.5)
+        assert backend.starting() == ()
+        assert members.events == [("join", "r1")]
+        assert said == ["replica r1 serves at http://10.0.0.1:5 (node 10.0.0.1)"]
+        # Removed (the controller drained it): the watcher lets go first, so no loss is said.
+        await backend.remove("r1")
+        assert replicas.removed == ["r1"]
+        assert "r1" not in watcher.states
+        assert members.events == [("join", "r1"), ("leave", "r1")]
+        assert len(said) == 1
+        await backend.close()
+        await watcher.stop()
+
+    asyncio.run(scenario())
+
+
+def test_an_added_replica_whose_server_does_not_start_is_removed() -> None:
+    async def scenario() -> None:
+        backend, replicas, watcher, members, said = _backend()
+        await backend.add()
+        replicas.added[0].answer(_answer("r1", None))
+        await asyncio.sleep(0.5)
+        assert replicas.removed == ["r1"]
+        assert backend.starting() == ()
+        assert members.events == []
+        assert said[-1] == (
+            "autoscale: replica r1 did not start: its server did not start (its log says "
+            "why); it is removed"
+        )
+        await backend.close()
+        await watcher.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_replica_still_starting_is_removed_without_waiting() -> None:
+    async def scenario() -> None:
+        backend, replicas, watcher, members, _ = _backend()
+        await backend.add()
+        await backend.remove("r1")
+        assert (replicas.removed, backend.starting(), members.events) == (["r1"], (), [])
+        await backend.close()
+        await watcher.stop()
+
+    asyncio.run(scenario())
