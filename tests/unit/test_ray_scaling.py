@@ -1,7 +1,8 @@
 """The Ray backend of the autoscaler, driven by scripted actors (no Ray): an added replica is
 followed by the watcher and counts as starting until it is in the gateway; one whose server
 does not start is removed (the controller sees one fewer); a removal lets the watcher go
-before the actor is killed, so it is no loss."""
+before the actor is killed, so it is no loss; under spread, one placed beside another replica
+is said and is the first to go."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from servepilot.core.config import parse_config
 from servepilot.engine.process import ReplicaInfo
+from servepilot.fleet.ray import scaling
 from servepilot.fleet.ray.actor import ActorReady
-from servepilot.fleet.ray.placement import ReplicaLayout, plan_placement
+from servepilot.fleet.ray.groups import GroupState
+from servepilot.fleet.ray.placement import NodeResources, ReplicaLayout, plan_placement
 from servepilot.fleet.ray.scaling import RayScaling
 from servepilot.fleet.ray.watcher import ReplicaState, ReplicaWatcher
 
@@ -137,6 +142,61 @@ def test_a_replica_still_starting_is_removed_without_waiting() -> None:
         await backend.add()
         await backend.remove("r1")
         assert (replicas.removed, backend.starting(), members.events) == (["r1"], (), [])
+        await backend.close()
+        await watcher.stop()
+
+    asyncio.run(scenario())
+
+
+def test_under_spread_an_added_replica_placed_beside_another_is_said_and_goes_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No node without a replica had room: Ray placed r1's own group on r0's node."""
+    spread = parse_config({"cluster": {"backend": "ray"}}, origin="test")
+    aimed: list[str | None] = []
+
+    class SpreadReplicas(FakeReplicas):
+        def __init__(self) -> None:
+            super().__init__()
+            self.config = spread
+            self.plan = plan_placement(ReplicaLayout.from_config(spread))
+
+        def add(self, target_node: str | None) -> ScriptedActor:
+            aimed.append(target_node)
+            actor = ScriptedActor(f"r{len(self.added) + 1}", True, "g-r1")
+            self.added.append(actor)
+            return actor
+
+        def group_of(self, replica: ScriptedActor) -> str:
+            return replica.group_name
+
+        def holding_nodes(self, leaving_out: str = "") -> set[str]:
+            return {"n0"}
+
+    async def placed(group: object, timeout_s: float) -> bool:
+        return True
+
+    full = [NodeResources("n0", 1, 0), NodeResources("n1", 0, 0)]
+    monkeypatch.setattr(scaling, "_free_and_holding", lambda replicas: (full, {"n0"}))
+    monkeypatch.setattr(scaling, "wait_placed", placed)
+    on_n0 = GroupState("g-r1", "CREATED", ("n0",))
+    monkeypatch.setattr(scaling, "group_state", lambda group, name: on_n0)
+
+    async def scenario() -> None:
+        replicas, members, said = SpreadReplicas(), Members(), []
+        watcher = ReplicaWatcher([], members, said.append, said.append, retry_s=0.01)
+        watcher.start({})
+        backend = RayScaling(replicas, watcher, said.append)  # type: ignore[arg-type]
+        await backend.add()
+        await asyncio.sleep(0.2)
+        assert aimed == [None]  # n1 holds no replica but has no room
+        assert said == [
+            "autoscale: replica r1 shares a node with another replica: no node without one "
+            "had room; it is the first to go when the fleet shrinks"
+        ]
+        assert backend.remove_first() == {"r1"}
+        await backend.remove("r1")
+        assert backend.remove_first() == frozenset()
         await backend.close()
         await watcher.stop()
 

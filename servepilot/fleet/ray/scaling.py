@@ -37,11 +37,16 @@ class RayScaling:
         self._watcher = watcher
         self._warn = warn
         self._waits: dict[str, asyncio.Task[None]] = {}
+        self._sharing: set[str] = set()
+        """Added replicas placed on a node that holds another: the first to go."""
 
     def starting(self) -> tuple[str, ...]:
         # Until the watcher has put it in the gateway: the controller never sees it gone.
         ready = ReplicaState.READY
         return tuple(r for r in self._waits if self._watcher.states.get(r) is not ready)
+
+    def remove_first(self) -> frozenset[str]:
+        return frozenset(self._sharing)
 
     async def add(self) -> str:
         replicas = self._replicas
@@ -57,22 +62,29 @@ class RayScaling:
 
     async def _until_ready(self, replica: RayReplica) -> None:
         rid = replica.replica_id
-        config = self._replicas.config
         try:
-            timeout_s = config.cluster.placement_timeout_s
-            if replica.own_group and not await wait_placed(
-                self._replicas.group_of(replica), timeout_s
-            ):
-                raise _NotStarted(f"its placement group was not placed within {timeout_s:g} s")
-            if self._replicas.plan.spread and replica.own_group:
-                await asyncio.to_thread(self._say_if_shared, replica)
-            await self._until_ready_in_gateway(rid, config.engine.startup_timeout_s)
+            if replica.own_group:
+                await self._placed(replica)
+            startup_timeout_s = self._replicas.config.engine.startup_timeout_s
+            await self._until_ready_in_gateway(rid, startup_timeout_s)
         except _NotStarted as exc:
             self._warn(f"autoscale: replica {rid} did not start: {exc}; it is removed")
             self._waits.pop(rid, None)
             await self._drop(rid)
         finally:
             self._waits.pop(rid, None)
+
+    async def _placed(self, replica: RayReplica) -> None:
+        """Wait for the replica's own group; under `spread`, say if it shares a node."""
+        timeout_s = self._replicas.config.cluster.placement_timeout_s
+        if not await wait_placed(self._replicas.group_of(replica), timeout_s):
+            raise _NotStarted(f"its placement group was not placed within {timeout_s:g} s")
+        if self._replicas.plan.spread and await asyncio.to_thread(self._shares_a_node, replica):
+            self._sharing.add(replica.replica_id)
+            self._warn(
+                f"autoscale: replica {replica.replica_id} shares a node with another replica: "
+                "no node without one had room; it is the first to go when the fleet shrinks"
+            )
 
     async def _until_ready_in_gateway(self, rid: str, startup_timeout_s: float) -> None:
         deadline = time.monotonic() + startup_timeout_s + ACTOR_START_S
@@ -83,14 +95,10 @@ class RayScaling:
                 raise _NotStarted(f"not ready within {startup_timeout_s + ACTOR_START_S:g} s")
             await asyncio.sleep(_POLL_S)
 
-    def _say_if_shared(self, replica: RayReplica) -> None:
+    def _shares_a_node(self, replica: RayReplica) -> bool:
         group = self._replicas.group_of(replica)
         placed_on = set(group_state(group, replica.group_name).node_ids)
-        if placed_on & self._replicas.holding_nodes(leaving_out=replica.group_name):
-            self._warn(
-                f"autoscale: replica {replica.replica_id} shares a node with another replica: "
-                "no node without one had room (spread holds for the first replicas only)"
-            )
+        return bool(placed_on & self._replicas.holding_nodes(leaving_out=replica.group_name))
 
     async def remove(self, replica_id: str) -> None:
         wait = self._waits.pop(replica_id, None)
@@ -101,6 +109,7 @@ class RayScaling:
         await self._drop(replica_id)
 
     async def _drop(self, replica_id: str) -> None:
+        self._sharing.discard(replica_id)
         await self._watcher.forget(replica_id)
         await self._replicas.remove(replica_id)
 
