@@ -17,7 +17,9 @@ tried on a local cluster with Ray 2.52: node anti-affinity through bundle label 
 and a small-bundle anchor beside per-replica groups cannot tie a replica's group to its anchor
 bundle's node (Ray has no such constraint, only a soft target that a reschedule ignores), so
 spread would not survive the first node loss. The price: a spread fleet's replicas are one Ray
-object, and a replica added later (autoscaling) needs a group of its own.
+object, and a replica added later (autoscaling) needs a group of its own (`own_group`), aimed
+at a node that holds no replica (`node_for_added_replica`) by Ray's soft target: spread for it
+holds while such a node has room, and is not kept after a node loss.
 
 A replica wider than one node (TP x PP above the GPUs of a node) runs vLLM's own Ray executor
 (`--distributed-executor-backend ray`): vLLM, started as a process rather than inside the
