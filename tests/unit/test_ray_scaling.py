@@ -2,7 +2,8 @@
 followed by the watcher and counts as starting until it is in the gateway; one whose server
 does not start is removed (the controller sees one fewer); a removal lets the watcher go
 before the actor is killed, so it is no loss; under spread, one placed beside another replica
-is said and is the first to go."""
+is said and is the first to go; an added replica takes a bundle of the spread group a removed
+one left, else a group of its own aimed at the node given."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ import pytest
 
 from servepilot.core.config import parse_config
 from servepilot.engine.process import ReplicaInfo
+from servepilot.fleet.ray import replicas as ray_replicas
 from servepilot.fleet.ray import scaling
-from servepilot.fleet.ray.actor import ActorReady
+from servepilot.fleet.ray.actor import ActorReady, ActorSpec
 from servepilot.fleet.ray.groups import GroupState
-from servepilot.fleet.ray.placement import NodeResources, ReplicaLayout, plan_placement
+from servepilot.fleet.ray.placement import GroupSpec, NodeResources, ReplicaLayout, plan_placement
+from servepilot.fleet.ray.replicas import RayReplicas
 from servepilot.fleet.ray.scaling import RayScaling
 from servepilot.fleet.ray.watcher import ReplicaState, ReplicaWatcher
 
@@ -201,3 +204,92 @@ def test_under_spread_an_added_replica_placed_beside_another_is_said_and_goes_fi
         await watcher.stop()
 
     asyncio.run(scenario())
+
+
+# --- RayReplicas' bookkeeping for added and removed replicas (Ray's calls faked) -------------
+
+
+class FakeActorClass:
+    def __init__(self, made: list[tuple[str, object, int]]) -> None:
+        self._made = made
+        self._options: dict[str, object] = {}
+
+    def options(self, **options: object) -> FakeActorClass:
+        self._options = options
+        return self
+
+    def remote(self, spec: ActorSpec) -> str:
+        strategy = self._options["scheduling_strategy"]
+        self._made.append((spec.replica_id, strategy.group, strategy.bundle))  # type: ignore[attr-defined]
+        return f"actor {spec.replica_id}"
+
+
+@dataclass
+class FakeStrategy:
+    group: object
+    placement_group_bundle_index: int
+
+    @property
+    def bundle(self) -> int:
+        return self.placement_group_bundle_index
+
+
+def test_an_added_replica_takes_a_bundle_a_removed_one_left_else_a_group_of_its_own(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    made: list[tuple[str, object, int]] = []
+    asked: list[tuple[str, str | None]] = []
+    removed: list[object] = []
+
+    async def place(plan: object, fleet_name: str, timeout_s: float) -> list[object]:
+        return ["spread group"]
+
+    def make_group(spec: GroupSpec, fleet_name: str, target_node: str | None = None) -> str:
+        asked.append((spec.key, target_node))
+        return f"group {spec.key}"
+
+    monkeypatch.setattr(ray_replicas, "place_groups", place)
+    monkeypatch.setattr(ray_replicas, "make_group", make_group)
+    monkeypatch.setattr(ray_replicas, "remove_groups", removed.extend)
+    monkeypatch.setattr(ray_replicas, "replica_actor_class", lambda: FakeActorClass(made))
+    monkeypatch.setattr(ray_replicas, "PlacementGroupSchedulingStrategy", FakeStrategy)
+    monkeypatch.setattr(ray_replicas.ray, "kill", lambda actor, no_restart: None)
+    config = parse_config({"cluster": {"backend": "ray"}, "replicas": {"count": 2}}, origin="t")
+    replicas = RayReplicas(config, tmp_path, "fleet")
+
+    async def scenario() -> None:
+        await replicas._launch()
+        assert made == [("r0", "spread group", 0), ("r1", "spread group", 1)]
+        await replicas.remove("r1")
+        assert removed == []  # a bundle of the spread group stays reserved
+        # The next replica takes r1's bundle (a node no other replica holds): no group asked.
+        r2 = replicas.add("n7")
+        assert (r2.replica_id, r2.own_group, r2.bundle, asked) == ("r2", False, 1, [])
+        # No bundle left: a STRICT_PACK group of its own, aimed at the node given.
+        r3 = replicas.add("n7")
+        assert (r3.replica_id, r3.own_group, r3.group_name) == ("r3", True, "fleet-r3")
+        assert asked == [("r3", "n7")]
+        assert made[-1] == ("r3", "group r3", 0)
+        await replicas.remove("r3")
+        assert removed == ["group r3"]
+        assert [r.replica_id for r in replicas.replicas] == ["r0", "r2"]
+
+    asyncio.run(scenario())
+
+
+def test_the_nodes_held_count_a_group_not_placed_yet_at_its_aimed_node(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(ray_replicas, "make_group", lambda spec, fleet, target=None: spec.key)
+    monkeypatch.setattr(ray_replicas, "replica_actor_class", lambda: FakeActorClass([]))
+    monkeypatch.setattr(ray_replicas, "PlacementGroupSchedulingStrategy", FakeStrategy)
+    placed = {"r1": ("n1",), "r2": ()}  # r2's group is still pending
+    monkeypatch.setattr(
+        ray_replicas, "group_state", lambda group, name: GroupState(name, "?", placed[group])
+    )
+    config = parse_config({"cluster": {"backend": "ray"}, "replicas": {"count": 1}}, origin="t")
+    replicas = RayReplicas(config, tmp_path, "fleet")
+    replicas.add("n1")
+    replicas.add("n2")
+    assert replicas.holding_nodes() == {"n1", "n2"}
+    assert replicas.holding_nodes(leaving_out="fleet-r2") == {"n1"}
