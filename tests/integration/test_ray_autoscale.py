@@ -57,10 +57,14 @@ def test_up_autoscale_on_ray_adds_an_actor_on_a_free_node_then_removes_it(
 
     extra = ["-c", str(fleet_yaml), "--autoscale", "1:2"]
     with running_fleet(tmp_path / "state", 1, extra) as fleet:
-        ramp_up_and_down(fleet, tmp_path, output_tokens=32, busy_s=30, with_two=on_distinct_nodes)
+        ramp_up_and_down(fleet, tmp_path, output_tokens=32, busy_s=25, with_two=on_distinct_nodes)
         log = fleet.log()
         assert "replica r1 serves at http://" in log
         assert "shares a node" not in log
+        gateway_log = cli(["logs", "gateway", "--port", str(fleet.port)], fleet.env).stdout
+        assert "replica r1 removed (drained=True)" in gateway_log
+        status = cli(["status", "--port", str(fleet.port)], fleet.env).stdout
+        assert "autoscale: step between 1 and 2 replicas; last decision at" in status
         # Its own STRICT_PACK group went with it; r0's (the spread group) stays.
         spread_group = f"servepilot-{fleet.port}-{fleet.proc.pid}-spread"
         assert wait_until(lambda: our_groups_left() == [spread_group], 10)
