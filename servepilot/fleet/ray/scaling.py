@@ -30,6 +30,9 @@ _POLL_S = 0.2
 
 
 class RayScaling:
+    """Adds and removes replica actors for the controller; `warn` says what went wrong (on
+    `up`'s output)."""
+
     def __init__(
         self, replicas: RayReplicas, watcher: ReplicaWatcher, warn: Callable[[str], None]
     ) -> None:

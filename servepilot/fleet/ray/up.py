@@ -123,6 +123,7 @@ async def _serve(
         if served.port != config.gateway.port:  # port 0: the OS picked one
             remove_record(config.gateway.port)
         membership = GatewayMembership(served.gateway, lambda a: _answer_capacity(config, a))
+        # `following`: the same watcher, never None, for the closures below.
         watcher = following = ReplicaWatcher(
             replicas.replicas, membership, report.warn, report.step
         )
