@@ -10,6 +10,7 @@ from typing import Any
 
 import ray
 from ray.cluster_utils import Cluster
+from ray.util.placement_group import placement_group_table
 
 from servepilot.core.config import FleetConfig, parse_config
 
@@ -73,3 +74,11 @@ def our_actors_alive() -> list[str]:
         for actor_id, actor in actors.items()
         if actor.get("State") != "DEAD" and "ReplicaServer" in str(actor.get("ActorClassName"))
     ]
+
+
+def our_groups_left() -> list[str]:
+    """Names of the fleets' placement groups not removed (Ray's GCS table)."""
+    return [
+        g["name"] for g in placement_group_table().values()
+        if g["name"].startswith("servepilot-") and g["state"] != "REMOVED"
+    ]  # fmt: skip

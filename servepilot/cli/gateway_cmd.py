@@ -19,7 +19,9 @@ yourself. Each --replica is a base URL such as http://10.0.0.5:8000 (without /v1
 Kubernetes pod, --discover k8s:SERVICE follows a Service's ready endpoints instead. The gateway
 checks each replica's /health, routes around those that fail, gives each replica at most
 --capacity requests at once and queues the rest by priority (X-Priority: 0 interactive,
-1 default, 2 batch), and serves one endpoint. Every other setting (admission budgets, circuit
+1 default, 2 batch), and serves one endpoint: vLLM's OpenAI-compatible routes (chat,
+completions, responses, embeddings, score, rerank, pooling, audio, tokenizer; a request may
+leave out `model` when the replicas serve one). Every other setting (admission budgets, circuit
 breakers, hard and soft limits, API keys) comes from fleet.yaml's `gateway` section; see
 `servepilot config`; with -c, /metrics also has batch utilisation (engine.max_num_seqs) and
 cost per QPS (the hardware's price). With --access-log PATH, every request gets a JSON line in

@@ -34,8 +34,10 @@ Work out, before anything is started, how a model runs on vLLM on given hardware
                           the KV cache is the limit, PP across nodes when a node is too small
   knobs                   gpu_memory_utilization, max_model_len, max_num_seqs,
                           max_num_batched_tokens and chunked prefill, each with its reason
-  command                 the ready vLLM command (a 4-bit rung serves a published AWQ
-                          checkpoint, or a <placeholder> to fill in; a replica wider than a
+  command                 the ready vLLM command (int8, fp4 and 4-bit AWQ/GPTQ weights serve
+                          a published checkpoint in that format, or a <placeholder> to fill
+                          in, with no --quantization: vLLM reads it from the checkpoint; fp8
+                          of 16-bit weights is --quantization fp8; a replica wider than a
                           node gets its Ray launch, node by node), and (--out) a fleet.yaml
                           for `servepilot up`
   if it does not fit      the ladder: cut max_model_len, quantize the KV cache, quantize the
@@ -125,10 +127,10 @@ def run(args: argparse.Namespace) -> int:
     # does: an answer to act on rather than a config vLLM would refuse.
     step = None if plan.fits else plan.first_fitting_step
     runnable = plan if step is None else make_plan(step.request)
-    launch = _launch(runnable) if runnable.fits else None
+    launch = launch_of(runnable) if runnable.fits else None
     # A rung at the original precision (more accelerators or nodes), offered beside the first.
     wider = next((s for s in plan.ladder if s.fits and s.widens and s is not step), None)
-    also = None if wider is None else (wider.action, _launch(make_plan(wider.request)))
+    also = None if wider is None else (wider.action, launch_of(make_plan(wider.request)))
     if args.out is not None and runnable.fits:
         _write(args.out, fleet_yaml(runnable))
     if args.json:
@@ -152,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
     return 0 if plan.fits else 1
 
 
-def _launch(plan: Plan) -> Launch:
+def launch_of(plan: Plan) -> Launch:
+    """How to start `plan` as printed: the checkpoint it serves and its `vllm serve` line."""
     req = plan.request
     checkpoint = checkpoint_for(req.model, req.model_ref, req.weights_dtype)
     command = vllm_command(fleet_config(plan), checkpoint.model, req.model.name)

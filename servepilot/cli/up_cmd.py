@@ -42,6 +42,8 @@ when a node is lost; the gateway runs here and follows them (README, "Scaling ou
 `--autoscale MIN:MAX` (fleet.yaml's `autoscale` section) adds replicas when they are busy and
 removes idle ones, draining each first, by the `--scaling-policy` (README, "Autoscaling
 policies"); every decision goes to the gateway's log and /metrics, the changes to this output.
+On Ray an added replica is one more actor, in a placement group of its own; under `spread`
+on a node that holds no replica while one has room (else beside one, with a warning).
 """
 
 
@@ -61,7 +63,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="vllm (default) or sim: simulated replicas (engine.kind)",
     )  # fmt: skip
     parser.add_argument("--autoscale", metavar="MIN:MAX",
-                        help="scale between MIN and MAX replicas (local replicas)")  # fmt: skip
+                        help="scale between MIN and MAX replicas (local or on Ray)")  # fmt: skip
     parser.add_argument("--scaling-policy", choices=[p.value for p in ScalingPolicyName],
                         help="step (default): the +10%%/-5%% step rules; "
                              "predictive; target")  # fmt: skip

@@ -281,8 +281,8 @@ class FleetConfig(_Section):
     """Where `up` runs the replicas: this machine (`local`) or a Ray cluster (`ray`)."""
 
     autoscale: AutoscaleConfig = Field(default_factory=AutoscaleConfig)
-    """Whether and how `up` adds and removes replicas as the load changes (local replicas;
-    on Kubernetes: kubernetes.autoscaling)."""
+    """Whether and how `up` adds and removes replicas as the load changes (local replicas or
+    Ray actors; on Kubernetes: kubernetes.autoscaling)."""
 
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
     """What `servepilot k8s render` writes for a Kubernetes cluster: images, the model

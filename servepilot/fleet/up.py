@@ -28,7 +28,12 @@ from servepilot.engine.model_source import ResolvedModel, resolve_model
 from servepilot.engine.process import ReplicaInfo
 from servepilot.engine.simserver.args import SimModel, sim_model
 from servepilot.fleet.autoscale.controller import AutoscaleController, Decision
-from servepilot.fleet.autoscale.start import check_autoscale, initial_replicas, start_autoscaler
+from servepilot.fleet.autoscale.start import (
+    check_autoscale,
+    initial_replicas,
+    local_backend,
+    start_autoscaler,
+)
 from servepilot.fleet.local import LocalReplicas
 from servepilot.fleet.logs import ACCESS_LOG, gateway_log, new_run_dir
 from servepilot.fleet.serve import (
@@ -234,11 +239,12 @@ async def _serve(
         # Announced first, then recorded: a script (or test) that waits for the record's
         # `serving` finds the endpoint already printed.
         report.serving(UpStarted(served.url, model_name, tuple(infos), detached))
-        record = ServingRecord(served, replicas, config)
+        record = ServingRecord(served, replicas.run_dir, lambda: _rows(replicas), config)
         record.write()
         if config.autoscale.enabled:
             cold_start_s = max(i.startup_s for i in infos)
-            autoscaler = start_autoscaler(config, served.gateway, replicas, cold_start_s,
+            backend = local_backend(config, served.gateway, replicas)
+            autoscaler = start_autoscaler(config, served.gateway, backend, cold_start_s,
                                           record.on_decision(report))  # fmt: skip
         await _watch(replicas, served.gateway.pool, stop, report)
     finally:
@@ -254,11 +260,20 @@ async def _serve(
 
 class ServingRecord:
     """The fleet record once the gateway serves; rewritten at each autoscaling decision
-    (the replicas it lists, so `down` finds every process, and the decision for `status`)."""
+    (the replicas it lists, so `down` finds every process, and the decision for `status`).
+    The Ray backend's `up` keeps one too."""
 
-    def __init__(self, served: ServedGateway, replicas: LocalReplicas, config: FleetConfig) -> None:
+    def __init__(
+        self,
+        served: ServedGateway,
+        run_dir: Path,
+        rows: Callable[[], tuple[ReplicaRecord, ...]],
+        config: FleetConfig,
+    ) -> None:
+        """`rows`: the replicas serving at the time of writing."""
         self.served = served
-        self.replicas = replicas
+        self.run_dir = run_dir
+        self._rows = rows
         scaling = config.autoscale
         self.autoscale = (
             AutoscaleRecord(scaling.policy.value, scaling.min_replicas, scaling.max_replicas)
@@ -268,14 +283,9 @@ class ServingRecord:
         self.started_at_s = time.time()
 
     def write(self) -> None:
-        served, procs = self.served, self.replicas.processes
-        write_record(
-            FleetRecord(os.getpid(), served.url, served.port, self.started_at_s,
-                        str(self.replicas.run_dir),
-                        tuple(ReplicaRecord(p.replica_id, p.url, p.pid or 0, str(p.log_path))
-                              for p in procs),
-                        autoscale=self.autoscale)
-        )  # fmt: skip
+        served, run_dir = self.served, str(self.run_dir)
+        write_record(FleetRecord(os.getpid(), served.url, served.port, self.started_at_s,
+                                 run_dir, self._rows(), autoscale=self.autoscale))  # fmt: skip
 
     def on_decision(self, report: UpReporter) -> Callable[[Decision], None]:
         """Report a change on up's output, then record the decision."""
@@ -289,6 +299,11 @@ class ServingRecord:
             self.write()
 
         return heard
+
+
+def _rows(replicas: LocalReplicas) -> tuple[ReplicaRecord, ...]:
+    return tuple(ReplicaRecord(p.replica_id, p.url, p.pid or 0, str(p.log_path))
+                 for p in replicas.processes)  # fmt: skip
 
 
 class StartingRecord:

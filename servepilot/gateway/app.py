@@ -9,6 +9,7 @@ with `await gateway.stop()`, which drains in-flight requests first.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -40,6 +41,7 @@ from servepilot.gateway.errors import (
 from servepilot.gateway.metrics import GatewayMetrics
 from servepilot.gateway.pool import ReplicaPool
 from servepilot.gateway.proxy import Proxy
+from servepilot.gateway.routes import PROXIED
 from servepilot.http1 import HttpRequest, HttpServer, Limits, UploadLimit
 from servepilot.routing import make_policy
 from servepilot.routing.base import RoutingPolicy
@@ -82,11 +84,10 @@ class Gateway:
         proxy = Proxy(config, self.pool, self.policy, self.dispatcher, self.metrics)
         admin = AdminHandlers(self.pool)
         self._inference: dict[str, InferenceRoute] = {
-            "/v1/chat/completions": proxy.chat_completions,
-            "/v1/completions": proxy.completions,
-            "/tokenize": proxy.tokenize,
-            "/detokenize": proxy.detokenize,
+            route.path: functools.partial(proxy.forward, route) for route in PROXIED
         }
+        self._inference["/tokenize"] = proxy.tokenize
+        self._inference["/detokenize"] = proxy.detokenize
         self._gets: dict[str, Route] = {
             "/v1/models": self._models,
             "/health": self._health,

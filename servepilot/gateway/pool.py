@@ -48,6 +48,7 @@ class ReplicaPool:
         self._config = config
         self._replicas: dict[str, Replica] = {}
         self._known_models: frozenset[str] = frozenset()
+        self._sole_model: str | None = None
         self._session: aiohttp.ClientSession | None = None
         self._checker: asyncio.Task[None] | None = None
         self._probe_timeout = aiohttp.ClientTimeout(total=config.connect_timeout_s)
@@ -141,6 +142,13 @@ class ReplicaPool:
     def known_models(self) -> frozenset[str]:
         """Every model id some registered replica said it serves (empty: none known yet)."""
         return self._known_models
+
+    @property
+    def sole_model(self) -> str | None:
+        """The model of a fleet that serves one (every replica that said what it serves
+        said the same names: vLLM lists each served name of its one model), by its first
+        name; None when replicas serve different models or none has said."""
+        return self._sole_model
 
     def snapshot(self, model: str | None = None) -> list[ReplicaView]:
         """Routable replicas (healthy, not draining, serving `model` if it is known)."""
@@ -356,7 +364,10 @@ class ReplicaPool:
             self._refresh_known_models()
 
     def _refresh_known_models(self) -> None:
-        self._known_models = frozenset[str]().union(*(r.model_ids for r in self._replicas.values()))
+        told = [r for r in self._replicas.values() if r.model_ids]
+        self._known_models = frozenset[str]().union(*(r.model_ids for r in told))
+        one = len({r.model_ids for r in told}) == 1
+        self._sole_model = str(told[0].model_cards[0]["id"]) if one else None
 
 
 async def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:

@@ -25,14 +25,26 @@ from servepilot.gateway.errors import (
     GatewayError,
     bad_request,
     client_error_from_replica,
+    error_body,
     sse_error_event,
 )
 from servepilot.gateway.metrics import GatewayMetrics
 from servepilot.gateway.pool import ReplicaPool
 from servepilot.gateway.relay import Outcome, Relay
 from servepilot.gateway.replica import Replica
+from servepilot.gateway.routes import (
+    DETOKENIZE,
+    TOKENIZE,
+    TOKENIZE_CHAT,
+    ApiRoute,
+    not_served_message,
+)
 from servepilot.gateway.upstream import UpstreamFailed
-from servepilot.gateway.validation import InferenceRequest, parse_inference_request
+from servepilot.gateway.validation import (
+    InferenceRequest,
+    parse_inference_request,
+    parse_multipart_request,
+)
 from servepilot.http1 import HttpRequest
 from servepilot.routing.base import RequestView, RoutingPolicy
 from servepilot.routing.prefix import prefix_hashes, prompt_text
@@ -47,7 +59,7 @@ _EXCERPT_CHARS = 300
 
 
 class Proxy:
-    """Handlers for the OpenAI inference routes."""
+    """Handlers for the OpenAI inference routes (routes.py)."""
 
     def __init__(
         self,
@@ -66,67 +78,61 @@ class Proxy:
         # The gateway's own key is not the replicas' business; without auth it passes on.
         self._forwarded = _FORWARDED_HEADERS + (() if config.auth.keys else ("authorization",))
 
-    async def chat_completions(
-        self, request: HttpRequest, caller: Caller, trail: Trail | None
+    async def forward(
+        self, route: ApiRoute, request: HttpRequest, caller: Caller, trail: Trail | None
     ) -> None:
-        await self._proxy(request, caller, trail, "/v1/chat/completions", "messages")
-
-    async def completions(self, request: HttpRequest, caller: Caller, trail: Trail | None) -> None:
-        await self._proxy(request, caller, trail, "/v1/completions", "prompt")
+        """Proxy one request on `route` (bound per route with functools.partial)."""
+        try:
+            await self._forward(request, caller, trail, route)
+        except asyncio.CancelledError:
+            if not request.connected:
+                self._metrics.count_error("client_disconnected")
+            raise
 
     # vLLM's tokenizer endpoints, so a load tester pointed at the gateway can build prompts
     # of exact token counts with the replicas' own tokenizer.
     async def tokenize(self, request: HttpRequest, caller: Caller, trail: Trail | None) -> None:
         # vLLM takes a `prompt` or chat `messages` (counted with the chat template, which
         # bench sizes chat prompts by). A second parse, but tokenizer calls are not hot.
-        await self._proxy(request, caller, trail, "/tokenize", _tokenize_field(request.body))
+        route = TOKENIZE_CHAT if _tokenize_field(request.body) == "messages" else TOKENIZE
+        await self.forward(route, request, caller, trail)
 
     async def detokenize(self, request: HttpRequest, caller: Caller, trail: Trail | None) -> None:
-        await self._proxy(request, caller, trail, "/detokenize", "tokens")
-
-    async def _proxy(
-        self, request: HttpRequest, caller: Caller, trail: Trail | None, path: str, field: str
-    ) -> None:
-        try:
-            await self._forward(request, caller, trail, path, field)
-        except asyncio.CancelledError:
-            if not request.connected:
-                self._metrics.count_error("client_disconnected")
-            raise
+        await self.forward(DETOKENIZE, request, caller, trail)
 
     async def _forward(
-        self, request: HttpRequest, caller: Caller, trail: Trail | None, path: str, field: str
+        self, request: HttpRequest, caller: Caller, trail: Trail | None, route: ApiRoute
     ) -> None:
-        parsed = parse_inference_request(request.body, field)
-        known = self._pool.known_models
-        if known and parsed.model not in known:
-            raise GatewayError(
-                404,
-                f"the model {parsed.model!r} does not exist here; "
-                f"served: {', '.join(sorted(known))}",
-                error_type=INVALID_REQUEST,
-                code="model_not_found",
-            )
+        content_type: bytes | None = None
+        if route.multipart:  # forwarded as it came, boundary and all
+            given = request.headers.get("content-type", "application/octet-stream")
+            content_type = given.encode("latin-1")
+            parsed = parse_multipart_request(request.body, content_type)
+        else:
+            parsed = parse_inference_request(request.body, route.prompt_field)
+        model = self._model(parsed.model)
         started = time.perf_counter()
-        generates = path.startswith("/v1/")
-        self._metrics.arrivals += generates
-        view = self._view(request, caller, parsed, generates=generates)
+        admitted = route.admitted
+        self._metrics.arrivals += admitted
+        view = self._view(request, caller, parsed, model, admitted)
         if trail is not None:
-            trail.model, trail.stream = parsed.model, parsed.stream
+            trail.model, trail.stream = model or None, parsed.stream
             trail.prompt_chars, trail.priority = parsed.prompt_chars, view.priority
         extra = self._extra_headers(request)
         body = request.body
         tried: set[str] = set()
         while True:
-            if generates:
+            if admitted:
                 grant = await self._dispatcher.acquire(view, tried)
             else:
                 grant = self._dispatcher.acquire_tokenizer(view, tried)
-            if grant.max_tokens_cap is not None:
-                body = _capped(parsed, grant.max_tokens_cap, body)
+            if grant.max_tokens_cap is not None and route.cap_fields:
+                body = _capped(parsed, grant.max_tokens_cap, body, route.cap_fields)
             outcome: Outcome | None = None
             try:
-                outcome = await self._attempt(request, grant.replica, path, body, extra)
+                outcome = await self._attempt(
+                    request, grant.replica, route.path, body, extra, content_type
+                )
             finally:
                 self._dispatcher.release(grant, outcome)
             if outcome.failure is not None and outcome.retryable:
@@ -138,22 +144,51 @@ class Proxy:
             self._metrics.observe_latency(view.priority, ttft_s, time.perf_counter() - started)
             if trail is not None:
                 _follow(trail, grant.replica.replica_id, outcome, ttft_s)
-            self._finish(request, grant, outcome)
+            self._finish(request, grant, outcome, route, model)
             return
 
+    def _model(self, asked: str | None) -> str:
+        """The model a request goes to: the one it names, which some replica must serve, or
+        without one (as vLLM allows) the fleet's only model; "" while no replica has said
+        what it serves (any replica may take it)."""
+        known = self._pool.known_models
+        if asked is None:
+            sole = self._pool.sole_model
+            if sole is None and known:
+                raise bad_request(
+                    "the request body has no `model` and this gateway serves several; "
+                    f"name one of: {', '.join(sorted(known))}",
+                    "missing_field",
+                )
+            return sole or ""
+        if known and asked not in known:
+            raise GatewayError(
+                404,
+                f"the model {asked!r} does not exist here; served: {', '.join(sorted(known))}",
+                error_type=INVALID_REQUEST,
+                code="model_not_found",
+            )
+        return asked
+
     def _view(
-        self, request: HttpRequest, caller: Caller, parsed: InferenceRequest, generates: bool
+        self,
+        request: HttpRequest,
+        caller: Caller,
+        parsed: InferenceRequest,
+        model: str,
+        admitted: bool,
     ) -> RequestView:
-        """What routing and admission know of the request. Tokenizer calls (`generates`
-        false) leave nothing in a replica's prefix cache, so they carry no prefix hashes."""
+        """What routing and admission know of the request. Calls outside admission (the
+        tokenizer's) leave nothing in a replica's prefix cache, so they carry no prefix
+        hashes."""
         priority = _priority(request.headers.get("x-priority"), caller)
         routing = self._config.routing
         hashes: tuple[int, ...] = ()
-        if generates and self._policy.uses_prefix:
+        if admitted and self._policy.uses_prefix:
             block, blocks = routing.prefix_block_chars, routing.prefix_max_blocks
             hashes = prefix_hashes(prompt_text(parsed.doc, block * blocks), block, blocks)
         return RequestView(
-            model=parsed.model,
+            model=model,
             prompt_chars=parsed.prompt_chars,
             prompt_tokens=int(parsed.prompt_chars / routing.chars_per_token),
             prefix_hashes=hashes,
@@ -172,7 +207,13 @@ class Proxy:
         return b"".join(parts)
 
     async def _attempt(
-        self, request: HttpRequest, replica: Replica, path: str, body: bytes, extra: bytes
+        self,
+        request: HttpRequest,
+        replica: Replica,
+        path: str,
+        body: bytes,
+        extra: bytes,
+        content_type: bytes | None,
     ) -> Outcome:
         """One try on one replica; a stale keep-alive connection is replaced once."""
         loop = self._loop or asyncio.get_running_loop()
@@ -185,7 +226,7 @@ class Proxy:
                 log.warning("replica %s unreachable: %s", replica.replica_id, exc)
                 return Outcome(status=0, streamed=False, failure=exc, retryable=True)
             relay = Relay(request, conn, replica.header, loop)
-            conn.send(replica.request_head(path, len(body), extra) + body, relay)
+            conn.send(replica.request_head(path, len(body), extra, content_type) + body, relay)
             # A bare timer rather than asyncio.timeout: a third of the cost, per request.
             timer = loop.call_later(self._config.request_timeout_s, relay.expire)
             try:
@@ -201,7 +242,9 @@ class Proxy:
                 return outcome
         return outcome
 
-    def _finish(self, request: HttpRequest, grant: Grant, outcome: Outcome) -> None:
+    def _finish(
+        self, request: HttpRequest, grant: Grant, outcome: Outcome, route: ApiRoute, model: str
+    ) -> None:
         replica_id = grant.replica.replica_id
         if outcome.timed_out and not outcome.streamed:
             raise _timeout(replica_id)
@@ -224,6 +267,10 @@ class Proxy:
             raise _upstream_failed(replica_id, f"it answered HTTP {status}: {excerpt}")
         body, content_type = outcome.body, outcome.content_type
         if status >= 400 and (shaped := client_error_from_replica(status, body, replica_id)):
+            if status == 404:  # not vLLM's own 404 (an unknown model): it lacks the route
+                answer = body[:_EXCERPT_CHARS].decode("utf-8", "replace")
+                message = not_served_message(route, model, replica_id, answer)
+                shaped = error_body(message, error_type=INVALID_REQUEST, code="not_found")
             body, content_type = shaped, b"application/json"
         request.respond(status, body, content_type, (grant.replica.header,))
 
@@ -248,14 +295,14 @@ def _priority(header: str | None, caller: Caller) -> int:
     return max(int(value), int(caller.ceiling))
 
 
-def _capped(parsed: InferenceRequest, cap: int, body: bytes) -> bytes:
-    """The body with max_tokens (and max_completion_tokens) lowered to `cap`."""
+def _capped(parsed: InferenceRequest, cap: int, body: bytes, fields: tuple[str, ...]) -> bytes:
+    """The body with its output-length `fields` lowered to `cap`."""
     doc = dict(parsed.doc)
     changed = False
-    for name in ("max_tokens", "max_completion_tokens"):
+    for name in fields:
         value = doc.get(name)
         # An absent max_tokens means "up to the context length": that is capped too.
-        if (value is None and name == "max_tokens") or (isinstance(value, int) and value > cap):
+        if (value is None and name == fields[0]) or (isinstance(value, int) and value > cap):
             doc[name] = cap
             changed = True
     return json.dumps(doc).encode() if changed else body

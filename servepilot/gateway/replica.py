@@ -127,14 +127,24 @@ class Replica:
             found = self._endpoints[path] = self.base_url.join(URL(path))
         return found
 
-    def request_head(self, path: str, length: int, extra: bytes) -> bytes:
-        """The head of a JSON POST of `length` bytes to `path` on this replica."""
+    def request_head(
+        self, path: str, length: int, extra: bytes, content_type: bytes | None = None
+    ) -> bytes:
+        """The head of a POST of `length` bytes to `path` on this replica: JSON, unless
+        `content_type` says otherwise (a multipart upload, whose boundary is in its type)."""
         start = self._heads.get(path)
         if start is None:
-            host = f"{self.base_url.host}:{self.base_url.port}"
-            line = f"POST {self.base_url.path.rstrip('/')}{path} HTTP/1.1\r\nhost: {host}\r\n"
-            start = self._heads[path] = (line + "content-type: application/json\r\n").encode()
+            start = self._heads[path] = (
+                self._request_line(path) + b"content-type: application/json\r\n"
+            )
+        if content_type is not None:
+            start = self._request_line(path) + b"content-type: %b\r\n" % content_type
         return b"%bcontent-length: %d\r\n%b\r\n" % (start, length, extra)
+
+    def _request_line(self, path: str) -> bytes:
+        """The request line and Host header of a POST to `path`."""
+        host = f"{self.base_url.host}:{self.base_url.port}"
+        return f"POST {self.base_url.path.rstrip('/')}{path} HTTP/1.1\r\nhost: {host}\r\n".encode()
 
     def info(self) -> ReplicaInfo:
         return ReplicaInfo(

@@ -16,15 +16,17 @@ from servepilot.gateway.errors import GatewayError, bad_request
 
 @dataclass(frozen=True, slots=True)
 class InferenceRequest:
-    model: str
+    model: str | None
+    """None when the body names none: as with vLLM, the fleet's only model serves it."""
     stream: bool
     prompt_chars: int
     doc: dict[str, Any]
     """The parsed body (read by prefix hashing; rewritten only to cap max_tokens)."""
 
 
-def parse_inference_request(body: bytes, prompt_field: str) -> InferenceRequest:
-    """Validate a chat (`prompt_field="messages"`) or completions (`"prompt"`) body."""
+def parse_inference_request(body: bytes, prompt_field: str | None) -> InferenceRequest:
+    """Validate a chat (`prompt_field="messages"`) or completions (`"prompt"`) body; with no
+    `prompt_field`, only `model` and `stream` (the engine judges the rest of the body)."""
     try:
         doc = json.loads(body)
     except (ValueError, RecursionError):  # RecursionError: nested too deep
@@ -32,13 +34,15 @@ def parse_inference_request(body: bytes, prompt_field: str) -> InferenceRequest:
     if not isinstance(doc, dict):
         raise bad_request("the request body must be a JSON object", "invalid_json")
     model = doc.get("model")
-    if model is None:
-        raise _missing("model")
-    if not isinstance(model, str) or not model:
+    if model is not None and (not isinstance(model, str) or not model):
         raise bad_request("`model` must be a non-empty string")
     stream = doc.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise bad_request("`stream` must be true or false")
+    if prompt_field is None:
+        hint = doc.get("input")  # embeddings, responses, pooling: a routing hint at most
+        chars = _chars(hint) if isinstance(hint, str | list) else 0
+        return InferenceRequest(model=model, stream=bool(stream), prompt_chars=chars, doc=doc)
     prompt = doc.get(prompt_field)
     if prompt is None:
         raise _missing(prompt_field)
@@ -50,6 +54,37 @@ def parse_inference_request(body: bytes, prompt_field: str) -> InferenceRequest:
     elif not isinstance(prompt, str | list):
         raise bad_request("`prompt` must be a string or a list")
     return InferenceRequest(model=model, stream=bool(stream), prompt_chars=_chars(prompt), doc=doc)
+
+
+def parse_multipart_request(body: bytes, content_type: bytes) -> InferenceRequest:
+    """What routing needs of a multipart/form-data upload (audio): its `model` field. The
+    upload itself is the engine's to judge, so a body this cannot read is forwarded as it is."""
+    _, _, boundary = content_type.partition(b"boundary=")
+    boundary = boundary.split(b";")[0].strip().strip(b'"')
+    model = _form_field(body, boundary, b"model") if boundary else None
+    if model is not None and not model:
+        raise bad_request("`model` must be a non-empty string")
+    stream = _form_field(body, boundary, b"stream") if boundary else None
+    streamed = stream is not None and stream.lower() == "true"
+    return InferenceRequest(model=model, stream=streamed, prompt_chars=0, doc={})
+
+
+def _form_field(body: bytes, boundary: bytes, name: bytes) -> str | None:
+    """The value of a small text field of a multipart body (None: no such field). The parts
+    are found with `find`, not split out: the audio beside the field may be megabytes."""
+    disposition = b'form-data; name="%b"' % name
+    delimiter = b"\r\n--" + boundary
+    start = body.find(delimiter[2:])
+    while start >= 0:
+        head_end = body.find(b"\r\n\r\n", start)
+        if head_end < 0:
+            return None
+        end = body.find(delimiter, head_end)
+        head = body[start:head_end].lower()
+        if disposition in head and b"filename=" not in head:
+            return body[head_end + 4 : end if end >= 0 else len(body)].decode("utf-8", "replace")
+        start = end + 2 if end >= 0 else -1
+    return None
 
 
 def _chars(prompt: Any) -> int:

@@ -4,10 +4,12 @@ in C).
 Requests on one connection are answered in order (pipelined requests wait their turn with the
 socket paused). A client that disconnects cancels its handler, which is how an upstream
 generation gets aborted. Malformed requests get a 400 and the connection closes; a body over
-the limit gets a 413 before it is read, a request line and headers over theirs a 431. A
-request that sends `Expect: 100-continue` is told to go on at once. Writes are never refused,
-but the request says when the client reads slower than its answer comes (`write_paused`), so
-a handler can stop feeding it until the socket drains.
+the limit gets a 413 before it is read, a request line and headers over theirs a 431. Those
+early answers end with a lingering close (`_linger`), so that a client still sending its body
+reads the answer instead of a reset. A request that sends `Expect: 100-continue` is told to
+go on at once. Writes are never refused, but the request says when the client reads slower
+than its answer comes (`write_paused`), so a handler can stop feeding it until the socket
+drains.
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ class HttpConnection(asyncio.Protocol):
         self._rejected = False
         self._close_after = False
         self._current: HttpRequest | None = None
+        self._declared_bytes: int | None = None
+        self._linger_left_bytes = 0
+        self._linger_timer: asyncio.TimerHandle | None = None
 
     @property
     def transport(self) -> asyncio.Transport | None:
@@ -71,8 +76,15 @@ class HttpConnection(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
         self._server.connections.add(self)
 
+    @property
+    def lingering(self) -> bool:
+        """Closing after an early answer: reading and discarding what the client still sends."""
+        return self._linger_timer is not None
+
     def data_received(self, data: bytes) -> None:
         if self._rejected:
+            if self._linger_timer is not None:
+                self._discard(len(data))
             return
         try:
             self._parser.feed_data(data)
@@ -84,6 +96,7 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._end_linger()
         self._server.connections.discard(self)
         self._pending.clear()
         if self._task is not None and not self._task.done():
@@ -105,6 +118,7 @@ class HttpConnection(asyncio.Protocol):
         self._head_bytes = 0
         self._body = []
         self._body_bytes = 0
+        self._declared_bytes = None
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -119,7 +133,9 @@ class HttpConnection(asyncio.Protocol):
         limits = self._server.limits
         if limits.uploads:  # otherwise the limit never changes: nothing to look up per request
             self._body_limit = limits.body_limit(self._url.partition(b"?")[0])
-        if declared is not None and declared.isdigit() and int(declared) > self._body_limit[0]:
+        if declared is not None and declared.isdigit():
+            self._declared_bytes = int(declared)
+        if self._declared_bytes is not None and self._declared_bytes > self._body_limit[0]:
             self._reject_large()
         elif self._headers.get("expect", "").lower() == "100-continue" and self._task is None:
             # Not while an earlier pipelined request is being answered: the interim response
@@ -187,6 +203,9 @@ class HttpConnection(asyncio.Protocol):
         if self.closed or self._transport is None:
             return
         keep_alive = request is not None and request.keep_alive and not self._close_after
+        if self._rejected and not task.cancelled():
+            self._linger()  # the rejected request's body may still be on its way
+            return
         if self._server.closing or task.cancelled() or not keep_alive:
             self._transport.close()
             self.closed = True
@@ -238,12 +257,52 @@ class HttpConnection(asyncio.Protocol):
                 status_line(status) + b"content-type: application/json\r\ncontent-length: "
                 + b"%d\r\nconnection: close\r\n\r\n" % len(body) + body
             )  # fmt: skip
-            self._transport.close()
-            self.closed = True
+            self._linger()
         else:
             self._pending.clear()
             self._close_after = True
         self._server.count_rejected(status)
+
+    def _linger(self) -> None:
+        """Close after an early answer without losing it. Closing a socket whose receive
+        buffer holds unread bytes makes the kernel send a reset, which can destroy the answer
+        before the client reads it (a client that writes its whole body before reading, as
+        Python's urllib does, then sees "connection reset" instead of the 413). So: send the
+        answer, shut down the write side, and read and discard until the client closes, the
+        declared body has come, `Limits.linger_max_bytes` were read or `Limits.linger_s`
+        passed; then close. A timer, not a task: nothing outlives the connection."""
+        transport = self._transport
+        self.closed = True
+        if transport is None or self._linger_timer is not None:
+            return
+        limits = self._server.limits
+        declared = self._declared_bytes
+        budget = limits.linger_max_bytes if declared is None else declared - self._body_bytes
+        self._linger_left_bytes = min(max(budget, 0), limits.linger_max_bytes)
+        if self._linger_left_bytes == 0 or not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()  # sent after the answer: the client reads it, then EOF
+        transport.resume_reading()  # paused if pipelined requests were waiting their turn
+        loop = asyncio.get_running_loop()
+        self._linger_timer = loop.call_later(limits.linger_s, self._stop_lingering)
+        self._server.lingering += 1
+
+    def _discard(self, size: int) -> None:
+        self._linger_left_bytes -= size
+        if self._linger_left_bytes <= 0:
+            self._stop_lingering()
+
+    def _stop_lingering(self) -> None:
+        self._end_linger()
+        if self._transport is not None:
+            self._transport.close()
+
+    def _end_linger(self) -> None:
+        timer, self._linger_timer = self._linger_timer, None
+        if timer is not None:
+            timer.cancel()
+            self._server.lingering -= 1
 
     def abort(self) -> None:
         """Cut the connection at once, unsent bytes and all."""

@@ -46,6 +46,11 @@ class Limits:
     max_head_bytes: int = 64 * 1024
     """The request line and headers together (431 past it)."""
     uploads: tuple[UploadLimit, ...] = ()
+    linger_s: float = 2.0
+    """After an early answer (400, 413, 431): how long to go on reading what the client still
+    sends before closing, so that it reads the answer rather than a reset."""
+    linger_max_bytes: int = 64 * 1024 * 1024
+    """...and how many bytes of it to read and discard at most."""
 
     def body_limit(self, path: bytes) -> tuple[int, str]:
         """The largest body accepted on `path`, and what to call that limit in a 413."""
@@ -70,6 +75,8 @@ class HttpServer:
         self.error_body = error_body
         self.connections: set[HttpConnection] = set()
         self.closing = False
+        self.lingering = 0
+        """Connections closing after an early answer (each ends within `Limits.linger_s`)."""
         self._on_rejected = on_rejected
         self._server: asyncio.Server | None = None
 

@@ -3,7 +3,9 @@
 vLLM quantizes 16-bit weights to fp8 as it loads them (`--quantization fp8`), so an fp8 plan
 serves the published checkpoint. Every other quantized format (AWQ, GPTQ, int8 W8A8, fp4)
 needs a checkpoint already in that format: a preset names a known public one; for anything
-else the command carries a placeholder the user must fill in, and says so.
+else the command carries a placeholder the user must fill in, and says so. vLLM reads such a
+checkpoint's method from its config.json, so its command carries no --quantization: a flag
+naming another method than the checkpoint's is refused.
 """
 
 from __future__ import annotations
@@ -41,9 +43,18 @@ def checkpoint_for(spec: ModelSpec, model_ref: str, weights: WeightDtype) -> Che
     return Checkpoint(
         placeholder,
         f"fill in {placeholder}: servepilot knows no published {weights.value} checkpoint "
-        f"of {spec.name}; vLLM cannot make one as it loads {published}, so quantize it "
-        "first (llm-compressor, AutoAWQ) or take one from the Hugging Face Hub",
+        f"of {spec.name}; vLLM cannot make one as it loads {published}, so take one from the "
+        f"Hugging Face Hub or make it ({_MAKERS[weights]})",
     )
+
+
+# Tools that write a checkpoint vLLM detects the format of (its quantization_config).
+_MAKERS: dict[WeightDtype, str] = {
+    WeightDtype.INT8: "llm-compressor's W8A8 int8 scheme",
+    WeightDtype.FP4: "NVIDIA ModelOpt or llm-compressor, NVFP4",
+    WeightDtype.AWQ: "llm-compressor or AutoAWQ, 4-bit AWQ",
+    WeightDtype.GPTQ: "llm-compressor or GPTQModel, 4-bit GPTQ",
+}
 
 
 def needs_quantized_checkpoint(spec: ModelSpec, weights: WeightDtype) -> bool:

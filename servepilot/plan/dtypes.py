@@ -41,9 +41,16 @@ class WeightDtype(enum.StrEnum):
 
     @property
     def vllm_quantization(self) -> str | None:
-        """The --quantization value to pass when the checkpoint is not already in this format
-        (online quantization); None where vLLM needs a pre-quantized checkpoint or no flag."""
+        """The --quantization value that makes vLLM quantize 16-bit weights to this format as
+        it loads them (online); None where it needs a checkpoint already in the format."""
         return {WeightDtype.FP8: "fp8"}.get(self)
+
+    @property
+    def vllm_checkpoint_method(self) -> str | None:
+        """The quantization method vLLM detects in the config.json of a checkpoint published in
+        this format (from its quantization_config; no --quantization is needed): W8A8 int8 is
+        llm-compressor's compressed-tensors, FP4 is NVIDIA ModelOpt's NVFP4."""
+        return _CHECKPOINT_METHODS.get(self)
 
 
 _BYTES_PER_PARAM: dict[WeightDtype, float] = {
@@ -57,6 +64,14 @@ _BYTES_PER_PARAM: dict[WeightDtype, float] = {
     WeightDtype.GPTQ: 0.5 + 2.5 / 128,
 }
 
+_CHECKPOINT_METHODS: dict[WeightDtype, str] = {
+    WeightDtype.FP8: "fp8",
+    WeightDtype.INT8: "compressed-tensors",
+    WeightDtype.FP4: "modelopt_fp4",
+    WeightDtype.AWQ: "awq",
+    WeightDtype.GPTQ: "gptq",
+}
+
 # What users and vLLM call the same formats.
 _WEIGHT_ALIASES = {
     "float32": WeightDtype.FP32,
@@ -68,11 +83,38 @@ _WEIGHT_ALIASES = {
     "nvfp4": WeightDtype.FP4,
     "mxfp4": WeightDtype.FP4,
     "int4": WeightDtype.AWQ,
+    # vLLM's --quantization names of the same formats (vLLM 0.32)
+    "modelopt_fp4": WeightDtype.FP4,
+    "auto_awq": WeightDtype.AWQ,
+    "awq_marlin": WeightDtype.AWQ,
+    "auto_gptq": WeightDtype.GPTQ,
+    "gptq_marlin": WeightDtype.GPTQ,
 }
 
 
 def parse_weight_dtype(text: str, *, field: str = "--weights-dtype") -> WeightDtype:
     return _parse(WeightDtype, _WEIGHT_ALIASES, text, field=field, what="weight format")
+
+
+# vLLM methods that name a container, not a format: the checkpoint's config.json says which
+# format it holds (llm-compressor's compressed-tensors: W8A8 int8, FP8, W4A16, NVFP4; NVIDIA
+# ModelOpt: FP8 or NVFP4).
+_CONTAINER_METHODS = frozenset({"compressed-tensors", "modelopt"})
+
+
+def quantization_weights(method: str, checkpoint: WeightDtype, *, field: str) -> WeightDtype:
+    """The weight format a --quantization value serves, for a checkpoint published in
+    `checkpoint`: a container method means the checkpoint's own (quantized) format."""
+    if method.strip().lower() not in _CONTAINER_METHODS:
+        return parse_weight_dtype(method, field=field)
+    if not checkpoint.is_quantized:
+        raise ConfigError(
+            f"{field}: {method} reads a checkpoint quantized in that format, but the model's "
+            f"checkpoint is {checkpoint.value}",
+            hint="point model.source at the quantized checkpoint's folder, or leave "
+            "quantization unset (vLLM reads the method from the checkpoint's config.json)",
+        )
+    return checkpoint
 
 
 class KvDtype(enum.StrEnum):

@@ -12,7 +12,7 @@ from servepilot.core.config import (
     ModelConfig,
     ReplicasConfig,
 )
-from servepilot.plan.checkpoint import checkpoint_for
+from servepilot.plan.checkpoint import checkpoint_for, needs_quantized_checkpoint
 from servepilot.plan.dtypes import WeightDtype
 from servepilot.plan.estimate import Estimates
 from servepilot.plan.hardware import AcceleratorKind
@@ -81,16 +81,18 @@ def _hardware(plan: Plan) -> HardwareConfig:
 
 
 def engine_precision(plan: Plan) -> tuple[str, str | None]:
-    """(--dtype, --quantization) that load the weights in the planned format."""
+    """(--dtype, --quantization) that load the weights in the planned format: the flag only
+    where vLLM quantizes as it loads (fp8); a checkpoint already quantized (the published one,
+    or the one `checkpoint_for` names) carries its method in its config.json."""
     req = plan.request
     wanted, published = req.weights_dtype, req.model.checkpoint_dtype
     if wanted in _VLLM_DTYPE:
         if wanted == published and req.accelerator.kind is AcceleratorKind.GPU:
             return "auto", None
         return _VLLM_DTYPE[wanted], None
-    if wanted == published:
+    if wanted == published or needs_quantized_checkpoint(req.model, wanted):
         return "auto", None
-    return "auto", wanted.value
+    return "auto", wanted.vllm_quantization
 
 
 def fleet_yaml(plan: Plan) -> str:

@@ -52,6 +52,14 @@ _QUANT_METHODS = {
 }
 # NVIDIA ModelOpt checkpoints name the format in quant_algo instead.
 _MODELOPT_ALGOS = {"FP8": WeightDtype.FP8, "NVFP4": WeightDtype.FP4}
+# llm-compressor's (compressed-tensors) name it per group of layers: the weights' bits and
+# number type. 4-bit integers are its W4A16 (GPTQ/AWQ-style groups of 128).
+_COMPRESSED_TENSORS = {
+    (8, "int"): WeightDtype.INT8,
+    (8, "float"): WeightDtype.FP8,
+    (4, "int"): WeightDtype.GPTQ,
+    (4, "float"): WeightDtype.FP4,
+}
 _DTYPE_HINT = "pass the weight format explicitly (--weights-dtype bf16|fp8|int8|awq|gptq|fp4)"
 
 
@@ -355,6 +363,18 @@ def _explicit(value: str | WeightDtype, field: str) -> WeightDtype:
     return value if isinstance(value, WeightDtype) else parse_weight_dtype(value, field=field)
 
 
+def _compressed_tensors(quant: Mapping[str, Any]) -> WeightDtype | None:
+    """The weights' format of a compressed-tensors checkpoint when every group agrees."""
+    groups = quant.get("config_groups")
+    found = set()
+    for group in groups.values() if isinstance(groups, Mapping) else ():
+        weights = group.get("weights") if isinstance(group, Mapping) else None
+        if not isinstance(weights, Mapping) or not isinstance(weights.get("num_bits"), int):
+            return None  # per-layer bits (a mapping) are more than one format
+        found.add(_COMPRESSED_TENSORS.get((weights["num_bits"], str(weights.get("type")))))
+    return found.pop() if len(found) == 1 else None
+
+
 def _file_dtype(fields: _Fields) -> WeightDtype:
     quant = fields.config.get("quantization_config")
     if isinstance(quant, Mapping):
@@ -364,6 +384,8 @@ def _file_dtype(fields: _Fields) -> WeightDtype:
         algo = str(quant.get("quant_algo", "")).upper()
         if method == "modelopt" and algo in _MODELOPT_ALGOS:
             return _MODELOPT_ALGOS[algo]
+        if method == "compressed-tensors" and (found := _compressed_tensors(quant)):
+            return found
         raise fields.error(
             f"quantization_config.quant_method {method or None!r} is not a format servepilot "
             "can size",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from servepilot.plan.checkpoint import checkpoint_for
+from servepilot.plan.checkpoint import checkpoint_for, needs_quantized_checkpoint
 from servepilot.plan.dtypes import KvDtype, WeightDtype
 from servepilot.plan.hardware import AcceleratorKind
 from servepilot.plan.layout import Option
@@ -72,16 +72,19 @@ def _rungs(req: PlanRequest) -> list[tuple[str, dict[str, object]]]:
     fp8 = req.accelerator.supports_native(WeightDtype.FP8)
     if req.weights_dtype.bytes_per_param > WeightDtype.FP8.bytes_per_param:
         target = WeightDtype.FP8 if fp8 else WeightDtype.INT8
-        rungs.append((f"quantize the weights to {target.value}", {"weights_dtype": target}))
+        rungs.append(_quantize(req, target, target.value))
     if req.weights_dtype.bytes_per_param > WeightDtype.AWQ.bytes_per_param:
-        awq = checkpoint_for(req.model, req.model_ref, WeightDtype.AWQ)
-        rungs.append(
-            (
-                f"quantize the weights to 4 bits: serve {awq.model}",
-                {"weights_dtype": WeightDtype.AWQ},
-            )
-        )
+        rungs.append(_quantize(req, WeightDtype.AWQ, "4 bits"))
     return rungs
+
+
+def _quantize(req: PlanRequest, target: WeightDtype, what: str) -> tuple[str, dict[str, object]]:
+    """The rung that quantizes the weights; it names the checkpoint when vLLM cannot quantize
+    the published one as it loads it."""
+    action = f"quantize the weights to {what}"
+    if needs_quantized_checkpoint(req.model, target):
+        action += f": serve {checkpoint_for(req.model, req.model_ref, target).model}"
+    return action, {"weights_dtype": target}
 
 
 def _step(action: str, changes: dict[str, object], req: PlanRequest, assess: Assess) -> LadderStep:

@@ -84,28 +84,38 @@ def load_preset(name: str) -> ModelSpec:
     document = _read_json(file, what=f"preset {preset}")
     spec = _preset_spec(document, where=f"preset file {file}")
     repo_id = key if "/" in key else _optional_str(document.get("repo_id"))
-    quantized = _quantized_checkpoints(document.get("quantized_checkpoints", {}), str(file))
-    if repo_id != document.get("repo_id"):
-        quantized = ()  # another release of the shape (DeepSeek-R1): its own checkpoints
+    published = _optional_str(document.get("repo_id"))
+    quantized = _quantized_checkpoints(
+        document.get("quantized_checkpoints", {}), str(file), release=repo_id, own=published
+    )
     return replace(spec, repo_id=repo_id, quantized_checkpoints=quantized)
 
 
-def _quantized_checkpoints(value: Any, where: str) -> tuple[tuple[WeightDtype, str], ...]:
-    """{"awq": {"repo_id": ..., "source": <the model card's URL>}, ...} -> (format, repo)."""
+def _quantized_checkpoints(
+    value: Any, where: str, *, release: str | None, own: str | None
+) -> tuple[tuple[WeightDtype, str], ...]:
+    """{"awq": {"repo_id": ..., "source": <the model card's URL>, "of": <release>}, ...} ->
+    (format, repo) of the checkpoints made from `release` (a format may list several entries,
+    one per release). "of" defaults to the preset's repo_id: a checkpoint of DeepSeek-V3-0324
+    is not offered for DeepSeek-V3 or DeepSeek-R1, which are other weights of the same shape."""
     if not isinstance(value, Mapping):
         raise _preset_error(where, "quantized_checkpoints must map a weight format to a checkpoint")
     out = []
-    for dtype, entry in value.items():
-        ok = isinstance(entry, Mapping) and {"repo_id", "source"} <= entry.keys()
-        if not ok or not all(isinstance(entry[k], str) for k in ("repo_id", "source")):
-            raise _preset_error(where, f"quantized_checkpoints.{dtype} needs repo_id and source")
-        out.append(
-            (
-                parse_weight_dtype(str(dtype), field=f"{where} quantized_checkpoints"),
-                entry["repo_id"],
-            )
-        )
+    for dtype, entries in value.items():
+        weights = parse_weight_dtype(str(dtype), field=f"{where} quantized_checkpoints")
+        for entry in entries if isinstance(entries, list) else [entries]:
+            if (_checkpoint_of(entry, dtype, where) or own) == release:
+                out.append((weights, str(entry["repo_id"])))
     return tuple(out)
+
+
+def _checkpoint_of(entry: Any, dtype: str, where: str) -> str | None:
+    """The release a quantized_checkpoints entry was made from; None: the preset's own."""
+    keys = ("repo_id", "source")
+    ok = isinstance(entry, Mapping) and set(keys) <= entry.keys()
+    if not ok or not all(isinstance(entry[k], str) for k in (*keys, *entry.keys() & {"of"})):
+        raise _preset_error(where, f"quantized_checkpoints.{dtype} needs repo_id and source")
+    return str(entry["of"]) if "of" in entry else None
 
 
 def _load_file(config_file: Path, *, name: str) -> ModelSpec:

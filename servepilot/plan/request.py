@@ -14,6 +14,7 @@ from servepilot.plan.dtypes import (
     WeightDtype,
     parse_kv_dtype,
     parse_weight_dtype,
+    quantization_weights,
     resolve_dtype,
 )
 from servepilot.plan.gpu_profile.table import GpuProfile
@@ -128,7 +129,9 @@ def _weights_dtype(
     if flag is not None:
         return parse_weight_dtype(flag)
     if engine.quantization is not None:
-        return parse_weight_dtype(engine.quantization, field="engine.quantization")
+        return quantization_weights(
+            engine.quantization, spec.checkpoint_dtype, field="engine.quantization"
+        )
     # What the replica will really run: on a CPU without bfloat16, `auto` means float32.
     dtype = (
         engine.dtype if cpu_flags is None else resolve_dtype(engine.dtype, Device.CPU, cpu_flags)

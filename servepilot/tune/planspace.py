@@ -14,6 +14,8 @@ import functools
 from dataclasses import dataclass
 
 from servepilot.core.config import FleetConfig
+from servepilot.core.errors import ConfigError
+from servepilot.plan.checkpoint import checkpoint_for
 from servepilot.plan.dtypes import KvDtype, WeightDtype
 from servepilot.plan.hardware import AcceleratorKind, with_overrides
 from servepilot.plan.planner import Plan, assess, make_plan
@@ -35,6 +37,7 @@ class PlanSpace:
     """Accelerators of the whole fleet (GPU), split between TP and replicas."""
     pipeline_parallel_size: int
     base_weights: WeightDtype
+    """The weights `base` runs with no engine.quantization override."""
 
     def fleet(self, trial: TrialConfig) -> FleetConfig:
         """The fleet config that runs `trial`."""
@@ -53,7 +56,9 @@ class PlanSpace:
             overrides["replicas.count"] = max(1, self.devices // (tp * self.pipeline_parallel_size))
         weights = WeightDtype(str(trial.get(Knob.WEIGHTS_DTYPE)))
         if weights is not self.base_weights:
-            overrides["engine.quantization"] = weights.vllm_quantization or weights.value
+            # Only online formats get here: build_space refuses a start that needs another
+            # checkpoint, and the weights axis adds fp8 alone.
+            overrides["engine.quantization"] = weights.vllm_quantization
         return self.base.with_overrides(overrides)
 
 
@@ -69,6 +74,7 @@ def build_space(
     `knobs`: the knobs to search (None: all); the others stay at the planner's values."""
     plan = _runnable(make_plan(request))
     req = plan.request
+    _check_servable(req, request)
     cpu = req.accelerator.kind is AcceleratorKind.CPU
     default = _default(plan, config, cpu)
     axes, notes = _axes(plan, default, longest_request_tokens, cpu, cpu_fp8_kv)
@@ -80,7 +86,22 @@ def build_space(
     check = _checker(req, longest_request_tokens, plan.option.parallelism.pp)
     space = SearchSpace(axes=axes, default=default, check=check, notes=notes)
     devices = config.hardware.count * config.hardware.nodes
-    return PlanSpace(space, config, devices, plan.option.parallelism.pp, req.weights_dtype)
+    return PlanSpace(space, config, devices, plan.option.parallelism.pp, request.weights_dtype)
+
+
+def _check_servable(req: PlanRequest, configured: PlanRequest) -> None:
+    """Tune runs the configured checkpoint: a start (the ladder's first fitting rung) in a
+    format vLLM cannot quantize to as it loads it needs another checkpoint first."""
+    weights = req.weights_dtype
+    if weights is configured.weights_dtype or weights.vllm_quantization is not None:
+        return
+    found = checkpoint_for(req.model, req.model_ref, weights)
+    raise ConfigError(
+        f"{req.model.name} fits {configured.count} {req.accelerator.name} only with "
+        f"{weights.value} weights, which vLLM cannot make from the configured checkpoint",
+        hint=f"set model.source to a {weights.value} checkpoint ({found.model}; its "
+        "config.json carries the format) or add accelerators, then tune again",
+    )
 
 
 def _runnable(plan: Plan) -> Plan:

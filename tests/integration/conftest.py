@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -43,6 +44,16 @@ def client(fleet: RunningFleet) -> openai.OpenAI:
 
 def spec_url(port: int) -> str:
     return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """A local multi-node Ray cluster (benchmarks/ray_cluster.py) for one test module (a test
+    may take a node away), this process its driver."""
+    pytest.importorskip("ray")
+    from benchmarks.ray_cluster import start_cluster  # imported here: Ray takes seconds
+
+    yield from start_cluster()
 
 
 # The fuzz tests' gateways (fuzz_support.py): one pair per test module.

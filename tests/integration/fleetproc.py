@@ -58,7 +58,9 @@ class RunningFleet:
 
     def kill_everything(self) -> None:
         """Last-resort cleanup so a failed test never leaves vLLM running."""
-        for pid in [self.proc.pid, *self.replica_pids().values()]:
+        # pid 0: a replica on a Ray node (the cluster stops it with `up`); signalling 0 would
+        # reach this test's own process group.
+        for pid in [self.proc.pid, *(p for p in self.replica_pids().values() if p)]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
@@ -114,7 +116,7 @@ def running_fleet(
 def down(fleet: RunningFleet, timeout_s: float) -> subprocess.CompletedProcess[str]:
     """`servepilot down`, checked: `up` exits cleanly within `timeout_s`, no replica process
     is left and the fleet record is gone."""
-    groups = list(fleet.replica_pids().values())
+    groups = [pid for pid in fleet.replica_pids().values() if pid]  # 0: on a Ray node
     result = cli(["down", "--port", str(fleet.port)], fleet.env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert fleet.proc.wait(timeout=timeout_s) == 0

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import openai
@@ -18,20 +17,14 @@ import yaml
 ray = pytest.importorskip("ray")
 
 from ray.cluster_utils import Cluster  # noqa: E402
-from ray.util.placement_group import placement_group_table  # noqa: E402
 
-from benchmarks.ray_cluster import our_actors_alive, sim_fleet, start_cluster  # noqa: E402
+from benchmarks.ray_cluster import our_actors_alive, our_groups_left, sim_fleet  # noqa: E402
 from benchmarks.ray_node_loss import node_loss_under_load  # noqa: E402
 from servepilot.core.errors import FleetError  # noqa: E402
 from servepilot.fleet.ray.replicas import RayReplicas  # noqa: E402
 from tests.integration.fleetproc import cli, running_fleet, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.ray
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    yield from start_cluster()
 
 
 GPU_FLEET = {
@@ -45,13 +38,6 @@ def _server_env(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     pairs = (item.decode(errors="replace").partition("=") for item in raw if item)
     return {key: value for key, _, value in pairs}
-
-
-def _groups_left() -> list[str]:
-    return [
-        g["name"] for g in placement_group_table().values()
-        if g["name"].startswith("servepilot-") and g["state"] != "REMOVED"
-    ]  # fmt: skip
 
 
 def test_spread_replicas_land_on_distinct_nodes_with_their_gpus(
@@ -78,7 +64,7 @@ def test_spread_replicas_land_on_distinct_nodes_with_their_gpus(
     assert [sorted(env["CUDA_VISIBLE_DEVICES"].split(",")) for _, _, env in seen] == [
         ["0", "1"]
     ] * 3
-    assert _groups_left() == []
+    assert our_groups_left() == []
     assert our_actors_alive() == []
 
 
@@ -100,7 +86,7 @@ def test_more_spread_replicas_than_nodes_fail_within_the_timeout_saying_why(
         "need 4 nodes with 1 CPU and 2 GPUs free; the cluster has 3 "
         "(nodes: 3 x 2 CPUs and 2 GPUs, 1 x 1 CPU)"
     )
-    assert _groups_left() == []
+    assert our_groups_left() == []
     assert our_actors_alive() == []
 
 
@@ -137,7 +123,7 @@ def test_up_status_down_from_the_command_line(cluster: Cluster, tmp_path: Path) 
         assert done.returncode == 0, done.stdout + done.stderr
         assert fleet.proc.wait(timeout=60) == 0
     assert "placing one STRICT_SPREAD placement group" in fleet.log()
-    assert _groups_left() == []
+    assert our_groups_left() == []
     assert wait_until(lambda: our_actors_alive() == [], 10)
 
 
@@ -173,5 +159,5 @@ def test_node_loss_under_load_every_request_ends_once_and_the_replica_comes_back
     assert all(o.kind == "complete" for o in after), after
     assert lost_id in {o.replica for o in after}
     assert len(set(loss.nodes)) == 3, loss.nodes
-    assert _groups_left() == []
+    assert our_groups_left() == []
     assert our_actors_alive() == []

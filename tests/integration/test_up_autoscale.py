@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +63,10 @@ def _every_request_completed(proc: subprocess.Popen[bytes], out: Path) -> int:
     return completed
 
 
-def ramp_up_and_down(fleet: RunningFleet, tmp_path: Path, output_tokens: int,
-                     busy_s: float) -> None:  # fmt: skip
-    """The ramp, the new replica in use, the drop, the drain and removal, nothing lost."""
+def ramp_up_and_down(fleet: RunningFleet, tmp_path: Path, output_tokens: int, busy_s: float,
+                     with_two: Callable[[], None] = lambda: None) -> None:  # fmt: skip
+    """The ramp, the new replica in use (`with_two` checks more then), the drop, the drain
+    and removal, nothing lost."""
     assert _replica_ids(fleet) == ["r0"]
     # One request in flight all along; four more for `busy_s`: 5 on a replica with room for
     # 4 is full, with one waiting at the gateway.
@@ -72,6 +74,7 @@ def ramp_up_and_down(fleet: RunningFleet, tmp_path: Path, output_tokens: int,
     busy = _bench(fleet, tmp_path / "busy", 4, f"{busy_s:g}s", output_tokens)
     assert wait_until(lambda: _replica_ids(fleet) == ["r0", "r1"], busy_s), fleet.log()
     assert wait_until(lambda: _routed_to(fleet, "r1") > 0, busy_s), fleet.log()
+    with_two()
     _every_request_completed(busy, tmp_path / "busy")
     assert "autoscale: 1 -> 2 replicas (up: peak utilisation" in fleet.log()
     # Back to one in flight on two replicas: the rules give r1 back, drained while the

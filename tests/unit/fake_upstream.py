@@ -76,6 +76,8 @@ class FakeUpstream:
         self.in_flight = 0
         self.max_in_flight = 0
         self.tokenized = 0
+        self.extra_routes: tuple[str, ...] = ()  # answered like chat (set before start)
+        self.uploads: list[tuple[str, bytes]] = []  # (content type, body) of each upload
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> FakeUpstream:
@@ -86,6 +88,9 @@ class FakeUpstream:
         app.router.add_post("/v1/chat/completions", self._generate)
         app.router.add_post("/v1/completions", self._generate)
         app.router.add_post("/tokenize", self._tokenize)
+        for path in self.extra_routes:  # a pooling model's, or a speech-to-text model's
+            app.router.add_post(path, self._generate)
+        app.router.add_post("/v1/audio/transcriptions", self._upload)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
@@ -138,6 +143,11 @@ class FakeUpstream:
             words = str(body["prompt"]).split()
         self.tokenized += 1
         return web.json_response({"count": len(words), "tokens": list(range(len(words)))})
+
+    async def _upload(self, request: web.Request) -> web.Response:
+        """vLLM's transcription route: a multipart upload, recorded as it arrived."""
+        self.uploads.append((request.headers["Content-Type"], await request.read()))
+        return web.json_response({"text": f"heard by {self.name}"})
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         if request.transport is not None:

@@ -13,7 +13,7 @@ import pytest
 from servepilot.core.config import parse_config
 from servepilot.core.errors import EngineStartError
 from servepilot.engine.process import ReplicaInfo
-from servepilot.fleet.autoscale.controller import AutoscaleController
+from servepilot.fleet.autoscale.controller import AutoscaleController, removal_order
 from servepilot.fleet.autoscale.local import LocalScaling
 from servepilot.scaling.snapshot import (
     AutoscalePolicy,
@@ -68,9 +68,13 @@ class FakeBackend:
         self.pending: list[str] = []
         self.next_id = 1
         self.fail_adds = 0
+        self.first: frozenset[str] = frozenset()
 
     def starting(self) -> tuple[str, ...]:
         return tuple(self.pending)
+
+    def remove_first(self) -> frozenset[str]:
+        return self.first
 
     async def add(self) -> str:
         if self.fail_adds:
@@ -173,6 +177,31 @@ def test_replicas_still_starting_go_first_without_a_drain() -> None:
 
     asyncio.run(run())
     assert backend.journal == ["remove r6", "remove r5"]
+
+
+def test_the_removal_order_starting_then_named_by_the_backend_then_newest_ready() -> None:
+    def sample(rid: str, ready: bool = True) -> ReplicaSample:
+        return ReplicaSample(rid, ready, 0, 0, 0, 0.0, 1.0, 4)
+
+    snapshot = FleetSnapshot(
+        0.0, (sample("r0"), sample("r1"), sample("r2"), sample("r3"), sample("r4", False))
+    )
+    order = [r.replica_id for r in removal_order(snapshot, {"r1"})]
+    assert order == ["r4", "r1", "r3", "r2", "r0"]
+    assert [r.replica_id for r in removal_order(snapshot)] == ["r4", "r3", "r2", "r1", "r0"]
+
+
+def test_a_replica_the_backend_wants_back_first_goes_before_the_newest() -> None:
+    controller, fleet, backend, _ = rig(Scripted(2), {"r0": 0, "r1": 0, "r2": 0})
+    backend.first = frozenset({"r1"})  # e.g. on Ray, it shares a node with r0
+
+    async def run() -> None:
+        await controller.tick()
+        await controller.removals_done()
+
+    asyncio.run(run())
+    assert backend.journal == ["drain r1 within 7 s", "remove r1"]
+    assert list(fleet.in_flight) == ["r0", "r2"]
 
 
 def test_no_change_while_a_removal_still_drains() -> None:

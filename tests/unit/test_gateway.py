@@ -110,6 +110,53 @@ def test_any_model_is_accepted_while_no_replica_lists_its_models() -> None:
     run(body())
 
 
+def test_a_request_without_model_goes_to_the_fleets_only_model() -> None:
+    """As vLLM 0.32 has it: no `model`, the one model serves it (the body is forwarded as
+    it came); a replica's other served names of that model are the same model."""
+
+    async def body() -> None:
+        one = await FakeUpstream("a").start()
+        aliased = await FakeUpstream("b", models=("m", "m-alias")).start()
+        for upstreams, replicas in (([one], {"a"}), ([aliased], {"b"})):
+            async with (
+                gateway_in_front_of(upstreams) as (_, url),
+                aiohttp.ClientSession() as client,
+            ):
+                bare = {"messages": CHAT["messages"]}
+                async with client.post(f"{url}/v1/chat/completions", json=bare) as resp:
+                    assert resp.status == 200 and resp.headers[HEADER] in replicas
+                prompt = {"prompt": "hi", "max_tokens": 2}
+                async with client.post(f"{url}/v1/completions", json=prompt) as resp:
+                    assert resp.status == 200
+            assert [sorted(r) for r in upstreams[0].received] == [
+                ["messages"],
+                ["max_tokens", "prompt"],
+            ]
+        await one.stop()
+        await aliased.stop()
+
+    run(body())
+
+
+def test_a_request_without_model_to_several_models_is_a_400_naming_them() -> None:
+    async def body() -> None:
+        ups = [await FakeUpstream("a", models=("m",)).start(),
+               await FakeUpstream("b", models=("n", "m")).start()]  # fmt: skip
+        async with gateway_in_front_of(ups) as (_, url), aiohttp.ClientSession() as client:
+            bare = {"messages": CHAT["messages"]}
+            async with client.post(f"{url}/v1/chat/completions", json=bare) as resp:
+                error = await error_of(resp, 400)
+        assert error["code"] == "missing_field"
+        assert error["message"] == (
+            "the request body has no `model` and this gateway serves several; name one of: m, n"
+        )
+        assert all(not up.received for up in ups)
+        for up in ups:
+            await up.stop()
+
+    run(body())
+
+
 # --- bad input ---------------------------------------------------------------------------------
 
 
@@ -117,7 +164,7 @@ BAD_REQUESTS: list[tuple[str, str, bytes, int, str]] = [
     ("POST", "/v1/chat/completions", b"{not json", 400, "invalid_json"),
     ("POST", "/v1/chat/completions", b"[1, 2]", 400, "invalid_json"),
     ("POST", "/v1/chat/completions", b"", 400, "invalid_json"),
-    ("POST", "/v1/chat/completions", b'{"messages": []}', 400, "missing_field"),
+    ("POST", "/v1/chat/completions", b"{}", 400, "missing_field"),
     ("POST", "/v1/chat/completions", b'{"model": "m"}', 400, "missing_field"),
     ("POST", "/v1/chat/completions", b'{"model": 3, "messages": [{}]}', 400, "invalid_value"),
     ("POST", "/v1/chat/completions", b'{"model": "m", "messages": "hi"}', 400, "invalid_value"),
@@ -224,7 +271,11 @@ def test_upstream_4xx_is_passed_through_and_5xx_becomes_502() -> None:
             upstream.reply_status, upstream.reply_body = 404, b'{"detail":"Not Found"}'
             async with client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT) as resp:
                 error = await error_of(resp, 404)
-                assert error["message"] == 'replica a answered HTTP 404: {"detail":"Not Found"}'
+                assert error["message"] == (
+                    "the model 'm' does not serve POST /v1/chat/completions: replica a answered "
+                    '404 ({"detail":"Not Found"}); vLLM serves /v1/chat/completions for '
+                    "generative models (vLLM's generate runner)"
+                )
                 assert (error["type"], error["code"]) == ("invalid_request_error", "not_found")
             upstream.reply_status, upstream.reply_body = 500, None
             async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:

@@ -121,3 +121,65 @@ def test_a_client_that_does_not_read_costs_a_bounded_buffer() -> None:
     contents = [json.loads(e[6:])["choices"][0]["delta"] for e in events[:-2]]
     assert len([d for d in contents if d.get("content")]) == tokens
     assert events[-2:] == [b"data: [DONE]", b""]
+
+
+def test_a_400_before_the_body_reaches_a_client_still_sending_it(sim: ThreadedSim) -> None:
+    """A head llhttp refuses (Content-Length beside chunked coding) with 4 MiB behind it, all
+    written before a byte is read: the 400 arrives whole, then the close (a lingering close;
+    a plain close with the body unread sends a reset that can destroy the 400)."""
+    raw = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+           b"Transfer-Encoding: chunked\r\n\r\n") + b"x" * (4 * 1024 * 1024)  # fmt: skip
+    with socket.create_connection(("127.0.0.1", sim.port), timeout=5) as sock:
+        sock.sendall(raw)
+        sock.shutdown(socket.SHUT_WR)
+        responses, _ = parse_responses(_read_to_close(sock))
+    assert [r.status for r in responses] == [400]
+    assert json.loads(responses[0].body)["error"]["code"] == 400  # vLLM's error shape
+
+
+def test_a_lingering_close_ends_within_its_bound_when_the_client_never_closes(
+    sim: ThreadedSim,
+) -> None:
+    """A client that gets its 431, then neither sends nor closes: the server stops waiting for
+    it after Limits.linger_s (2 s) and counts it as lingering only until then."""
+    raw = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * 70_000 + b"\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", sim.port), timeout=5) as sock:
+        sock.sendall(raw)
+        started = time.monotonic()
+        sock.settimeout(5)
+        received = b""
+        while not received.endswith(b"}"):
+            received += sock.recv(65536)
+        assert sim.inspect(lambda s: s.lingering) == 1
+        assert sock.recv(65536) == b""  # the server's half-close, right after the answer
+        assert time.monotonic() - started < 1.0
+        deadline = started + 5
+        while sim.inspect(lambda s: s.lingering):
+            assert time.monotonic() < deadline, "the lingering connection was never closed"
+            time.sleep(0.05)
+        closed_after_s = time.monotonic() - started
+    assert 1.9 < closed_after_s < 3.0, closed_after_s
+    assert parse_responses(received)[0][0].status == 431
+    assert not sim.inspect(lambda s: s.connections)
+
+
+def test_a_refusal_behind_pipelined_requests_lingers_too(sim: ThreadedSim) -> None:
+    """Two pipelined requests, then a head over the limit and 8 MiB more: the first is
+    answered (the refusal drops what waited behind it), then the connection lingers, reading
+    again (it had stopped while the second waited its turn), so the client's send completes
+    and it reads the answer; a server that did not read would leave it blocked in its send
+    until the close resets it."""
+    body = _chat(2, stream=False)
+    raw = (
+        _head(body) + body
+        + b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+        + b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * 70_000 + b"\r\n\r\n"
+        + b"x" * (8 * 1024 * 1024)
+    )  # fmt: skip
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)  # before connect
+        sock.settimeout(10)
+        sock.connect(("127.0.0.1", sim.port))
+        sock.sendall(raw)
+        responses, _ = parse_responses(_read_to_close(sock))
+    assert [r.status for r in responses] == [200]

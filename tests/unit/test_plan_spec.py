@@ -328,6 +328,18 @@ def test_head_dim_and_kv_heads_default_like_transformers() -> None:
     assert (spec.num_kv_heads, spec.head_dim) == (32, 4096 // 32)
 
 
+def _compressed_tensors(bits: int, kind: str) -> dict[str, Any]:
+    weights = {"num_bits": bits, "type": kind, "strategy": "channel", "symmetric": True}
+    group = {"targets": ["Linear"], "weights": weights, "input_activations": None}
+    return {"quant_method": "compressed-tensors", "format": "int-quantized",
+            "config_groups": {"group_0": group}}  # fmt: skip
+
+
+_MIXED_BITS = _compressed_tensors(8, "int") | {
+    "config_groups": {"g": {"weights": {"num_bits": {"mlp.experts": 4}, "type": "int"}}}
+}
+
+
 @pytest.mark.parametrize(
     ("quantization", "dtype"),
     [
@@ -335,6 +347,11 @@ def test_head_dim_and_kv_heads_default_like_transformers() -> None:
         ({"quant_method": "awq", "bits": 4}, WeightDtype.AWQ),
         ({"quant_method": "gptq", "bits": 4}, WeightDtype.GPTQ),
         ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, WeightDtype.FP4),
+        # llm-compressor's W8A8 (RedHatAI's *.w8a8 checkpoints), as vLLM reads it
+        (_compressed_tensors(8, "int"), WeightDtype.INT8),
+        (_compressed_tensors(8, "float"), WeightDtype.FP8),
+        (_compressed_tensors(4, "float"), WeightDtype.FP4),
+        (_compressed_tensors(4, "int"), WeightDtype.GPTQ),
     ],
 )
 def test_checkpoint_dtype_from_quantization_config(
@@ -438,6 +455,8 @@ def test_missing_architectures() -> None:
         ({"tie_word_embeddings": "no"}, "tie_word_embeddings"),
         ({"torch_dtype": "float8"}, "torch_dtype"),
         ({"quantization_config": {"quant_method": "bitsandbytes"}}, "quant_method"),
+        # per-layer bits: more than one format, which one number cannot size
+        ({"quantization_config": _MIXED_BITS}, "quant_method"),
     ],
 )
 def test_bad_values_are_named(changes: dict[str, Any], field: str) -> None:

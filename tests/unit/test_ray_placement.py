@@ -14,6 +14,9 @@ from servepilot.fleet.ray.placement import (
     ReplicaLayout,
     ReplicaSlot,
     check_room,
+    node_for_added_replica,
+    own_group,
+    own_slot,
     placement_shortfall,
     plan_placement,
 )
@@ -134,3 +137,34 @@ def test_a_cluster_that_cannot_grow_fails_before_placing_another_only_warns() ->
     warning = check_room(plan, one_node, fixed_cluster=False)
     assert warning is not None and warning.startswith(lacking)
     assert check_room(plan, one_node * 2, fixed_cluster=True) is None
+
+
+# --- where the autoscaler's added replica goes ----------------------------------------------
+
+
+def test_an_added_replica_gets_a_group_of_its_own_like_a_packed_one() -> None:
+    spread = plan_placement(_layout(replicas=2, tp=2))
+    assert own_group("r5", spread.replica_need) == GroupSpec(
+        "r5", (Bundle(1.0, 0), Bundle(0, 1), Bundle(0, 1)), "STRICT_PACK"
+    )
+    assert own_slot(0, spread.replica_need) == ReplicaSlot(0, 0, (1, 2))
+    packed = plan_placement(_layout(replicas=2, tp=2, spread=False))
+    assert packed.groups[1] == own_group("r1", packed.replica_need)
+
+
+def test_an_added_replica_is_aimed_at_the_roomiest_node_that_holds_no_replica() -> None:
+    need = Bundle(1.0, 2)
+    free = [
+        NodeResources("n0", 4, 8),  # room for 4, but r0 is there
+        NodeResources("n1", 2, 2),  # room for 1
+        NodeResources("n2", 3, 4),  # room for 2
+        NodeResources("n3", 8, 1),  # no GPUs to spare
+        NodeResources("n4", 2, 4),  # room for 2, as n2: the lower id wins
+    ]
+    assert node_for_added_replica(need, free, holding={"n0"}) == "n2"
+    assert node_for_added_replica(need, free, holding={"n0", "n2", "n4"}) == "n1"
+    # Every node with room holds a replica: no target (Ray puts it where it finds room).
+    assert node_for_added_replica(need, free, holding={"n0", "n1", "n2", "n4"}) is None
+    assert node_for_added_replica(need, [], holding=set()) is None
+    # CPU replicas: CPUs alone count.
+    assert node_for_added_replica(Bundle(1.0, 0), free[2:4], holding={"n2"}) == "n3"

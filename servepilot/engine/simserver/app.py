@@ -1,8 +1,14 @@
 """The simulated replica's routes: vLLM's OpenAI server, answered by the real-time engine.
 
 POST /v1/chat/completions, /v1/completions   streamed (SSE) or not
+POST /v1/responses                            streamed (named SSE events) or not
 GET  /v1/models, /health, /metrics (vLLM's names), /version
 POST /tokenize, /detokenize                   vLLM's request and answer shapes
+
+Any other route answers as vLLM 0.32 answers a route it did not register for its model (the
+pooling routes, /v1/embeddings, /v1/score, /v1/rerank, /pooling, on a generative model; the
+/v1/audio routes on one without speech-to-text): its web framework's `{"detail": "Not Found"}`
+(405 `{"detail": "Method Not Allowed"}` for a known path).
 """
 
 from __future__ import annotations
@@ -17,14 +23,17 @@ from typing import Any
 from servepilot.engine.simserver.metrics import render
 from servepilot.engine.simserver.openai_api import (
     ApiError,
+    Job,
     StreamFormat,
     bad_request,
     check_model,
     parse_job,
     parse_json,
+    whole_answer,
 )
 from servepilot.engine.simserver.realtime import RealtimeEngine
-from servepilot.engine.simserver.sinks import StreamSink, WholeSink
+from servepilot.engine.simserver.responses_api import ResponseFormat, chat_request
+from servepilot.engine.simserver.sinks import EventFormat, StreamSink, WholeSink
 from servepilot.engine.simserver.tokens import PromptTokenizer
 from servepilot.http1 import HttpRequest, HttpServer, Limits
 
@@ -61,6 +70,7 @@ class SimApp:
         self._routes: dict[tuple[str, str], Route] = {
             ("POST", "/v1/chat/completions"): functools.partial(self._generate, chat=True),
             ("POST", "/v1/completions"): functools.partial(self._generate, chat=False),
+            ("POST", "/v1/responses"): self._responses,
             ("GET", "/v1/models"): self._models,
             ("GET", "/health"): self._health,
             ("GET", "/metrics"): self._metrics,
@@ -76,37 +86,54 @@ class SimApp:
     async def handle(self, request: HttpRequest) -> None:
         """Answer one request; a failure the routes did not foresee is the server's 500."""
         route = self._routes.get((request.method, request.path))
+        if route is None:
+            known = any(path == request.path for _, path in self._routes)
+            detail = b'{"detail":"Method Not Allowed"}' if known else b'{"detail":"Not Found"}'
+            request.respond(405 if known else 404, detail)
+            return
         try:
-            if route is None:
-                known = any(path == request.path for _, path in self._routes)
-                raise ApiError(
-                    405 if known else 404,
-                    "Method Not Allowed" if known else "Not Found",
-                    error_type="MethodNotAllowed" if known else "NotFoundError",
-                    param=None,
-                )
             await route(request)
         except ApiError as exc:
             request.respond(exc.status, exc.body())
 
     async def _generate(self, request: HttpRequest, *, chat: bool) -> None:
-        """Queue the generation and wait until its sink has answered; a client that leaves
-        cancels the wait, which takes the request out of the engine."""
+        doc = self._checked(request)
+        job = parse_job(doc, chat=chat, tokenizer=self.tokenizer, max_model_len=self.max_model_len)
+        if job.stream:
+            await self._run(request, job, StreamFormat(job, self.served_name))
+        else:
+            await self._run(request, job, functools.partial(whole_answer, job, self.served_name))
+
+    async def _responses(self, request: HttpRequest) -> None:
+        doc = self._checked(request)
+        chat = chat_request(doc)
+        job = parse_job(chat, chat=True, tokenizer=self.tokenizer, max_model_len=self.max_model_len)
+        answer = ResponseFormat(job, self.served_name, doc)
+        await self._run(request, job, answer if job.stream else answer.whole)
+
+    def _checked(self, request: HttpRequest) -> dict[str, Any]:
         if self.draining:
             raise ApiError(503, "the server is shutting down", error_type="ServiceUnavailable",
                            param=None)  # fmt: skip
         doc = parse_json(request.body)
         check_model(doc, self.served_name)
-        job = parse_job(doc, chat=chat, tokenizer=self.tokenizer, max_model_len=self.max_model_len)
+        return doc
+
+    async def _run(
+        self, request: HttpRequest, job: Job, answer: EventFormat | Callable[[], bytes]
+    ) -> None:
+        """Queue the generation and wait until its sink has answered (a stream's events, or
+        the whole `answer` rendered at the end); a client that leaves cancels the wait,
+        which takes the request out of the engine."""
         answered = asyncio.get_running_loop().create_future()
         sink: StreamSink | WholeSink
-        if job.stream:
+        if callable(answer):
+            sink = WholeSink(request, answer, answered)
+        else:
             # The head leaves at once, as vLLM's does, not with the first token.
             request.start_stream(200, _SSE)
             request.flush_head()
-            sink = StreamSink(request, StreamFormat(job, self.served_name), answered)
-        else:
-            sink = WholeSink(request, job, self.served_name, answered)
+            sink = StreamSink(request, answer, answered)
         request_id = self.engine.submit(
             job.prompt_ids, job.output_tokens, sink, arrived_at=request.received_at
         )

@@ -17,7 +17,12 @@ from pathlib import Path
 from servepilot.core.errors import ConfigError
 from servepilot.plan.costmodel import COEFFICIENTS, CostModel, roofline_cost_model
 from servepilot.plan.costprofile import load_profile
-from servepilot.plan.dtypes import WeightDtype, parse_kv_dtype, parse_weight_dtype
+from servepilot.plan.dtypes import (
+    WeightDtype,
+    parse_kv_dtype,
+    parse_weight_dtype,
+    quantization_weights,
+)
 from servepilot.plan.hardware import (
     Accelerator,
     AcceleratorKind,
@@ -146,7 +151,9 @@ def _dtypes(args: argparse.Namespace, spec: ModelSpec) -> tuple[WeightDtype, Wei
     else:
         weights = parse_weight_dtype(args.dtype, field="--dtype")
     if args.quantization is not None:
-        weights = parse_weight_dtype(args.quantization, field="--quantization")
+        weights = quantization_weights(
+            args.quantization, spec.checkpoint_dtype, field="--quantization"
+        )
     wide = args.dtype in ("float32", "fp32") or (
         args.dtype == "auto" and weights is WeightDtype.FP32
     )

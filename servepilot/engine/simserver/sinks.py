@@ -13,12 +13,21 @@ Each sink resolves `answered` once its answer is written, which ends the request
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Protocol
 
-from servepilot.engine.simserver.openai_api import Job, StreamFormat, whole_answer
 from servepilot.http1 import HttpRequest
 
 _BATCH_TOKENS = 32
 """Events per write while catching up: few system calls, and a buffer that stays bounded."""
+
+
+class EventFormat(Protocol):
+    """The bytes of a stream's events (openai_api.StreamFormat, responses_api.ResponseFormat)."""
+
+    def token(self, index: int) -> bytes: ...
+
+    def end(self) -> bytes: ...
 
 
 class StreamSink:
@@ -27,7 +36,7 @@ class StreamSink:
     __slots__ = ("_answered", "_finished", "_format", "_made", "_request", "_sent", "_waiting")
 
     def __init__(
-        self, request: HttpRequest, fmt: StreamFormat, answered: asyncio.Future[None]
+        self, request: HttpRequest, fmt: EventFormat, answered: asyncio.Future[None]
     ) -> None:
         self._request = request
         self._format = fmt
@@ -79,16 +88,15 @@ class StreamSink:
 
 
 class WholeSink:
-    """Answers once the last token is generated."""
+    """Answers once the last token is generated, with the bytes `render` makes then."""
 
-    __slots__ = ("_answered", "_job", "_request", "_served_name")
+    __slots__ = ("_answered", "_render", "_request")
 
     def __init__(
-        self, request: HttpRequest, job: Job, served_name: str, answered: asyncio.Future[None]
+        self, request: HttpRequest, render: Callable[[], bytes], answered: asyncio.Future[None]
     ) -> None:
         self._request = request
-        self._job = job
-        self._served_name = served_name
+        self._render = render
         self._answered = answered
 
     def token(self, index: int) -> None:
@@ -96,7 +104,7 @@ class WholeSink:
 
     def finish(self) -> None:
         if self._request.connected:
-            self._request.respond(200, whole_answer(self._job, self._served_name))
+            self._request.respond(200, self._render())
         _resolve(self._answered)
 
 

@@ -1,5 +1,6 @@
-"""The seam between the controller and whatever runs replicas (local processes today; Ray
-actors or a Kubernetes scale subresource behind the same three calls)."""
+"""The seam between the controller and whatever runs replicas: local processes
+(`local.LocalScaling`), Ray actors (`fleet.ray.scaling.RayScaling`); a Kubernetes scale
+subresource would sit behind the same calls."""
 
 from __future__ import annotations
 
@@ -13,6 +14,11 @@ class ScalingBackend(Protocol):
 
     def starting(self) -> tuple[str, ...]:
         """Ids of the replicas launched and not yet in the gateway, oldest first."""
+        ...
+
+    def remove_first(self) -> frozenset[str]:
+        """Ready replicas to give back before the others when the fleet shrinks (the Ray
+        backend's: added ones that had to share a node with another under `spread`)."""
         ...
 
     async def add(self) -> str:

@@ -3,7 +3,8 @@ should have and makes it so through a `ScalingBackend`.
 
 More replicas: the backend launches them; each joins the gateway once ready (until then it
 counts as starting, so the policy sees the capacity on its way). Fewer: replicas still
-starting go first, newest first, then the newest ready ones, each drained at the gateway
+starting go first, newest first, then the ready ones the backend wants back first (on Ray,
+one sharing a node), then the newest ready ones, each drained at the gateway
 (no new requests; those in flight finish, up to `drain_timeout_s`) before the backend stops
 it. While a removal drains, the controller keeps deciding (the policies' windows need every
 tick) but changes nothing. A backend that fails is logged and counted; the next tick decides
@@ -19,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -177,7 +178,8 @@ class AutoscaleController:
                 self._failed("add a replica", exc)
                 return
             log.info("autoscale: replica %s launched", added)
-        for replica in _removal_order(snapshot)[: max(0, have - desired)]:
+        order = removal_order(snapshot, self._backend.remove_first())
+        for replica in order[: max(0, have - desired)]:
             task = asyncio.create_task(self._remove(replica), name=f"remove {replica.replica_id}")
             self._removals.add(task)
             task.add_done_callback(self._removals.discard)
@@ -203,9 +205,12 @@ class AutoscaleController:
         log.warning("autoscale: could not %s: %s: %s", what, type(exc).__name__, exc)
 
 
-def _removal_order(snapshot: FleetSnapshot) -> list[ReplicaSample]:
-    """Which replicas go first: those still starting (nothing to drain), then the ready
-    ones; newest first within each (the oldest have the warmest prefix caches)."""
-    replicas = snapshot.replicas
-    starting = [r for r in reversed(replicas) if not r.ready]
-    return starting + [r for r in reversed(replicas) if r.ready]
+def removal_order(snapshot: FleetSnapshot, first: Collection[str] = ()) -> list[ReplicaSample]:
+    """Which replicas go first: those still starting (nothing to drain), then the ready ones
+    the backend names in `first` (on Ray, one sharing a node), then the other ready ones;
+    newest first within each (the oldest have the warmest prefix caches)."""
+    newest_first = list(reversed(snapshot.replicas))
+    starting = [r for r in newest_first if not r.ready]
+    ready = [r for r in newest_first if r.ready]
+    named = [r for r in ready if r.replica_id in first]
+    return starting + named + [r for r in ready if r.replica_id not in first]

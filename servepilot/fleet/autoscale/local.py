@@ -29,6 +29,9 @@ class LocalScaling:
     def starting(self) -> tuple[str, ...]:
         return tuple(self._waits)
 
+    def remove_first(self) -> frozenset[str]:
+        return frozenset()  # every local replica is alike: newest first
+
     async def add(self) -> str:
         proc = self._replicas.launch_one()
         rid = proc.replica_id

@@ -1,14 +1,15 @@
 """`up --autoscale`: the controller built from fleet.yaml's `autoscale` section, in front of
-one gateway and the local replicas, its metrics on the gateway's /metrics."""
+one gateway, applying its decisions through the backend of `cluster.backend` (local
+processes, or Ray actors: each `up` passes its own), its metrics on the gateway's /metrics."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from servepilot.core.cluster_config import ClusterBackend
 from servepilot.core.config import FleetConfig
 from servepilot.core.errors import ConfigError
 from servepilot.engine.process import ReplicaInfo
+from servepilot.fleet.autoscale.backend import ScalingBackend
 from servepilot.fleet.autoscale.controller import AutoscaleController, Decision
 from servepilot.fleet.autoscale.local import LocalScaling
 from servepilot.fleet.autoscale.metrics import AutoscaleCollector
@@ -22,16 +23,7 @@ from servepilot.scaling.policies import AutoscaleSetup
 def check_autoscale(config: FleetConfig) -> None:
     """What `up` cannot scale, refused before anything starts."""
     scaling = config.autoscale
-    if not scaling.enabled:
-        return
-    if config.cluster.backend is ClusterBackend.RAY:
-        raise ConfigError(
-            "autoscale.enabled (--autoscale): `up` autoscales local replicas only; the Ray "
-            "backend places its replicas once, together (with placement spread in one "
-            "STRICT_SPREAD placement group, which cannot grow by a replica)",
-            hint="use cluster.backend: local, or a fixed replicas.count on Ray",
-        )
-    if scaling.min_replicas < 1:
+    if scaling.enabled and scaling.min_replicas < 1:
         raise ConfigError(
             "autoscale.min_replicas (--autoscale MIN:MAX): `up` keeps at least 1 replica "
             "(0 is for `servepilot sim`)"
@@ -47,20 +39,25 @@ def initial_replicas(config: FleetConfig) -> int:
     return min(scaling.max_replicas, max(scaling.min_replicas, count))
 
 
-def start_autoscaler(
-    config: FleetConfig,
-    gateway: Gateway,
-    replicas: LocalReplicas,
-    cold_start_s: float,
-    on_decision: Callable[[Decision], None],
-) -> AutoscaleController:
-    """The running controller (stop it with `await controller.stop()` before the gateway)."""
+def local_backend(config: FleetConfig, gateway: Gateway, replicas: LocalReplicas) -> LocalScaling:
+    """`cluster.backend: local`: more replica processes, each added to the gateway once ready
+    (the Ray backend's is `fleet.ray.scaling.RayScaling`, made by the Ray `up`)."""
 
     async def join(info: ReplicaInfo) -> None:
         kv = info.kv.kv_capacity_tokens if info.kv else None
         await gateway.pool.add(info.replica_id, info.url, replica_capacity(config, kv))
 
-    backend = LocalScaling(replicas, join)
+    return LocalScaling(replicas, join)
+
+
+def start_autoscaler(
+    config: FleetConfig,
+    gateway: Gateway,
+    backend: ScalingBackend,
+    cold_start_s: float,
+    on_decision: Callable[[Decision], None],
+) -> AutoscaleController:
+    """The running controller (stop it with `await controller.stop()` before the gateway)."""
     scaling = config.autoscale
     controller = AutoscaleController(
         AutoscaleSetup.from_section(config.autoscale, cold_start_s).build(),

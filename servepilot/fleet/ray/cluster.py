@@ -82,3 +82,13 @@ def nodes() -> list[NodeRow]:
 def alive_resources() -> list[NodeResources]:
     """The alive nodes' resources, for the feasibility check."""
     return [NodeResources(n.node_id, n.cpus, n.gpus) for n in nodes() if n.alive]
+
+
+def free_resources() -> list[NodeResources]:
+    """What each alive node has free now (not held by a placement group, actor or task): where
+    an added replica can go. Read as Ray Serve's scheduler reads it."""
+    free = ray._private.state.available_resources_per_node()
+    return [
+        NodeResources(node_id, float(have.get("CPU", 0)), float(have.get("GPU", 0)))
+        for node_id, have in sorted(free.items())
+    ]

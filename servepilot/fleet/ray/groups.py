@@ -22,7 +22,7 @@ from ray.util.placement_group import (
 
 from servepilot.core.errors import FleetError
 from servepilot.fleet.ray.cluster import alive_resources
-from servepilot.fleet.ray.placement import PlacementPlan, placement_shortfall
+from servepilot.fleet.ray.placement import GroupSpec, PlacementPlan, placement_shortfall
 
 _POLL_S = 0.1
 
@@ -40,21 +40,37 @@ async def place_groups(plan: PlacementPlan, fleet_name: str, timeout_s: float) -
     """The plan's groups (named `<fleet_name>-<key>`), placed; raises FleetError, having
     removed them all, if they are not placed within `timeout_s`."""
     deadline = time.monotonic() + timeout_s
-    groups = [
-        placement_group(
-            [bundle.resources() for bundle in spec.bundles],
-            strategy=spec.strategy,
-            name=f"{fleet_name}-{spec.key}",
-        )
-        for spec in plan.groups
-    ]
+    groups = [make_group(spec, fleet_name) for spec in plan.groups]
     try:
         for group in groups:
-            await _wait_placed(group, deadline, plan, timeout_s)
+            if not await _placed_by(group, deadline):
+                await _not_placed(plan, timeout_s)
     except BaseException:
         remove_groups(groups)
         raise
     return groups
+
+
+def make_group(spec: GroupSpec, fleet_name: str, target_node: str | None = None) -> Any:
+    """Ask Ray for one group, named `<fleet_name>-<key>`, without waiting for its placement.
+    `target_node` (STRICT_PACK only) is a soft target, as Ray Serve aims its replicas' groups:
+    Ray places the group there if the node has room, elsewhere if not, and ignores it when
+    it reschedules the group after a node loss."""
+    return placement_group(
+        [bundle.resources() for bundle in spec.bundles],
+        strategy=spec.strategy,
+        name=group_name(fleet_name, spec.key),
+        _soft_target_node_id=target_node,
+    )
+
+
+def group_name(fleet_name: str, key: str) -> str:
+    return f"{fleet_name}-{key}"
+
+
+async def wait_placed(group: Any, timeout_s: float) -> bool:
+    """Whether Ray placed the group within `timeout_s` (it keeps trying after: remove it)."""
+    return await _placed_by(group, time.monotonic() + timeout_s)
 
 
 def group_state(group: Any, name: str) -> GroupState:
@@ -69,12 +85,17 @@ def remove_groups(groups: Sequence[Any]) -> None:
             remove_placement_group(group)
 
 
-async def _wait_placed(group: Any, deadline: float, plan: PlacementPlan, timeout_s: float) -> None:
+async def _placed_by(group: Any, deadline: float) -> bool:
     # Polled rather than group.wait(), which counts whole seconds only.
-    while time.monotonic() < deadline:
+    while True:
         if (await asyncio.to_thread(placement_group_table, group)).get("state") == "CREATED":
-            return
+            return True
+        if time.monotonic() >= deadline:
+            return False
         await asyncio.sleep(_POLL_S)
+
+
+async def _not_placed(plan: PlacementPlan, timeout_s: float) -> None:
     shortfall = await asyncio.to_thread(_shortfall, plan)
     raise FleetError(
         f"the replicas' placement groups were not placed within {timeout_s:g} s: {shortfall}",

@@ -17,7 +17,9 @@ tried on a local cluster with Ray 2.52: node anti-affinity through bundle label 
 and a small-bundle anchor beside per-replica groups cannot tie a replica's group to its anchor
 bundle's node (Ray has no such constraint, only a soft target that a reschedule ignores), so
 spread would not survive the first node loss. The price: a spread fleet's replicas are one Ray
-object, and a replica added later (autoscaling) needs a group of its own.
+object, and a replica added later (autoscaling) needs a group of its own (`own_group`), aimed
+at a node that holds no replica (`node_for_added_replica`) by Ray's soft target: spread for it
+holds while such a node has room, and is not kept after a node loss.
 
 A replica wider than one node (TP x PP above the GPUs of a node) runs vLLM's own Ray executor
 (`--distributed-executor-backend ray`): vLLM, started as a process rather than inside the
@@ -28,7 +30,7 @@ rank, PACK) and ours holds only the driver's CPU.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from servepilot.core.cluster_config import Placement
@@ -155,10 +157,21 @@ def plan_placement(layout: ReplicaLayout) -> PlacementPlan:
         groups: tuple[GroupSpec, ...] = (GroupSpec("spread", (need,) * count, STRICT_SPREAD),)
         slots = tuple(ReplicaSlot(0, i, (i,) * need.gpus) for i in range(count))
     else:
-        bundles = (Bundle(need.cpus, 0),) + (Bundle(0, 1),) * need.gpus
-        groups = tuple(GroupSpec(f"r{i}", bundles, STRICT_PACK) for i in range(count))
-        slots = tuple(ReplicaSlot(i, 0, tuple(range(1, need.gpus + 1))) for i in range(count))
+        groups = tuple(own_group(f"r{i}", need) for i in range(count))
+        slots = tuple(own_slot(i, need) for i in range(count))
     return PlacementPlan(groups, slots, need, layout.spread, gpus, wider_than_node)
+
+
+def own_group(key: str, need: Bundle) -> GroupSpec:
+    """A group for one replica alone: every replica's under `pack`, an added one's (the
+    autoscaler's) under `spread` too, as a STRICT_SPREAD group cannot grow."""
+    return GroupSpec(key, (Bundle(need.cpus, 0),) + (Bundle(0, 1),) * need.gpus, STRICT_PACK)
+
+
+def own_slot(group: int, need: Bundle) -> ReplicaSlot:
+    """Where a replica sits in its own group: the actor in bundle 0, a GPU lease in each
+    of the others."""
+    return ReplicaSlot(group, 0, tuple(range(1, need.gpus + 1)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +211,20 @@ def placement_shortfall(plan: PlacementPlan, nodes: Iterable[NodeResources]) -> 
         f"{replicas} of {_resources_text(need)} each (one node a replica) {verb} room for "
         f"{plan.replicas}; the cluster's nodes hold {held} ({had})"
     )
+
+
+def node_for_added_replica(
+    need: Bundle, free: Iterable[NodeResources], holding: Collection[str]
+) -> str | None:
+    """Under `spread`, the node an added replica's group is aimed at (`free`: what each alive
+    node has free now; `holding`: the nodes the fleet's replicas are on or aimed at): one that
+    holds no replica and has room for one, the one with room for the most (then the lowest
+    id, so the answer is known). None when there is none: the group then goes wherever Ray
+    finds room, next to a replica, or waits for room."""
+    candidates = [n for n in free if n.node_id not in holding and _replicas_on(n, need) >= 1]
+    if not candidates:
+        return None
+    return min(candidates, key=lambda n: (-_replicas_on(n, need), n.node_id)).node_id
 
 
 def check_room(

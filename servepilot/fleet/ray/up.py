@@ -2,9 +2,10 @@
 nodes, the gateway here, in front of them, following them as they come and go.
 
 Order of start: the cluster joined (or started) -> fleet record (`starting`) -> placement groups
-placed -> actors started -> servers ready -> gateway -> fleet record (`serving`) -> watcher.
-Order of stop, the reverse: record -> watcher -> gateway (drain) -> actors and groups removed ->
-the cluster left (or, started here, stopped).
+placed -> actors started -> servers ready -> gateway -> watcher -> fleet record (`serving`) ->
+with `autoscale.enabled`, the autoscaler (`scaling.py`: its replicas join through the watcher).
+Order of stop, the reverse: autoscaler -> record -> watcher -> gateway (drain) -> actors and
+groups removed -> the cluster left (or, started here, stopped).
 """
 
 from __future__ import annotations
@@ -12,18 +13,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from servepilot.core.config import EngineKind, FleetConfig
 from servepilot.engine.process import ReplicaInfo
+from servepilot.fleet.autoscale.controller import AutoscaleController
+from servepilot.fleet.autoscale.start import initial_replicas, start_autoscaler
 from servepilot.fleet.logs import gateway_log, new_run_dir, replica_log_name
 from servepilot.fleet.ray import cluster
 from servepilot.fleet.ray.actor import ActorReady
 from servepilot.fleet.ray.placement import check_room
 from servepilot.fleet.ray.replicas import RayReplicas
+from servepilot.fleet.ray.scaling import RayScaling
 from servepilot.fleet.ray.view import ClusterView, GroupRow, ReplicaRow, remove_view, write_view
-from servepilot.fleet.ray.watcher import GatewayMembership, ReplicaWatcher
+from servepilot.fleet.ray.watcher import GatewayMembership, ReplicaState, ReplicaWatcher
 from servepilot.fleet.serve import (
     ServedGateway,
     Upstream,
@@ -32,14 +36,13 @@ from servepilot.fleet.serve import (
     start_gateway,
 )
 from servepilot.fleet.state import (
-    FleetRecord,
     ReplicaRecord,
     check_no_fleet,
     remove_record,
-    write_record,
 )
 from servepilot.fleet.up import (
     DRAIN_TIMEOUT_S,
+    ServingRecord,
     StartingRecord,
     UpReporter,
     UpStarted,
@@ -60,6 +63,8 @@ async def run_ray_up(
     gw = config.gateway
     check_port_free(gw.host, gw.port)
     check_no_fleet(gw.port)
+    replicas = config.replicas.model_copy(update={"count": initial_replicas(config)})
+    config = config.model_copy(update={"replicas": replicas})
     # On this thread, blocking: ray.init installs its signal handlers on the main thread only
     # (ours replace them once the replicas start), and nothing else runs yet.
     connection = cluster.connect(config.cluster)
@@ -111,23 +116,36 @@ async def _serve(
 ) -> None:
     served: ServedGateway | None = None
     watcher: ReplicaWatcher | None = None
+    autoscaler: AutoscaleController | None = None
     try:
         upstreams = [Upstream(i.replica_id, i.url, _capacity(config, i)) for i in infos]
         served = await start_gateway(config.gateway, upstreams, facts=fleet_facts(config))
         if served.port != config.gateway.port:  # port 0: the OS picked one
             remove_record(config.gateway.port)
+        membership = GatewayMembership(served.gateway, lambda a: _answer_capacity(config, a))
+        # `following`: the same watcher, never None, for the closures below.
+        watcher = following = ReplicaWatcher(
+            replicas.replicas, membership, report.warn, report.step
+        )
+        following.start(replicas.answers)
         model_name = next(iter(replicas.answers.values())).served_name
         report.serving(UpStarted(served.url, model_name, tuple(infos), detached))
-        write_record(_record(served, infos, replicas.run_dir))
-        membership = GatewayMembership(served.gateway, lambda a: _answer_capacity(config, a))
-        watcher = ReplicaWatcher(replicas.replicas, membership, report.warn, report.step)
-        watcher.start(replicas.answers)
+        record = ServingRecord(served, run_dir=replicas.run_dir,
+                               rows=lambda: _rows(following.answers), config=config)  # fmt: skip
+        record.write()
+        if config.autoscale.enabled:
+            backend = RayScaling(replicas, following, report.warn)
+            cold_start_s = max(i.startup_s for i in infos)
+            autoscaler = start_autoscaler(config, served.gateway, backend, cold_start_s,
+                                          record.on_decision(report))  # fmt: skip
         while not stop.is_set():
             view = await asyncio.to_thread(_view, config.cluster.address, replicas, watcher)
             write_view(served.port, view)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), _VIEW_EVERY_S)
     finally:
+        if autoscaler is not None:
+            await autoscaler.stop()  # first: nothing is added, removed or recorded after
         if served is not None:
             remove_record(served.port)
             remove_view(served.port)
@@ -139,11 +157,11 @@ async def _serve(
         await replicas.stop()
 
 
-def _record(served: ServedGateway, infos: list[ReplicaInfo], run_dir: Path) -> FleetRecord:
+def _rows(answers: Mapping[str, ActorReady]) -> tuple[ReplicaRecord, ...]:
     # pid 0: the servers run on the cluster's nodes, not here; `down` stops them through
     # this `up` (and Ray stops them if it dies), never by pid.
-    rows = tuple(ReplicaRecord(i.replica_id, i.url, 0, str(i.log_path)) for i in infos)
-    return FleetRecord(os.getpid(), served.url, served.port, time.time(), str(run_dir), rows)
+    infos = [a.info for a in list(answers.values()) if a.info is not None]
+    return tuple(ReplicaRecord(i.replica_id, i.url, 0, str(i.log_path)) for i in infos)
 
 
 def _capacity(config: FleetConfig, info: ReplicaInfo) -> int:
@@ -157,10 +175,11 @@ def _answer_capacity(config: FleetConfig, answer: ActorReady) -> int | None:
 def _view(address: str, replicas: RayReplicas, watcher: ReplicaWatcher) -> ClusterView:
     groups = [GroupRow(g.name, g.state, g.node_ids) for g in replicas.group_states()]
     rows = []
-    for replica in replicas.replicas:
+    for replica in list(replicas.replicas):  # the autoscaler may add or remove one meanwhile
         rid = replica.replica_id
         answer = watcher.answers.get(rid)
         url = answer.info.url if answer and answer.info else ""
-        rows.append(ReplicaRow(rid, watcher.states[rid], answer.node_id if answer else "", url,
-                               watcher.restarts[rid]))  # fmt: skip
+        state = watcher.states.get(rid, ReplicaState.STARTING)
+        rows.append(ReplicaRow(rid, state, answer.node_id if answer else "", url,
+                               watcher.restarts.get(rid, 0)))  # fmt: skip
     return ClusterView(address, tuple(cluster.nodes()), tuple(groups), tuple(rows))

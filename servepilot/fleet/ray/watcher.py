@@ -4,8 +4,10 @@ One task per replica follows its actor: it waits until the actor's server is rea
 to the gateway (through the pool's add, the path POST /admin/replicas takes), then waits for
 the server or the actor to go, and removes it (the drain-then-remove of DELETE
 /admin/replicas/{id}). A replica that Ray restarts, on the same node or on another one after a
-node loss, comes back as a new incarnation, possibly at a new URL, and is added again. The
-tasks belong to the watcher and are cancelled, then awaited, by `stop()`.
+node loss, comes back as a new incarnation, possibly at a new URL, and is added again. A
+replica the autoscaler adds is followed from its start (`follow`); one it removes is let go
+before its actor is killed (`forget`). The tasks belong to the watcher and are cancelled,
+then awaited, by `stop()`.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ class ReplicaWatcher:
         self.restarts: dict[str, int] = {r.replica_id: 0 for r in replicas}
         self.answers: dict[str, ActorReady] = {}
         """What each replica answered when it last became ready (its node, its URL)."""
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[str, asyncio.Task[None]] = {}
 
     def start(self, joined: Mapping[str, ActorReady]) -> None:
         """Follow every replica; `joined`: those already in the gateway, as they answered."""
@@ -112,15 +114,36 @@ class ReplicaWatcher:
             self._in_gateway.add(replica_id)
             self.states[replica_id] = ReplicaState.READY
             self.answers[replica_id] = answer
-        self._tasks = [asyncio.ensure_future(self._follow(r)) for r in self._replicas]
+        for replica in self._replicas:
+            self.follow(replica)
 
-    async def stop(self) -> None:
-        for task in self._tasks:
+    def follow(self, replica: FollowedReplica) -> None:
+        """Follow one more replica (the autoscaler's): it joins the gateway once ready."""
+        replica_id = replica.replica_id
+        self.states.setdefault(replica_id, ReplicaState.STARTING)
+        self.restarts.setdefault(replica_id, 0)
+        self._tasks[replica_id] = asyncio.ensure_future(self._follow(replica))
+
+    async def forget(self, replica_id: str) -> None:
+        """Stop following a replica that is being removed (the autoscaler drained it at the
+        gateway; one still there is dropped), before its actor is killed: its end is no loss."""
+        task = self._tasks.pop(replica_id, None)
+        if task is not None:
             task.cancel()
-        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self._tasks = []
+        await self._leave(replica_id)
+        for known in (self._seen, self._lost_at, self.states, self.restarts, self.answers):
+            known.pop(replica_id, None)
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = {}
 
     async def _follow(self, replica: FollowedReplica) -> None:
         while True:
@@ -147,7 +170,10 @@ class ReplicaWatcher:
             url = answer.info.url if answer.info else "?"
             lost_at = self._lost_at.pop(replica_id, None)
             after = f", {time.monotonic() - lost_at:.1f} s after it was lost" if lost_at else ""
-            self._step(f"replica {replica_id} serves again at {url} (node {answer.node_ip}){after}")
+            again = " again" if previous is not None else ""
+            self._step(
+                f"replica {replica_id} serves{again} at {url} (node {answer.node_ip}){after}"
+            )
         self.states[replica_id] = ReplicaState.READY
         self.answers[replica_id] = answer
         code = await replica.until_exit()
