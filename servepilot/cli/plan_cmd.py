@@ -16,8 +16,8 @@ from servepilot.engine.cpu import cpu_flags
 from servepilot.fleet.devices import check_planned_fleet
 from servepilot.plan import report
 from servepilot.plan.checkpoint import checkpoint_for
-from servepilot.plan.costprofile import load_profile
 from servepilot.plan.export import fleet_config, fleet_yaml, plan_json
+from servepilot.plan.gpu_profile.source import read_step_source
 from servepilot.plan.launch import Launch
 from servepilot.plan.planner import Plan, make_plan
 from servepilot.plan.presets import preset_names
@@ -97,9 +97,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     traffic.add_argument("--input-tokens", type=int, metavar="N", help="mean prompt length")
     traffic.add_argument("--output-tokens", type=int, metavar="N", help="mean output length")
     traffic.add_argument("--profile", type=Path, metavar="PROFILE.json",
-                         help="step times measured by `servepilot calibrate` for "
-                              "the throughput and latency estimates (default: "
-                              "the roofline of the model on the accelerator)")  # fmt: skip
+                         help="step times for the throughput and latency estimates: "
+                              "measured by `servepilot calibrate`, or a GPU operator "
+                              "profile from `servepilot profile` (default: the roofline "
+                              "of the model on the accelerator)")  # fmt: skip
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     out.add_argument("--out", type=Path, metavar="FLEET_YAML",
@@ -120,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     check_planned_fleet(config)
     request = PlanRequest.from_fleet(config, cpu_flags(), args.weights_dtype, args.kv_dtype)
     if args.profile is not None:
-        request = request.replace(cost_model=load_profile(args.profile))
+        request = request.replace(cost_model=read_step_source(args.profile))
     plan = make_plan(request)
     # When nothing fits, the command and fleet.yaml are those of the ladder's first rung that
     # does: an answer to act on rather than a config vLLM would refuse.

@@ -39,8 +39,8 @@ DESCRIPTION = """\
 Simulate the fleet of fleet.yaml under a bench workload, without starting anything: clients,
 network hops, the gateway's own routing policy and admission objects, and every replica's
 vLLM scheduler and KV cache step by step, with step times from a calibrated profile
-(--profile, from `servepilot calibrate`) or the planner's roofline of the model on the
-accelerator.
+(--profile, from `servepilot calibrate`), a GPU operator profile (--profile, from `servepilot
+profile`) or the planner's roofline of the model on the accelerator.
 
 It takes bench's load and workload flags (same seeds, same request sizes, same arrivals) and
 writes results.json in bench's schema (servepilot.bench/v1, "source": "simulated"), so
@@ -74,7 +74,8 @@ def _fleet_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("simulated fleet")
     add = g.add_argument
     add("--profile", type=Path, metavar="PROFILE.json", help="step times measured by "
-        "`servepilot calibrate` (default: the roofline estimate)")  # fmt: skip
+        "`servepilot calibrate` or composed from a GPU profile of `servepilot profile` "
+        "(default: the roofline estimate)")  # fmt: skip
     add("--replicas", type=int, metavar="N", help="replicas (default: replicas.count)")
     add("--policy", choices=[p.value for p in PolicyName],
         help="routing policy (default: gateway.policy)")  # fmt: skip

@@ -74,8 +74,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="a trial must beat the best by more "
                         "than this to replace it (default 2)")  # fmt: skip
     g.add_argument("--profile", type=Path, metavar="PROFILE.json",
-                   help="sim: step times from `servepilot "
-                        "calibrate` (default: the roofline estimate)")  # fmt: skip
+                   help="sim: step times from `servepilot calibrate` or "
+                        "`servepilot profile` (default: the roofline estimate)")  # fmt: skip
     _sweep_flags(parser)
     add_workload_flags(parser)
     parser.add_argument(

@@ -142,6 +142,8 @@ def roofline_cost_model(
     (`KvCacheShape.bytes_per_token` of the same `tp`). Pipeline parallelism is not modelled.
 
     Assumptions (each one a source of error that calibration removes):
+    - Ceilings are the catalog's measured ones where it has them (`measured_*`: H200),
+      else the datasheet's peaks.
     - Every step reads all the weights on a rank once, at the peak memory bandwidth: the
       memory floor of a step, `base`. For MoE this overstates small batches, which touch
       only some experts.
@@ -161,13 +163,13 @@ def roofline_cost_model(
     """
     if tp < 1:
         raise ValueError(f"tp must be >= 1, got {tp}")
-    bandwidth = accelerator.hbm_bandwidth_bytes_per_s
-    flops = accelerator.flops_for(weights_dtype) * tp
+    bandwidth = accelerator.roofline_bandwidth_bytes_per_s
+    flops = accelerator.roofline_flops_for(weights_dtype) * tp
     cpu = accelerator.kind is AcceleratorKind.CPU
     per_rank_weights = weight_bytes(spec, weights_dtype, Parallelism(tp=tp)).per_rank
     token_s = 2 * active_params(spec) / flops
     head_s = 2 * spec.vocab_size * spec.hidden_size / flops
-    comm_token_s, comm_step_s = _allreduce_costs(spec, accelerator, tp)
+    comm_token_s, comm_step_s = allreduce_costs(spec, accelerator, tp)
     seq_s = CPU_SEQ_OVERHEAD_S if cpu else GPU_SEQ_OVERHEAD_S
     step_s = CPU_STEP_OVERHEAD_S if cpu else GPU_STEP_OVERHEAD_S
     return CostModel(
@@ -191,7 +193,7 @@ def _attention_flops_per_pair(spec: ModelSpec) -> int:
     return 4 * spec.num_attention_heads * spec.head_dim
 
 
-def _allreduce_costs(spec: ModelSpec, accelerator: Accelerator, tp: int) -> tuple[float, float]:
+def allreduce_costs(spec: ModelSpec, accelerator: Accelerator, tp: int) -> tuple[float, float]:
     """(seconds per token, seconds per step) of TP's all-reduces; zero without TP."""
     if tp == 1:
         return 0.0, 0.0

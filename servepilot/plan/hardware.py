@@ -69,6 +69,37 @@ class Accelerator:
     pcie_bytes_per_s: float | None = None
     """Host link, both directions; the GPUs' only path to each other without NVLink."""
     gpus_per_node: int = 8
+    measured_hbm_bandwidth_bytes_per_s: float | None = None
+    """What a device-to-device copy reaches (bytes read + written per second); None: not
+    measured, the roofline uses the datasheet's `hbm_bandwidth_bytes_per_s`."""
+    measured_bf16_flops: float | None = None
+    """A large dense BF16 GEMM's rate; None: not measured (datasheet rate used)."""
+    measured_fp8_flops: float | None = None
+    measured_source: str | None = None
+    """How and when the measured ceilings were taken."""
+
+    @property
+    def roofline_bandwidth_bytes_per_s(self) -> float:
+        """The bandwidth ceiling a cost model should use: measured where known."""
+        return self.measured_hbm_bandwidth_bytes_per_s or self.hbm_bandwidth_bytes_per_s
+
+    def roofline_flops_for(self, dtype: WeightDtype) -> float:
+        """`flops_for`, with the measured rate in its place where one is known: datasheet
+        peaks are not reached by real GEMMs (H200: 687 of 989 TFLOP/s in BF16)."""
+        rate = self.flops_for(dtype)
+        if dtype is WeightDtype.FP8 and self.fp8_flops is not None:
+            return self.measured_fp8_flops or rate
+        sixteen_bit = dtype is not WeightDtype.FP32 and rate == self.bf16_flops
+        if sixteen_bit and self.measured_bf16_flops is not None:
+            return self.measured_bf16_flops  # native 16-bit, or weight-only formats
+        return rate
+
+    @property
+    def ceilings(self) -> str:
+        """Where the roofline's ceilings come from, for reports."""
+        if self.measured_source:
+            return f"measured: {self.measured_source}"
+        return "datasheet"
 
     @property
     def memory_gib(self) -> float:
@@ -202,9 +233,11 @@ def with_overrides(
         noted.append(f"memory {memory_gib:g} GiB")
     if hbm_bandwidth_gb_s is not None:
         changes["hbm_bandwidth_bytes_per_s"] = hbm_bandwidth_gb_s * 1e9
+        changes["measured_hbm_bandwidth_bytes_per_s"] = None  # the user's figure wins
         noted.append(f"bandwidth {hbm_bandwidth_gb_s:g} GB/s")
     if bf16_tflops is not None:
         changes["bf16_flops"] = bf16_tflops * 1e12
+        changes["measured_bf16_flops"] = None
         noted.append(f"bf16 {bf16_tflops:g} TFLOP/s")
     if price_usd_per_hour is not None:
         changes["price_usd_per_hour"] = price_usd_per_hour
@@ -242,6 +275,10 @@ class _Entry(BaseModel):
     nvlink_domain: int = Field(ge=1)
     pcie_bytes_per_s: float | None = _rate(required=False)
     gpus_per_node: int = Field(default=8, ge=1)
+    measured_hbm_bandwidth_bytes_per_s: float | None = _rate(required=False)
+    measured_bf16_flops: float | None = _rate(required=False)
+    measured_fp8_flops: float | None = _rate(required=False)
+    measured_source: str | None = None
     internode_bytes_per_s: float = _rate()
     price_usd_per_hour: float = _rate()
     price_source: str = Field(min_length=1)

@@ -9,6 +9,9 @@ from servepilot.plan import knobs as k
 from servepilot.plan.advice import Advice, Cost, advise, cost
 from servepilot.plan.costmodel import CostModel, roofline_cost_model
 from servepilot.plan.estimate import Estimates, ReplicaLoad, estimate
+from servepilot.plan.gpu_profile.compose import Operating
+from servepilot.plan.gpu_profile.source import profile_cost_model
+from servepilot.plan.gpu_profile.table import GpuProfile
 from servepilot.plan.hardware import AcceleratorKind
 from servepilot.plan.ladder import LadderStep, build_ladder
 from servepilot.plan.layout import Option, Setting, candidates, choose, evaluate
@@ -172,11 +175,26 @@ def _estimates(req: PlanRequest, option: Option, knobs: k.Knobs) -> Estimates:
         kv_capacity_tokens=option.kv_capacity_tokens,
     )
     return estimate(
-        _cost_model(req, option), load, replicas=option.replicas, target_qps=req.traffic.target_qps
+        _cost_model(req, option, load),
+        load,
+        replicas=option.replicas,
+        target_qps=req.traffic.target_qps,
     )
 
 
-def _cost_model(req: PlanRequest, option: Option) -> CostModel:
+def _cost_model(req: PlanRequest, option: Option, load: ReplicaLoad) -> CostModel:
+    if isinstance(req.cost_model, GpuProfile):
+        at = Operating(
+            load.input_tokens, load.output_tokens, load.max_num_seqs, load.max_num_batched_tokens
+        )
+        return profile_cost_model(
+            req.cost_model,
+            req.model,
+            req.accelerator,
+            tp=option.parallelism.tp,
+            weights=req.weights_dtype,
+            at=at,
+        ).model
     if req.cost_model is not None:
         return req.cost_model
     return roofline_cost_model(

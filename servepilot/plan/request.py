@@ -17,6 +17,7 @@ from servepilot.plan.dtypes import (
     quantization_weights,
     resolve_dtype,
 )
+from servepilot.plan.gpu_profile.table import GpuProfile
 from servepilot.plan.hardware import (
     Accelerator,
     AcceleratorKind,
@@ -52,9 +53,10 @@ class PlanRequest:
     into the planned fleet.yaml."""
     block_size: int | None = None
     """None: vLLM's default for the model and device."""
-    cost_model: CostModel | None = None
-    """Step times for the throughput and latency estimates (a calibrated profile); None:
-    the roofline of the model on the accelerator."""
+    cost_model: CostModel | GpuProfile | None = None
+    """Step times for the throughput and latency estimates: a calibrated profile, or a GPU
+    operator profile (composed per layout); None: the roofline of the model on the
+    accelerator."""
 
     @classmethod
     def from_fleet(

@@ -26,7 +26,9 @@ from servepilot.plan.costmodel import (
 )
 from servepilot.plan.costprofile import load_profile, save_profile
 from servepilot.plan.dtypes import WeightDtype
-from servepilot.plan.hardware import get_accelerator
+from servepilot.plan.hardware import get_accelerator, with_overrides
+from servepilot.plan.memory import weight_bytes
+from servepilot.plan.parallel import Parallelism
 from servepilot.plan.presets import load_preset
 
 LLAMA_8B_KV_BYTES = 32 * 8 * 128 * 2 * 2  # layers x KV heads x head_dim x (K, V) x bf16
@@ -75,9 +77,28 @@ def test_mla_prefill_attention_counts_unabsorbed_heads() -> None:
     model = roofline_cost_model(
         spec, get_accelerator("h200"), weights_dtype=WeightDtype.FP8, kv_bytes_per_token=656
     )
-    # 61 layers x 128 heads x 2 x (128 nope + 64 rope + 128 v) FLOPs, at H200's fp8 rate.
-    flops = get_accelerator("h200").flops_for(WeightDtype.FP8)
+    # 61 layers x 128 heads x 2 x (128 nope + 64 rope + 128 v) FLOPs, at H200's measured
+    # fp8 rate (1,285 TFLOP/s, not the datasheet's 1,979).
+    flops = 1285.0e12
     assert model.per_prefill_pair_s == pytest.approx(61 * 128 * 2 * (128 + 64 + 128) / flops)
+
+
+def test_the_roofline_uses_measured_ceilings_where_the_catalog_has_them() -> None:
+    h200, h100 = get_accelerator("h200"), get_accelerator("h100")
+    assert h200.ceilings.startswith("measured: ") and h100.ceilings == "datasheet"
+    spec = load_preset("llama-3.1-8b")
+    model = roofline_cost_model(spec, h200, weights_dtype=WeightDtype.BF16, kv_bytes_per_token=0)
+    # 16.06 GB of bf16 weights at the measured 4,248 GB/s, plus the 1 ms step overhead.
+    assert model.base_s == pytest.approx(
+        weight_bytes(spec, WeightDtype.BF16, Parallelism()).per_rank / 4.248e12 + 1e-3
+    )
+    # bf16 compute at the measured 687 TFLOP/s; AWQ runs weight-only at the same 16-bit rate.
+    assert h200.roofline_flops_for(WeightDtype.BF16) == 687.0e12
+    assert h200.roofline_flops_for(WeightDtype.AWQ) == 687.0e12
+    assert h100.roofline_flops_for(WeightDtype.BF16) == h100.bf16_flops
+    # A user's bandwidth override replaces the measured figure too.
+    slower = with_overrides(h200, hbm_bandwidth_gb_s=3000.0)
+    assert slower.roofline_bandwidth_bytes_per_s == 3000.0e9
 
 
 def test_prefill_pairs_count_a_chunks_causal_attention() -> None:

@@ -22,8 +22,10 @@ from servepilot.core.config import FleetConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.units import parse_duration_s
 from servepilot.plan.costmodel import COEFFICIENTS, CostModel, roofline_cost_model
-from servepilot.plan.costprofile import load_profile
 from servepilot.plan.dtypes import WeightDtype
+from servepilot.plan.gpu_profile.compose import Operating
+from servepilot.plan.gpu_profile.source import profile_cost_model, read_step_source
+from servepilot.plan.gpu_profile.table import GpuProfile
 from servepilot.plan.hardware import AcceleratorKind
 from servepilot.plan.kv import KvCacheShape
 from servepilot.plan.request import PlanRequest
@@ -42,7 +44,8 @@ class ReplicaSetup:
     scheduler: SchedulerConfig
     cost: CostModel
     cost_kind: str
-    """"profile" or "roofline"."""
+    """"profile" (calibrated), "gpu profile" (composed from measured operators) or
+    "roofline"."""
     capacity: int
     kv_bytes: int
     kv_capacity_tokens: int
@@ -81,7 +84,8 @@ def replica_setup(
             f"{request.model.name} has {len(shape.groups)} KV cache groups; the simulator "
             "models one group of full-attention blocks holding the tokens vLLM reports"
         )
-    cost, kind, overhead = _cost(request, shape, engine.tensor_parallel_size, profile, notes)
+    tp = engine.tensor_parallel_size
+    cost, kind, overhead = _cost(request, shape, scheduler, tp, profile, notes)
     if profile is None and (
         mismatch := request.accelerator.host_mismatch(request.weights_dtype, cpu_flags)
     ):
@@ -152,11 +156,18 @@ def _engine(config: FleetConfig, request: PlanRequest) -> EngineSetup:
 
 
 def _cost(
-    request: PlanRequest, shape: KvCacheShape, tp: int, profile: Path | None, notes: list[str]
+    request: PlanRequest,
+    shape: KvCacheShape,
+    scheduler: SchedulerConfig,
+    tp: int,
+    profile: Path | None,
+    notes: list[str],
 ) -> tuple[CostModel, str, int]:
     if profile is not None:
-        model = load_profile(profile)
-        return model, "profile", _overhead(_meta(profile), profile)
+        source = read_step_source(profile)
+        if isinstance(source, GpuProfile):
+            return _gpu_cost(request, scheduler, tp, source, notes), "gpu profile", 0
+        return source, "profile", _overhead(_meta(profile), profile)
     model = roofline_cost_model(
         request.model,
         request.accelerator,
@@ -164,8 +175,37 @@ def _cost(
         kv_bytes_per_token=shape.bytes_per_token,
         tp=tp,
     )
-    notes.append("roofline step times: an estimate from peak rates; calibrate for accuracy")
+    ceilings = "measured" if request.accelerator.measured_source else "datasheet"
+    notes.append(
+        f"roofline step times: an estimate from the accelerator's {ceilings} ceilings; "
+        "for accuracy, profile the GPU (`servepilot profile`) or calibrate a replica"
+    )
     return model, "roofline", 0
+
+
+def _gpu_cost(
+    request: PlanRequest,
+    scheduler: SchedulerConfig,
+    tp: int,
+    profile: GpuProfile,
+    notes: list[str],
+) -> CostModel:
+    traffic = request.traffic
+    at = Operating(
+        traffic.input_tokens,
+        traffic.output_tokens,
+        scheduler.max_num_seqs,
+        scheduler.max_num_batched_tokens,
+    )
+    fitted = profile_cost_model(
+        profile, request.model, request.accelerator, tp=tp, weights=request.weights_dtype, at=at
+    )
+    notes.append(
+        f"step times composed from {profile.source} ({profile.versions}), linearized around "
+        f"the traffic: median error {fitted.median_error:.1%}, at most {fitted.max_error:.1%}; "
+        "TP all-reduces from the catalog's link figures (not measured)"
+    )
+    return fitted.model
 
 
 def _meta(path: Path) -> dict[str, Any]:

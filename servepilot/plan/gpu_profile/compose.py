@@ -1,0 +1,158 @@
+"""A step's time composed from measured operators: the second source of step times, beside
+the roofline (costmodel.py), behind the same `CostModel` the planner and simulator use.
+
+`StepComposer.step_time_s(shape)` is the sum, over the operators of the profile, of
+count x the measured time at the step's size (interpolated: table.py), plus what one GPU
+cannot measure or does not run:
+- tensor-parallel all-reduces, from the catalog's interconnect bandwidth and latency
+  (catalogued, not measured: the profile is taken on one GPU);
+- a per-step and per-sequence CPU overhead (vLLM's scheduler, input preparation, sampling),
+  the roofline's nominal constants.
+
+The sizes of a step: every linear runs over its tokens (prefill chunks + decodes), the LM
+head over the sequences it samples, MLA's absorbed projections over decode tokens and its
+kv_b_proj over prefill tokens; decode attention over (decode sequences, their mean
+context); prefill attention over the chunks' query-key pairs.
+
+`linearize` fits a `CostModel` to the composition over the steps a replica serving given
+traffic runs (decode batches up to max_num_seqs at the traffic's contexts, with and without
+a prefill chunk), so the simulator's step stays one multiply-add per coefficient; the fit's
+error is returned with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from servepilot.core.errors import ConfigError
+from servepilot.plan.costmodel import (
+    GPU_SEQ_OVERHEAD_S,
+    GPU_STEP_OVERHEAD_S,
+    CostModel,
+    StepShape,
+    allreduce_costs,
+    fit_cost_model,
+    prefill_pairs,
+)
+from servepilot.plan.dtypes import WeightDtype
+from servepilot.plan.gpu_profile.table import GpuProfile
+from servepilot.plan.hardware import Accelerator
+from servepilot.plan.spec import ModelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class StepComposer:
+    profile: GpuProfile
+    comm_token_s: float
+    """TP all-reduce seconds per token of the step (catalogued link bandwidth)."""
+    comm_step_s: float
+    """TP all-reduce latency per step (catalogued)."""
+    step_overhead_s: float = GPU_STEP_OVERHEAD_S
+    seq_overhead_s: float = GPU_SEQ_OVERHEAD_S
+
+    def gpu_time_s(self, shape: StepShape) -> float:
+        """The measured operators alone."""
+        tokens = shape.prefill_tokens + shape.decode_seqs
+        sizes = {
+            "tokens": tokens,
+            "sampled": shape.prefill_seqs + shape.decode_seqs,
+            "decode": shape.decode_seqs,
+            "prefill": shape.prefill_tokens,
+        }
+        total = sum(op.count * op.curve.at(sizes[op.axis]) for op in self.profile.token_ops)
+        if shape.decode_seqs:
+            # context_tokens counts the cached tokens of prefill chunks too; their attention
+            # to it is in prefill_pairs, so decode attention gets the decoders' share.
+            seqs = shape.decode_seqs + shape.prefill_seqs
+            per_seq = shape.context_tokens / seqs
+            total += sum(
+                op.count * op.at(shape.decode_seqs, per_seq) for op in self.profile.decode_attention
+            )
+        total += sum(
+            op.count * op.curve.at(shape.prefill_pairs) for op in self.profile.prefill_attention
+        )
+        return total
+
+    def step_time_s(self, shape: StepShape) -> float:
+        tokens = shape.prefill_tokens + shape.decode_seqs
+        seqs = shape.prefill_seqs + shape.decode_seqs
+        comm = self.comm_step_s + self.comm_token_s * tokens if tokens else 0.0
+        return self.gpu_time_s(shape) + comm + self.step_overhead_s + self.seq_overhead_s * seqs
+
+
+def composer(
+    profile: GpuProfile,
+    spec: ModelSpec,
+    accelerator: Accelerator,
+    *,
+    tp: int,
+    where: str,
+    weights: WeightDtype | None = None,
+) -> StepComposer:
+    """The composer for `spec` served at `tp` (and `weights`, when given) on `accelerator`;
+    the profile must have been taken for the same model, TP and weight format (its shapes
+    are one rank's)."""
+    if weights is not None and profile.dtype != weights.value:
+        raise ConfigError(
+            f"{where}: the profile times {profile.dtype} weights; the fleet runs {weights.value}",
+            hint=f"profile it: servepilot profile --model {spec.name} --dtype {weights.value}",
+        )
+    if profile.model != spec.name:
+        raise ConfigError(
+            f"{where}: the profile is of {profile.model}, the fleet serves {spec.name}",
+            hint=f"profile it: servepilot profile --model {spec.name}",
+        )
+    if profile.tp != tp:
+        raise ConfigError(
+            f"{where}: the profile's shapes are one rank of tp {profile.tp}; the fleet runs "
+            f"tp {tp}",
+            hint=f"profile it: servepilot profile --model {spec.name} --tp {tp}",
+        )
+    comm_token_s, comm_step_s = allreduce_costs(spec, accelerator, tp)
+    return StepComposer(profile, comm_token_s, comm_step_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Operating:
+    """The traffic and limits a replica is linearized for."""
+
+    input_tokens: int
+    output_tokens: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Linearized:
+    model: CostModel
+    median_error: float
+    """Relative, over the fitted steps."""
+    max_error: float
+
+
+def linearize(step: StepComposer, at: Operating) -> Linearized:
+    """A linear `CostModel` fitted to `step` over the steps a replica runs at `at`."""
+    samples = [(shape, step.step_time_s(shape)) for shape in _operating_steps(at)]
+    source = f"{step.profile.source} (linearized)"
+    model = fit_cost_model(samples, source=source)
+    errors = sorted(abs(model.step_time_s(s) / t - 1) for s, t in samples)
+    return Linearized(model, errors[len(errors) // 2], errors[-1])
+
+
+def _operating_steps(at: Operating) -> Iterator[StepShape]:
+    prompt, output = max(1, at.input_tokens), max(1, at.output_tokens)
+    batches = sorted({min(b, at.max_num_seqs) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)})
+    contexts = (prompt, prompt + output // 2, prompt + output)
+    chunk = min(prompt, at.max_num_batched_tokens)
+    for b in batches:
+        for context in contexts:
+            yield StepShape(0, 0, b, b * context, 0)
+            room = at.max_num_batched_tokens - b
+            if room > 0:
+                c = min(chunk, room)
+                yield StepShape(c, 1, b, b * context, prefill_pairs(c, 0))
+    for size in sorted({chunk, max(1, chunk // 2), max(1, chunk // 4)}):
+        yield StepShape(size, 1, 0, 0, prefill_pairs(size, 0))
+        half = max(1, size // 2)
+        yield StepShape(2 * half, 2, 0, 0, 2 * prefill_pairs(half, 0))

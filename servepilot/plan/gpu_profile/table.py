@@ -1,0 +1,192 @@
+"""A GPU operator profile (schema `servepilot.gpuprofile/v1`, written by profiler.py) read
+back as typed tables, each answering "how long does this operator take at this size",
+interpolated between the measured points.
+
+Interpolation is piecewise linear in the size itself (not its logarithm): a weight-bound
+GEMM is flat in tokens and a compute-bound one linear, and both are exact under linear
+interpolation. Past the largest measured size, time grows in proportion to the size (every
+operator here is linear there); below the smallest, it is the smallest's time (a kernel
+does not get cheaper than its launch).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from servepilot.core.errors import ConfigError
+from servepilot.plan.gpu_profile.profiler import PROFILE_SCHEMA
+
+TOKEN_KINDS = ("gemm", "moe", "rmsnorm", "silu_mul")
+AXES = ("tokens", "sampled", "decode", "prefill")
+
+
+@dataclass(frozen=True, slots=True)
+class Curve:
+    """Measured (size, seconds) points of one operator, sizes ascending."""
+
+    sizes: tuple[float, ...]
+    seconds: tuple[float, ...]
+
+    def at(self, size: float) -> float:
+        """Seconds at `size`; 0 for size <= 0 (the operator does not run)."""
+        if size <= 0:
+            return 0.0
+        xs, ys = self.sizes, self.seconds
+        if size >= xs[-1]:
+            return ys[-1] * size / xs[-1]
+        if size <= xs[0]:
+            return ys[0]
+        i = bisect.bisect_right(xs, size)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return y0 + (y1 - y0) * (size - x0) / (x1 - x0)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenOp:
+    """An operator whose time depends on one count (`axis`): tokens of the step, sequences
+    sampled, decode tokens, prefill tokens."""
+
+    name: str
+    axis: str
+    count: int
+    curve: Curve
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeAttention:
+    """Decode attention over (sequences, context per sequence): one context curve per
+    measured batch size, interpolated linearly between batch sizes."""
+
+    name: str
+    count: int
+    batches: tuple[int, ...]
+    by_batch: tuple[Curve, ...]
+
+    def at(self, batch: float, context: float) -> float:
+        if batch <= 0 or context <= 0:
+            return 0.0
+        bs = self.batches
+        if batch >= bs[-1]:
+            return self.by_batch[-1].at(context) * batch / bs[-1]
+        if batch <= bs[0]:
+            return self.by_batch[0].at(context)
+        i = bisect.bisect_right(bs, batch)
+        lo, hi = self.by_batch[i - 1].at(context), self.by_batch[i].at(context)
+        return lo + (hi - lo) * (batch - bs[i - 1]) / (bs[i] - bs[i - 1])
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillAttention:
+    """Causal prefill attention as a function of query-key pairs (a prompt of t tokens has
+    t (t + 1) / 2), so that chunks after cached context are costed by their pairs too."""
+
+    name: str
+    count: int
+    curve: Curve
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProfile:
+    model: str
+    dtype: str
+    tp: int
+    gpu: str
+    date: str
+    versions: str
+    """"torch 2.11.0+cu130, CUDA 13.0"."""
+    token_ops: tuple[TokenOp, ...]
+    decode_attention: tuple[DecodeAttention, ...]
+    prefill_attention: tuple[PrefillAttention, ...]
+
+    @property
+    def source(self) -> str:
+        return f"gpu profile: {self.gpu} {self.date[:10]}/{self.model} {self.dtype} tp{self.tp}"
+
+
+def is_gpu_profile(document: Any) -> bool:
+    return isinstance(document, dict) and document.get("schema") == PROFILE_SCHEMA
+
+
+def load_gpu_profile(path: Path) -> GpuProfile:
+    """Read a profile written by profiler.py; a bad file is a ConfigError naming the file
+    and the operator."""
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{path}: no such GPU profile", hint="create one with `servepilot profile`"
+        ) from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read it as JSON ({exc})") from None
+    return gpu_profile_from(document, str(path))
+
+
+def gpu_profile_from(document: Any, where: str) -> GpuProfile:
+    if not is_gpu_profile(document):
+        raise ConfigError(f"{where}: schema: expected {PROFILE_SCHEMA!r}")
+    try:
+        tokens, decode, prefill = _tables(document["operators"])
+        return GpuProfile(
+            model=str(document["model"]),
+            dtype=str(document["dtype"]),
+            tp=int(document["tp"]),
+            gpu=str(document["gpu"]),
+            date=str(document["date"]),
+            versions=f"torch {document['torch']}, CUDA {document['cuda']}",
+            token_ops=tokens,
+            decode_attention=decode,
+            prefill_attention=prefill,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"{where}: not a valid GPU profile ({type(exc).__name__}: {exc})"
+        ) from None
+
+
+def _tables(
+    operators: list[dict[str, Any]],
+) -> tuple[tuple[TokenOp, ...], tuple[DecodeAttention, ...], tuple[PrefillAttention, ...]]:
+    tokens: list[TokenOp] = []
+    decode: list[DecodeAttention] = []
+    prefill: list[PrefillAttention] = []
+    for op in operators:
+        name, kind, count = str(op["name"]), op["kind"], int(op["count"])
+        points = op["points"]
+        if kind in TOKEN_KINDS:
+            axis = op.get("axis", "tokens")
+            if axis not in AXES:
+                raise ValueError(f"{name}: axis {axis!r} is not one of {AXES}")
+            tokens.append(TokenOp(name, axis, count, _curve(points, "tokens", name)))
+        elif kind == "attn_decode":
+            decode.append(_decode(name, count, points))
+        elif kind == "attn_prefill":
+            pairs = [{"pairs": p["tokens"] * (p["tokens"] + 1) / 2, "us": p["us"]} for p in points]
+            prefill.append(PrefillAttention(name, count, _curve(pairs, "pairs", name)))
+        else:
+            raise ValueError(f"{name}: unknown kind {kind!r}")
+    return tuple(tokens), tuple(decode), tuple(prefill)
+
+
+def _curve(points: list[dict[str, Any]], key: str, name: str) -> Curve:
+    pairs = sorted((float(p[key]), float(p["us"]) * 1e-6) for p in points)
+    if not pairs:
+        raise ValueError(f"{name}: no points")
+    for size, seconds in pairs:
+        if not (size > 0 and math.isfinite(seconds) and seconds > 0):
+            raise ValueError(f"{name}: bad point {key}={size}, us={seconds * 1e6}")
+    if len({size for size, _ in pairs}) != len(pairs):
+        raise ValueError(f"{name}: a {key} value is measured twice")
+    return Curve(tuple(s for s, _ in pairs), tuple(t for _, t in pairs))
+
+
+def _decode(name: str, count: int, points: list[dict[str, Any]]) -> DecodeAttention:
+    batches = sorted({int(p["batch"]) for p in points})
+    curves = tuple(
+        _curve([p for p in points if int(p["batch"]) == b], "context", name) for b in batches
+    )
+    return DecodeAttention(name, count, tuple(batches), curves)

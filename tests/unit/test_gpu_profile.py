@@ -1,0 +1,305 @@
+"""GPU operator profiles: the shapes `servepilot profile` times, the profiler's logic on the
+CPU (its GPU path where a GPU exists), the profile tables, and step times composed from them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from servepilot.cli.main import main
+from servepilot.core.errors import ConfigError
+from servepilot.plan.costmodel import StepShape
+from servepilot.plan.dtypes import WeightDtype
+from servepilot.plan.gpu_profile import profiler
+from servepilot.plan.gpu_profile.compose import Operating, StepComposer, composer, linearize
+from servepilot.plan.gpu_profile.shapes import TOKEN_GRID, step_operators
+from servepilot.plan.gpu_profile.table import Curve, gpu_profile_from, load_gpu_profile
+from servepilot.plan.hardware import get_accelerator
+from servepilot.plan.presets import load_preset, preset_names
+
+REPO = Path(__file__).resolve().parents[2]
+H200_LLAMA = REPO / "benchmarks/gpu_profiles/h200-llama-3.1-8b-bf16.json"
+
+
+def _ops(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {op["name"]: op for op in doc["operators"]}
+
+
+# ---- shapes -------------------------------------------------------------------------------
+
+
+def test_llama_8b_shapes_are_its_linears_attention_and_head() -> None:
+    ops = _ops(step_operators(load_preset("llama-3.1-8b")))
+    # 32 query heads + 2 x 8 KV heads of 128: 6,144 outputs; MLP 14,336 wide; vocab 128,256.
+    assert (ops["qkv_proj"]["k"], ops["qkv_proj"]["n"], ops["qkv_proj"]["count"]) == (
+        4096, 6144, 32)  # fmt: skip
+    assert (ops["o_proj"]["k"], ops["o_proj"]["n"]) == (4096, 4096)
+    assert (ops["gate_up_proj"]["n"], ops["down_proj"]["k"]) == (2 * 14336, 14336)
+    assert ops["lm_head"]["n"] == 128256 and ops["lm_head"]["axis"] == "sampled"
+    assert ops["rmsnorm"]["count"] == 65  # two per layer and the final one
+    decode = ops["attn_decode"]
+    assert (decode["heads"], decode["kv_heads"], decode["qk_dim"]) == (32, 8, 128)
+    assert all(p["batch"] * p["context"] <= 2**22 for p in decode["points"])
+    assert [p["tokens"] for p in ops["qkv_proj"]["points"]] == list(TOKEN_GRID)
+    assert TOKEN_GRID[0] == 1 and TOKEN_GRID[-1] == 8192 and len(TOKEN_GRID) == 26
+
+
+def test_deepseek_v3_at_tp8_has_mla_latent_shapes_and_moe_experts() -> None:
+    doc = step_operators(load_preset("deepseek-v3"), dtype=WeightDtype.FP8, tp=8)
+    ops = _ops(doc)
+    assert (doc["dtype"], doc["tp"]) == ("fp8", 8)
+    # 128 heads / 8 = 16 per rank; decode reads the 512 + 64 latent, values its 512 dims.
+    mla = ops["mla_decode"]
+    assert (mla["heads"], mla["kv_heads"], mla["qk_dim"], mla["v_dim"], mla["latent"]) == (
+        16, 1, 576, 512, True)  # fmt: skip
+    assert (ops["mla_prefill"]["qk_dim"], ops["mla_prefill"]["v_dim"]) == (192, 128)
+    assert (ops["w_uk"]["groups"], ops["w_uk"]["axis"]) == (16, "decode")
+    assert ops["kv_b_proj"]["axis"] == "prefill"
+    assert ops["qkv_a_proj"]["n"] == 1536 + 576  # replicated: not divided by tp
+    experts = ops["experts"]
+    assert (experts["experts"], experts["top_k"], experts["n"], experts["count"]) == (
+        256, 8, 2048 // 8, 58)  # fmt: skip
+    assert (ops["gate_up_proj"]["count"], ops["gate_up_proj"]["n"]) == (3, 2 * 18432 // 8)
+    assert ops["router"]["fp8"] is False and ops["lm_head"]["n"] == 129280 // 8
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_every_preset_enumerates_valid_shapes(name: str) -> None:
+    doc = step_operators(load_preset(name))
+    profiler.check_shapes(doc)
+    for op in doc["operators"]:
+        assert op["count"] >= 1
+        assert all(v > 0 for k, v in op.items() if k in ("k", "n", "width", "heads", "qk_dim"))
+
+
+def test_tp_must_divide_the_heads() -> None:
+    with pytest.raises(ValueError, match="divide"):
+        step_operators(load_preset("llama-3.1-8b"), tp=3)
+
+
+def test_moe_load_spreads_tokens_over_the_experts_a_uniform_router_touches() -> None:
+    assert profiler.moe_load(1, 256, 8) == (8, 1)  # one token: its 8 experts, 1 token each
+    # 4,096 tokens x 8 picks over 256 experts touch all of them, 128 tokens each.
+    assert profiler.moe_load(4096, 256, 8) == (256, 128)
+
+
+# ---- the profiler, on the CPU ---------------------------------------------------------------
+
+
+def _tiny_shapes() -> dict[str, Any]:
+    attn = {"heads": 4, "kv_heads": 2, "qk_dim": 8, "v_dim": 8, "count": 1}
+    return {
+        "schema": profiler.SHAPES_SCHEMA, "model": "tiny", "dtype": "bf16", "tp": 1,
+        "operators": [
+            {"name": "lin", "kind": "gemm", "axis": "tokens", "k": 16, "n": 32, "count": 2,
+             "points": [{"tokens": 1}, {"tokens": 8}]},
+            {"name": "bmm", "kind": "gemm", "axis": "decode", "k": 8, "n": 16, "groups": 2,
+             "count": 1, "points": [{"tokens": 2}]},
+            {"name": "moe", "kind": "moe", "axis": "tokens", "experts": 4, "top_k": 2, "k": 16,
+             "n": 8, "count": 1, "points": [{"tokens": 3}]},
+            {"name": "norm", "kind": "rmsnorm", "axis": "tokens", "width": 16, "count": 3,
+             "points": [{"tokens": 4}]},
+            {"name": "act", "kind": "silu_mul", "axis": "tokens", "width": 16, "count": 1,
+             "points": [{"tokens": 4}]},
+            {"name": "dec", "kind": "attn_decode", **attn,
+             "points": [{"batch": 1, "context": 16}, {"batch": 2, "context": 16}]},
+            {"name": "lat", "kind": "attn_decode", **attn, "kv_heads": 1, "qk_dim": 12,
+             "latent": True, "points": [{"batch": 2, "context": 8}]},
+            {"name": "pre", "kind": "attn_prefill", **attn, "points": [{"tokens": 16}]},
+        ],
+    }  # fmt: skip
+
+
+def test_the_profiler_times_every_point_and_writes_the_schema_on_cpu(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text(json.dumps(_tiny_shapes()))
+    out = tmp_path / "profile.json"
+    assert profiler.main(["--shapes", str(shapes), "--out", str(out), "--device", "cpu"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == profiler.PROFILE_SCHEMA and doc["gpu"].startswith("cpu")
+    assert {"torch", "cuda", "date", "method", "elapsed_s"} <= set(doc)
+    points = [p for op in doc["operators"] for p in op["points"]]
+    assert len(points) == 10 and all(p["us"] > 0 for p in points)
+    table = gpu_profile_from(doc, "test")
+    assert [op.name for op in table.token_ops] == ["lin", "bmm", "moe", "norm", "act"]
+    assert [op.name for op in table.decode_attention] == ["dec", "lat"]
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+@pytest.mark.skipif(not _cuda(), reason="no CUDA GPU here: the GPU path runs where one is")
+def test_the_profiler_times_on_the_gpu(tmp_path: Path) -> None:
+    doc = profiler.run_profile(_tiny_shapes(), device="cuda", log=lambda _: None)
+    assert all(p["us"] > 0 for op in doc["operators"] for p in op["points"])
+
+
+def test_without_a_gpu_profile_says_so_and_exits_3(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "p.json"
+    assert main(["profile", "--model", "llama-3.1-8b", "--out", str(out)]) == 3
+    err = capsys.readouterr().err
+    assert "no CUDA GPU" in err and "Traceback" not in err and not out.exists()
+
+
+def test_shapes_only_writes_what_the_stand_alone_profiler_reads(tmp_path: Path) -> None:
+    out = tmp_path / "shapes.json"
+    assert main(["profile", "--model", "deepseek-v3", "--dtype", "fp8", "--tp", "8",
+                 "--shapes-only", "--out", str(out)]) == 0  # fmt: skip
+    profiler.check_shapes(json.loads(out.read_text()))
+
+
+def test_bad_shapes_exit_2(tmp_path: Path) -> None:
+    shapes = tmp_path / "s.json"
+    shapes.write_text('{"schema": "other"}')
+    assert profiler.main(["--shapes", str(shapes), "--out", str(tmp_path / "o.json")]) == 2
+
+
+# ---- tables and composition ---------------------------------------------------------------
+
+
+def test_a_curve_interpolates_linearly_and_extrapolates_in_proportion() -> None:
+    curve = Curve((1.0, 100.0, 1000.0), (10e-6, 10e-6, 100e-6))
+    assert curve.at(0) == 0.0
+    assert curve.at(0.5) == 10e-6  # no cheaper than the smallest measured
+    assert curve.at(550.0) == pytest.approx(55e-6)
+    assert curve.at(2000.0) == pytest.approx(200e-6)
+
+
+def _known_profile() -> dict[str, Any]:
+    """Two linears (a flat and a linear one), a head, decode and prefill attention."""
+    return {
+        "schema": profiler.PROFILE_SCHEMA, "model": "llama-3.1-8b", "dtype": "bf16",
+        "tp": 1, "gpu": "Test GPU", "torch": "2.x", "cuda": "13.0", "date": "2026-12-01T00:00Z",
+        "operators": [
+            {"name": "flat", "kind": "gemm", "axis": "tokens", "count": 10, "k": 1, "n": 1,
+             "points": [{"tokens": 1, "us": 50}, {"tokens": 256, "us": 50},
+                        {"tokens": 1024, "us": 200}]},
+            {"name": "head", "kind": "gemm", "axis": "sampled", "count": 1, "k": 1, "n": 1,
+             "points": [{"tokens": 1, "us": 100}, {"tokens": 64, "us": 100}]},
+            {"name": "dec", "kind": "attn_decode", "count": 10, "heads": 1, "kv_heads": 1,
+             "qk_dim": 1, "v_dim": 1,
+             "points": [{"batch": 1, "context": 1000, "us": 5},
+                        {"batch": 1, "context": 2000, "us": 9},
+                        {"batch": 4, "context": 1000, "us": 11},
+                        {"batch": 4, "context": 2000, "us": 21}]},
+            {"name": "pre", "kind": "attn_prefill", "count": 10, "heads": 1, "kv_heads": 1,
+             "qk_dim": 1, "v_dim": 1,
+             "points": [{"tokens": 15, "us": 12}, {"tokens": 255, "us": 300}]},
+        ],
+    }  # fmt: skip
+
+
+def test_a_known_operator_table_gives_a_known_step_time() -> None:
+    table = gpu_profile_from(_known_profile(), "test")
+    step = StepComposer(table, comm_token_s=0.0, comm_step_s=0.0, step_overhead_s=1e-3,
+                        seq_overhead_s=1e-5)  # fmt: skip
+    # Decode only: 2 sequences at 1,500 tokens of context each.
+    # flat 10 x 50 + head 100 + attention 10 x (batch 2 between 1 and 4 at context 1,500:
+    # 7 + (16 - 7) / 3 = 10) = 700 us; + 1 ms + 2 x 10 us.
+    decode = StepShape(0, 0, 2, 3000, 0)
+    assert step.step_time_s(decode) == pytest.approx(700e-6 + 1e-3 + 20e-6)
+    # A prefill of 255 tokens alone: flat 10 x 50 (255 < 256) + head 100 + 10 x 300 us
+    # (255 x 256 / 2 pairs, the measured point) = 3,600 us; + 1 ms + 10 us.
+    prefill = StepShape(255, 1, 0, 0, 255 * 256 // 2)
+    assert step.step_time_s(prefill) == pytest.approx(3600e-6 + 1e-3 + 10e-6)
+    # 640 tokens: the flat linear interpolates to 50 + 150 x 384 / 768 = 125 us.
+    assert step.gpu_time_s(StepShape(640, 1, 0, 0, 0)) == pytest.approx(1250e-6 + 100e-6)
+
+
+def test_tp_communication_comes_from_the_catalog_link() -> None:
+    doc = _known_profile() | {"model": "llama-3.1-70b", "tp": 4}
+    step = composer(gpu_profile_from(doc, "t"), load_preset("llama-3.1-70b"),
+                    get_accelerator("h200"), tp=4, where="t")  # fmt: skip
+    # 2 all-reduces x 80 layers x 8,192 x 2 bytes x 2 x 3/4 per token over 450 GB/s one way,
+    # 10 us latency each.
+    assert step.comm_token_s == pytest.approx(160 * 8192 * 2 * 1.5 / 450e9)
+    assert step.comm_step_s == pytest.approx(160 * 10e-6)
+
+
+def test_a_profile_of_another_model_or_tp_is_refused() -> None:
+    table = gpu_profile_from(_known_profile(), "t")
+    h200 = get_accelerator("h200")
+    with pytest.raises(ConfigError, match=r"profile is of llama-3\.1-8b"):
+        composer(table, load_preset("qwen3-32b"), h200, tp=1, where="t")
+    with pytest.raises(ConfigError, match="tp 2"):
+        composer(table, load_preset("llama-3.1-8b"), h200, tp=2, where="t")
+    with pytest.raises(ConfigError, match="times bf16 weights; the fleet runs fp8"):
+        composer(table, load_preset("llama-3.1-8b"), h200, tp=1, where="t",
+                 weights=WeightDtype.FP8)  # fmt: skip
+
+
+def test_the_measured_h200_profile_linearizes_within_a_few_percent() -> None:
+    table = load_gpu_profile(H200_LLAMA)
+    assert table.gpu == "NVIDIA H200" and table.date.startswith("2026-12-01")
+    step = composer(table, load_preset("llama-3.1-8b"), get_accelerator("h200"), tp=1,
+                    where="t")  # fmt: skip
+    fitted = linearize(step, Operating(1000, 1000, 256, 8192))
+    assert fitted.median_error < 0.03 and fitted.max_error < 0.15
+    # Decode alone is bound by reading 16 GB of weights: measured at ~3.4 TB/s, not 4.8.
+    one = step.gpu_time_s(StepShape(0, 0, 1, 1024, 0))
+    assert 4.2e-3 < one < 5.2e-3
+
+
+def test_sim_and_plan_take_a_gpu_profile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("model: {source: llama-3.1-8b}\nhardware: {accelerator: h200, count: 1}\n")
+    out = tmp_path / "out"
+    assert main(["sim", "-c", str(fleet), "--profile", str(H200_LLAMA), "--concurrency", "4",
+                 "--requests", "8", "--input-tokens", "512", "--output-tokens", "16",
+                 "--out", str(out)]) == 0  # fmt: skip
+    target = json.loads((out / "results.json").read_text())["target"]
+    assert target["cost_model"]["kind"] == "gpu profile"
+    assert target["cost_model"]["source"].startswith("gpu profile: NVIDIA H200")
+    capsys.readouterr()
+    assert main(["plan", "--model", "llama-3.1-8b", "--accelerator", "h200", "--count", "1",
+                 "--profile", str(H200_LLAMA), "--json"]) == 0  # fmt: skip
+    plan = json.loads(capsys.readouterr().out)
+    assert "gpu profile: NVIDIA H200" in json.dumps(plan)
+
+
+def test_composed_decode_steps_match_a_whole_forward_timed_on_the_h200() -> None:
+    """benchmarks/gpu_forward_check.py timed Llama-3.1-8B's whole decode step (32 layers in
+    one CUDA graph) on the same H200: the sum of the isolated operators is within 5% of it
+    (short by the residual adds the profile leaves out)."""
+    table = load_gpu_profile(H200_LLAMA)
+    step = StepComposer(table, comm_token_s=0.0, comm_step_s=0.0)
+    forward = json.loads((H200_LLAMA.parent / "h200-llama-3.1-8b-bf16-forward.json").read_text())
+    assert forward["gpu"] == table.gpu and len(forward["points"]) == 7
+    for point in forward["points"]:
+        batch, context = point["batch"], point["context"]
+        composed = step.gpu_time_s(StepShape(0, 0, batch, batch * context, 0))
+        assert composed / (point["us"] * 1e-6) - 1 == pytest.approx(-0.03, abs=0.02)
+
+
+def test_tune_on_the_simulator_takes_a_gpu_profile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        "model: {source: llama-3.1-8b}\nhardware: {accelerator: h200, count: 1, device: gpu}\n"
+    )
+    out = tmp_path / "tune"
+    assert main(["tune", "-c", str(fleet), "--engine", "sim", "--profile", str(H200_LLAMA),
+                 "--input-tokens", "512", "--output-tokens", "32", "--requests", "20",
+                 "--budget", "1", "--slo", "ttft_p99_ms=2000,tpot_p99_ms=50",
+                 "--out", str(out)]) == 0  # fmt: skip
+    trial = json.loads((out / "trials.jsonl").read_text().splitlines()[0])
+    # Alone on the replica, a decode step of the 8B model on the H200: ~4.8 ms of operators
+    # plus 1 ms of CPU overhead (the roofline would say 4.8 in all).
+    tpot = trial["outcome"]["runs"][0]["tpot_ms"]["p50"]
+    assert 5.5 < tpot < 6.2
