@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.servepilot-installed
 ARGS ?=
 
-.PHONY: install model prometheus serve down status test lint typecheck unit bench-client \
+.PHONY: install model prometheus serve down status test lint typecheck unit bench-client bench-profile \
 	bench-gateway bench-routing bench-plan bench-sim bench-tune bench-autoscale bench-ray \
 	bench-batch clean
 
@@ -123,6 +123,12 @@ bench-tune: model
 # replica-hours, scale events. A few CPU minutes; fails when a target of issue 17 is missed.
 bench-autoscale: install
 	$(BIN)/python benchmarks/bench_autoscale.py $(ARGS)
+
+# Step times from the GPU profiles measured on an H200 (benchmarks/gpu_profiles/) against the
+# roofline, both held against vLLM's published H200 runs: TPOT and output throughput errors.
+# Seconds on the CPU (the profiles are data; `servepilot profile` makes new ones on a GPU).
+bench-profile: install
+	$(BIN)/python benchmarks/bench_profile.py $(ARGS)
 
 # Batch jobs on idle capacity: P0 TTFT p99 with and without a large concurrent batch, and the
 # share of the idle capacity the batch used, on two simulated replicas with a cost model,

@@ -95,7 +95,7 @@ def simulate(run: Published, kind: str, work: Path) -> dict[str, float]:
     }
 
 
-def main_() -> None:
+def main_() -> int:
     errors: dict[str, list[float]] = {"profile": [], "roofline": [], "datasheet": []}
     print(f"{'run':<22} {'source':<9} {'TPOT p50 ms':>18} {'err':>7} "
           f"{'output tok/s':>20} {'err':>7}")  # fmt: skip
@@ -112,10 +112,22 @@ def main_() -> None:
                 print(f"{run.name:<22} {kind:<9} {got['tpot_ms']:>8.2f} (pub {tpot:>5.2f}) "
                       f"{e_tpot:>+7.1%} {got['output_tokens_per_s']:>8.0f} "
                       f"(pub {run.output_tokens_per_s:>6.0f}) {e_tput:>+7.1%}")  # fmt: skip
-    for kind, values in errors.items():
-        print(f"median |error| {kind}: {statistics.median(values):.1%}")
+    medians = {kind: statistics.median(values) for kind, values in errors.items()}
+    for kind, median in medians.items():
+        print(f"median |error| {kind}: {median:.1%}")
     print(f"published: {BUILDKITE} (vLLM's nightly latency tests on H200)")
+    return report_targets(medians["profile"], medians["roofline"])
+
+
+def report_targets(profile: float, roofline: float) -> int:
+    """Issue 23's two targets on the median error; 1 when one is missed (make fails)."""
+    halves = profile <= roofline / 2
+    bounded = profile <= 0.15
+    print(f"profile {profile:.1%} vs roofline {roofline:.1%}: "
+          f"{'met' if halves else 'MISSED'} (at most half the roofline's)")  # fmt: skip
+    print(f"profile {profile:.1%}: {'met' if bounded else 'MISSED'} (at most 15%)")
+    return 0 if halves and bounded else 1
 
 
 if __name__ == "__main__":
-    main_()
+    raise SystemExit(main_())
