@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     source = _source(args.discover)
     if not urls and source is None:
         raise ConfigError("give at least one --replica URL, or --discover k8s:SERVICE")
+    alongside = _autoscaler(fleet, source, args.scale_deployment)
     check_port_free(config.host, config.port)
 
     upstreams = [*urls, *([args.discover] if source is not None else [])]
@@ -108,7 +109,6 @@ def run(args: argparse.Namespace) -> int:
             update={"access_log": config.access_log.model_copy(update={"enabled": True})}
         )
     replicas = [(f"r{i}", url) for i, url in enumerate(urls)]
-    alongside = _autoscaler(fleet, source, args.scale_deployment)
     run_gateway(
         config,
         replicas,

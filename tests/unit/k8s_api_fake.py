@@ -29,6 +29,8 @@ class FakeCluster:
     """Deployments and their spec.replicas."""
     pods: dict[str, dict[str, str]] = field(default_factory=dict)
     """Pods and their annotations."""
+    endpoints: dict[str, tuple[str, int, bool]] = field(default_factory=dict)
+    """Pods serving the Service, and their (ip, port, ready): one EndpointSlice each."""
     forbidden: set[str] = field(default_factory=set)
     """Resources the service account may not touch ("deployments/scale", "pods")."""
     version: int = 1
@@ -107,7 +109,19 @@ def _app(cluster: FakeCluster) -> web.Application:
         cluster.pods[name].update(patch["metadata"]["annotations"])
         return web.json_response({"kind": "Pod", "metadata": {"name": name}})
 
+    async def slices(request: web.Request) -> web.Response:
+        if (refused := _refused(cluster, request, "endpointslices")) is not None:
+            return refused
+        items = [
+            {"ports": [{"name": "http", "port": port}],
+             "endpoints": [{"addresses": [ip], "conditions": {"ready": ready},
+                            "targetRef": {"kind": "Pod", "name": pod}}]}
+            for pod, (ip, port, ready) in cluster.endpoints.items()
+        ]  # fmt: skip
+        return web.json_response({"kind": "EndpointSliceList", "items": items})
+
     app = web.Application()
+    app.router.add_get("/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices", slices)
     scale = "/apis/apps/v1/namespaces/{ns}/deployments/{name}/scale"
     app.router.add_get(scale, get_scale)
     app.router.add_patch(scale, patch_scale)

@@ -5,20 +5,28 @@ scale-down, and the API's refusals come back named."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from servepilot.cli.main import main
+from servepilot.core.config import GatewayConfig, parse_config
 from servepilot.core.errors import ServepilotError
+from servepilot.fleet.autoscale.start import in_cluster
 from servepilot.fleet.k8s.scaling import (
     DELETION_COST,
     KubernetesScaling,
     ScalingForbidden,
     scaler_role,
 )
-from servepilot.gateway.discovery import Endpoint
+from servepilot.gateway import serve
+from servepilot.gateway.discovery import DISCOVERY_INTERVAL_S, Endpoint
 from servepilot.gateway.k8s_api import KubernetesApi, KubernetesApiError
-from servepilot.gateway.k8s_endpoints import endpoints_from_slices
+from servepilot.gateway.k8s_endpoints import KubernetesEndpoints, endpoints_from_slices
+from tests.unit.fake_upstream import FakeUpstream
 from tests.unit.gateway_support import run
 from tests.unit.k8s_api_fake import FakeCluster, api_server, service_account
 
@@ -184,3 +192,95 @@ def test_endpoint_slices_name_the_pod_behind_each_endpoint() -> None:
         {"addresses": ["10.1.0.8"]},
     ]}]}  # fmt: skip
     assert [e.pod for e in endpoints_from_slices(body)] == ["vllm-a", None]
+
+
+# --- in the gateway: `gateway --discover k8s:SVC --scale-deployment NAME` ---------------------
+
+
+async def _gateway_scaling(
+    cluster: FakeCluster, tmp_path: Path, section: dict[str, object], until: Callable[[], bool]
+) -> None:
+    """Serve a gateway on `cluster` with the section's autoscaler until `until()` holds."""
+    section = {"enabled": True, "interval_s": 0.2, "window_s": 0, "drain_timeout_s": 1} | section
+    config = parse_config({"autoscale": section}, origin="test")
+    async with api_server(cluster) as url:
+        source = KubernetesEndpoints("servepilot-vllm", api_url=url,
+                                     account_dir=service_account(tmp_path))  # fmt: skip
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(
+            serve(GatewayConfig(port=0), [], source=source, stop=stop, drain_timeout_s=1.0,
+                  alongside=lambda g: in_cluster(config, g, source, DEPLOYMENT))
+        )  # fmt: skip
+        try:
+            while not until():
+                assert not task.done(), task.exception()
+                await asyncio.sleep(0.05)
+        finally:
+            stop.set()
+            await task
+
+
+def test_the_gateway_scales_its_deployment_up_to_the_minimum(tmp_path: Path) -> None:
+    async def body() -> None:
+        a, b = await FakeUpstream("a").start(), await FakeUpstream("b").start()
+        cluster = FakeCluster(replicas={DEPLOYMENT: 1},
+                              endpoints={"vllm-a": ("127.0.0.1", a.port, True)})  # fmt: skip
+
+        seen: dict[str, float] = {}
+
+        def scaled_then_joined() -> bool:
+            now = time.monotonic()
+            if cluster.replicas[DEPLOYMENT] == 2:
+                seen.setdefault("scaled", now)
+            if "scaled" in seen and now - seen["scaled"] > 1.0 and "ready" not in seen:
+                # The pod is ready after a second of ticks: it counted as starting meanwhile.
+                cluster.endpoints["vllm-b"] = ("127.0.0.1", b.port, True)
+                seen["ready"] = now
+            # The watcher lists every 2 s: then a few ticks with both in the gateway.
+            return "ready" in seen and now - seen["ready"] > DISCOVERY_INTERVAL_S + 1.0
+
+        await _gateway_scaling(cluster, tmp_path, {"min_replicas": 2, "max_replicas": 3},
+                               scaled_then_joined)  # fmt: skip
+        # One step: the new pod counted as starting, then as the second replica.
+        assert cluster.replicas[DEPLOYMENT] == 2
+        assert cluster.calls.count(("PATCH", SCALE)) == 1
+        await a.stop()
+        await b.stop()
+
+    run(body(), timeout_s=30)
+
+
+def test_the_gateway_drains_a_pod_and_has_kubernetes_delete_that_one(tmp_path: Path) -> None:
+    async def body() -> None:
+        ups = [await FakeUpstream(n).start() for n in "abc"]
+        pods = {f"vllm-{u.name}": ("127.0.0.1", u.port, True) for u in ups}
+        cluster = FakeCluster(replicas={DEPLOYMENT: 3}, endpoints=dict(pods),
+                              pods={pod: {} for pod in pods})  # fmt: skip
+        await _gateway_scaling(cluster, tmp_path, {"min_replicas": 1, "max_replicas": 2},
+                               lambda: cluster.replicas[DEPLOYMENT] == 2)  # fmt: skip
+        marked = [pod for pod, notes in cluster.pods.items() if notes]
+        assert len(marked) == 1
+        assert cluster.pods[marked[0]] == {DELETION_COST: "-2147483648"}
+        pod_patch = cluster.calls.index(("PATCH", f"/api/v1/namespaces/llm/pods/{marked[0]}"))
+        assert pod_patch < cluster.calls.index(("PATCH", SCALE))
+        for upstream in ups:
+            await upstream.stop()
+
+    run(body(), timeout_s=30)
+
+
+def test_scale_deployment_needs_discovery_and_an_enabled_section(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    assert main(["gateway", "--replica", "http://127.0.0.1:9", "--scale-deployment", "v"]) == 2
+    assert "--scale-deployment: the gateway finds the pods with --discover" in (
+        capsys.readouterr().err
+    )
+    config = tmp_path / "fleet.yaml"
+    config.write_text("autoscale: {enabled: false}\n")
+    argv = ["gateway", "-c", str(config), "--discover", "k8s:s.llm", "--scale-deployment", "v"]
+    assert main(argv) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "autoscale section is not enabled" in err
+    assert "Traceback" not in err
