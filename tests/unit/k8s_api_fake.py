@@ -34,6 +34,8 @@ class FakeCluster:
     forbidden: set[str] = field(default_factory=set)
     """Resources the service account may not touch ("deployments/scale", "pods")."""
     version: int = 1
+    races: int = 0
+    """GETs of a Scale after which another writer changes the Deployment (a 409 for us)."""
     calls: list[tuple[str, str]] = field(default_factory=list)
     """(method, path) of each call, in order."""
     tokens: list[str | None] = field(default_factory=list)
@@ -76,7 +78,11 @@ def _app(cluster: FakeCluster) -> web.Application:
             return refused
         if name not in cluster.replicas:
             return status(404, "NotFound", f'deployments.apps "{name}" not found')
-        return web.json_response(cluster.scale(name))
+        answer = web.json_response(cluster.scale(name))
+        if cluster.races > 0:
+            cluster.races -= 1
+            cluster.version += 1
+        return answer
 
     async def patch_scale(request: web.Request) -> web.Response:
         name = request.match_info["name"]

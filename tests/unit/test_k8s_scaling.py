@@ -182,6 +182,24 @@ def test_an_unknown_deployment_is_the_apis_not_found(tmp_path: Path) -> None:
     run(body())
 
 
+def test_a_scale_changed_since_it_was_read_is_read_again(tmp_path: Path) -> None:
+    cluster = FakeCluster(replicas={DEPLOYMENT: 2}, races=1)
+
+    async def body() -> None:
+        async with api_server(cluster) as url:
+            backend = _backend(url, tmp_path, set(), _two_pods())
+            await backend.add()
+            assert cluster.replicas[DEPLOYMENT] == 3
+            cluster.races = 3  # it keeps changing: the conflict comes back, nothing written
+            with pytest.raises(KubernetesApiError, match="HTTP 409") as conflict:
+                await backend.add()
+        assert conflict.value.status == 409
+        assert cluster.replicas[DEPLOYMENT] == 3
+        assert backend.starting() == ("pending-1",)
+
+    run(body())
+
+
 def test_the_role_is_named_after_the_deployment() -> None:
     assert scaler_role("fleet-vllm") == "fleet-vllm-scaler"
 

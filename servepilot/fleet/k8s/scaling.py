@@ -36,6 +36,7 @@ DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 DRAINED_DELETION_COST = -(2**31)
 """The lowest int32: the drained pod goes before any other ready pod, whatever their costs."""
 PENDING_PREFIX = "pending-"
+_CONFLICT_TRIES = 3
 
 
 def scaler_role(deployment: str) -> str:
@@ -134,6 +135,17 @@ class KubernetesScaling:
         return dict(await self._call("GET", self.scale_path, None, what="get deployments/scale"))
 
     async def _scale_by(self, delta: int) -> int:
+        """The Deployment's replicas moved by `delta`, read and written anew if it changed in
+        between (HTTP 409: another writer, or the controller's own status update)."""
+        for _ in range(_CONFLICT_TRIES - 1):
+            try:
+                return await self._scale_once(delta)
+            except KubernetesApiError as exc:
+                if exc.status != 409:
+                    raise
+        return await self._scale_once(delta)
+
+    async def _scale_once(self, delta: int) -> int:
         scale = await self._get_scale()
         replicas = max(0, _replicas(scale) + delta)
         meta = {"name": self._deployment, "namespace": self._api.namespace}
