@@ -7,11 +7,13 @@ from pathlib import Path
 
 from servepilot.cli.console import out_console, print_step
 from servepilot.cli.options import add_config_flag, base_url, config_from_args
-from servepilot.core.config import PolicyName
+from servepilot.core.config import FleetConfig, PolicyName
 from servepilot.core.errors import ConfigError
+from servepilot.fleet.autoscale.start import in_cluster
 from servepilot.fleet.serve import check_port_free, fleet_facts
 from servepilot.gateway import run_gateway
 from servepilot.gateway.k8s_endpoints import KubernetesEndpoints, parse_target
+from servepilot.gateway.serve import Alongside
 
 DESCRIPTION = """\
 Run servepilot's gateway in front of vLLM (or any OpenAI-compatible) servers that you started
@@ -26,8 +28,10 @@ breakers, hard and soft limits, API keys) comes from fleet.yaml's `gateway` sect
 `servepilot config`; with -c, /metrics also has batch utilisation (engine.max_num_seqs) and
 cost per QPS (the hardware's price). With --access-log PATH, every request gets a JSON line in
 PATH (method, path, status, replica, class, sizes, TTFB/TTFT/E2E ms, error), written in the
-background (gateway.access_log sets sampling and buffering). Ctrl-C (or SIGTERM) drains
-in-flight requests, writes the last access log lines, and stops.
+background (gateway.access_log sets sampling and buffering). In a cluster, --scale-deployment
+NAME runs fleet.yaml's autoscale section (policy step or predictive) in the gateway: it scales
+the Deployment NAME through its scale subresource, draining a pod before it goes. Ctrl-C (or
+SIGTERM) drains in-flight requests, writes the last access log lines, and stops.
 """
 
 
@@ -48,6 +52,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="in a Kubernetes pod: follow the ready endpoints of SERVICE (in namespace NS, "
         "default the pod's own) through its EndpointSlices; replicas join and leave as they "
         "become ready, scale or go (the pod's service account needs list on endpointslices)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--scale-deployment", metavar="NAME",
+        help="with --discover and an enabled autoscale section in --config: autoscale the "
+        "replicas' Deployment NAME from the gateway (the service account needs get/patch on "
+        "deployments/scale and patch on pods; `servepilot k8s render` writes the Role)",
     )  # fmt: skip
     parser.add_argument(
         "--policy", choices=[p.value for p in PolicyName],
@@ -83,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     source = _source(args.discover)
     if not urls and source is None:
         raise ConfigError("give at least one --replica URL, or --discover k8s:SERVICE")
+    alongside = _autoscaler(fleet, source, args.scale_deployment)
     check_port_free(config.host, config.port)
 
     upstreams = [*urls, *([args.discover] if source is not None else [])]
@@ -105,9 +116,25 @@ def run(args: argparse.Namespace) -> int:
         access_log_path=args.access_log,
         source=source,
         facts=facts,
+        alongside=alongside,
     )
     print_step("stopped")
     return 0
+
+
+def _autoscaler(
+    fleet: FleetConfig, source: KubernetesEndpoints | None, deployment: str | None
+) -> Alongside | None:
+    if deployment is None:
+        return None
+    if source is None:
+        raise ConfigError("--scale-deployment: the gateway finds the pods with --discover k8s:SVC")
+    if not fleet.autoscale.enabled:
+        raise ConfigError(
+            "--scale-deployment: fleet.yaml's autoscale section is not enabled (--config)",
+            hint="autoscale: {enabled: true, policy: step, min_replicas: 2, max_replicas: 20}",
+        )
+    return lambda gateway: in_cluster(fleet, gateway, source, deployment)
 
 
 def _source(discover: str | None) -> KubernetesEndpoints | None:

@@ -24,7 +24,10 @@ component plus a kustomization.yaml, ready for `kubectl apply -k DIR`:
   vllm.yaml             the vLLM replicas (a Deployment, or a LeaderWorkerSet when one replica
                         spans nodes), their headless Service and PodDisruptionBudget
   autoscaling.yaml      an autoscaling/v2 HPA on the gateway's demand (plus the
-                        prometheus-adapter rule serving it), or a KEDA ScaledObject
+                        prometheus-adapter rule serving it), or a KEDA ScaledObject; with
+                        an enabled autoscale section of policy step or predictive, the
+                        gateway runs that policy instead, and this file holds the Role
+                        (and RoleBinding) letting it scale the replicas' Deployment
   rayservice.yaml       with --runtime ray, instead of the two above: a KubeRay RayService
   gateway.yaml          the gateway (Deployment, Service, ConfigMap of its config) and the RBAC
                         it needs to discover the replicas' endpoints

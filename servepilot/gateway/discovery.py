@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from servepilot.core.errors import ServepilotError
@@ -33,6 +33,8 @@ class Endpoint:
     ip: str
     port: int
     ready: bool
+    pod: str | None = field(default=None, compare=False)
+    """The pod behind it, where the source knows (Kubernetes: the EndpointSlice's targetRef)."""
 
     @property
     def replica_id(self) -> str:

@@ -3,20 +3,15 @@
 
 from __future__ import annotations
 
-import os
-import ssl
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from servepilot.gateway.discovery import DiscoveryError, Endpoint
+from servepilot.gateway.k8s_api import SERVICE_ACCOUNT_DIR, KubernetesApi, KubernetesApiError
 
-SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 # The label the EndpointSlice controller puts on each slice of a Service.
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
-_TIMEOUT = aiohttp.ClientTimeout(total=10.0)
 
 
 def parse_target(text: str) -> tuple[str, str | None]:
@@ -41,38 +36,20 @@ class KubernetesEndpoints:
         port_name: str = "http",
     ) -> None:
         self._service = service
-        self._account_dir = account_dir
-        self._namespace = namespace or _read(account_dir / "namespace")
-        self._api_url = api_url or _in_cluster_url(os.environ)
         self._port_name = port_name
+        try:
+            self.api = KubernetesApi(namespace, api_url=api_url, account_dir=account_dir)
+        except KubernetesApiError as exc:
+            raise DiscoveryError(str(exc)) from None
 
     async def list_endpoints(self) -> list[Endpoint]:
-        url = (
-            f"{self._api_url}/apis/discovery.k8s.io/v1/namespaces/{self._namespace}/endpointslices"
-        )
-        # The token is read each time: a projected service account token is rotated on disk.
-        headers = {"Authorization": f"Bearer {_read(self._account_dir / 'token')}"}
+        path = f"/apis/discovery.k8s.io/v1/namespaces/{self.api.namespace}/endpointslices"
         params = {"labelSelector": f"{SERVICE_NAME_LABEL}={self._service}"}
-        # A session per listing: one request every few seconds, and nothing to close later.
-        connector = aiohttp.TCPConnector(ssl=self._ssl_context())
         try:
-            async with (
-                aiohttp.ClientSession(connector=connector, timeout=_TIMEOUT) as session,
-                session.get(url, headers=headers, params=params) as response,
-            ):
-                if response.status != 200:
-                    text = (await response.text())[:200]
-                    raise DiscoveryError(f"listing EndpointSlices: HTTP {response.status} {text}")
-                body = await response.json()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise DiscoveryError(f"listing EndpointSlices at {self._api_url}: {exc}") from None
+            body = await self.api.call("GET", path, params=params)
+        except KubernetesApiError as exc:
+            raise DiscoveryError(f"listing EndpointSlices: {exc}") from None
         return endpoints_from_slices(body, self._port_name)
-
-    def _ssl_context(self) -> ssl.SSLContext | bool:
-        ca = self._account_dir / "ca.crt"
-        if not self._api_url.startswith("https://"):
-            return False
-        return ssl.create_default_context(cafile=str(ca)) if ca.is_file() else True
 
 
 def endpoints_from_slices(body: Mapping[str, Any], port_name: str = "http") -> list[Endpoint]:
@@ -87,8 +64,10 @@ def endpoints_from_slices(body: Mapping[str, Any], port_name: str = "http") -> l
             conditions = endpoint.get("conditions") or {}
             # The API: an unset `ready` means unknown, which consumers take as ready.
             ready = conditions.get("ready") is not False and not conditions.get("terminating")
+            ref = endpoint.get("targetRef") or {}
+            pod = ref.get("name") if ref.get("kind") == "Pod" else None
             for ip in endpoint.get("addresses") or []:
-                found[(ip, port)] = Endpoint(ip=ip, port=port, ready=ready)
+                found[(ip, port)] = Endpoint(ip=ip, port=port, ready=ready, pod=pod)
     return [found[key] for key in sorted(found)]
 
 
@@ -97,24 +76,3 @@ def _port(ports: list[Mapping[str, Any]], name: str) -> int | None:
     chosen = named or (ports if len(ports) == 1 else [])
     port = chosen[0].get("port") if chosen else None
     return int(port) if port else None
-
-
-def _in_cluster_url(env: Mapping[str, str]) -> str:
-    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT", "443")
-    if not host:
-        raise DiscoveryError(
-            "KUBERNETES_SERVICE_HOST is unset: --discover k8s:... runs inside a pod "
-            "(or give the API server's URL)"
-        )
-    host = f"[{host}]" if ":" in host else host
-    return f"https://{host}:{port}"
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise DiscoveryError(
-            f"cannot read {path} ({exc.strerror}): the pod needs its service account token "
-            "(automountServiceAccountToken) to read EndpointSlices"
-        ) from None

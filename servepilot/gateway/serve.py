@@ -7,6 +7,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 from servepilot.core import loop
@@ -17,6 +18,9 @@ from servepilot.gateway.fleet_gauges import FleetFacts
 from servepilot.routing.base import RoutingPolicy
 
 log = logging.getLogger(__name__)
+
+Alongside = Callable[[Gateway], AbstractAsyncContextManager[object]]
+"""What runs beside a serving gateway, given it."""
 
 
 def run_gateway(
@@ -29,10 +33,11 @@ def run_gateway(
     access_log_path: Path | None = None,
     source: EndpointSource | None = None,
     facts: FleetFacts | None = None,
+    alongside: Alongside | None = None,
 ) -> None:
     """Serve `replicas` ((replica_id, url) pairs) and those `source` lists, until
     SIGINT/SIGTERM, then drain and stop. With `facts`, /metrics has the batch utilisation and
-    cost gauges.
+    cost gauges; `alongside` runs while the gateway serves (see `serve`).
 
     Runs its own event loop, on uvloop when it is installed.
     """
@@ -46,6 +51,7 @@ def run_gateway(
             access_log_path=access_log_path,
             source=source,
             facts=facts,
+            alongside=alongside,
         )
     )
 
@@ -61,10 +67,13 @@ async def serve(
     access_log_path: Path | None = None,
     source: EndpointSource | None = None,
     facts: FleetFacts | None = None,
+    alongside: Alongside | None = None,
 ) -> None:
     """Start a gateway in front of `replicas` (running ones), and of the replicas `source`
     lists as they come and go, and serve until `stop` is set (by default: until SIGINT or
-    SIGTERM)."""
+    SIGTERM). `alongside(gateway)` is entered once the gateway listens and left before its
+    discovery stops (the autoscaler in a cluster: fleet.autoscale, which the gateway may not
+    import)."""
     stop = stop if stop is not None else _stop_on_signals()
     gateway = Gateway(config, policy, access_log_path=access_log_path)
     if facts is not None:
@@ -81,7 +90,10 @@ async def serve(
         port = await gateway.start()
         if on_started is not None:
             on_started(port)
-        await stop.wait()
+        async with contextlib.AsyncExitStack() as stack:
+            if alongside is not None:
+                await stack.enter_async_context(alongside(gateway))
+            await stop.wait()
     finally:
         # The watcher first, so that no replica joins a gateway that is stopping.
         if watcher is not None:

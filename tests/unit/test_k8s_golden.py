@@ -207,8 +207,9 @@ def test_given_bounds_and_steps_replace_the_seeds() -> None:
 
 
 def test_the_bounds_of_an_enabled_autoscale_section_carry_over_to_the_hpa() -> None:
+    # policy target: the HPA runs it (step and predictive run in the gateway).
     data = FLEETS["deepseek-h200"] | {
-        "autoscale": {"enabled": True, "min_replicas": 3, "max_replicas": 6}
+        "autoscale": {"enabled": True, "policy": "target", "min_replicas": 3, "max_replicas": 6}
     }
     (hpa,) = by_kind(rendered(fleet(data)), "HorizontalPodAutoscaler")
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 6)

@@ -49,8 +49,15 @@ CASES = [
      "min_replicas 0 needs autoscaler keda"),
     ({"gateway": {"auth": {"keys": [{"name": "a", "key": "sk-1"}]}}}, "gateway.auth.keys.0.key"),
     # The `autoscale` section's bounds carry over, and an HPA cannot take its 0.
-    ({"autoscale": {"enabled": True, "min_replicas": 0, "max_replicas": 4}},
+    ({"autoscale": {"enabled": True, "policy": "target", "min_replicas": 0, "max_replicas": 4}},
      "autoscale.min_replicas 0: an HPA never scales to zero"),
+    # step and predictive run in the gateway: one gateway, one pod per replica, at least 1.
+    ({"autoscale": {"enabled": True, "min_replicas": 0, "max_replicas": 4}},
+     "autoscale.min_replicas 0: with autoscale.policy step the gateway runs the autoscaler"),
+    ({**TWO_NODE, "autoscale": {"enabled": True, "min_replicas": 1, "max_replicas": 4}},
+     "autoscale.policy step: a replica spanning nodes is a LeaderWorkerSet"),
+    ({"kubernetes": {"gateway_replicas": 2}, "autoscale": {"enabled": True}},
+     "kubernetes.gateway_replicas 2: with autoscale.policy step the gateway runs the autoscaler"),
 ]  # fmt: skip
 
 

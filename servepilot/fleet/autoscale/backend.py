@@ -1,6 +1,6 @@
 """The seam between the controller and whatever runs replicas: local processes
-(`local.LocalScaling`), Ray actors (`fleet.ray.scaling.RayScaling`); a Kubernetes scale
-subresource would sit behind the same calls."""
+(`local.LocalScaling`), Ray actors (`fleet.ray.scaling.RayScaling`), a Deployment's scale
+subresource (`fleet.k8s.scaling.KubernetesScaling`, run by the gateway in a cluster)."""
 
 from __future__ import annotations
 

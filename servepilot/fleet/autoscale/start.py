@@ -1,10 +1,12 @@
 """`up --autoscale`: the controller built from fleet.yaml's `autoscale` section, in front of
 one gateway, applying its decisions through the backend of `cluster.backend` (local
-processes, or Ray actors: each `up` passes its own), its metrics on the gateway's /metrics."""
+processes, or Ray actors: each `up` passes its own), its metrics on the gateway's /metrics.
+In a Kubernetes cluster the gateway runs it (`in_cluster`) on the replicas' Deployment."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 
 from servepilot.core.config import FleetConfig
 from servepilot.core.errors import ConfigError
@@ -14,8 +16,10 @@ from servepilot.fleet.autoscale.controller import AutoscaleController, Decision
 from servepilot.fleet.autoscale.local import LocalScaling
 from servepilot.fleet.autoscale.metrics import AutoscaleCollector
 from servepilot.fleet.autoscale.view import GatewayView
+from servepilot.fleet.k8s.scaling import KubernetesScaling
 from servepilot.fleet.local import LocalReplicas
 from servepilot.gateway import Gateway
+from servepilot.gateway.k8s_endpoints import KubernetesEndpoints
 from servepilot.routing.admission.budget import replica_capacity
 from servepilot.scaling.policies import AutoscaleSetup
 
@@ -55,7 +59,7 @@ def start_autoscaler(
     gateway: Gateway,
     backend: ScalingBackend,
     cold_start_s: float,
-    on_decision: Callable[[Decision], None],
+    on_decision: Callable[[Decision], None] | None = None,
 ) -> AutoscaleController:
     """The running controller (stop it with `await controller.stop()` before the gateway)."""
     scaling = config.autoscale
@@ -70,3 +74,25 @@ def start_autoscaler(
     gateway.metrics.registry.register(AutoscaleCollector(controller))
     controller.start()
     return controller
+
+
+@contextlib.asynccontextmanager
+async def in_cluster(
+    config: FleetConfig, gateway: Gateway, source: KubernetesEndpoints, deployment: str
+) -> AsyncIterator[AutoscaleController]:
+    """The controller of `gateway --discover k8s:SVC --scale-deployment NAME`, scaling that
+    Deployment; pods it already asks for count as starting. Its cold start (predictive's
+    horizon, where autoscale.forecast_horizon_s is unset) is engine.startup_timeout_s, the
+    startup probe's budget: no pod has been timed here."""
+    pool = gateway.pool
+
+    def joined() -> list[str]:
+        return [info.replica_id for info in pool.replicas()]
+
+    backend = KubernetesScaling(source.api, deployment, source, joined)
+    await backend.prime()
+    controller = start_autoscaler(config, gateway, backend, config.engine.startup_timeout_s)
+    try:
+        yield controller
+    finally:
+        await controller.stop()

@@ -1,6 +1,8 @@
 """Autoscaling and priorities on Kubernetes: the PriorityClasses, and an autoscaling/v2 HPA on
 the gateway's demand (through prometheus-adapter, whose rule ships as a ConfigMap) or a KEDA
-ScaledObject on the same query, both with the seeds' steps.
+ScaledObject on the same query, both with the seeds' steps. With autoscale.policy `step` or
+`predictive` the gateway runs the autoscaler itself (`fleet.k8s.scaling`); it gets the Role to
+scale the replicas' Deployment instead.
 
 The demand is what the gateway holds: requests in flight on the replicas plus those queued in
 it. Queued requests count, so replicas are added while a cold start holds requests (scale from
@@ -14,6 +16,7 @@ import yaml
 from servepilot.core.kubernetes_config import Autoscaler
 from servepilot.fleet.k8s.pods import Manifest
 from servepilot.fleet.k8s.replicas import scale_target
+from servepilot.fleet.k8s.scaling import scaler_role
 from servepilot.fleet.k8s.target import Target
 
 DEMAND_METRIC = "servepilot_demand_requests"
@@ -47,9 +50,44 @@ def priority_classes(target: Target) -> list[Manifest]:
 
 
 def autoscaling_objects(target: Target) -> list[Manifest]:
+    if target.gateway_scales:
+        return [scaler_role_object(target), scaler_binding(target)]
     if target.kube.autoscaling.autoscaler is Autoscaler.KEDA:
         return [scaled_object(target)]
     return [hpa(target), adapter_rules(target)]
+
+
+def scaler_role_object(target: Target) -> Manifest:
+    """What the gateway's autoscaler calls: the Deployment's scale subresource, and a pod's
+    metadata (the deletion cost that makes a scale-down delete the pod it drained)."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": target.metadata(scaler_role(target.names.vllm), "autoscaling"),
+        "rules": [
+            {
+                "apiGroups": ["apps"],
+                "resources": ["deployments/scale"],
+                "resourceNames": [target.names.vllm],
+                "verbs": ["get", "patch"],
+            },
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]},
+        ],
+    }
+
+
+def scaler_binding(target: Target) -> Manifest:
+    name = scaler_role(target.names.vllm)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": target.metadata(name, "autoscaling"),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [
+            {"kind": "ServiceAccount", "name": target.names.gateway,
+             "namespace": target.kube.namespace}
+        ],
+    }  # fmt: skip
 
 
 def behaviour(target: Target) -> Manifest:

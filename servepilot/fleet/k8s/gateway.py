@@ -78,7 +78,13 @@ def config_map(target: Target) -> Manifest:
                 hint=f"use key_env and put the key in the Secret {_keys_secret(target)}",
             )
     section = gateway.model_dump(mode="json") | {"host": "0.0.0.0", "port": HTTP_PORT}
-    text = yaml.safe_dump({"gateway": section}, sort_keys=False)
+    sections: dict[str, object] = {"gateway": section}
+    if target.gateway_scales:
+        # The autoscaler the gateway runs reads these (the cold start: the startup timeout).
+        config = target.config
+        sections["autoscale"] = config.autoscale.model_dump(mode="json")
+        sections["engine"] = {"startup_timeout_s": config.engine.startup_timeout_s}
+    text = yaml.safe_dump(sections, sort_keys=False)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -118,6 +124,8 @@ def _gateway_pod(target: Target) -> Manifest:
         "servepilot", "gateway", "--config", f"{CONFIG_DIR}/fleet.yaml",
         "--discover", f"k8s:{discovered_service(target)}",
     ]  # fmt: skip
+    if target.gateway_scales:
+        command += ["--scale-deployment", target.names.vllm]
     # Ready on /health, not /ready: with no replica ready the gateway must still take requests
     # and hold them through the replicas' cold start (scale from zero), not vanish from its
     # Service.

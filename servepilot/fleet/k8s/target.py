@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+from servepilot.core.autoscale_config import ScalingPolicyName
 from servepilot.core.config import EMBEDDED_MODEL, Device, FleetConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.kubernetes_config import Autoscaler, KubernetesConfig, Runtime
@@ -104,6 +105,11 @@ class Target:
                 "labels": self.names.labels(component)}  # fmt: skip
 
     @property
+    def gateway_scales(self) -> bool:
+        """The gateway runs the autoscaler (`gateway_autoscaling`) instead of an HPA/KEDA."""
+        return gateway_scales(self.config)
+
+    @property
     def startup_failures(self) -> int:
         """startupProbe failureThreshold: failures x period covers engine.startup_timeout_s
         (10 minutes by default: llm-d sees real vLLM pods take 2-8 minutes)."""
@@ -116,6 +122,40 @@ def check(config: FleetConfig) -> None:
     pod_layout(config)
     model_path(config)
     scaling_bounds(config)
+    _check_gateway_scaling(config)
+
+
+def gateway_scales(config: FleetConfig) -> bool:
+    """An enabled `autoscale` section picks `step` or `predictive`: policies an HPA cannot
+    run, so the gateway runs them (`target` stays the HPA's or KEDA's rule)."""
+    section = config.autoscale
+    rules = (ScalingPolicyName.STEP, ScalingPolicyName.PREDICTIVE)
+    return section.enabled and section.policy in rules and config.kubernetes.runtime is Runtime.VLLM
+
+
+def _check_gateway_scaling(config: FleetConfig) -> None:
+    if not gateway_scales(config):
+        return
+    policy = config.autoscale.policy.value
+    if config.autoscale.min_replicas < 1:
+        raise ConfigError(
+            f"autoscale.min_replicas 0: with autoscale.policy {policy} the gateway runs the "
+            "autoscaler, which keeps at least 1 replica (as `up` does)",
+            hint="set autoscale.min_replicas: 1, or autoscale.policy: target with autoscaler keda",
+        )
+    if pod_layout(config).multi_node:
+        raise ConfigError(
+            f"autoscale.policy {policy}: a replica spanning nodes is a LeaderWorkerSet, which "
+            "removes its last group on a scale-down, not the one the gateway drained",
+            hint="use autoscale.policy: target (the HPA or KEDA scales it)",
+        )
+    if config.kubernetes.gateway_replicas > 1:
+        raise ConfigError(
+            f"kubernetes.gateway_replicas {config.kubernetes.gateway_replicas}: with "
+            f"autoscale.policy {policy} the gateway runs the autoscaler, and each replica of it "
+            "would scale the fleet on its own share of the load",
+            hint="keep 1 gateway replica, or use autoscale.policy: target",
+        )
 
 
 def scaling_bounds(config: FleetConfig) -> ScalingBounds:
@@ -133,7 +173,11 @@ def scaling_bounds(config: FleetConfig) -> ScalingBounds:
         scale_up_percent=given.scale_up_percent or _percent(seeds.up_share),
         scale_down_percent=given.scale_down_percent or _percent(seeds.down_share),
     )
-    if bounds.min_replicas == 0 and given.autoscaler is Autoscaler.HPA:
+    if (
+        bounds.min_replicas == 0
+        and given.autoscaler is Autoscaler.HPA
+        and not gateway_scales(config)
+    ):
         raise ConfigError(
             "autoscale.min_replicas 0: an HPA never scales to zero",
             hint="set kubernetes.autoscaling.min_replicas, or autoscaler: keda",
