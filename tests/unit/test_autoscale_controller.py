@@ -119,6 +119,7 @@ def rig(
         fleet,
         interval_s=5.0,
         drain_timeout_s=7.0,
+        startup_timeout_s=60.0,
         clock=clock,
     )
     return controller, fleet, backend, clock
@@ -320,5 +321,54 @@ def test_the_local_backend_joins_a_ready_replica_and_stops_one_that_failed() -> 
         await backend.add()
         await backend.close()  # waits cancelled; up stops the process with the rest
         assert backend.starting() == () and replicas.stopped == ["r2", "r3"]
+
+    asyncio.run(run())
+
+
+def test_a_replica_that_never_gets_ready_is_given_up_at_the_startup_budget() -> None:
+    """Without the deadline the step rules would wait on it for ever (no step while starting)."""
+    rules = StepRules(min_replicas=1, max_replicas=3, up_cooldown_s=0.0, window_s=0.0)
+    controller, fleet, backend, clock = rig(StepPolicy(rules), {"r0": 4})
+
+    async def run() -> None:
+        await controller.tick()
+        assert backend.journal == ["add r1"]
+        clock.now_s += 60  # exactly the budget: still waited for
+        held = await controller.tick()
+        assert held.reason is ScaleReason.STARTING
+        assert controller.gave_up == 0
+        clock.now_s += 5  # past it: r1 is removed, and r0, still full, gets a new one
+        again = await controller.tick()
+        assert backend.journal == ["add r1", "remove r1", "add r2"]
+        assert (again.current, again.desired, again.reason) == (1, 2, ScaleReason.UP)
+        assert controller.gave_up == 1
+        # The clock for r2 starts when it was first seen, not at r1's.
+        clock.now_s += 30
+        await controller.tick()
+        assert backend.journal == ["add r1", "remove r1", "add r2"]
+
+    asyncio.run(run())
+
+
+def test_a_give_up_the_backend_fails_is_tried_again_at_the_next_tick() -> None:
+    controller, fleet, backend, clock = rig(Scripted(2), {"r0": 0})
+
+    async def run() -> None:
+        await controller.tick()
+        assert backend.pending == ["r1"]
+        failing = backend.remove
+
+        async def refuse(replica_id: str) -> None:
+            raise OSError("api server unreachable")
+
+        backend.remove = refuse  # type: ignore[method-assign]
+        clock.now_s += 61
+        await controller.tick()
+        assert (controller.gave_up, controller.errors) == (0, 1)
+        backend.remove = failing  # type: ignore[method-assign]
+        clock.now_s += 5
+        await controller.tick()
+        assert controller.gave_up == 1
+        assert "remove r1" in backend.journal
 
     asyncio.run(run())

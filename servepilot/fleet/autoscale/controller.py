@@ -84,16 +84,19 @@ class AutoscaleController:
         *,
         interval_s: float,
         drain_timeout_s: float,
+        startup_timeout_s: float,
         clock: Callable[[], float] = time.monotonic,
         on_decision: Callable[[Decision], None] | None = None,
     ) -> None:
         """`clock`: the policy's time (the gateway's: time.monotonic); `on_decision` hears
-        every decision after it is logged and counted (`up` reports changes)."""
+        every decision after it is logged and counted (`up` reports changes);
+        `startup_timeout_s`: how long a replica may stay starting before it is given up."""
         self.policy = policy
         self._backend = backend
         self._fleet = fleet
         self.interval_s = interval_s
         self._drain_timeout_s = drain_timeout_s
+        self._startup_timeout_s = startup_timeout_s
         self._clock = clock
         self._on_decision = on_decision
         self.last: Decision | None = None
@@ -101,6 +104,9 @@ class AutoscaleController:
         """Decisions taken, by (direction, reason)."""
         self.errors = 0
         """Changes the backend (or a drain) failed to make."""
+        self.gave_up = 0
+        """Replicas removed because they were still starting past startup_timeout_s."""
+        self._starting_since: dict[str, float] = {}
         self._removals: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
 
@@ -139,6 +145,7 @@ class AutoscaleController:
     async def tick(self) -> Decision:
         """Ask the policy, record the answer, apply it (unless a removal still drains)."""
         now_s = self._clock()
+        await self._give_up_stuck(now_s)
         snapshot = self._fleet.snapshot(now_s)
         answer: ScaleDecision = self.policy.decide(snapshot, now_s)
         have = snapshot.provisioned
@@ -151,6 +158,28 @@ class AutoscaleController:
             else:
                 await self._scale_to(decision.desired, snapshot)
         return decision
+
+    async def _give_up_stuck(self, now_s: float) -> None:
+        """A replica that never gets ready (a pod that cannot be scheduled, an image that does
+        not pull) would otherwise count as starting for ever, and the step rules take no step
+        while one starts: the fleet would stop scaling. Past the startup budget it is removed
+        and the policy decides again without it."""
+        starting = self._backend.starting()
+        since = {rid: self._starting_since.get(rid, now_s) for rid in starting}
+        self._starting_since = since
+        for rid, first_seen_s in list(since.items()):
+            if now_s - first_seen_s <= self._startup_timeout_s:
+                continue
+            log.warning("autoscale: replica %s still not ready after %g s "
+                        "(engine.startup_timeout_s); removing it", rid,
+                        self._startup_timeout_s)  # fmt: skip
+            try:
+                await self._backend.remove(rid)
+            except Exception as exc:  # any backend failure: tried again at the next tick
+                self._failed(f"stop {rid}", exc)
+                continue
+            self.gave_up += 1
+            del self._starting_since[rid]
 
     @property
     def removing(self) -> int:
@@ -177,6 +206,7 @@ class AutoscaleController:
             except Exception as exc:  # any backend failure: the next tick decides again
                 self._failed("add a replica", exc)
                 return
+            self._starting_since[added] = self._clock()
             log.info("autoscale: replica %s launched", added)
         order = removal_order(snapshot, self._backend.remove_first())
         for replica in order[: max(0, have - desired)]:

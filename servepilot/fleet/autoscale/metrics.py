@@ -48,3 +48,10 @@ class AutoscaleCollector:
         )
         errors.add_metric([], c.errors)
         yield errors
+        gave_up = CounterMetricFamily(
+            "servepilot_autoscale_gave_up",
+            "Replicas removed because they were still not ready past the startup budget "
+            "(engine.startup_timeout_s): a pod never scheduled, an image never pulled.",
+        )
+        gave_up.add_metric([], c.gave_up)
+        yield gave_up

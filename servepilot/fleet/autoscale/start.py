@@ -69,6 +69,9 @@ def start_autoscaler(
         GatewayView(gateway, backend.starting),
         interval_s=scaling.interval_s,
         drain_timeout_s=scaling.drain_timeout_s,
+        # The local and Ray backends give up at the startup budget themselves; this catches
+        # what they cannot see (a Kubernetes pod that never gets scheduled).
+        startup_timeout_s=config.engine.startup_timeout_s + 2 * scaling.interval_s,
         on_decision=on_decision,
     )
     gateway.metrics.registry.register(AutoscaleCollector(controller))
