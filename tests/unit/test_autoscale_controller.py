@@ -328,7 +328,7 @@ def test_the_local_backend_joins_a_ready_replica_and_stops_one_that_failed() -> 
 def test_a_replica_that_never_gets_ready_is_given_up_at_the_startup_budget() -> None:
     """Without the deadline the step rules would wait on it for ever (no step while starting)."""
     rules = StepRules(min_replicas=1, max_replicas=3, up_cooldown_s=0.0, window_s=0.0)
-    controller, fleet, backend, clock = rig(StepPolicy(rules), {"r0": 4})
+    controller, _, backend, clock = rig(StepPolicy(rules), {"r0": 4})
 
     async def run() -> None:
         await controller.tick()
@@ -351,7 +351,7 @@ def test_a_replica_that_never_gets_ready_is_given_up_at_the_startup_budget() -> 
 
 
 def test_a_give_up_the_backend_fails_is_tried_again_at_the_next_tick() -> None:
-    controller, fleet, backend, clock = rig(Scripted(2), {"r0": 0})
+    controller, _, backend, clock = rig(Scripted(2), {"r0": 0})
 
     async def run() -> None:
         await controller.tick()
