@@ -184,6 +184,7 @@ def run_policy(
 ) -> Row:
     """One trace under one policy; "static" is a fleet of `static` replicas (default: sized
     for the trace's peak) ready from the start."""
+    label = policy if static is None else f"static {static}"
     static = static or math.ceil(trace.peak_rps / (FILL * rps))
     built = build(policy, rps, knobs)
     timed = Timed(built) if built is not None else None
@@ -198,7 +199,7 @@ def run_policy(
     events = sim.autoscale.events if sim.autoscale is not None else []
     return Row(
         trace=trace.name,
-        policy=policy if timed is not None else f"static {static}",
+        policy=label,
         attainment=run.slo_attainment,
         ttft_p99_ms=run.ttft_ms.p99 or 0.0,
         tpot_p99_ms=run.tpot_ms.p99 or 0.0,
