@@ -1,6 +1,7 @@
 """Autoscaling policies side by side on the simulator (issue 17): static provisioning for the
 peak, `target` (HPA-like), `step` (the seeds' rules) and `predictive` (a forecast ahead of the
-cold start, never below `step`), on the same simulated fleet under three traces.
+cold start plus its own error, never below `step`'s step up), on the same simulated fleet
+under three shipped traces and three held out.
 
 The fleet: Llama-3.1-70B replicas, each on 4 H100s (tensor parallel 4), step times from the
 planner's roofline, max_num_seqs 128, a cold start of 78 s (the seed's load from NVMe),
@@ -13,22 +14,28 @@ the share of all requests sent that met both (refused ones count as misses).
    minutes each); the highest rate with >= 99% attainment is `replica_rps`, what
    `predictive` sizes with (at fill 0.8) and what static provisioning is sized with:
    ceil(peak rate / (0.8 x replica_rps)) replicas, ready from the start.
-2. Three traces, arrival rates over time (non-homogeneous Poisson, thinned from a seeded
-   generator: the same arrivals for every policy):
+2. Traces (`autoscale_traces.py`), arrival rates over time (non-homogeneous Poisson, thinned
+   from a seeded generator: the same arrivals for every policy). Shipped:
      diurnal  40 min: a compressed day, 20 -> 125 -> 20 req/s on a cosine
      ramp     30 min: 25 req/s for 8 min, up to 125 req/s in 8 min (+12.5 req/s a minute:
               more than a replica's worth per cold start), held 8 min, down in 6
      bursts   30 min: 40 req/s with four 3-minute bursts to 110 req/s (10 s rises)
-   The autoscaled fleets start at 4 ready replicas.
+   and held out, written after the policies' rules (other seeds, peaks, slopes and burst
+   spacing): diurnal-b, ramp-b, bursts-b, reported in a second table. The autoscaled fleets
+   start at 4 ready replicas.
 3. Per trace and policy: attainment, TTFT and TPOT p99, replica-hours (every replica from
    its launch, cold start included, to its stop or the trace's end), scale events, the peak
    of replicas, and the policy's CPU time per decision.
+4. On the bursts traces, static fleets of --floors shares of the peak's: what must already
+   be ready when a burst that rises faster than a cold start comes, and what holding it costs.
 
 Targets (issue 17): `predictive` >= 99% attainment on the ramp where `target` and `step`
 fall below it, and >= 30% fewer replica-hours than static peak provisioning at equal
-attainment. Printed as a table; written to OUT/summary.json. A few CPU minutes.
+attainment, judged on every trace run. Printed as tables; written to OUT/summary.json. About
+ten CPU minutes on the pure-Python simulator, a few with `make sim-fast`'s compiled core.
 
     python benchmarks/bench_autoscale.py [--out runs/bench-autoscale] [--traces ramp,...]
+        [--floors 0.5,0.6] [--error-quantile none] [--down-cooldown 300]
 """
 
 from __future__ import annotations
