@@ -31,8 +31,8 @@ the share of all requests sent that met both (refused ones count as misses).
 
 Targets (issue 17): `predictive` >= 99% attainment on the ramp where `target` and `step`
 fall below it, and >= 30% fewer replica-hours than static peak provisioning at equal
-attainment, judged on every trace run. Printed as tables; written to OUT/summary.json. About
-ten CPU minutes on the pure-Python simulator, a few with `make sim-fast`'s compiled core.
+attainment, judged on every trace run. Printed as tables; written to OUT/summary.json. The
+six traces with the floors took 270 s of CPU with `make sim-fast`'s compiled core.
 
     python benchmarks/bench_autoscale.py [--out runs/bench-autoscale] [--traces ramp,...]
         [--floors 0.5,0.6] [--error-quantile none] [--down-cooldown 300]
