@@ -16,7 +16,8 @@ class ScalingPolicyName(enum.Enum):
     STEP = "step"
     """The seeds' step rules (`scaling.step`)."""
     PREDICTIVE = "predictive"
-    """A forecast of the arrivals ahead of the cold start, never below `step`."""
+    """A forecast of the arrivals ahead of the cold start (plus its own error), never below
+    `step`'s step up."""
     TARGET = "target"
     """The HPA-like share of the concurrency budgets (`scaling.target_utilisation`)."""
 
@@ -45,9 +46,9 @@ class AutoscaleConfig(_Section):
     """Most replicas."""
 
     policy: ScalingPolicyName = ScalingPolicyName.STEP
-    """`step`: the step rules, +10% above 80% utilisation, -5% below 50%; `predictive`: step, or
-    more for the forecast arrivals (needs replica_rps); `target`: HPA-like (README,
-    "Autoscaling policies")."""
+    """`step`: the step rules, +10% above 80% utilisation, -5% below 50%; `predictive`: what
+    the forecast arrivals need (needs replica_rps), never below step's step up; `target`:
+    HPA-like (README, "Autoscaling policies")."""
 
     interval_s: float = Field(default=5.0, gt=0)
     """How often the controller asks the policy (arrivals are counted every second)."""

@@ -1,5 +1,6 @@
-"""Scaling ahead of the cold start: forecast the arrivals, size the fleet for them, and never
-fewer replicas than the step rules want."""
+"""Scaling ahead of the cold start: forecast the arrivals, size the fleet for them plus the
+headroom the forecast's own errors call for, never fewer replicas than the step rules add on
+real load, and give replicas back as soon as the forecast allows."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from dataclasses import dataclass
 
 from servepilot.core.errors import ConfigError
 from servepilot.scaling.forecast import HoltForecast
+from servepilot.scaling.headroom import ForecastErrors
 from servepilot.scaling.snapshot import FleetSnapshot, ScaleDecision, ScaleReason
 from servepilot.scaling.step import StepPolicy, StepRules, without_float_noise
+from servepilot.scaling.utilisation import PeakWindow
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +28,16 @@ class ForecastSizing:
     what the forecast asks for, the rules would not scale up from)."""
     alpha: float = 0.1
     beta: float = 0.01
+    damping: float = 1.0
+    """Holt's trend damping per second (1: a straight line)."""
+    error_quantile: float | None = 0.95
+    """The headroom: this quantile of the forecast's errors over `error_window_s`; None:
+    no headroom."""
+    error_window_s: int = 600
+    hold_s: float | None = None
+    """How long the forecast's need must have stayed lower before replicas are given back
+    (hysteresis: a dip shorter than this gives nothing back); None: the step rules' down
+    cool-down, the same pause their own step down keeps."""
 
     def __post_init__(self) -> None:
         if self.replica_rps <= 0 or self.horizon_s <= 0 or not 0.0 < self.fill <= 1.0:
@@ -34,20 +47,35 @@ class ForecastSizing:
 
 
 class PredictivePolicy:
-    """max(the step rules' answer, the replicas the forecast arrival rate needs).
+    """The replicas the forecast needs, never fewer than the step rules add on real load.
 
     Every tick the seconds of arrivals it has not seen yet (the snapshot's
-    `arrivals_per_s`) go into a `HoltForecast`; the fleet is sized for the highest forecast
-    rate over the next `horizon_s`: ceil(rate / (fill x replica_rps)), within [min, max].
-    The forecast only ever adds (and may add while replicas start: it already counts
-    them); giving replicas back is the step rules' (their cool-down, removal check)."""
+    `arrivals_per_s`) go into a `HoltForecast`, and the errors of its forecasts one horizon
+    back into `ForecastErrors`. The forecast's need is
+
+        ceil((highest forecast rate over the next horizon_s + error headroom)
+             / (fill x replica_rps)), within [min, max],
+
+    and the policy answers the highest need of the last `hold_s` (hysteresis: a dip
+    shorter than that gives nothing back). Up: the more of that and the step rules'
+    step (utilisation above the upper line is load already here). Down: to that need at
+    once, however many replicas it is, but never below the removal check's floor (the ready
+    replicas left stay under the upper line with today's load, `StepPolicy.load_floor`);
+    the step rules' own step down does not go below the forecast's need."""
 
     name = "predictive"
 
     def __init__(self, sizing: ForecastSizing, rules: StepRules | None = None) -> None:
         self.sizing = sizing
         self.step = StepPolicy(rules)
-        self.forecast = HoltForecast(sizing.alpha, sizing.beta)
+        self.forecast = HoltForecast(sizing.alpha, sizing.beta, sizing.damping)
+        self.errors = (
+            ForecastErrors(max(1.0, sizing.horizon_s), sizing.error_window_s, sizing.error_quantile)
+            if sizing.error_quantile is not None
+            else None
+        )
+        self.hold_s = self.step.rules.down_cooldown_s if sizing.hold_s is None else sizing.hold_s
+        self._needs = PeakWindow(self.hold_s)
         self._seen_second: int | None = None
         """The second that ended last in what was fed (floor of the last tick's time)."""
 
@@ -56,22 +84,36 @@ class PredictivePolicy:
         rules = self.step.rules
         sizing = self.sizing
         rate = self.forecast.peak(sizing.horizon_s)
-        need = rules.bounded(
-            math.ceil(without_float_noise(rate / (sizing.fill * sizing.replica_rps)))
+        headroom = self.errors.headroom() if self.errors is not None else 0.0
+        need_now = rules.bounded(
+            math.ceil(without_float_noise((rate + headroom) / (sizing.fill * sizing.replica_rps)))
         )
+        need = round(self._needs.add(now_s, need_now))
         base = self.step.decide(snapshot, now_s)
-        if need <= base.replicas:
-            return base
+        have = snapshot.provisioned
+        if base.replicas > have or base.reason is ScaleReason.BOUNDS:
+            if need <= base.replicas or base.replicas < have:
+                return base
+            want = need
+        else:
+            want = max(need, rules.bounded(self.step.load_floor(snapshot)))
+            if want == base.replicas:
+                return base
         detail = (
-            f"forecast {rate:.1f} req/s within {sizing.horizon_s:g} s needs {need} at "
-            f"{sizing.fill:g} x {sizing.replica_rps:g} req/s (rules: {base.replicas})"
+            f"forecast {rate:.1f} + {headroom:.1f} req/s error headroom within "
+            f"{sizing.horizon_s:g} s needs {need_now} at {sizing.fill:g} x "
+            f"{sizing.replica_rps:g} req/s, {need} at most over {self.hold_s:g} s "
+            f"(rules: {base.replicas})"
         )
-        return ScaleDecision(need, ScaleReason.FORECAST, detail)
+        return ScaleDecision(want, ScaleReason.FORECAST, detail)
 
     def _feed(self, per_second: tuple[float, ...], now_s: float) -> None:
         second = int(now_s)
         last = self._seen_second
         new = len(per_second) if last is None else min(len(per_second), second - last)
+        horizon_s = self.sizing.horizon_s
         for value in per_second[len(per_second) - new :] if new > 0 else ():
             self.forecast.observe(value)
+            if self.errors is not None:
+                self.errors.record(value, self.forecast.forecast(horizon_s))
         self._seen_second = second

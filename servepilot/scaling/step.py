@@ -86,6 +86,8 @@ class StepPolicy:
     def __init__(self, rules: StepRules | None = None) -> None:
         self.rules = rules or StepRules()
         self._peak = PeakWindow(self.rules.window_s)
+        self.peak = 0.0
+        """The peak utilisation the last decision compared with the lines."""
         self._changed_s = -math.inf
         self._expected: int | None = None
         """The provisioned count after the last decision; another one means a change."""
@@ -94,7 +96,7 @@ class StepPolicy:
         have = snapshot.provisioned
         if self._expected is not None and have != self._expected:
             self._changed_s = now_s
-        peak = self._peak.add(now_s, fleet_utilisation(snapshot, self.rules.limits))
+        peak = self.peak = self._peak.add(now_s, fleet_utilisation(snapshot, self.rules.limits))
         decision = self._rules(snapshot, have, peak, now_s)
         if decision.replicas != have:
             self._changed_s = now_s
@@ -142,6 +144,17 @@ class StepPolicy:
                 have, ScaleReason.REMOVAL_CHECK, f"{seen}; {after:.2f} on the {max(0, left)} left"
             )
         return ScaleDecision(want, ScaleReason.DOWN, f"{seen} < {rules.lower:g}; {after:.2f} after")
+
+    def load_floor(self, snapshot: FleetSnapshot) -> int:
+        """The fewest replicas the removal check lets the fleet shrink to at once: the ready
+        ones left must stay under `upper` with the load of every ready one now at the last
+        peak (peak x ready / left < upper). Replicas still starting carry no load: they go
+        first."""
+        ready = snapshot.ready
+        if not ready:
+            return 0
+        over = without_float_noise(self.peak * ready / self.rules.upper)
+        return min(ready, math.floor(over) + 1)
 
 
 def _cooling(have: int, seen: str, since_s: float) -> ScaleDecision:

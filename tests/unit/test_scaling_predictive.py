@@ -1,5 +1,7 @@
-"""The forecast ahead of the cold start: Holt's linear trend with known answers on a ramp and
-a step change, and the predictive policy's sizing, never below the step rules."""
+"""The forecast ahead of the cold start: Holt's trend with known answers on a ramp, a step
+change and damped; the predictive policy's sizing (with the forecast's error headroom), never
+below the step rules on the way up, and its giving back: at once, down to the forecast's need
+once it has stayed lower for a while, never below the removal check's floor."""
 
 from __future__ import annotations
 
@@ -52,6 +54,25 @@ def test_forecast_before_any_observation_is_zero_and_never_negative() -> None:
     assert holt.peak(60.0) == holt.forecast(0.0)
 
 
+def test_a_damped_trend_bends_towards_a_level() -> None:
+    # alpha = beta = 1: the level is the last value, the trend the last change (10);
+    # damping 0.5 adds 0.5, 0.75, ... of it: at most 1 x 10 however far ahead.
+    holt = HoltForecast(alpha=1.0, beta=1.0, damping=0.5)
+    holt.observe(0.0)
+    holt.observe(10.0)
+    assert (holt.level, holt.trend) == (10.0, 10.0)
+    assert [holt.forecast(h) for h in (0.0, 1.0, 2.0)] == [10.0, 15.0, 17.5]
+    assert holt.forecast(1000.0) == pytest.approx(20.0)
+    assert holt.peak(2.0) == 17.5
+    # The same series undamped: a straight line.
+    line = HoltForecast(alpha=1.0, beta=1.0)
+    line.observe(0.0)
+    line.observe(10.0)
+    assert line.forecast(2.0) == 30.0
+    with pytest.raises(ConfigError):
+        HoltForecast(damping=0.0)
+
+
 def _snap(now_s: float, ready: int, arrivals: tuple[float, ...], busy: int = 60) -> FleetSnapshot:
     replicas = tuple(
         ReplicaSample(f"r{i}", True, busy, busy, 0, 0.0, 1.0, 100) for i in range(ready)
@@ -64,7 +85,9 @@ def test_the_fleet_is_sized_for_the_forecast_at_fill() -> None:
     policy = PredictivePolicy(ForecastSizing(replica_rps=5.0, horizon_s=90.0), RULES)
     decision = policy.decide(_snap(60.0, 4, (40.0,) * 60), 60.0)
     assert (decision.replicas, decision.reason) == (10, ScaleReason.FORECAST)
-    assert decision.detail.startswith("forecast 40.0 req/s within 90 s needs 10")
+    assert decision.detail.startswith(
+        "forecast 40.0 + 0.0 req/s error headroom within 90 s needs 10"
+    )
 
 
 def test_a_ramp_is_sized_for_the_end_of_the_horizon() -> None:
@@ -93,6 +116,52 @@ def test_each_second_is_fed_once() -> None:
     assert policy.forecast.observed == 10
     policy.decide(_snap(13.0, 4, (*history[3:], 1.0, 2.0, 3.0)), 13.0)
     assert policy.forecast.observed == 13
+
+
+NAIVE = {"alpha": 1.0, "beta": 0.0, "error_quantile": None}
+"""The forecast is the last second's arrivals, without headroom: needs with known answers."""
+
+
+def test_replicas_are_given_back_at_once_once_the_need_stayed_lower() -> None:
+    # 80 req/s: 80 / (0.8 x 5) = 20 replicas. Then 20 req/s: 5. The need stays 20 for the
+    # hold (60 s); then all 15 replicas go in one decision, not one a minute. Utilisation
+    # 0.1 lets the removal check go to 3 (0.1 x 20 / 3 = 0.67 < 0.8).
+    policy = PredictivePolicy(ForecastSizing(5.0, 90.0, hold_s=60.0, **NAIVE), RULES)
+    assert policy.decide(_snap(60.0, 20, (80.0,) * 60, busy=10), 60.0).replicas == 20
+    low = (80.0,) * 60 + (20.0,) * 60
+    held = policy.decide(_snap(100.0, 20, low[:100], busy=10), 100.0)
+    # The rules would step down (utilisation 0.1 < 0.5): the forecast's need holds them.
+    assert (held.replicas, held.reason) == (20, ScaleReason.FORECAST)
+    assert held.detail.endswith("needs 5 at 0.8 x 5 req/s, 20 at most over 60 s (rules: 19)")
+    assert policy.decide(_snap(115.0, 20, low[:115], busy=10), 115.0).replicas == 20
+    given = policy.decide(_snap(121.0, 20, low[1:121], busy=10), 121.0)
+    assert (given.replicas, given.reason) == (5, ScaleReason.FORECAST)
+
+
+def test_giving_back_stops_at_the_removal_checks_floor() -> None:
+    # Utilisation 0.3 on 20 ready: 0.3 x 20 / 0.8 = 7.5, so 8 must stay (0.75 < 0.8 on 8;
+    # 0.86 on 7), whatever the forecast says.
+    policy = PredictivePolicy(ForecastSizing(5.0, 90.0, hold_s=0.0, **NAIVE), RULES)
+    decision = policy.decide(_snap(60.0, 20, (4.0,) * 60, busy=30), 60.0)
+    assert (decision.replicas, decision.reason) == (8, ScaleReason.FORECAST)
+
+
+def test_error_headroom_sizes_for_what_the_forecast_missed() -> None:
+    # A naive forecast of 40 req/s made 90 s before each of 600 seconds of 80 req/s misses
+    # by 40 (the 15 s mean is 80 throughout); the headroom is then 40: (80 + 40) / 4 = 30,
+    # max 20. With the forecast right for 600 s after that, none is left (and utilisation
+    # 0.1 lets the removal check go that low).
+    sizing = ForecastSizing(5.0, 90.0, alpha=1.0, beta=0.0, hold_s=0.0)
+    policy = PredictivePolicy(sizing, RULES)
+    policy.decide(_snap(90.0, 4, (40.0,) * 90), 90.0)
+    decision = policy.decide(_snap(690.0, 4, (80.0,) * 600), 690.0)
+    assert policy.errors is not None and policy.errors.headroom() == 40.0
+    assert decision.replicas == 20
+    smooth = PredictivePolicy(sizing, StepRules(min_replicas=2, max_replicas=40))
+    smooth.decide(_snap(90.0, 4, (40.0,) * 90), 90.0)
+    assert smooth.decide(_snap(690.0, 4, (80.0,) * 600), 690.0).replicas == 30
+    calm = smooth.decide(_snap(1380.0, 30, (80.0,) * 600, busy=10), 1380.0)
+    assert (smooth.errors is not None and smooth.errors.headroom(), calm.replicas) == (0.0, 20)
 
 
 def test_sizing_refuses_nonsense() -> None:

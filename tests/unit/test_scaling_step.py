@@ -133,3 +133,19 @@ def test_rules_refuse_crossed_lines_and_bounds() -> None:
         StepRules(lower=0.8, upper=0.5)
     with pytest.raises(ConfigError):
         StepRules(min_replicas=5, max_replicas=4)
+
+
+@pytest.mark.parametrize(
+    ("ready", "utilisation", "floor"),
+    [(10, 0.3, 4), (10, 0.4, 6), (20, 0.1, 3), (10, 0.9, 10), (0, 0.0, 0)],
+)
+def test_the_load_floor_is_the_removal_check_for_many_at_once(
+    ready: int, utilisation: float, floor: int
+) -> None:
+    # 0.3 x 10 / 0.8 = 3.75: 4 left carry 0.75 < 0.8, 3 would carry 1.0. 0.4 x 10 / 0.8 = 5:
+    # on 5 exactly 0.8, not under it, so 6. Above the line every ready replica stays; the
+    # starting ones carry no load and go first.
+    policy = StepPolicy(NO_COOL_DOWN)
+    snapshot = _snap(0, ready, utilisation, starting=2)
+    policy.decide(snapshot, 0)
+    assert policy.load_floor(snapshot) == floor

@@ -1,0 +1,74 @@
+"""Headroom from the forecast's own errors: how far the arrivals came out above what was
+forecast one horizon earlier, a high quantile of the last minutes of it. Bursty traffic, which
+a forecast of past arrivals sees only once it has happened, earns a large headroom; smooth
+traffic, which it follows, next to none."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+
+from servepilot.core.errors import ConfigError
+
+
+class ForecastErrors:
+    """The errors of forecasts made `horizon_s` ahead, once per second, and a quantile of them.
+
+    Every second `record(value, forecast_ahead)` takes the second's arrivals and the forecast
+    just made for `horizon_s` later. The error of a second is the arrivals' mean over the last
+    `smooth_s` seconds (so that Poisson noise, which the fill of each replica already covers,
+    stays out of it) less the forecast made `horizon_s` earlier for that second; `headroom`
+    is the `quantile` of the last `window_s` errors, never below 0: forecasts too high earn
+    nothing back. Bounded: three rings (horizon, window, smoothing) and the window's errors
+    kept sorted (a bisect and a list shift per second, O(1) per `headroom`)."""
+
+    def __init__(
+        self, horizon_s: float, window_s: int = 600, quantile: float = 0.95, smooth_s: int = 15
+    ) -> None:
+        if horizon_s < 1 or window_s < 1 or smooth_s < 1 or not 0.0 < quantile <= 1.0:
+            raise ConfigError(
+                "forecast errors need horizon_s >= 1, window_s >= 1, smooth_s >= 1 and "
+                "a quantile in (0, 1]"
+            )
+        self.horizon_s = round(horizon_s)
+        self.quantile = quantile
+        self._pending: deque[float] = deque()
+        """Forecasts made in the last `horizon_s` seconds, oldest first."""
+        self._errors: deque[float] = deque()
+        self._ranked: list[float] = []
+        """The same errors, sorted."""
+        self.window_s = window_s
+        self._recent: deque[float] = deque(maxlen=smooth_s)
+        self._recent_sum = 0.0
+
+    def record(self, value: float, forecast_ahead: float) -> None:
+        recent = self._recent
+        if len(recent) == recent.maxlen:
+            self._recent_sum -= recent[0]
+        recent.append(value)
+        self._recent_sum += value
+        pending = self._pending
+        if len(pending) == self.horizon_s:
+            self._add_error(self._recent_sum / len(recent) - pending.popleft())
+        pending.append(forecast_ahead)
+
+    def _add_error(self, error: float) -> None:
+        errors, ranked = self._errors, self._ranked
+        if len(errors) == self.window_s:
+            del ranked[bisect.bisect_left(ranked, errors.popleft())]
+        errors.append(error)
+        bisect.insort(ranked, error)
+
+    @property
+    def errors(self) -> int:
+        """Errors in the window (0 until a first horizon has passed)."""
+        return len(self._errors)
+
+    def headroom(self) -> float:
+        """The `quantile` of the window's errors (nearest rank), at least 0; 0 with none."""
+        ranked = self._ranked
+        if not ranked:
+            return 0.0
+        at = max(0, math.ceil(round(self.quantile * len(ranked), 9)) - 1)
+        return max(0.0, ranked[at])

@@ -1,0 +1,71 @@
+"""Headroom from the forecast's own errors, with known answers: a forecast that is always
+right earns none, a square wave of bursts that a forecast one horizon old misses earns the
+burst's height at a quantile above the share of seconds it misses, and none below it."""
+
+from __future__ import annotations
+
+import pytest
+
+from servepilot.core.errors import ConfigError
+from servepilot.scaling.headroom import ForecastErrors
+
+
+def _naive(errors: ForecastErrors, series: list[float]) -> None:
+    """Feed `series` with the naive forecast (the next seconds look like this one)."""
+    for value in series:
+        errors.record(value, value)
+
+
+def test_a_forecast_that_is_always_right_earns_no_headroom() -> None:
+    errors = ForecastErrors(horizon_s=10, window_s=600)
+    _naive(errors, [40.0] * 700)
+    assert (errors.errors, errors.headroom()) == (600, 0.0)
+
+
+def test_nothing_before_a_first_horizon_has_passed() -> None:
+    errors = ForecastErrors(horizon_s=10, window_s=600, smooth_s=1)
+    _naive(errors, [5.0] * 9 + [500.0])
+    assert (errors.errors, errors.headroom()) == (0, 0.0)
+    errors.record(900.0, 900.0)  # the 11th second: 900 against the forecast of second 1 (5)
+    assert (errors.errors, errors.headroom()) == (1, 895.0)
+
+
+@pytest.mark.parametrize(("quantile", "headroom"), [(0.95, 70.0), (0.91, 70.0), (0.90, 0.0)])
+def test_bursts_a_forecast_misses_earn_their_height(quantile: float, headroom: float) -> None:
+    # 40 req/s with a burst to 110 for 30 s every 100 s; the naive forecast made 10 s
+    # earlier misses each rise by 70 for 10 s (10% of the seconds), overshoots each fall by
+    # 70 for 10 s, and is right the rest. Over the 600 s window: 60 errors of +70, 60 of
+    # -70, 480 of 0: ranked, the +70s are the 541st to the 600th. Nearest rank: 0.95 -> the
+    # 570th, 0.91 -> the 546th (both 70); 0.90 -> the 540th, the last 0: bursts in 10% of
+    # the seconds are a risk the 90% quantile takes.
+    period = [40.0] * 70 + [110.0] * 30
+    errors = ForecastErrors(horizon_s=10, window_s=600, quantile=quantile, smooth_s=1)
+    _naive(errors, period * 8)
+    assert errors.errors == 600
+    assert errors.headroom() == headroom
+
+
+def test_a_forecast_too_high_earns_nothing_back() -> None:
+    errors = ForecastErrors(horizon_s=5, window_s=100, smooth_s=1)
+    for _ in range(200):
+        errors.record(10.0, 50.0)
+    assert errors.headroom() == 0.0
+
+
+def test_smoothing_keeps_a_single_noisy_second_out() -> None:
+    # One second of 160 among 40s: over a 15 s mean it is +8 req/s, not +120.
+    errors = ForecastErrors(horizon_s=1, window_s=20, quantile=1.0, smooth_s=15)
+    for value in [40.0] * 30 + [160.0]:
+        errors.record(value, 40.0)
+    assert errors.headroom() == pytest.approx(8.0)
+
+
+def test_refuses_nonsense() -> None:
+    with pytest.raises(ConfigError):
+        ForecastErrors(horizon_s=0.0)
+    with pytest.raises(ConfigError):
+        ForecastErrors(horizon_s=10.0, quantile=0.0)
+    with pytest.raises(ConfigError):
+        ForecastErrors(horizon_s=10.0, window_s=0)
+    with pytest.raises(ConfigError):
+        ForecastErrors(horizon_s=10.0, smooth_s=0)
