@@ -3,12 +3,11 @@ the same code as the first ones (`fleet.local.LocalReplicas`)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
 from servepilot.engine.process import ReplicaInfo, ReplicaProcess
+from servepilot.fleet.autoscale.waits import StartWaits
 from servepilot.fleet.local import LocalReplicas
 
 log = logging.getLogger(__name__)
@@ -24,10 +23,10 @@ class LocalScaling:
     ) -> None:
         self._replicas = replicas
         self._join = join
-        self._waits: dict[str, asyncio.Task[None]] = {}
+        self._waits = StartWaits()
 
     def starting(self) -> tuple[str, ...]:
-        return tuple(self._waits)
+        return self._waits.ids()
 
     def remove_first(self) -> frozenset[str]:
         return frozenset()  # every local replica is alike: newest first
@@ -35,7 +34,7 @@ class LocalScaling:
     async def add(self) -> str:
         proc = self._replicas.launch_one()
         rid = proc.replica_id
-        self._waits[rid] = asyncio.create_task(self._join_when_ready(proc), name=f"start {rid}")
+        self._waits.start(rid, self._join_when_ready(proc))
         return rid
 
     async def _join_when_ready(self, proc: ReplicaProcess) -> None:
@@ -49,21 +48,11 @@ class LocalScaling:
             log.warning("autoscale: replica %s did not start: %s", rid, exc)
             await self._replicas.stop_one(rid)
         finally:
-            self._waits.pop(rid, None)
+            self._waits.discard(rid)
 
     async def remove(self, replica_id: str) -> None:
-        wait = self._waits.pop(replica_id, None)
-        if wait is not None:
-            wait.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await wait
+        await self._waits.cancel(replica_id)
         await self._replicas.stop_one(replica_id)
 
     async def close(self) -> None:
-        waits = list(self._waits.values())
-        self._waits.clear()
-        for wait in waits:
-            wait.cancel()
-        for wait in waits:
-            with contextlib.suppress(asyncio.CancelledError):
-                await wait
+        await self._waits.cancel_all()

@@ -15,10 +15,10 @@ fails to start or is not ready in time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 
+from servepilot.fleet.autoscale.waits import StartWaits
 from servepilot.fleet.ray import cluster
 from servepilot.fleet.ray.groups import group_state, wait_placed
 from servepilot.fleet.ray.placement import NodeResources, node_for_added_replica
@@ -39,14 +39,14 @@ class RayScaling:
         self._replicas = replicas
         self._watcher = watcher
         self._warn = warn
-        self._waits: dict[str, asyncio.Task[None]] = {}
+        self._waits = StartWaits()
         self._sharing: set[str] = set()
         """Added replicas placed on a node that holds another: the first to go."""
 
     def starting(self) -> tuple[str, ...]:
         # Until the watcher has put it in the gateway: the controller never sees it gone.
         ready = ReplicaState.READY
-        return tuple(r for r in self._waits if self._watcher.states.get(r) is not ready)
+        return tuple(r for r in self._waits.ids() if self._watcher.states.get(r) is not ready)
 
     def remove_first(self) -> frozenset[str]:
         return frozenset(self._sharing)
@@ -60,7 +60,7 @@ class RayScaling:
         replica = replicas.add(target)
         rid = replica.replica_id
         self._watcher.follow(replica)
-        self._waits[rid] = asyncio.create_task(self._until_ready(replica), name=f"start {rid}")
+        self._waits.start(rid, self._until_ready(replica))
         return rid
 
     async def _until_ready(self, replica: RayReplica) -> None:
@@ -72,10 +72,10 @@ class RayScaling:
             await self._until_ready_in_gateway(rid, startup_timeout_s)
         except _NotStarted as exc:
             self._warn(f"autoscale: replica {rid} did not start: {exc}; it is removed")
-            self._waits.pop(rid, None)
+            self._waits.discard(rid)
             await self._drop(rid)
         finally:
-            self._waits.pop(rid, None)
+            self._waits.discard(rid)
 
     async def _placed(self, replica: RayReplica) -> None:
         """Wait for the replica's own group; under `spread`, say if it shares a node."""
@@ -104,11 +104,7 @@ class RayScaling:
         return bool(placed_on & self._replicas.holding_nodes(leaving_out=replica.group_name))
 
     async def remove(self, replica_id: str) -> None:
-        wait = self._waits.pop(replica_id, None)
-        if wait is not None:
-            wait.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await wait
+        await self._waits.cancel(replica_id)
         await self._drop(replica_id)
 
     async def _drop(self, replica_id: str) -> None:
@@ -117,13 +113,7 @@ class RayScaling:
         await self._replicas.remove(replica_id)
 
     async def close(self) -> None:
-        waits = list(self._waits.values())
-        self._waits.clear()
-        for wait in waits:
-            wait.cancel()
-        for wait in waits:
-            with contextlib.suppress(asyncio.CancelledError):
-                await wait
+        await self._waits.cancel_all()
 
 
 class _NotStarted(Exception):
