@@ -160,19 +160,6 @@ def test_a_burst_queues_each_request_behind_those_before_it() -> None:
     assert out.run.e2e_ms.p50 == pytest.approx(service * (n + 1) / 2 * 1000)
 
 
-def test_requests_reaching_an_idle_replica_together_share_its_first_step() -> None:
-    # vLLM's engine drains its whole input queue before it schedules: a closed loop's first
-    # sends (all at time 0) are prefilled in one step of three, not one alone and then two.
-    out = FleetSim(_spec()).run(_closed(3, 3), JobTable([Job(100, 1)]), Slo())
-    together = 0.01 + 300 * 1e-4 + 3 * 1e-3
-    assert out.run.ttft_ms.mean == pytest.approx(together * 1000, rel=1e-12)
-    assert out.run.ttft_ms.p99 == pytest.approx(together * 1000, rel=1e-12)
-    # Two arriving apart still start two steps: the first is not held back for the second.
-    _, apart = _run_open(_spec(), [Job(100, 1)], iter([0.0, 0.005]), 2)
-    alone = _alone(100, 1)[0]
-    assert apart.run.ttft_ms.p50 == pytest.approx((alone + alone + alone - 0.005) / 2 * 1000)
-
-
 def test_poisson_arrivals_queue_as_m_d_1() -> None:
     service = _alone(200, 1)[0]
     rho = 0.6

@@ -92,7 +92,6 @@ class FleetReplica:
         "stopped_s",
         "view",
         "waiting",
-        "waking",
     )
 
     def __init__(
@@ -125,8 +124,6 @@ class FleetReplica:
         self.kv_usage = 0.0
         self.result: StepResult | None = None
         """The step in progress (its outputs are due at its end); None when idle."""
-        self.waking = False
-        """Idle, with a first step due at this instant (work reached it)."""
         self.slots = 0
         """Its share of the admission snapshot's free slots, as last counted."""
         self.view = LiveView(self.replica_id, 0, capacity=capacity)

@@ -3,9 +3,8 @@
 One heap holds what is due: replica step ends, requests reaching a replica, answers
 reaching the gateway, closed-loop sends, and the gateway's ticker, scrapes, autoscaler and
 cold starts. Open-loop sends come from their own schedule, merged in time order. A replica
-steps again as soon as its step ends (vLLM's engine loop); an idle one steps once every request
-reaching it at that instant is in (vLLM's EngineCore drains its whole input queue before it
-schedules); a request added during a step waits for the next one.
+steps again as soon as its step ends (vLLM's engine loop); an idle one is stepped the moment
+work reaches it; a request added during a step waits for the next one.
 
 A request: client -> gateway (fixed hop) -> admission and routing (`SimGateway`, the real
 policy objects) -> gateway -> replica (same-node or cross-node hop) -> the replica's
@@ -63,7 +62,6 @@ SCRAPE: Final = 5
 AUTOSCALE: Final = 6
 READY: Final = 7
 COLD_TIMEOUT: Final = 8
-WAKE: Final = 9
 REFUSAL_S: Final = 0.001
 """The gateway's time to answer a 429/503: a closed loop facing refusals still moves on."""
 PROGRESS_EVERY: Final = 1 << 16
@@ -195,14 +193,6 @@ class FleetSim:
             self._push(now_s + back, RELEASE, request)
             self._failed(request, now_s + back + self._cg, "http_400")
             return
-        if replica.result is None and not replica.waking:
-            # Not stepped here: requests reaching it at this same instant (a closed loop's
-            # first sends, a burst) are queued behind this event and join the first step.
-            replica.waking = True
-            self._push(now_s, WAKE, replica)
-
-    def _wake(self, replica: FleetReplica, now_s: float) -> None:
-        replica.waking = False
         if replica.result is None:
             self._step(replica, now_s)
 
@@ -407,8 +397,6 @@ class FleetSim:
             obj.engine_ready = True  # type: ignore[attr-defined]
         elif kind == COLD_TIMEOUT:
             gateway.cold_timeout(obj, now_s)  # type: ignore[arg-type]
-        elif kind == WAKE:
-            self._wake(obj, now_s)  # type: ignore[arg-type]
 
     def _cancel_outstanding(self) -> None:
         """Requests still in flight when a duration-bound level's grace ran out."""
