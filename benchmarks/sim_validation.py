@@ -48,7 +48,7 @@ from benchmarks.bench_sim import (  # noqa: E402
     simulate,
     write_fleet,
 )
-from benchmarks.bench_sim_report import METRICS, Case, Row  # noqa: E402
+from benchmarks.bench_sim_report import METRICS, Case, Row, drift_pct  # noqa: E402
 from benchmarks.sim_cases import Shape, draw_cases, estimated_s  # noqa: E402
 from servepilot.calibrate.fit import p90  # noqa: E402
 
@@ -88,8 +88,10 @@ def _row(shape: Shape, seed: int, run: int = 0) -> Row:
 
 
 def run_measurements(shapes: list[Shape], store: Store, args: argparse.Namespace) -> None:
-    seeds = args.seeds
-    todo = [s for s in shapes if len(store.case(s, seeds[s.name])["measured"]) < 2]
+    """Calibrate (unless profile.json is there), measure each case that still needs it, in
+    two passes so that a case's two runs lie apart in time, then calibrate quickly again to
+    see how far the machine drifted."""
+    todo = [s for s in shapes if len(store.case(s, args.seeds[s.name])["measured"]) < 2]
     profile = args.out / "profile.json"
     if not todo and profile.exists():
         return
@@ -100,25 +102,35 @@ def run_measurements(shapes: list[Shape], store: Store, args: argparse.Namespace
     try:
         if not profile.exists():
             calibrate(replica, args, "profile.json", quick=False)
-        for rep in range(2):  # two passes, so each case's two runs are apart in time
+        for rep in range(2):
             for shape in todo:
-                entry = store.case(shape, seeds[shape.name])
-                if len(entry["measured"]) > rep:
-                    continue
-                started = time.monotonic()
-                row = _row(shape, entry["seed"], rep)
-                try:
-                    measure(row, replica, args)
-                except RuntimeError as exc:
-                    print(f"  {shape.name}: {exc}", flush=True)
-                    continue
-                entry["measured"].append(row.measured)
-                entry["load_average"].append(os.getloadavg()[0])
-                store.save()
-                print(f"{shape.name} run {rep + 1}: {time.monotonic() - started:.0f} s, "
-                      f"{_fmt(row.measured)}", flush=True)  # fmt: skip
+                _measure_once(shape, rep, replica, store, args)
+        if todo and not args.skip_drift:
+            after = calibrate(replica, args, "profile-after.json", quick=True)
+            store.data["drift_pct"] = drift_pct(profile, after)
+            store.save()
     finally:
         replica.stop()
+
+
+def _measure_once(
+    shape: Shape, rep: int, replica: Replica, store: Store, args: argparse.Namespace
+) -> None:
+    entry = store.case(shape, args.seeds[shape.name])
+    if len(entry["measured"]) > rep:
+        return
+    started = time.monotonic()
+    row = _row(shape, entry["seed"], rep)
+    try:
+        measure(row, replica, args)
+    except RuntimeError as exc:
+        print(f"  {shape.name}: {exc}", flush=True)
+        return
+    entry["measured"].append(row.measured)
+    entry["load_average"].append(os.getloadavg()[0])
+    store.save()
+    print(f"{shape.name} run {rep + 1}: {time.monotonic() - started:.0f} s, "
+          f"{_fmt(row.measured)}", flush=True)  # fmt: skip
 
 
 def run_simulations(shapes: list[Shape], store: Store, args: argparse.Namespace) -> None:
@@ -138,15 +150,16 @@ def _fmt(metrics: dict[str, float] | None) -> str:
 
 
 def case_errors(entry: dict[str, Any]) -> tuple[dict[str, float], dict[str, float]]:
-    """Per metric: the prediction's |error| % against the measurements' mean, and the
-    measurement's own spread % (empty where there is not enough)."""
+    """Per metric: the prediction's error % against the measurements' mean (signed: + when
+    the simulator says more), and the measurement's own spread % (empty where there is not
+    enough)."""
     measured, predicted = entry["measured"], entry["predicted"]
     errors, spread = {}, {}
     for m in METRICS:
         values = [run[m] for run in measured]
         mean = statistics.fmean(values) if values else 0.0
         if predicted and mean:
-            errors[m] = 100 * abs(predicted[m] - mean) / mean
+            errors[m] = 100 * (predicted[m] - mean) / mean
         if len(values) >= 2 and mean:
             spread[m] = 100 * abs(values[1] - values[0]) / mean
     return errors, spread
@@ -157,7 +170,7 @@ def summarize(shapes: list[Shape], store: Store) -> dict[str, dict[str, float | 
     pairs = [case_errors(store.data["cases"][s.name]) for s in shapes
              if s.name in store.data["cases"]]  # fmt: skip
     for m in METRICS:
-        errors = [e[m] for e, _ in pairs if m in e]
+        errors = [abs(e[m]) for e, _ in pairs if m in e]
         spreads = [s[m] for _, s in pairs if m in s]
         if not errors or not spreads:
             continue
@@ -178,28 +191,34 @@ def summarize(shapes: list[Shape], store: Store) -> dict[str, dict[str, float | 
     return out
 
 
-def report(shapes: list[Shape], store: Store) -> str:
+def report(shapes: list[Shape], store: Store, profile: Path) -> str:
     lines = [f"{'case':<44} {'metric':<13} {'run 1':>9} {'run 2':>9} {'sim':>9} {'err %':>6} "
-             f"{'spread %':>8}"]  # fmt: skip
+             f"{'spread %':>8} {'load':>5}"]  # fmt: skip
     for s in shapes:
         entry = store.data["cases"].get(s.name)
         if not entry or not entry["measured"]:
             continue
         errors, spread = case_errors(entry)
+        load = f"{max(entry['load_average']):5.1f}"
         for m in METRICS:
             runs = [f"{run[m]:9,.1f}" for run in entry["measured"]] + [f"{'-':>9}"] * 2
             sim = f"{entry['predicted'][m]:9,.1f}" if entry["predicted"] else f"{'-':>9}"
-            err = f"{errors[m]:6.1f}" if m in errors else f"{'-':>6}"
+            err = f"{errors[m]:+6.1f}" if m in errors else f"{'-':>6}"
             spr = f"{spread[m]:8.1f}" if m in spread else f"{'-':>8}"
-            lines.append(f"{s.name:<44} {m:<13} {runs[0]} {runs[1]} {sim} {err} {spr}")
-    lines.append("")
-    lines.append("| metric | cases | median abs error | p90 abs error | spread median | spread "
-                 "p90 | targets met |")  # fmt: skip
-    lines.append("|---|---|---|---|---|---|---|")
+            lines.append(f"{s.name:<44} {m:<13} {runs[0]} {runs[1]} {sim} {err} {spr} {load}")
+    lines += ["", "| metric | cases | median abs error | p90 abs error | spread median | "
+              "spread p90 | targets met |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for m, r in summarize(shapes, store).items():
         lines.append(f"| {m} | {r['cases']} | {r['median_abs_pct']:.1f}% | {r['p90_abs_pct']:.1f}% "
                      f"| {r['spread_median_pct']:.1f}% | {r['spread_p90_pct']:.1f}% | "
                      f"{'yes' if r['meets_targets'] else 'no'} |")  # fmt: skip
+    if profile.exists():
+        fit = json.loads(profile.read_text())["meta"].get("fit_error", {}).get("all", {})
+        lines.append(f"calibration's own fit error: median {fit.get('median_pct')}%, "
+                     f"p90 {fit.get('p90_pct')}%")  # fmt: skip
+    if store.data.get("drift_pct"):
+        lines.append("step times at the end against the calibration: " + ", ".join(
+            f"{name} {pct:+.1f}%" for name, pct in store.data["drift_pct"].items()))  # fmt: skip
     return "\n".join(lines)
 
 
@@ -216,6 +235,7 @@ def parse_args() -> argparse.Namespace:
     add("--resimulate", action="store_true",
         help="re-run the simulation of every measured case (no replica)")  # fmt: skip
     add("--skip-measure", action="store_true", help="simulate and report what is stored")
+    add("--skip-drift", action="store_true", help="no quick calibration after the measurements")
     add("--replica-core", default="0", help="core the model's threads are bound to")
     add("--client-core", default="1", help="core for the client and vLLM's other processes")
     add("--startup-timeout", type=float, default=600.0, help="seconds for the replica")
@@ -250,7 +270,7 @@ def main() -> None:
     run_simulations(shapes, store, args)
     store.data["summary"] = summarize(shapes, store)
     store.save()
-    print(report(shapes, store))
+    print(report(shapes, store, args.out / "profile.json"))
     print(f"results: {store.path}")
     if not all(r["meets_targets"] for r in store.data["summary"].values()):
         raise SystemExit("targets not met")

@@ -83,6 +83,8 @@ def test_error_is_against_the_mean_of_two_runs_and_spread_is_their_gap() -> None
     assert errors["ttft_p50_ms"] == pytest.approx(100 * 10 / 105)
     assert spread["ttft_p50_ms"] == pytest.approx(100 * 10 / 105)
     assert errors["tpot_p50_ms"] == pytest.approx(100 * 1.0 / 10.5)
+    errors, _ = case_errors(_entry([100.0, 110.0], 94.5))
+    assert errors["ttft_p50_ms"] == pytest.approx(-10.0)  # signed; the summary takes |e|
     errors, spread = case_errors(_entry([100.0], None))
     assert errors == {} and spread == {}
 
@@ -101,5 +103,9 @@ def test_summary_takes_median_p90_and_the_spread_target(tmp_path: Path) -> None:
     for shape in shapes:
         store.data["cases"][shape.name]["measured"][1]["ttft_p50_ms"] = 110.0
     assert summarize(shapes, store)["ttft_p50_ms"]["meets_targets"] is True
+    store.data["cases"][shapes[0].name]["predicted"]["ttft_p50_ms"] = 90.0  # -14.3%
+    # |errors| 14.3, 2.9, 1.0, 1.0, 2.9 %: p90 interpolates between 2.9 and 14.3.
+    p90 = summarize(shapes, store)["ttft_p50_ms"]["p90_abs_pct"]
+    assert p90 == pytest.approx(100 * (3 + 0.6 * 12) / 105)
     store.save()
     assert json.loads(store.path.read_text())["cases"].keys() == {s.name for s in shapes}
