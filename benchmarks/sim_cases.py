@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from benchmarks.bench_sim import ENGINE
 
 TEMPLATE_TOKENS = 30
-"""What SmolLM2's chat template adds to every prompt."""
+"""What SmolLM2's chat template adds to every prompt (inside --input-tokens)."""
+MIN_TEXT_TOKENS = 3
+"""bench refuses a prompt that the template fills: the shortest prompt is 33 tokens."""
 KV_TOKENS = 93_184
 """The replica's KV cache (2 GiB of this model)."""
 CASE_BUDGET_S = 28.0
@@ -164,7 +166,11 @@ def _fit(shape: Shape, prompts: set[int], outputs: set[int]) -> Shape:
         shape = dataclasses.replace(shape, output_tokens=max(8, int(shape.output_tokens * 0.8)))
     while estimated_s(shape) > CASE_BUDGET_S and shape.input_tokens > 16:
         shape = _scale_prompt(shape, 0.8)
-    return dataclasses.replace(shape, input_tokens=_avoid(shape.input_tokens, prompts),
+    # --input-tokens counts the chat template, as the server does: leave the text some tokens,
+    # and each shared-prefix prompt some of its own after the prefix.
+    prompt = _avoid(max(shape.input_tokens, TEMPLATE_TOKENS + MIN_TEXT_TOKENS), prompts)
+    prefix = shape.prefix_tokens and min(shape.prefix_tokens, prompt - TEMPLATE_TOKENS - 8)
+    return dataclasses.replace(shape, input_tokens=prompt, prefix_tokens=prefix,
                                output_tokens=_avoid(shape.output_tokens, outputs),
                                long_input_tokens=shape.long_input_tokens and _avoid(
                                    shape.long_input_tokens, prompts))  # fmt: skip

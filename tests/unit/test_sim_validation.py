@@ -48,6 +48,9 @@ def test_every_case_fits_the_replica_and_the_time_budget(cases: list[Shape]) -> 
         longest = (c.long_input_tokens or c.input_tokens) + TEMPLATE_TOKENS + c.output_tokens
         assert longest <= ENGINE["max_model_len"], c.name
         assert 8 <= c.requests <= 64 and c.requests >= (c.concurrency or 0), c.name
+        # bench refuses a prompt its chat template fills (--input-tokens counts the template).
+        assert c.input_tokens >= TEMPLATE_TOKENS + 3, c.name
+        assert not c.prefix_tokens or c.prefix_tokens <= c.input_tokens - TEMPLATE_TOKENS - 8
         assert estimated_s(c) <= 30, c.name
     assert 15 * 60 < 2 * sum(estimated_s(c) for c in cases) < 40 * 60
 
