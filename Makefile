@@ -5,9 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.servepilot-installed
 ARGS ?=
 
-.PHONY: install model prometheus serve down status test lint typecheck unit bench-client bench-profile \
-	bench-gateway bench-routing bench-plan bench-sim bench-tune bench-autoscale bench-ray \
-	bench-batch clean
+.PHONY: install model prometheus serve down status test lint typecheck unit bench-client \
+	bench-gateway bench-routing bench-plan bench-profile bench-sim bench-sim-validate \
+	bench-tune bench-autoscale bench-ray bench-batch clean
 
 install: $(STAMP)
 
@@ -108,6 +108,14 @@ bench-plan: model
 # minutes; ARGS="--skip-sim", "--cases NAME,...", "--speed-only" (see --help).
 bench-sim: model
 	$(BIN)/python benchmarks/bench_sim.py $(ARGS)
+
+# servepilot sim out of sample: 32 seeded cases (concurrency 1-64, open-loop rates, prompts of
+# 16-2,048 tokens, answers of 8-512, shared prefixes, mixes) none like calibrate's probes,
+# each measured twice on one real vLLM-CPU replica and simulated once; median/p90 error and
+# the measurement's own spread per metric. About 40 minutes; resumes from OUT/validation.json;
+# ARGS="--resimulate" (after a model change), "--only NAME,...", "--cases N", "--list".
+bench-sim-validate: model
+	$(BIN)/python benchmarks/sim_validation.py $(ARGS)
 
 # servepilot tune against an exhaustive max_num_seqs x max_num_batched_tokens grid in the
 # style of vLLM's auto_tune, on real vLLM-CPU replicas of the embedded model (a 3 x 3 grid;
