@@ -110,10 +110,11 @@ bench-sim: model
 	$(BIN)/python benchmarks/bench_sim.py $(ARGS)
 
 # servepilot sim out of sample: 32 seeded cases (concurrency 1-64, open-loop rates, prompts of
-# 33-2,048 tokens (30 of them the chat template), answers of 8-348, shared prefixes, mixes), none
-# like calibrate's probes, each measured twice on one real vLLM-CPU replica and simulated once; median/p90 error and
-# the measurement's own spread per metric. About 40 minutes; resumes from OUT/validation.json;
-# ARGS="--resimulate" (after a model change), "--only NAME,...", "--cases N", "--list".
+# 33-2,048 tokens (30 of them the chat template), answers of 8-348, shared prefixes, mixes),
+# none like calibrate's probes, each measured twice on one real vLLM-CPU replica and
+# simulated once; median/p90 error and the measurement's own spread per metric. About 40
+# minutes; resumes from OUT/validation.json; ARGS="--resimulate" (after a model change),
+# "--only NAME,...", "--cases N", "--list".
 bench-sim-validate: model
 	$(BIN)/python benchmarks/sim_validation.py $(ARGS)
 
