@@ -31,9 +31,11 @@ class ForecastSizing:
     damping: float = 1.0
     """Holt's trend damping per second (1: a straight line)."""
     error_quantile: float | None = 0.95
-    """The headroom: this quantile of the forecast's errors over `error_window_s`; None:
-    no headroom."""
+    """The headroom: this quantile of the forecast's errors over `error_window_s`, less what
+    Poisson arrival noise alone puts there (the fill covers that); None: no headroom."""
     error_window_s: int = 600
+    headroom_less_noise: bool = True
+    """Take the Poisson noise's own quantile off the headroom (False: the raw quantile)."""
     hold_s: float | None = None
     """How long the forecast's need must have stayed lower before replicas are given back
     (hysteresis: a dip shorter than this gives nothing back); None: the step rules' down
@@ -70,7 +72,12 @@ class PredictivePolicy:
         self.step = StepPolicy(rules)
         self.forecast = HoltForecast(sizing.alpha, sizing.beta, sizing.damping)
         self.errors = (
-            ForecastErrors(max(1.0, sizing.horizon_s), sizing.error_window_s, sizing.error_quantile)
+            ForecastErrors(
+                max(1.0, sizing.horizon_s),
+                sizing.error_window_s,
+                sizing.error_quantile,
+                less_poisson_noise=sizing.headroom_less_noise,
+            )
             if sizing.error_quantile is not None
             else None
         )
