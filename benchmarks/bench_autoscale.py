@@ -12,8 +12,8 @@ the share of all requests sent that met both (refused ones count as misses).
 
 1. The capacity of one replica: one replica under open-loop Poisson rates (2 simulated
    minutes each); the highest rate with >= 99% attainment is `replica_rps`, what
-   `predictive` sizes with (at fill 0.8) and what static provisioning is sized with:
-   ceil(peak rate / (0.8 x replica_rps)) replicas, ready from the start.
+   `predictive` sizes with (at fill 0.8 unless --fill) and what static provisioning is
+   sized with: ceil(peak rate / (0.8 x replica_rps)) replicas, ready from the start.
 2. Traces (`autoscale_traces.py`), arrival rates over time (non-homogeneous Poisson, thinned
    from a seeded generator: the same arrivals for every policy). Shipped:
      diurnal  40 min: a compressed day, 20 -> 125 -> 20 req/s on a cosine
@@ -32,7 +32,7 @@ the share of all requests sent that met both (refused ones count as misses).
 Targets (issue 17): `predictive` >= 99% attainment on the ramp where `target` and `step`
 fall below it, and >= 30% fewer replica-hours than static peak provisioning at equal
 attainment, judged on every trace run. Printed as tables; written to OUT/summary.json. The
-six traces with the floors took 270 s of CPU with `make sim-fast`'s compiled core.
+six traces with the floors took 217 s of CPU with `make sim-fast`'s compiled core.
 
     python benchmarks/bench_autoscale.py [--out runs/bench-autoscale] [--traces ramp,...]
         [--floors 0.5,0.6] [--error-quantile none] [--down-cooldown 300] [--fill 0.9]
@@ -334,6 +334,9 @@ def main() -> int:
         help="static fleets of these shares of the peak's on the bursts traces ('' for none)",
     )
     args = parser.parse_args()
+    unknown = set(args.policies.split(",")) - set(POLICIES)
+    if unknown:
+        parser.error(f"unknown policies: {', '.join(sorted(unknown))}")
     slo = parse_slo(SLO)
     cpu0 = time.process_time()
     rps, sweep = (args.replica_rps, []) if args.replica_rps else replica_rps(slo, jobs())
