@@ -12,8 +12,8 @@ the share of all requests sent that met both (refused ones count as misses).
 
 1. The capacity of one replica: one replica under open-loop Poisson rates (2 simulated
    minutes each); the highest rate with >= 99% attainment is `replica_rps`, what
-   `predictive` sizes with (at fill 0.8) and what static provisioning is sized with:
-   ceil(peak rate / (0.8 x replica_rps)) replicas, ready from the start.
+   `predictive` sizes with (at fill 0.8 unless --fill) and what static provisioning is
+   sized with: ceil(peak rate / (0.8 x replica_rps)) replicas, ready from the start.
 2. Traces (`autoscale_traces.py`), arrival rates over time (non-homogeneous Poisson, thinned
    from a seeded generator: the same arrivals for every policy). Shipped:
      diurnal  40 min: a compressed day, 20 -> 125 -> 20 req/s on a cosine
@@ -32,10 +32,11 @@ the share of all requests sent that met both (refused ones count as misses).
 Targets (issue 17): `predictive` >= 99% attainment on the ramp where `target` and `step`
 fall below it, and >= 30% fewer replica-hours than static peak provisioning at equal
 attainment, judged on every trace run. Printed as tables; written to OUT/summary.json. The
-six traces with the floors took 270 s of CPU with `make sim-fast`'s compiled core.
+six traces with the floors took 217 s of CPU with `make sim-fast`'s compiled core.
 
     python benchmarks/bench_autoscale.py [--out runs/bench-autoscale] [--traces ramp,...]
-        [--floors 0.5,0.6] [--error-quantile none] [--down-cooldown 300]
+        [--floors 0.5,0.6] [--error-quantile none] [--down-cooldown 300] [--fill 0.9]
+        [--policies predictive] [--replica-rps 8.5]
 """
 
 from __future__ import annotations
@@ -161,6 +162,8 @@ class Knobs:
 
     down_cooldown_s: float = StepRules().down_cooldown_s
     error_quantile: float | None = ForecastSizing(1.0, 1.0).error_quantile
+    fill: float = FILL
+    """Predictive's fill (static provisioning stays at FILL)."""
 
 
 def build(policy: str, rps: float, knobs: Knobs) -> AutoscalePolicy | None:
@@ -174,7 +177,7 @@ def build(policy: str, rps: float, knobs: Knobs) -> AutoscalePolicy | None:
         return StepPolicy(rules)
     if policy == "predictive":
         sizing = ForecastSizing(
-            rps, COLD_START_S + INTERVAL_S, fill=FILL, error_quantile=knobs.error_quantile
+            rps, COLD_START_S + INTERVAL_S, fill=knobs.fill, error_quantile=knobs.error_quantile
         )
         return PredictivePolicy(sizing, rules)
     return None
@@ -307,24 +310,45 @@ def main() -> int:
         help="predictive's error headroom quantile (default: ForecastSizing's); none: no headroom",
     )
     parser.add_argument(
+        "--fill",
+        type=float,
+        default=Knobs().fill,
+        help="the share of --replica-rps predictive plans each replica at (static: 0.8)",
+    )
+    parser.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help="comma-separated, of " + ", ".join(POLICIES) + " (default: all)",
+    )
+    parser.add_argument(
+        "--replica-rps",
+        type=float,
+        default=None,
+        metavar="RPS",
+        help="one replica's capacity within the SLO (default: measured first)",
+    )
+    parser.add_argument(
         "--floors",
         default="0.5,0.6,0.7,0.8",
         metavar="SHARES",
         help="static fleets of these shares of the peak's on the bursts traces ('' for none)",
     )
     args = parser.parse_args()
+    unknown = set(args.policies.split(",")) - set(POLICIES)
+    if unknown:
+        parser.error(f"unknown policies: {', '.join(sorted(unknown))}")
     slo = parse_slo(SLO)
     cpu0 = time.process_time()
-    rps, sweep = replica_rps(slo, jobs())
+    rps, sweep = (args.replica_rps, []) if args.replica_rps else replica_rps(slo, jobs())
     print(f"one replica: {rps:g} req/s within the SLO ({SLO})", flush=True)
     shares = [float(v) for v in args.floors.split(",") if v]
     quantile = None if args.error_quantile.lower() == "none" else float(args.error_quantile)
-    knobs = Knobs(args.down_cooldown, quantile)
+    knobs = Knobs(args.down_cooldown, quantile, args.fill)
     rows: list[Row] = []
     for name in args.traces.split(","):
         trace = TRACES[name]
         sends = trace.arrivals()
-        for policy in POLICIES:
+        for policy in args.policies.split(","):
             rows.append(run_policy(trace, sends, policy, rps, slo, knobs))
             _progress(rows[-1])
         peak = math.ceil(trace.peak_rps / (FILL * rps))
@@ -347,7 +371,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     summary = {
         "replica_rps": rps, "sweep": sweep, "slo": SLO, "cold_start_s": COLD_START_S,
-        "down_cooldown_s": args.down_cooldown, "error_quantile": quantile,
+        "down_cooldown_s": args.down_cooldown, "error_quantile": quantile, "fill": args.fill,
         "traces": {name: trace.shape.describe() for name, trace in TRACES.items()},
         "rows": [asdict(r) for r in rows], "verdicts": lines, "cpu_s": round(cpu_s, 1),
     }  # fmt: skip

@@ -25,15 +25,19 @@ class ForecastSizing:
     only then) plus a tick."""
     fill: float = 0.8
     """The share of `replica_rps` to plan each replica at (the step rules' upper line:
-    what the forecast asks for, the rules would not scale up from)."""
+    what the forecast asks for, the rules would not scale up from). Kept with the error
+    headroom on: 0.9 and 1.0 were measured to lower attainment on the bursts and below
+    99.9% on a ramp (docs/benchmarks.md, `make bench-autoscale`)."""
     alpha: float = 0.1
     beta: float = 0.01
     damping: float = 1.0
     """Holt's trend damping per second (1: a straight line)."""
     error_quantile: float | None = 0.95
-    """The headroom: this quantile of the forecast's errors over `error_window_s`; None:
-    no headroom."""
+    """The headroom: this quantile of the forecast's errors over `error_window_s`, less what
+    Poisson arrival noise alone puts there (the fill covers that); None: no headroom."""
     error_window_s: int = 600
+    headroom_less_noise: bool = True
+    """Take the Poisson noise's own quantile off the headroom (False: the raw quantile)."""
     hold_s: float | None = None
     """How long the forecast's need must have stayed lower before replicas are given back
     (hysteresis: a dip shorter than this gives nothing back); None: the step rules' down
@@ -70,7 +74,12 @@ class PredictivePolicy:
         self.step = StepPolicy(rules)
         self.forecast = HoltForecast(sizing.alpha, sizing.beta, sizing.damping)
         self.errors = (
-            ForecastErrors(max(1.0, sizing.horizon_s), sizing.error_window_s, sizing.error_quantile)
+            ForecastErrors(
+                max(1.0, sizing.horizon_s),
+                sizing.error_window_s,
+                sizing.error_quantile,
+                less_poisson_noise=sizing.headroom_less_noise,
+            )
             if sizing.error_quantile is not None
             else None
         )

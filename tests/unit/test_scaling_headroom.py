@@ -4,6 +4,9 @@ burst's height at a quantile above the share of seconds it misses, and none belo
 
 from __future__ import annotations
 
+from statistics import NormalDist
+
+import numpy as np
 import pytest
 
 from servepilot.core.errors import ConfigError
@@ -69,3 +72,45 @@ def test_refuses_nonsense() -> None:
         ForecastErrors(horizon_s=10.0, window_s=0)
     with pytest.raises(ConfigError):
         ForecastErrors(horizon_s=10.0, smooth_s=0)
+
+
+def test_poisson_noise_is_taken_off_the_headroom() -> None:
+    # 60 req/s against a forecast of 40: every error is +20. A 15 s mean of Poisson
+    # arrivals at 60 req/s has a standard deviation of sqrt(60 / 15) = 2, so the noise alone
+    # puts 1.645 x 2 = 3.29 at the 95th percentile: the headroom is 20 - 3.29 = 16.71.
+    errors = ForecastErrors(horizon_s=10, window_s=600, less_poisson_noise=True)
+    for _ in range(700):
+        errors.record(60.0, 40.0)
+    z95 = NormalDist().inv_cdf(0.95)
+    assert errors.noise() == pytest.approx(z95 * 2.0)
+    assert errors.headroom() == pytest.approx(20.0 - 3.2897, abs=1e-4)
+    # Without the flag the raw quantile (the counts need not be arrivals).
+    raw = ForecastErrors(horizon_s=10, window_s=600)
+    for _ in range(700):
+        raw.record(60.0, 40.0)
+    assert (raw.noise(), raw.headroom()) == (0.0, 20.0)
+
+
+def test_a_perfect_forecast_of_poisson_arrivals_earns_next_to_nothing() -> None:
+    # Seeded Poisson arrivals at 60 req/s, forecast exactly at 60: the raw 95th percentile
+    # of the 15 s means' errors is the noise's own (about 3.3 req/s); less it, next to none.
+    rng = np.random.default_rng(0)
+    counts = [float(c) for c in rng.poisson(60.0, size=1200)]
+    raw = ForecastErrors(horizon_s=90, window_s=600)
+    less = ForecastErrors(horizon_s=90, window_s=600, less_poisson_noise=True)
+    for value in counts:
+        raw.record(value, 60.0)
+        less.record(value, 60.0)
+    assert 2.5 < raw.headroom() < 4.5
+    assert less.headroom() < 1.0
+    assert less.noise() == pytest.approx(3.29, abs=0.1)
+
+
+def test_at_quantile_one_the_noise_is_that_of_the_highest_of_the_window() -> None:
+    # Nearest rank at quantile 1 is the highest of n errors: about the 1 - 1/(n + 1)
+    # quantile of the noise; n = 99 -> z(0.99) = 2.326, x sqrt(15 / 15) at 15 req/s.
+    errors = ForecastErrors(horizon_s=5, window_s=99, quantile=1.0, less_poisson_noise=True)
+    for _ in range(200):
+        errors.record(15.0, 10.0)
+    assert errors.noise() == pytest.approx(NormalDist().inv_cdf(0.99))
+    assert errors.headroom() == pytest.approx(5.0 - 2.3263, abs=1e-4)

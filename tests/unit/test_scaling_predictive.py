@@ -6,6 +6,7 @@ once it has stayed lower for a while, never below the removal check's floor."""
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import pytest
 
@@ -148,14 +149,18 @@ def test_giving_back_stops_at_the_removal_checks_floor() -> None:
 
 def test_error_headroom_sizes_for_what_the_forecast_missed() -> None:
     # A naive forecast of 40 req/s made 90 s before each of 600 seconds of 80 req/s misses
-    # by 40 (the 15 s mean is 80 throughout); the headroom is then 40: (80 + 40) / 4 = 30,
-    # max 20. With the forecast right for 600 s after that, none is left (and utilisation
-    # 0.1 lets the removal check go that low).
+    # by 40 (the 15 s mean is 80 from the 15th second on; the first 14 still hold some 40s,
+    # so the window's mean rate is 80 - 280 / 600 = 79.53). The headroom is that 40 less
+    # what Poisson noise puts at the 95th percentile of a 15 s mean at that rate, 1.645 x
+    # sqrt(79.53 / 15) = 3.8: 36.2, and (80 + 36.2) / 4 -> 30, max 20. With the forecast
+    # right for 600 s after that, none is left (and utilisation 0.1 lets the removal check
+    # go that low).
     sizing = ForecastSizing(5.0, 90.0, alpha=1.0, beta=0.0, hold_s=0.0)
     policy = PredictivePolicy(sizing, RULES)
     policy.decide(_snap(90.0, 4, (40.0,) * 90), 90.0)
     decision = policy.decide(_snap(690.0, 4, (80.0,) * 600), 690.0)
-    assert policy.errors is not None and policy.errors.headroom() == 40.0
+    noise = NormalDist().inv_cdf(0.95) * math.sqrt((80.0 - 280.0 / 600.0) / 15.0)
+    assert policy.errors is not None and policy.errors.headroom() == pytest.approx(40.0 - noise)
     assert decision.replicas == 20
     smooth = PredictivePolicy(sizing, StepRules(min_replicas=2, max_replicas=40))
     smooth.decide(_snap(90.0, 4, (40.0,) * 90), 90.0)
