@@ -13,6 +13,7 @@ import asyncio
 import collections
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Protocol, cast
 
 import httptools
@@ -51,10 +52,13 @@ class UpstreamConnection(asyncio.Protocol):
     def __init__(self, pool: HostPool) -> None:
         self._pool = pool
         self.transport: asyncio.Transport | None = None
-        self._parser = httptools.HttpResponseParser(self)
-        self._sink: Sink | None = None
         self._body: list[bytes] = []
         """The body pieces of the read being parsed (one per chunk of a chunked answer)."""
+        # httptools' body callback, once per chunk (per token of a stream): the list's own
+        # append, called from C, costs no Python frame. Bound before the parser reads it.
+        self.on_body: Callable[[bytes], None] = self._body.append
+        self._parser = httptools.HttpResponseParser(self)
+        self._sink: Sink | None = None
         self._headers: dict[bytes, bytes] = {}
         self._answered = False
         self._reusable = False
@@ -117,10 +121,6 @@ class UpstreamConnection(asyncio.Protocol):
             return
         self._answered = True
         sink.on_head(self._parser.get_status_code(), self._headers)
-
-    def on_body(self, body: bytes) -> None:
-        # Per chunk (per token of a stream): only kept; the sink gets the read's bytes at once.
-        self._body.append(body)
 
     def on_message_complete(self) -> None:
         sink, self._sink = self._sink, None
