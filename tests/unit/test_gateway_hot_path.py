@@ -113,6 +113,34 @@ def test_many_events_in_one_read_leave_in_one_write() -> None:
     run(body())
 
 
+def test_the_events_of_a_read_cost_no_python_call_each() -> None:
+    """httptools calls back once per chunk (per token): that callback runs no Python frame,
+    so a read of 16 events costs the same few Python calls as a read of one."""
+
+    async def body() -> None:
+        answer = _Answer("chat", StubConfig(chunks=CHUNKS))
+        up = UpstreamConnection(_Pool())  # type: ignore[arg-type]
+        up.connection_made(_Transport())  # type: ignore[arg-type]
+        request = HttpRequest(_Conn(), "POST", b"/v1/chat/completions", {}, b"{}", True)  # type: ignore[arg-type]
+        relay = Relay(request, up, (b"x-servepilot-replica", b"r0"), asyncio.get_running_loop())
+        up.send(b"POST / HTTP/1.1\r\n\r\n", relay)
+        up.data_received(answer.first)
+        calls: list[str] = []
+
+        def count(frame: Any, event: str, arg: Any) -> None:
+            if event == "call":
+                calls.append(frame.f_code.co_name)
+
+        sys.setprofile(count)
+        try:
+            up.data_received(answer.token * CHUNKS)
+        finally:
+            sys.setprofile(None)
+        assert len(calls) < 8, calls
+
+    run(body())
+
+
 def _events(chunked: bytes) -> list[bytes]:
     """The chunk payloads of a chunked body (after its head)."""
     rest = chunked[chunked.index(b"\r\n\r\n") + 4 :]
