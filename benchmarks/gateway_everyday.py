@@ -74,23 +74,23 @@ async def _one(session: Any, url: str, out: list[tuple[float, float]]) -> None:
 
 
 async def _paced(
-    base: str, rate: float, duration_s: float, concurrency: int, marks: bool
+    bases: str, rate: float, duration_s: float, concurrency: int, marks: bool
 ) -> dict[str, float]:
     """Requests sent at `rate` (the i-th at start + i / rate), never more than `concurrency`
     in flight: on a machine that falls behind, the load waits instead of piling up (a
     router that falls behind is then seen running below the rate)."""
     import aiohttp
 
-    url = base + "/v1/chat/completions"
+    urls = [base + "/v1/chat/completions" for base in bases.split(",")]
     done: list[tuple[float, float]] = []
     total = int(rate * duration_s)
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
         # The connections first, so that the run measures steady keep-alive traffic.
-        await asyncio.gather(*(_one(session, url, []) for _ in range(concurrency)))
+        await asyncio.gather(*(_one(session, u, []) for u in urls for _ in range(concurrency)))
         slots = asyncio.Semaphore(concurrency)
 
-        async def send(intended_s: float) -> None:
+        async def send(intended_s: float, url: str) -> None:
             async with slots:
                 if (wait_s := intended_s - time.perf_counter()) > 0:
                     await asyncio.sleep(wait_s)
@@ -100,7 +100,8 @@ async def _paced(
             print(START, flush=True)
         start = time.perf_counter()
         results = await asyncio.gather(
-            *(send(start + i / rate) for i in range(total)), return_exceptions=True
+            *(send(start + i / rate, urls[i % len(urls)]) for i in range(total)),
+            return_exceptions=True,
         )
         elapsed = time.perf_counter() - start
         if marks:
@@ -164,7 +165,8 @@ def one_round(
 ) -> dict[str, dict[str, Any]]:
     """The direct path, then each router (reversed every other round); `start(name)` gives
     a router's ready process and URL."""
-    rows = {"direct": _load(stubs[0], args, tmp, None)}
+    # Direct: the requests alternate between the stubs, as a router's round robin spreads them.
+    rows = {"direct": _load(",".join(stubs), args, tmp, None)}
     for name in ROUTER_NAMES[::-1] if index % 2 else ROUTER_NAMES:
         proc, url = start(name)
         try:
@@ -215,7 +217,8 @@ def table(rounds: list[dict[str, dict[str, Any]]], args: argparse.Namespace) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run", dest="url", required=True, help="the base URL to load")
+    parser.add_argument("--run", dest="url", required=True,
+                        help="the base URL to load (several, comma-separated: in turn)")  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--duration-s", type=float, default=10.0)
