@@ -218,7 +218,7 @@ def table(rounds: list[dict[str, dict[str, Any]]], args: argparse.Namespace) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", dest="url", required=True,
-                        help="the base URL to load (several, comma-separated: in turn)")  # fmt: skip
+                        help="base URL to load (several, comma-separated: in turn)")  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--duration-s", type=float, default=10.0)
