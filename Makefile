@@ -77,8 +77,10 @@ test: model prometheus lint typecheck
 bench-client: model
 	$(BIN)/python benchmarks/bench_client.py $(ARGS)
 
-# The gateway's CPU per request and added latency next to vllm-router's, on stub replicas; and
-# its own cost with the access log and with the scrape-time gauges, side by side.
+# The gateway's CPU per request and added latency next to vllm-router's, on stub replicas, at
+# saturation and at an everyday load (1,000 requests/s, a write per token, aiohttp; ARGS="--point
+# everyday" for that one alone); and its own cost with the access log and with the scrape-time
+# gauges, side by side.
 bench-gateway: model
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/bench_gateway.py $(ARGS)

@@ -15,6 +15,10 @@ Reported per router: its CPU time per proxied request (user + system from /proc,
 measured run only; summed over its worker processes), requests/s, and the p50/p99 end-to-end
 latency it adds over calling a stub directly. Rounds alternate; the table shows medians.
 
+Then the everyday point (gateway_everyday.py): servepilot's gateway and vllm-router at about
+1,000 requests/s, 16 in flight, an aiohttp client, stubs that write each token alone (as vLLM
+does); `--point saturation|everyday` runs one of the two.
+
     python benchmarks/bench_gateway.py [--requests 20000] [--concurrency 32] [--rounds 3]
 """
 
@@ -35,6 +39,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import gateway_everyday
 from bench_client import SP_END, SP_START, cpu_s, pinned, run_child, start_stub
 
 ROUTER_CORE, LOAD_CORE = "0", "1"
@@ -115,6 +120,8 @@ ROUTERS: dict[str, tuple[Callable[[list[str], int, argparse.Namespace], list[str
     "servepilot + gauges, scraped": (servepilot_gateway_gauges, "/ready"),
     "vllm-router": (vllm_router, "/health"),
 }
+ALL_ROUTERS = dict(ROUTERS)
+"""Every router, whatever --only leaves in ROUTERS (the saturation point's)."""
 SCRAPED = {"servepilot, scraped", "servepilot + gauges, scraped"}
 
 
@@ -197,27 +204,44 @@ def one_round(
     rows = {"direct": load(stubs[0], args, tmp, None)}
     # Every other round in reverse order: a machine that gets busier during a round would
     # otherwise always charge the same router.
-    order = list(ROUTERS.items())
-    for name, (command, ready_path) in order[::-1] if index % 2 else order:
-        port = free_port()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "RUST_LOG": "warn"}
-        proc = subprocess.Popen(pinned(ROUTER_CORE, command(stubs, port, args)), env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    order = list(ROUTERS)
+    for name in order[::-1] if index % 2 else order:
+        proc, url = start_router(name, stubs, args)
         try:
-            url = f"http://127.0.0.1:{port}"
-            wait_ready(url + ready_path, proc)
             scraping = Scraper(url, args.scrape_s) if name in SCRAPED else contextlib.nullcontext()
             with scraping:
                 load(url, args, tmp, proc.pid)  # warm-up: connection pools, caches
                 rows[name] = load(url, args, tmp, proc.pid)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_router(proc)
     return rows
+
+
+def start_router(
+    name: str, stubs: list[str], args: argparse.Namespace
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Router `name` on ROUTER_CORE in front of `stubs`, ready; (its process, its URL)."""
+    command, ready_path = ALL_ROUTERS[name]
+    port = free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RUST_LOG": "warn"}
+    proc = subprocess.Popen(pinned(ROUTER_CORE, command(stubs, port, args)), env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url + ready_path, proc)
+    except BaseException:
+        stop_router(proc)
+        raise
+    return proc, url
+
+
+def stop_router(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def table(rounds: list[dict[str, dict[str, float]]], args: argparse.Namespace) -> str:
@@ -287,11 +311,24 @@ def main() -> None:
         "--only", choices=sorted(ROUTERS), action="append",
         help="measure only this router (repeat for several)",
     )  # fmt: skip
+    parser.add_argument(
+        "--point", choices=("saturation", "everyday", "both"), default="both",
+        help="saturation (closed loop, whole answers), everyday (1,000 requests/s paced, "
+        "a write per token, aiohttp), or both",
+    )  # fmt: skip
+    gateway_everyday.add_arguments(parser)
     args = parser.parse_args()
     if args.only:
         for name in list(ROUTERS):
             if name not in args.only:
                 del ROUTERS[name]
+    if args.point in ("saturation", "both"):
+        saturation(args)
+    if args.point in ("everyday", "both"):
+        everyday(args)
+
+
+def saturation(args: argparse.Namespace) -> None:
     stubs = [start_stub(args.chunks, args.delay_ms, LOAD_CORE) for _ in range(2)]
     rounds = []
     try:
@@ -317,6 +354,33 @@ def main() -> None:
         f"one /metrics scrape with {args.scrape_replicas} replicas: {without:.0f} us CPU, "
         f"{with_gauges:.0f} us with the gauges ({with_gauges - without:+.0f} us a scrape)"
     )
+
+
+def everyday(args: argparse.Namespace) -> None:
+    """The everyday point (gateway_everyday.py): per-token writes, a paced load, aiohttp."""
+    args.load_core = LOAD_CORE
+    stubs = [start_stub(args.chunks, args.everyday_delay_ms, LOAD_CORE) for _ in range(2)]
+    urls = [url for _, url in stubs]
+    rounds = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for index in range(args.rounds):
+                started = time.perf_counter()
+                rows = gateway_everyday.one_round(
+                    urls, args, Path(tmp), index,
+                    lambda name: start_router(name, urls, args), stop_router,
+                )  # fmt: skip
+                rounds.append(rows)
+                cpu = ", ".join(f"{n} {rows[n]['cpu_us']:.0f} us/req"
+                                for n in gateway_everyday.ROUTER_NAMES)  # fmt: skip
+                took_s = time.perf_counter() - started
+                print(f"everyday round {index + 1}/{args.rounds} ({took_s:.0f} s, load average "
+                      f"{os.getloadavg()[0]:.1f}): {cpu}", flush=True)  # fmt: skip
+    finally:
+        for proc, _ in stubs:
+            proc.terminate()
+            proc.wait(10)
+    print(gateway_everyday.table(rounds, args))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import time
 from servepilot.core.gateway_config import GatewayConfig
 from servepilot.gateway.access_log import Trail
 from servepilot.gateway.auth import Caller
+from servepilot.gateway.deadlines import Deadlines
 from servepilot.gateway.dispatch import Dispatcher, Grant
 from servepilot.gateway.errors import (
     INVALID_REQUEST,
@@ -75,6 +76,8 @@ class Proxy:
         self._dispatcher = dispatcher
         self._metrics = metrics
         self._loop: asyncio.AbstractEventLoop | None = None
+        # One timer for every request's timeout, not one per request.
+        self._deadlines = Deadlines(config.request_timeout_s)
         # The gateway's own key is not the replicas' business; without auth it passes on.
         self._forwarded = _FORWARDED_HEADERS + (() if config.auth.keys else ("authorization",))
 
@@ -227,12 +230,11 @@ class Proxy:
                 return Outcome(status=0, streamed=False, failure=exc, retryable=True)
             relay = Relay(request, conn, replica.header, loop)
             conn.send(replica.request_head(path, len(body), extra, content_type) + body, relay)
-            # A bare timer rather than asyncio.timeout: a third of the cost, per request.
-            timer = loop.call_later(self._config.request_timeout_s, relay.expire)
+            self._deadlines.add(relay, loop)
             try:
                 outcome = await relay.done
             finally:
-                timer.cancel()
+                self._deadlines.discard(relay)
                 conn.finish()
             if outcome.timed_out:
                 self._metrics.count_error("upstream_timeout")

@@ -23,6 +23,7 @@ from servepilot.http1 import HttpRequest
 
 _EVENT_STREAM = b"text/event-stream"
 _LAST_EVENT = b"data: [DONE]\n\n"
+_LAST_LEN = len(_LAST_EVENT)
 # An OpenAI answer's `usage` is in its last few hundred bytes (the last event of a stream
 # asked with include_usage comes just before [DONE]).
 _TAIL_BYTES = 512
@@ -92,55 +93,50 @@ class Relay:
             if self._request.connected:
                 self._request.start_stream(200, self._content_type, (self._replica_header,))
 
-    def on_body(self, data: bytes) -> None:
-        # Collected until `flush`: the upstream connection calls it once per read.
-        self._parts.append(data)
-
-    def flush(self) -> None:
+    def on_read(self, data: bytes) -> None:
+        # Once per upstream read, so once per token of a replica that writes each token
+        # alone (vLLM): the hot path of a stream.
         if not self._streaming:
+            if data:
+                self._parts.append(data)
             return
-        if not self._parts:
-            if self._request.connected:
-                self._request.flush_head()
+        request = self._request
+        if not data:
+            if request.connected:
+                request.flush_head()
             return
         if self._first_chunk_s is None:
             self._first_chunk_s = time.perf_counter()
-        parts = self._parts
-        data = parts[0] if len(parts) == 1 else b"".join(parts)
-        parts.clear()
-        request = self._request
         if not request.connected:
             return  # the handler is being cancelled and will drop the connection
-        if self._ends_stream(data):
+        if data.endswith(_LAST_EVENT) or (len(data) < _LAST_LEN and self._ends_stream(data)):
             self._complete(data)
             return
-        request.write_chunk(data)
         self._relayed += len(data)
         self._previous = data
-        if request.write_paused:
+        if request.write_chunk(data):
             # The client reads slower than the replica writes: stop reading upstream until
             # the client catches up, instead of buffering the whole answer here.
             self._conn.pause_reading()
             request.on_writable(self._conn.resume_reading)
 
-    def on_end(self) -> None:
+    def on_end(self, data: bytes) -> None:
         if self._streaming:
-            if self._first_chunk_s is None and self._parts:
+            if self._first_chunk_s is None and data:
                 self._first_chunk_s = time.perf_counter()
             if self._request.connected:
                 # The last events and the end of the stream leave in one write.
-                self._last = b"".join(self._parts)
-                self._request.end_stream(self._last)
-                self._relayed += len(self._last)
-            self._parts.clear()
+                self._last = data
+                self._request.end_stream(data)
+                self._relayed += len(data)
+        elif data:
+            self._parts.append(data)
         if not self.done.done():
             self.done.set_result(self._outcome())
 
     def _ends_stream(self, data: bytes) -> bool:
-        """`data` ends with the last event, or with the rest of one that began in the read
-        before (a read boundary may fall anywhere)."""
-        if data.endswith(_LAST_EVENT):
-            return True
+        """`data`, shorter than the last event, ends with the rest of one that began in the
+        read before (a read boundary may fall anywhere)."""
         missing = len(_LAST_EVENT) - len(data)
         return (
             missing > 0

@@ -13,6 +13,7 @@ import asyncio
 import collections
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Protocol, cast
 
 import httptools
@@ -31,14 +32,13 @@ class Sink(Protocol):
 
     def on_head(self, status: int, headers: dict[bytes, bytes]) -> None: ...
 
-    def on_body(self, data: bytes) -> None: ...
-
-    def flush(self) -> None:
-        """The bytes of one read have all been passed on: a chance to write them at once."""
+    def on_read(self, data: bytes) -> None:
+        """The body bytes of one read, all at once (b"" when the read held none: the head
+        alone): a chance to write them in one go."""
         ...
 
-    def on_end(self) -> None:
-        """The answer is complete (bytes held back since the last `flush` included)."""
+    def on_end(self, data: bytes) -> None:
+        """The answer is complete; `data` is its body since the last `on_read`."""
         ...
 
     def on_failure(self, exc: Exception, answered: bool) -> None:
@@ -52,6 +52,11 @@ class UpstreamConnection(asyncio.Protocol):
     def __init__(self, pool: HostPool) -> None:
         self._pool = pool
         self.transport: asyncio.Transport | None = None
+        self._body: list[bytes] = []
+        """The body pieces of the read being parsed (one per chunk of a chunked answer)."""
+        # httptools' body callback, once per chunk (per token of a stream): the list's own
+        # append, called from C, costs no Python frame. Bound before the parser reads it.
+        self.on_body: Callable[[bytes], None] = self._body.append
         self._parser = httptools.HttpResponseParser(self)
         self._sink: Sink | None = None
         self._headers: dict[bytes, bytes] = {}
@@ -82,7 +87,15 @@ class UpstreamConnection(asyncio.Protocol):
         # One read often holds many SSE events (a fast replica, a burst): they leave in one
         # write instead of one system call each.
         if self._sink is sink:
-            sink.flush()
+            body = self._body
+            if not body:
+                sink.on_read(b"")
+            elif len(body) == 1:
+                sink.on_read(body.pop())
+            else:
+                data = b"".join(body)
+                body.clear()
+                sink.on_read(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -109,15 +122,14 @@ class UpstreamConnection(asyncio.Protocol):
         self._answered = True
         sink.on_head(self._parser.get_status_code(), self._headers)
 
-    def on_body(self, body: bytes) -> None:
-        if self._sink is not None:
-            self._sink.on_body(body)
-
     def on_message_complete(self) -> None:
         sink, self._sink = self._sink, None
         self._reusable = self._parser.should_keep_alive()
+        body = self._body
+        data = body[0] if len(body) == 1 else b"".join(body)
+        body.clear()
         if sink is not None:
-            sink.on_end()
+            sink.on_end(data)
         if self._finished:  # drained after its caller was done with it
             self.finish()
 
@@ -127,6 +139,7 @@ class UpstreamConnection(asyncio.Protocol):
         """Start an exchange; the answer goes to `sink`."""
         assert self.transport is not None and self._sink is None
         self._sink = sink
+        self._body.clear()
         self._headers = {}
         self._answered = False
         self._reusable = False

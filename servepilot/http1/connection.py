@@ -39,6 +39,7 @@ class HttpConnection(asyncio.Protocol):
     def __init__(self, server: HttpServer) -> None:
         self._server = server
         self._transport: asyncio.Transport | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._parser = httptools.HttpRequestParser(self)
         self._url = b""
         self._headers: dict[str, str] = {}
@@ -74,6 +75,9 @@ class HttpConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self._transport = cast(asyncio.Transport, transport)
+        # Looked up once per connection, not per request: on Python 3.11 every
+        # get_running_loop() is a getpid() system call.
+        self._loop = asyncio.get_running_loop()
         self._server.connections.add(self)
 
     @property
@@ -175,7 +179,8 @@ class HttpConnection(asyncio.Protocol):
 
     def _run(self, request: HttpRequest) -> None:
         self._current = request
-        self._task = task = asyncio.get_running_loop().create_task(self._handle(request))
+        loop = self._loop or asyncio.get_running_loop()
+        self._task = task = loop.create_task(self._handle(request))
         task.add_done_callback(self._finished)
 
     async def _handle(self, request: HttpRequest) -> None:

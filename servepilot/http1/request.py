@@ -138,13 +138,17 @@ class HttpRequest:
             head, self._head = self._head, b""
             self._conn.write(head)
 
-    def write_chunk(self, data: bytes) -> None:
+    def write_chunk(self, data: bytes) -> bool:
+        """Write `data` as the next piece of the body; returns `write_paused` (in the same
+        call: a relay asks it once per token)."""
+        conn = self._conn
         if data:
             framed = b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data
-            self._conn.write(self._head + framed)
+            conn.write(self._head + framed)
             self._head = b""
         else:
             self.flush_head()
+        return conn.paused
 
     def end_stream(self, data: bytes = b"") -> None:
         """Write `data` as a last chunk (if any) and end the body; later calls do nothing."""
