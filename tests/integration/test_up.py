@@ -138,7 +138,8 @@ def test_both_replicas_receive_traffic(client: openai.OpenAI, fleet: RunningFlee
     [
         ("/v1/chat/completions", b"{not json", 400),
         ("/v1/chat/completions", json.dumps({"model": MODEL}).encode(), 400),
-        ("/v1/completions", json.dumps({"prompt": "hi"}).encode(), 400),
+        # `model` may be left out (the fleet's only model, as vLLM does); `prompt` may not.
+        ("/v1/completions", json.dumps({"model": MODEL}).encode(), 400),
         (
             "/v1/chat/completions",
             json.dumps(
@@ -153,7 +154,7 @@ def test_both_replicas_receive_traffic(client: openai.OpenAI, fleet: RunningFlee
         ),
         ("/v1/nothing-here", b"{}", 404),
     ],
-    ids=["bad-json", "no-messages", "no-model", "unknown-model", "oversized", "unknown-route"],
+    ids=["bad-json", "no-messages", "no-prompt", "unknown-model", "oversized", "unknown-route"],
 )
 def test_client_mistakes_get_openai_shaped_4xx(
     fleet: RunningFleet, path: str, body: bytes, status: int
