@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -97,9 +98,13 @@ def test_up_autoscale_adds_a_replica_under_load_and_drains_it_after(tmp_path: Pa
         ramp_up_and_down(fleet, tmp_path, output_tokens=32, busy_s=30)
         gateway_log = cli(["logs", "gateway", "--port", str(fleet.port)], fleet.env).stdout
         assert "replica r1 removed (drained=True)" in gateway_log
-        # Every decision is logged, those that change nothing too.
-        assert "INFO servepilot.fleet.autoscale.controller: autoscale: 1 replicas (bounds: " \
-            "peak utilisation 0.00 over 3 s, 1 replicas; at min)" in gateway_log  # fmt: skip
+        # Every decision is logged, those that change nothing too (the utilisation at that
+        # moment depends on how far the light load's last requests had got).
+        assert re.search(
+            r"INFO servepilot\.fleet\.autoscale\.controller: autoscale: 1 replicas \(bounds: "
+            r"peak utilisation \d\.\d\d over 3 s, 1 replicas; at min\)",
+            gateway_log,
+        ), gateway_log
         status = cli(["status"], fleet.env).stdout
         assert "autoscale: step between 1 and 3 replicas; last decision at" in status
         with urllib.request.urlopen(f"{fleet.url}/metrics", timeout=10) as resp:
