@@ -305,18 +305,18 @@ def _silu_mul(torch: Any, dev: Any, op: dict[str, Any], point: dict[str, Any], _
     return time_us(torch, dev, lambda i: silu(xs[i][:, :width]) * xs[i][:, width:], len(xs))
 
 
+def _attention_dims(op: dict[str, Any]) -> tuple[int, int, int, int]:
+    """Query heads, KV heads, the q/k head size and the v head size of an attention op."""
+    return int(op["heads"]), int(op["kv_heads"]), int(op["qk_dim"]), int(op["v_dim"])
+
+
 def _attn_decode(torch: Any, dev: Any, op: dict[str, Any], point: dict[str, Any], _: str) -> float:
     """One new query per sequence against `context` cached tokens, `batch` sequences.
     GQA through SDPA's fused kernels; MLA absorbed (every head reads the one latent of
     kv_lora_rank + rope dims, values are its first kv_lora_rank dims) as two batched GEMMs
     around a softmax, the shape FlashMLA computes."""
     b, ctx = int(point["batch"]), int(point["context"])
-    heads, kv_heads, qk, v = (
-        int(op["heads"]),
-        int(op["kv_heads"]),
-        int(op["qk_dim"]),
-        int(op["v_dim"]),
-    )
+    heads, kv_heads, qk, v = _attention_dims(op)
     wdt = _float_dtype(torch, dev)
     kv_bytes = b * ctx * kv_heads * (qk + (0 if op.get("latent") else v)) * 2
     copies = _copies(dev, kv_bytes)
@@ -342,12 +342,7 @@ def _attn_prefill(torch: Any, dev: Any, op: dict[str, Any], point: dict[str, Any
     """A causal prefill of `tokens` new tokens (one sequence, nothing cached) through SDPA;
     MLA prefills unabsorbed (qk of nope + rope dims, v of v_head_dim per head)."""
     t = int(point["tokens"])
-    heads, kv_heads, qk, v = (
-        int(op["heads"]),
-        int(op["kv_heads"]),
-        int(op["qk_dim"]),
-        int(op["v_dim"]),
-    )
+    heads, kv_heads, qk, v = _attention_dims(op)
     wdt = _float_dtype(torch, dev)
     q = torch.randn(1, heads, t, qk, device=dev, dtype=wdt)
     k = torch.randn(1, kv_heads, t, qk, device=dev, dtype=wdt)
