@@ -181,11 +181,22 @@ def summarize(shapes: list[Shape], store: Store) -> dict[str, dict[str, float | 
             "spread_median_pct": statistics.median(spreads),
             "spread_p90_pct": p90(spreads),
         }
-        row["meets_targets"] = bool(
-            row["median_abs_pct"] <= TARGETS["median_abs_pct"]
-            and row["p90_abs_pct"] <= TARGETS["p90_abs_pct"]
-            and row["median_abs_pct"] <= SPREAD_FACTOR * float(row["spread_median_pct"])
-            and row["p90_abs_pct"] <= SPREAD_FACTOR * float(row["spread_p90_pct"])
+        # A model with no error at all would still be off the mean of two runs by half
+        # their gap (|e1 + e2| / 2 has the distribution of |e1 - e2| / 2 for independent
+        # noise): a target below that floor cannot be checked on this machine.
+        row["floor_median_pct"] = float(row["spread_median_pct"]) / 2
+        row["floor_p90_pct"] = float(row["spread_p90_pct"]) / 2
+        median_ok = row["median_abs_pct"] <= TARGETS["median_abs_pct"]
+        p90_ok = row["p90_abs_pct"] <= TARGETS["p90_abs_pct"]
+        spread_ok = row["median_abs_pct"] <= SPREAD_FACTOR * float(
+            row["spread_median_pct"]
+        ) and row["p90_abs_pct"] <= SPREAD_FACTOR * float(row["spread_p90_pct"])
+        row["meets_targets"] = bool(median_ok and p90_ok and spread_ok)
+        # Missed for certain: the spread target, or a target the noise floor lies under.
+        row["missed"] = bool(
+            not spread_ok
+            or (not median_ok and row["floor_median_pct"] <= TARGETS["median_abs_pct"])
+            or (not p90_ok and row["floor_p90_pct"] <= TARGETS["p90_abs_pct"])
         )
         out[m] = row
     return out
@@ -207,11 +218,14 @@ def report(shapes: list[Shape], store: Store, profile: Path) -> str:
             spr = f"{spread[m]:8.1f}" if m in spread else f"{'-':>8}"
             lines.append(f"{s.name:<44} {m:<13} {runs[0]} {runs[1]} {sim} {err} {spr} {load}")
     lines += ["", "| metric | cases | median abs error | p90 abs error | spread median | "
-              "spread p90 | targets met |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+              "spread p90 | perfect model's median, p90 | targets met |",
+              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for m, r in summarize(shapes, store).items():
+        met = "yes" if r["meets_targets"] else "no" if r["missed"] else "not checkable here"
+        floor = f"{r['floor_median_pct']:.1f}%, {r['floor_p90_pct']:.1f}%"
         lines.append(f"| {m} | {r['cases']} | {r['median_abs_pct']:.1f}% | {r['p90_abs_pct']:.1f}% "
                      f"| {r['spread_median_pct']:.1f}% | {r['spread_p90_pct']:.1f}% | "
-                     f"{'yes' if r['meets_targets'] else 'no'} |")  # fmt: skip
+                     f"{floor} | {met} |")  # fmt: skip
     if profile.exists():
         fit = json.loads(profile.read_text())["meta"].get("fit_error", {}).get("all", {})
         lines.append(f"calibration's own fit error: median {fit.get('median_pct')}%, "

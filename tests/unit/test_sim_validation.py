@@ -112,3 +112,26 @@ def test_summary_takes_median_p90_and_the_spread_target(tmp_path: Path) -> None:
     assert p90 == pytest.approx(100 * (3 + 0.6 * 12) / 105)
     store.save()
     assert json.loads(store.path.read_text())["cases"].keys() == {s.name for s in shapes}
+
+
+def test_a_target_below_the_measurements_own_noise_is_not_checkable(tmp_path: Path) -> None:
+    shapes = draw_cases(4, 22)
+    store = Store(tmp_path / "validation.json")
+    # Runs of 80 and 120 (spread 40% of their mean): were the truth 120 (the first run the
+    # noisy one), a perfect model would be off their mean by 20%, half the spread.
+    for shape in shapes:
+        store.data["cases"][shape.name] = _entry([80.0, 120.0], 120.0)
+    row = summarize(shapes, store)["ttft_p50_ms"]
+    assert row["spread_median_pct"] == pytest.approx(40.0)
+    assert row["floor_median_pct"] == pytest.approx(20.0)
+    assert row["meets_targets"] is False and row["missed"] is False  # not checkable
+    # Runs of 98 and 102: a floor of 2%, below 7% / 20%: the targets can be checked.
+    for shape in shapes:
+        store.data["cases"][shape.name] = _entry([98.0, 102.0], 100.0)
+    row = summarize(shapes, store)["ttft_p50_ms"]
+    assert row["floor_median_pct"] == pytest.approx(2.0) and row["meets_targets"] is True
+    # The same runs and a model 10% off: above a target the noise does not hide, missed.
+    for shape in shapes:
+        store.data["cases"][shape.name]["predicted"]["ttft_p50_ms"] = 110.0
+    row = summarize(shapes, store)["ttft_p50_ms"]
+    assert row["meets_targets"] is False and row["missed"] is True
