@@ -372,3 +372,45 @@ def test_a_give_up_the_backend_fails_is_tried_again_at_the_next_tick() -> None:
         assert "remove r1" in backend.journal
 
     asyncio.run(run())
+
+
+def test_a_drained_replica_whose_stop_fails_is_stopped_at_a_later_tick() -> None:
+    # Drained, it is out of the gateway: without a retry it would run (and cost) for ever.
+    controller, fleet, backend, clock = rig(Scripted(1), {"r0": 0, "r1": 0})
+    refusals = 2
+    remove = backend.remove
+
+    async def flaky(replica_id: str) -> None:
+        nonlocal refusals
+        if refusals:
+            refusals -= 1
+            raise OSError("api server unreachable")
+        await remove(replica_id)
+
+    backend.remove = flaky  # type: ignore[method-assign]
+
+    async def run() -> None:
+        await controller.tick()
+        await controller.removals_done()
+        assert list(fleet.in_flight) == ["r0"] and controller.unstopped == {"r1"}
+        assert _unstopped_gauge(controller) == 1.0
+        clock.now_s += 5
+        await controller.tick()  # refused again
+        assert controller.unstopped == {"r1"} and controller.errors == 2
+        clock.now_s += 5
+        await controller.tick()
+        assert controller.unstopped == set() and controller.errors == 2
+
+    asyncio.run(run())
+    assert backend.journal == ["drain r1 within 7 s", "remove r1"]
+    # The gauge follows it up and back down.
+    assert _unstopped_gauge(controller) == 0.0
+
+
+def _unstopped_gauge(controller: AutoscaleController) -> float:
+    from servepilot.fleet.autoscale.metrics import AutoscaleCollector
+
+    for family in AutoscaleCollector(controller).collect():
+        if family.name == "servepilot_autoscale_unstopped_replicas":
+            return float(family.samples[0].value)
+    raise AssertionError("no servepilot_autoscale_unstopped_replicas")

@@ -144,6 +144,7 @@ def test_the_metrics_say_what_was_decided() -> None:
     assert 'servepilot_autoscale_decisions_total{direction="up",reason="hold"} 1.0' in text
     assert "servepilot_autoscale_errors_total 0.0" in text
     assert "servepilot_autoscale_gave_up_total 0.0" in text
+    assert "servepilot_autoscale_unstopped_replicas 0.0" in text
 
 
 def test_status_shows_the_policy_bounds_and_last_decision(

@@ -107,6 +107,9 @@ class AutoscaleController:
         self.gave_up = 0
         """Replicas removed because they were still starting past startup_timeout_s."""
         self._starting_since: dict[str, float] = {}
+        self.unstopped: set[str] = set()
+        """Replicas drained and dropped from the gateway whose stop failed: they serve
+        nothing and still cost, so every tick stops them again until the backend does."""
         self._removals: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
 
@@ -145,6 +148,7 @@ class AutoscaleController:
     async def tick(self) -> Decision:
         """Ask the policy, record the answer, apply it (unless a removal still drains)."""
         now_s = self._clock()
+        await self._stop_unstopped()
         await self._give_up_stuck(now_s)
         snapshot = self._fleet.snapshot(now_s)
         answer: ScaleDecision = self.policy.decide(snapshot, now_s)
@@ -158,6 +162,16 @@ class AutoscaleController:
             else:
                 await self._scale_to(decision.desired, snapshot)
         return decision
+
+    async def _stop_unstopped(self) -> None:
+        for rid in sorted(self.unstopped):
+            try:
+                await self._backend.remove(rid)
+            except Exception as exc:  # any backend failure: tried again at the next tick
+                self._failed(f"stop {rid}", exc)
+                continue
+            self.unstopped.discard(rid)
+            log.info("autoscale: replica %s removed (at a retry)", rid)
 
     async def _give_up_stuck(self, now_s: float) -> None:
         """A replica that never gets ready (a pod that cannot be scheduled, an image that does
@@ -225,9 +239,11 @@ class AutoscaleController:
                 self._failed(f"drain {rid}", exc)
         try:
             await self._backend.remove(rid)
-        except Exception as exc:  # any backend failure: the next tick decides again
+        except Exception as exc:
             self._failed(f"stop {rid}", exc)
-            return
+            if replica.ready:  # out of the gateway now: only a retry stops it
+                self.unstopped.add(rid)
+            return  # one still starting is the next tick's to decide on again
         log.info("autoscale: replica %s removed", rid)
 
     def _failed(self, what: str, exc: Exception) -> None:

@@ -55,3 +55,10 @@ class AutoscaleCollector:
         )
         gave_up.add_metric([], c.gave_up)
         yield gave_up
+        unstopped = GaugeMetricFamily(
+            "servepilot_autoscale_unstopped_replicas",
+            "Replicas drained out of the gateway whose stop failed: they serve nothing and "
+            "still cost; the autoscaler stops them again every tick until the backend does.",
+        )
+        unstopped.add_metric([], len(c.unstopped))
+        yield unstopped
