@@ -41,8 +41,8 @@ the exit status is 1 only on a target missed that is not out of reach. Printed a
 written to OUT/summary.json.
 
     python benchmarks/bench_autoscale.py [--out runs/bench-autoscale] [--traces ramp,...]
-        [--floors 0.5,0.6] [--error-quantile none] [--down-cooldown 300] [--fill 0.9]
-        [--policies predictive,oracle] [--replica-rps 8.5]
+        [--floors 0.5,0.6] [--error-quantile none] [--error-window 300] [--error-fade]
+        [--down-cooldown 300] [--fill 0.9] [--policies predictive,oracle] [--replica-rps 8.5]
 """
 
 from __future__ import annotations
@@ -156,6 +156,8 @@ class Knobs:
 
     down_cooldown_s: float = StepRules().down_cooldown_s
     error_quantile: float | None = ForecastSizing(1.0, 1.0).error_quantile
+    error_window_s: int = ForecastSizing(1.0, 1.0).error_window_s
+    error_fade: bool = ForecastSizing(1.0, 1.0).error_fade
     fill: float = FILL
     """Predictive's fill (static provisioning stays at FILL)."""
 
@@ -172,8 +174,9 @@ def build(policy: str, rps: float, knobs: Knobs, trace: Trace) -> AutoscalePolic
         return StepPolicy(rules)
     if policy == "predictive":
         sizing = ForecastSizing(
-            rps, COLD_START_S + INTERVAL_S, fill=knobs.fill, error_quantile=knobs.error_quantile
-        )
+            rps, COLD_START_S + INTERVAL_S, fill=knobs.fill, error_quantile=knobs.error_quantile,
+            error_window_s=knobs.error_window_s, error_fade=knobs.error_fade,
+        )  # fmt: skip
         return PredictivePolicy(sizing, rules)
     if policy == "oracle":
         horizon_s = COLD_START_S + INTERVAL_S
@@ -237,6 +240,19 @@ def main() -> int:
         help="predictive's error headroom quantile (default: ForecastSizing's); none: no headroom",
     )
     parser.add_argument(
+        "--error-window",
+        type=int,
+        default=Knobs().error_window_s,
+        metavar="S",
+        help="the seconds of predictive's forecast errors its headroom reads (default: "
+        "ForecastSizing's)",
+    )
+    parser.add_argument(
+        "--error-fade",
+        action="store_true",
+        help="predictive's errors count less with age (x 1 - age / window) in its headroom",
+    )
+    parser.add_argument(
         "--fill",
         type=float,
         default=Knobs().fill,
@@ -270,7 +286,7 @@ def main() -> int:
     print(f"one replica: {rps:g} req/s within the SLO ({SLO})", flush=True)
     shares = [float(v) for v in args.floors.split(",") if v]
     quantile = None if args.error_quantile.lower() == "none" else float(args.error_quantile)
-    knobs = Knobs(args.down_cooldown, quantile, args.fill)
+    knobs = Knobs(args.down_cooldown, quantile, args.error_window, args.error_fade, args.fill)
     rows: list[Row] = []
     for name in args.traces.split(","):
         trace = TRACES[name]
@@ -300,6 +316,7 @@ def main() -> int:
     summary = {
         "replica_rps": rps, "sweep": sweep, "slo": SLO, "cold_start_s": COLD_START_S,
         "down_cooldown_s": args.down_cooldown, "error_quantile": quantile, "fill": args.fill,
+        "error_window_s": args.error_window, "error_fade": args.error_fade,
         "traces": {name: trace.shape.describe() for name, trace in TRACES.items()},
         "rows": [asdict(r) for r in rows], "verdicts": lines, "cpu_s": round(cpu_s, 1),
     }  # fmt: skip

@@ -36,6 +36,8 @@ class ForecastSizing:
     """The headroom: this quantile of the forecast's errors over `error_window_s`, less what
     Poisson arrival noise alone puts there (the fill covers that); None: no headroom."""
     error_window_s: int = 600
+    error_fade: bool = False
+    """Fade each error with its age over the window (`ForecastErrors`' `fade`)."""
     headroom_less_noise: bool = True
     """Take the Poisson noise's own quantile off the headroom (False: the raw quantile)."""
     hold_s: float | None = None
@@ -79,6 +81,7 @@ class PredictivePolicy:
                 sizing.error_window_s,
                 sizing.error_quantile,
                 less_poisson_noise=sizing.headroom_less_noise,
+                fade=sizing.error_fade,
             )
             if sizing.error_quantile is not None
             else None
