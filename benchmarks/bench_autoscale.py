@@ -41,7 +41,7 @@ the exit status is 1 only on a target missed that is not out of reach. Printed a
 written to OUT/summary.json.
 
     python benchmarks/bench_autoscale.py [--out runs/bench-autoscale] [--traces ramp,...]
-        [--floors 0.5,0.6] [--error-quantile none] [--error-window 300] [--error-fade]
+        [--floors 0.5,0.6] [--error-quantile none] [--error-window 300] [--no-error-fade]
         [--down-cooldown 300] [--fill 0.9] [--policies predictive,oracle] [--replica-rps 8.5]
 """
 
@@ -249,8 +249,10 @@ def main() -> int:
     )
     parser.add_argument(
         "--error-fade",
-        action="store_true",
-        help="predictive's errors count less with age (x 1 - age / window) in its headroom",
+        action=argparse.BooleanOptionalAction,
+        default=Knobs().error_fade,
+        help="predictive's errors count x (1 - age / window) in its headroom (default: "
+        "ForecastSizing's)",
     )
     parser.add_argument(
         "--fill",
