@@ -128,10 +128,11 @@ bench-sim-validate: model
 bench-tune: model
 	$(BIN)/python benchmarks/bench_tune.py $(ARGS)
 
-# Autoscaling policies on the simulator: static provisioning for the peak, target, step and
-# predictive on one fleet (Llama-3.1-70B on 4 H100s a replica, roofline step times, 78 s cold
-# start) under three seeded traces (diurnal, a fast ramp, bursts): SLO attainment,
-# replica-hours, scale events. A few CPU minutes; fails when a target of issue 17 is missed.
+# Autoscaling policies on the simulator: static provisioning for the peak, target, step,
+# predictive and a clairvoyant reference on one fleet (Llama-3.1-70B on 4 H100s a replica,
+# roofline step times, 78 s cold start) under three seeded traces (diurnal, a fast ramp,
+# bursts) and three held out: SLO attainment, replica-hours, scale events. A few CPU minutes;
+# fails when a target of issue 17 is missed that the clairvoyant reference reaches.
 bench-autoscale: install
 	$(BIN)/python benchmarks/bench_autoscale.py $(ARGS)
 

@@ -32,8 +32,13 @@ class ForecastErrors:
     that the forecast follows exactly would still earn 1.645 x sqrt(100 / 15) = 4.2 req/s
     at the 95th percentile: noise that the fill of each replica covers already.
 
+    With `fade` an error counts less with its age: x (1 - age / window_s), so that a one-off
+    miss stops sizing the fleet gradually, not at once `window_s` later, while a miss that
+    recurs is counted afresh each time.
+
     Bounded: three rings (horizon, window, smoothing) and the window's errors kept sorted (a
-    bisect and a list shift per second, O(1) per `headroom`)."""
+    bisect and a list shift per second, O(1) per `headroom`; with `fade`, a sort of the
+    window's errors per `headroom`, since ageing changes their order)."""
 
     def __init__(
         self,
@@ -42,6 +47,7 @@ class ForecastErrors:
         quantile: float = 0.95,
         smooth_s: int = 15,
         less_poisson_noise: bool = False,
+        fade: bool = False,
     ) -> None:
         if horizon_s < 1 or window_s < 1 or smooth_s < 1 or not 0.0 < quantile <= 1.0:
             raise ConfigError(
@@ -56,6 +62,7 @@ class ForecastErrors:
         self._ranked: list[float] = []
         """The same errors, sorted."""
         self.window_s = window_s
+        self.fade = fade
         self._recent: deque[float] = deque(maxlen=smooth_s)
         self._recent_sum = 0.0
         self._means: deque[float] = deque()
@@ -103,10 +110,17 @@ class ForecastErrors:
         return self._noise_per_sqrt_rps * math.sqrt(mean_rps)
 
     def headroom(self) -> float:
-        """The `quantile` of the window's errors (nearest rank) less `noise()`, at least 0;
-        0 with none."""
-        ranked = self._ranked
+        """The `quantile` of the window's errors (nearest rank; faded with `fade`) less
+        `noise()`, at least 0; 0 with none."""
+        ranked = self._faded() if self.fade else self._ranked
         if not ranked:
             return 0.0
         at = max(0, math.ceil(round(self.quantile * len(ranked), 9)) - 1)
         return max(0.0, ranked[at] - self.noise())
+
+    def _faded(self) -> list[float]:
+        """The window's errors, each x (1 - age / window_s) (the newest is 0 s old), sorted."""
+        errors = self._errors
+        newest = len(errors) - 1
+        window_s = self.window_s
+        return sorted(e * (1.0 - (newest - i) / window_s) for i, e in enumerate(errors))

@@ -4,6 +4,7 @@ burst's height at a quantile above the share of seconds it misses, and none belo
 
 from __future__ import annotations
 
+import math
 from statistics import NormalDist
 
 import numpy as np
@@ -114,3 +115,34 @@ def test_at_quantile_one_the_noise_is_that_of_the_highest_of_the_window() -> Non
         errors.record(15.0, 10.0)
     assert errors.noise() == pytest.approx(NormalDist().inv_cdf(0.99))
     assert errors.headroom() == pytest.approx(5.0 - 2.3263, abs=1e-4)
+
+
+def test_with_fade_a_one_off_miss_counts_less_with_its_age() -> None:
+    # One second misses by 100 (forecast 0 one second earlier), then the forecast is right.
+    # At quantile 1 the headroom is that miss x (1 - age / window): 100 x (1 - 50 / 100)
+    # = 50 fifty seconds later, 1 at 99 s, gone at 100 s (out of the window); without the
+    # fade 100 until it leaves the window.
+    faded = ForecastErrors(horizon_s=1, window_s=100, quantile=1.0, smooth_s=1, fade=True)
+    plain = ForecastErrors(horizon_s=1, window_s=100, quantile=1.0, smooth_s=1)
+    for errors in (faded, plain):
+        _naive(errors, [0.0] * 10)
+        errors.record(100.0, 0.0)
+    assert (faded.headroom(), plain.headroom()) == (100.0, 100.0)
+    answers = {50: (50.0, 100.0), 99: (1.0, 100.0), 100: (0.0, 0.0)}
+    for age in range(1, 101):
+        for errors in (faded, plain):
+            errors.record(0.0, 0.0)
+        if age in answers:
+            assert (faded.headroom(), plain.headroom()) == pytest.approx(answers[age])
+
+
+def test_with_fade_a_recurring_miss_is_counted_afresh() -> None:
+    # The same miss every 50 s: the newest one is at most 49 s old, so at quantile 1 the
+    # headroom never falls below 100 x (1 - 49 / 100) = 51.
+    errors = ForecastErrors(horizon_s=1, window_s=100, quantile=1.0, smooth_s=1, fade=True)
+    lowest = math.inf
+    for second in range(400):
+        errors.record(100.0 if second % 50 == 0 else 0.0, 0.0)
+        if second > 100:
+            lowest = min(lowest, errors.headroom())
+    assert lowest == pytest.approx(51.0)

@@ -6,6 +6,7 @@ once it has stayed lower for a while, never below the removal check's floor."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from statistics import NormalDist
 
 import pytest
@@ -154,8 +155,8 @@ def test_error_headroom_sizes_for_what_the_forecast_missed() -> None:
     # what Poisson noise puts at the 95th percentile of a 15 s mean at that rate, 1.645 x
     # sqrt(79.53 / 15) = 3.8: 36.2, and (80 + 36.2) / 4 -> 30, max 20. With the forecast
     # right for 600 s after that, none is left (and utilisation 0.1 lets the removal check
-    # go that low).
-    sizing = ForecastSizing(5.0, 90.0, alpha=1.0, beta=0.0, hold_s=0.0)
+    # go that low). Unfaded: the errors as they were measured, whatever their age.
+    sizing = ForecastSizing(5.0, 90.0, alpha=1.0, beta=0.0, hold_s=0.0, error_fade=False)
     policy = PredictivePolicy(sizing, RULES)
     policy.decide(_snap(90.0, 4, (40.0,) * 90), 90.0)
     decision = policy.decide(_snap(690.0, 4, (80.0,) * 600), 690.0)
@@ -167,6 +168,25 @@ def test_error_headroom_sizes_for_what_the_forecast_missed() -> None:
     assert smooth.decide(_snap(690.0, 4, (80.0,) * 600), 690.0).replicas == 30
     calm = smooth.decide(_snap(1380.0, 30, (80.0,) * 600, busy=10), 1380.0)
     assert (smooth.errors is not None and smooth.errors.headroom(), calm.replicas) == (0.0, 20)
+
+
+def test_by_default_a_one_off_miss_fades_with_its_age() -> None:
+    # The miss of the test above 300 to 389 s old, in a window of 390 errors: the 95th
+    # percentile (nearest rank: the 20th highest) of the faded errors is the one 319 s old,
+    # 40 x (1 - 319 / 600) = 18.73, less the noise at 80 - 280 / 390 = 79.28 req/s (1.645 x
+    # sqrt(79.28 / 15) = 3.78): 14.95 req/s of headroom, (80 + 14.95) / 4 -> 24 replicas.
+    # Unfaded: 40 - 3.78 = 36.22, and 30.
+    rules = StepRules(min_replicas=2, max_replicas=40)
+    sizing = ForecastSizing(5.0, 90.0, alpha=1.0, beta=0.0, hold_s=0.0)
+    faded = PredictivePolicy(sizing, rules)
+    plain = PredictivePolicy(replace(sizing, error_fade=False), rules)
+    answers = []
+    for policy in (faded, plain):
+        policy.decide(_snap(90.0, 4, (40.0,) * 90), 90.0)
+        decision = policy.decide(_snap(480.0, 4, (80.0,) * 390), 480.0)
+        assert policy.errors is not None
+        answers.append((round(policy.errors.headroom(), 2), decision.replicas))
+    assert answers == [(14.95, 24), (36.22, 30)]
 
 
 def test_sizing_refuses_nonsense() -> None:
