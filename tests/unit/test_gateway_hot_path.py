@@ -8,6 +8,7 @@ and no event-loop lookup of its own; the request timeout still fires on time."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import sys
 from typing import Any
 
@@ -200,6 +201,43 @@ def test_requests_arm_no_timer_and_look_up_no_loop_of_their_own() -> None:
             # A timer per request would be 20 `expire` timers.
             assert timeouts.count("expire") + timeouts.count("_fire") <= 1
             assert not [f for f in lookups if f.endswith("http1/connection.py")]
+
+    run(body())
+
+
+def test_a_request_runs_six_coroutines_of_ours_and_no_done_callback() -> None:
+    """Per streamed request on warm connections: the connection's handler, the gateway's,
+    the proxy's two, admission and the attempt; routing and taking a warm upstream
+    connection are plain calls, and what follows the answer runs in the handler's task
+    rather than in a done callback of its own."""
+
+    async def body() -> None:
+        upstream = await FakeUpstream("a").start()
+        async with gateway_in_front_of([upstream]) as (_, url), aiohttp.ClientSession() as client:
+            for _ in range(2):  # the connections exist and are idle
+                async with client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT) as r:
+                    await r.read()
+            coroutines: set[str] = set()
+            done_callbacks: list[str] = []
+
+            def profile(frame: Any, event: str, arg: Any) -> None:
+                code = frame.f_code
+                if "servepilot" not in code.co_filename:
+                    return
+                if event == "call" and code.co_flags & inspect.CO_COROUTINE:
+                    coroutines.add(code.co_name)
+                elif event == "c_call" and getattr(arg, "__name__", "") == "add_done_callback":
+                    done_callbacks.append(code.co_name)
+
+            sys.setprofile(profile)
+            try:
+                async with client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT) as r:
+                    assert r.status == 200
+                    await r.read()
+            finally:
+                sys.setprofile(None)
+            assert coroutines == {"_handle", "handle", "forward", "_forward", "acquire", "_attempt"}
+            assert done_callbacks == []
 
     run(body())
 
