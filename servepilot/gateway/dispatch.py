@@ -26,7 +26,6 @@ from servepilot.gateway.pool import ReplicaPool, wait_until
 from servepilot.gateway.relay import Outcome
 from servepilot.gateway.replica import Replica
 from servepilot.routing.admission import (
-    Admission,
     AdmissionDriver,
     AdmitKind,
     BreakerBoard,
@@ -89,10 +88,9 @@ class Dispatcher:
 
     # --- the request path -----------------------------------------------------------------
 
-    def acquire(self, view: RequestView, exclude: set[str] | frozenset[str]) -> Grant | Admission:
-        """A slot for the request now; or, when it has to wait for one in its class's queue,
-        the decision to `wait` with; raises the 429/503 `GatewayError` when it is refused. A
-        plain call: a request dispatched at once awaits nothing."""
+    async def acquire(self, view: RequestView, exclude: set[str] | frozenset[str]) -> Grant:
+        """A slot for the request now, or after waiting in its class's queue; raises the
+        429/503 `GatewayError` when it is refused."""
         now = self._clock()
         ready = self._candidates(view.model, frozenset(), now)
         if exclude and not any(c.replica_id not in exclude for c in ready):
@@ -110,13 +108,6 @@ class Dispatcher:
         elif decision.kind is AdmitKind.UNAVAILABLE_503:
             self._metrics.count_shed(decision.reason, view.priority)
             raise no_ready_replica(decision.retry_after_s)
-        return decision
-
-    async def wait(
-        self, view: RequestView, exclude: set[str] | frozenset[str], decision: Admission
-    ) -> Grant:
-        """A slot for the request after waiting in its class's queue, as `acquire` decided
-        (429/503 `GatewayError` when the wait ends without one)."""
         cold_wait_s = self.driver.cold_wait_s(decision)
         return await self._wait(view, frozenset(exclude), decision.max_tokens_cap, cold_wait_s)
 

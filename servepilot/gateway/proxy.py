@@ -126,11 +126,7 @@ class Proxy:
         tried: set[str] = set()
         while True:
             if admitted:
-                granted = self._dispatcher.acquire(view, tried)
-                if isinstance(granted, Grant):
-                    grant = granted
-                else:  # queued
-                    grant = await self._dispatcher.wait(view, tried, granted)
+                grant = await self._dispatcher.acquire(view, tried)
             else:
                 grant = self._dispatcher.acquire_tokenizer(view, tried)
             if grant.max_tokens_cap is not None and route.cap_fields:

@@ -205,11 +205,11 @@ def test_requests_arm_no_timer_and_look_up_no_loop_of_their_own() -> None:
     run(body())
 
 
-def test_a_request_runs_five_coroutines_of_ours_and_no_done_callback() -> None:
+def test_a_request_runs_six_coroutines_of_ours_and_no_done_callback() -> None:
     """Per streamed request on warm connections: the connection's handler, the gateway's,
-    the proxy's two and the attempt; routing, admission (a free slot) and taking a warm
-    upstream connection are plain calls, and what follows the answer runs in the handler's
-    task rather than in a done callback of its own."""
+    the proxy's two, admission and the attempt; routing and taking a warm upstream
+    connection are plain calls, and what follows the answer runs in the handler's task
+    rather than in a done callback of its own."""
 
     async def body() -> None:
         upstream = await FakeUpstream("a").start()
@@ -236,7 +236,7 @@ def test_a_request_runs_five_coroutines_of_ours_and_no_done_callback() -> None:
                     await r.read()
             finally:
                 sys.setprofile(None)
-            assert coroutines == {"_handle", "handle", "forward", "_forward", "_attempt"}
+            assert coroutines == {"_handle", "handle", "forward", "_forward", "acquire", "_attempt"}
             assert done_callbacks == []
 
     run(body())
