@@ -162,7 +162,7 @@ class Gateway:
         trail = None if self.access_log is None else Trail()
         error: str | None = None
         try:
-            await self._dispatch(request, trail)
+            await self._route(request, trail)
         except GatewayError as exc:
             if request.responded:
                 raise RuntimeError(f"{exc.status} after the response started: {exc}") from exc
@@ -196,28 +196,29 @@ class Gateway:
             return self.batch.route_label(path)
         return "/admin/replicas/{id}" if path.startswith(_ADMIN_PREFIX) else "unmatched"
 
-    async def _dispatch(self, request: HttpRequest, trail: Trail | None) -> None:
+    def _route(self, request: HttpRequest, trail: Trail | None) -> Awaitable[None]:
+        """The handler's coroutine for the request's route (a plain call: one coroutine
+        less per request), or its error."""
         path = request.path
         inference = self._inference.get(path)
         if inference is not None:
             self._allow(request, "POST")
             caller = self.auth.caller(request.headers.get("authorization"), self._clock())
-            await inference(request, caller, trail)
-        elif path in self._gets:
+            return inference(request, caller, trail)
+        if path in self._gets:
             self._allow(request, "GET")
-            await self._gets[path](request)
-        elif path == "/admin/replicas" or path.startswith(_ADMIN_PREFIX):
-            await self._admin(request)
-        elif self.batch is not None and self.batch.owns(path):
+            return self._gets[path](request)
+        if path == "/admin/replicas" or path.startswith(_ADMIN_PREFIX):
+            return self._admin(request)
+        if self.batch is not None and self.batch.owns(path):
             self.auth.caller(request.headers.get("authorization"), self._clock())
-            await self.batch.handle(request)
-        else:
-            raise GatewayError(
-                404,
-                f"no route {request.method} {path}",
-                error_type=INVALID_REQUEST,
-                code="not_found",
-            )
+            return self.batch.handle(request)
+        raise GatewayError(
+            404,
+            f"no route {request.method} {path}",
+            error_type=INVALID_REQUEST,
+            code="not_found",
+        )
 
     def _log(self, request: HttpRequest, trail: Trail, status: int, error: str | None) -> None:
         """The request's access log line; every error gets one, answers as sampled."""

@@ -80,10 +80,14 @@ class _Counts(dict[tuple[str, ...], int]):
 
 class _Histograms(dict[tuple[str, ...], Histogram]):
     def observe(self, key: tuple[str, ...], value: float) -> None:
+        self.series(key).observe(value)
+
+    def series(self, key: tuple[str, ...]) -> Histogram:
+        """The histogram of the label values `key` (a new series on first use)."""
         histogram = self.get(key)
         if histogram is None:
             histogram = self[key] = Histogram()
-        histogram.observe(value)
+        return histogram
 
 
 _CLASS = ("0", "1", "2")
@@ -120,6 +124,11 @@ class GatewayMetrics:
             self.queue_wait[(cls_,)] = Histogram()
             for reason in _SHED_REASONS:
                 self.sheds[(str(reason), cls_)] = 0
+        # The series every proxied request updates, bound once: the hot path indexes a
+        # list (by class) or a dict (by replica) instead of building and hashing label keys.
+        self._ttft_of: list[Histogram | None] = [None] * len(_CLASS)
+        self._e2e_of: list[Histogram | None] = [None] * len(_CLASS)
+        self._ttfb_of: dict[str, Histogram] = {}
         self.fleet_facts: FleetFacts | None = None
         self.qps = QpsWindow()
         self.gpus = GpuGauges()
@@ -142,7 +151,8 @@ class GatewayMetrics:
     # --- hot path -------------------------------------------------------------------------
 
     def count_request(self, route: str, status: int) -> None:
-        self.requests.add((route, str(status)))
+        requests, key = self.requests, (route, str(status))
+        requests[key] = requests.get(key, 0) + 1
 
     def count_error(self, reason: str) -> None:
         self.errors.add((reason,))
@@ -174,16 +184,25 @@ class GatewayMetrics:
             result = "5xx"
         else:
             result = "ok"
-        self.upstream.add((replica_id, cls_, result))
+        upstream, key = self.upstream, (replica_id, cls_, result)
+        upstream[key] = upstream.get(key, 0) + 1
         if outcome is not None and outcome.status:
-            self.ttfb.observe((replica_id,), outcome.ttfb_s)
+            ttfb = self._ttfb_of.get(replica_id)
+            if ttfb is None:
+                ttfb = self._ttfb_of[replica_id] = self.ttfb.series((replica_id,))
+            ttfb.observe(outcome.ttfb_s)
 
     def observe_latency(self, priority: int, ttft_s: float | None, e2e_s: float) -> None:
         """TTFT (streamed answers) and E2E as the gateway saw them, queue wait included."""
-        cls_ = (_CLASS[priority],)
         if ttft_s is not None:
-            self.ttft.observe(cls_, ttft_s)
-        self.e2e.observe(cls_, e2e_s)
+            ttft = self._ttft_of[priority]
+            if ttft is None:
+                ttft = self._ttft_of[priority] = self.ttft.series((_CLASS[priority],))
+            ttft.observe(ttft_s)
+        e2e = self._e2e_of[priority]
+        if e2e is None:
+            e2e = self._e2e_of[priority] = self.e2e.series((_CLASS[priority],))
+        e2e.observe(e2e_s)
 
     def count_degradation(self, level: int) -> None:
         self.degradation_steps.add((str(int(level)),))

@@ -10,12 +10,21 @@ replica's chunked body ends: vLLM (uvicorn) writes that end separately, and the 
 closes its connection as soon as it has read `[DONE]`. So the client's stream is ended with the
 `[DONE]` event, in the same write, and `done` resolves there; the end of the replica's body is
 still read, to keep its connection for the next request (`UpstreamConnection.drain`).
+
+Passthrough: when the client speaks HTTP/1.1 and the replica's stream is chunked (vLLM's is),
+the replica's bytes already are the chunked body the client must get. They are then written
+as they were read (`UpstreamConnection.pass_through`, `HttpRequest.write_framed`): no
+re-framing, and per token one call into the relay, which writes to the socket itself. The
+parser still reads every byte; its pieces of body are what the relay looks at for `[DONE]`,
+the byte count and the tail, so that nothing but the chunk framing differs from a re-framed
+stream.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from servepilot.gateway.upstream import UpstreamConnection, UpstreamFailed
@@ -24,9 +33,25 @@ from servepilot.http1 import HttpRequest
 _EVENT_STREAM = b"text/event-stream"
 _LAST_EVENT = b"data: [DONE]\n\n"
 _LAST_LEN = len(_LAST_EVENT)
+_CHUNKED_END = b"\r\n0\r\n\r\n"
+"""What ends a chunked body after the data of its last chunk: that chunk's CRLF, then the
+last chunk (size 0) and the empty trailer."""
+_EVENT_END = b"\n\n\r\n"
+"""A passed-through read that ends so ends a chunk (an SSE event, then the chunk's CRLF)."""
 # An OpenAI answer's `usage` is in its last few hundred bytes (the last event of a stream
 # asked with include_usage comes just before [DONE]).
 _TAIL_BYTES = 512
+
+
+def _end_of(read: bytes, last: bytes) -> int:
+    """Where `last`, the last piece of body of a read as it came, ends in it: after it come
+    no more than the CRLF of its chunk and the start of the body's end (`_CHUNKED_END`). A
+    search for the piece alone could stop inside that framing (a piece may be one `\n`)."""
+    for framing in range(len(_CHUNKED_END) - 1, -1, -1):
+        end = len(read) - framing
+        if read.endswith(_CHUNKED_END[:framing]) and read.endswith(last, 0, end):
+            return end
+    return read.rfind(last) + len(last)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +83,9 @@ class Relay:
     """Relays one exchange; `done` resolves to its `Outcome`."""
 
     __slots__ = (
-        "_conn", "_content_type", "_first_chunk_s", "_head_s", "_last", "_parts", "_previous",
-        "_relayed", "_replica_header", "_request", "_sent_s", "_status", "_streaming", "done",
+        "_client", "_conn", "_content_type", "_first_chunk_s", "_head_s", "_last", "_parts",
+        "_pieces", "_previous", "_raw", "_relayed", "_replica_header", "_request", "_send",
+        "_sent_s", "_status", "_streaming", "_written", "done",
     )  # fmt: skip
 
     def __init__(
@@ -82,6 +108,14 @@ class Relay:
         self._sent_s = time.perf_counter()
         self._head_s = 0.0
         self._first_chunk_s: float | None = None
+        self._raw = False
+        """The stream is passed through (see the module's doc)."""
+        self._client = request.connection
+        self._pieces: list[bytes] = []
+        self._send: Callable[[bytes], object] | None = None
+        """The client socket's own write, once the head has gone (passthrough)."""
+        self._written = b""
+        """The last read passed through."""
         self.done: asyncio.Future[Outcome] = loop.create_future()
 
     def on_head(self, status: int, headers: dict[bytes, bytes]) -> None:
@@ -90,12 +124,48 @@ class Relay:
         self._content_type = headers.get(b"content-type", b"application/json")
         if status == 200 and self._content_type.startswith(_EVENT_STREAM):
             self._streaming = True
-            if self._request.connected:
-                self._request.start_stream(200, self._content_type, (self._replica_header,))
+            request = self._request
+            if request.connected:
+                request.start_stream(200, self._content_type, (self._replica_header,))
+                if request.chunked and self._conn.pass_through():
+                    self._raw = True
+                    self._pieces = self._conn.pieces
 
     def on_read(self, data: bytes) -> None:
         # Once per upstream read, so once per token of a replica that writes each token
-        # alone (vLLM): the hot path of a stream.
+        # alone (vLLM): the hot path of a stream, kept to this one call.
+        if not self._raw:
+            self._on_body(data)
+            return
+        request = self._request
+        if self._client.closed or request.stream_ended:
+            return  # the handler is being cancelled, or the rest after [DONE] is drained
+        pieces = self._pieces
+        if pieces:
+            if self._first_chunk_s is None:
+                self._first_chunk_s = time.perf_counter()
+            last = pieces[-1]
+            if last.endswith(_LAST_EVENT) or (len(last) < _LAST_LEN and self._ends_stream(last)):
+                self._complete(data)
+                return
+            self._relayed += len(last) if len(pieces) == 1 else sum(map(len, pieces))
+            self._previous = last
+        self._written = data
+        send = self._send
+        if send is None:  # the held-back head leaves with the first bytes
+            paused = request.write_framed(data)
+            transport = self._client.transport
+            assert transport is not None
+            self._send = transport.write
+        else:
+            send(data)
+            paused = self._client.paused
+        if paused:
+            self._slow_client()
+
+    def _on_body(self, data: bytes) -> None:
+        """A read's body bytes, of an answer not passed through (collected, or re-framed to
+        the client)."""
         if not self._streaming:
             if data:
                 self._parts.append(data)
@@ -115,19 +185,32 @@ class Relay:
         self._relayed += len(data)
         self._previous = data
         if request.write_chunk(data):
-            # The client reads slower than the replica writes: stop reading upstream until
-            # the client catches up, instead of buffering the whole answer here.
-            self._conn.pause_reading()
-            request.on_writable(self._conn.resume_reading)
+            self._slow_client()
+
+    def _slow_client(self) -> None:
+        """The client reads slower than the replica writes: stop reading upstream until the
+        client catches up, instead of buffering the whole answer here."""
+        self._conn.pause_reading()
+        self._request.on_writable(self._conn.resume_reading)
 
     def on_end(self, data: bytes) -> None:
-        if self._streaming:
+        request = self._request
+        if self._raw:
+            pieces = self._pieces
+            if pieces and self._first_chunk_s is None:
+                self._first_chunk_s = time.perf_counter()
+            if request.connected and not request.stream_ended:
+                # The last events and the replica's end of the body leave in one write.
+                self._last = b"".join(pieces)
+                request.end_framed(data)
+                self._relayed += len(self._last)
+        elif self._streaming:
             if self._first_chunk_s is None and data:
                 self._first_chunk_s = time.perf_counter()
-            if self._request.connected:
+            if request.connected:
                 # The last events and the end of the stream leave in one write.
                 self._last = data
-                self._request.end_stream(data)
+                request.end_stream(data)
                 self._relayed += len(data)
         elif data:
             self._parts.append(data)
@@ -147,8 +230,15 @@ class Relay:
     def _complete(self, data: bytes) -> None:
         """The stream's last event came before the end of the replica's body: the answer is
         whole, so the client's stream ends now (one write) and the exchange counts as done
-        before the client can react to it by closing its connection."""
-        self._request.end_stream(data)
+        before the client can react to it by closing its connection. Passed through, `data`
+        is the read as it came: it goes up to the end of `[DONE]`, then the end of the body
+        is ours (what came of the replica's own after `[DONE]` is left to the drain)."""
+        if self._raw:
+            pieces = self._pieces
+            self._request.end_framed(data[: _end_of(data, pieces[-1])] + _CHUNKED_END)
+            data = b"".join(pieces)
+        else:
+            self._request.end_stream(data)
         self._relayed += len(data)
         self._last = data
         self._conn.drain()
@@ -158,6 +248,7 @@ class Relay:
     def on_failure(self, exc: Exception, answered: bool) -> None:
         if self.done.done():
             return
+        self._cut_inside_chunk()
         failure = exc if isinstance(exc, UpstreamFailed) else UpstreamFailed(str(exc))
         self.done.set_result(self._outcome(failure, answered))
 
@@ -167,8 +258,18 @@ class Relay:
         if self.done.done():
             return
         self._conn.abort()
+        self._cut_inside_chunk()
         failure = UpstreamFailed("no complete answer within the request timeout")
         self.done.set_result(replace(self._outcome(failure, answered=True), timed_out=True))
+
+    def _cut_inside_chunk(self) -> None:
+        """A stream passed through that stops where a read ended inside a chunk: the client
+        could not read an error event written after it, so its connection is cut (its
+        client sees a broken stream, as it is). Reads end where the replica's writes do,
+        after whole events, all but always."""
+        written = self._written
+        if self._raw and written and not written.endswith(_EVENT_END):
+            self._client.abort()
 
     def _outcome(self, failure: UpstreamFailed | None = None, answered: bool = True) -> Outcome:
         sent = self._sent_s

@@ -1,10 +1,15 @@
 """Keep-alive HTTP/1.1 connections to the replicas, parsed with httptools (llhttp, in C).
 
-An `Exchange` sends one request's prebuilt bytes and reports the answer to a `Sink` through
-plain callbacks, in the event loop's own stack: the head, each piece of body as it arrives,
-the end, or the failure (and whether any byte of the answer had arrived, which decides if
-the request may be retried on another replica). No coroutine or future is involved per
-chunk, which is what keeps the relay's CPU cost per token low.
+An exchange sends one request's prebuilt bytes and reports the answer to a `Sink` through
+plain callbacks, in the event loop's own stack: the head, the body of each read as it
+arrives, the end, or the failure (and whether any byte of the answer had arrived, which
+decides if the request may be retried on another replica). No coroutine or future is involved
+per chunk, which is what keeps the relay's CPU cost per token low.
+
+A sink may ask, when the head arrives, for the answer's reads as they came (`pass_through`):
+a chunked body is then handed over framing and all, to go to a chunked client unchanged
+(the parser still reads every byte, for the answer's end and its validity, and keeps the
+pieces of body of the current read in `pieces`).
 """
 
 from __future__ import annotations
@@ -34,11 +39,13 @@ class Sink(Protocol):
 
     def on_read(self, data: bytes) -> None:
         """The body bytes of one read, all at once (b"" when the read held none: the head
-        alone): a chance to write them in one go."""
+        alone): a chance to write them in one go. After `pass_through`: the read as it came
+        (less the head, in the read that held it)."""
         ...
 
     def on_end(self, data: bytes) -> None:
-        """The answer is complete; `data` is its body since the last `on_read`."""
+        """The answer is complete; `data` is its body since the last `on_read` (after
+        `pass_through`: the last read as it came, the end of the chunked body included)."""
         ...
 
     def on_failure(self, exc: Exception, answered: bool) -> None:
@@ -61,6 +68,12 @@ class UpstreamConnection(asyncio.Protocol):
         self._sink: Sink | None = None
         self._headers: dict[bytes, bytes] = {}
         self._answered = False
+        self._read = b""
+        """The read being parsed (after `pass_through`, less the head)."""
+        self._split_head = False
+        """A read of the answer ended before its head did."""
+        self._raw = False
+        """The sink takes the reads as they came (`pass_through`)."""
         self._reusable = False
         self._draining = False
         self._finished = False
@@ -78,24 +91,34 @@ class UpstreamConnection(asyncio.Protocol):
             # Bytes nobody asked for: the connection's framing cannot be trusted any more.
             self.abort()
             return
+        body = self._body
+        raw = self._raw
+        if raw:
+            body.clear()  # `pieces`: this read's only
+        self._read = data
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(UpstreamFailed(f"the replica sent a malformed HTTP answer: {exc}"))
             self.abort()
             return
+        if self._sink is not sink:  # the answer ended (or failed) in this read
+            return
+        if raw or self._raw:  # passed through (from this read on, if it held the head)
+            sink.on_read(self._read)
+            return
+        if not self._answered:
+            self._split_head = True
         # One read often holds many SSE events (a fast replica, a burst): they leave in one
         # write instead of one system call each.
-        if self._sink is sink:
-            body = self._body
-            if not body:
-                sink.on_read(b"")
-            elif len(body) == 1:
-                sink.on_read(body.pop())
-            else:
-                data = b"".join(body)
-                body.clear()
-                sink.on_read(data)
+        if not body:
+            sink.on_read(b"")
+        elif len(body) == 1:
+            sink.on_read(body.pop())
+        else:
+            data = b"".join(body)
+            body.clear()
+            sink.on_read(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -126,8 +149,11 @@ class UpstreamConnection(asyncio.Protocol):
         sink, self._sink = self._sink, None
         self._reusable = self._parser.should_keep_alive()
         body = self._body
-        data = body[0] if len(body) == 1 else b"".join(body)
-        body.clear()
+        if self._raw:
+            data = self._read  # `pieces` stay for the sink to read
+        else:
+            data = body[0] if len(body) == 1 else b"".join(body)
+            body.clear()
         if sink is not None:
             sink.on_end(data)
         if self._finished:  # drained after its caller was done with it
@@ -144,7 +170,29 @@ class UpstreamConnection(asyncio.Protocol):
         self._answered = False
         self._reusable = False
         self._draining = self._finished = False
+        self._split_head = self._raw = False
         self.transport.write(request)
+
+    def pass_through(self) -> bool:
+        """Called from the sink's `on_head`: hand it this answer's reads as they came from
+        the one that holds the head on (its body part), if the answer is chunked (a chunked
+        client can then be sent its bytes unchanged). Only for a head that came whole in the
+        current read, where the body's start is then known; False otherwise (the sink goes
+        on getting the body bytes alone)."""
+        read = self._read
+        head_end = read.find(b"\r\n\r\n")
+        chunked = self._headers.get(b"transfer-encoding") == b"chunked"
+        if self._split_head or head_end < 0 or not chunked:
+            return False
+        self._raw = True
+        self._read = read[head_end + 4 :]
+        return True
+
+    @property
+    def pieces(self) -> list[bytes]:
+        """After `pass_through`: the pieces of body of the current read (one per chunk, or
+        per part of a chunk that a read boundary cut), for the sink to look at."""
+        return self._body
 
     def drain(self) -> None:
         """The sink has the whole answer although the message has not ended yet (a stream's
@@ -193,15 +241,20 @@ class HostPool:
         self._idle: collections.deque[UpstreamConnection] = collections.deque()
         self.open = 0
 
-    async def connection(self) -> tuple[UpstreamConnection, bool]:
-        """A connected `UpstreamConnection` and whether it was reused from the idle pool."""
+    def reuse(self) -> UpstreamConnection | None:
+        """The newest idle keep-alive connection still fresh enough to reuse, if any: a
+        plain call, so that a request on a warm pool awaits nothing to get its connection."""
         idle = self._idle
         now = time.monotonic()
         while idle:
             conn = idle.pop()
             if not conn.closed and now - conn.idle_since < KEEPALIVE_S:
-                return conn, True
+                return conn
             conn.abort()
+        return None
+
+    async def connect(self) -> UpstreamConnection:
+        """A new connection (UpstreamFailed when the replica cannot be reached in time)."""
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout_s):
@@ -215,7 +268,7 @@ class HostPool:
         except OSError as exc:
             raise UpstreamFailed(f"cannot connect to {self.host}:{self.port}: {exc}") from None
         self.open += 1
-        return protocol, False
+        return protocol
 
     def put_back(self, conn: UpstreamConnection) -> None:
         conn.idle_since = time.monotonic()

@@ -2,8 +2,10 @@
 
 The answer goes straight to the connection's transport: whole (`respond`, with
 Content-Length) or as a stream (`start_stream`, `write_chunk`, `end_stream`: chunked transfer
-coding for HTTP/1.1 clients, the bare body until the connection closes for HTTP/1.0 ones).
-The head of a stream is held back to leave with its first chunk, in one write.
+coding for HTTP/1.1 clients, the bare body until the connection closes for HTTP/1.0 ones),
+or, for a body that already is in the chunked coding (a proxy relaying a chunked answer), as
+it came (`write_framed`, `end_framed`). The head of a stream is held back to leave with its
+first chunk, in one write.
 """
 
 from __future__ import annotations
@@ -88,6 +90,12 @@ class HttpRequest:
     def connected(self) -> bool:
         return not self._conn.closed
 
+    @property
+    def connection(self) -> HttpConnection:
+        """The client's connection: its `closed` and `paused` flags and its transport, for a
+        relay that reads them per token (plain attributes, no call)."""
+        return self._conn
+
     def respond(
         self,
         status: int,
@@ -149,6 +157,25 @@ class HttpRequest:
         else:
             self.flush_head()
         return conn.paused
+
+    def write_framed(self, data: bytes) -> bool:
+        """Write body bytes that already are in the chunked transfer coding (a replica's
+        chunked body relayed as it came: where a call ends inside a chunk, the next goes on
+        with it); the held-back head leaves with them. Only for a stream to an HTTP/1.1
+        client (`chunked`). Returns `write_paused`."""
+        conn = self._conn
+        conn.write(self._head + data)
+        self._head = b""
+        return conn.paused
+
+    def end_framed(self, data: bytes) -> None:
+        """End a stream written with `write_framed`: `data` are its last bytes, in the
+        chunked transfer coding and ending with its last chunk; later calls do nothing."""
+        if self.stream_ended:
+            return
+        self.stream_ended = True
+        head, self._head = self._head, b""
+        self._conn.write(head + data)
 
     def end_stream(self, data: bytes = b"") -> None:
         """Write `data` as a last chunk (if any) and end the body; later calls do nothing."""

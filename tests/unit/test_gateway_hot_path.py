@@ -8,12 +8,14 @@ and no event-loop lookup of its own; the request timeout still fires on time."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import sys
 from typing import Any
 
 import aiohttp
+import httptools
 
-from benchmarks.stub_server import StubConfig, _Answer
+from benchmarks.stub_server import StubConfig, _Answer, answer_events
 from servepilot.gateway.deadlines import Deadlines
 from servepilot.gateway.relay import Relay
 from servepilot.gateway.upstream import UpstreamConnection
@@ -53,6 +55,9 @@ class _Conn:
 
     def write(self, data: bytes) -> None:
         self.transport.write(data)
+
+    def abort(self) -> None:
+        self.closed = True
 
 
 class _Pool:
@@ -200,6 +205,43 @@ def test_requests_arm_no_timer_and_look_up_no_loop_of_their_own() -> None:
     run(body())
 
 
+def test_a_request_runs_six_coroutines_of_ours_and_no_done_callback() -> None:
+    """Per streamed request on warm connections: the connection's handler, the gateway's,
+    the proxy's two, admission and the attempt; routing and taking a warm upstream
+    connection are plain calls, and what follows the answer runs in the handler's task
+    rather than in a done callback of its own."""
+
+    async def body() -> None:
+        upstream = await FakeUpstream("a").start()
+        async with gateway_in_front_of([upstream]) as (_, url), aiohttp.ClientSession() as client:
+            for _ in range(2):  # the connections exist and are idle
+                async with client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT) as r:
+                    await r.read()
+            coroutines: set[str] = set()
+            done_callbacks: list[str] = []
+
+            def profile(frame: Any, event: str, arg: Any) -> None:
+                code = frame.f_code
+                if "servepilot" not in code.co_filename:
+                    return
+                if event == "call" and code.co_flags & inspect.CO_COROUTINE:
+                    coroutines.add(code.co_name)
+                elif event == "c_call" and getattr(arg, "__name__", "") == "add_done_callback":
+                    done_callbacks.append(code.co_name)
+
+            sys.setprofile(profile)
+            try:
+                async with client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT) as r:
+                    assert r.status == 200
+                    await r.read()
+            finally:
+                sys.setprofile(None)
+            assert coroutines == {"_handle", "handle", "forward", "_forward", "acquire", "_attempt"}
+            assert done_callbacks == []
+
+    run(body())
+
+
 def test_deadlines_expire_on_time_in_start_order_and_never_an_ended_one() -> None:
     class Item:
         def __init__(self, name: str) -> None:
@@ -229,4 +271,127 @@ def test_deadlines_expire_on_time_in_start_order_and_never_an_ended_one() -> Non
 
     loop: asyncio.AbstractEventLoop
     started = 0.0
+    run(body())
+
+
+# --- passthrough: a chunked stream goes to an HTTP/1.1 client as the replica framed it ------
+
+
+def _start(client: _Conn) -> tuple[UpstreamConnection, Relay]:
+    up = UpstreamConnection(_Pool())  # type: ignore[arg-type]
+    up.connection_made(_Transport())  # type: ignore[arg-type]
+    request = HttpRequest(client, "POST", b"/v1/chat/completions", {}, b"{}", True)  # type: ignore[arg-type]
+    relay = Relay(request, up, (b"x-servepilot-replica", b"r0"), asyncio.get_running_loop())
+    up.send(b"POST / HTTP/1.1\r\n\r\n", relay)
+    return up, relay
+
+
+class _Answers:
+    """What a client parses out of the bytes it was sent: each answer's body."""
+
+    def __init__(self, written: list[bytes]) -> None:
+        self.bodies: list[bytes] = []
+        self._parts: list[bytes] = []
+        parser = httptools.HttpResponseParser(self)
+        for data in written:
+            parser.feed_data(data)
+
+    def on_body(self, data: bytes) -> None:
+        self._parts.append(data)
+
+    def on_message_complete(self) -> None:
+        self.bodies.append(b"".join(self._parts))
+
+
+def test_a_chunked_stream_reaches_an_http11_client_framed_as_the_replica_framed_it() -> None:
+    """Not re-framed: a read of several chunks stays several chunks, sizes as they were."""
+
+    async def body() -> None:
+        answer = _Answer("chat", StubConfig(chunks=2))
+        token = answer.token.split(b"\r\n", 1)[1]
+        upper = b"%X\r\n%b" % (len(token) - 2, token)  # the size in capitals, as HTTP allows
+        assert upper != answer.token
+        reads = [answer.first, answer.token * 2, upper, answer.tail]
+        client = _Conn()
+        up, relay = _start(client)
+        for piece in reads:
+            up.data_received(piece)
+        outcome = await asyncio.wait_for(relay.done, 1)
+        sent = b"".join(client.transport.writes)
+        head_end = sent.index(b"\r\n\r\n") + 4
+        assert sent[head_end:] == b"".join(reads)[len(_Answer.HEAD) :]
+        events = answer_events("chat", StubConfig(chunks=2))  # the usage says 2: as sent
+        unframed = b"".join((*events.first, *[events.token] * 3, *events.tail))
+        assert _Answers(client.transport.writes).bodies == [unframed]
+        assert outcome.streamed_bytes == len(unframed)
+        assert b'"completion_tokens":2' in outcome.tail
+
+    run(body())
+
+
+def test_a_token_passed_through_costs_one_call_into_the_relay_and_no_other() -> None:
+    async def body() -> None:
+        answer = _Answer("chat", StubConfig(chunks=CHUNKS))
+        client = _Conn()
+        up, _ = _start(client)
+        up.data_received(answer.first)
+        calls: list[str] = []
+
+        def count(frame: Any, event: str, arg: Any) -> None:
+            if event == "call" and "servepilot" in frame.f_code.co_filename:
+                calls.append(frame.f_code.co_name)
+
+        sys.setprofile(count)
+        try:
+            up.data_received(answer.token)
+        finally:
+            sys.setprofile(None)
+        assert calls == ["data_received", "on_read"]
+        assert client.transport.writes[-1] == answer.token
+
+    run(body())
+
+
+def test_a_stream_cut_anywhere_reaches_the_client_whole_and_ends_at_done() -> None:
+    """Every place a read may end, the head and `[DONE]` included: the client parses the
+    same events, its stream ends with `[DONE]`, before the replica's own end of the body."""
+
+    async def body() -> None:
+        answer = _Answer("chat", StubConfig(chunks=2))
+        end = b"0\r\n\r\n"
+        stream = answer.first + answer.token * 2 + answer.tail[: -len(end)]
+        events = answer_events("chat", StubConfig(chunks=2))
+        unframed = b"".join((*events.first, *[events.token] * 2, *events.tail))
+        for cut in range(1, len(stream)):
+            client = _Conn()
+            up, relay = _start(client)
+            up.data_received(stream[:cut])
+            up.data_received(stream[cut:])
+            assert relay.done.done(), cut
+            up.data_received(end)
+            outcome = relay.done.result()
+            assert _Answers(client.transport.writes).bodies == [unframed], cut
+            assert outcome.streamed_bytes == len(unframed), cut
+            assert outcome.first_chunk_at is not None
+
+    run(body())
+
+
+def test_a_stream_passed_through_that_breaks_inside_a_chunk_cuts_its_client() -> None:
+    """A replica gone after a read that ended inside a chunk: nothing written after that
+    could be read as an end, so the client's connection is cut; gone after whole events,
+    the client stays, for the proxy's error event."""
+
+    async def body() -> None:
+        answer = _Answer("chat", StubConfig(chunks=2))
+        for cut, cuts_client in ((len(answer.token), False), (20, True)):
+            client = _Conn()
+            up, relay = _start(client)
+            up.data_received(answer.first)
+            up.data_received(answer.token[:cut])
+            up.connection_lost(None)
+            outcome = await asyncio.wait_for(relay.done, 1)
+            assert outcome.failure is not None and outcome.streamed
+            assert client.closed is cuts_client
+
     run(body())
