@@ -11,7 +11,8 @@ to the one before (they sum to predictive's answer less the oracle's):
     forecast  ceil(forecast peak over the horizon / (fill x replica_rps)), within [min, max],
               less the oracle's answer (negative: the forecast is below the known future)
     headroom  the same with the error headroom added, less the above
-    hold      the highest of those needs over the hold window, less the above
+    hold      the highest of those needs over the hold window (none when the forecast falls
+              by `fall_release` replicas' worth: the policy skips it), less the above
     rules     predictive's answer (the step rules' step up, the removal check's floor) less
               the hold's need
 
@@ -75,6 +76,8 @@ class Recorder:
         headroom = policy.errors.headroom() if policy.errors is not None else 0.0
         bare = rules.bounded(math.ceil(round(rate / capacity, 9)))
         need_now = rules.bounded(math.ceil(round((rate + headroom) / capacity, 9)))
+        if policy.falling():  # the policy skipped its hold: so does the record
+            self._needs.clear()
         self._needs.append((now_s, need_now))
         held = max(n for t, n in self._needs if t >= now_s - policy.hold_s)
         return (bare, need_now, held)

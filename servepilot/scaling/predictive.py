@@ -113,7 +113,7 @@ class PredictivePolicy:
         need_now = rules.bounded(
             math.ceil(without_float_noise((rate + headroom) / (sizing.fill * sizing.replica_rps)))
         )
-        if self._falling():
+        if self.falling():
             self._needs.clear()
         need = round(self._needs.add(now_s, need_now))
         base = self.step.decide(snapshot, now_s)
@@ -134,7 +134,7 @@ class PredictivePolicy:
         )
         return ScaleDecision(want, ScaleReason.FORECAST, detail)
 
-    def _falling(self) -> bool:
+    def falling(self) -> bool:
         """Whether the forecast falls over the horizon by more than `fall_release` replicas'
         worth."""
         sizing = self.sizing
