@@ -42,7 +42,8 @@ written to OUT/summary.json.
 
     python benchmarks/bench_autoscale.py [--out runs/bench-autoscale] [--traces ramp,...]
         [--floors 0.5,0.6] [--error-quantile none] [--error-window 300] [--no-error-fade]
-        [--down-cooldown 300] [--fill 0.9] [--policies predictive,oracle] [--replica-rps 8.5]
+        [--down-cooldown 300] [--fall-release none] [--fill 0.9] [--policies predictive,oracle]
+        [--replica-rps 8.5]
 """
 
 from __future__ import annotations
