@@ -270,7 +270,7 @@ def main() -> int:
         "--fall-release",
         default=str(Knobs().fall_release),
         metavar="R",
-        help="predictive skips its hold when its forecast falls by more than R replicas' worth "
+        help="predictive skips its hold when its forecast falls by at least R replicas' worth "
         "over the horizon (default: ForecastSizing's); none: always holds",
     )
     parser.add_argument(

@@ -61,6 +61,8 @@ class ForecastSizing:
             raise ConfigError(
                 "forecast sizing needs replica_rps > 0, horizon_s > 0 and fill in (0, 1]"
             )
+        if self.fall_release is not None and self.fall_release < 0:
+            raise ConfigError(f"fall_release must be >= 0 replicas, got {self.fall_release}")
 
 
 class PredictivePolicy:

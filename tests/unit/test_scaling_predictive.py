@@ -225,4 +225,6 @@ def test_sizing_refuses_nonsense() -> None:
         ForecastSizing(replica_rps=0.0, horizon_s=90.0)
     with pytest.raises(ConfigError):
         ForecastSizing(replica_rps=1.0, horizon_s=90.0, fill=1.5)
+    with pytest.raises(ConfigError):
+        ForecastSizing(replica_rps=1.0, horizon_s=90.0, fall_release=-1.0)
     assert math.isfinite(ForecastSizing(replica_rps=1.0, horizon_s=1.0).fill)
