@@ -42,7 +42,8 @@ written to OUT/summary.json.
 
     python benchmarks/bench_autoscale.py [--out runs/bench-autoscale] [--traces ramp,...]
         [--floors 0.5,0.6] [--error-quantile none] [--error-window 300] [--no-error-fade]
-        [--down-cooldown 300] [--fill 0.9] [--policies predictive,oracle] [--replica-rps 8.5]
+        [--down-cooldown 300] [--fall-release none] [--fill 0.9] [--policies predictive,oracle]
+        [--replica-rps 8.5]
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -133,20 +134,28 @@ def replica_rps(slo: Slo, table: JobTable) -> tuple[float, list[dict[str, float]
         best, rate = rate, rate + 0.5
 
 
-class Timed:
-    """A policy whose decisions are timed (CPU per tick)."""
+Watch = Callable[[AutoscalePolicy, FleetSnapshot, float, ScaleDecision], None]
+"""Called after each decision with the policy, what it saw, when, and what it answered
+(`autoscale_breakdown.py` records the ticks with it)."""
 
-    def __init__(self, policy: AutoscalePolicy) -> None:
+
+class Timed:
+    """A policy whose decisions are timed (CPU per tick), and shown to `watch` if given."""
+
+    def __init__(self, policy: AutoscalePolicy, watch: Watch | None = None) -> None:
         self.policy = policy
         self.name = policy.name
         self.calls = 0
         self.cpu_s = 0.0
+        self.watch = watch
 
     def decide(self, snapshot: FleetSnapshot, now_s: float) -> ScaleDecision:
         t0 = time.process_time()
         decision = self.policy.decide(snapshot, now_s)
         self.cpu_s += time.process_time() - t0
         self.calls += 1
+        if self.watch is not None:
+            self.watch(self.policy, snapshot, now_s, decision)
         return decision
 
 
@@ -158,6 +167,7 @@ class Knobs:
     error_quantile: float | None = ForecastSizing(1.0, 1.0).error_quantile
     error_window_s: int = ForecastSizing(1.0, 1.0).error_window_s
     error_fade: bool = ForecastSizing(1.0, 1.0).error_fade
+    fall_release: float | None = ForecastSizing(1.0, 1.0).fall_release
     fill: float = FILL
     """Predictive's fill (static provisioning stays at FILL)."""
 
@@ -176,6 +186,7 @@ def build(policy: str, rps: float, knobs: Knobs, trace: Trace) -> AutoscalePolic
         sizing = ForecastSizing(
             rps, COLD_START_S + INTERVAL_S, fill=knobs.fill, error_quantile=knobs.error_quantile,
             error_window_s=knobs.error_window_s, error_fade=knobs.error_fade,
+            fall_release=knobs.fall_release,
         )  # fmt: skip
         return PredictivePolicy(sizing, rules)
     if policy == "oracle":
@@ -192,13 +203,14 @@ def run_policy(
     slo: Slo,
     knobs: Knobs,
     static: int | None = None,
+    watch: Watch | None = None,
 ) -> Row:
     """One trace under one policy; "static" is a fleet of `static` replicas (default: sized
     for the trace's peak) ready from the start."""
     label = policy if static is None else f"static {static}"
     static = static or math.ceil(trace.peak_rps / (FILL * rps))
     built = build(policy, rps, knobs, trace)
-    timed = Timed(built) if built is not None else None
+    timed = Timed(built, watch) if built is not None else None
     sim = FleetSim(fleet(static if timed is None else START_REPLICAS), autoscaler=timed)
     mean_rps = len(sends) / trace.duration_s
     plan = LoadPlan(
@@ -255,6 +267,13 @@ def main() -> int:
         "ForecastSizing's)",
     )
     parser.add_argument(
+        "--fall-release",
+        default=str(Knobs().fall_release),
+        metavar="R",
+        help="predictive skips its hold when its forecast falls by at least R replicas' worth "
+        "over the horizon (default: ForecastSizing's); none: always holds",
+    )
+    parser.add_argument(
         "--fill",
         type=float,
         default=Knobs().fill,
@@ -288,7 +307,10 @@ def main() -> int:
     print(f"one replica: {rps:g} req/s within the SLO ({SLO})", flush=True)
     shares = [float(v) for v in args.floors.split(",") if v]
     quantile = None if args.error_quantile.lower() == "none" else float(args.error_quantile)
-    knobs = Knobs(args.down_cooldown, quantile, args.error_window, args.error_fade, args.fill)
+    release = None if args.fall_release.lower() == "none" else float(args.fall_release)
+    knobs = Knobs(
+        args.down_cooldown, quantile, args.error_window, args.error_fade, release, args.fill
+    )
     rows: list[Row] = []
     for name in args.traces.split(","):
         trace = TRACES[name]
@@ -319,6 +341,7 @@ def main() -> int:
         "replica_rps": rps, "sweep": sweep, "slo": SLO, "cold_start_s": COLD_START_S,
         "down_cooldown_s": args.down_cooldown, "error_quantile": quantile, "fill": args.fill,
         "error_window_s": args.error_window, "error_fade": args.error_fade,
+        "fall_release": release,
         "traces": {name: trace.shape.describe() for name, trace in TRACES.items()},
         "rows": [asdict(r) for r in rows], "verdicts": lines, "cpu_s": round(cpu_s, 1),
     }  # fmt: skip

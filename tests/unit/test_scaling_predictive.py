@@ -140,6 +140,37 @@ def test_replicas_are_given_back_at_once_once_the_need_stayed_lower() -> None:
     assert (given.replicas, given.reason) == (5, ScaleReason.FORECAST)
 
 
+def test_a_fall_the_forecast_carries_skips_the_hold() -> None:
+    # The forecast is the last second's arrivals and its trend the last change (alpha = beta
+    # = 1): 80 req/s (20 replicas at 0.8 x 5), then down 1 req/s a second. At 70 s the
+    # forecast falls 70 req/s over the horizon (to 0), more than a replica's worth (4): the
+    # hold is skipped, ceil(70 / 4) = 18 at once; holding, the need of 60 s stays 20.
+    sizing = ForecastSizing(5.0, 90.0, alpha=1.0, beta=1.0, error_quantile=None, hold_s=60.0)
+    fall = (80.0,) * 60 + tuple(80.0 - s for s in range(1, 11))
+    answers = []
+    for release in (1.0, None):
+        policy = PredictivePolicy(replace(sizing, fall_release=release), RULES)
+        policy.decide(_snap(60.0, 20, fall[:60], busy=10), 60.0)
+        answers.append(policy.decide(_snap(70.0, 20, fall, busy=10), 70.0).replicas)
+    assert answers == [18, 20]
+    assert ForecastSizing(5.0, 90.0).fall_release == 1.0  # the default
+
+
+def test_a_fall_under_the_release_keeps_the_hold() -> None:
+    # Down 0.04 req/s a second: 3.6 req/s over the 90 s horizon, under one replica's worth
+    # (4). At 130 s (77.2 req/s) the need is still 20; at 160 s (76 req/s) 19, but the hold
+    # keeps 20 with a release of one replica, and gives it back with a release of 0.
+    sizing = ForecastSizing(5.0, 90.0, alpha=1.0, beta=1.0, error_quantile=None, hold_s=60.0)
+    gentle = (80.0,) * 60 + tuple(80.0 - 0.04 * s for s in range(1, 101))
+    answers = []
+    for release in (1.0, 0.0):
+        policy = PredictivePolicy(replace(sizing, fall_release=release), RULES)
+        for now in (60, 130, 160):
+            last = policy.decide(_snap(float(now), 20, gentle[:now], busy=10), float(now))
+        answers.append(last.replicas)
+    assert answers == [20, 19]
+
+
 def test_giving_back_stops_at_the_removal_checks_floor() -> None:
     # Utilisation 0.3 on 20 ready: 0.3 x 20 / 0.8 = 7.5, so 8 must stay (0.75 < 0.8 on 8;
     # 0.86 on 7), whatever the forecast says.
@@ -194,4 +225,6 @@ def test_sizing_refuses_nonsense() -> None:
         ForecastSizing(replica_rps=0.0, horizon_s=90.0)
     with pytest.raises(ConfigError):
         ForecastSizing(replica_rps=1.0, horizon_s=90.0, fill=1.5)
+    with pytest.raises(ConfigError):
+        ForecastSizing(replica_rps=1.0, horizon_s=90.0, fall_release=-1.0)
     assert math.isfinite(ForecastSizing(replica_rps=1.0, horizon_s=1.0).fill)
