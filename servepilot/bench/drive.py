@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from servepilot.bench.client import Client
 from servepilot.bench.records import RequestRecord, RequestSpec
+from servepilot.core.loop import cancel_and_wait
 from servepilot.load.loadplan import LoadPlan
 from servepilot.load.slots import (
     ClosedSlots,
@@ -101,9 +102,7 @@ class Driver:
                 await self._open()
         finally:
             if ticker is not None:
-                ticker.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await ticker
+                await cancel_and_wait(ticker)
         self.tally.cpu_s = time.process_time() - cpu0
         self.tally.wall_s = time.perf_counter() - wall0
         self.tally.no_usage = self.client.no_usage

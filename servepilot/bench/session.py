@@ -7,7 +7,6 @@ I/O lives here and in the runner; the decisions (next sweep level, sweet spot) a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import time
 from collections.abc import Callable, Sequence
@@ -36,6 +35,7 @@ from servepilot.bench.soak import (
 )
 from servepilot.bench.tokenizer import Tokenizer
 from servepilot.bench.workload import build_workload
+from servepilot.core.loop import cancel_and_wait
 from servepilot.core.results import BenchResult, Load, Run, Source
 from servepilot.core.slo import Slo
 from servepilot.load.levels import LevelOptions, pool_size
@@ -258,9 +258,7 @@ async def _run_level(
     try:
         outcome = await run_load(opts.target, plan, workload, on_progress=progress)
     finally:
-        sampler.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sampler
+        await cancel_and_wait(sampler)
     memory.append(await sample_memory(url, opts.memory_sources))
     return outcome, memory
 

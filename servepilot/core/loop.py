@@ -32,3 +32,17 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         runner.run(keep())
     return box[0]
+
+
+async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
+    """Cancel `task` and wait until it has ended, without swallowing a cancellation of the
+    caller itself: `with suppress(CancelledError): await task` would also eat the caller's
+    own CancelledError (a Ctrl-C that lands while it waits), and the caller would go on as if
+    nothing had happened."""
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise

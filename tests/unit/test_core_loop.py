@@ -1,0 +1,64 @@
+"""core.loop.cancel_and_wait: a task stopped without eating its caller's own cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from servepilot.core.loop import cancel_and_wait
+
+
+async def _slow_to_stop(stopped: list[str]) -> None:
+    try:
+        await asyncio.sleep(10)
+    except asyncio.CancelledError:
+        await asyncio.sleep(0.05)  # cleanup that takes a while, as a ticker's last line does
+        stopped.append("child")
+        raise
+
+
+def test_the_task_ends_cancelled_and_the_caller_goes_on() -> None:
+    async def run() -> list[str]:
+        stopped: list[str] = []
+        child = asyncio.create_task(_slow_to_stop(stopped))
+        await asyncio.sleep(0)
+        await cancel_and_wait(child)
+        assert child.cancelled()
+        return stopped
+
+    assert asyncio.run(run()) == ["child"]
+
+
+def test_a_caller_cancelled_while_it_waits_is_cancelled() -> None:
+    # `with suppress(CancelledError): await child` returns normally here: a Ctrl-C landing
+    # while bench waits for its progress ticker was lost, and the run went on.
+    async def run() -> tuple[list[str], asyncio.Task[None]]:
+        stopped: list[str] = []
+        child = asyncio.create_task(_slow_to_stop(stopped))
+        await asyncio.sleep(0)
+        caller = asyncio.create_task(cancel_and_wait(child))
+        await asyncio.sleep(0.01)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        await asyncio.sleep(0.1)
+        return stopped, child
+
+    stopped, child = asyncio.run(run())
+    # The caller's cancellation reaches the task it awaits too (asyncio passes it on), which
+    # cuts that task's cleanup short: it ends, cancelled, either way.
+    assert child.cancelled() and stopped == []
+
+
+def test_a_task_already_done_is_left_as_it_was() -> None:
+    async def run() -> asyncio.Task[int]:
+        async def answer() -> int:
+            return 42
+
+        done = asyncio.create_task(answer())
+        await done
+        await cancel_and_wait(done)
+        return done
+
+    assert asyncio.run(run()).result() == 42
