@@ -70,13 +70,20 @@ def test_ctrl_c_after_a_finished_level_saves_it(tmp_path: Path) -> None:
     out = tmp_path / "run"
     with ThreadedSim([*BASE_ARGS, *COST_FLAGS]) as sim:
         # Level c=1: two requests one after the other; level c=2 is cut short by Ctrl-C.
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "servepilot", "bench", "--url", sim.url, "--concurrency",
-             "1,2", "--requests", "2", "--input-tokens", "40", "--output-tokens", "60",
-             "--out", str(out)],
-            cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)},
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        # A suite started in the background by a non-interactive shell inherits SIGINT
+        # ignored, and so would bench: a Python handler here is reset to the default at
+        # exec, where an ignored signal would stay ignored.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "servepilot", "bench", "--url", sim.url, "--concurrency",
+                 "1,2", "--requests", "2", "--input-tokens", "40", "--output-tokens", "60",
+                 "--out", str(out)],
+                cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)},
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+        finally:
+            signal.signal(signal.SIGINT, previous)
         try:
             deadline = time.monotonic() + 120
             # Level c=1 finished (2 answers) and c=2 running: the time to press Ctrl-C.
