@@ -62,7 +62,23 @@ CHECKED = 20
 """The last answers checked: every event, in valid chunked framing."""
 
 
-class _UpstreamSocket:
+class _Socket:
+    """What both fake sides do alike: never closing, reading without flow control."""
+
+    def is_closing(self) -> bool:
+        return False
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _UpstreamSocket(_Socket):
     """The replica's side: answers every request written to it with `PIECES`, one read per
     turn of the event loop."""
 
@@ -81,23 +97,11 @@ class _UpstreamSocket:
         if index + 1 < len(PIECES):
             self._loop.call_soon(self._feed, index + 1)
 
-    def is_closing(self) -> bool:
-        return False
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
     def abort(self) -> None:
         _UpstreamSocket.dropped += 1
 
-    def close(self) -> None:
-        pass
 
-
-class _ClientSocket:
+class _ClientSocket(_Socket):
     """The client's side: keeps what the gateway writes."""
 
     def __init__(self) -> None:
@@ -106,20 +110,8 @@ class _ClientSocket:
     def write(self, data: bytes) -> None:
         self.written.append(data)
 
-    def is_closing(self) -> bool:
-        return False
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
     def abort(self) -> None:
         raise AssertionError("the gateway dropped the client's connection")
-
-    def close(self) -> None:
-        pass
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return default

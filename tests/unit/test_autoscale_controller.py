@@ -16,113 +16,12 @@ from servepilot.engine.process import ReplicaInfo
 from servepilot.fleet.autoscale.controller import AutoscaleController, removal_order
 from servepilot.fleet.autoscale.local import LocalScaling
 from servepilot.scaling.snapshot import (
-    AutoscalePolicy,
     FleetSnapshot,
     ReplicaSample,
-    ScaleDecision,
     ScaleReason,
 )
 from servepilot.scaling.step import StepPolicy, StepRules
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now_s = 1000.0
-
-    def __call__(self) -> float:
-        return self.now_s
-
-
-class FakeFleet:
-    """The gateway: ready replicas with an in-flight count each (budget 4), and a journal."""
-
-    def __init__(self, backend: FakeBackend, in_flight: dict[str, int]) -> None:
-        self.backend = backend
-        self.in_flight = dict(in_flight)
-        self.journal = backend.journal
-        self.drain_gate: asyncio.Event | None = None
-
-    def count_arrivals(self, now_s: float) -> None:
-        self.journal.append("count arrivals")
-
-    def snapshot(self, now_s: float) -> FleetSnapshot:
-        ready = [ReplicaSample(r, True, n, n, 0, 0.0, 1.0, 4) for r, n in self.in_flight.items()]
-        starting = [ReplicaSample(r, False, 0, 0, 0, 0.0, 0.0, 4) for r in self.backend.pending]
-        return FleetSnapshot(now_s, tuple(ready + starting))
-
-    async def drain(self, replica_id: str, timeout_s: float) -> bool:
-        self.journal.append(f"drain {replica_id} within {timeout_s:g} s")
-        try:
-            if self.drain_gate is not None:
-                await self.drain_gate.wait()
-        except asyncio.CancelledError:
-            self.journal.append(f"drain {replica_id} cancelled")
-            raise
-        del self.in_flight[replica_id]
-        return True
-
-
-class FakeBackend:
-    def __init__(self) -> None:
-        self.journal: list[str] = []
-        self.pending: list[str] = []
-        self.next_id = 1
-        self.fail_adds = 0
-        self.first: frozenset[str] = frozenset()
-
-    def starting(self) -> tuple[str, ...]:
-        return tuple(self.pending)
-
-    def remove_first(self) -> frozenset[str]:
-        return self.first
-
-    async def add(self) -> str:
-        if self.fail_adds:
-            self.fail_adds -= 1
-            raise OSError("no free port")
-        rid = f"r{self.next_id}"
-        self.next_id += 1
-        self.pending.append(rid)
-        self.journal.append(f"add {rid}")
-        return rid
-
-    async def remove(self, replica_id: str) -> None:
-        if replica_id in self.pending:
-            self.pending.remove(replica_id)
-        self.journal.append(f"remove {replica_id}")
-
-    async def close(self) -> None:
-        self.journal.append("close")
-
-
-class Scripted:
-    """A policy that answers what the test says."""
-
-    name = "scripted"
-
-    def __init__(self, replicas: int) -> None:
-        self.replicas = replicas
-
-    def decide(self, snapshot: FleetSnapshot, now_s: float) -> ScaleDecision:
-        return ScaleDecision(self.replicas, ScaleReason.HOLD, "told so")
-
-
-def rig(
-    policy: AutoscalePolicy, in_flight: dict[str, int]
-) -> tuple[AutoscaleController, FakeFleet, FakeBackend, Clock]:
-    backend = FakeBackend()
-    fleet = FakeFleet(backend, in_flight)
-    clock = Clock()
-    controller = AutoscaleController(
-        policy,
-        backend,
-        fleet,
-        interval_s=5.0,
-        drain_timeout_s=7.0,
-        startup_timeout_s=60.0,
-        clock=clock,
-    )
-    return controller, fleet, backend, clock
+from tests.unit.autoscale_fakes import Scripted, rig
 
 
 def test_a_busy_replica_gets_a_second_and_no_third_while_it_starts() -> None:

@@ -33,9 +33,9 @@ from servepilot.scaling.policies import AutoscaleSetup
 from servepilot.scaling.predictive import PredictivePolicy
 from servepilot.scaling.snapshot import ScaleReason
 from servepilot.scaling.step import StepPolicy
+from tests.unit.autoscale_fakes import Scripted, rig
 from tests.unit.fake_upstream import FakeUpstream
 from tests.unit.gateway_support import CHAT, VLLM_METRICS, gateway_in_front_of, run
-from tests.unit.test_autoscale_controller import Scripted, rig
 
 
 def _up_config(monkeypatch: pytest.MonkeyPatch, *argv: str) -> FleetConfig:
