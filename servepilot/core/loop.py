@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -46,3 +46,13 @@ async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
         current = asyncio.current_task()
         if current is not None and current.cancelling():
             raise
+
+
+async def cancel_all_and_wait(tasks: Iterable[asyncio.Future[Any]]) -> None:
+    """`cancel_and_wait` for several tasks: all are cancelled first, so their cleanups overlap
+    instead of running one after another."""
+    pending = list(tasks)
+    for task in pending:
+        task.cancel()
+    for task in pending:
+        await cancel_and_wait(task)

@@ -24,6 +24,7 @@ from typing import Any
 from servepilot.core.cluster_config import ClusterBackend
 from servepilot.core.config import EngineKind, FleetConfig
 from servepilot.core.errors import FleetError
+from servepilot.core.loop import cancel_and_wait
 from servepilot.engine.model_source import ResolvedModel, resolve_model
 from servepilot.engine.process import ReplicaInfo
 from servepilot.engine.simserver.args import SimModel, sim_model
@@ -203,9 +204,7 @@ async def until_stopped(
         stop_wait.cancel()
     if start.done():
         return start.result()
-    start.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await start
+    await cancel_and_wait(start)
     return None
 
 

@@ -56,3 +56,34 @@ def test_a_replica_started_again_under_its_id_is_not_dropped_by_the_old_wait() -
         await waits.cancel_all()
 
     asyncio.run(run())
+
+
+def test_a_controller_cancelled_while_a_wait_winds_down_is_cancelled() -> None:
+    # A wait whose cleanup takes a moment (a launch being rolled back); the task cancelling it
+    # is itself cancelled meanwhile (the controller stopping). The controller must not go on
+    # as if nothing had happened, which is what suppressing CancelledError around the await did.
+    after: list[str] = []
+
+    async def slow_to_stop() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.05)
+            raise
+
+    async def remove(waits: StartWaits) -> None:
+        await waits.cancel("r1")
+        after.append("went on")
+
+    async def run() -> None:
+        waits = StartWaits()
+        waits.start("r1", slow_to_stop())
+        await asyncio.sleep(0)
+        remover = asyncio.create_task(remove(waits))
+        await asyncio.sleep(0.01)
+        remover.cancel()
+        await asyncio.gather(remover, return_exceptions=True)
+        assert remover.cancelled()
+
+    asyncio.run(run())
+    assert after == []

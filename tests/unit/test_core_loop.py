@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from servepilot.core.loop import cancel_and_wait
+from servepilot.core.loop import cancel_all_and_wait, cancel_and_wait
 
 
 async def _slow_to_stop(stopped: list[str]) -> None:
@@ -62,3 +62,36 @@ def test_a_task_already_done_is_left_as_it_was() -> None:
         return done
 
     assert asyncio.run(run()).result() == 42
+
+
+def test_all_are_cancelled_before_any_is_awaited() -> None:
+    # So their cleanups overlap rather than run one after another; each still runs to its end.
+    async def run() -> tuple[list[str], list[asyncio.Task[None]]]:
+        stopped: list[str] = []
+        children = [asyncio.create_task(_slow_to_stop(stopped)) for _ in range(2)]
+        await asyncio.sleep(0)
+        assert not any(child.cancelling() for child in children)
+        waiter = asyncio.create_task(cancel_all_and_wait(children))
+        await asyncio.sleep(0)
+        # Both were told before the waiter awaited the first one's end.
+        assert all(child.cancelling() for child in children)
+        await waiter
+        return stopped, children
+
+    stopped, children = asyncio.run(run())
+    assert stopped == ["child", "child"] and all(child.cancelled() for child in children)
+
+
+def test_a_caller_cancelled_while_it_waits_for_several_is_cancelled() -> None:
+    async def run() -> list[asyncio.Task[None]]:
+        children = [asyncio.create_task(_slow_to_stop([])) for _ in range(3)]
+        await asyncio.sleep(0)
+        caller = asyncio.create_task(cancel_all_and_wait(children))
+        await asyncio.sleep(0.01)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        await asyncio.sleep(0.1)
+        return children
+
+    assert all(child.cancelled() for child in asyncio.run(run()))

@@ -17,13 +17,13 @@ backend's waits for starting replicas, in that order, without waiting on any dra
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Protocol
 
+from servepilot.core.loop import cancel_all_and_wait, cancel_and_wait
 from servepilot.fleet.autoscale.backend import ScalingBackend
 from servepilot.scaling.snapshot import (
     AutoscalePolicy,
@@ -123,10 +123,9 @@ class AutoscaleController:
         """The loop, then the removals under way (their replicas are left draining: the
         gateway's own drain on stop covers them), then the backend's waits."""
         task, self._task = self._task, None
-        for pending in [t for t in (task,) if t is not None] + list(self._removals):
-            pending.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pending
+        if task is not None:
+            await cancel_and_wait(task)
+        await cancel_all_and_wait(list(self._removals))
         self._removals.clear()
         await self._backend.close()
 

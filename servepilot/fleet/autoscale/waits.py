@@ -5,9 +5,10 @@ controller stops (the backends of every cluster share this bookkeeping)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Coroutine
 from typing import Any
+
+from servepilot.core.loop import cancel_all_and_wait, cancel_and_wait
 
 
 class StartWaits:
@@ -35,15 +36,9 @@ class StartWaits:
     async def cancel(self, replica_id: str) -> None:
         task = self._tasks.pop(replica_id, None)
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     async def cancel_all(self) -> None:
         tasks = list(self._tasks.values())
         self._tasks.clear()
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all_and_wait(tasks)

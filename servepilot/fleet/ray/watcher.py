@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from typing import Protocol
 
+from servepilot.core.loop import cancel_all_and_wait, cancel_and_wait
 from servepilot.fleet.ray.actor import ActorReady
 from servepilot.gateway import Gateway
 from servepilot.gateway.pool import ReplicaNotFound
@@ -129,20 +130,14 @@ class ReplicaWatcher:
         gateway; one still there is dropped), before its actor is killed: its end is no loss."""
         task = self._tasks.pop(replica_id, None)
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         await self._leave(replica_id)
         for known in (self._seen, self._lost_at, self.states, self.restarts, self.answers):
             known.pop(replica_id, None)
 
     async def stop(self) -> None:
         tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all_and_wait(tasks)
         self._tasks = {}
 
     async def _follow(self, replica: FollowedReplica) -> None:
