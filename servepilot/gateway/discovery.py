@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from servepilot.core.errors import ServepilotError
+from servepilot.core.loop import cancel_all_and_wait
 from servepilot.gateway.pool import DuplicateReplica, ReplicaNotFound, ReplicaPool
 
 log = logging.getLogger(__name__)
@@ -80,12 +81,7 @@ class EndpointWatcher:
             self._task = asyncio.ensure_future(self._run())
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._task, *self._leaving.values()) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all_and_wait(t for t in (self._task, *self._leaving.values()) if t is not None)
         self._task = None
         self._leaving.clear()
 

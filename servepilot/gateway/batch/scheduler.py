@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from servepilot.core.batch_config import BatchConfig
+from servepilot.core.loop import cancel_and_wait
 from servepilot.gateway.batch.aimd import AimdWindow
 from servepilot.gateway.batch.exchange import Answer
 from servepilot.gateway.batch.jobs import (
@@ -94,9 +95,7 @@ class BatchScheduler:
         within `drain_timeout_s` are committed, the others cancelled."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         lines = list(self._in_flight.values())
         if lines and drain_timeout_s > 0:
             await asyncio.wait(lines, timeout=drain_timeout_s)
