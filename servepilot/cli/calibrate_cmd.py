@@ -29,7 +29,7 @@ Probes (each maps to engine steps of a known shape):
   prefill  one request alone on the idle engine, prompts of 16 to 1,024 tokens,
            max_tokens 1: one prefill step, as vLLM times it (request_prefill_time); the
            rest of its TTFT is the request's time outside the engine, kept apart.
-  decode   waves of 1 to 16 streams sent together with a fixed output length (ignore_eos):
+  decode   waves of 1 to 64 streams sent together with a fixed output length (ignore_eos):
            once all are decoding, each gap between two tokens is one step of N decoders.
   mixed    single-token requests injected into a wave one at a time: the one long gap
            they cause is one step with their whole prompt beside the N decoders.
