@@ -18,10 +18,14 @@ metric, and no metric's median or p90 error above 1.5x the same statistic of its
 Everything lands in OUT/validation.json after each step; a second run with the same --out
 resumes (measured runs are kept, a case is measured only as often as it still needs).
 --resimulate re-runs only the simulation side from the stored measurements (after a change
-to the model), without a replica.
+to the model), without a replica. --recalibrate starts a replica only to calibrate it again
+(the old profile is kept as profile-replaced-N.json), then re-simulates every stored case: a
+change to calibrate's probes, judged on measurements already made (copy the folder first).
 
     python benchmarks/sim_validation.py --out out/sim-validation          # the suite
     python benchmarks/sim_validation.py --out out/sim-validation --resimulate
+    cp -r out/sim-validation out/sv2                                      # then:
+    python benchmarks/sim_validation.py --out out/sv2 --recalibrate
     python benchmarks/sim_validation.py --list                            # the cases
 """
 
@@ -92,6 +96,8 @@ def run_measurements(shapes: list[Shape], store: Store, args: argparse.Namespace
     two passes so that a case's two runs lie apart in time, then calibrate quickly again to
     see how far the machine drifted."""
     todo = [s for s in shapes if len(store.case(s, args.seeds[s.name])["measured"]) < 2]
+    if args.recalibrate:
+        todo = []  # a calibration only: the measurements stay as they were made
     profile = args.out / "profile.json"
     if not todo and profile.exists():
         return
@@ -236,6 +242,18 @@ def report(shapes: list[Shape], store: Store, profile: Path) -> str:
     return "\n".join(lines)
 
 
+def _set_profile_aside(out: Path) -> None:
+    """Move profile.json to the first free profile-replaced-N.json, so that
+    run_measurements calibrates again; nothing is deleted."""
+    profile = out / "profile.json"
+    if not profile.exists():
+        return
+    n = 1
+    while (out / f"profile-replaced-{n}.json").exists():
+        n += 1
+    profile.rename(out / f"profile-replaced-{n}.json")
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
@@ -248,6 +266,8 @@ def parse_args() -> argparse.Namespace:
     add("--list", action="store_true", help="print the cases and exit")
     add("--resimulate", action="store_true",
         help="re-run the simulation of every measured case (no replica)")  # fmt: skip
+    add("--recalibrate", action="store_true",
+        help="calibrate a fresh replica again, then simulate every measured case")  # fmt: skip
     add("--skip-measure", action="store_true", help="simulate and report what is stored")
     add("--skip-drift", action="store_true", help="no quick calibration after the measurements")
     add("--replica-core", default="0", help="core the model's threads are bound to")
@@ -279,7 +299,11 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     store = Store(args.out / "validation.json")
     store.data["settings"] = {"draw_seed": args.draw_seed, "seed": args.seed, "cases": args.cases}
-    if not (args.resimulate or args.skip_measure):
+    if args.recalibrate:
+        _set_profile_aside(args.out)
+        store.data.pop("drift_pct", None)  # it was the replaced profile's
+        args.resimulate = True
+    if args.recalibrate or not (args.resimulate or args.skip_measure):
         run_measurements(shapes, store, args)
     run_simulations(shapes, store, args)
     store.data["summary"] = summarize(shapes, store)

@@ -18,7 +18,7 @@ from benchmarks.sim_cases import (
     overlaps,
     probe_shapes,
 )
-from benchmarks.sim_validation import Store, case_errors, summarize
+from benchmarks.sim_validation import Store, _set_profile_aside, case_errors, summarize
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +135,19 @@ def test_a_target_below_the_measurements_own_noise_is_not_checkable(tmp_path: Pa
         store.data["cases"][shape.name]["predicted"]["ttft_p50_ms"] = 110.0
     row = summarize(shapes, store)["ttft_p50_ms"]
     assert row["meets_targets"] is False and row["missed"] is True
+
+
+def test_recalibrating_keeps_every_earlier_profile(tmp_path: Path) -> None:
+    (tmp_path / "profile.json").write_text("third")
+    (tmp_path / "profile-replaced-1.json").write_text("first")
+    (tmp_path / "profile-replaced-2.json").write_text("second")
+    _set_profile_aside(tmp_path)
+    assert not (tmp_path / "profile.json").exists()  # so the next run calibrates again
+    kept = {p.name: p.read_text() for p in tmp_path.glob("profile-replaced-*.json")}
+    assert kept == {
+        "profile-replaced-1.json": "first",
+        "profile-replaced-2.json": "second",
+        "profile-replaced-3.json": "third",
+    }
+    _set_profile_aside(tmp_path)  # none to move: nothing changes
+    assert len(list(tmp_path.glob("profile*.json"))) == 3
