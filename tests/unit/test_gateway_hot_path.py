@@ -14,8 +14,10 @@ from typing import Any
 
 import aiohttp
 import httptools
+import pytest
 
 from benchmarks.stub_server import StubConfig, _Answer, answer_events
+from servepilot.core import accel
 from servepilot.gateway.deadlines import Deadlines
 from servepilot.gateway.relay import Relay
 from servepilot.gateway.upstream import UpstreamConnection
@@ -24,6 +26,10 @@ from tests.unit.fake_upstream import FakeUpstream
 from tests.unit.gateway_support import STREAM_CHAT, gateway_in_front_of, run
 
 CHUNKS = 16
+_PYTHON_FRAMES = pytest.mark.skipif(
+    accel.compiled(accel.GATEWAY),
+    reason="counts Python frames of the data path: compiled (make gateway-fast), it has none",
+)
 
 
 class _Transport:
@@ -205,6 +211,7 @@ def test_requests_arm_no_timer_and_look_up_no_loop_of_their_own() -> None:
     run(body())
 
 
+@_PYTHON_FRAMES
 def test_a_request_runs_six_coroutines_of_ours_and_no_done_callback() -> None:
     """Per streamed request on warm connections: the connection's handler, the gateway's,
     the proxy's two, admission and the attempt; routing and taking a warm upstream
@@ -329,6 +336,7 @@ def test_a_chunked_stream_reaches_an_http11_client_framed_as_the_replica_framed_
     run(body())
 
 
+@_PYTHON_FRAMES
 def test_a_token_passed_through_costs_one_call_into_the_relay_and_no_other() -> None:
     async def body() -> None:
         answer = _Answer("chat", StubConfig(chunks=CHUNKS))
