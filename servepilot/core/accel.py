@@ -95,6 +95,9 @@ GATEWAY = Group(
         "servepilot.gateway.dispatch",
         "servepilot.gateway.proxy",
         "servepilot.gateway.metrics",
+        "servepilot.gateway.validation",
+        "servepilot.gateway.replica",
+        "servepilot.gateway.app",
     ),
     ("gateway/**/*.py", "http1/*.py", "routing/**/*.py", "core/*.py", "engine/*.py"),
 )
