@@ -157,8 +157,9 @@ sim-fast: $(STAMP)
 	$(BIN)/python -m servepilot.core.accel_build sim
 
 # The gateway's data path (the HTTP/1.1 server core, the upstream connection, the relay,
-# admission, the proxy, metrics) compiled the same way (group GATEWAY): about a fifth fewer
-# instructions per request. About 1.5 minutes, once per change of those sources; part of
+# admission, the proxy, validation, metrics, the app) compiled the same way (group GATEWAY):
+# about a quarter fewer instructions per request, 8% less CPU at an everyday load (docs/
+# benchmarks.md). 1 to 2 minutes, once per change of those sources; part of
 # `install`, `serve` and `bench-gateway`. A build that fails (no C compiler) says so in one
 # line and the gateway runs in pure Python; `servepilot gateway` says at start which it runs.
 gateway-fast: $(STAMP)
