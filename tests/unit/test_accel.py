@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -136,3 +138,22 @@ def test_a_compiled_gateway_relays_what_the_pure_python_one_does() -> None:
     if not compiled[0]:
         pytest.skip("no compiled gateway build for these sources (`make gateway-fast`)")
     assert compiled == [True, True]
+
+
+def test_servepilot_gateway_says_at_start_whether_its_data_path_is_compiled() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "SERVEPILOT_GATEWAY_PURE": "1"}
+    argv = [sys.executable, "-m", "servepilot", "gateway", "--port", str(port),
+            "--replica", "http://127.0.0.1:9"]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        while len(lines) < 2 and select.select([proc.stdout], [], [], 30)[0]:
+            lines.append(proc.stdout.readline())  # the start line, then the data path's
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert lines[-1].strip() == "gateway data path: pure Python (SERVEPILOT_GATEWAY_PURE is set)"
