@@ -20,6 +20,12 @@ Then the everyday point (gateway_everyday.py): servepilot's gateway and vllm-rou
 does); `--point saturation|everyday` runs one of the two.
 
     python benchmarks/bench_gateway.py [--requests 20000] [--concurrency 32] [--rounds 3]
+
+servepilot's gateway runs compiled where `make gateway-fast` has built its data path for the
+current sources (`make bench-gateway` builds it first; the first line printed says which, as
+core/accel.py decides); SERVEPILOT_GATEWAY_PURE=1 measures it in pure Python. Run from the
+checkout to measure: the gateway starts with `python -m`, which imports from the current
+folder first.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from pathlib import Path
 
 import gateway_everyday
 from bench_client import SP_END, SP_START, cpu_s, pinned, run_child, start_stub
+
+from servepilot.core import accel
 
 ROUTER_CORE, LOAD_CORE = "0", "1"
 ROOT = Path(__file__).resolve().parent.parent
@@ -318,6 +326,7 @@ def main() -> None:
     )  # fmt: skip
     gateway_everyday.add_arguments(parser)
     args = parser.parse_args()
+    print(f"servepilot gateway data path: {accel.status(accel.GATEWAY)}", flush=True)
     if args.only:
         for name in list(ROUTERS):
             if name not in args.only:

@@ -38,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
+from servepilot.core import accel  # noqa: E402
 from servepilot.core.config import parse_config  # noqa: E402
 from servepilot.core.gateway_config import GatewayConfig, PolicyName  # noqa: E402
 from servepilot.core.results import Load, LoadMode  # noqa: E402
@@ -47,7 +48,6 @@ from servepilot.load.arrivals import Arrival, iter_arrival_offsets_s  # noqa: E4
 from servepilot.load.loadplan import LoadPlan  # noqa: E402
 from servepilot.load.slots import Slot  # noqa: E402
 from servepilot.routing import make_policy  # noqa: E402
-from servepilot.sim import accel  # noqa: E402
 from servepilot.sim.engine.replica import ReplicaModel  # noqa: E402
 from servepilot.sim.fleet.gateway import SimGateway  # noqa: E402
 from servepilot.sim.fleet.members import FleetReplica, FleetRequest  # noqa: E402
@@ -190,7 +190,7 @@ def report(args: argparse.Namespace, outcome: LevelOutcome, wall: float, cpu: fl
     print(
         f"fleet: {args.replicas} x llama-3.1-8b on h100 (roofline), policy {args.policy}, "
         f"{args.rate:g} req/s Poisson for {args.duration:g} s simulated; "
-        f"simulator: {accel.status()}"
+        f"simulator: {accel.status(accel.SIM)}"
     )
     print(
         f"simulated: {requests:,} requests ({run.completed:,} ok, {run.failed:,} failed), "

@@ -5,7 +5,10 @@ neighbour on a shared machine can move, to decide between two versions of the da
     python benchmarks/gateway_instructions.py --keep DIR   # ...and callgrind's files in DIR
     python benchmarks/gateway_instructions.py --time       # CPU us per request, no valgrind
 
-(with `PYTHONPATH` at the tree to measure; `valgrind` from the distribution's package). One
+(with `PYTHONPATH` at the tree to measure; `valgrind` from the distribution's package). Where
+`make gateway-fast` has built the tree's data path for its current sources, the compiled
+gateway is what is measured (the first line printed says which: core/accel.py's status);
+`SERVEPILOT_GATEWAY_PURE=1` measures the same tree in pure Python. One
 process runs a real `Gateway` (round robin over two replicas, no access log) on uvloop, with
 fake sockets on both sides: the client's side is fed one streamed chat completion request at
 a time, as one read, and the upstream side answers each request the way
@@ -39,6 +42,7 @@ import gateway_everyday
 import httptools
 from stub_server import StubConfig, ThreadedStub, _Answer, answer_events
 
+from servepilot.core import accel
 from servepilot.core.gateway_config import GatewayConfig
 from servepilot.gateway import Gateway
 from servepilot.gateway.upstream import UpstreamConnection
@@ -230,6 +234,7 @@ def main() -> None:
     elif args.time:
         _run(2000, 7)
     else:
+        print(f"gateway data path: {accel.status(accel.GATEWAY)}")
         if args.keep is not None:
             args.keep.mkdir(parents=True, exist_ok=True)
         short, long = _collected(SHORT, args.keep), _collected(LONG, args.keep)

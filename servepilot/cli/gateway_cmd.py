@@ -7,6 +7,7 @@ from pathlib import Path
 
 from servepilot.cli.console import out_console, print_step
 from servepilot.cli.options import add_config_flag, base_url, config_from_args
+from servepilot.core import accel
 from servepilot.core.config import FleetConfig, PolicyName
 from servepilot.core.errors import ConfigError
 from servepilot.fleet.autoscale.start import in_cluster
@@ -103,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
             f"gateway on http://{config.host}:{port}/v1 -> {', '.join(upstreams)} "
             f"(policy {config.policy.value}); Ctrl-C stops"
         )
+        # Whether the data path runs compiled (`make gateway-fast`), and if not, why not.
+        out_console.print(f"gateway data path: {accel.status(accel.GATEWAY)}")
 
     if args.access_log is not None and not config.access_log.enabled:
         config = config.model_copy(

@@ -18,6 +18,11 @@ OVERLOADED = "rate_limit_error"
 AUTH = "authentication_error"
 
 
+class UpstreamFailed(ConnectionError):
+    """The replica could not be reached, or the connection broke (a plain Python class:
+    mypyc compiles no subclass of a builtin exception but Exception)."""
+
+
 class GatewayError(Exception):
     """An error the gateway answers with, as an HTTP status and an OpenAI error body."""
 

@@ -24,6 +24,7 @@ from servepilot.gateway.errors import (
     INVALID_REQUEST,
     UPSTREAM,
     GatewayError,
+    UpstreamFailed,
     bad_request,
     client_error_from_replica,
     error_body,
@@ -40,7 +41,6 @@ from servepilot.gateway.routes import (
     ApiRoute,
     not_served_message,
 )
-from servepilot.gateway.upstream import UpstreamFailed
 from servepilot.gateway.validation import (
     InferenceRequest,
     parse_inference_request,
@@ -131,13 +131,14 @@ class Proxy:
                 grant = self._dispatcher.acquire_tokenizer(view, tried)
             if grant.max_tokens_cap is not None and route.cap_fields:
                 body = _capped(parsed, grant.max_tokens_cap, body, route.cap_fields)
-            outcome: Outcome | None = None
             try:
                 outcome = await self._attempt(
                     request, grant.replica, route.path, body, extra, content_type
                 )
-            finally:
-                self._dispatcher.release(grant, outcome)
+            except BaseException:  # the client left (cancelled): the slot is abandoned
+                self._dispatcher.release(grant, None)
+                raise
+            self._dispatcher.release(grant, outcome)
             if outcome.failure is not None and outcome.retryable:
                 tried.add(grant.replica.replica_id)
                 self._metrics.count_retry()

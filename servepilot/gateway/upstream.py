@@ -23,13 +23,11 @@ from typing import Protocol, cast
 
 import httptools
 
+from servepilot.gateway.errors import UpstreamFailed
+
 # uvicorn (which serves vLLM) closes idle connections after 5 s; dropping ours first avoids
 # reusing a connection the replica is closing at that moment, which a POST cannot survive.
 KEEPALIVE_S = 4.0
-
-
-class UpstreamFailed(ConnectionError):
-    """The replica could not be reached, or the connection broke."""
 
 
 class Sink(Protocol):
@@ -53,10 +51,18 @@ class Sink(Protocol):
         ...
 
 
+class Owner(Protocol):
+    """Where a connection goes back when its exchange is over (its `HostPool`)."""
+
+    def put_back(self, conn: UpstreamConnection) -> None: ...
+
+    def forget(self, conn: UpstreamConnection) -> None: ...
+
+
 class UpstreamConnection(asyncio.Protocol):
     """One keep-alive connection to a replica; carries one exchange at a time."""
 
-    def __init__(self, pool: HostPool) -> None:
+    def __init__(self, pool: Owner) -> None:
         self._pool = pool
         self.transport: asyncio.Transport | None = None
         self._body: list[bytes] = []

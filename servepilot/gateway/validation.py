@@ -14,7 +14,7 @@ from typing import Any
 from servepilot.gateway.errors import GatewayError, bad_request
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class InferenceRequest:
     model: str | None
     """None when the body names none: as with vLLM, the fleet's only model serves it."""
@@ -22,6 +22,15 @@ class InferenceRequest:
     prompt_chars: int
     doc: dict[str, Any]
     """The parsed body (read by prefix hashing; rewritten only to cap max_tokens)."""
+
+    def __init__(
+        self, model: str | None, stream: bool, prompt_chars: int, doc: dict[str, Any]
+    ) -> None:
+        # Written out, one per request, as relay.Outcome's (why it is not frozen: there).
+        self.model = model
+        self.stream = stream
+        self.prompt_chars = prompt_chars
+        self.doc = doc
 
 
 def parse_inference_request(body: bytes, prompt_field: str | None) -> InferenceRequest:

@@ -5,7 +5,8 @@ server adds (routes, error shapes, limits) is passed in."""
 from __future__ import annotations
 
 from servepilot.http1.connection import HttpConnection
-from servepilot.http1.request import Disconnected, HttpRequest
+from servepilot.http1.errors import Disconnected
+from servepilot.http1.request import HttpRequest
 from servepilot.http1.server import ErrorBody, Handler, HttpServer, Limits, UploadLimit
 
 __all__ = [

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, cast
 
 import httptools
 
-from servepilot.http1.request import Disconnected, HttpRequest, status_line
+from servepilot.http1.errors import Disconnected
+from servepilot.http1.request import HttpRequest, status_line
 
 if TYPE_CHECKING:
     from servepilot.http1.server import HttpServer

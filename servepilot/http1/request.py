@@ -10,20 +10,14 @@ first chunk, in one write.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Callable, Iterable
 from http import HTTPStatus
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from servepilot.http1.connection import HttpConnection
+from typing import Protocol
 
 LAST_CHUNK = b"0\r\n\r\n"
 JSON = b"application/json"
-
-
-class Disconnected(ConnectionError):
-    """The client went away; nothing more can be written to it."""
 
 
 @functools.cache
@@ -33,6 +27,24 @@ def status_line(status: int) -> bytes:
     except ValueError:
         reason = "Unknown"
     return f"HTTP/1.1 {status} {reason}\r\n".encode()
+
+
+class ClientSide(Protocol):
+    """What a request needs of its client's connection (an `HttpConnection`): a protocol,
+    so that the compiled request (core/accel.py) accepts any object with this surface."""
+
+    closed: bool
+    paused: bool
+    writable_callbacks: list[Callable[[], None]]
+
+    @property
+    def transport(self) -> asyncio.Transport | None: ...
+
+    def write(self, data: bytes) -> None: ...
+
+    async def wait_writable(self) -> None: ...
+
+    def abort(self) -> None: ...
 
 
 class HttpRequest:
@@ -57,7 +69,7 @@ class HttpRequest:
 
     def __init__(
         self,
-        conn: HttpConnection,
+        conn: ClientSide,
         method: str,
         target: bytes,
         headers: dict[str, str],
@@ -91,7 +103,7 @@ class HttpRequest:
         return not self._conn.closed
 
     @property
-    def connection(self) -> HttpConnection:
+    def connection(self) -> ClientSide:
         """The client's connection: its `closed` and `paused` flags and its transport, for a
         relay that reads them per token (plain attributes, no call)."""
         return self._conn

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from servepilot.http1.connection import HttpConnection
 from servepilot.http1.request import HttpRequest
@@ -86,7 +87,10 @@ class HttpServer:
         self._server = await loop.create_server(
             lambda: HttpConnection(self), host, port, backlog=4096, reuse_address=True
         )
-        bound: int = self._server.sockets[0].getsockname()[1]
+        # Read untyped: uvloop's `sockets` is a list where typeshed says a tuple, which the
+        # compiled module (core/accel.py) would check and refuse.
+        server: Any = self._server
+        bound: int = server.sockets[0].getsockname()[1]
         return bound
 
     def stop_listening(self) -> None:

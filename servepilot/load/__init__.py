@@ -6,6 +6,6 @@ clients) and sim (simulated ones).
 - arrivals: the open loop's seeded send times; loadplan: one load level; slots: which request
   goes when; levels: a run's levels and their sizes; sweep: the next level and the sweet spot.
 
-The simulator's compiled core (sim/accel.py) calls into slots and loadplan, so its build key
+The simulator's compiled core (core/accel.py) calls into slots and loadplan, so its build key
 covers this package; nothing here is compiled: bench imports it without the simulator.
 """

@@ -6,16 +6,14 @@
   admission objects, replicas, the autoscaling hook, metrics as bench computes them). Pure,
   except that simulator.py reads the wall clock to report how fast it ran.
 
-The compiled core: accel loads a mypyc build of the hot modules when one matching their
-sources exists (accel_build makes it: `make sim-fast`); otherwise everything runs as Python.
-It is imported here, before any other module of the package, so that a module is either
-compiled everywhere in a process or nowhere. fleet/liveview.py stays interpreted.
+The compiled core: core/accel.py loads a mypyc build of the hot modules (its group `SIM`) when
+one matching their sources exists (`make sim-fast` makes it); otherwise everything runs as
+Python. fleet/liveview.py stays interpreted.
 
 The simulated vLLM server (`python -m servepilot.engine.simserver.server`) is an engine, not
 a simulation: it lives in servepilot/engine/simserver and drives engine/ in wall-clock time.
 """
 
-from servepilot.sim import accel  # noqa: F401  (first: it decides compiled or not; see accel)
 from servepilot.sim.engine.records import SchedulerConfig, StepResult
 from servepilot.sim.engine.replica import ReplicaModel
 from servepilot.sim.engine.request import RequestState, SimRequest

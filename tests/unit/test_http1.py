@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from servepilot.engine.metrics import parse_metrics
-from servepilot.http1 import HttpServer
+from servepilot.http1 import HttpRequest, HttpServer, Limits
 from tests.integration.fuzz_support import exchange, parse_responses
 from tests.unit.sim_support import BASE_ARGS, COST_FLAGS, ThreadedSim
 
@@ -188,3 +188,24 @@ def test_a_refusal_behind_pipelined_requests_lingers_too(sim: ThreadedSim) -> No
         sock.sendall(raw)
         responses, _ = parse_responses(_read_to_close(sock))
     assert [r.status for r in responses] == [200]
+
+
+def test_a_server_on_uvloop_answers_on_the_port_it_reports() -> None:
+    """uvloop's `Server.sockets` is a list where typeshed says a tuple: the server reads it
+    untyped, as the compiled one (`make gateway-fast`) must, which checks declared types."""
+    import uvloop
+
+    async def handler(request: HttpRequest) -> None:
+        request.respond(200, b'{"ok":true}')
+
+    async def body() -> bytes:
+        server = HttpServer(handler, Limits(1024), lambda status, message, code: b"{}")
+        port = await server.start("127.0.0.1", 0)
+        try:
+            async with httpx.AsyncClient() as client:
+                answer = await client.get(f"http://127.0.0.1:{port}/")
+            return answer.content
+        finally:
+            await server.close()
+
+    assert uvloop.run(body()) == b'{"ok":true}'

@@ -3,8 +3,8 @@
 - routing and admission hot paths (`sample_two`, LeastLoad's inlined key, the admission
   controller's prebuilt decisions, RateMeter's inlined decay, the queue's kept depth);
 - the simulator's own shortcuts (records built through slot descriptors, inlined uniform hops);
-- the compiled core (servepilot/sim/accel.py): keyed by its sources, never loaded stale, and
-  when a build is present, a fleet run gives the same results compiled and in Python.
+- the compiled core (core/accel.py's group SIM; the loader's own tests: test_accel.py): when a
+  build is present, a fleet run gives the same results compiled and in Python.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import json
 import math
 import os
 import random
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,7 +34,7 @@ from servepilot.routing.admission import (
 from servepilot.routing.admission.limits import DegradationLevel
 from servepilot.routing.base import ReplicaView, RequestView
 from servepilot.routing.least_load import load_key, sample_two
-from servepilot.sim import SimRequest, StepResult, accel
+from servepilot.sim import SimRequest, StepResult
 from servepilot.sim.fleet.liveview import REQUEST_VIEW_SETTERS
 from servepilot.sim.fleet.members import FleetRequest
 from servepilot.sim.fleet.network import Delay, HopSampler
@@ -189,66 +188,16 @@ def test_hops_draw_what_random_uniform_draws() -> None:
 # ---- the compiled core ---------------------------------------------------------------------
 
 
-def test_build_key_follows_every_keyed_source(tmp_path: Path) -> None:
-    root = tmp_path / "servepilot"
-    shutil.copytree(ROOT / "servepilot", root, ignore=shutil.ignore_patterns("__pycache__"))
-    key = accel.build_key(root)
-    assert key == accel.build_key(root)
-    keyed = (
-        "sim/engine/scheduler.py",
-        "routing/least_load.py",
-        "load/slots.py",
-        "plan/costmodel.py",
-    )
-    for source in keyed:
-        path = root / source
-        text = path.read_text()
-        path.write_text(text + "\n# changed\n")
-        assert accel.build_key(root) != key, source
-        path.write_text(text)
-    (root / "cli" / "main.py").write_text("# not something the build depends on\n")
-    assert accel.build_key(root) == key
-
-
-def _status_in_fresh_process(env: dict[str, str]) -> str:
-    code = "from servepilot.sim import accel; print(accel.status())"
-    inherited = {k: v for k, v in os.environ.items() if k != "SERVEPILOT_SIM_PURE"}
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=inherited | env, capture_output=True,
-        text=True, check=True,
-    )  # fmt: skip
-    return done.stdout.strip()
-
-
-def test_without_a_matching_build_it_runs_in_python_and_says_why(tmp_path: Path) -> None:
-    cache = tmp_path / "cache"
-    env = {"SERVEPILOT_SIM_FAST_DIR": str(cache)}
-    assert "no compiled build" in _status_in_fresh_process(env)
-    stale = cache / "0123456789abcdef01234567"
-    stale.mkdir(parents=True)
-    (stale / accel.MANIFEST).write_text(json.dumps({"modules": {}}))
-    assert "sources changed" in _status_in_fresh_process(env)
-    # A build under the current key with a file missing is incomplete: not loaded either.
-    current = cache / accel.build_key()
-    current.mkdir()
-    modules = {m: f"{m}.so" for m in accel.COMPILED}
-    modules[f"{accel.GROUP}__mypyc"] = "group.so"
-    (current / accel.MANIFEST).write_text(json.dumps({"modules": modules}))
-    assert _status_in_fresh_process(env).startswith("pure Python")
-    env["SERVEPILOT_SIM_PURE"] = "1"
-    assert "SERVEPILOT_SIM_PURE" in _status_in_fresh_process(env)
-
-
 _FLEET_RUN = """
 import json, sys
 sys.path.insert(0, "benchmarks")
 import argparse, bench_sim_speed
-from servepilot.sim import accel
+from servepilot.core import accel
 args = argparse.Namespace(duration=3.0, rate=800.0, replicas=12, policy=sys.argv[1], seed=1)
 out = bench_sim_speed.run(args)
 s = out.stats
 stats = [s.sim_s, s.steps, s.preemptions, s.prefix_hit_rate, s.shed, s.queued, s.events]
-print(json.dumps([accel.compiled(), out.run.model_dump(mode="json"), stats]))
+print(json.dumps([accel.compiled(accel.SIM), out.run.model_dump(mode="json"), stats]))
 """
 
 

@@ -15,7 +15,7 @@ Each level runs on a fresh fleet (empty prefix caches), unlike bench, whose leve
 after another on the same servers.
 
 Speed: this module and the others on a request's path are compiled with mypyc when `make
-sim-fast` has built them for the current sources (accel.py); the code is written so that
+sim-fast` has built them for the current sources (core/accel.py); the code is written so that
 the compiled form is fast too (Final constants, written-out __init__s, no bound-method
 locals), and tests/unit/test_sim_speedups.py pins compiled runs to pure-Python ones.
 """
@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Final
 
+from servepilot.core import accel
 from servepilot.core.errors import ConfigError
 from servepilot.core.slo import Slo
 from servepilot.load.loadplan import LoadPlan
@@ -39,7 +40,6 @@ from servepilot.routing import make_policy
 from servepilot.routing.admission import BUSY_TICK_S
 from servepilot.routing.base import RoutingPolicy
 from servepilot.scaling.snapshot import AutoscalePolicy
-from servepilot.sim import accel
 from servepilot.sim.engine.replica import ReplicaModel
 from servepilot.sim.fleet.autoscale import AutoscaleHook
 from servepilot.sim.fleet.collect import RunCollector
@@ -78,7 +78,7 @@ class FleetSim:
         policy: RoutingPolicy | None = None,
         autoscaler: AutoscalePolicy | None = None,
     ) -> None:
-        accel.notice_once()
+        accel.notice_once(accel.SIM, "servepilot sim")
         self.spec = spec
         gw = spec.gateway
         self.policy = policy or make_policy(gw.policy, gw.routing, seed=spec.seed)

@@ -1,0 +1,159 @@
+"""The compiled builds' loader (core/accel.py) and builder (core/accel_build.py), for both of
+its groups: keyed by their sources, never loaded stale or half, each decided apart, and a
+failed build that falls back to Python in one line; with a gateway build present, the
+compiled gateway answers what the Python one does (the gateway's own tests run both ways:
+with the build in the cache, and with SERVEPILOT_GATEWAY_PURE=1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servepilot.core import accel, accel_build
+
+ROOT = Path(__file__).resolve().parents[2]
+KEYED = {
+    "sim": ("sim/engine/scheduler.py", "routing/least_load.py", "load/slots.py",
+            "plan/costmodel.py"),
+    "gateway": ("gateway/relay.py", "http1/connection.py", "routing/round_robin.py",
+                "core/gateway_config.py", "engine/metrics.py"),
+}  # fmt: skip
+GROUPS = {group.name: group for group in accel.GROUPS}
+
+
+@pytest.mark.parametrize("name", sorted(KEYED))
+def test_build_key_follows_every_keyed_source(tmp_path: Path, name: str) -> None:
+    group = GROUPS[name]
+    root = tmp_path / "servepilot"
+    shutil.copytree(ROOT / "servepilot", root, ignore=shutil.ignore_patterns("__pycache__"))
+    key = accel.build_key(group, root)
+    assert key == accel.build_key(group, root)
+    for source in KEYED[name]:
+        path = root / source
+        text = path.read_text()
+        path.write_text(text + "\n# changed\n")
+        assert accel.build_key(group, root) != key, source
+        path.write_text(text)
+    (root / "cli" / "main.py").write_text("# not something either build depends on\n")
+    assert accel.build_key(group, root) == key
+
+
+def _fresh_process(code: str, env: dict[str, str]) -> str:
+    inherited = {k: v for k, v in os.environ.items() if not k.endswith("_PURE")}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=inherited | env, capture_output=True,
+        text=True, check=True,
+    )  # fmt: skip
+    return done.stdout.strip()
+
+
+def _status_in_fresh_process(name: str, env: dict[str, str]) -> str:
+    code = f"from servepilot.core import accel; print(accel.status(accel.{name.upper()}))"
+    return _fresh_process(code, env)
+
+
+@pytest.mark.parametrize("name", sorted(KEYED))
+def test_without_a_matching_build_it_runs_in_python_and_says_why(tmp_path: Path, name: str) -> None:
+    group = GROUPS[name]
+    cache = tmp_path / "cache"
+    env = {group.env("FAST_DIR"): str(cache)}
+    assert "no compiled build" in _status_in_fresh_process(name, env)
+    assert f"`make {name}-fast`" in _status_in_fresh_process(name, env)
+    stale = cache / "0123456789abcdef01234567"
+    stale.mkdir(parents=True)
+    (stale / accel.MANIFEST).write_text(json.dumps({"modules": {}}))
+    assert "sources changed" in _status_in_fresh_process(name, env)
+    # A build under the current key with a file missing is incomplete: not loaded either.
+    current = cache / accel.build_key(group)
+    current.mkdir()
+    modules = {m: f"{m}.so" for m in group.modules}
+    modules[f"{group.library}__mypyc"] = "group.so"
+    (current / accel.MANIFEST).write_text(json.dumps({"modules": modules}))
+    assert _status_in_fresh_process(name, env).startswith("pure Python")
+    env[group.env("PURE")] = "1"
+    assert f"SERVEPILOT_{name.upper()}_PURE" in _status_in_fresh_process(name, env)
+
+
+def test_the_groups_are_decided_apart_and_only_when_used(tmp_path: Path) -> None:
+    """Importing the package hashes nothing; the simulator's modules decide its group alone,
+    so a gateway without a build does not touch the simulator's (and the other way)."""
+    code = (
+        "import servepilot.core.accel as a, servepilot.routing; d1 = sorted(a._decided); "
+        "import servepilot.sim; print(d1, sorted(a._decided))"
+    )
+    env = {"SERVEPILOT_SIM_FAST_DIR": str(tmp_path / "sim")}
+    assert _fresh_process(code, env) == "[] ['sim']"
+    code = "import servepilot.core.accel as a, servepilot.http1; print(sorted(a._decided))"
+    assert _fresh_process(code, {"SERVEPILOT_GATEWAY_PURE": "1"}) == "['gateway']"
+
+
+def test_a_failed_build_with_or_pure_says_so_in_one_line_and_exits_0(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    def fail(group: accel.Group, work: Path) -> Path:
+        raise accel_build.BuildFailed("gateway-fast: mypyc failed (exit 1)", "gcc: not found\n")
+
+    monkeypatch.setenv("SERVEPILOT_GATEWAY_FAST_DIR", str(tmp_path))
+    monkeypatch.setattr(accel_build, "_compile", fail)
+    monkeypatch.setattr(sys, "argv", ["accel_build", "gateway", "--or-pure"])
+    accel_build.main()
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [
+        "gateway-fast: mypyc failed (exit 1); gateway runs in pure Python "
+        "(`make gateway-fast` retries)"
+    ]
+    assert err == ""
+    monkeypatch.setattr(sys, "argv", ["accel_build", "gateway"])
+    with pytest.raises(SystemExit, match="mypyc failed"):
+        accel_build.main()
+    assert "gcc: not found" in capsys.readouterr().err
+
+
+_GATEWAY_RUN = """
+import json, sys
+sys.path.insert(0, "benchmarks")
+import uvloop, gateway_instructions
+from servepilot.core import accel
+import servepilot.gateway.relay as relay
+uvloop.run(gateway_instructions._requests(40))  # exits non-zero unless every event arrived
+print(json.dumps([accel.compiled(accel.GATEWAY), relay.__file__.endswith(".so")]))
+"""
+
+
+def test_a_compiled_gateway_relays_what_the_pure_python_one_does() -> None:
+    """The everyday point's streamed answers through a real Gateway on fake sockets
+    (benchmarks/gateway_instructions.py checks every event of the last 20, in valid chunked
+    framing): compiled, when a build matches, and in Python."""
+    compiled = json.loads(_fresh_process(_GATEWAY_RUN, {}))
+    pure = json.loads(_fresh_process(_GATEWAY_RUN, {"SERVEPILOT_GATEWAY_PURE": "1"}))
+    assert pure == [False, False]
+    if not compiled[0]:
+        pytest.skip("no compiled gateway build for these sources (`make gateway-fast`)")
+    assert compiled == [True, True]
+
+
+def test_servepilot_gateway_says_at_start_whether_its_data_path_is_compiled() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "SERVEPILOT_GATEWAY_PURE": "1"}
+    argv = [sys.executable, "-m", "servepilot", "gateway", "--port", str(port),
+            "--replica", "http://127.0.0.1:9"]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        while len(lines) < 2 and select.select([proc.stdout], [], [], 30)[0]:
+            lines.append(proc.stdout.readline())  # the start line, then the data path's
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert lines[-1].strip() == "gateway data path: pure Python (SERVEPILOT_GATEWAY_PURE is set)"
