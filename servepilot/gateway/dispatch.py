@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from servepilot.core.gateway_config import GatewayConfig
+from servepilot.core.loop import cancel_and_wait
 from servepilot.gateway.errors import UPSTREAM, GatewayError, no_ready_replica, shed
 from servepilot.gateway.metrics import GatewayMetrics
 from servepilot.gateway.pool import ReplicaPool, wait_until
@@ -228,9 +229,7 @@ class Dispatcher:
     async def stop(self) -> None:
         ticker, self._ticker = self._ticker, None
         if ticker is not None:
-            ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await ticker
+            await cancel_and_wait(ticker)
         for waiter in self.queue.expired(float("inf")):
             if not waiter.future.done():
                 waiter.future.set_exception(no_ready_replica(self._config.retry_after_s))

@@ -8,7 +8,6 @@ brackets each upstream request with `acquire()` / `release()` so in-flight count
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 import logging
@@ -21,6 +20,7 @@ import aiohttp
 from yarl import URL
 
 from servepilot.core.config import GatewayConfig
+from servepilot.core.loop import cancel_and_wait
 from servepilot.engine.metrics import NO_LOAD, parse_load
 from servepilot.gateway.replica import Replica, ReplicaInfo, normalize_url
 from servepilot.gateway.upstream import KEEPALIVE_S
@@ -278,9 +278,7 @@ class ReplicaPool:
     async def stop_health_checks(self) -> None:
         checker, self._checker = self._checker, None
         if checker is not None:
-            checker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await checker
+            await cancel_and_wait(checker)
 
     async def close(self) -> None:
         """Stop the health checker and close the client session (and its connections)."""
