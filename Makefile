@@ -68,8 +68,11 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
+# Then the gateway's unit tests once more with its data path in pure Python: what runs where
+# `make gateway-fast` could not build (no C compiler); everything else ran compiled.
 test: model prometheus lint typecheck
 	$(BIN)/pytest
+	SERVEPILOT_GATEWAY_PURE=1 $(BIN)/pytest -q tests/unit/test_gateway*.py tests/unit/test_http1*.py
 
 # servepilot bench against `vllm bench serve` on a zero-cost stub (see docs/benchmarks.md);
 # ARGS="--url http://127.0.0.1:PORT --model smollm2 --requests 200 --concurrency 4" compares
