@@ -30,25 +30,28 @@ def test_the_task_ends_cancelled_and_the_caller_goes_on() -> None:
     assert asyncio.run(run()) == ["child"]
 
 
-def test_a_caller_cancelled_while_it_waits_is_cancelled() -> None:
+@pytest.mark.parametrize("children", [1, 3])
+def test_a_caller_cancelled_while_it_waits_is_cancelled(children: int) -> None:
     # `with suppress(CancelledError): await child` returns normally here: a Ctrl-C landing
-    # while bench waits for its progress ticker was lost, and the run went on.
-    async def run() -> tuple[list[str], asyncio.Task[None]]:
+    # while bench waited for its progress ticker was lost, and the run went on.
+    async def run() -> tuple[list[str], list[asyncio.Task[None]]]:
         stopped: list[str] = []
-        child = asyncio.create_task(_slow_to_stop(stopped))
+        tasks = [asyncio.create_task(_slow_to_stop(stopped)) for _ in range(children)]
         await asyncio.sleep(0)
-        caller = asyncio.create_task(cancel_and_wait(child))
+        stop = cancel_and_wait(tasks[0]) if children == 1 else cancel_all_and_wait(tasks)
+        caller = asyncio.create_task(stop)
         await asyncio.sleep(0.01)
         caller.cancel()
         with pytest.raises(asyncio.CancelledError):
             await caller
         await asyncio.sleep(0.1)
-        return stopped, child
+        return stopped, tasks
 
-    stopped, child = asyncio.run(run())
+    stopped, tasks = asyncio.run(run())
     # The caller's cancellation reaches the task it awaits too (asyncio passes it on), which
-    # cuts that task's cleanup short: it ends, cancelled, either way.
-    assert child.cancelled() and stopped == []
+    # cuts that task's cleanup short: it ends, cancelled, either way. The others, already
+    # cancelled and not awaited, finish their cleanups on their own.
+    assert all(task.cancelled() for task in tasks) and stopped == ["child"] * (children - 1)
 
 
 def test_a_task_already_done_is_left_as_it_was() -> None:
@@ -80,18 +83,3 @@ def test_all_are_cancelled_before_any_is_awaited() -> None:
 
     stopped, children = asyncio.run(run())
     assert stopped == ["child", "child"] and all(child.cancelled() for child in children)
-
-
-def test_a_caller_cancelled_while_it_waits_for_several_is_cancelled() -> None:
-    async def run() -> list[asyncio.Task[None]]:
-        children = [asyncio.create_task(_slow_to_stop([])) for _ in range(3)]
-        await asyncio.sleep(0)
-        caller = asyncio.create_task(cancel_all_and_wait(children))
-        await asyncio.sleep(0.01)
-        caller.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await caller
-        await asyncio.sleep(0.1)
-        return children
-
-    assert all(child.cancelled() for child in asyncio.run(run()))
