@@ -68,9 +68,10 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
-# Then the gateway's unit tests once more with its data path in pure Python: what runs where
-# `make gateway-fast` could not build (no C compiler); everything else ran compiled.
-test: model prometheus lint typecheck
+# Everything runs with the gateway's data path compiled, as `make serve` runs it; then the
+# gateway's unit tests once more in pure Python: what runs where `make gateway-fast` could not
+# build (no C compiler).
+test: model gateway-fast prometheus lint typecheck
 	$(BIN)/pytest
 	SERVEPILOT_GATEWAY_PURE=1 $(BIN)/pytest -q tests/unit/test_gateway*.py tests/unit/test_http1*.py
 
