@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from servepilot.core import accel
 from servepilot.core.cluster_config import ClusterBackend
 from servepilot.core.config import EngineKind, FleetConfig
 from servepilot.core.errors import FleetError
@@ -84,6 +85,7 @@ class UpStarted:
             f"try:      {self.curl_example}\n"
             f"stop:     {stop}\n"
             f"logs:     `servepilot logs [r0|gateway|access] [-f]`\n"
+            f"gateway:  data path {accel.status(accel.GATEWAY)}\n"
         )
 
     @property

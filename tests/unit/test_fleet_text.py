@@ -134,3 +134,14 @@ def test_a_detached_fleet_is_told_to_stop_with_down_not_ctrl_c() -> None:
     started = up.UpStarted("http://127.0.0.1:8000", "m", (), detached=True)
     assert "stop:     `servepilot down`\n" in started.endpoint_text
     assert "Ctrl-C" in up.UpStarted("http://127.0.0.1:8000", "m", ()).endpoint_text
+
+
+def test_the_endpoint_text_says_whether_the_gateway_runs_compiled() -> None:
+    # `make serve` builds the gateway's data path; a user should see whether it took, as
+    # `servepilot gateway` prints at its start.
+    from servepilot.core import accel
+
+    text = up.UpStarted("http://127.0.0.1:8000", "m", ()).endpoint_text
+    line = text.splitlines()[-1]
+    assert line == f"gateway:  data path {accel.status(accel.GATEWAY)}"
+    assert line.startswith(("gateway:  data path compiled", "gateway:  data path pure Python"))
