@@ -28,7 +28,7 @@ from servepilot.gateway.fleet_gauges import (
     cost_families,
 )
 from servepilot.gateway.gpu_gauges import GpuGauges, gpu_families
-from servepilot.gateway.pool import ReplicaPool
+from servepilot.gateway.replica import ReplicaInfo
 from servepilot.routing.admission.decision import Reason
 from servepilot.routing.base import RoutingPolicy
 
@@ -96,8 +96,14 @@ _SHED_REASONS = (Reason.NO_REPLICA, Reason.DEGRADED, Reason.HARD_LIMIT, Reason.Q
 """The reasons admission refuses a request with (429/503)."""
 
 
+class ReplicaLister(Protocol):
+    """What the metrics read from the pool (`ReplicaPool` is one)."""
+
+    def replicas(self) -> list[ReplicaInfo]: ...
+
+
 class GatewayMetrics:
-    def __init__(self, pool: ReplicaPool, policy: RoutingPolicy) -> None:
+    def __init__(self, pool: ReplicaLister, policy: RoutingPolicy) -> None:
         self.registry = CollectorRegistry()
         self._pool = pool
         self._policy = policy

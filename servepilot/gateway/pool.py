@@ -307,10 +307,15 @@ class ReplicaPool:
         if failure is not None:
             self.record_failure(replica, f"GET /health: {failure}")
             return
-        metrics_text, models_doc = await asyncio.gather(
+        # Awaited untyped: gather's result is a list, where its stubs promise a tuple that
+        # compiled code would insist on.
+        both: Any = asyncio.gather(
             self._get_body(replica.endpoint("/metrics")),
             self._get_body(replica.endpoint("/v1/models")),
         )
+        bodies = await both
+        metrics_text: bytes | None = bodies[0]
+        models_doc: bytes | None = bodies[1]
         if metrics_text is None:
             replica.gauges = NO_LOAD
         else:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import random
 
+from mypy_extensions import mypyc_attr
+
 from servepilot.core.gateway_config import RoutingConfig
 from servepilot.routing.length_shard import LengthShard
 from servepilot.routing.prefix_affinity import PrefixAffinity
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Hybrid(LengthShard):
     """The default policy: `LengthShard` choosing with a `PrefixAffinity` inside each group.
 

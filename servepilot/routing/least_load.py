@@ -6,6 +6,8 @@ import random
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from mypy_extensions import mypyc_attr
+
 from servepilot.routing.base import ReplicaView, RequestView, StatelessPolicy
 
 T = TypeVar("T")
@@ -16,6 +18,7 @@ def load_key(view: ReplicaView) -> tuple[int, float, int]:
     return (view.in_flight + view.num_requests_waiting, view.kv_cache_usage, view.in_flight)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class LeastLoad(StatelessPolicy):
     """Power-of-two choices over `load_key`.
 

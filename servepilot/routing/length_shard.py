@@ -6,6 +6,8 @@ import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 
+from mypy_extensions import mypyc_attr
+
 from servepilot.core.gateway_config import RoutingConfig
 from servepilot.routing.base import ReplicaView, RequestView, RoutingPolicy
 from servepilot.routing.bounded_load import replica_load
@@ -33,6 +35,7 @@ def utilisation(views: Sequence[ReplicaView]) -> float:
     return sum(replica_load(view) / max(1, view.capacity) for view in views) / len(views)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class LengthShard:
     """Static sharding by prompt length, then dynamic compensation by live load.
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from mypy_extensions import mypyc_attr
+
 from servepilot.routing.base import ReplicaView, RequestView, StatelessPolicy
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class RoundRobin(StatelessPolicy):
     """Picks the candidate whose id comes next after the last one chosen.
 

@@ -6,12 +6,15 @@ import random
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
+from mypy_extensions import mypyc_attr
+
 from servepilot.core.gateway_config import RoutingConfig
 from servepilot.routing.base import ReplicaView, RequestView
 from servepilot.routing.bounded_load import load_bound, replica_load
 from servepilot.routing.least_load import LeastLoad
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class SessionAffinity:
     """Binds each session id to a replica, so a conversation reuses that replica's KV cache.
 

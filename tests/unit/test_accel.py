@@ -83,14 +83,16 @@ def test_without_a_matching_build_it_runs_in_python_and_says_why(tmp_path: Path,
 
 
 def test_the_groups_are_decided_apart_and_only_when_used(tmp_path: Path) -> None:
-    """Importing the package hashes nothing; the simulator's modules decide its group alone,
-    so a gateway without a build does not touch the simulator's (and the other way)."""
+    """Importing the package hashes nothing; the simulator's engine decides its group alone,
+    so a gateway without a build does not touch the simulator's (and the other way). The
+    routing policies are the gateway group's: a simulation that routes uses them compiled."""
     code = (
-        "import servepilot.core.accel as a, servepilot.routing; d1 = sorted(a._decided); "
-        "import servepilot.sim; print(d1, sorted(a._decided))"
+        "import servepilot.core.accel as a, servepilot; d0 = sorted(a._decided); "
+        "import servepilot.sim.engine.replica; d1 = sorted(a._decided); "
+        "import servepilot.routing; print(d0, d1, sorted(a._decided))"
     )
     env = {"SERVEPILOT_SIM_FAST_DIR": str(tmp_path / "sim")}
-    assert _fresh_process(code, env) == "[] ['sim']"
+    assert _fresh_process(code, env) == "[] ['sim'] ['gateway', 'sim']"
     code = "import servepilot.core.accel as a, servepilot.http1; print(sorted(a._decided))"
     assert _fresh_process(code, {"SERVEPILOT_GATEWAY_PURE": "1"}) == "['gateway']"
 

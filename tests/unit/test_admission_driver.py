@@ -11,6 +11,7 @@ from servepilot.routing.admission import (
     BUSY_TICK_S,
     IDLE_TICK_S,
     Admission,
+    AdmissionController,
     AdmissionDriver,
     AdmissionSnapshot,
     AdmitKind,
@@ -79,15 +80,21 @@ def test_a_free_slot_beyond_the_queued_ones_dispatches() -> None:
 
 
 def test_the_snapshot_it_decides_on_is_the_one_the_constructor_builds() -> None:
-    driver = make_driver()
     seen: list[AdmissionSnapshot] = []
-    admit = driver.controller.admit
 
-    def spy(priority: int, snapshot: AdmissionSnapshot, now_s: float, rng: Any) -> Admission:
-        seen.append(snapshot)
-        return admit(priority, snapshot, now_s, rng)
+    class Spy(AdmissionController):
+        # A subclass, not a patched method: compiled, the controller's methods are read-only.
+        def admit(
+            self, priority: int, snapshot: AdmissionSnapshot, now_s: float, rng: random.Random
+        ) -> Admission:
+            seen.append(snapshot)
+            return super().admit(priority, snapshot, now_s, rng)
 
-    driver.controller.admit = spy  # type: ignore[method-assign]
+    driver = make_driver()
+    config = GatewayConfig()
+    driver.controller = Spy(
+        config.admission, config.protection, default_retry_after_s=config.retry_after_s
+    )
     driver.enqueue("a", P0, 0.0)
     driver.enqueue("b", P2, 0.0)
     driver.dispatched(0.0)

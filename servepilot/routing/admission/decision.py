@@ -13,6 +13,8 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from mypy_extensions import mypyc_attr
+
 from servepilot.core.gateway_config import AdmissionConfig, Priority, ProtectionConfig
 from servepilot.routing.admission.limits import DegradationLevel
 from servepilot.routing.admission.queue import check_priority
@@ -45,6 +47,9 @@ class Reason(enum.StrEnum):
     QUEUE_BUDGET = "queue_budget"
 
 
+# A plain Python class when compiled: the simulator builds snapshots through their slots
+# (see driver.py), which a compiled class does not allow.
+@mypyc_attr(native_class=False)
 @dataclass(frozen=True, slots=True)
 class AdmissionSnapshot:
     """The gateway state an arrival is judged on."""
@@ -112,6 +117,7 @@ def free_slots(replicas: Iterable[ReplicaView], kv_full_usage: float) -> int:
     )
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class AdmissionController:
     """The arrival rules, in order (the first that applies decides):
 

@@ -13,6 +13,8 @@ import random
 from dataclasses import dataclass, fields
 from typing import Final, Generic, Protocol, TypeVar
 
+from mypy_extensions import mypyc_attr
+
 from servepilot.core.gateway_config import GatewayConfig
 from servepilot.routing.admission.decision import (
     LOWEST_CLASS,
@@ -61,6 +63,9 @@ class FleetLoad:
     """Requests waiting inside the engines (vLLM's num_requests_waiting, summed)."""
 
 
+# A plain Python class when compiled: mypyc cannot build a generic frozen dataclass, and a
+# report is made once per tick, not per request.
+@mypyc_attr(native_class=False)
 @dataclass(frozen=True, slots=True)
 class TickReport(Generic[T]):
     """What a tick did, for the caller to act on."""

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import math
 
+from mypy_extensions import mypyc_attr
 
+
+@mypyc_attr(allow_interpreted_subclasses=True)
 class RateMeter:
     """Events per second over roughly the last `tau_s` seconds, older events fading out.
 
