@@ -69,11 +69,13 @@ unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
 # Everything runs with the gateway's data path compiled, as `make serve` runs it; then the
-# gateway's unit tests once more in pure Python: what runs where `make gateway-fast` could not
-# build (no C compiler).
+# unit tests of the gateway and of routing once more in pure Python: what runs where `make
+# gateway-fast` could not build (no C compiler).
 test: model gateway-fast prometheus lint typecheck
 	$(BIN)/pytest
-	SERVEPILOT_GATEWAY_PURE=1 $(BIN)/pytest -q tests/unit/test_gateway*.py tests/unit/test_http1*.py
+	SERVEPILOT_GATEWAY_PURE=1 $(BIN)/pytest -q tests/unit/test_gateway*.py tests/unit/test_http1*.py \
+		tests/unit/test_routing*.py tests/unit/test_admission*.py tests/unit/test_breaker.py \
+		tests/unit/test_limits.py tests/unit/test_ratelimit.py
 
 # servepilot bench against `vllm bench serve` on a zero-cost stub (see docs/benchmarks.md);
 # ARGS="--url http://127.0.0.1:PORT --model smollm2 --requests 200 --concurrency 4" compares
