@@ -362,10 +362,11 @@ def test_overlapping_requests_see_the_models_times() -> None:
     }
     print({k: f"model {model[k] * 1e3:.2f} ms, HTTP {client[k] * 1e3:.2f} ms" for k in model})
     # The client's extra time is the network and its own event loop (16 sockets read in
-    # turn), plus what a loaded two-core host adds: a few milliseconds at most.
-    assert 0 < client["ttft"] - model["ttft"] < 0.005
+    # turn), plus what a loaded two-core host adds: 2-4 ms measured with the other core busy,
+    # so 10 ms, still well under one engine step (38 ms), which a wrong clock would cost.
+    assert 0 < client["ttft"] - model["ttft"] < 0.010
     assert abs(client["tpot"] - model["tpot"]) < 0.0003
-    assert 0 < client["e2e"] - model["e2e"] < 0.005
+    assert 0 < client["e2e"] - model["e2e"] < 0.010
 
 
 def _sums(text: str) -> dict[str, float]:
