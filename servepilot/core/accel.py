@@ -16,10 +16,10 @@ decided the first time one of its modules is imported (or `status` asks): its bu
 library is loaded then, up front, so that a build that cannot load falls back to Python as a
 whole. Until then nothing is hashed: a process that never imports the gateway pays nothing.
 
-Environment, per group NAME (SIM, GATEWAY): SERVEPILOT_NAME_PURE=1 ignores any build;
-SERVEPILOT_NAME_FAST_DIR moves its cache (default: $XDG_CACHE_HOME/servepilot/name-fast, else
-~/.cache/servepilot/name-fast). Only the standard library is imported here: it runs before
-the rest of the package.
+Environment, per group NAME (SIM, GATEWAY): SERVEPILOT_NAME_PURE=1 ignores any build (0 or
+empty reads as unset); SERVEPILOT_NAME_FAST_DIR moves its cache (default:
+$XDG_CACHE_HOME/servepilot/name-fast, else ~/.cache/servepilot/name-fast). Only the standard
+library is imported here: it runs before the rest of the package.
 """
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ def _build_files(group: Group, build: Path) -> dict[str, Path] | None:
 def _load(group: Group) -> _Decision:
     """Find the group's build for the current sources and load its shared library."""
     builds = f"`make {group.make_target}` builds one"
-    if os.environ.get(group.env("PURE")):
+    if os.environ.get(group.env("PURE"), "") not in ("", "0"):
         return _Decision(None, f"pure Python ({group.env('PURE')} is set)")
     cache = cache_dir(group)
     if not cache.is_dir():

@@ -80,6 +80,8 @@ def test_without_a_matching_build_it_runs_in_python_and_says_why(tmp_path: Path,
     assert _status_in_fresh_process(name, env).startswith("pure Python")
     env[group.env("PURE")] = "1"
     assert f"SERVEPILOT_{name.upper()}_PURE" in _status_in_fresh_process(name, env)
+    env[group.env("PURE")] = "0"  # off, as a user who writes 0 means
+    assert "is set" not in _status_in_fresh_process(name, env)
 
 
 def test_the_groups_are_decided_apart_and_only_when_used(tmp_path: Path) -> None:
