@@ -291,3 +291,24 @@ async def scrape(client: aiohttp.ClientSession, url: str) -> Scrape:
     async with client.get(f"{url}/metrics") as resp:
         assert resp.status == 200
         return Scrape(await resp.text())
+
+
+CLASSES = ("0", "1", "2")
+"""The priority classes as the metrics label them."""
+
+
+def idle(gw: Gateway) -> Callable[[], Awaitable[bool]]:
+    """Nothing in flight on any replica and nothing queued."""
+    return until(lambda: gw.pool.total_in_flight() == 0 and len(gw.dispatcher.queue) == 0)
+
+
+async def assert_all_counters_zero(gw: Gateway, client: aiohttp.ClientSession, url: str) -> None:
+    await eventually(idle(gw))
+    assert all(info.in_flight == 0 for info in gw.pool.replicas())
+    assert gw.dispatcher.queue.depth_by_class() == (0, 0, 0)
+    assert gw.dispatcher.queue.held() == 0  # no removed ticket left behind either
+    metrics = await scrape(client, url)
+    for cls_ in CLASSES:
+        assert metrics.value("servepilot_queue_depth", {"class": cls_}) == 0
+    for info in gw.pool.replicas():
+        assert metrics.value("servepilot_in_flight_requests", {"replica": info.replica_id}) == 0
