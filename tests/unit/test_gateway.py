@@ -1,7 +1,8 @@
 """The gateway in front of small fake OpenAI-shaped upstreams, all on 127.0.0.1.
 
 The scaffolding (fake upstreams, the gateway fixture, helpers) is in `gateway_support`; the
-admission, protection, auth and routing behaviours have their own test_gateway_*.py files.
+admission, protection, auth, routing and upstream-failure behaviours have their own
+test_gateway_*.py files.
 """
 
 from __future__ import annotations
@@ -24,9 +25,7 @@ from tests.unit.gateway_support import (
     STREAM_CHAT,
     VLLM_METRICS,
     error_of,
-    eventually,
     gateway_in_front_of,
-    queued,
     read_event,
     run,
 )
@@ -204,197 +203,6 @@ def test_unexpected_failure_is_a_json_500_not_a_crash() -> None:
         finally:
             await gateway.stop(drain_timeout_s=0.5)
             await upstream.stop()
-
-    run(body())
-
-
-# --- upstream failures ------------------------------------------------------------------------
-
-
-def test_upstream_4xx_is_passed_through_and_5xx_becomes_502() -> None:
-    async def body() -> None:
-        upstream = await FakeUpstream("a").start()
-        async with gateway_in_front_of([upstream]) as (gw, url), aiohttp.ClientSession() as client:
-            upstream.reply_status = 400
-            async with client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT) as resp:
-                assert resp.status == 400 and resp.headers[HEADER] == "a"
-                # vLLM's own error body is relayed as it is.
-                assert (await resp.json())["error"]["message"] == "prompt too long"
-            # One in another shape (not vLLM, or a framework's 404) is put in OpenAI's.
-            upstream.reply_status, upstream.reply_body = 404, b'{"detail":"Not Found"}'
-            async with client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT) as resp:
-                error = await error_of(resp, 404)
-                assert error["message"] == (
-                    "the model 'm' does not serve POST /v1/chat/completions: replica a answered "
-                    '404 ({"detail":"Not Found"}); vLLM serves /v1/chat/completions for '
-                    "generative models (vLLM's generate runner)"
-                )
-                assert (error["type"], error["code"]) == ("invalid_request_error", "not_found")
-            upstream.reply_status, upstream.reply_body = 500, None
-            async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
-                assert (await error_of(resp, 502))["code"] == "upstream_error"
-                assert resp.headers[HEADER] == "a"
-            assert gw.pool.total_in_flight() == 0
-            # A replica that answers (even with an error) is not taken out of rotation.
-            assert gw.pool.get("a").healthy
-
-    run(body())
-
-
-def test_upstream_timeout_is_504() -> None:
-    async def body() -> None:
-        upstream = await FakeUpstream("a").start()
-        upstream.reply_delay_s = 1.0
-        async with (
-            gateway_in_front_of([upstream], request_timeout_s=0.2) as (gw, url),
-            aiohttp.ClientSession() as client,
-        ):
-            async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
-                assert (await error_of(resp, 504))["code"] == "upstream_timeout"
-            assert gw.pool.total_in_flight() == 0
-
-    run(body())
-
-
-def test_upstream_dying_mid_stream_ends_the_stream_with_an_error_event() -> None:
-    async def body() -> None:
-        upstream = await FakeUpstream("a").start()
-        upstream.die_mid_stream = True
-        async with gateway_in_front_of([upstream]) as (gw, url), aiohttp.ClientSession() as client:
-            async with client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT) as resp:
-                assert resp.status == 200
-                assert b'"one"' in await read_event(resp)
-                event = await read_event(resp)
-                rest = await resp.content.read()  # ends cleanly: no exception
-            assert event.startswith(b"data: ")
-            assert json.loads(event[6:])["error"]["code"] == "upstream_interrupted"
-            assert rest == b""
-            assert gw.pool.total_in_flight() == 0
-
-    run(body())
-
-
-def test_client_disconnect_aborts_the_upstream_request() -> None:
-    async def body() -> None:
-        upstream = await FakeUpstream("a").start()
-        upstream.endless_stream = True
-        async with gateway_in_front_of([upstream]) as (gw, url), aiohttp.ClientSession() as client:
-            resp = await client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT)
-            assert b'"one"' in await read_event(resp)
-            assert gw.pool.total_in_flight() == 1
-            resp.close()  # drops the connection mid-stream
-            await asyncio.wait_for(upstream.stream_aborted.wait(), timeout=3)
-
-            async def idle() -> bool:
-                return gw.pool.total_in_flight() == 0
-
-            await eventually(idle)
-            assert gw.metrics.error_counts()["client_disconnected"] == 1
-
-    run(body())
-
-
-def test_refused_replica_is_retried_taken_out_and_put_back() -> None:
-    async def body() -> None:
-        a, b = await FakeUpstream("a").start(), await FakeUpstream("b").start()
-        # A long health interval: the failed request, not a check, must take "a" out.
-        async with (
-            gateway_in_front_of([a, b], health_interval_s=30, unhealthy_after=1) as (gw, url),
-            aiohttp.ClientSession() as client,
-        ):
-            await a.stop()  # "a" now refuses connections
-            async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
-                assert resp.status == 200 and resp.headers[HEADER] == "b"
-            assert not gw.pool.get("a").healthy
-            assert gw.metrics.error_counts()["upstream_connect"] == 1
-            for _ in range(3):
-                async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
-                    assert resp.headers[HEADER] == "b"
-            await a.start()  # same port
-            await gw.pool.check_all()
-            assert gw.pool.get("a").healthy
-            picks = set()
-            for _ in range(2):
-                async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
-                    picks.add(resp.headers[HEADER])
-            assert picks == {"a", "b"}
-            assert gw.pool.total_in_flight() == 0
-
-    run(body())
-
-
-def test_all_replicas_refusing_gives_502_then_503() -> None:
-    async def body() -> None:
-        a = await FakeUpstream("a").start()
-        async with (
-            gateway_in_front_of([a], health_interval_s=30, unhealthy_after=1) as (gw, url),
-            aiohttp.ClientSession() as client,
-        ):
-            await a.stop()
-            async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
-                assert (await error_of(resp, 502))["code"] == "upstream_unreachable"
-            async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
-                assert (await error_of(resp, 503))["code"] == "no_ready_replica"
-                assert resp.headers["Retry-After"] == "2"
-            assert gw.pool.total_in_flight() == 0
-
-    run(body())
-
-
-def test_ready_follows_the_health_checker() -> None:
-    async def body() -> None:
-        upstream = FakeUpstream("a", starting=True)  # registered before it listens
-        cold = {"cold_start_wait_s": 0.3}
-        async with (
-            gateway_in_front_of([upstream], retry_after_s=7, admission=cold) as (_, url),
-            aiohttp.ClientSession() as client,
-        ):
-            async with client.get(f"{url}/ready") as resp:
-                assert (await error_of(resp, 503))["code"] == "no_ready_replica"
-            # A replica is starting: the request waits (cold-start buffer) until the replica's
-            # startup window (0.3 s from when it was added, a moment ago) closes.
-            started = asyncio.get_running_loop().time()
-            async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
-                await error_of(resp, 503)
-                assert resp.headers["Retry-After"] == "7"
-            assert asyncio.get_running_loop().time() - started >= 0.2
-            async with client.get(f"{url}/health") as resp:
-                assert resp.status == 200
-
-            async def ready_is(status: int) -> bool:
-                async with client.get(f"{url}/ready") as resp:
-                    return resp.status == status
-
-            await upstream.start()
-            await eventually(lambda: ready_is(200))
-            async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
-                assert resp.status == 200
-            await upstream.stop()
-            await eventually(lambda: ready_is(503))
-            # Every replica is down, none is starting: no waiting, an immediate 503.
-            async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
-                await error_of(resp, 503)
-
-    run(body())
-
-
-def test_requests_wait_for_a_starting_replica_instead_of_failing() -> None:
-    async def body() -> None:
-        upstream = FakeUpstream("a", starting=True)  # registered before it listens
-        async with (
-            gateway_in_front_of([upstream]) as (gw, url),
-            aiohttp.ClientSession() as client,
-        ):
-            sent = [
-                asyncio.ensure_future(client.post(f"{url}/v1/chat/completions", json=CHAT))
-                for _ in range(3)
-            ]
-            await eventually(queued(gw, 3))
-            await upstream.start()
-            for future in sent:
-                async with await future as resp:
-                    assert resp.status == 200 and resp.headers[HEADER] == "a"
-            assert len(gw.dispatcher.queue) == 0 and gw.pool.total_in_flight() == 0
 
     run(body())
 
