@@ -1,5 +1,5 @@
 """`servepilot calibrate` without a server: probe records -> step samples -> fit, the plan,
-the table, and clear errors for servers that cannot be calibrated.
+and the table (servers that cannot be calibrated: test_calibrate_servers.py).
 
 Probe records are synthesized by the replica simulator (servepilot.sim.ReplicaModel) with a
 known cost model, so a sample's shape is checked against the simulator's own definition of a
@@ -8,14 +8,9 @@ step: the fitted model must give back the coefficients the records were made wit
 
 from __future__ import annotations
 
-import http.server
 import random
-import socket
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import ClassVar
 
 import pytest
 from rich.console import Console
@@ -37,11 +32,8 @@ from servepilot.calibrate.samples import (
     prefill_sample,
     wave_samples,
 )
-from servepilot.calibrate.server import server_facts
 from servepilot.cli.console import draw
-from servepilot.cli.main import main
-from servepilot.core.errors import ConfigError, EngineError
-from servepilot.engine.metrics import EngineMetric, scrape
+from servepilot.core.errors import ConfigError
 from servepilot.plan.costmodel import CostModel, StepShape, fit_cost_model, prefill_pairs
 from servepilot.sim import ReplicaModel, SchedulerConfig, SimRequest
 
@@ -303,112 +295,3 @@ def test_a_step_slowed_by_something_else_is_left_out() -> None:
     left_out = [row for row in sample_table(fit).rows if row[-1].endswith(" left out")]
     assert [row[0] for row in left_out] == [samples[3].label]
     assert robust_fit(samples[:3] + samples[4:], source="t").outliers == ()
-
-
-# ---- servers that cannot be calibrated ----------------------------------------------------
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    pages: ClassVar[dict[str, tuple[int, str]]] = {}
-
-    def do_GET(self) -> None:
-        status, body = self.pages.get(self.path, (404, "not found"))
-        data = body.encode()
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def server() -> Iterator[tuple[str, dict[str, tuple[int, str]]]]:
-    pages: dict[str, tuple[int, str]] = {}
-    handler = type("Handler", (_Handler,), {"pages": pages})
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}", pages
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-
-
-MODELS = '{"data": [{"id": "smollm2", "max_model_len": 2048}]}'
-METRICS = (
-    'vllm:cache_config_info{block_size="128",enable_prefix_caching="True",'
-    'num_gpu_blocks="364"} 1.0\nvllm:prefix_cache_hits_total{engine="0"} 256.0\n'
-)
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
-def test_an_unreachable_url_is_an_engine_error() -> None:
-    with pytest.raises(EngineError, match="cannot reach") as info:
-        server_facts(f"http://127.0.0.1:{_closed_port()}", None, None)
-    assert "--url" in str(info.value)
-
-
-def test_a_server_without_an_openai_model_list(
-    server: tuple[str, dict[str, tuple[int, str]]],
-) -> None:
-    url, pages = server
-    with pytest.raises(EngineError, match="answered HTTP 404"):
-        server_facts(url, None, None)
-    pages["/v1/models"] = (200, "<html>hello</html>")
-    with pytest.raises(EngineError, match="did not answer JSON"):
-        server_facts(url, None, None)
-
-
-def test_a_server_that_is_not_vllm(server: tuple[str, dict[str, tuple[int, str]]]) -> None:
-    url, pages = server
-    pages["/v1/models"] = (200, MODELS)
-    pages["/metrics"] = (200, "servepilot_requests_total 3\n")
-    with pytest.raises(EngineError, match="not a vLLM server"):
-        server_facts(url, None, None)
-
-
-def test_an_unknown_model_names_the_flag(server: tuple[str, dict[str, tuple[int, str]]]) -> None:
-    url, pages = server
-    pages["/v1/models"] = (200, MODELS)
-    pages["/metrics"] = (200, METRICS)
-    with pytest.raises(ConfigError, match=r"--model 'llama'.*serves smollm2"):
-        server_facts(url, "llama", None)
-
-
-def test_a_vllm_server_is_described(server: tuple[str, dict[str, tuple[int, str]]]) -> None:
-    url, pages = server
-    pages["/v1/models"] = (200, MODELS)
-    pages["/metrics"] = (200, METRICS)
-    pages["/version"] = (200, '{"version": "0.32.0"}')
-    facts = server_facts(url, None, None)
-    assert (facts.model, facts.max_model_len, facts.version) == ("smollm2", 2048, "0.32.0")
-    assert (facts.block_size, facts.num_blocks, facts.kv_tokens) == (128, 364, 46_592)
-    assert facts.prefix_caching is True
-    # What the probes read; a name that only starts like it is not it: test_engine_metrics.
-    assert scrape(METRICS).total(EngineMetric.PREFIX_CACHE_HITS) == 256.0
-
-
-def test_the_command_prints_one_error_line_and_no_traceback(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
-    url = f"http://127.0.0.1:{_closed_port()}"
-    code = main(["calibrate", "--url", url, "--out", str(tmp_path / "p.json")])
-    err = capsys.readouterr().err
-    assert code == 1
-    assert "error: cannot reach" in err and "Traceback" not in err
-    assert not (tmp_path / "p.json").exists()
-    assert main(["calibrate", "--url", "localhost:8000"]) == 2
-    assert "--url 'localhost:8000'" in capsys.readouterr().err
-    assert main(["calibrate", "--url", url, "--max-prompt-tokens", "1"]) == 2
-    assert "--max-prompt-tokens" in capsys.readouterr().err
-    assert main(["calibrate", "--url", url, "--out", str(tmp_path)]) == 2
-    assert "is a folder" in capsys.readouterr().err
