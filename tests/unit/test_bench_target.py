@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import http.server
 import socket
-import threading
 from collections.abc import Iterator
 from typing import ClassVar
 
@@ -13,6 +12,7 @@ import pytest
 from servepilot.bench.target import served_model
 from servepilot.bench.tokenizer import ServerTokenizer
 from servepilot.core.errors import ConfigError
+from tests.unit.http_thread import serving
 
 
 class _Models(http.server.BaseHTTPRequestHandler):
@@ -43,14 +43,8 @@ class _Models(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def models() -> Iterator[tuple[str, type[_Models]]]:
     handler = type("Handler", (_Models,), {"seen_auth": [], "status": 200})
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}", handler
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with serving(handler) as url:
+        yield url, handler
 
 
 def test_the_only_model_is_taken_and_the_key_is_sent(models: tuple[str, type[_Models]]) -> None:

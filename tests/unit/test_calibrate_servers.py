@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import http.server
 import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
@@ -17,6 +16,7 @@ from servepilot.calibrate.server import server_facts
 from servepilot.cli.main import main
 from servepilot.core.errors import ConfigError, EngineError
 from servepilot.engine.metrics import EngineMetric, scrape
+from tests.unit.http_thread import serving
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -38,14 +38,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 def server() -> Iterator[tuple[str, dict[str, tuple[int, str]]]]:
     pages: dict[str, tuple[int, str]] = {}
     handler = type("Handler", (_Handler,), {"pages": pages})
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}", pages
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with serving(handler) as url:
+        yield url, pages
 
 
 MODELS = '{"data": [{"id": "smollm2", "max_model_len": 2048}]}'
