@@ -22,7 +22,7 @@ from tests.unit.gateway_support import (
     scrape,
     until,
 )
-from tests.unit.test_gateway_admission import SUSTAIN_S, saturated_gateway_settings
+from tests.unit.test_gateway_degradation import SUSTAIN_S, saturated_gateway_settings
 
 POOLING_ROUTES = ["/v1/embeddings", "/v1/score", "/v1/rerank", "/pooling"]
 BOUNDARY = "b0undary"
