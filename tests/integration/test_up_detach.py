@@ -49,8 +49,8 @@ def test_detached_fleet_serves_until_down_and_leaves_nothing(env: dict[str, str]
     assert done.returncode == 0, done.stdout + done.stderr
     # What `up` prints, with the way to stop it that works without its terminal.
     assert f"endpoint: http://127.0.0.1:{port}/v1  (model: smollm2)" in done.stdout
-    assert "stop:     `servepilot down`\n" in done.stdout
-    assert "logs:     `servepilot logs [r0|gateway|access] [-f]`" in done.stdout
+    assert f"stop:     `servepilot down --port {port}`\n" in done.stdout
+    assert f"logs:     `servepilot logs [r0|gateway|access] [-f] --port {port}`" in done.stdout
     state = Path(env["SERVEPILOT_STATE"])
     record = json.loads((state / "fleets" / f"{port}.json").read_text())
     assert record["state"] == "serving"

@@ -134,6 +134,10 @@ def test_a_detached_fleet_is_told_to_stop_with_down_not_ctrl_c() -> None:
     started = up.UpStarted("http://127.0.0.1:8000", "m", (), detached=True)
     assert "stop:     `servepilot down`\n" in started.endpoint_text
     assert "Ctrl-C" in up.UpStarted("http://127.0.0.1:8000", "m", ()).endpoint_text
+    # Off the default port, the commands name the port: a bare `down` stops every fleet.
+    other = up.UpStarted("http://127.0.0.1:8080", "m", (), detached=True).endpoint_text
+    assert "stop:     `servepilot down --port 8080`\n" in other
+    assert "logs:     `servepilot logs [r0|gateway|access] [-f] --port 8080`\n" in other
 
 
 def test_the_endpoint_text_says_whether_the_gateway_runs_compiled() -> None:
