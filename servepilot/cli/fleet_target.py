@@ -1,5 +1,6 @@
-"""Which running fleet `top`, `doctor` and `accept` look at: the one --url names, else the
-one `servepilot up` is running (found by its record, as `status` finds it)."""
+"""Which running fleet `top`, `doctor` and `accept` look at: the one --url names (or `top
+--port`), else the one `servepilot up` is running (found by its record, as `status` finds
+it)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from servepilot.cli.options import base_url
 from servepilot.core.errors import FleetError
+from servepilot.fleet.control import no_fleet_on
 from servepilot.fleet.logs import replica_log_name
 from servepilot.fleet.state import FleetRecord, FleetState, read_records
 
@@ -31,8 +33,13 @@ class FleetTarget:
         return logs
 
 
-def find_fleet(url: str | None) -> FleetTarget:
+def find_fleet(url: str | None, port: int | None = None) -> FleetTarget:
+    """The fleet at `url`, else the one serving on `port`, else the only one serving."""
     serving = [r for r in read_records() if r.is_alive() and r.state is FleetState.SERVING]
+    if port is not None:
+        serving = [r for r in serving if r.port == port]
+        if not serving:
+            raise no_fleet_on(port)
     if url is not None:
         root = base_url(url, "--url")
         named = next((r for r in serving if r.gateway_url.rstrip("/") == root), None)

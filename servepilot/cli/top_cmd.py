@@ -27,13 +27,14 @@ Percentiles cover the last minute: the difference between the newest scrape of e
 histogram and the one a minute before it. Everything is read over HTTP: the gateway's
 /metrics and /admin/replicas, and each replica's /metrics.
 
-Without --url, top finds the fleet `servepilot up` runs on this machine. When stdout is not
-a terminal (piped, a log), top prints one snapshot (percentiles since the gateway started)
-and exits.
+Without --url, top finds the fleet `servepilot up` runs on this machine (the one on --port
+when several run). When stdout is not a terminal (piped, a log), top prints one snapshot
+(percentiles since the gateway started) and exits.
 
 examples:
   servepilot top
   servepilot top --url http://127.0.0.1:8000 --interval 2
+  servepilot top --port 8080
   servepilot top | tee snapshot.txt
 """
 
@@ -45,15 +46,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--url", metavar="URL",
-                        help="the gateway (default: the fleet `up` runs here)")  # fmt: skip
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--url", metavar="URL",
+                       help="the gateway (default: the fleet `up` runs here)")  # fmt: skip
+    which.add_argument("--port", type=int, metavar="P",
+                       help="the fleet `up` runs here on this port")  # fmt: skip
     parser.add_argument("--interval", type=float, default=1.0, metavar="S",
                         help="seconds between refreshes (default 1)")  # fmt: skip
     parser.set_defaults(run=run_top)
 
 
 def run_top(args: argparse.Namespace) -> int:
-    url = find_fleet(args.url).gateway_url
+    url = find_fleet(args.url, args.port).gateway_url
     view = TopView()
     view.add(poll(url))
     if not sys.stdout.isatty():

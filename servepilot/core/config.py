@@ -332,7 +332,7 @@ def parse_config(
         lines = [_describe(err, names or {}) for err in exc.errors()]
         raise ConfigError(
             f"{origin} is not valid:\n" + "\n".join(f"  - {line}" for line in lines),
-            hint="see `servepilot config --help` or the README's fleet.yaml reference",
+            hint="`servepilot config` prints every field with its default and what it means",
         ) from None
 
 

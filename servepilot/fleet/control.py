@@ -11,6 +11,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from servepilot.core.errors import FleetError
 from servepilot.fleet.state import (
     FleetRecord,
     FleetState,
@@ -83,15 +84,19 @@ def _starting_state(rec: FleetRecord) -> str:
     return f"starting ({ready} of {len(rec.replicas)} replicas ready; {awaited})"
 
 
-def none_running_line(port: int | None) -> str:
-    """What `status` and `down` say when no fleet matches: with --port, which ports do run."""
-    if port is None:
-        return "no fleet is running (start one with `servepilot up`)"
+def no_fleet_on(port: int) -> FleetError:
+    """The error of a command given --port P where no fleet runs on P: which ports do. A script
+    that names a port means that fleet, so it is an error, not an empty answer."""
     others = sorted(r.port for r in read_records() if r.is_alive())
+    if port in others:  # its record says starting: not serving yet
+        return FleetError(f"the fleet on port {port} is still starting",
+                          hint="`servepilot status` says what it waits for")  # fmt: skip
     if not others:
-        return f"no fleet on port {port}; no fleet is running"
+        return FleetError(f"no fleet on port {port}; no fleet is running",
+                          hint="start one with `servepilot up`")  # fmt: skip
     listed = ", ".join(str(p) for p in others)
-    return f"no fleet on port {port}; fleets run on port {listed} (see `servepilot status`)"
+    where = f"fleets run on ports {listed}" if len(others) > 1 else f"a fleet runs on port {listed}"
+    return FleetError(f"no fleet on port {port}; {where}", hint="see `servepilot status`")
 
 
 def replica_cells(replica: dict[str, Any]) -> tuple[str, ...]:

@@ -70,38 +70,113 @@ def start_detached(config: FleetConfig, echo: Callable[[str], None]) -> Detached
         serving.extend(_serving_record(proc.pid))
         return not serving and proc.poll() is None and time.monotonic() < deadline
 
+    output = HeldError(echo)
     try:
         for chunk in tail(log_path, waiting):
-            echo(chunk)
+            output.feed(chunk)
     except BaseException:  # Ctrl-C: the user gave up waiting
+        output.release()
         _stop(proc)
         raise
     if serving:
+        output.release()
         return Detached(serving[0], log_path)
     code = proc.poll()
     _stop(proc)
     if code is None:
+        output.release()
         why = f"it did not serve within {config.engine.startup_timeout_s:.0f} s and was stopped"
-    else:
-        why = f"its `up` exited with code {code}: {failure_reason(log_path.read_text('utf-8'))}"
-    raise FleetError(
-        f"the fleet did not start; {why}", hint=f"nothing is left running; log: {log_path}"
-    )
+        raise FleetError(f"the fleet did not start; {why}",
+                         hint=f"nothing is left running; log: {log_path}")  # fmt: skip
+    if not output.held:  # killed, say: no error of its own to quote
+        output.release()
+    raise failed_start(code, output.held or log_path.read_text("utf-8"), log_path)
+
+
+class HeldError:
+    """Echoes the detached `up`'s output a line at a time, except from its first `error: `
+    line on: `up` exits after printing an error, and the error this process then raises
+    quotes it (echoed too, it would show twice)."""
+
+    def __init__(self, echo: Callable[[str], None]) -> None:
+        self._echo = echo
+        self._partial = ""
+        self.held = ""
+
+    def feed(self, chunk: str) -> None:
+        if self.held:
+            self.held += chunk
+            return
+        lines = (self._partial + chunk).split("\n")
+        self._partial = lines.pop()  # a line still being written
+        for i, line in enumerate(lines):
+            if line.startswith("error: "):
+                self.held = "\n".join(lines[i:]) + "\n" + self._partial
+                self._partial = ""
+                return
+            self._echo(line + "\n")
+
+    def release(self) -> None:
+        """Echo whatever is held back: no error of ours will quote it."""
+        if rest := self.held + self._partial:
+            self._echo(rest)
+        self.held = self._partial = ""
+
+
+def failed_start(code: int, output: str, log_path: Path) -> FleetError:
+    """The error of a detached `up` that exited with `code` before serving, from its output:
+    its last error's message, the details under it, and its hint beside ours."""
+    details, hint = error_details(output)
+    message = f"the fleet did not start; its `up` exited with code {code}: "
+    message += failure_reason(output) + "".join("\n" + line for line in details)
+    ours = f"nothing is left running; log: {log_path}"
+    return FleetError(message, hint=f"{hint}; {ours}" if hint else ours)
 
 
 def failure_reason(log_text: str) -> str:
     """The last error `up` printed: its `error: ` line and the lines it wrapped onto, without
     the indented details and hint under it; else `up`'s last line."""
     lines = log_text.rstrip().splitlines()
+    start, end = _last_error(lines)
+    if start is None:
+        return lines[-1].strip() if lines else "it printed nothing"
+    return " ".join([lines[start].removeprefix("error: ").strip()] +
+                    [line.strip() for line in lines[start + 1 : end]])  # fmt: skip
+
+
+def error_details(log_text: str) -> tuple[list[str], str | None]:
+    """The indented lines under the last error `up` printed (each with the lines it wrapped
+    onto), and its hint, apart."""
+    lines = log_text.rstrip().splitlines()
+    start, end = _last_error(lines)
+    if start is None:
+        return [], None
+    details: list[str] = []
+    hint: list[str] = []
+    in_hint = False
+    for line in lines[end:]:
+        if line.startswith("  hint: "):
+            in_hint = True
+            hint.append(line.removeprefix("  hint: ").strip())
+        elif line[:1].isspace() or not line:
+            in_hint = False
+            details.append(line)
+        elif in_hint:  # the hint wrapped onto this line
+            hint.append(line.strip())
+        else:
+            details.append(line)
+    return details, " ".join(hint) or None
+
+
+def _last_error(lines: list[str]) -> tuple[int | None, int]:
+    """Where the last `error: ` line is, and the end of the lines it wrapped onto."""
     starts = [i for i, line in enumerate(lines) if line.startswith("error: ")]
     if not starts:
-        return lines[-1].strip() if lines else "it printed nothing"
-    block = [lines[starts[-1]].removeprefix("error: ").strip()]
-    for line in lines[starts[-1] + 1 :]:
-        if not line or line[0].isspace():
-            break
-        block.append(line.strip())
-    return " ".join(block)
+        return None, len(lines)
+    end = starts[-1] + 1
+    while end < len(lines) and lines[end] and not lines[end][0].isspace():
+        end += 1
+    return starts[-1], end
 
 
 def _serving_record(pid: int) -> list[FleetRecord]:

@@ -1,6 +1,7 @@
 """The logs of a fleet `up` started: one file per replica, one for the gateway and its access
 log, in the run's folder (`state_dir()/runs/<time>-<pid>/`). `servepilot logs` finds them
-through the fleet records, or in the newest run folder once the fleet is gone."""
+through the fleet records, or in the newest run folder (on the port asked for) once the fleet
+is gone."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from servepilot.core.errors import FleetError
 from servepilot.core.paths import state_dir
-from servepilot.fleet.state import FleetRecord, pid_alive, read_records
+from servepilot.fleet.state import FleetRecord, pid_alive, read_records, run_port
 
 GATEWAY = "gateway"
 ACCESS = "access"
@@ -47,7 +48,7 @@ class LogSource:
 
 def find_log(name: str, port: int | None) -> LogSource:
     """The log called `name` (`gateway`, `access`, or a replica id such as `r0`) of the
-    running fleet (the one on `port`), else of the newest run."""
+    running fleet (the one on `port`), else of the newest run (on `port`)."""
     named = {GATEWAY: GATEWAY_LOG, ACCESS: ACCESS_LOG}
     filename = named.get(name) or replica_log_name(name.removeprefix("replica-"))
     running = [r for r in read_records() if r.is_alive() and port in (None, r.port)]
@@ -56,9 +57,15 @@ def find_log(name: str, port: int | None) -> LogSource:
         raise FleetError(f"fleets run on ports {ports}", hint="pass --port P to pick one")
     if running:
         return _in_run(Path(running[0].run_dir), filename, running[0])
-    if port is not None:
-        raise FleetError(f"no fleet is running on port {port}", hint="`servepilot status`")
     runs = sorted(p for p in runs_dir().glob("*-*") if p.is_dir()) if runs_dir().is_dir() else []
+    if port is not None:
+        runs = [run for run in runs if run_port(run) == port]
+        if not runs:
+            raise FleetError(
+                f"no fleet has run on port {port}",
+                hint="`servepilot status` shows the fleets running; `servepilot logs` without "
+                "--port reads the newest run",
+            )
     if not runs:
         raise FleetError("no fleet has run yet", hint="start one with `servepilot up`")
     return _in_run(runs[-1], filename, None)

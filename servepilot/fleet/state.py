@@ -4,7 +4,8 @@ One JSON file per gateway port under `state_dir()/fleets/`. It is written as soo
 replicas are launched (state `starting`, so a fleet that is still loading can be seen and
 stopped), rewritten as each replica becomes ready and once the gateway serves, and removed when
 `up` stops; every write is atomic. A record whose `up` process is gone is stale and is cleaned
-away by whoever finds it.
+away by whoever finds it. A copy stays in the run's folder (`fleet.json`), so a run is found
+by its port once its fleet is gone (`servepilot logs --port P`).
 """
 
 from __future__ import annotations
@@ -74,13 +75,34 @@ def record_path(port: int) -> Path:
     return fleets_dir() / f"{port}.json"
 
 
+RUN_RECORD = "fleet.json"
+"""The run folder's copy of its fleet's last record."""
+
+
 def write_record(record: FleetRecord) -> Path:
     path = record_path(record.port)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(asdict(record), indent=2), encoding="utf-8")
-    os.replace(tmp, path)
+    text = json.dumps(asdict(record), indent=2)
+    _write_atomically(path, text)
+    if (run_dir := Path(record.run_dir)).is_dir():
+        _write_atomically(run_dir / RUN_RECORD, text)
     return path
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def run_port(run_dir: Path) -> int | None:
+    """The gateway port of the fleet that ran in `run_dir`; None if it left no record (it
+    stopped before launching its replicas, or it ran before runs kept one)."""
+    try:
+        port = json.loads((run_dir / RUN_RECORD).read_text(encoding="utf-8"))["port"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return port if isinstance(port, int) else None
 
 
 def remove_record(port: int) -> None:

@@ -20,11 +20,13 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from servepilot.core import accel
 from servepilot.core.cluster_config import ClusterBackend
 from servepilot.core.config import EngineKind, FleetConfig
 from servepilot.core.errors import FleetError
+from servepilot.core.gateway_config import GatewayConfig
 from servepilot.core.loop import cancel_and_wait
 from servepilot.engine.model_source import ResolvedModel, resolve_model
 from servepilot.engine.process import ReplicaInfo
@@ -75,16 +77,16 @@ class UpStarted:
     @property
     def endpoint_text(self) -> str:
         """Where to send requests, one to try, how to stop (under the replicas' table)."""
-        stop = (
-            "`servepilot down`"
-            if self.detached
-            else "Ctrl-C here, or `servepilot down` from another shell"
-        )
+        # Off the default port the commands name it: a bare `down` stops every fleet here.
+        port = urlsplit(self.gateway_url).port
+        flag = "" if port == GatewayConfig.model_fields["port"].default else f" --port {port}"
+        down = f"`servepilot down{flag}`"
+        stop = down if self.detached else f"Ctrl-C here, or {down} from another shell"
         return (
             f"\nendpoint: {self.gateway_url}/v1  (model: {self.model_name})\n"
             f"try:      {self.curl_example}\n"
             f"stop:     {stop}\n"
-            f"logs:     `servepilot logs [r0|gateway|access] [-f]`\n"
+            f"logs:     `servepilot logs [r0|gateway|access] [-f]{flag}`\n"
             f"gateway:  data path {accel.status(accel.GATEWAY)}\n"
         )
 

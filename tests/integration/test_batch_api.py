@@ -249,3 +249,25 @@ def test_cli_submit_wait_writes_the_results_beside_the_file(replica: str, tmp_pa
         )  # fmt: skip
         assert refused.returncode == 1
         assert "HTTP 400: completion_window must be like '24h'" in refused.stderr
+
+
+def test_cli_lists_every_fault_of_each_bad_line_once(replica: str, tmp_path: Path) -> None:
+    with GatewayProcess([replica], tmp_path, gateway=batch_settings(tmp_path)) as gateway:
+        source = tmp_path / "bad.jsonl"
+        several = {"custom_id": "y", "method": "GET", "url": "/v1/embeddings", "body": "text"}
+        good = jsonl(1).decode().splitlines()[0]
+        source.write_text("\n".join([good, "{not json", json.dumps(several)]) + "\n")
+        done = subprocess.run(
+            [sys.executable, "-m", "servepilot", "batch", "submit", str(source),
+             "--url", gateway.url, "--wait"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        "error: line 2: not valid JSON: Expecting property name enclosed in double quotes at "
+        "column 2",
+        "error: line 3: method must be POST",
+        "error: line 3: url must be the batch's endpoint /v1/chat/completions",
+        "error: line 3: body must be a JSON object (the request body)",
+    ]

@@ -58,14 +58,17 @@ def test_status_shows_a_starting_fleet_and_the_replicas_it_waits_for(
 def test_status_of_another_port_names_the_running_fleet(starting: RunningFleet) -> None:
     other = free_port()
     done = cli(["status", "--port", str(other)], starting.env)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stdout + done.stderr
     assert (
-        done.stdout.split()
+        done.stderr.split()
         == (
-            f"no fleet on port {other}; fleets run on port {starting.port} "
-            "(see `servepilot status`)"
+            f"error: no fleet on port {other}; a fleet runs on port {starting.port} "
+            "hint: see `servepilot status`"
         ).split()
     )
+    top = cli(["top", "--port", str(starting.port)], starting.env)
+    assert top.returncode == 1, top.stdout + top.stderr
+    assert f"error: the fleet on port {starting.port} is still starting" in top.stderr
 
 
 def test_down_stops_a_starting_fleet_and_leaves_nothing_behind(starting: RunningFleet) -> None:

@@ -94,3 +94,17 @@ def test_batch_section_defaults_and_errors(tmp_path: object) -> None:
         FleetConfig.model_validate({"gateway": {"batch": {"store": "postgres://db"}}})
     with pytest.raises(ValueError, match=r"batch\.max_concurrency"):
         FleetConfig.model_validate({"gateway": {"batch": {"max_concurrency": 0}}})
+
+
+def test_every_fault_of_a_line_is_listed_and_no_message_repeats_its_line() -> None:
+    # The line number travels in `line`; `batch submit` prints "line N: <message>".
+    several = {"custom_id": "", "method": "GET", "url": "/v1/embeddings", "body": "text"}
+    content = "\n".join([line("a"), "{not json", json.dumps(several)]).encode()
+    _, errors = parse_input(content, CHAT)
+    assert [(e.code, e.line, e.param) for e in errors] == [
+        ("invalid_json_line", 2, None), ("invalid_custom_id", 3, "custom_id"),
+        ("invalid_method", 3, "method"), ("invalid_url", 3, "url"), ("invalid_body", 3, "body"),
+    ]  # fmt: skip
+    assert errors[0].message.startswith("not valid JSON: ")
+    assert errors[1].message == "custom_id must be a non-empty string"
+    assert not any("line" in e.message for e in errors)

@@ -44,7 +44,7 @@ def test_the_running_fleets_log_comes_before_newer_runs(state: Path) -> None:
     assert logs.find_log("r0", None) == logs.LogSource(running / "replica-r0.log", os.getpid())
     assert logs.find_log("replica-r0", 8000).path == running / "replica-r0.log"
     assert logs.find_log("gateway", None).path == running / "gateway.log"
-    with pytest.raises(FleetError, match="no fleet is running on port 9999"):
+    with pytest.raises(FleetError, match="no fleet has run on port 9999"):
         logs.find_log("gateway", 9999)
     with pytest.raises(FleetError, match=r"replica-r7\.log does not exist") as err:
         logs.find_log("r7", None)

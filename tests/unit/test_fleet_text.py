@@ -134,6 +134,10 @@ def test_a_detached_fleet_is_told_to_stop_with_down_not_ctrl_c() -> None:
     started = up.UpStarted("http://127.0.0.1:8000", "m", (), detached=True)
     assert "stop:     `servepilot down`\n" in started.endpoint_text
     assert "Ctrl-C" in up.UpStarted("http://127.0.0.1:8000", "m", ()).endpoint_text
+    # Off the default port, the commands name the port: a bare `down` stops every fleet.
+    other = up.UpStarted("http://127.0.0.1:8080", "m", (), detached=True).endpoint_text
+    assert "stop:     `servepilot down --port 8080`\n" in other
+    assert "logs:     `servepilot logs [r0|gateway|access] [-f] --port 8080`\n" in other
 
 
 def test_the_endpoint_text_says_whether_the_gateway_runs_compiled() -> None:
@@ -145,3 +149,23 @@ def test_the_endpoint_text_says_whether_the_gateway_runs_compiled() -> None:
     line = text.splitlines()[-1]
     assert line == f"gateway:  data path {accel.status(accel.GATEWAY)}"
     assert line.startswith(("gateway:  data path compiled", "gateway:  data path pure Python"))
+
+
+def test_a_detached_ups_error_is_held_back_from_the_echo_and_quoted_whole() -> None:
+    echoed: list[str] = []
+    output = detach.HeldError(echoed.append)
+    for chunk in (
+        "• 14:50:42 starting\n• 14:5",
+        "0:43 replica r0 ready\nerror: replica r1 ",
+        "exited\n  probable cause: OOM\n  hint: give it more\nmemory\n    trace\n",
+    ):
+        output.feed(chunk)
+    assert echoed == ["• 14:50:42 starting\n", "• 14:50:43 replica r0 ready\n"]
+    error = detach.failed_start(1, output.held, Path("/runs/1/up.log"))
+    assert error.message == (
+        "the fleet did not start; its `up` exited with code 1: replica r1 exited\n"
+        "  probable cause: OOM\n    trace"
+    )
+    assert error.hint == "give it more memory; nothing is left running; log: /runs/1/up.log"
+    output.release()  # e.g. it served after all: nothing is lost
+    assert echoed[-1].startswith("error: replica r1 exited\n")

@@ -47,8 +47,8 @@ def parse_input(content: bytes, endpoint: str) -> tuple[list[InputLine], list[Li
         if not raw.strip():
             continue
         parsed = _parse_line(raw, number, endpoint)
-        if isinstance(parsed, LineError):
-            errors.append(parsed)
+        if isinstance(parsed, list):
+            errors.extend(parsed)
             continue
         custom_id, body = parsed
         if custom_id in seen:
@@ -69,27 +69,35 @@ def parse_input(content: bytes, endpoint: str) -> tuple[list[InputLine], list[Li
     return lines, errors
 
 
-def _parse_line(raw: str, number: int, endpoint: str) -> tuple[str, str] | LineError:
+def _parse_line(raw: str, number: int, endpoint: str) -> tuple[str, str] | list[LineError]:
+    """The line's custom_id and body, or every fault it has (fixing one at a time, a user
+    would otherwise upload the file once per fault). Messages leave out the line number: it
+    is the error's `line`, and `batch submit` prints it in front."""
     try:
         doc = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        # Not str(exc): its "line 1" counts within the line, beside our file's line number.
+        problem = f"not valid JSON: {exc.msg} at column {exc.colno}"
+        return [LineError("invalid_json_line", problem, number)]
     except (ValueError, RecursionError) as exc:
-        return LineError("invalid_json_line", f"line {number} is not valid JSON: {exc}", number)
+        return [LineError("invalid_json_line", f"not valid JSON: {exc}", number)]
     if not isinstance(doc, dict):
-        return LineError("invalid_json_line", f"line {number} is not a JSON object", number)
+        return [LineError("invalid_json_line", "not a JSON object", number)]
     custom_id = doc.get("custom_id")
-    if not isinstance(custom_id, str) or not custom_id:
-        return _field(number, "custom_id", "must be a non-empty string")
-    if doc.get("method") != "POST":
-        return _field(number, "method", "must be POST")
-    if doc.get("url") != endpoint:
-        return _field(number, "url", f"must be the batch's endpoint {endpoint}")
     body = doc.get("body")
-    if not isinstance(body, dict):
-        return _field(number, "body", "must be a JSON object (the request body)")
+    faults = [
+        ("custom_id", "must be a non-empty string", isinstance(custom_id, str) and custom_id),
+        ("method", "must be POST", doc.get("method") == "POST"),
+        ("url", f"must be the batch's endpoint {endpoint}", doc.get("url") == endpoint),
+        ("body", "must be a JSON object (the request body)", isinstance(body, dict)),
+    ]
+    errors = [_field(number, param, problem) for param, problem, ok in faults if not ok]
+    if errors or not isinstance(custom_id, str) or not isinstance(body, dict):
+        return errors
     if body.get("stream"):
         body = {**body, "stream": False}
     return custom_id, json.dumps(body)
 
 
 def _field(number: int, param: str, problem: str) -> LineError:
-    return LineError(f"invalid_{param}", f"line {number}: {param} {problem}", number, param)
+    return LineError(f"invalid_{param}", f"{param} {problem}", number, param)

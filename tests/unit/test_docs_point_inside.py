@@ -1,0 +1,110 @@
+"""What a new user follows leads somewhere: every relative link (and path) in the README and
+docs/ names a file of this repository, every mention of a README section in what servepilot
+prints names a heading the README has, and the first `make serve` says what it installs and
+how long that takes before it goes quiet."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import servepilot
+from servepilot.core.config import FleetConfig
+from tests.unit.test_user_text_names_rules import REPO_ROOT, _descriptions, _printed_strings
+
+README = REPO_ROOT / "README.md"
+LINK = re.compile(r"\]\(\s*([^)\s]+)\s*\)")
+# A path in a code span that climbs out of its folder: `../shared/DESIGN.md`.
+CLIMBING_PATH = re.compile(r"`(\.\./[^`\s]+)`")
+# "README, "Autoscaling policies"", "README: "Deploying on Kubernetes"".
+SECTION = re.compile(r'README[,:] "([^"]+)"')
+
+
+def _documents() -> list[Path]:
+    return [README, *sorted((REPO_ROOT / "docs").rglob("*.md"))]
+
+
+def _headings(path: Path) -> set[str]:
+    headings, fenced = set(), False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("#"):
+            headings.add(line.lstrip("#").strip())
+    return headings
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to dashes."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def test_every_relative_link_and_path_resolves_inside_the_repo() -> None:
+    broken = []
+    for doc in _documents():
+        text = doc.read_text(encoding="utf-8")
+        anchors = {_anchor(h) for h in _headings(doc)}
+        targets = [m.group(1) for m in LINK.finditer(text) if "://" not in m.group(1)]
+        targets += [m.group(1) for m in CLIMBING_PATH.finditer(text)]
+        for target in targets:
+            path, _, anchor = target.partition("#")
+            resolved = (doc.parent / path).resolve() if path else doc
+            inside = resolved.is_relative_to(REPO_ROOT) and resolved.exists()
+            if not inside or (not path and anchor not in anchors):
+                broken.append(f"{doc.relative_to(REPO_ROOT)}: {target}")
+    assert broken == []
+
+
+def test_the_checks_catch_a_path_outside_and_a_missing_anchor() -> None:
+    assert CLIMBING_PATH.search("are in `../shared/DESIGN.md`. The")
+    assert _anchor("Autoscaling a running fleet: `up --autoscale`") == (
+        "autoscaling-a-running-fleet-up---autoscale"
+    )
+    assert (REPO_ROOT / "../shared").resolve().is_relative_to(REPO_ROOT) is False
+
+
+def _what_servepilot_prints() -> list[tuple[str, str]]:
+    root = Path(servepilot.__file__).parent
+    found = [
+        (f"{path.relative_to(root)}:{line}", " ".join(text.split()))
+        for path in sorted(root.rglob("*.py"))
+        for line, text in _printed_strings(path)
+    ]
+    found += [(f"fleet.yaml {name}", " ".join(text.split())) for name, text in
+              _descriptions(FleetConfig)]  # fmt: skip
+    return [(where, text) for where, text in found if "README" in text]
+
+
+def test_every_readme_section_servepilot_names_is_a_readme_heading() -> None:
+    headings = _headings(README)
+    printed = _what_servepilot_prints()
+    assert printed, "expected some text that cites a README section"
+    # "the README's fleet.yaml reference" names no heading: cite one in quotes, or a command.
+    vague = [where for where, text in printed if "README's" in text]
+    missing = [
+        f"{where}: {name!r}"
+        for where, text in printed
+        for name in SECTION.findall(text)
+        if name not in headings
+    ]
+    assert vague == [] and missing == []
+
+
+def test_the_readme_says_how_to_serve_on_another_port() -> None:
+    assert 'make serve ARGS="--port ' in README.read_text(encoding="utf-8")
+
+
+@pytest.mark.skipif(subprocess.run(["which", "make"], capture_output=True).returncode != 0,
+                    reason="no make")  # fmt: skip
+def test_the_install_says_what_it_installs_and_how_long_before_the_long_pip_step() -> None:
+    # -n prints the recipe without running it; -B as on a fresh clone.
+    recipe = subprocess.run(
+        ["make", "-n", "-B", "-C", str(REPO_ROOT), ".venv/.servepilot-installed"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout.replace("\\\n", " ").splitlines()  # fmt: skip
+    long_step = next(i for i, line in enumerate(recipe) if "pip install" in line and " -e " in line)
+    said = [line for line in recipe[:long_step] if line.startswith("echo ")]
+    assert any("vLLM" in line and re.search(r"\d+ minutes", line) for line in said), recipe
