@@ -30,12 +30,13 @@ from servepilot.gateway.errors import (
     error_body,
     sse_error_event,
 )
-from servepilot.gateway.metrics import GatewayMetrics
+from servepilot.gateway.metrics import GatewayMetrics, RouteLatency
 from servepilot.gateway.pool import ReplicaPool
 from servepilot.gateway.relay import Outcome, Relay
 from servepilot.gateway.replica import Replica
 from servepilot.gateway.routes import (
     DETOKENIZE,
+    PROXIED,
     TOKENIZE,
     TOKENIZE_CHAT,
     ApiRoute,
@@ -80,6 +81,10 @@ class Proxy:
         self._deadlines = Deadlines(config.request_timeout_s)
         # The gateway's own key is not the replicas' business; without auth it passes on.
         self._forwarded = _FORWARDED_HEADERS + (() if config.auth.keys else ("authorization",))
+        # Inference latency only: a tokenizer call's milliseconds would pass for the fleet's.
+        self._latency: dict[str, RouteLatency] = {
+            route.path: metrics.route_latency(route.path) for route in PROXIED if route.admitted
+        }
 
     async def forward(
         self, route: ApiRoute, request: HttpRequest, caller: Caller, trail: Trail | None
@@ -145,7 +150,9 @@ class Proxy:
                 continue
             first = outcome.first_chunk_at
             ttft_s = None if first is None else first - started
-            self._metrics.observe_latency(view.priority, ttft_s, time.perf_counter() - started)
+            latency = self._latency.get(route.path)
+            if latency is not None:
+                latency.observe(view.priority, ttft_s, time.perf_counter() - started)
             if trail is not None:
                 _follow(trail, grant.replica.replica_id, outcome, ttft_s)
             self._finish(request, grant, outcome, route, model)
