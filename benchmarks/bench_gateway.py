@@ -180,9 +180,10 @@ def scrape_cost_us(replicas: int, scrapes: int = 2000) -> tuple[float, float]:
     plain, gauged = GatewayMetrics(Pool(), policy), GatewayMetrics(Pool(), policy)  # type: ignore[arg-type]
     gauged.know_fleet(FleetFacts(max_num_seqs=128, replica_usd_per_hour=0.1))
     for m in (plain, gauged):
+        latency = m.route_latency("/v1/chat/completions")
         for i in range(replicas):
             m.count_request("/v1/chat/completions", 200)
-            m.observe_latency(i % 3, 0.05, 0.5)
+            latency.observe(i % 3, 0.05, 0.5)
     blocks: dict[int, list[float]] = {0: [], 1: []}
     for _ in range(20):
         for key, m in enumerate((plain, gauged)):

@@ -44,7 +44,7 @@ class Trail:
     """What the proxy learns of one request on its way, for its line (mutable, one owner)."""
 
     __slots__ = (
-        "bytes_out", "model", "priority", "prompt_chars", "replica", "stream", "tail",
+        "bytes_out", "error", "model", "priority", "prompt_chars", "replica", "stream", "tail",
         "ttfb_s", "ttft_s",
     )  # fmt: skip
 
@@ -59,10 +59,13 @@ class Trail:
         self.bytes_out: int | None = None
         self.tail = b""
         """The last bytes of the answer, where an OpenAI answer carries its `usage`."""
+        self.error: str | None = None
+        """The code of an error in an answer that began well (a stream's error event)."""
 
 
-# (end wall-clock time, e2e seconds, method, path, status, request bytes, trail, error code)
-_Entry = tuple[float, float, str, str, int, int, Trail, str | None]
+# (end wall-clock time, e2e seconds, method, path, status, request bytes, trail, error code);
+# e2e, method and path are None for what the HTTP server refused before routing (see record).
+_Entry = tuple[float, float | None, str | None, str | None, int, int, Trail, str | None]
 
 
 class AccessLog:
@@ -106,15 +109,17 @@ class AccessLog:
 
     def record(
         self,
-        method: str,
-        path: str,
+        method: str | None,
+        path: str | None,
         status: int,
-        e2e_s: float,
+        e2e_s: float | None,
         bytes_in: int,
         trail: Trail,
         error: str | None,
     ) -> None:
-        """Queue the line of a finished request; never waits, never writes."""
+        """Queue the line of a finished request; never waits, never writes. `e2e_s` is None
+        for a request refused before routing (its arrival is not timed: that would cost every
+        request), `method` and `path` too when the request was malformed."""
         buffer = self._buffer
         if len(buffer) >= self._max_lines:
             self.dropped["buffer_full"] += 1
@@ -185,9 +190,9 @@ def line(entry: _Entry) -> str:
     tail = trail.tail
     counted = b"_tokens" in tail  # one scan; most streams carry no usage
     doc: dict[str, Any] = {
-        "time": _utc(end_s - e2e_s),
+        "time": _utc(end_s - (e2e_s or 0.0)),
         "method": method,
-        "path": path[:_PATH_CHARS],
+        "path": None if path is None else path[:_PATH_CHARS],
         "status": status,
         "replica": trail.replica,
         "class": trail.priority,

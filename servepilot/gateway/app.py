@@ -42,7 +42,7 @@ from servepilot.gateway.metrics import GatewayMetrics
 from servepilot.gateway.pool import ReplicaPool
 from servepilot.gateway.proxy import Proxy
 from servepilot.gateway.routes import PROXIED
-from servepilot.http1 import HttpRequest, HttpServer, Limits, UploadLimit
+from servepilot.http1 import HttpRequest, HttpServer, Limits, Rejected, UploadLimit
 from servepilot.routing import make_policy
 from servepilot.routing.base import RoutingPolicy
 
@@ -108,7 +108,7 @@ class Gateway:
             self.handle,
             Limits(config.max_body_bytes, uploads=uploads),
             server_error_body,
-            self._count_rejected,
+            self._rejected,
         )
         self._started = False
 
@@ -173,9 +173,13 @@ class Gateway:
                 trail.bytes_out = len(body)
         except asyncio.CancelledError:
             # The client left (or the gateway stops): no status counted, but a line logged.
+            # A client that left mid-answer did not get it: 499 whatever status had begun it.
             if trail is not None:
-                gone = CLIENT_DISCONNECTED if not request.connected else "gateway_stopped"
-                self._log(request, trail, request.status or CLIENT_CLOSED_STATUS, gone)
+                if not request.connected:
+                    self._log(request, trail, CLIENT_CLOSED_STATUS, CLIENT_DISCONNECTED)
+                else:
+                    status = request.status or CLIENT_CLOSED_STATUS
+                    self._log(request, trail, status, "gateway_stopped")
             raise
         except Exception:
             # A bug must still answer in the API's error shape (the server does that), and
@@ -186,7 +190,7 @@ class Gateway:
             raise
         self.metrics.count_request(self._route_label(request.path), request.status)
         if trail is not None:
-            self._log(request, trail, request.status, error)
+            self._log(request, trail, request.status, error or trail.error)
 
     def _route_label(self, path: str) -> str:
         """The `route` label of a path: one per route, so scanners cannot blow up the series."""
@@ -263,8 +267,17 @@ class Gateway:
         free = sum(max(0, view.capacity - view.in_flight) for view in views)
         return FleetRoom(p0 + p1, p2, free, sum(view.capacity for view in views))
 
-    def _count_rejected(self, status: int) -> None:
-        self.metrics.count_request("unparsed", status)
+    def _rejected(self, rejected: Rejected) -> None:
+        """A request the HTTP server refused before routing (400, 413, 431): counted, and
+        logged like any other error."""
+        self.metrics.count_request("unparsed", rejected.status)
+        access = self.access_log
+        if access is not None:
+            trail = Trail()
+            trail.bytes_out = rejected.answer_bytes
+            method, path = rejected.method, rejected.path
+            access.record(method, path, rejected.status, None, rejected.body_bytes, trail,
+                          rejected.code)  # fmt: skip
 
     # --- informational routes ---------------------------------------------------------------
 

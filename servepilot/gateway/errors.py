@@ -7,6 +7,7 @@ JSON bodies, so a client never sees an HTML page or a bare traceback.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 
 INVALID_REQUEST = "invalid_request_error"
@@ -16,6 +17,9 @@ UPSTREAM = "upstream_error"
 INTERNAL = "internal_error"
 OVERLOADED = "rate_limit_error"
 AUTH = "authentication_error"
+_CLIENT_ERROR_TYPES = {401: AUTH, 403: AUTH, 429: OVERLOADED}
+"""The gateway's error type of a replica's 4xx, by status (the rest: INVALID_REQUEST)."""
+_CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
 
 class UpstreamFailed(ConnectionError):
@@ -54,23 +58,33 @@ def error_body(message: str, *, error_type: str, code: str) -> bytes:
     return json.dumps(payload).encode()
 
 
-def client_error_from_replica(status: int, body: bytes, replica_id: str) -> bytes | None:
-    """A replica's 4xx body in the OpenAI shape every gateway error has, or None when it has
-    it already (vLLM's own answers: relayed as they are). A replica that is not vLLM, or a
-    route vLLM leaves to its web framework (`{"detail": "Not Found"}`), answers otherwise."""
+def replica_error(status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError | None:
+    """A replica's own 4xx answer in the shape of the gateway's errors, or None when its body
+    is not vLLM's error (another server, or a route vLLM leaves to its web framework:
+    `{"detail": "Not Found"}`). vLLM's message is kept; its `code` is the HTTP status again
+    and its `type` a class name (BadRequestError), so the type becomes the code (bad_request)
+    and the type is the gateway's for the status: one shape whoever refused."""
     try:
         doc = json.loads(body)
     except (ValueError, RecursionError):
-        doc = None
-    error = doc.get("error") if isinstance(doc, dict) else None
-    if isinstance(error, dict) and isinstance(error.get("message"), str) and error.get("type"):
         return None
-    excerpt = body[:300].decode("utf-8", "replace")
-    return error_body(
-        f"replica {replica_id} answered HTTP {status}: {excerpt}",
-        error_type=INVALID_REQUEST,
-        code="not_found" if status == 404 else "upstream_client_error",
-    )
+    if not isinstance(doc, dict):
+        return None
+    error = doc.get("error")
+    if not isinstance(error, dict):  # vLLM before 0.8 put the fields at the top
+        error = doc if doc.get("object") == "error" else {}
+    message, kind, code = error.get("message"), error.get("type"), error.get("code")
+    if not isinstance(message, str) or not isinstance(kind, str) or not kind:
+        return None
+    if not isinstance(code, str) or not code:
+        code = _snake(kind).removesuffix("_error") or "upstream_client_error"
+    return GatewayError(status, message, error_type=_CLIENT_ERROR_TYPES.get(status,
+                        INVALID_REQUEST), code=code, headers=headers)  # fmt: skip
+
+
+def _snake(name: str) -> str:
+    """BadRequestError -> bad_request_error."""
+    return _CAMEL_BOUNDARY.sub("_", name).lower()
 
 
 def server_error_body(status: int, message: str, code: str) -> bytes:

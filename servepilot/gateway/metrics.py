@@ -96,6 +96,33 @@ _SHED_REASONS = (Reason.NO_REPLICA, Reason.DEGRADED, Reason.HARD_LIMIT, Reason.Q
 """The reasons admission refuses a request with (429/503)."""
 
 
+class RouteLatency:
+    """The TTFT and E2E series of one inference route, one per class, bound once: the hot
+    path indexes a list instead of building and hashing label keys. A series appears on its
+    first observation, so a route nobody calls exports nothing."""
+
+    __slots__ = ("_e2e", "_e2e_of", "_route", "_ttft", "_ttft_of")
+
+    def __init__(self, route: str, ttft: _Histograms, e2e: _Histograms) -> None:
+        self._route = route
+        self._ttft = ttft
+        self._e2e = e2e
+        self._ttft_of: list[Histogram | None] = [None] * len(_CLASS)
+        self._e2e_of: list[Histogram | None] = [None] * len(_CLASS)
+
+    def observe(self, priority: int, ttft_s: float | None, e2e_s: float) -> None:
+        """TTFT (streamed answers) and E2E as the gateway saw them, queue wait included."""
+        if ttft_s is not None:
+            ttft = self._ttft_of[priority]
+            if ttft is None:
+                ttft = self._ttft_of[priority] = self._ttft.series((self._route, _CLASS[priority]))
+            ttft.observe(ttft_s)
+        e2e = self._e2e_of[priority]
+        if e2e is None:
+            e2e = self._e2e_of[priority] = self._e2e.series((self._route, _CLASS[priority]))
+        e2e.observe(e2e_s)
+
+
 class ReplicaLister(Protocol):
     """What the metrics read from the pool (`ReplicaPool` is one)."""
 
@@ -130,10 +157,8 @@ class GatewayMetrics:
             self.queue_wait[(cls_,)] = Histogram()
             for reason in _SHED_REASONS:
                 self.sheds[(str(reason), cls_)] = 0
-        # The series every proxied request updates, bound once: the hot path indexes a
-        # list (by class) or a dict (by replica) instead of building and hashing label keys.
-        self._ttft_of: list[Histogram | None] = [None] * len(_CLASS)
-        self._e2e_of: list[Histogram | None] = [None] * len(_CLASS)
+        # The series every proxied request updates, bound once: the hot path indexes a dict
+        # (by replica) instead of building and hashing label keys; see RouteLatency too.
         self._ttfb_of: dict[str, Histogram] = {}
         self.fleet_facts: FleetFacts | None = None
         self.qps = QpsWindow()
@@ -198,17 +223,10 @@ class GatewayMetrics:
                 ttfb = self._ttfb_of[replica_id] = self.ttfb.series((replica_id,))
             ttfb.observe(outcome.ttfb_s)
 
-    def observe_latency(self, priority: int, ttft_s: float | None, e2e_s: float) -> None:
-        """TTFT (streamed answers) and E2E as the gateway saw them, queue wait included."""
-        if ttft_s is not None:
-            ttft = self._ttft_of[priority]
-            if ttft is None:
-                ttft = self._ttft_of[priority] = self.ttft.series((_CLASS[priority],))
-            ttft.observe(ttft_s)
-        e2e = self._e2e_of[priority]
-        if e2e is None:
-            e2e = self._e2e_of[priority] = self.e2e.series((_CLASS[priority],))
-        e2e.observe(e2e_s)
+    def route_latency(self, route: str) -> RouteLatency:
+        """The latency series of inference `route`, for its handler to bind once. Tokenizer
+        calls get none: they are not inference, and a load tester makes thousands of them."""
+        return RouteLatency(route, self.ttft, self.e2e)
 
     def count_degradation(self, level: int) -> None:
         self.degradation_steps.add((str(int(level)),))
@@ -251,9 +269,11 @@ class _Collector:
         yield _histogram("upstream_ttfb_seconds", "Time from sending a request to a replica "
                          "to its response head.", ["replica"], m.ttfb)  # fmt: skip
         yield _histogram("ttft_seconds", "Time to first streamed chunk at the gateway, queue "
-                         "wait included, by class.", ["class"], m.ttft)  # fmt: skip
+                         "wait included, by inference route and class.", ["route", "class"],
+                         m.ttft)  # fmt: skip
         yield _histogram("e2e_seconds", "Time from arrival to the end of the answer at the "
-                         "gateway, by class.", ["class"], m.e2e)  # fmt: skip
+                         "gateway, by inference route and class (tokenizer calls are not "
+                         "inference).", ["route", "class"], m.e2e)  # fmt: skip
         yield _histogram("queue_wait_seconds", "Time a request waited in the gateway's "
                          "queue, by class.", ["class"], m.queue_wait)  # fmt: skip
         yield from _replica_state(m)

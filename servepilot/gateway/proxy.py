@@ -26,16 +26,16 @@ from servepilot.gateway.errors import (
     GatewayError,
     UpstreamFailed,
     bad_request,
-    client_error_from_replica,
-    error_body,
+    replica_error,
     sse_error_event,
 )
-from servepilot.gateway.metrics import GatewayMetrics
+from servepilot.gateway.metrics import GatewayMetrics, RouteLatency
 from servepilot.gateway.pool import ReplicaPool
 from servepilot.gateway.relay import Outcome, Relay
 from servepilot.gateway.replica import Replica
 from servepilot.gateway.routes import (
     DETOKENIZE,
+    PROXIED,
     TOKENIZE,
     TOKENIZE_CHAT,
     ApiRoute,
@@ -80,6 +80,10 @@ class Proxy:
         self._deadlines = Deadlines(config.request_timeout_s)
         # The gateway's own key is not the replicas' business; without auth it passes on.
         self._forwarded = _FORWARDED_HEADERS + (() if config.auth.keys else ("authorization",))
+        # Inference latency only: a tokenizer call's milliseconds would pass for the fleet's.
+        self._latency: dict[str, RouteLatency] = {
+            route.path: metrics.route_latency(route.path) for route in PROXIED if route.admitted
+        }
 
     async def forward(
         self, route: ApiRoute, request: HttpRequest, caller: Caller, trail: Trail | None
@@ -133,7 +137,7 @@ class Proxy:
                 body = _capped(parsed, grant.max_tokens_cap, body, route.cap_fields)
             try:
                 outcome = await self._attempt(
-                    request, grant.replica, route.path, body, extra, content_type
+                    request, grant.replica, route.path, body, extra, content_type, trail, started
                 )
             except BaseException:  # the client left (cancelled): the slot is abandoned
                 self._dispatcher.release(grant, None)
@@ -145,9 +149,11 @@ class Proxy:
                 continue
             first = outcome.first_chunk_at
             ttft_s = None if first is None else first - started
-            self._metrics.observe_latency(view.priority, ttft_s, time.perf_counter() - started)
+            latency = self._latency.get(route.path)
+            if latency is not None:
+                latency.observe(view.priority, ttft_s, time.perf_counter() - started)
             if trail is not None:
-                _follow(trail, grant.replica.replica_id, outcome, ttft_s)
+                _follow(trail, grant.replica.replica_id, outcome, started)
             self._finish(request, grant, outcome, route, model)
             return
 
@@ -217,8 +223,11 @@ class Proxy:
         body: bytes,
         extra: bytes,
         content_type: bytes | None,
+        trail: Trail | None,
+        started: float,
     ) -> Outcome:
-        """One try on one replica; a stale keep-alive connection is replaced once."""
+        """One try on one replica; a stale keep-alive connection is replaced once. A client
+        that leaves meanwhile still gets, in its line, what it was sent of the answer."""
         loop = self._loop or asyncio.get_running_loop()
         self._loop = loop
         for _ in range(2):
@@ -236,6 +245,10 @@ class Proxy:
             self._deadlines.add(relay, loop)
             try:
                 outcome = await relay.done
+            except asyncio.CancelledError:
+                if trail is not None:
+                    _follow(trail, replica.replica_id, relay.outcome_so_far(), started)
+                raise
             finally:
                 self._deadlines.discard(relay)
                 conn.finish()
@@ -270,23 +283,42 @@ class Proxy:
             self._metrics.count_error("upstream_5xx")
             excerpt = outcome.body[:_EXCERPT_CHARS].decode("utf-8", "replace")
             raise _upstream_failed(replica_id, f"it answered HTTP {status}: {excerpt}")
-        body, content_type = outcome.body, outcome.content_type
-        if status >= 400 and (shaped := client_error_from_replica(status, body, replica_id)):
-            if status == 404:  # not vLLM's own 404 (an unknown model): it lacks the route
-                answer = body[:_EXCERPT_CHARS].decode("utf-8", "replace")
-                message = not_served_message(route, model, replica_id, answer)
-                shaped = error_body(message, error_type=INVALID_REQUEST, code="not_found")
-            body, content_type = shaped, b"application/json"
-        request.respond(status, body, content_type, (grant.replica.header,))
+        if status >= 400:
+            raise _refused(status, outcome.body, route, model, replica_id)
+        request.respond(status, outcome.body, outcome.content_type, (grant.replica.header,))
 
 
-def _follow(trail: Trail, replica_id: str, outcome: Outcome, ttft_s: float | None) -> None:
-    """Note how the request's last attempt went, for its access log line."""
+def _refused(
+    status: int, body: bytes, route: ApiRoute, model: str, replica_id: str
+) -> GatewayError:
+    """A replica's 4xx as the gateway's error: vLLM's own in the gateway's shape, any other
+    answer quoted in a message of the gateway's."""
+    headers = {REPLICA_HEADER: replica_id}
+    own = replica_error(status, body, headers)
+    if own is not None:
+        return own
+    answer = body[:_EXCERPT_CHARS].decode("utf-8", "replace")
+    if status == 404:  # not vLLM's own 404 (an unknown model): the replica lacks the route
+        message, code = not_served_message(route, model, replica_id, answer), "not_found"
+    else:
+        message, code = (
+            f"replica {replica_id} answered HTTP {status}: {answer}",
+            "upstream_client_error",
+        )
+    return GatewayError(status, message, error_type=INVALID_REQUEST, code=code, headers=headers)
+
+
+def _follow(trail: Trail, replica_id: str, outcome: Outcome, started: float) -> None:
+    """Note how the request's last attempt went (or how far it got, when the client left
+    during it), for its access log line."""
+    first = outcome.first_chunk_at
     trail.replica = replica_id
     trail.ttfb_s = outcome.ttfb_s if outcome.status else None
-    trail.ttft_s = ttft_s
+    trail.ttft_s = None if first is None else first - started
     trail.bytes_out = outcome.streamed_bytes if outcome.streamed else len(outcome.body)
     trail.tail = outcome.tail
+    if outcome.streamed and outcome.failure is not None:  # the stream ends with an error event
+        trail.error = "upstream_interrupted"
 
 
 def _priority(header: str | None, caller: Caller) -> int:

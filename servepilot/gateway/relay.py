@@ -308,6 +308,10 @@ class Relay:
         if self._raw and written and not written.endswith(_EVENT_END):
             self._client.abort()
 
+    def outcome_so_far(self) -> Outcome:
+        """How far the exchange got (for the log line of a request whose client left)."""
+        return self._outcome()
+
     def _outcome(self, failure: UpstreamFailed | None = None, answered: bool = True) -> Outcome:
         sent = self._sent_s
         body = b"".join(self._parts)

@@ -5,9 +5,15 @@ server adds (routes, error shapes, limits) is passed in."""
 from __future__ import annotations
 
 from servepilot.http1.connection import HttpConnection
-from servepilot.http1.errors import Disconnected
+from servepilot.http1.errors import Disconnected, Rejected
 from servepilot.http1.request import HttpRequest
-from servepilot.http1.server import ErrorBody, Handler, HttpServer, Limits, UploadLimit
+from servepilot.http1.server import (
+    ErrorBody,
+    Handler,
+    HttpServer,
+    Limits,
+    UploadLimit,
+)
 
 __all__ = [
     "Disconnected",
@@ -17,5 +23,6 @@ __all__ = [
     "HttpRequest",
     "HttpServer",
     "Limits",
+    "Rejected",
     "UploadLimit",
 ]

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, cast
 
 import httptools
 
-from servepilot.http1.errors import Disconnected
+from servepilot.http1.errors import Disconnected, Rejected
 from servepilot.http1.request import HttpRequest, status_line
 
 if TYPE_CHECKING:
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_MALFORMED = "bad_http"
 
 
 class HttpConnection(asyncio.Protocol):
@@ -100,7 +101,7 @@ class HttpConnection(asyncio.Protocol):
             self._reject(400, "protocol upgrades are not supported", "upgrade_not_supported")
         except httptools.HttpParserError as exc:
             if not self._rejected:
-                self._reject(400, f"malformed HTTP request: {exc}", "bad_http")
+                self._reject(400, f"malformed HTTP request: {exc}", _MALFORMED)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -272,7 +273,8 @@ class HttpConnection(asyncio.Protocol):
             return
         self._rejected = True
         body = self._server.error_body(status, message, code)
-        if self._task is None:  # otherwise the running handler's response comes first
+        sent = self._task is None  # otherwise the running handler's response comes first
+        if sent:
             self._transport.write(
                 status_line(status) + b"content-type: application/json\r\ncontent-length: "
                 + b"%d\r\nconnection: close\r\n\r\n" % len(body) + body
@@ -281,7 +283,16 @@ class HttpConnection(asyncio.Protocol):
         else:
             self._pending.clear()
             self._close_after = True
-        self._server.count_rejected(status)
+        self._server.rejected(self._refusal(status, code, len(body) if sent else None))
+
+    def _refusal(self, status: int, code: str, answer_bytes: int | None) -> Rejected:
+        """What is known of a refused request. A malformed one's request line may not have
+        been read, and what was parsed may be a previous request's: none of it is told."""
+        method = path = None
+        if code != _MALFORMED and self._url:
+            method = self._parser.get_method().decode("latin-1")
+            path = self._url.partition(b"?")[0].decode("latin-1")
+        return Rejected(status, code, method, path, self._body_bytes, answer_bytes)
 
     def _linger(self) -> None:
         """Close after an early answer without losing it. Closing a socket whose receive

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servepilot.http1.connection import HttpConnection
+from servepilot.http1.errors import Rejected
 from servepilot.http1.request import HttpRequest
 
 Handler = Callable[[HttpRequest], Awaitable[None]]
@@ -69,7 +70,7 @@ class HttpServer:
         handler: Handler,
         limits: Limits,
         error_body: ErrorBody,
-        on_rejected: Callable[[int], None] | None = None,
+        on_rejected: Callable[[Rejected], None] | None = None,
     ) -> None:
         self.handler = handler
         self.limits = limits
@@ -117,7 +118,7 @@ class HttpServer:
             await self._server.wait_closed()
             self._server = None
 
-    def count_rejected(self, status: int) -> None:
+    def rejected(self, rejected: Rejected) -> None:
         """A request refused before any handler saw it (malformed, or over a limit)."""
         if self._on_rejected is not None:
-            self._on_rejected(status)
+            self._on_rejected(rejected)

@@ -19,6 +19,7 @@ from servepilot.observe.dashboard import Features, features_of
 from servepilot.observe.promql import (
     matchers,
     memory_growth_per_request,
+    on_inference_routes,
     quantile,
     selector,
     shed_rate,
@@ -146,7 +147,8 @@ def _sla_rule(config: FleetConfig, scope: str) -> Rule | None:
     limit_s = limit_ms / 1000
     return Rule(
         "ServepilotTtftP99OverSla",
-        f"{quantile(0.99, 'servepilot_ttft_seconds', '5m', scope=scope)} > {limit_s:g}", "5m",
+        f"{quantile(0.99, 'servepilot_ttft_seconds', '5m', scope=on_inference_routes(scope))} "
+        f"> {limit_s:g}", "5m",
         "critical",
         f"TTFT p99 at the gateway is {{{{ $value | humanizeDuration }}}}, over the SLA's "
         f"{limit_ms:g} ms (fleet.yaml slo.ttft_p99_ms).",

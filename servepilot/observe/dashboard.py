@@ -14,6 +14,7 @@ from typing import Any
 
 from servepilot.core.config import Device, FleetConfig
 from servepilot.observe.promql import (
+    INFERENCE_ROUTES,
     prefix_hit_rate,
     quantile,
     request_rate,
@@ -62,9 +63,9 @@ def features_of(config: FleetConfig) -> Features:
     return Features(gpu=config.hardware.device is Device.GPU, autoscale=config.autoscale.enabled)
 
 
-def _latencies(title: str, histogram: str, by: str = "", legend: str = "") -> Panel:
+def _latencies(title: str, histogram: str, scope: str = "") -> Panel:
     targets = tuple(
-        Target(quantile(q, histogram, WINDOW, by), f"{legend}p{round(q * 100)}")
+        Target(quantile(q, histogram, WINDOW, scope=scope), f"p{round(q * 100)}")
         for q in (0.5, 0.9, 0.99)
     )
     return Panel(title, "s", targets)
@@ -100,7 +101,10 @@ def _latency_row() -> Row:
         _latencies("TPOT", "vllm:request_time_per_output_token_seconds"),
         _latencies("ITL", "vllm:inter_token_latency_seconds"),
         _latencies("E2E", "vllm:e2e_request_latency_seconds"),
-        _latencies("TTFT at the gateway (queue wait included)", "servepilot_ttft_seconds"),
+        _latencies("TTFT at the gateway (queue wait included)", "servepilot_ttft_seconds",
+                   INFERENCE_ROUTES),
+        _latencies("E2E at the gateway (queue wait included)", "servepilot_e2e_seconds",
+                   INFERENCE_ROUTES),
     ))  # fmt: skip
 
 
@@ -131,7 +135,8 @@ def _class_row() -> Row:
         Panel("Requests sent to replicas by class", "reqps", (Target(
             f"sum by (class) (rate(servepilot_upstream_requests_total[{WINDOW}]))", cls_),)),
         Panel("TTFT p99 at the gateway by class", "s", (Target(
-            quantile(0.99, "servepilot_ttft_seconds", WINDOW, "class"), cls_),)),
+            quantile(0.99, "servepilot_ttft_seconds", WINDOW, "class", INFERENCE_ROUTES),
+            cls_),)),
         Panel("Gateway queue depth by class", "short",
               (Target("sum by (class) (servepilot_queue_depth)", cls_),)),
         Panel("Gateway queue wait p99 by class", "s", (Target(

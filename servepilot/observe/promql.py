@@ -12,8 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-INFERENCE_ROUTES = 'route=~"/v1/(chat/)?completions"'
-"""The gateway's `route` label values of the OpenAI inference routes."""
+GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+"""The gateway's `route` label values of the routes that generate text: their requests are
+the ones counted as served, and the latency judged (a pooling call has no TTFT, and an E2E of
+its own; the gateway's latency histograms leave tokenizer calls out altogether)."""
+INFERENCE_ROUTES = f'route=~"{"|".join(GENERATION_ROUTES)}"'
+"""A matcher of the `route` label for `GENERATION_ROUTES`."""
+
+
+def on_inference_routes(scope: str = "") -> str:
+    """`scope`'s matchers and the inference routes' (for a gateway latency histogram)."""
+    return ",".join(c for c in (INFERENCE_ROUTES, scope) if c)
 
 
 def matchers(labels: Mapping[str, str]) -> str:

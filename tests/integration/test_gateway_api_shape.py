@@ -109,6 +109,23 @@ def test_openai_without_model_is_served_by_the_fleets_only_model(gateway: Thread
     assert sum(1 for c in stream if c.choices and c.choices[0].delta.content) == 4
 
 
+def test_a_replicas_own_error_reaches_the_client_in_the_gateways_shape(
+    gateway: ThreadedGateway,
+) -> None:
+    """vLLM's error body (`type` a class name, `code` the status again, `param`) becomes the
+    gateway's: the same three fields, whoever refused; vLLM's message and the status kept."""
+    expected = "max_tokens must be at least 1, got 0."
+    with pytest.raises(openai.BadRequestError) as refused:
+        _client(gateway).completions.create(model=MODEL, prompt="hi", max_tokens=0)
+    assert (refused.value.code, refused.value.type) == ("bad_request", "invalid_request_error")
+    assert refused.value.message.endswith(expected)  # the client prefixes "Error code: 400"
+    body = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 0}).encode()
+    status, error = _refusal(_post(f"{gateway.url}/v1/completions", body))
+    assert (status, error) == (
+        400, {"message": expected, "type": "invalid_request_error", "code": "bad_request"},
+    )  # fmt: skip
+
+
 def test_urllib_without_model_is_served_by_the_fleets_only_model(gateway: ThreadedGateway) -> None:
     body = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
     with urllib.request.urlopen(_post(f"{gateway.url}/v1/completions", body), timeout=10) as resp:

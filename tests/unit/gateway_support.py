@@ -283,8 +283,11 @@ class Scrape:
 
 def classes_served(metrics: Scrape) -> dict[str, float]:
     """Requests answered by the gateway, by the class they were served as."""
-    e2e = metrics.labelled("servepilot_e2e_seconds_count")
-    return {dict(labels)["class"]: count for labels, count in e2e.items()}
+    served: dict[str, float] = {}
+    for labels, count in metrics.labelled("servepilot_e2e_seconds_count").items():
+        cls_ = dict(labels)["class"]
+        served[cls_] = served.get(cls_, 0.0) + count
+    return served
 
 
 async def scrape(client: aiohttp.ClientSession, url: str) -> Scrape:

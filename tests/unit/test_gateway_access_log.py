@@ -24,6 +24,7 @@ from tests.unit.gateway_support import (
     eventually,
     gateway_in_front_of,
     in_background,
+    read_event,
     run,
     scrape,
     until,
@@ -238,3 +239,80 @@ def test_an_access_log_that_cannot_be_written_fails_before_listening(tmp_path: P
 def test_times_are_utc_to_the_millisecond() -> None:
     assert _utc(86_400.25) == "1970-01-02T00:00:00.250Z"
     assert _utc(86_399.999_9) == "1970-01-01T23:59:59.999Z"  # truncated, never rounded up
+
+
+def test_requests_refused_before_routing_get_a_line(tmp_path: Path) -> None:
+    """The server's own 413 and 431 (it answers them before any handler runs) are counted in
+    /metrics; they are logged too, with the error code their body carries."""
+    path = tmp_path / "access.log"
+
+    async def body() -> None:
+        a = await FakeUpstream("a").start()
+        async with (
+            gateway_in_front_of([a], access_log={"path": str(path)}, max_body_bytes=2048) as (
+                _,
+                url,
+            ),
+            aiohttp.ClientSession() as client,
+        ):
+            large = await call(client, url, chat("x" * 4096))
+            assert large.error(413)["code"] == "body_too_large"
+            long_head = await call(client, url, method="GET", path="/health",
+                                   headers={"X-Big": "v" * 70_000})  # fmt: skip
+            assert long_head.error(431)["code"] == "headers_too_large"
+
+    run(body())
+    large, long_head = _lines(path)
+    assert (large["method"], large["path"], large["status"], large["error"]) == (
+        "POST", "/v1/chat/completions", 413, "body_too_large",
+    )  # fmt: skip
+    assert large["bytes_out"] > 0 and large["e2e_ms"] is None  # not timed: see AccessLog.record
+    assert (long_head["method"], long_head["status"], long_head["error"]) == (
+        "GET", 431, "headers_too_large",
+    )  # fmt: skip
+
+
+def test_a_client_that_leaves_mid_stream_gets_499_with_what_it_was_sent(tmp_path: Path) -> None:
+    path = tmp_path / "access.log"
+    first = sse({"choices": [{"delta": {"content": "one"}}]})
+
+    async def body() -> None:
+        a = await FakeUpstream("a").start()
+        a.gate = asyncio.Event()  # the stream stops after its first event
+        async with (
+            gateway_in_front_of([a], access_log={"path": str(path)}) as (gw, url),
+            aiohttp.ClientSession() as client,
+        ):
+            resp = await client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT)
+            assert await read_event(resp) == first
+            resp.close()  # drops the connection mid-stream
+            await eventually(until(lambda: gw.pool.total_in_flight() == 0))
+
+    run(body())
+    [line] = _lines(path)
+    assert (line["status"], line["error"], line["replica"], line["stream"]) == (
+        499, "client_disconnected", "a", True,
+    )  # fmt: skip
+    assert 0 < line["ttfb_ms"] <= line["ttft_ms"] <= line["e2e_ms"]
+    assert line["bytes_out"] == len(first)
+
+
+def test_errors_from_a_replica_are_logged_with_their_code(tmp_path: Path) -> None:
+    path = tmp_path / "access.log"
+
+    async def body() -> None:
+        a = await FakeUpstream("a").start()
+        async with (
+            gateway_in_front_of([a], access_log={"path": str(path)}) as (_, url),
+            aiohttp.ClientSession() as client,
+        ):
+            a.reply_status = 400  # vLLM's own error body
+            assert (await call(client, url)).error(400)["code"] == "bad_request"
+            a.reply_status, a.die_mid_stream = 200, True
+            assert (await call(client, url, STREAM_CHAT)).status == 200
+
+    run(body())
+    refused, cut = _lines(path)
+    assert (refused["status"], refused["error"], refused["replica"]) == (400, "bad_request", "a")
+    assert refused["bytes_out"] > 0
+    assert (cut["status"], cut["error"], cut["replica"]) == (200, "upstream_interrupted", "a")

@@ -18,6 +18,7 @@ import yaml
 from servepilot.core.config import FleetConfig
 from servepilot.observe import alert_rules
 from servepilot.observe.alerts import rules
+from servepilot.observe.promql import INFERENCE_ROUTES
 
 PROMTOOL = shutil.which("promtool")
 pytestmark = pytest.mark.skipif(
@@ -33,6 +34,7 @@ CONFIG = FleetConfig.model_validate(
 GW = 'instance="127.0.0.1:8080",job="servepilot"'
 R0 = 'instance="127.0.0.1:8001",job="vllm"'
 VLLM = f'engine="0",model_name="smollm2",{R0}'
+CHAT_ROUTE = 'route="/v1/chat/completions"'
 
 
 @dataclass(frozen=True)
@@ -108,9 +110,9 @@ CASES = [
          "GPU 0 has been over 95% busy for 30 s."),
     # Every answer's TTFT in (0.5 s, 1 s]: p99 = 0.5 + 0.99 x 0.5 = 0.995 s, over 500 ms.
     Case("ServepilotTtftP99OverSla",
-         _histogram("servepilot_ttft_seconds", f'class="0",{GW}',
+         _histogram("servepilot_ttft_seconds", f'{CHAT_ROUTE},class="0",{GW}',
                     {"0.5": "0x100", "1.0": "0+10x100", "+Inf": "0+10x100"}),
-         _histogram("servepilot_ttft_seconds", f'class="0",{GW}',
+         _histogram("servepilot_ttft_seconds", f'{CHAT_ROUTE},class="0",{GW}',
                     {"0.5": "0+10x100", "1.0": "0+10x100", "+Inf": "0+10x100"}),
          "5m", "5m15s", {},
          "TTFT p99 at the gateway is 995ms, over the SLA's 500 ms (fleet.yaml slo.ttft_p99_ms)."),
@@ -204,6 +206,11 @@ def test_the_matcher_is_in_every_selector() -> None:
             r'\{namespace="llm"\}|namespace="llm",|,namespace="llm"', "", rule["expr"]
         )
         assert unscoped == bare["expr"]
+
+
+def test_the_ttft_alert_reads_the_inference_routes_only() -> None:
+    (sla,) = [r for r in rules(CONFIG) if r.name == "ServepilotTtftP99OverSla"]
+    assert f"servepilot_ttft_seconds_bucket{{{INFERENCE_ROUTES}}}" in sla.expr
 
 
 def test_an_empty_pool_is_no_ready_replica(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from servepilot.cli.main import main
 from servepilot.core.config import FleetConfig
 from servepilot.observe import dashboard
 from servepilot.observe.dashboard import Features, features_of, queries
+from servepilot.observe.promql import INFERENCE_ROUTES
 
 GPU = FleetConfig.model_validate({"hardware": {"device": "gpu", "accelerator": "h100-80"}})
 PROMTOOL = shutil.which("promtool")
@@ -58,6 +59,16 @@ def test_latencies_are_quantiles_of_histogram_rates_never_lifetime_means() -> No
     # vLLM's current KV name, not the removed vllm:gpu_cache_usage_perc.
     assert any("vllm:kv_cache_usage_perc" in q for q in every)
     assert not any("gpu_cache_usage_perc" in q or "gpu_prefix_cache" in q for q in every)
+
+
+def test_gateway_latencies_read_the_inference_routes_only() -> None:
+    """The gateway's histograms carry a `route` label: its TTFT and E2E panels read the
+    generation routes', never a tokenizer call's milliseconds."""
+    every = queries(Features(gpu=False, autoscale=False))
+    gateway = [q for q in every if re.search(r"servepilot_(ttft|e2e)_seconds", q)]
+    assert any("servepilot_e2e_seconds" in q for q in gateway)
+    assert gateway and all(INFERENCE_ROUTES in q for q in gateway), gateway
+    assert INFERENCE_ROUTES == 'route=~"/v1/chat/completions|/v1/completions|/v1/responses"'
 
 
 def test_panels_have_unique_ids_and_do_not_overlap() -> None:

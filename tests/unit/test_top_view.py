@@ -23,11 +23,11 @@ def gateway_page(fast: int, slow: int, shed: int, desired: str = "") -> str:
     requests refused for a full queue."""
     return f"""\
 # TYPE servepilot_ttft_seconds histogram
-servepilot_ttft_seconds_bucket{{class="0",le="0.1"}} {fast}
-servepilot_ttft_seconds_bucket{{class="0",le="1.0"}} {fast + slow}
-servepilot_ttft_seconds_bucket{{class="0",le="+Inf"}} {fast + slow}
-servepilot_ttft_seconds_count{{class="0"}} {fast + slow}
-servepilot_ttft_seconds_sum{{class="0"}} 1.0
+servepilot_ttft_seconds_bucket{{route="/v1/chat/completions",class="0",le="0.1"}} {fast}
+servepilot_ttft_seconds_bucket{{route="/v1/chat/completions",class="0",le="1.0"}} {fast + slow}
+servepilot_ttft_seconds_bucket{{route="/v1/chat/completions",class="0",le="+Inf"}} {fast + slow}
+servepilot_ttft_seconds_count{{route="/v1/chat/completions",class="0"}} {fast + slow}
+servepilot_ttft_seconds_sum{{route="/v1/chat/completions",class="0"}} 1.0
 # TYPE servepilot_queue_depth gauge
 servepilot_queue_depth{{class="0"}} 0
 servepilot_queue_depth{{class="1"}} 4

@@ -15,7 +15,7 @@ from servepilot.engine.metrics import EngineMetric, Histogram, Scrape
 from servepilot.observe.doctor.evidence import Evidence
 from servepilot.observe.doctor.finding import Finding, Severity
 from servepilot.observe.doctor.memory_rules import KV_NEAR_FULL, max_num_seqs
-from servepilot.observe.top.sample import add, histogram
+from servepilot.observe.top.sample import add, gateway_latency, histogram
 from servepilot.observe.top.window import quantile
 
 DEFAULT_TTFT_P99_MS = 2_000.0
@@ -33,7 +33,7 @@ SEED_BATCHED_TOKENS = 8192
 def _ttft(evidence: Evidence, pages: dict[str, Scrape]) -> tuple[Histogram, str]:
     """TTFT as users saw it: the gateway's (queue wait included), else the replicas'."""
     gateway = evidence.gateway_page()
-    if gateway is not None and (h := histogram(gateway, "servepilot_ttft_seconds")).count:
+    if gateway is not None and (h := gateway_latency(gateway, "servepilot_ttft_seconds")).count:
         return h, "the gateway's servepilot_ttft_seconds"
     return add(*(p.histogram(EngineMetric.TTFT) for p in pages.values())), "vLLM's TTFT"
 
@@ -121,7 +121,7 @@ def _queue_and_prefill_s(evidence: Evidence, pages: dict[str, Scrape]) -> tuple[
 def p99_spikes(evidence: Evidence) -> list[Finding]:
     pages = evidence.pages()
     gateway = evidence.gateway_page()
-    e2e = histogram(gateway, "servepilot_e2e_seconds") if gateway else None
+    e2e = gateway_latency(gateway, "servepilot_e2e_seconds") if gateway else None
     source = "the gateway's servepilot_e2e_seconds"
     if e2e is None or not e2e.count:
         e2e, source = add(*(p.histogram(EngineMetric.E2E) for p in pages.values())), "vLLM's E2E"

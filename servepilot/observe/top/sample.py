@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servepilot.engine.metrics import EngineMetric, Histogram, Scrape
+from servepilot.observe.promql import GENERATION_ROUTES
 
 CLASSES = ("0", "1", "2")
 """The gateway's priority classes (X-Priority), the `class` label of its series."""
 DESIRED_REPLICAS = "servepilot_autoscale_desired_replicas"
+TTFT = "servepilot_ttft_seconds"
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +96,7 @@ def fleet_sample(
         at_s=at_s,
         replicas=with_preemptions,
         queue_depth={c: int(_sum(gateway, "servepilot_queue_depth", cls=c)) for c in CLASSES},
-        ttft_by_class={c: histogram(gateway, "servepilot_ttft_seconds", cls=c) for c in CLASSES},
+        ttft_by_class={c: gateway_latency(gateway, TTFT, cls=c) for c in CLASSES},
         sheds_total=_by_label(gateway, "servepilot_shed_total", "reason"),
         sheds_by_class=_by_label(gateway, "servepilot_shed_total", "class"),
         tpot=add(*(page.histogram(EngineMetric.TPOT) for page in replica_pages.values())),
@@ -123,6 +125,12 @@ def histogram(page: Scrape, family: str, **labels: str) -> Histogram:
         count=_sum(page, f"{family}_count", **labels),
         sum=_sum(page, f"{family}_sum", **labels),
     )
+
+
+def gateway_latency(page: Scrape, family: str, **labels: str) -> Histogram:
+    """A gateway latency histogram (`servepilot_ttft_seconds`, `servepilot_e2e_seconds`) over
+    the routes that generate text: their latency is the fleet's, a pooling call's is not."""
+    return add(*(histogram(page, family, route=route, **labels) for route in GENERATION_ROUTES))
 
 
 def add(*histograms: Histogram) -> Histogram:
