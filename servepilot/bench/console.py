@@ -215,11 +215,7 @@ def ending(result: BenchResult, *, measured: bool) -> tuple[int, str | None]:
     its numbers then describe the failures, not the server; for a simulated one, a warning
     when most requests failed."""
     if result.interrupted:
-        done = len(result.runs)
-        return 130, (
-            f"interrupted after {done} finished level{'s' if done != 1 else ''}: the results "
-            "above (and in --out) hold only those"
-        )
+        return 130, _interrupted(result)
     failed = sum(run.failed for run in result.runs)
     total = failed + sum(run.completed for run in result.runs)
     if measured and result.runs and all(run.completed == 0 for run in result.runs):
@@ -233,6 +229,16 @@ def ending(result: BenchResult, *, measured: bool) -> tuple[int, str | None]:
             "this fleet does not carry this load",
         )
     return 0, None
+
+
+def _interrupted(result: BenchResult) -> str:
+    windows = sum(len(run.windows) for run in result.runs)
+    if windows:  # a soak: one level, kept as the windows that finished
+        finished = f"{windows} finished soak window{'s' if windows != 1 else ''}"
+    else:
+        done = len(result.runs)
+        finished = f"{done} finished level{'s' if done != 1 else ''}"
+    return f"interrupted after {finished}: the results above (and in --out) hold only those"
 
 
 def _top_errors(result: BenchResult) -> str:

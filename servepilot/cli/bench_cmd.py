@@ -49,8 +49,8 @@ stderr is not a terminal (a log file, CI), progress comes as plain lines, at mos
 Prompts have exactly --input-tokens tokens as the server counts them (usage.prompt_tokens), cut
 with its own tokenizer; on chat the template's tokens, measured once, come off each message's
 text. Results go to --out: results.json (schema servepilot.bench/v1), requests.csv (one row per
-request) and report.html (plots). Ctrl-C keeps the levels already finished (results marked
-interrupted; exit code 130).
+request) and report.html (plots). Ctrl-C keeps the levels already finished, or a soak's
+finished windows (results marked interrupted; exit code 130).
 
 examples:
   # sized for the default fleet of `make serve` (one vLLM-CPU replica): minutes each
