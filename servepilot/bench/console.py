@@ -13,7 +13,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from servepilot.bench.report.columns import RUN_COLUMNS, Column
+from servepilot.bench.report.columns import Column, report_columns
 from servepilot.bench.report.fmt import fmt_ms, fmt_num, format_load, level_name
 from servepilot.bench.runlength import Estimate
 from servepilot.bench.runner import LAG_LIMIT_MS
@@ -64,13 +64,14 @@ def render_runs_table(result: BenchResult) -> Table:
 
 def terminal_columns(result: BenchResult) -> tuple[Column, ...]:
     """The report's columns less those that would only repeat another here, so that the table
-    fits a 120-column terminal: without an SLO, goodput is Req/s and SLO met 100%; in a
-    closed loop no rate was asked, so got/asked is Req/s. report.html keeps every column."""
+    fits a 120-column terminal: without an SLO, goodput is Req/s (and SLO met is never
+    shown); in a closed loop no rate was asked, so got/asked is Req/s. report.html keeps
+    every other column."""
     closed = all(run.client is None or run.client.requested_rate is None for run in result.runs)
-    dropped = {"Goodput", "SLO met"} if not result.slo else set()
+    dropped = {"Goodput"} if not result.slo else set()
     if closed:
         dropped.add("Rate got/asked")
-    return tuple(c for c in RUN_COLUMNS if c.header not in dropped)
+    return tuple(c for c in report_columns(result.slo) if c.header not in dropped)
 
 
 def _stacked(header: str, unit: str) -> str:
@@ -215,11 +216,7 @@ def ending(result: BenchResult, *, measured: bool) -> tuple[int, str | None]:
     its numbers then describe the failures, not the server; for a simulated one, a warning
     when most requests failed."""
     if result.interrupted:
-        done = len(result.runs)
-        return 130, (
-            f"interrupted after {done} finished level{'s' if done != 1 else ''}: the results "
-            "above (and in --out) hold only those"
-        )
+        return 130, _interrupted(result)
     failed = sum(run.failed for run in result.runs)
     total = failed + sum(run.completed for run in result.runs)
     if measured and result.runs and all(run.completed == 0 for run in result.runs):
@@ -233,6 +230,16 @@ def ending(result: BenchResult, *, measured: bool) -> tuple[int, str | None]:
             "this fleet does not carry this load",
         )
     return 0, None
+
+
+def _interrupted(result: BenchResult) -> str:
+    windows = sum(len(run.windows) for run in result.runs)
+    if windows:  # a soak: one level, kept as the windows that finished
+        finished = f"{windows} finished soak window{'s' if windows != 1 else ''}"
+    else:
+        done = len(result.runs)
+        finished = f"{done} finished level{'s' if done != 1 else ''}"
+    return f"interrupted after {finished}: the results above (and in --out) hold only those"
 
 
 def _top_errors(result: BenchResult) -> str:

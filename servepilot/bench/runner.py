@@ -10,6 +10,8 @@ limited by the load generator is flagged as such instead of being blamed on the 
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import math
 import os
 import time
@@ -24,7 +26,7 @@ from servepilot.core.errors import ConfigError
 from servepilot.core.results import ClientHealth, LoadMode, Stats
 from servepilot.load.loadplan import LoadPlan
 
-__all__ = ["LoadOutcome", "LoadPlan", "choose_processes", "run_load"]
+__all__ = ["LoadInterrupted", "LoadOutcome", "LoadPlan", "choose_processes", "run_load"]
 
 EVENTS_PER_PROCESS_S = 80_000.0
 """Streamed events one client process reads per second at 100% of a core. Measured with
@@ -74,6 +76,24 @@ class LoadOutcome:
         )
 
 
+class LoadInterrupted(asyncio.CancelledError):
+    """A cancellation (Ctrl-C) cut the load short. It carries what had finished by then, for a
+    caller that can keep part of a level (a soak's finished windows); being a CancelledError,
+    it stops every other caller exactly as a plain cancellation would."""
+
+    def __init__(self, outcome: LoadOutcome, stopped_s: float) -> None:
+        super().__init__("the load was interrupted")
+        self.outcome = outcome
+        self.stopped_s = stopped_s
+        """When it was cut, on the records' clock."""
+
+
+def ended_by(outcome: LoadOutcome, end_s: float) -> LoadOutcome:
+    """`outcome` with only the requests that ended by `end_s` (the records' clock)."""
+    kept = tuple(r for r in outcome.records if r.end_s <= end_s)
+    return dataclasses.replace(outcome, records=kept, duration_s=_measured_span_s(kept))
+
+
 def choose_processes(plan: LoadPlan, requests: Sequence[RequestSpec]) -> int:
     """Client processes for `plan`: its `processes` when set, else enough for the load.
 
@@ -117,7 +137,16 @@ async def run_load(
     raise_fd_limit()
     processes = choose_processes(plan, requests)
     if processes == 1:
-        tallies = [await _run_here(target, plan, requests, on_progress)]
+        client = Client(target)
+        driver = Driver(client, plan, requests)
+        try:
+            tallies = [await _run_here(client, driver, on_progress)]
+        except asyncio.CancelledError:
+            # Only a single process's records are at hand when it is cut short: several
+            # processes' come back when they finish, so theirs end with the run.
+            started_at = time.time() - driver.clock()
+            cut = outcome(plan, [driver.tally], started_at, processes)
+            raise LoadInterrupted(cut, driver.clock()) from None
         started_at = time.time() - (time.perf_counter() - tallies[0].t0)
     else:
         started_at = time.time()
@@ -126,12 +155,9 @@ async def run_load(
     return outcome(plan, tallies, started_at, processes)
 
 
-async def _run_here(
-    target: Target, plan: LoadPlan, requests: Sequence[RequestSpec], on_progress: ProgressFn | None
-) -> Tally:
-    client = Client(target)
+async def _run_here(client: Client, driver: Driver, on_progress: ProgressFn | None) -> Tally:
+    plan = driver.plan
     try:
-        driver = Driver(client, plan, requests)
         if plan.load.mode is LoadMode.CONCURRENCY:
             await client.preconnect(min(int(plan.load.value), PRECONNECT_MAX))
         client.t0 = time.perf_counter()
@@ -146,9 +172,7 @@ def outcome(
     """The outcome of a run from the tallies of its processes."""
     records = sorted((r for t in tallies for r in t.records), key=lambda r: r.intended_s)
     measured = [r for r in records if not r.warmup]
-    duration = (
-        max(r.end_s for r in measured) - min(r.intended_s for r in measured) if measured else 0.0
-    )
+    duration = _measured_span_s(records)
     cpu = max((t.cpu_s / t.wall_s for t in tallies if t.wall_s > 0), default=0.0)
     # Warm-up requests count here: they load the server as much as measured ones do.
     peak = peak_in_flight(records)
@@ -179,6 +203,14 @@ def outcome(
         peak_in_flight=peak,
         load_reached=reached,
     )
+
+
+def _measured_span_s(records: Sequence[RequestRecord]) -> float:
+    """The measured window: first measured intended send to the last measured answer."""
+    measured = [r for r in records if not r.warmup]
+    if not measured:
+        return 0.0
+    return max(r.end_s for r in measured) - min(r.intended_s for r in measured)
 
 
 def peak_in_flight(records: Sequence[RequestRecord]) -> int:

@@ -25,10 +25,11 @@ from servepilot.bench.runlength import (
     level_pace,
     run_loads,
 )
-from servepilot.bench.runner import LoadOutcome, run_load
+from servepilot.bench.runner import LoadInterrupted, LoadOutcome, ended_by, run_load
 from servepilot.bench.soak import (
     MemorySample,
     MemorySampler,
+    finished_windows,
     sample_every,
     sample_memory,
     with_soak,
@@ -56,10 +57,10 @@ class BenchOptions:
     processes: int | None = None
     metrics_url: str | None = None
     chat: ChatFrame = field(default_factory=ChatFrame)
+    """What the chat template adds to a message, taken off each message's text."""
     memory_sources: MemorySampler | None = None
     """Soak: memory beyond the target's /metrics (a local fleet's replica processes and
     GPUs), sampled with it at every window's end."""
-    """What the chat template adds to a message, taken off each message's text."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,8 +148,9 @@ class BenchOutput:
 
 
 async def run_bench(opts: BenchOptions, tokenizer: Tokenizer, report: BenchReporter) -> BenchOutput:
-    """Run the levels. Ctrl-C after a finished level ends the run with the finished levels
-    (the result marked `interrupted`); before any finished, it stops the command as usual."""
+    """Run the levels. Ctrl-C after a finished level (or a soak's finished window) ends the run
+    with what finished (the result marked `interrupted`); before anything finished, it stops
+    the command as usual."""
     runs: list[Run] = []
     records: list[tuple[Load, RequestRecord]] = []
     interrupted = False
@@ -158,7 +160,8 @@ async def run_bench(opts: BenchOptions, tokenizer: Tokenizer, report: BenchRepor
         if not runs:
             raise
         interrupted = True
-        report.note(f"interrupted: keeping the finished levels ({len(runs)})")
+        if opts.soak_s is None:
+            report.note(f"interrupted: keeping the finished levels ({len(runs)})")
     else:
         if opts.levels.sweep is not None:
             report.note(f"sweep stopped: {reason}")
@@ -203,23 +206,65 @@ async def _run_levels(
             pool_size(plan),
         )
         report.level_started(load, plan.max_requests, plan.duration_s)
-        outcome, soak_memory = await _run_level(opts, plan, workload, report, clock)
-        if outcome.no_usage:
-            report.note(
-                f"{outcome.no_usage} answers carried no token usage: output tokens were "
-                "counted as streamed chunks (enable stream_options.include_usage on the server)"
-            )
-        gap = count_gap_note(opts.chat, opts.target.endpoint, workload, outcome.records)
-        if gap is not None:
-            report.note(gap)
-        run = _level_run(opts, load, outcome)
-        if opts.soak_s is not None:
-            run = with_soak(run, outcome.records, opts.window_s, soak_memory)
+        memory: list[MemorySample] = []
+        try:
+            outcome = await _run_level(opts, plan, workload, report, clock, memory)
+        except LoadInterrupted as cut:
+            if opts.soak_s is not None:
+                _keep_finished_windows(opts, load, cut, memory, (runs, records), report)
+            raise
+        run = _level_done(opts, load, workload, outcome, memory, report)
         records += [(load, r) for r in outcome.records]
         runs.append(run)
         report.level_done(run)
         clock.level_done(run, len(outcome.records), time.perf_counter() - started_s)
     return step.reason
+
+
+def _level_done(
+    opts: BenchOptions,
+    load: Load,
+    workload: Sequence[RequestSpec],
+    outcome: LoadOutcome,
+    memory: Sequence[MemorySample],
+    report: BenchReporter,
+) -> Run:
+    """The run of a finished level, with what the user should know about its answers."""
+    if outcome.no_usage:
+        report.note(
+            f"{outcome.no_usage} answers carried no token usage: output tokens were "
+            "counted as streamed chunks (enable stream_options.include_usage on the server)"
+        )
+    gap = count_gap_note(opts.chat, opts.target.endpoint, workload, outcome.records)
+    if gap is not None:
+        report.note(gap)
+    run = _level_run(opts, load, outcome)
+    if opts.soak_s is not None:
+        run = with_soak(run, outcome.records, opts.window_s, memory)
+    return run
+
+
+def _keep_finished_windows(
+    opts: BenchOptions,
+    load: Load,
+    cut: LoadInterrupted,
+    memory: Sequence[MemorySample],
+    into: tuple[list[Run], list[tuple[Load, RequestRecord]]],
+    report: BenchReporter,
+) -> None:
+    """A soak cut short keeps its finished windows as its run: the requests that ended in
+    them, and the memory sampled at their ends (memory[0] is the start)."""
+    done, end_s = finished_windows(cut.outcome.records, opts.window_s, cut.stopped_s)
+    if done == 0:
+        report.note("interrupted before the soak's first window finished: nothing to keep")
+        return
+    outcome = ended_by(cut.outcome, end_s)
+    run = with_soak(_level_run(opts, load, outcome), outcome.records, opts.window_s,
+                    memory[: done + 1])  # fmt: skip
+    runs, records = into
+    records += [(load, r) for r in outcome.records]
+    runs.append(run)
+    report.note(f"interrupted: keeping the soak's {done} finished window{'s' if done != 1 else ''}")
 
 
 def _level_run(opts: BenchOptions, load: Load, outcome: LoadOutcome) -> Run:
@@ -241,7 +286,11 @@ async def _run_level(
     workload: Sequence[RequestSpec],
     report: BenchReporter,
     clock: RunClock,
-) -> tuple[LoadOutcome, list[MemorySample]]:
+    memory: list[MemorySample],
+) -> LoadOutcome:
+    """Run one level; a soak also samples memory into `memory` (kept by the caller, so that a
+    soak cut short still has the samples of its finished windows)."""
+
     def progress(completed: int, failed: int, elapsed_s: float) -> None:
         left_s = clock.progress(plan, completed + failed, elapsed_s)
         report.progress(
@@ -251,16 +300,20 @@ async def _run_level(
         )
 
     if opts.soak_s is None:
-        return await run_load(opts.target, plan, workload, on_progress=progress), []
-    memory: list[MemorySample] = []
+        return await run_load(opts.target, plan, workload, on_progress=progress)
     url = _metrics_url(opts)
     sampler = asyncio.ensure_future(sample_every(url, opts.memory_sources, opts.window_s, memory))
     try:
         outcome = await run_load(opts.target, plan, workload, on_progress=progress)
-    finally:
-        await cancel_and_wait(sampler)
+    except BaseException:
+        sampler.cancel()
+        # Not cancel_and_wait: under a cancellation it raises a plain CancelledError, which
+        # would replace a LoadInterrupted and the finished requests it carries.
+        await asyncio.wait([sampler])
+        raise
+    await cancel_and_wait(sampler)
     memory.append(await sample_memory(url, opts.memory_sources))
-    return outcome, memory
+    return outcome
 
 
 def _metrics_url(opts: BenchOptions) -> str:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from servepilot.bench.metrics import windows
+from servepilot.bench.metrics import measured, windows
 from servepilot.bench.records import RequestRecord
 from servepilot.core.results import Run
 from servepilot.engine.metrics import parse_metrics
@@ -68,6 +68,19 @@ def with_soak(
             "memory_growth_by_source_bytes_per_request": growth_by_source(samples, run.completed),
         }
     )
+
+
+def finished_windows(
+    records: Sequence[RequestRecord], window_s: float, stopped_s: float
+) -> tuple[int, float]:
+    """Of a soak stopped at `stopped_s`: how many whole windows had passed, and when the last
+    of them ended (the records' clock). Windows start at the first measured request."""
+    counted = measured(records)
+    if not counted or window_s <= 0:
+        return 0, stopped_s
+    start_s = min(r.intended_s for r in counted)
+    done = max(int((stopped_s - start_s) // window_s), 0)
+    return done, start_s + done * window_s
 
 
 def growth_by_source(samples: Sequence[MemorySample], completed: int) -> dict[str, float]:

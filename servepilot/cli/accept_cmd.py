@@ -21,6 +21,7 @@ from servepilot.core import loop
 from servepilot.core.config import load_config
 from servepilot.core.errors import ConfigError
 from servepilot.core.units import parse_duration_s
+from servepilot.fleet.soak_memory import MemorySampler, soak_memory
 from servepilot.observe.accept.items import Verdict
 from servepilot.observe.accept.report import overall, write_report
 from servepilot.observe.accept.run import Acceptance, AcceptOptions, run_accept
@@ -36,7 +37,8 @@ fail, or n/a and why) with its evidence per item:
   4. throughput, TTFT, TPOT and P99 over a concurrency curve (bench's sweep)
   5. the sweet spot, with P99 within fleet.yaml's slo there
   6. quantization when the KV budget binds               (preemptions during the run)
-  7. a soak at the sweet spot: no leak (2 MB/request), no avalanche (1% failed), P99 steady
+  7. a soak at the sweet spot: no leak (2 MB/request) in the gateway, the replicas'
+     processes or the GPUs, no avalanche (1% failed), P99 steady
   8. the configuration and the steps written down        (the report itself)
 
 The sweep and the soak are `servepilot bench`'s (the same load, numbers and progress); their
@@ -45,7 +47,8 @@ defaults are sized for this machine's CPU fleet (minutes); an acceptance soak is
 more (--soak 30m). Exit code 1 when an item fails.
 
 Without --url, accept tests the fleet `servepilot up` runs here (and reads its replicas'
-logs); with --url, a fleet elsewhere (item 3 is then n/a).
+logs and memory, as `bench --soak` does); with --url, a fleet elsewhere (item 3 is then n/a,
+and item 7 fails: a leak in the replicas cannot be checked from here).
 
 examples:
   servepilot accept -c fleet.yaml --out runs/accept
@@ -91,7 +94,7 @@ def run_accept_cmd(args: argparse.Namespace) -> int:
         target=target, config=load_config(args.config), logs=fleet.replica_logs(),
         requests=args.requests, max_concurrency=args.max_concurrency,
         input_tokens=args.input_tokens, output_tokens=args.output_tokens,
-        soak_s=parse_duration_s(args.soak, "--soak"),
+        soak_s=parse_duration_s(args.soak, "--soak"), memory_sources=_memory_sources(fleet),
     )  # fmt: skip
     tokenizer = open_tokenizer(target.base_url, target.model, None)
     with level_bars() as bars:
@@ -101,6 +104,12 @@ def run_accept_cmd(args: argparse.Namespace) -> int:
                                         _commands(args, fleet))  # fmt: skip
     print_step(f"wrote {html_path} and {json_path}")
     return 1 if overall(acceptance) is Verdict.FAIL else 0
+
+
+def _memory_sources(fleet: FleetTarget) -> MemorySampler | None:
+    memory = soak_memory(fleet.gateway_url)
+    print_step(memory.described)
+    return memory.sampler
 
 
 def _commands(args: argparse.Namespace, fleet: FleetTarget) -> list[str]:

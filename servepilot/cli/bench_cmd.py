@@ -12,7 +12,6 @@ from servepilot.bench.console import run_warnings
 from servepilot.bench.outputs import check_out_dir, write_outputs
 from servepilot.bench.records import Endpoint
 from servepilot.bench.session import BenchOptions, BenchOutput, run_bench
-from servepilot.bench.soak import MemorySampler
 from servepilot.bench.target import served_model
 from servepilot.bench.tokenizer import Tokenizer, open_tokenizer
 from servepilot.cli.console import out_console, print_step, print_warning
@@ -24,7 +23,7 @@ from servepilot.core.errors import ConfigError
 from servepilot.core.results import load_result
 from servepilot.core.slo import Slo, parse_slo
 from servepilot.core.units import parse_duration_s
-from servepilot.fleet.soak_memory import fleet_memory_sampler, local_fleet
+from servepilot.fleet.soak_memory import MemorySampler, soak_memory
 
 DESCRIPTION = """\
 Load-test an OpenAI-compatible endpoint (a vLLM server, a servepilot gateway, any other) and
@@ -49,8 +48,8 @@ stderr is not a terminal (a log file, CI), progress comes as plain lines, at mos
 Prompts have exactly --input-tokens tokens as the server counts them (usage.prompt_tokens), cut
 with its own tokenizer; on chat the template's tokens, measured once, come off each message's
 text. Results go to --out: results.json (schema servepilot.bench/v1), requests.csv (one row per
-request) and report.html (plots). Ctrl-C keeps the levels already finished (results marked
-interrupted; exit code 130).
+request) and report.html (plots). Ctrl-C keeps the levels already finished, or a soak's
+finished windows (results marked interrupted; exit code 130).
 
 examples:
   # sized for the default fleet of `make serve` (one vLLM-CPU replica): minutes each
@@ -169,14 +168,9 @@ def _report(output: BenchOutput, out_dir: Path | None) -> None:
 
 
 def _memory_sources(root: str) -> MemorySampler | None:
-    record = local_fleet(root)
-    if record is None:
-        print_step("soak memory: the target's /metrics only (per replica process and GPU "
-                   "only for a servepilot fleet running on this machine)")  # fmt: skip
-        return None
-    print_step(f"soak memory: the target's /metrics, each process of its "
-               f"{len(record.replicas)} replica(s), and each GPU")  # fmt: skip
-    return fleet_memory_sampler(record)
+    memory = soak_memory(root)
+    print_step(memory.described)
+    return memory.sampler
 
 
 def _window_s(args: argparse.Namespace, soak_s: float | None) -> float:

@@ -110,7 +110,7 @@ def _chart(summary: Summary) -> str:
         refs = (RefLine(base, f"default {fmt_num(base)}", "#777"),)
     chart = Chart(
         "goodput at the SLA by trial",
-        Axis("trial"),
+        Axis("trial", whole=True),
         Axis("goodput (req/s)"),
         (Series("goodput", points, PALETTE[0], tips=tips),),
         y_refs=refs,

@@ -47,6 +47,11 @@ def test_accept_end_to_end_with_a_short_soak(sim_fleet: RunningFleet, tmp_path: 
     assert [r["load"]["value"] for r in sweep["runs"]] == [1, 2]
     soak = json.loads((out / "soak" / "results.json").read_text())
     assert soak["runs"][0]["windows"]  # the soak is reported in windows
+    # The soak samples every replica's processes, as bench --soak does on this fleet.
+    for w in soak["runs"][0]["windows"]:
+        assert {key.split()[0] for key in w["memory_by_source_bytes"]} == {"r0", "r1"}
+    assert "the replicas' at most" in items[7]
+    assert "soak memory: the target's /metrics and each process of its 2 replicas" in done.stderr
     assert report["fleet_yaml"]["engine"]["kind"] == "sim"
     assert report["commands"][1].startswith("servepilot accept -c ")
     page = (out / "report.html").read_text()

@@ -24,8 +24,12 @@ PASS, FAIL, NA = Verdict.PASS, Verdict.FAIL, Verdict.NOT_APPLICABLE
 GPU_NODE = {"hardware": {"device": "gpu", "accelerator": "h100-80", "count": 8}}
 
 
+ENGINE = "r0 VLLM::EngineCor (pid 101)"
+
+
 def run(level: float, p99_ms: float, *, failed: int = 0, windows: tuple[SoakWindow, ...] = (),
-        growth: float | None = None, errors: dict[str, int] | None = None) -> Run:  # fmt: skip
+        growth: float | None = None, errors: dict[str, int] | None = None,
+        by_source: dict[str, float] | None = None) -> Run:  # fmt: skip
     s = Stats(mean=p99_ms / 2, p50=p99_ms / 2, p90=p99_ms * 0.9, p99=p99_ms, count=100)
     return Run(
         load=Load(mode=LoadMode.CONCURRENCY, value=level), duration_s=10.0,
@@ -33,6 +37,7 @@ def run(level: float, p99_ms: float, *, failed: int = 0, windows: tuple[SoakWind
         output_throughput=100.0 * level, total_token_throughput=200.0, ttft_ms=s, tpot_ms=s,
         itl_ms=s, e2e_ms=s, goodput_rps=10.0, slo_attainment=1.0, windows=windows,
         memory_growth_bytes_per_request=growth, errors=errors or {},
+        memory_growth_by_source_bytes_per_request=by_source or {},
     )  # fmt: skip
 
 
@@ -95,7 +100,8 @@ def test_quantization_is_needed_only_when_the_kv_cache_binds() -> None:
 
 def test_the_soak_fails_on_a_leak_an_avalanche_or_a_drifting_p99() -> None:
     config = FleetConfig()
-    steady = run(4, 200, windows=(window(180), window(200)), growth=1024.0)
+    steady = run(4, 200, windows=(window(180), window(200)), growth=1024.0,
+                 by_source={ENGINE: 2048.0})  # fmt: skip
     assert soak(steady, 120, config).verdict is PASS
     leak = soak(run(4, 200, growth=3 * 2**20), 120, config)
     assert (
@@ -114,11 +120,31 @@ def test_the_soak_fails_on_a_leak_an_avalanche_or_a_drifting_p99() -> None:
     assert soak(None, 120, config).verdict is FAIL
 
 
+def test_the_soak_checks_the_replicas_memory_not_only_the_gateways() -> None:
+    config = FleetConfig()
+    engine_leak = run(4, 200, growth=1024.0, by_source={ENGINE: 3 * 2**20, "gpu0": 0.0})
+    item = soak(engine_leak, 120, config)
+    assert item.verdict is FAIL
+    assert f"{ENGINE}: memory grew 3.0 MiB per request (leak above 2 MiB)" in item.evidence
+    ok = soak(run(4, 200, growth=1024.0, by_source={ENGINE: 2048.0}), 120, config)
+    assert ok.verdict is PASS
+    assert "memory a request: the gateway 1.0 KiB, the replicas' at most 2.0 KiB" in ok.evidence
+
+
+def test_a_soak_that_read_no_replica_memory_says_it_could_not_check_for_a_leak() -> None:
+    # The gateway's /metrics alone is not the engine: a leak inside vLLM would pass unseen.
+    for gateway_only in (run(4, 200, growth=1024.0), run(4, 200)):
+        item = soak(gateway_only, 120, FleetConfig())
+        assert item.verdict is FAIL
+        assert "could not check the replicas for a leak" in item.evidence
+
+
 def test_the_checklist_is_the_seeds_eight_items_in_order() -> None:
     measured = Measured(
         config=FleetConfig(), kv={"r0": KvCapacity(93_184, 2048, 45.5)},
         smoke=Smoke(True, "hello", 0.05), sweep=sweep(run(1, 100), run(2, 150), run(4, 200)),
-        soak=run(4, 200), soak_s=60.0, preemptions=0.0, recorded=True, replicas=1,
+        soak=run(4, 200, by_source={ENGINE: 0.0}), soak_s=60.0, preemptions=0.0,
+        recorded=True, replicas=1,
     )  # fmt: skip
     items = checklist(measured)
     assert [i.number for i in items] == list(range(1, 9))

@@ -357,3 +357,12 @@ def test_html_warns_of_refusals_a_load_never_reached_and_an_interruption() -> No
     assert "The run was interrupted (Ctrl-C)" in html
     assert "the server shed load: 75% of 12 requests were refused by the server" in html
     assert "concurrency 16 never reached its load: at most 12 requests were in flight" in html
+
+
+def test_the_html_report_says_nothing_of_slo_attainment_without_an_slo() -> None:
+    # Without an SLO every success "meets" it: "SLO met 100%" would claim a check not made.
+    runs = (make_run(1), make_run(4))
+    bare = render_html_report(make_result(runs, slo={}), generated_at=WHEN)
+    assert "SLO met" not in bare
+    assert "none set" in bare
+    assert "SLO met" in render_html_report(make_result(runs), generated_at=WHEN)

@@ -20,7 +20,7 @@ from servepilot.core.results import Load, LoadMode, Run
 from servepilot.core.slo import Slo
 from servepilot.engine.gpu.inventory import GpuDevice, GpuInventory
 from servepilot.engine.process_memory import process_tree, replica_memory
-from servepilot.fleet.soak_memory import fleet_memory_sampler, local_fleet
+from servepilot.fleet.soak_memory import fleet_memory_sampler, local_fleet, soak_memory
 from servepilot.fleet.state import FleetRecord, ReplicaRecord
 from tests.unit.test_bench_report import WHEN, make_result
 
@@ -89,6 +89,23 @@ def test_only_a_fleet_on_this_machine_is_found() -> None:
     assert local_fleet("http://localhost:8000", records) is records[0]
     assert local_fleet("http://10.1.2.3:8000", records) is None
     assert local_fleet("http://127.0.0.1:7000", records) is None
+
+
+class NoGpus:
+    def read(self) -> GpuInventory:
+        return GpuInventory(note="no NVIDIA driver")
+
+
+def test_bench_and_accept_find_a_soaks_memory_sources_in_one_place() -> None:
+    records = [record(8000, os.getpid())]
+    cpu = soak_memory("http://127.0.0.1:8000", records, gpus=NoGpus())
+    assert cpu.sampler is not None and "GPU" not in cpu.described
+    assert cpu.described.endswith("each process of its 1 replica")
+    assert not any(key.startswith("gpu") for key in cpu.sampler())
+    gpus = soak_memory("http://127.0.0.1:8000", records, gpus=TwoGpus())
+    assert gpus.described.endswith("each process of its 1 replica, and each of the 2 GPUs")
+    remote = soak_memory("http://10.1.2.3:8000", records, gpus=TwoGpus())
+    assert remote.sampler is None and "/metrics only" in remote.described
 
 
 def soak_run() -> Run:

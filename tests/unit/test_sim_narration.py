@@ -30,13 +30,19 @@ def test_describe_says_what_each_replica_is_and_where_its_step_times_come_from()
         "2 x llama-3.1-8b: max_num_seqs 1024, max_num_batched_tokens 8,192, 27,552 KV blocks of "
         "16 (440,832 tokens), gateway budget 256 per replica",
         "step times: roofline (roofline: h100-80/llama-3.1-8b)",
-        "prompt overhead: 0 tokens per request (the profile does not say; 0 assumed)",
-    )
+    )  # no profile, so no word of a profile's prompt overhead
+
+
+def test_a_profile_that_does_not_say_its_prompt_overhead_is_named() -> None:
+    setup = dataclasses.replace(replica_setup(CONFIG, None, frozenset()), from_profile=True)
+    lines = narration.describe(setup, fleet_spec(CONFIG, setup, network=NetworkConfig(), seed=0))
+    assert lines[2] == "prompt overhead: 0 tokens per request (the profile does not say; 0 assumed)"
 
 
 def test_describe_names_the_client_delay_and_whether_the_profile_measured_it() -> None:
     setup = dataclasses.replace(
         replica_setup(CONFIG, None, frozenset()),
+        from_profile=True,
         prompt_overhead_tokens=12,
         request_overhead_s=0.004,
     )

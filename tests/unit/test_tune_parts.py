@@ -224,3 +224,24 @@ def test_a_trials_preemptions_are_read_in_every_naming() -> None:
     for naming in ("vllm_legacy", "vllm_current", "ray_vllm"):
         assert _count((pages / f"{naming}.txt").read_text()) == 7
     assert _count("<html>not metrics</html>\n{{{") == 0
+
+
+@pytest.mark.parametrize("trials", [1, 2, 3])
+def test_the_reports_trial_axis_ticks_whole_trials(trials: int) -> None:
+    import re
+
+    from servepilot.tune.policy import Stop, StopReason
+    from servepilot.tune.report_html import render_report
+    from servepilot.tune.summary import summarize
+
+    config = TrialConfig.of({Knob.MAX_NUM_SEQS: 8})
+    done = [
+        Trial(i, config.with_value(Knob.MAX_NUM_SEQS, 8 * i),
+              Measurement((run(4, 2.0),), 8, 0, None, 0.0), 1.0, "step")
+        for i in range(1, trials + 1)
+    ]  # fmt: skip
+    summary = summarize(done, parse_slo("ttft_p99_ms=1000"), config, Stop(StopReason.BUDGET, "x"))
+    html = render_report(summary, title="m", context={}, fleet_yaml="", command="")
+    # The x axis's labels are the only centred text of the chart.
+    ticks = re.findall(r'text-anchor="middle">([^<]*)</text>', html)
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks

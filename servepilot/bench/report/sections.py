@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from html import escape
 
-from servepilot.bench.report.columns import RUN_COLUMNS
+from servepilot.bench.report.columns import report_columns
 from servepilot.bench.report.fmt import MISSING, fmt_bytes, fmt_ms, fmt_num, format_load
 from servepilot.bench.shortfalls import (
     client_limited,
@@ -118,14 +118,14 @@ def warnings(result: BenchResult) -> str:
 
 def runs_table(result: BenchResult) -> str:
     spot = result.sweet_spot.load if result.sweet_spot else None
+    columns = report_columns(result.slo)
     head = "".join(
-        f"<th>{escape(c.header)}<br><span class=unit>{escape(c.unit)}</span></th>"
-        for c in RUN_COLUMNS
+        f"<th>{escape(c.header)}<br><span class=unit>{escape(c.unit)}</span></th>" for c in columns
     )
     rows = []
     for run in result.runs:
         cells = []
-        for column in RUN_COLUMNS:
+        for column in columns:
             classes = []
             if column.over_slo(run, result.slo):
                 classes.append("over")

@@ -57,6 +57,8 @@ class Axis:
     hi: float | None = None
     ticks: tuple[float, ...] = ()
     """Log axes only: tick at these values (a doubling sweep's own levels) instead of 1-2-5."""
+    whole: bool = False
+    """Linear axes of counted things (trials): ticks at whole numbers only."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,8 @@ def _linear_domain(values: list[float], axis: Axis) -> tuple[float, float, tuple
     if hi <= lo:
         hi = lo + (abs(lo) or 1.0)
     step = _nice_step(hi - lo)
+    if axis.whole:  # 1, 2, 5, 10, ...: a 2.5 step rounds down to 2
+        step = float(max(1, math.floor(step)))
     lo = math.floor(lo / step + 1e-9) * step if axis.lo is None else lo
     hi = math.ceil(hi / step - 1e-9) * step if axis.hi is None else hi
     count = round((hi - lo) / step)

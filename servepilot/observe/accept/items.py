@@ -9,7 +9,11 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from servepilot.bench.shortfalls import LEAK_BYTES_PER_REQUEST, leak_bytes_per_request
+from servepilot.bench.shortfalls import (
+    LEAK_BYTES_PER_REQUEST,
+    leak_bytes_per_request,
+    leaking_sources,
+)
 from servepilot.core.config import Device, FleetConfig
 from servepilot.core.results import BenchResult, Run
 from servepilot.core.slo import Metric
@@ -233,27 +237,16 @@ def soak(run: Run | None, soak_s: float, config: FleetConfig) -> Item:
     if run is None:
         return Item(7, title, Verdict.FAIL, "the soak did not run")
     attempted = run.completed + run.failed
-    problems = []
-    if (growth := leak_bytes_per_request(run)) is not None:
-        problems.append(
-            f"memory grew {growth / 2**20:.1f} MiB per request "
-            f"(leak above {LEAK_BYTES_PER_REQUEST / 2**20:g} MiB)"
-        )
+    problems = _leaks(run)
     if not attempted or run.failed / attempted > MAX_FAILED_SHARE:
         problems.append(f"{run.failed} of {attempted} requests failed {dict(run.errors)}")
     drift = _p99_drift(run)
     if drift is not None and drift > MAX_P99_DRIFT:
         problems.append(f"E2E P99 drifted {drift:.1f}x from the first window to the last")
     problems += [f"over the SLA: {b}" for b in slo_breaches(run, config)]
-    growth_text = (
-        "unknown"
-        if run.memory_growth_bytes_per_request is None
-        else f"{run.memory_growth_bytes_per_request / 1024:,.1f} KiB"
-    )
     seen = (
         f"{soak_s:,.0f} s at c={run.load.value:g}: {run.completed:,} ok, {run.failed} failed, "
-        f"E2E p99 {_ms(run.e2e_ms.p99)}, memory {growth_text} a request, "
-        f"{len(run.windows)} windows"
+        f"E2E p99 {_ms(run.e2e_ms.p99)}, {_memory_text(run)}, {len(run.windows)} windows"
     )
     if soak_s < SEED_SOAK_S:
         seen += (
@@ -263,6 +256,35 @@ def soak(run: Run | None, soak_s: float, config: FleetConfig) -> Item:
     if problems:
         return Item(7, title, Verdict.FAIL, f"{seen}; " + "; ".join(problems))
     return Item(7, title, Verdict.PASS, seen)
+
+
+def _leaks(run: Run) -> list[str]:
+    """The soak's leaks by the 2 MB/request rule, the gateway's and each replica source's; a
+    soak that read no replica memory did not check for one (the gateway is not the engine)."""
+    above = f"(leak above {LEAK_BYTES_PER_REQUEST / 2**20:g} MiB)"
+    found = []
+    if (growth := leak_bytes_per_request(run)) is not None:
+        found.append(f"memory grew {growth / 2**20:.1f} MiB per request {above}")
+    for source, grew in leaking_sources(run).items():
+        found.append(f"{source}: memory grew {grew / 2**20:.1f} MiB per request {above}")
+    if not run.memory_growth_by_source_bytes_per_request:
+        found.append(
+            "could not check the replicas for a leak: no replica process or GPU memory was "
+            "read (accept reads them for a fleet `servepilot up` runs on this machine)"
+        )
+    return found
+
+
+def _memory_text(run: Run) -> str:
+    gateway = run.memory_growth_bytes_per_request
+    said = "memory a request: the gateway " + (
+        "unknown" if gateway is None else f"{gateway / 1024:,.1f} KiB"
+    )
+    by_source = run.memory_growth_by_source_bytes_per_request
+    if by_source:
+        worst = max(by_source, key=lambda name: by_source[name])
+        said += f", the replicas' at most {by_source[worst] / 1024:,.1f} KiB ({worst})"
+    return said
 
 
 def _p99_drift(run: Run) -> float | None:

@@ -14,6 +14,7 @@ import aiohttp
 from servepilot.bench.chat_template import measure_chat_frame
 from servepilot.bench.client import Target
 from servepilot.bench.session import BenchOptions, BenchOutput, BenchReporter, run_bench
+from servepilot.bench.soak import MemorySampler
 from servepilot.bench.tokenizer import Tokenizer
 from servepilot.core.config import FleetConfig
 from servepilot.core.errors import FleetError, ServepilotError
@@ -46,6 +47,9 @@ class AcceptOptions:
     output_tokens: int
     soak_s: float
     seed: int = 0
+    memory_sources: MemorySampler | None = None
+    """The soak's memory beyond the gateway's /metrics: the replicas' processes and GPUs, as
+    `bench --soak` reads them (fleet/soak_memory.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +133,7 @@ def _soak_options(opts: AcceptOptions, tokenizer: Tokenizer, load: Load) -> Benc
         slo=opts.config.slo,
         soak_s=opts.soak_s,
         window_s=max(5.0, opts.soak_s / 6),
+        memory_sources=opts.memory_sources,
         chat=measure_chat_frame(tokenizer, opts.target.endpoint),
     )
 

@@ -10,7 +10,8 @@ from servepilot.sim.fleet.setup import ReplicaSetup
 
 
 def describe(setup: ReplicaSetup, spec: FleetSpec) -> tuple[str, ...]:
-    """The replicas, where their step times come from, the prompt overhead, the client delay."""
+    """The replicas, where their step times come from, a profile's prompt overhead, the client
+    delay."""
     s = setup.scheduler
     lines = [
         f"{spec.replicas} x {setup.model_name}: max_num_seqs {s.max_num_seqs}, "
@@ -18,8 +19,9 @@ def describe(setup: ReplicaSetup, spec: FleetSpec) -> tuple[str, ...]:
         f"{s.block_size} ({setup.kv_capacity_tokens:,} tokens), gateway budget "
         f"{spec.capacity} per replica",
         f"step times: {setup.cost_kind} ({spec.cost.source})",
-        _prompt_overhead(setup),
     ]
+    if setup.from_profile:  # without a profile there is no overhead to speak of
+        lines.append(_prompt_overhead(setup))
     client_ms = spec.network.client_gateway_s * 1e3
     if client_ms:
         measured = spec.network.client_gateway_s == setup.request_overhead_s / 2

@@ -61,6 +61,8 @@ class ReplicaSetup:
     notes: tuple[str, ...] = ()
     chat_template_tokens: int = 0
     """A chat profile's template tokens: inside --input-tokens, not added to it."""
+    from_profile: bool = False
+    """Step times and overheads came from a --profile (calibrated or GPU-profiled)."""
 
 
 def replica_setup(
@@ -111,6 +113,7 @@ def replica_setup(
         ),
         model_name=config.model.served_name or request.model.name,
         notes=tuple(notes),
+        from_profile=profile is not None,
     )
 
 

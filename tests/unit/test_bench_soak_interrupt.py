@@ -1,0 +1,74 @@
+"""Ctrl-C during `bench --soak` keeps the windows that finished, marked interrupted, and says
+where they went: a real SIGINT to a real `servepilot bench` against the simulated replica."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.unit.sim_support import BASE_ARGS, COST_FLAGS, ThreadedSim
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _answered(url: str) -> float:
+    lines = httpx.get(f"{url}/metrics", timeout=5).text.splitlines()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in lines
+        if line.startswith("vllm:request_success_total")
+    )
+
+
+def _soak(url: str, out: Path) -> subprocess.Popen[str]:
+    # A suite started in the background by a non-interactive shell inherits SIGINT ignored,
+    # and so would bench: a Python handler here is reset to the default at exec.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "servepilot", "bench", "--url", url, "--concurrency", "2",
+             "--soak", "60s", "--window", "2s", "--input-tokens", "40", "--output-tokens", "8",
+             "--out", str(out)],
+            cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_during_a_soak_keeps_its_finished_windows(tmp_path: Path) -> None:
+    out = tmp_path / "soak"
+    with ThreadedSim([*BASE_ARGS, *COST_FLAGS]) as sim:
+        proc = _soak(sim.url, out)
+        try:
+            deadline = time.monotonic() + 120
+            while _answered(sim.url) < 1:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.05)
+            time.sleep(5.0)  # two windows of 2 s finished, the third under way
+            proc.send_signal(signal.SIGINT)
+            stdout, stderr = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr
+    said = " ".join((stdout + stderr).split())
+    assert "finished soak windows" in said and f"{out}/results.json" in said
+    data = json.loads((out / "results.json").read_text())
+    assert data["interrupted"] is True
+    [run] = data["runs"]
+    assert 2 <= len(run["windows"]) <= 3
+    assert all(w["completed"] > 0 for w in run["windows"])
+    # The run is its finished windows: no request ended after the last one's end.
+    assert run["completed"] == sum(w["completed"] for w in run["windows"])
+    rows = (out / "requests.csv").read_text().splitlines()
+    assert len(rows) - 1 >= run["completed"]
+    assert "interrupted" in (out / "report.html").read_text()
