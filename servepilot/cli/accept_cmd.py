@@ -14,7 +14,7 @@ from servepilot.bench.outputs import check_out_dir
 from servepilot.bench.target import served_model
 from servepilot.bench.tokenizer import open_tokenizer
 from servepilot.cli.console import out_console, print_step
-from servepilot.cli.fleet_target import FleetTarget, find_fleet
+from servepilot.cli.fleet_target import FleetTarget, add_fleet_choice, find_fleet
 from servepilot.cli.levels_view import bench_reporter, level_bars
 from servepilot.cli.options import add_config_flag
 from servepilot.core import loop
@@ -64,8 +64,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_flag(parser)
-    parser.add_argument("--url", metavar="URL",
-                        help="the gateway (default: the fleet `up` runs here)")  # fmt: skip
+    add_fleet_choice(parser)
     parser.add_argument("--out", type=Path, metavar="DIR", required=True,
                         help="write report.html, report.json, sweep/ and soak/ here")  # fmt: skip
     parser.add_argument("--requests", type=int, default=8, metavar="N",
@@ -87,7 +86,7 @@ def run_accept_cmd(args: argparse.Namespace) -> int:
     if args.requests < 1 or args.max_concurrency < 1:
         raise ConfigError("--requests and --max-concurrency must be at least 1")
     check_out_dir(args.out)
-    fleet = find_fleet(args.url)
+    fleet = find_fleet(args.url, args.port)
     model = args.model or served_model(fleet.gateway_url, args.api_key)
     target = Target(base_url=fleet.gateway_url, model=model, api_key=args.api_key)
     opts = AcceptOptions(

@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.text import Text
 
 from servepilot.cli.console import out_console, print_step, print_warning
-from servepilot.cli.fleet_target import FleetTarget, find_fleet
+from servepilot.cli.fleet_target import FleetTarget, add_fleet_choice, find_fleet
 from servepilot.cli.options import add_config_flag
 from servepilot.core.config import load_config
 from servepilot.core.errors import FleetError
@@ -53,8 +53,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_flag(parser)
-    parser.add_argument("--url", metavar="URL",
-                        help="the gateway (default: the fleet `up` runs here)")  # fmt: skip
+    add_fleet_choice(parser)
     parser.add_argument("--save", type=Path, metavar="DIR", help="record the evidence here")
     parser.add_argument("--from", dest="replay", type=Path, metavar="DIR",
                         help="diagnose evidence recorded with --save instead")  # fmt: skip
@@ -66,7 +65,7 @@ def run_doctor(args: argparse.Namespace) -> int:
     if args.replay is not None:
         evidence = recorded.load(args.replay)
     else:
-        target = _target(args.url)
+        target = _target(args.url, args.port)
         logs = target.replica_logs() if target is not None else {}
         url = target.gateway_url if target is not None else None
         config = load_config(args.config)
@@ -85,11 +84,11 @@ def run_doctor(args: argparse.Namespace) -> int:
     return 1 if any(f.severity is Severity.PROBLEM for f in findings) else 0
 
 
-def _target(url: str | None) -> FleetTarget | None:
+def _target(url: str | None, port: int | None) -> FleetTarget | None:
     try:
-        return find_fleet(url)
+        return find_fleet(url, port)
     except FleetError as exc:
-        if url is not None:
+        if url is not None or port is not None:
             raise
         print_warning(f"{exc.message}: checking this machine only")
         return None

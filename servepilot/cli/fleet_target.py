@@ -1,9 +1,10 @@
-"""Which running fleet `top`, `doctor` and `accept` look at: the one --url names (or `top
---port`), else the one `servepilot up` is running (found by its record, as `status` finds
-it)."""
+"""Which running fleet `top`, `doctor` and `accept` look at: the one --url names, or the one
+`servepilot up` runs here on --port, else the only one `up` runs here (found by its record, as
+`status` finds it)."""
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,15 @@ class FleetTarget:
         return logs
 
 
+def add_fleet_choice(parser: argparse.ArgumentParser) -> None:
+    """--url or --port, as `status`, `down` and `logs` pick a fleet by --port."""
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--url", metavar="URL",
+                       help="the gateway (default: the fleet `up` runs here)")  # fmt: skip
+    which.add_argument("--port", type=int, metavar="P",
+                       help="the fleet `up` runs here on this port")  # fmt: skip
+
+
 def find_fleet(url: str | None, port: int | None = None) -> FleetTarget:
     """The fleet at `url`, else the one serving on `port`, else the only one serving."""
     serving = [r for r in read_records() if r.is_alive() and r.state is FleetState.SERVING]
@@ -50,5 +60,5 @@ def find_fleet(url: str | None, port: int | None = None) -> FleetTarget:
         )
     if len(serving) > 1:
         urls = ", ".join(r.gateway_url for r in serving)
-        raise FleetError(f"fleets serve at {urls}", hint="pass --url to pick one")
+        raise FleetError(f"fleets serve at {urls}", hint="pass --port or --url to pick one")
     return FleetTarget(serving[0].gateway_url, serving[0])

@@ -11,7 +11,7 @@ from rich.live import Live
 from rich.text import Text
 
 from servepilot.cli.console import draw, out_console
-from servepilot.cli.fleet_target import find_fleet
+from servepilot.cli.fleet_target import add_fleet_choice, find_fleet
 from servepilot.core.errors import FleetError
 from servepilot.observe.top.poll import poll
 from servepilot.observe.top.view import Screen, TopView
@@ -46,11 +46,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    which = parser.add_mutually_exclusive_group()
-    which.add_argument("--url", metavar="URL",
-                       help="the gateway (default: the fleet `up` runs here)")  # fmt: skip
-    which.add_argument("--port", type=int, metavar="P",
-                       help="the fleet `up` runs here on this port")  # fmt: skip
+    add_fleet_choice(parser)
     parser.add_argument("--interval", type=float, default=1.0, metavar="S",
                         help="seconds between refreshes (default 1)")  # fmt: skip
     parser.set_defaults(run=run_top)

@@ -1,7 +1,7 @@
 """Two fleets of one simulated replica each, on ports other than the default: what `up` prints
-names its port, and `top`, `status`, `down` and `logs` each pick a fleet by --port (`logs`
-also once that fleet is gone and a newer one ran); a port with no fleet is an error, a bare
-`down` with nothing to stop is not."""
+names its port, and `top`, `doctor`, `accept`, `status`, `down` and `logs` each pick a fleet
+by --port (`logs` also once that fleet is gone and a newer one ran); a port with no fleet is
+an error, a bare `down` with nothing to stop is not."""
 
 from __future__ import annotations
 
@@ -33,10 +33,18 @@ def test_each_command_picks_a_fleet_by_its_port(tmp_path: Path) -> None:
         assert f"{first.url}: 1 of 1 replicas healthy" in top.stdout
         assert second.url not in top.stdout
 
+        # Without --port, doctor cannot tell the two apart; with it, it reads the first one.
+        both = cli(["doctor", "--json"], env)
+        assert "checking this machine only" in both.stderr, both.stderr
+        doctor = cli(["doctor", "--json", "--port", str(first.port)], env)
+        assert doctor.returncode in (0, 1), doctor.stderr
+        assert "checking this machine only" not in doctor.stderr, doctor.stderr
+
         nobody = free_port()
         ports = ", ".join(str(p) for p in sorted((first.port, second.port)))
-        for command in ("status", "down", "top"):
-            missing = cli([command, "--port", str(nobody)], env)
+        for command in ("status", "down", "top", "doctor", "accept"):
+            extra_args = ["--out", str(tmp_path / "accept")] if command == "accept" else []
+            missing = cli([command, "--port", str(nobody), *extra_args], env)
             assert missing.returncode == 1, (command, missing.stdout, missing.stderr)
             assert f"error: no fleet on port {nobody}; fleets run on ports {ports}" in (
                 " ".join(missing.stderr.split())
