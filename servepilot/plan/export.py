@@ -55,13 +55,24 @@ def fleet_config(plan: Plan) -> FleetConfig:
         enforce_eager=cpu,
     )
     return FleetConfig(
-        model=ModelConfig(source=req.model_ref),
+        model=_model(plan),
         hardware=_hardware(plan),
         engine=engine,
         replicas=ReplicasConfig(count=max(1, option.replicas)),
         slo=req.slo,
         traffic=req.traffic,
     )
+
+
+def _model(plan: Plan) -> ModelConfig:
+    """The checkpoint the plan serves: the model as named, or, for weights vLLM cannot quantize
+    as it loads them, the checkpoint in that format (a repository a preset knows, or the
+    placeholder of one to make), which `plan` reads back as the model in that format."""
+    req = plan.request
+    if not needs_quantized_checkpoint(req.model, req.weights_dtype):
+        return ModelConfig(source=req.model_ref)
+    checkpoint = checkpoint_for(req.model, req.model_ref, req.weights_dtype)
+    return ModelConfig(source=checkpoint.model, served_name=req.model.name)
 
 
 def _hardware(plan: Plan) -> HardwareConfig:
@@ -104,11 +115,18 @@ def fleet_yaml(plan: Plan) -> str:
         f"{plan.request.nodes} x {plan.request.count} {plan.request.accelerator.name}\n"
     )
     req = plan.request
-    repo = checkpoint_for(req.model, req.model_ref, req.weights_dtype).model
-    if req.model.repo_id is not None:
+    checkpoint = checkpoint_for(req.model, req.model_ref, req.weights_dtype)
+    if checkpoint.is_placeholder:
         header += (
-            f"# model.source names a preset: download {repo} and set model.source to its "
-            "folder before `servepilot up`\n"
+            f"# model.source is a checkpoint to make: {checkpoint.note}; then set model.source "
+            "to its folder before `servepilot up`\n"
+        )
+    elif req.model.repo_id is not None:
+        quantized = needs_quantized_checkpoint(req.model, req.weights_dtype)
+        what = "a published checkpoint" if quantized else "a preset"
+        header += (
+            f"# model.source names {what}: download {checkpoint.model} and set model.source to "
+            "its folder before `servepilot up`\n"
         )
     return header + yaml.safe_dump(data, sort_keys=False)
 
