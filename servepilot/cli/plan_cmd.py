@@ -10,6 +10,7 @@ from rich.text import Text
 
 from servepilot.cli.console import draw, out_console, print_step, print_warning
 from servepilot.cli.options import add_config_flag, config_from_args
+from servepilot.core.config import EngineConfig
 from servepilot.core.errors import ConfigError
 from servepilot.engine.args import vllm_command
 from servepilot.engine.cpu import cpu_flags
@@ -127,12 +128,13 @@ def run(args: argparse.Namespace) -> int:
     # does: an answer to act on rather than a config vLLM would refuse.
     step = None if plan.fits else plan.first_fitting_step
     runnable = plan if step is None else make_plan(step.request)
-    launch = launch_of(runnable) if runnable.fits else None
+    given = config.engine
+    launch = launch_of(runnable, given) if runnable.fits else None
     # A rung at the original precision (more accelerators or nodes), offered beside the first.
     wider = next((s for s in plan.ladder if s.fits and s.widens and s is not step), None)
-    also = None if wider is None else (wider.action, launch_of(make_plan(wider.request)))
+    also = None if wider is None else (wider.action, launch_of(make_plan(wider.request), given))
     if args.out is not None and runnable.fits:
-        _write(args.out, fleet_yaml(runnable))
+        _write(args.out, fleet_yaml(runnable, given))
     if args.json:
         data = plan_json(plan) | _launch_json(launch if plan.fits else None)
         if step is not None:
@@ -154,11 +156,12 @@ def run(args: argparse.Namespace) -> int:
     return 0 if plan.fits else 1
 
 
-def launch_of(plan: Plan) -> Launch:
-    """How to start `plan` as printed: the checkpoint it serves and its `vllm serve` line."""
+def launch_of(plan: Plan, given: EngineConfig | None = None) -> Launch:
+    """How to start `plan` as printed: the checkpoint it serves and its `vllm serve` line,
+    with the engine section `given` as planned (what `k8s render` runs too)."""
     req = plan.request
     checkpoint = checkpoint_for(req.model, req.model_ref, req.weights_dtype)
-    command = vllm_command(fleet_config(plan), checkpoint.model, req.model.name)
+    command = vllm_command(fleet_config(plan, given), checkpoint.model, req.model.name)
     return Launch(command, nodes=plan.option.parallelism.pp, checkpoint=checkpoint)
 
 

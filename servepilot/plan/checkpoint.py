@@ -10,6 +10,7 @@ naming another method than the checkpoint's is refused.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from servepilot.plan.dtypes import WeightDtype
@@ -39,7 +40,7 @@ def checkpoint_for(spec: ModelSpec, model_ref: str, weights: WeightDtype) -> Che
         return Checkpoint(
             known, f"{known} is a published {weights.value} checkpoint of {spec.name}"
         )
-    placeholder = f"<{weights.value} checkpoint of {spec.name}>"
+    placeholder = placeholder_for(spec.name, weights)
     return Checkpoint(
         placeholder,
         f"fill in {placeholder}: servepilot knows no published {weights.value} checkpoint "
@@ -47,6 +48,21 @@ def checkpoint_for(spec: ModelSpec, model_ref: str, weights: WeightDtype) -> Che
         f"Hugging Face Hub or make it ({_MAKERS[weights]})",
     )
 
+
+def placeholder_for(model_name: str, weights: WeightDtype) -> str:
+    """What a command (and a planned fleet.yaml's model.source) names a checkpoint to make by."""
+    return f"<{weights.value} checkpoint of {model_name}>"
+
+
+def parse_placeholder(text: str) -> tuple[str, WeightDtype] | None:
+    """(model name, format) of a `placeholder_for` text; None for any other text."""
+    match = _PLACEHOLDER.fullmatch(text.strip())
+    if match is None or match["format"] not in WeightDtype.__members__.values():
+        return None
+    return match["model"], WeightDtype(match["format"])
+
+
+_PLACEHOLDER = re.compile(r"<(?P<format>[a-z0-9]+) checkpoint of (?P<model>[^<>]+)>")
 
 # Tools that write a checkpoint vLLM detects the format of (its quantization_config).
 _MAKERS: dict[WeightDtype, str] = {

@@ -29,39 +29,61 @@ _VLLM_DTYPE = {
 }
 
 
-def fleet_config(plan: Plan) -> FleetConfig:
-    """The planned deployment as a fleet config: model, hardware, layout, knobs, replicas."""
+def fleet_config(plan: Plan, given: EngineConfig | None = None) -> FleetConfig:
+    """The planned deployment as a fleet config: model, hardware, layout, knobs, replicas;
+    `given`: the engine section planned (what the plan does not decide is kept from it)."""
     req = plan.request
-    option = plan.option
-    par = option.parallelism
-    cpu = req.accelerator.kind is AcceleratorKind.CPU
-    dtype, quantization = engine_precision(plan)
-    knobs = plan.knobs
-    engine = EngineConfig(
-        tensor_parallel_size=par.tp,
-        pipeline_parallel_size=par.pp,
-        data_parallel_size=par.dp,
-        enable_expert_parallel=par.expert_parallel,
-        gpu_memory_utilization=float(knobs.gpu_memory_utilization.value or 0.9),
-        cpu_kv_cache_space_gib=req.accelerator.memory_bytes / GIB if cpu else 2.0,
-        max_model_len=int(knobs.max_model_len.value or 0),
-        max_num_seqs=int(knobs.max_num_seqs.value or 1),
-        max_num_batched_tokens=int(knobs.max_num_batched_tokens.value or 0),
-        enable_chunked_prefill=bool(knobs.enable_chunked_prefill.value),
-        dtype=dtype,
-        quantization=quantization,
-        kv_cache_dtype=req.kv_dtype.vllm_flag,
-        block_size=req.block_size,
-        enforce_eager=cpu,
-    )
     return FleetConfig(
-        model=ModelConfig(source=req.model_ref),
+        model=_model(plan),
         hardware=_hardware(plan),
-        engine=engine,
-        replicas=ReplicasConfig(count=max(1, option.replicas)),
+        engine=planned_engine(plan, given or EngineConfig()),
+        replicas=ReplicasConfig(count=max(1, plan.option.replicas)),
         slo=req.slo,
         traffic=req.traffic,
     )
+
+
+def planned_engine(plan: Plan, given: EngineConfig) -> EngineConfig:
+    """`given` with what the plan decided: layout, precision and the knobs (which keep the
+    values `given` set). Every command servepilot prints or runs for a planned fleet (plan,
+    `k8s render`) is built from it, so they run the capacity the plan was sized on."""
+    req = plan.request
+    par = plan.option.parallelism
+    cpu = req.accelerator.kind is AcceleratorKind.CPU
+    dtype, quantization = engine_precision(plan)
+    knobs = plan.knobs
+    decided: dict[str, object] = {
+        "tensor_parallel_size": par.tp,
+        "pipeline_parallel_size": par.pp,
+        "data_parallel_size": par.dp,
+        "enable_expert_parallel": par.expert_parallel,
+        "max_model_len": int(knobs.max_model_len.value or 0),
+        "max_num_seqs": int(knobs.max_num_seqs.value or 1),
+        "max_num_batched_tokens": int(knobs.max_num_batched_tokens.value or 0),
+        "enable_chunked_prefill": bool(knobs.enable_chunked_prefill.value),
+        "dtype": dtype,
+        "quantization": quantization,
+        "kv_cache_dtype": req.kv_dtype.vllm_flag,
+        "block_size": req.block_size,
+        "enforce_eager": given.enforce_eager_on(Device.CPU if cpu else Device.GPU),
+    }
+    if cpu:
+        decided["cpu_kv_cache_space_gib"] = req.accelerator.memory_bytes / GIB
+    else:
+        decided["gpu_memory_utilization"] = float(knobs.gpu_memory_utilization.value or 0.9)
+    # Validated again: the knobs together must make an engine section vLLM accepts.
+    return EngineConfig.model_validate(given.model_dump() | decided)
+
+
+def _model(plan: Plan) -> ModelConfig:
+    """The checkpoint the plan serves: the model as named, or, for weights vLLM cannot quantize
+    as it loads them, the checkpoint in that format (a repository a preset knows, or the
+    placeholder of one to make), which `plan` reads back as the model in that format."""
+    req = plan.request
+    if not needs_quantized_checkpoint(req.model, req.weights_dtype):
+        return ModelConfig(source=req.model_ref)
+    checkpoint = checkpoint_for(req.model, req.model_ref, req.weights_dtype)
+    return ModelConfig(source=checkpoint.model, served_name=req.model.name)
 
 
 def _hardware(plan: Plan) -> HardwareConfig:
@@ -95,20 +117,27 @@ def engine_precision(plan: Plan) -> tuple[str, str | None]:
     return "auto", wanted.vllm_quantization
 
 
-def fleet_yaml(plan: Plan) -> str:
+def fleet_yaml(plan: Plan, given: EngineConfig | None = None) -> str:
     import yaml
 
-    data = fleet_config(plan).model_dump(mode="json", exclude_defaults=True)
+    data = fleet_config(plan, given).model_dump(mode="json", exclude_defaults=True)
     header = (
         f"# fleet.yaml written by `servepilot plan` for {plan.request.model.name} on "
         f"{plan.request.nodes} x {plan.request.count} {plan.request.accelerator.name}\n"
     )
     req = plan.request
-    repo = checkpoint_for(req.model, req.model_ref, req.weights_dtype).model
-    if req.model.repo_id is not None:
+    checkpoint = checkpoint_for(req.model, req.model_ref, req.weights_dtype)
+    if checkpoint.is_placeholder:
         header += (
-            f"# model.source names a preset: download {repo} and set model.source to its "
-            "folder before `servepilot up`\n"
+            f"# model.source is a checkpoint to make: {checkpoint.note}; then set model.source "
+            "to its folder before `servepilot up`\n"
+        )
+    elif req.model.repo_id is not None:
+        quantized = needs_quantized_checkpoint(req.model, req.weights_dtype)
+        what = "a published checkpoint" if quantized else "a preset"
+        header += (
+            f"# model.source names {what}: download {checkpoint.model} and set model.source to "
+            "its folder before `servepilot up`\n"
         )
     return header + yaml.safe_dump(data, sort_keys=False)
 

@@ -67,6 +67,11 @@ class Plan:
 
 def assess(req: PlanRequest) -> Assessment:
     setting = _setting(req)
+    if req.layout is not None:
+        option = evaluate(setting, req.layout)
+        reason = f"{req.layout.describe()} as configured (the engine section's parallel sizes)"
+        chosen = option if option.fits else None
+        return Assessment(setting, (option,), chosen, reason if chosen else "no layout fits")
     options = tuple(evaluate(setting, par) for par in candidates(setting))
     wanted = (req.traffic.concurrency or setting.max_num_seqs) * req.mean_request_tokens
     chosen, reason = choose(list(options), wanted)
@@ -95,6 +100,13 @@ def check_request(req: PlanRequest) -> None:
             f"hardware.count {req.count} is more {acc.name} than one node holds "
             f"({acc.gpus_per_node})",
             hint=f"set --count to at most {acc.gpus_per_node} and --nodes for the rest",
+        )
+    if req.layout is not None and req.layout.devices > req.count * req.nodes:
+        raise ConfigError(
+            f"the engine section's layout {req.layout.describe()} takes {req.layout.devices} "
+            f"accelerators; hardware has {req.nodes} x {req.count}",
+            hint="lower engine.tensor_parallel_size / pipeline_parallel_size / "
+            "data_parallel_size, or raise hardware.count / nodes",
         )
     if req.accelerator.kind is AcceleratorKind.CPU and req.nodes > 1:
         raise ConfigError(

@@ -19,6 +19,7 @@ from typing import Any
 
 from servepilot.core.errors import ConfigError
 from servepilot.core.texttable import TextTable
+from servepilot.plan.checkpoint import parse_placeholder
 from servepilot.plan.dtypes import WeightDtype, parse_weight_dtype
 from servepilot.plan.hf_config import spec_from_hf_config
 from servepilot.plan.spec import ModelSpec
@@ -49,6 +50,9 @@ def load_model(name_or_path: str) -> ModelSpec:
     key = name_or_path.strip()
     if key.lower() in _index():
         return load_preset(key)
+    quantized = _quantized_source(key)
+    if quantized is not None:
+        return quantized
     path = Path(key).expanduser()
     if path.is_dir():
         config_file = path / "config.json"
@@ -89,6 +93,28 @@ def load_preset(name: str) -> ModelSpec:
         document.get("quantized_checkpoints", {}), str(file), release=repo_id, own=published
     )
     return replace(spec, repo_id=repo_id, quantized_checkpoints=quantized)
+
+
+def _quantized_source(key: str) -> ModelSpec | None:
+    """A preset in another format than its published one, named as `plan` names the
+    checkpoint a quantized rung serves: a published checkpoint's repository (the spec then
+    serves it) or the placeholder of one to make; None for any other name."""
+    found = parse_placeholder(key)
+    if found is not None:
+        name, weights = found
+        if name.lower() not in _index():
+            return None
+        return replace(
+            load_preset(name), checkpoint_dtype=weights, repo_id=None, quantized_checkpoints=()
+        )
+    for alias in _index():
+        spec = load_preset(alias)
+        for weights, repo in spec.quantized_checkpoints:
+            if repo.lower() == key.lower():
+                return replace(
+                    spec, checkpoint_dtype=weights, repo_id=repo, quantized_checkpoints=()
+                )
+    return None
 
 
 def _quantized_checkpoints(

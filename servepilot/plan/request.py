@@ -25,6 +25,7 @@ from servepilot.plan.hardware import (
     load_catalog,
     with_overrides,
 )
+from servepilot.plan.parallel import Parallelism
 from servepilot.plan.presets import load_model
 from servepilot.plan.spec import ModelSpec
 
@@ -53,6 +54,9 @@ class PlanRequest:
     into the planned fleet.yaml."""
     block_size: int | None = None
     """None: vLLM's default for the model and device."""
+    layout: Parallelism | None = None
+    """The layout fleet.yaml's engine section pins (any of its parallel fields set): planned
+    as it is, since it is what the replicas run; None: the planner chooses."""
     cost_model: CostModel | GpuProfile | None = None
     """Step times for the throughput and latency estimates: a calibrated profile, or a GPU
     operator profile (composed per layout); None: the roofline of the model on the
@@ -93,7 +97,15 @@ class PlanRequest:
             enable_chunked_prefill=engine.enable_chunked_prefill,
             block_size=engine.block_size,
             hardware=hw,
+            layout=_layout(config) if given & _LAYOUT_FIELDS else None,
         )
+
+    @property
+    def pinned_hardware(self) -> frozenset[str]:
+        """Of `count` and `nodes`, those the user set (a flag or fleet.yaml): the plan keeps
+        them, and offers to change them only when nothing else fits."""
+        given = set() if self.hardware is None else self.hardware.model_fields_set
+        return frozenset(given & {"count", "nodes"})
 
     def replace(self, **changes: object) -> PlanRequest:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -109,6 +121,22 @@ class PlanRequest:
     @property
     def mean_request_tokens(self) -> int:
         return self.traffic.input_tokens + self.traffic.output_tokens
+
+
+_LAYOUT_FIELDS = frozenset(
+    {"tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+     "enable_expert_parallel"}
+)  # fmt: skip
+
+
+def _layout(config: FleetConfig) -> Parallelism:
+    engine = config.engine
+    return Parallelism(
+        tp=engine.tensor_parallel_size,
+        pp=engine.pipeline_parallel_size,
+        dp=engine.data_parallel_size,
+        expert_parallel=engine.enable_expert_parallel,
+    )
 
 
 def _accelerator(config: FleetConfig) -> Accelerator:

@@ -4,6 +4,8 @@ kinds; `kubectl kustomize` renders the folder."""
 
 from __future__ import annotations
 
+import json
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -68,17 +70,31 @@ def test_the_three_fleets_choose_their_workload() -> None:
     assert "--pipeline-parallel-size 2" in leader["command"][-1]
 
 
-def test_the_vllm_command_is_the_one_plan_prints() -> None:
-    from servepilot.engine.args import serve_argv
+def _flags(argv: list[str]) -> list[str]:
+    """A server command with its model (a hub repository, a folder in the volume) left out."""
+    model = argv.index("--model") + 1 if "--model" in argv else 2
+    return argv[:model] + argv[model + 1 :]
 
-    config = fleet(FLEETS["deepseek-h200"])
-    (deployment,) = [
-        d for d in by_kind(rendered(config), "Deployment") if d["metadata"]["name"].endswith("vllm")
-    ]
+
+@pytest.mark.parametrize("name", ["deepseek-h200", "embedded"])
+def test_the_pods_run_the_command_plan_prints_knob_for_knob(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The README's fleet: plan derives max_num_seqs, max_num_batched_tokens and chunked
+    # prefill (and sizes the HPA on them); the pods must run them, not vLLM's defaults.
+    source = tmp_path / "fleet.yaml"
+    source.write_text(yaml.safe_dump(FLEETS[name]))
+    assert main(["plan", "-c", str(source), "--json"]) == 0
+    printed = shlex.split(json.loads(capsys.readouterr().out)["vllm_command"])
+    assert main(["k8s", "render", "-c", str(source), "--out", str(tmp_path / "k8s")]) == 0
+    objects = yaml.safe_load_all((tmp_path / "k8s" / "vllm.yaml").read_text())
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert tuple(container["command"]) == serve_argv(config, "/models/DeepSeek-V3", "deepseek-v3")
-    assert container["command"][:3] == ["vllm", "serve", "/models/DeepSeek-V3"]
-    assert "--enable-expert-parallel" in container["command"]
+    assert _flags(container["command"]) == _flags(printed)
+    if name == "deepseek-h200":
+        assert "--max-num-seqs 256 --max-num-batched-tokens 8192 --enable-chunked-prefill" in (
+            " ".join(container["command"])
+        )
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")

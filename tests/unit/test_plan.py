@@ -127,9 +127,17 @@ def test_dense_models_take_the_smallest_tp_that_leaves_kv_room() -> None:
 def test_ladder_rungs_are_cumulative_and_shrink_memory() -> None:
     plan = make_plan(request("llama-3.1-70b", "a100-40", count=2, max_model_len=32768))
     assert not plan.fits
-    actions = [s.action for s in plan.ladder]
-    assert actions[0].startswith("cut max_model_len 32,768")
-    assert "quantize the KV cache to fp8" in actions
+    # Each label says everything the rung changes from the original, the rungs before included.
+    cut = "cut max_model_len 32,768 -> 3,072 (the traffic's longest)"
+    assert [s.action for s in plan.ladder] == [
+        cut,
+        f"{cut}, quantize the KV cache to fp8",
+        f"{cut}, quantize the KV cache to fp8 and the weights to int8: serve "
+        "RedHatAI/Meta-Llama-3.1-70B-Instruct-quantized.w8a8",
+        f"{cut}, quantize the KV cache to fp8 and the weights to 4 bits: serve "
+        "hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4",
+        "or, at the original precision, with --count 8",
+    ]
     weights = [s.weights_per_rank_bytes for s in plan.ladder if not s.widens]
     assert weights == sorted(weights, reverse=True)
     last = [s for s in plan.ladder if not s.widens][-1]

@@ -84,7 +84,7 @@ def test_the_int8_rung_serves_the_w8a8_checkpoint_without_a_flag(
     plan = make_plan(request("llama-3.1-70b", "a100-80"))
     w8a8 = "RedHatAI/Meta-Llama-3.1-70B-Instruct-quantized.w8a8"
     int8 = next(s for s in plan.ladder if s.changes.get("weights_dtype") is WeightDtype.INT8)
-    assert int8.action == f"quantize the weights to int8: serve {w8a8}"
+    assert int8.action == f"quantize the KV cache to fp8 and the weights to int8: serve {w8a8}"
     command = launch_of(make_plan(int8.request)).command
     assert command.startswith(f"vllm serve {w8a8} ")
     assert quantization_flag(command) is None
@@ -108,7 +108,7 @@ def test_fp4_serves_nvidias_nvfp4_checkpoint_without_a_flag(
 def test_online_fp8_keeps_the_published_checkpoint_and_the_flag() -> None:
     plan = make_plan(request("qwen3-32b", "l40s"))
     fp8 = next(s for s in plan.ladder if s.changes.get("weights_dtype") is WeightDtype.FP8)
-    assert fp8.action == "quantize the weights to fp8"
+    assert fp8.action == "quantize the KV cache to fp8 and the weights to fp8"
     command = launch_of(make_plan(fp8.request)).command
     assert served_model(command) == "Qwen/Qwen3-32B" and quantization_flag(command) == "fp8"
 

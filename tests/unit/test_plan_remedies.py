@@ -55,7 +55,8 @@ def test_the_awq_rung_serves_the_awq_checkpoint_not_the_fp8_one(
     suggested = data["suggested"]
     assert isinstance(suggested, dict)
     assert suggested["action"] == (
-        "quantize the weights to 4 bits: serve cognitivecomputations/DeepSeek-V3-AWQ"
+        "quantize the KV cache to fp8 and the weights to 4 bits: serve "
+        "cognitivecomputations/DeepSeek-V3-AWQ"
     )
     command = suggested["vllm_command"]
     assert command.startswith("vllm serve cognitivecomputations/DeepSeek-V3-AWQ ")
@@ -89,7 +90,7 @@ def test_the_original_precision_on_two_nodes_is_offered_with_its_launch(
     data = plan_json(capsys, "--model", "deepseek-v3", "--accelerator", "h100", "--count", "8")
     alternative = data["alternative"]
     assert isinstance(alternative, dict)
-    assert alternative["action"] == "or, at the original precision, use 2 nodes of 8"
+    assert alternative["action"] == "or, at the original precision, with --nodes 2"
     assert alternative["vllm_command"].startswith("vllm serve deepseek-ai/DeepSeek-V3 ")
     assert "ray start --head --port=6379" in alternative["launch"]
 
@@ -98,11 +99,11 @@ def test_one_h200_too_small_for_llama_70b_gets_tp2_in_the_node_not_two_nodes() -
     plan = make_plan(request("llama-3.1-70b", "h200", count=1))
     assert not plan.fits
     actions = [step.action for step in plan.ladder]
-    assert "quantize the weights to fp8" in actions
+    assert "quantize the KV cache to fp8 and the weights to fp8" in actions
     wider = [step for step in plan.ladder if step.widens]
     assert len(wider) == 1
     assert wider[0].changes == {"count": 2} and wider[0].layout == "TP2" and wider[0].fits
-    assert wider[0].action == "or, at the original precision, use 2 accelerators of the node"
+    assert wider[0].action == "or, at the original precision, with --count 2"
     assert plan.advice.deployment is Deployment.SINGLE_NODE
     assert not any("nodes" in reason for reason in plan.advice.reasons)
 
@@ -123,11 +124,34 @@ def test_the_terminal_shows_the_suggested_rungs_advice_and_both_launches(
     code = main(["plan", "--model", "deepseek-v3", "--accelerator", "h100", "--count", "8"])
     out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
     assert code == 1
-    rung = "quantize the weights to 4 bits: serve cognitivecomputations/DeepSeek-V3-AWQ"
+    rung = (
+        "quantize the KV cache to fp8 and the weights to 4 bits: serve "
+        "cognitivecomputations/DeepSeek-V3-AWQ"
+    )
     assert f'after "{rung}": advice: single-node' in out
     assert f'command after "{rung}": # cognitivecomputations/DeepSeek-V3-AWQ is a published' in out
     assert "vllm serve cognitivecomputations/DeepSeek-V3-AWQ " in out
     assert "the model needs 2 nodes" not in out
-    two_nodes = out[out.index("or, at the original precision, use 2 nodes of 8:") :]
+    two_nodes = out[out.index("or, at the original precision, with --nodes 2:") :]
     assert "ray start --head --port=6379" in two_nodes
     assert two_nodes.rstrip().endswith("--distributed-executor-backend ray")
+
+
+def test_a_pinned_count_is_not_offered_to_change_while_another_rung_fits(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Llama-3.1-70B on one H100: fp8 weights fit, so --count 1 stays the plan's; unpinned, the
+    # original precision on 2 of the node is offered beside it, as the flag to change.
+    pinned = plan_json(capsys, "--model", "llama-3.1-70b", "--accelerator", "h100", "--count", "1")
+    actions = [step["action"] for step in pinned["ladder"]]  # type: ignore[union-attr]
+    assert "quantize the KV cache to fp8 and the weights to fp8" in actions
+    assert not [action for action in actions if "original precision" in action]
+    assert "alternative" not in pinned
+    free = make_plan(request("llama-3.1-70b", "h100"))
+    assert free.ladder[-1].action == "or, at the original precision, with --count 2"
+    # Pinned, with nothing else fitting: the change of the pin, named as such.
+    only = plan_json(capsys, "--model", "deepseek-v4-flash", "--accelerator", "h200",
+                     "--count", "1")  # fmt: skip
+    suggested = only["suggested"]
+    assert isinstance(suggested, dict)
+    assert suggested["action"] == "or, at the original precision, with --count 2"

@@ -68,7 +68,7 @@ def test_a_plan_that_does_not_fit_says_how_short_and_lists_the_ladder() -> None:
     # 141 GB of bf16 weights over 48 GB devices: four of the node's L40S (TP4), not four
     # nodes of one (TP1+PP4).
     assert ladder.rows[-1] == (
-        "or, at the original precision, use 4 accelerators of the node",
+        "or, at the original precision, with --count 4",
         "yes",
         "TP4",
         "34.8",

@@ -15,6 +15,7 @@ from servepilot.core.config import EMBEDDED_MODEL, Device, FleetConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.kubernetes_config import Autoscaler, KubernetesConfig, Runtime
 from servepilot.engine.model_source import EMBEDDED_DIR_NAME
+from servepilot.plan.export import planned_engine
 from servepilot.plan.hardware import AcceleratorKind
 from servepilot.plan.planner import Plan
 from servepilot.scaling.step import StepRules
@@ -191,9 +192,11 @@ def scaling_bounds(config: FleetConfig) -> ScalingBounds:
 
 
 def resolve(config: FleetConfig, plan: Plan) -> Target:
-    """The fleet on Kubernetes, or a ConfigError naming the field that stops it."""
+    """The fleet on Kubernetes, or a ConfigError naming the field that stops it. Its engine
+    is the one `plan` prints for it (layout, precision, knobs), which the HPA is sized on."""
     check(config)
     _check_device(config, plan)
+    config = config.model_copy(update={"engine": planned_engine(plan, config.engine)})
     layout = pod_layout(config)
     return Target(
         config=config,
