@@ -162,6 +162,15 @@ bench-batch: install
 # (servepilot/core/accel.py, its group SIM): about 2x faster simulations. A stale build is
 # never loaded (the simulator says so and runs in pure Python). About 1.5 minutes; not part
 # of `install`.
+# The GPU bring-up kit (docs/gpu.md): downloads the pinned wheels of vLLM (VLLM=0.22.0) and
+# servepilot's own that the target lacks (servepilot/engine/gpukit/pins/), checks every hash and
+# requirement, and splits them into .gpukit/partNN (ignored) with install.py beside them. About
+# 390 MB from PyPI; never part of `make test`.
+VLLM ?= 0.22.0
+.PHONY: gpu-wheelhouse
+gpu-wheelhouse: $(STAMP)
+	$(BIN)/python -m servepilot.engine.gpukit --vllm $(VLLM) $(ARGS)
+
 .PHONY: sim-fast gateway-fast
 sim-fast: $(STAMP)
 	$(BIN)/python -m servepilot.core.accel_build sim

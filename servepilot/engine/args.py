@@ -9,7 +9,14 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from servepilot.core.config import EMBEDDED_MODEL, Device, EngineConfig, EngineKind, FleetConfig
+from servepilot.core.config import (
+    EMBEDDED_MODEL,
+    Device,
+    EngineConfig,
+    EngineKind,
+    FleetConfig,
+    Weights,
+)
 from servepilot.engine.cpu import cpu_flags
 from servepilot.engine.model_source import embedded_model_dir
 from servepilot.plan.dtypes import resolve_dtype
@@ -27,6 +34,8 @@ class ServerSpec:
     served_name: str
     host: str
     port: int
+    dummy_weights: bool = False
+    """Random weights from the config alone (model.weights: dummy)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +95,8 @@ def server_args(
             args += [flag, str(value)]
     if engine.quantization is not None:
         args += ["--quantization", engine.quantization]
+    if spec.dummy_weights:
+        args += ["--load-format", "dummy"]
     args += _toggle("enable-chunked-prefill", engine.enable_chunked_prefill)
     args += _toggle("enable-prefix-caching", engine.enable_prefix_caching)
     if engine.enforce_eager_on(device):
@@ -135,7 +146,8 @@ def serve_argv(
 ) -> tuple[str, ...]:
     """One replica's server argv serving `model` as it is (a folder or a hub repository) on
     0.0.0.0:`port`: what `vllm_command` prints and the Kubernetes containers run."""
-    spec = ServerSpec(model_path=model, served_name=served_name, host="0.0.0.0", port=port)
+    dummy = config.model.weights is Weights.DUMMY
+    spec = ServerSpec(model, served_name, host="0.0.0.0", port=port, dummy_weights=dummy)
     device = config.hardware.device
     engine = config.engine.model_copy(update={"kind": EngineKind.VLLM})
     if device is Device.CPU:

@@ -25,9 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servepilot.core.config import EMBEDDED_MODEL, ModelConfig
+from servepilot.core.config import EMBEDDED_MODEL, ModelConfig, Weights
 from servepilot.core.errors import ModelSourceError
 from servepilot.core.paths import cache_dir
+from servepilot.engine.dummy_model import dummy_model_folder
+from servepilot.plan.presets import preset_config
 
 Progress = Callable[[str], None]
 
@@ -50,6 +52,8 @@ class ResolvedModel:
 
     path: Path
     served_name: str
+    dummy: bool = False
+    """Served with random weights (`--load-format dummy`): say so wherever it is shown."""
 
 
 def resolve_model(model: ModelConfig, *, progress: Progress | None = None) -> ResolvedModel:
@@ -58,10 +62,32 @@ def resolve_model(model: ModelConfig, *, progress: Progress | None = None) -> Re
     `smollm2` always means the embedded model; a local folder of that name is reached as
     `./smollm2`.
     """
+    if model.weights is Weights.DUMMY:
+        if model.source == EMBEDDED_MODEL:
+            folder = ensure_embedded(progress)
+        else:
+            folder = dummy_model_folder(model.source, lambda: ensure_embedded(progress))
+        name = model.served_name or _dummy_name(model.source)
+        return ResolvedModel(folder, name, dummy=True)
     if model.source == EMBEDDED_MODEL:
         return ResolvedModel(ensure_embedded(progress), model.served_name or EMBEDDED_MODEL)
+    preset = preset_config(model.source)
+    if preset is not None and not Path(model.source).expanduser().exists():
+        raise ModelSourceError(
+            f"model.source {model.source!r} is a preset: a published config without weights",
+            hint="set model.weights: dummy to serve it with random weights, or point "
+            "model.source at a folder holding the checkpoint",
+        )
     folder = validate_hf_folder(Path(model.source))
     return ResolvedModel(folder, model.served_name or folder.name)
+
+
+def _dummy_name(source: str) -> str:
+    preset = preset_config(source)
+    if preset is not None and not Path(source).expanduser().exists():
+        return preset[0]
+    path = Path(source).expanduser()
+    return (path.parent if path.name == "config.json" else path).resolve().name
 
 
 def validate_hf_folder(path: Path) -> Path:
@@ -83,7 +109,8 @@ def validate_hf_folder(path: Path) -> Path:
     if not any(any(folder.glob(pattern)) for pattern in WEIGHT_PATTERNS):
         raise ModelSourceError(
             f"model folder {folder} holds no weights (*.safetensors, *.bin or *.gguf)",
-            hint="copy the model's weight files next to its config.json",
+            hint="copy the model's weight files next to its config.json, or set "
+            "model.weights: dummy to serve it with random weights",
         )
     return folder
 

@@ -31,7 +31,7 @@ def replica_command(
     the Ray backend's actors start theirs with it too."""
     if isinstance(model, SimModel):
         return sim_launch_command(config, model, host, port)
-    spec = ServerSpec(str(model.path), model.served_name, host, port)
+    spec = ServerSpec(str(model.path), model.served_name, host, port, dummy_weights=model.dummy)
     return launch_command(config.engine, spec, config.hardware.device, cores)
 
 

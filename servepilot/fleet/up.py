@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from servepilot.core import accel
 from servepilot.core.cluster_config import ClusterBackend
-from servepilot.core.config import EngineKind, FleetConfig
+from servepilot.core.config import EngineKind, FleetConfig, Weights
 from servepilot.core.errors import FleetError
 from servepilot.core.gateway_config import GatewayConfig
 from servepilot.core.loop import cancel_and_wait
@@ -73,6 +73,8 @@ class UpStarted:
     replicas: tuple[ReplicaInfo, ...]
     detached: bool = False
     """Started by `up --detach`: no terminal to press Ctrl-C in."""
+    dummy_weights: bool = False
+    """model.weights: dummy: the replicas serve random weights, so the output means nothing."""
 
     @property
     def endpoint_text(self) -> str:
@@ -82,8 +84,9 @@ class UpStarted:
         flag = "" if port == GatewayConfig.model_fields["port"].default else f" --port {port}"
         down = f"`servepilot down{flag}`"
         stop = down if self.detached else f"Ctrl-C here, or {down} from another shell"
+        weights = ", DUMMY weights: random, from its config alone" if self.dummy_weights else ""
         return (
-            f"\nendpoint: {self.gateway_url}/v1  (model: {self.model_name})\n"
+            f"\nendpoint: {self.gateway_url}/v1  (model: {self.model_name}{weights})\n"
             f"try:      {self.curl_example}\n"
             f"stop:     {stop}\n"
             f"logs:     `servepilot logs [r0|gateway|access] [-f]{flag}`\n"
@@ -241,7 +244,8 @@ async def _serve(
             remove_record(config.gateway.port)
         # Announced first, then recorded: a script (or test) that waits for the record's
         # `serving` finds the endpoint already printed.
-        report.serving(UpStarted(served.url, model_name, tuple(infos), detached))
+        dummy = config.model.weights is Weights.DUMMY
+        report.serving(UpStarted(served.url, model_name, tuple(infos), detached, dummy))
         record = ServingRecord(served, replicas.run_dir, lambda: _rows(replicas), config)
         record.write()
         if config.autoscale.enabled:

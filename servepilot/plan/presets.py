@@ -73,6 +73,19 @@ def load_model(name_or_path: str) -> ModelSpec:
     )
 
 
+def preset_config(name: str) -> tuple[str, dict[str, Any]] | None:
+    """(preset name, its Hugging Face config.json values) if `name` names a preset, else None:
+    what a config-only model folder is written from."""
+    entry = _index().get(name.strip().lower())
+    if entry is None:
+        return None
+    file = _preset_dir() / f"{entry[0]}.json"
+    config = _read_json(file, what=f"preset {entry[0]}").get("config")
+    if not isinstance(config, dict):
+        raise _preset_error(f"preset file {file}", "config must be an object")
+    return entry[0], config
+
+
 def load_preset(name: str) -> ModelSpec:
     """The preset called `name` or one of its aliases (any case).
 

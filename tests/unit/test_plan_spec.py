@@ -22,9 +22,11 @@ STATED = {
     "deepseek-v3": 671_000_000_000,  # README_WEIGHTS.md: main model, embedding and head included
     "deepseek-v3.2": 685_000_000_000,  # model card, MTP module included
     "deepseek-v4-flash": 284_000_000_000,  # model card: 284B total / 13B active
+    "deepseek-v2-lite": 15_700_000_000,  # model card: 15.7B total / 2.4B active
     "llama-3.1-8b": 8_030_000_000,
     "llama-3.1-70b": 70_600_000_000,
     "qwen3-32b": 32_800_000_000,
+    "qwen2.5-32b": 32_500_000_000,  # model card: 32.5B (counted: 32.76B, within 1%)
     "smollm2": 135_000_000,
 }
 

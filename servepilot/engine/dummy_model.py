@@ -1,0 +1,114 @@
+"""Config-only models: a folder vLLM can serve with `--load-format dummy` (random weights).
+
+vLLM needs a config.json and a tokenizer, never the weights, to run an architecture at its
+real speed and memory. A preset (plan's published configs) or a folder holding only
+config.json becomes `cache_dir()/models/dummy/<name>/`: the config plus the embedded
+SmolLM2's tokenizer files. Its 49,152 ids are valid in every larger vocabulary, which is every
+preset's; a smaller one is refused, as the ids would index past the embedding.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from servepilot.core.errors import ModelSourceError
+from servepilot.core.paths import cache_dir
+from servepilot.plan.presets import preset_config
+
+EMBEDDED_VOCAB = 49_152
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+    "vocab.json", "merges.txt", "added_tokens.json",
+)  # fmt: skip
+
+
+def dummy_dir(name: str) -> Path:
+    return cache_dir() / "models" / "dummy" / name
+
+
+def dummy_model_folder(source: str, tokenizer_from: Callable[[], Path]) -> Path:
+    """The folder to serve `source` (a preset or a folder with config.json) with dummy weights.
+
+    A folder that has its own tokenizer is served as it is; otherwise `tokenizer_from()` (the
+    embedded model's folder) lends its tokenizer files to a copy in the cache."""
+    preset = preset_config(source)
+    if preset is not None and not Path(source).exists():
+        name, config = preset
+    else:
+        folder = _config_folder(Path(source).expanduser())
+        if (folder / "tokenizer.json").is_file() or (folder / "tokenizer.model").is_file():
+            return folder
+        name, config = folder.name, _read_config(folder / "config.json")
+    vocab = config.get("vocab_size")
+    if isinstance(vocab, int) and vocab < EMBEDDED_VOCAB:
+        raise ModelSourceError(
+            f"model {name}'s vocab_size {vocab} is smaller than the embedded tokenizer's "
+            f"{EMBEDDED_VOCAB}: its token ids would fall outside the embedding",
+            hint="put the model's own tokenizer.json beside its config.json",
+        )
+    return _materialise(dummy_dir(name), config, tokenizer_from())
+
+
+def _config_folder(path: Path) -> Path:
+    folder = path.parent if path.name == "config.json" else path
+    if not (folder / "config.json").is_file():
+        raise ModelSourceError(
+            f"model source {path} is neither a preset nor a folder holding config.json",
+            hint="with model.weights: dummy, name a preset (`servepilot models list`) or a "
+            "folder with the model's config.json",
+        )
+    return folder.resolve()
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelSourceError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(config, dict) or not ({"architectures", "model_type"} & config.keys()):
+        raise ModelSourceError(
+            f"{path} is not a Hugging Face model config (it needs `architectures` or `model_type`)"
+        )
+    return config
+
+
+def _materialise(target: Path, config: dict[str, Any], tokenizer: Path) -> Path:
+    """Write config.json and the tokenizer files into `target`, replacing it atomically, unless
+    it already holds exactly these (several replicas start from one folder)."""
+    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    files = [tokenizer / n for n in TOKENIZER_FILES if (tokenizer / n).is_file()]
+    if not any(f.name == "tokenizer.json" for f in files):
+        raise ModelSourceError(f"{tokenizer} has no tokenizer.json to lend a config-only model")
+    if _same(target, text, files):
+        return target
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        (tmp / "config.json").write_text(text, encoding="utf-8")
+        for file in files:
+            shutil.copyfile(file, tmp / file.name)
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        if target.exists():
+            os.rename(target, old)
+        os.rename(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    except OSError as exc:
+        raise ModelSourceError(
+            f"cannot write the config-only model folder {target}: {exc}"
+        ) from exc
+    return target
+
+
+def _same(target: Path, text: str, files: list[Path]) -> bool:
+    try:
+        if (target / "config.json").read_text(encoding="utf-8") != text:
+            return False
+        return all((target / f.name).read_bytes() == f.read_bytes() for f in files)
+    except OSError:
+        return False

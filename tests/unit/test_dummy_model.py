@@ -1,0 +1,119 @@
+"""Config-only models (model.weights: dummy): the folder, the validation, the command line and
+the label, on the CPU without vLLM."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from servepilot.core.config import FleetConfig, ModelConfig, Weights, parse_config
+from servepilot.core.errors import ConfigError, ModelSourceError
+from servepilot.engine import model_source
+from servepilot.engine.args import ServerSpec, serve_argv, server_args
+from servepilot.engine.dummy_model import TOKENIZER_FILES, dummy_model_folder
+from servepilot.fleet.up import UpStarted
+
+
+def fleet(text: str) -> FleetConfig:
+    return parse_config(yaml.safe_load(text), origin="fleet.yaml")
+
+
+@pytest.fixture
+def tokenizer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in for the converted embedded model (its tokenizer files), and a private cache."""
+    monkeypatch.setenv("SERVEPILOT_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "embedded"
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (folder / name).write_text(json.dumps({"file": name}), encoding="utf-8")
+    (folder / "model.safetensors").write_bytes(b"weights are never copied")
+    monkeypatch.setattr(model_source, "ensure_embedded", lambda progress=None: folder)
+    return folder
+
+
+def test_a_preset_becomes_its_config_plus_the_embedded_tokenizer(tokenizer: Path) -> None:
+    resolved = model_source.resolve_model(ModelConfig(source="llama-3.1-8b", weights=Weights.DUMMY))
+    assert resolved.dummy and resolved.served_name == "llama-3.1-8b"
+    config = json.loads((resolved.path / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["vocab_size"] == 128256
+    names = sorted(p.name for p in resolved.path.iterdir())
+    assert names == ["config.json", "special_tokens_map.json", "tokenizer.json",
+                     "tokenizer_config.json"]  # fmt: skip
+    assert set(names) - {"config.json"} <= set(TOKENIZER_FILES)
+    # A second start reuses the same folder as it is.
+    again = model_source.resolve_model(
+        ModelConfig(source="Meta-Llama/Llama-3.1-8B", weights="dummy")
+    )
+    assert again.path == resolved.path
+
+
+@pytest.mark.parametrize(
+    "preset", ["qwen2.5-32b", "deepseek-v2-lite", "deepseek-ai/DeepSeek-V2-Lite-Chat"]
+)
+def test_the_gpu_presets_materialise(tokenizer: Path, preset: str) -> None:
+    resolved = model_source.resolve_model(ModelConfig(source=preset, weights=Weights.DUMMY))
+    assert (resolved.path / "config.json").is_file() and (
+        resolved.path / "tokenizer.json"
+    ).is_file()
+
+
+def test_a_config_only_folder_borrows_the_tokenizer(tokenizer: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 60000}))
+    resolved = model_source.resolve_model(ModelConfig(source=str(folder), weights=Weights.DUMMY))
+    assert resolved.served_name == "my-model" and resolved.path != folder
+    assert (resolved.path / "tokenizer.json").is_file()
+    # With its own tokenizer the folder is served as it is.
+    (folder / "tokenizer.json").write_text("{}")
+    assert dummy_model_folder(str(folder), lambda: tokenizer) == folder.resolve()
+
+
+def test_a_vocabulary_smaller_than_the_tokenizers_is_refused(
+    tokenizer: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 1000}))
+    with pytest.raises(ModelSourceError, match="vocab_size 1000 is smaller"):
+        dummy_model_folder(str(folder), lambda: tokenizer)
+
+
+def test_real_weights_from_a_preset_are_refused_with_the_way_out(tokenizer: Path) -> None:
+    with pytest.raises(ModelSourceError, match="is a preset") as err:
+        model_source.resolve_model(ModelConfig(source="qwen2.5-32b"))
+    assert "model.weights: dummy" in str(err.value)
+
+
+def test_a_weightless_folder_with_real_weights_says_how_to_serve_it(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(ModelSourceError, match="holds no weights") as err:
+        model_source.resolve_model(ModelConfig(source=str(tmp_path)))
+    assert "model.weights: dummy" in str(err.value)
+
+
+def test_fleet_yaml_takes_weights_dummy_and_refuses_anything_else() -> None:
+    config = fleet("model:\n  source: llama-3.1-8b\n  weights: dummy\n")
+    assert config.model.weights is Weights.DUMMY
+    assert FleetConfig().model.weights is Weights.REAL
+    with pytest.raises(ConfigError, match=r"model\.weights"):
+        fleet("model:\n  weights: random\n")
+
+
+def test_the_command_line_loads_dummy_weights() -> None:
+    config = fleet("model:\n  source: llama-3.1-8b\n  weights: dummy\nhardware:\n  device: gpu\n")
+    argv = serve_argv(config, "/m", "llama-3.1-8b")
+    assert argv[argv.index("--load-format") + 1] == "dummy"
+    real = serve_argv(fleet("hardware:\n  device: gpu\n"), "/m", "x")
+    assert "--load-format" not in real
+    spec = ServerSpec("/m", "x", "127.0.0.1", 8000, dummy_weights=True)
+    assert "--load-format" in server_args(config.engine, spec, config.hardware.device)
+
+
+def test_up_labels_dummy_weights_in_its_endpoint_text() -> None:
+    dummy = UpStarted("http://127.0.0.1:8080", "llama-3.1-8b", (), dummy_weights=True)
+    assert "DUMMY weights" in dummy.endpoint_text
+    assert "DUMMY" not in UpStarted("http://127.0.0.1:8080", "smollm2", ()).endpoint_text
