@@ -1,0 +1,145 @@
+"""Serve each bring-up config on a GPU with `servepilot up`, as a user would, and keep what it
+printed: the fleet file, `plan`'s JSON for it, `up`'s output, a short `bench` at concurrency 1
+and 32, `status`, and the replica's log. Runs on the GPU machine after the kit's install
+(docs/gpu.md); `benchmarks/gpu_run_record.py` turns each case's folder into a record here.
+
+    python3 benchmarks/gpu_bringup.py --out "$OUT" llama-8b smollm2-real ...
+
+Each case is started, measured and stopped before the next; a case that fails is logged and the
+next one runs. Times are wall-clock seconds on that machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# Without flashinfer (the kit leaves it out) and with NVLink multicast off (docs/gpu.md).
+GPU_ENV = {
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",
+    "VLLM_ATTENTION_BACKEND": "FLASH_ATTN",
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+DUMMY = {"weights": "dummy"}
+CASES: dict[str, dict[str, Any]] = {
+    "smollm2-real": {"model": {"source": "smollm2"}, "engine": {"max_model_len": 2048}},
+    "llama-8b": {"model": {"source": "llama-3.1-8b", **DUMMY}, "engine": {"max_model_len": 8192}},
+    "llama-8b-fp8": {
+        "model": {"source": "llama-3.1-8b", **DUMMY},
+        "engine": {"max_model_len": 8192, "quantization": "fp8"},
+    },
+    "llama-8b-fp8kv": {
+        "model": {"source": "llama-3.1-8b", **DUMMY},
+        "engine": {"max_model_len": 8192, "kv_cache_dtype": "fp8"},
+    },
+    "qwen2.5-32b": {"model": {"source": "qwen2.5-32b", **DUMMY}, "engine": {"max_model_len": 8192}},
+    "deepseek-v2-lite": {
+        "model": {"source": "deepseek-v2-lite", **DUMMY},
+        "engine": {"max_model_len": 8192},
+    },
+}
+PORT = 8000
+
+
+def fleet_yaml(case: dict[str, Any]) -> dict[str, Any]:
+    engine = {"gpu_memory_utilization": 0.9, "env": GPU_ENV, **case["engine"]}
+    return {
+        "model": case["model"],
+        "hardware": {"device": "gpu", "accelerator": "h200-141", "count": 1},
+        "engine": engine,
+        "gateway": {"port": PORT},
+    }
+
+
+def sp(args: list[str], log: Path, timeout_s: float) -> tuple[int, float]:
+    """Runs `servepilot ARGS`, its output into `log`; (exit code, seconds)."""
+    start = time.monotonic()
+    with log.open("w") as out:
+        try:
+            code = subprocess.run(
+                [sys.executable, "-m", "servepilot", *args],
+                stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s, check=False,
+            ).returncode  # fmt: skip
+        except subprocess.TimeoutExpired:
+            code = 124
+    took = time.monotonic() - start
+    print(f"  servepilot {' '.join(args)}: exit {code} in {took:.1f} s", flush=True)
+    return code, took
+
+
+def run_case(name: str, out: Path) -> dict[str, Any]:
+    import yaml
+
+    folder = out / name
+    folder.mkdir(parents=True, exist_ok=True)
+    fleet = folder / "fleet.yaml"
+    fleet.write_text(yaml.safe_dump(fleet_yaml(CASES[name]), sort_keys=False))
+    print(f"== {name}", flush=True)
+    summary: dict[str, Any] = {"name": name}
+    sp(["plan", "-c", str(fleet), "--json"], folder / "plan.json", 120)
+    code, ready_s = sp(["up", "-c", str(fleet), "--detach"], folder / "up.txt", 540)
+    summary["up_exit"], summary["up_s"] = code, round(ready_s, 1)
+    if code == 0:
+        url = f"http://127.0.0.1:{PORT}"
+        sp(["status"], folder / "status.txt", 60)
+        for c in (1, 32):
+            sp(["bench", "--url", url, "--concurrency", str(c), "--requests", str(max(8, 2 * c)),
+                "--input-tokens", "1000", "--output-tokens", "200", "--warmup", "1",
+                "--out", str(folder / f"bench-c{c}")], folder / f"bench-c{c}.txt", 240)  # fmt: skip
+    sp(["down", "--port", str(PORT)], folder / "down.txt", 120)
+    sp(["logs", "r0", "--port", str(PORT)], folder / "r0.log", 60)
+    sp(["logs", "gateway", "--port", str(PORT)], folder / "gateway.log", 60)
+    summary.update(_figures(folder))
+    print(f"   {json.dumps(summary)}", flush=True)
+    return summary
+
+
+def _figures(folder: Path) -> dict[str, Any]:
+    """What the case's files say: plan's KV tokens, vLLM's, and bench's TPOT and throughput."""
+    found: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        found["kv_planned"] = json.loads((folder / "plan.json").read_text())["kv_capacity_tokens"]
+    log = (folder / "r0.log").read_text(errors="replace") if (folder / "r0.log").exists() else ""
+    found["vllm_lines"] = [
+        line.split("] ", 1)[-1].strip()[:160]
+        for line in log.splitlines()
+        if any(k in line for k in ("KV cache size", "Maximum concurrency", "Available KV",
+                                   "Graph capturing finished", "torch.compile takes",
+                                   "Model loading took", "init engine"))
+    ]  # fmt: skip
+    for c in (1, 32):
+        try:
+            run = json.loads((folder / f"bench-c{c}" / "results.json").read_text())["runs"][0]
+            found[f"c{c}"] = {
+                "tpot_p50_ms": run["tpot_ms"]["p50"],
+                "ttft_p50_ms": run["ttft_ms"]["p50"],
+                "output_tok_s": run["output_throughput"],
+            }
+        except (OSError, ValueError, KeyError, IndexError):
+            pass
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("cases", nargs="+", choices=sorted(CASES))
+    args = parser.parse_args()
+    os.environ.update(GPU_ENV)
+    summaries = [run_case(name, args.out) for name in args.cases]
+    (args.out / "summary.json").write_text(json.dumps(summaries, indent=2))
+    print(json.dumps(summaries))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
