@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.request import Request, urlopen
 
 # Without flashinfer (the kit leaves it out) and with NVLink multicast off (docs/gpu.md).
 GPU_ENV = {
@@ -46,12 +47,24 @@ CASES: dict[str, dict[str, Any]] = {
         "model": {"source": "deepseek-v2-lite", **DUMMY},
         "engine": {"max_model_len": 8192},
     },
+    # vLLM's sleep mode (seed 000's preloaded replicas): its /sleep and /wake_up endpoints
+    # exist only with VLLM_SERVER_DEV_MODE=1.
+    "llama-8b-sleep": {
+        "model": {"source": "llama-3.1-8b", **DUMMY},
+        "engine": {
+            "max_model_len": 8192,
+            "extra_args": ["--enable-sleep-mode"],
+            "env": {"VLLM_SERVER_DEV_MODE": "1"},
+        },
+        "sleep_cycles": 3,
+    },
 }
 PORT = 8000
 
 
 def fleet_yaml(case: dict[str, Any]) -> dict[str, Any]:
-    engine = {"gpu_memory_utilization": 0.9, "env": GPU_ENV, **case["engine"]}
+    engine = {"gpu_memory_utilization": 0.9, **case["engine"]}
+    engine["env"] = {**GPU_ENV, **case["engine"].get("env", {})}
     return {
         "model": case["model"],
         "hardware": {"device": "gpu", "accelerator": "h200-141", "count": 1},
@@ -95,12 +108,50 @@ def run_case(name: str, out: Path) -> dict[str, Any]:
             sp(["bench", "--url", url, "--concurrency", str(c), "--requests", str(max(8, 2 * c)),
                 "--input-tokens", "1000", "--output-tokens", "200", "--warmup", "1",
                 "--out", str(folder / f"bench-c{c}")], folder / f"bench-c{c}.txt", 240)  # fmt: skip
+        if CASES[name].get("sleep_cycles"):
+            summary["sleep"] = sleep_cycles(url, CASES[name]["sleep_cycles"], folder)
     sp(["down", "--port", str(PORT)], folder / "down.txt", 120)
     sp(["logs", "r0", "--port", str(PORT)], folder / "r0.log", 60)
     sp(["logs", "gateway", "--port", str(PORT)], folder / "gateway.log", 60)
     summary.update(_figures(folder))
     print(f"   {json.dumps(summary)}", flush=True)
     return summary
+
+
+def sleep_cycles(url: str, cycles: int, folder: Path) -> list[dict[str, float]]:
+    """Puts the replica to sleep (level 1: weights to host memory, KV cache dropped) and wakes
+    it `cycles` times: seconds for each, GPU memory in use around them, and the first answer
+    through the gateway after waking."""
+    replica = json.loads(urlopen(f"{url}/admin/replicas", timeout=10).read())[0]["url"]
+    rows = []
+    for _ in range(cycles):
+        row = {"awake_gpu_mib": _gpu_used_mib()}
+        row["sleep_s"] = _post_s(f"{replica.rstrip('/')}/sleep?level=1")
+        row["asleep_gpu_mib"] = _gpu_used_mib()
+        row["wake_s"] = _post_s(f"{replica.rstrip('/')}/wake_up")
+        row["first_answer_s"] = _post_s(f"{url}/v1/completions",
+                                        {"prompt": "Hello", "max_tokens": 8})  # fmt: skip
+        row["woken_gpu_mib"] = _gpu_used_mib()
+        rows.append(row)
+        print(f"   sleep cycle: {json.dumps(row)}", flush=True)
+    (folder / "sleep.json").write_text(json.dumps(rows, indent=2))
+    return rows
+
+
+def _post_s(url: str, body: dict[str, Any] | None = None) -> float:
+    data = json.dumps(body or {}).encode()
+    request = Request(url, data=data, headers={"Content-Type": "application/json"})
+    start = time.monotonic()
+    urlopen(request, timeout=300).read()
+    return round(time.monotonic() - start, 3)
+
+
+def _gpu_used_mib() -> float:
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        capture_output=True, text=True, check=False,
+    ).stdout  # fmt: skip
+    return float(out.split()[0]) if out.split() else -1.0
 
 
 def _figures(folder: Path) -> dict[str, Any]:
