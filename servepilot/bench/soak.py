@@ -49,13 +49,14 @@ def with_soak(
     run: Run, records: Sequence[RequestRecord], window_s: float, samples: Sequence[MemorySample]
 ) -> Run:
     """`run` with its windows and the memory growth per request of the target and of each
-    source. samples[0] is the start; samples[i] (i >= 1) the end of window i - 1."""
-    split = windows(records, window_s, [s.target_bytes for s in samples[1:]])
+    source. samples[0] is the start, then one at the end of each window, the last taken when
+    the load ended (see `window_samples`)."""
+    count = len(windows(records, window_s, []))
+    ends = window_samples(samples, count)
+    split = windows(records, window_s, [s.target_bytes if s else None for s in ends])
     split = tuple(
-        w.model_copy(update={"memory_by_source_bytes": samples[i + 1].sources_bytes})
-        if i + 1 < len(samples)
-        else w
-        for i, w in enumerate(split)
+        w.model_copy(update={"memory_by_source_bytes": end.sources_bytes}) if end else w
+        for w, end in zip(split, ends, strict=True)
     )
     targets = [s.target_bytes for s in samples if s.target_bytes is not None]
     growth = None
@@ -68,6 +69,18 @@ def with_soak(
             "memory_growth_by_source_bytes_per_request": growth_by_source(samples, run.completed),
         }
     )
+
+
+def window_samples(samples: Sequence[MemorySample], count: int) -> list[MemorySample | None]:
+    """The sample that ends each of `count` windows. The timer samples at each window's end,
+    in order, but it drifts (each sample takes time) and is stopped when the load ends: the
+    last window's sample is always the last one taken, which may be the timer's (it missed
+    none) or the one taken after the load (the timer's was not due yet, or came too)."""
+    ends = list(samples[1:])
+    if not ends or not count:
+        return [None] * count
+    timed = min(len(ends) - 1, count - 1)
+    return [*ends[:timed], *[None] * (count - 1 - timed), ends[-1]]
 
 
 def finished_windows(

@@ -15,7 +15,7 @@ from servepilot.bench.metrics import summarize
 from servepilot.bench.records import RequestRecord
 from servepilot.bench.report.html import render_html_report
 from servepilot.bench.shortfalls import leaking_sources
-from servepilot.bench.soak import MemorySample, growth_by_source, with_soak
+from servepilot.bench.soak import MemorySample, growth_by_source, window_samples, with_soak
 from servepilot.core.results import Load, LoadMode, Run
 from servepilot.core.slo import Slo
 from servepilot.engine.gpu.inventory import GpuDevice, GpuInventory
@@ -108,8 +108,8 @@ def test_bench_and_accept_find_a_soaks_memory_sources_in_one_place() -> None:
     assert remote.sampler is None and "/metrics only" in remote.described
 
 
-def soak_run() -> Run:
-    records = [
+def soak_records() -> list[RequestRecord]:
+    return [
         RequestRecord(
             index=i,
             intended_s=i,
@@ -121,6 +121,10 @@ def soak_run() -> Run:
         )
         for i in range(4)
     ]
+
+
+def soak_run() -> Run:
+    records = soak_records()
     load = Load(mode=LoadMode.CONCURRENCY, value=2.0)
     run = summarize(load, records, Slo(), duration_s=4.0)
     api, core = "r0 python (pid 100)", "r0 VLLM::EngineCor (pid 101)"
@@ -162,3 +166,19 @@ def test_no_requests_means_no_growth() -> None:
     samples = [MemorySample(None, {"gpu0": 1}), MemorySample(None, {"gpu0": 9})]
     assert growth_by_source(samples, 0) == {}
     assert growth_by_source(samples, 4) == {"gpu0": 2.0}
+
+
+def test_the_last_window_always_gets_the_last_sample() -> None:
+    """The timer's samples drift and it is stopped when the load ends: a window whose end the
+    timer missed would have had no memory at all (accept's 5 s soak under a loaded machine)."""
+    start, e0, e1, final = (MemorySample(n, {"gpu0": n}) for n in (0, 1, 2, 3))
+    assert window_samples([start, e0, final], 2) == [e0, final]  # the timer missed none
+    assert window_samples([start, final], 2) == [None, final]  # it missed the last end
+    assert window_samples([start, e0, e1, final], 2) == [e0, final]  # it came with the final
+    assert window_samples([start, final], 3) == [None, None, final]
+    assert window_samples([start], 2) == [None, None]
+    # Through with_soak: 4 requests over 2 windows of 2 s, the timer missed the second end.
+    run = soak_run()
+    missed = with_soak(run, soak_records(), 2.0, [start, final])
+    assert [w.memory_by_source_bytes for w in missed.windows] == [{}, {"gpu0": 3}]
+    assert len(missed.windows) == 2
