@@ -38,6 +38,7 @@ from servepilot.fleet.autoscale.start import (
     local_backend,
     start_autoscaler,
 )
+from servepilot.fleet.launched import launched_fleet
 from servepilot.fleet.local import LocalReplicas
 from servepilot.fleet.logs import ACCESS_LOG, gateway_log, new_run_dir
 from servepilot.fleet.serve import (
@@ -164,6 +165,10 @@ async def run_up(
     """Serve until SIGINT or SIGTERM, then drain and stop everything. `detached_run_dir`:
     this is the process `up --detach` started, in the run folder it made (detach.py)."""
     check_autoscale(config)
+    launched = launched_fleet(config)
+    if launched.note is not None:
+        report.warn(launched.note)
+    config = launched.config
     if config.cluster.backend is ClusterBackend.RAY:
         await _run_on_ray(config, report, detached_run_dir)
         return

@@ -11,6 +11,7 @@ from servepilot.core.config import (
     HardwareConfig,
     ModelConfig,
     ReplicasConfig,
+    Weights,
 )
 from servepilot.plan.checkpoint import checkpoint_for, needs_quantized_checkpoint
 from servepilot.plan.dtypes import WeightDtype
@@ -80,10 +81,11 @@ def _model(plan: Plan) -> ModelConfig:
     as it loads them, the checkpoint in that format (a repository a preset knows, or the
     placeholder of one to make), which `plan` reads back as the model in that format."""
     req = plan.request
+    weights = Weights.DUMMY if req.dummy_weights else Weights.REAL
     if not needs_quantized_checkpoint(req.model, req.weights_dtype):
-        return ModelConfig(source=req.model_ref)
+        return ModelConfig(source=req.model_ref, weights=weights)
     checkpoint = checkpoint_for(req.model, req.model_ref, req.weights_dtype)
-    return ModelConfig(source=checkpoint.model, served_name=req.model.name)
+    return ModelConfig(source=checkpoint.model, served_name=req.model.name, weights=weights)
 
 
 def _hardware(plan: Plan) -> HardwareConfig:

@@ -30,8 +30,9 @@ class CostLine:
 
 def headline(plan: Plan) -> str:
     req, option = plan.request, plan.option
+    weights = " (DUMMY weights: random, from its config alone)" if req.dummy_weights else ""
     return (
-        f"{req.model.name} on {req.nodes} x {req.count} {req.accelerator.name}: "
+        f"{req.model.name}{weights} on {req.nodes} x {req.count} {req.accelerator.name}: "
         f"{option.parallelism.describe()}, {option.replicas} replica(s)"
     )
 

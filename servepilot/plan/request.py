@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from servepilot.core.config import Device, FleetConfig, HardwareConfig, TrafficConfig
+from servepilot.core.config import Device, FleetConfig, HardwareConfig, TrafficConfig, Weights
 from servepilot.core.slo import Slo
 from servepilot.plan.costmodel import CostModel
 from servepilot.plan.dtypes import (
@@ -57,6 +57,9 @@ class PlanRequest:
     layout: Parallelism | None = None
     """The layout fleet.yaml's engine section pins (any of its parallel fields set): planned
     as it is, since it is what the replicas run; None: the planner chooses."""
+    dummy_weights: bool = False
+    """model.weights: dummy: random weights from the config alone; the plan's memory is the
+    same, its command loads them so (--load-format dummy) and says so."""
     cost_model: CostModel | GpuProfile | None = None
     """Step times for the throughput and latency estimates: a calibrated profile, or a GPU
     operator profile (composed per layout); None: the roofline of the model on the
@@ -98,6 +101,7 @@ class PlanRequest:
             block_size=engine.block_size,
             hardware=hw,
             layout=_layout(config) if given & _LAYOUT_FIELDS else None,
+            dummy_weights=config.model.weights is Weights.DUMMY,
         )
 
     @property
