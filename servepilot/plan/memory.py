@@ -75,7 +75,9 @@ def weight_bytes(spec: ModelSpec, dtype: WeightDtype, par: Parallelism) -> Weigh
     TP slices attention, dense MLPs, shared experts and the vocabulary (embedding and head are
     vocab-parallel). Routed experts are sliced by TP, or spread whole over TP x DP ranks with
     expert parallelism. With DP attention each rank holds the full attention and dense layers.
-    PP gives each stage its share of the layers; the first stage holds the embedding too.
+    PP gives each stage its share of the layers; the first stage holds the embedding too and
+    the last the head, so one stage (no PP) holds both: vLLM's "Model loading took" on the
+    H200 counts an untied head (Llama-3.1-8B 15.0 GiB, Qwen2.5-32B 61.04 GiB).
     Quantized checkpoints keep the embedding, head and norms in 16 bits, as DeepSeek's fp8
     release and vLLM's fp8/AWQ/GPTQ methods do."""
     if spec.params is None:
@@ -91,7 +93,7 @@ def weight_bytes(spec: ModelSpec, dtype: WeightDtype, par: Parallelism) -> Weigh
         + p.shared_experts * dense / par.tp * layer_share
         + p.routed_experts * expert / expert_split * layer_share
         + p.other * wide * layer_share
-        + max(p.embedding, p.lm_head) * wide / par.tp
+        + _vocab_on_a_stage(p.embedding, p.lm_head, par.pp) * wide / par.tp
     )
     total = (
         (p.attention + p.dense_mlp + p.shared_experts) * dense * par.dp
@@ -100,6 +102,11 @@ def weight_bytes(spec: ModelSpec, dtype: WeightDtype, par: Parallelism) -> Weigh
         + (p.embedding + p.lm_head) * wide * par.dp
     )
     return WeightBytes(per_rank=math.ceil(per_rank), total=math.ceil(total))
+
+
+def _vocab_on_a_stage(embedding: int, lm_head: int, stages: int) -> int:
+    """Vocabulary parameters on the most loaded pipeline stage."""
+    return embedding + lm_head if stages == 1 else max(embedding, lm_head)
 
 
 def _expert_dtype(spec: ModelSpec, dtype: WeightDtype) -> WeightDtype:
