@@ -65,8 +65,8 @@ def test_a_plan_that_does_not_fit_says_how_short_and_lists_the_ladder() -> None:
     ladder = report.ladder_table(found)
     assert ladder.title == "to make it fit (the memory ladder)" and ladder.right == ()
     assert ladder.rows[0] == ("quantize the KV cache to fp8", "no", "TP1", "141.1", "0", "0.00")
-    # 141 GB of bf16 weights (the untied head included) over 48 GB devices: four of the node's L40S (TP4), not four
-    # nodes of one (TP1+PP4).
+    # 141 GB of bf16 weights (the untied head included) over 48 GB devices: four of the
+    # node's L40S (TP4), not four nodes of one (TP1+PP4).
     assert ladder.rows[-1] == (
         "or, at the original precision, with --count 4",
         "yes",
