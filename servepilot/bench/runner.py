@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from servepilot.bench.client import Client, Target
 from servepilot.bench.drive import Driver, ProgressFn, Tally, raise_fd_limit
 from servepilot.bench.records import RequestRecord, RequestSpec
-from servepilot.bench.workers import PRECONNECT_MAX, run_processes
+from servepilot.bench.workers import PRECONNECT_MAX, ProcessesInterrupted, run_processes
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import ClientHealth, LoadMode, Stats
 from servepilot.load.loadplan import LoadPlan
@@ -142,15 +142,18 @@ async def run_load(
         try:
             tallies = [await _run_here(client, driver, on_progress)]
         except asyncio.CancelledError:
-            # Only a single process's records are at hand when it is cut short: several
-            # processes' come back when they finish, so theirs end with the run.
             started_at = time.time() - driver.clock()
             cut = outcome(plan, [driver.tally], started_at, processes)
             raise LoadInterrupted(cut, driver.clock()) from None
         started_at = time.time() - (time.perf_counter() - tallies[0].t0)
     else:
         started_at = time.time()
-        tallies = await run_processes(target, plan, requests, processes, on_progress)
+        try:
+            tallies = await run_processes(target, plan, requests, processes, on_progress)
+        except ProcessesInterrupted as stopped:
+            started_at = time.time() - stopped.elapsed_s
+            cut = outcome(plan, stopped.tallies, started_at, processes)
+            raise LoadInterrupted(cut, stopped.elapsed_s) from None
         started_at -= time.perf_counter() - tallies[0].t0
     return outcome(plan, tallies, started_at, processes)
 

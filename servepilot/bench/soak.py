@@ -5,6 +5,7 @@ replica process, each GPU), sampled at the start and at the end of every window.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -38,10 +39,13 @@ async def sample_memory(metrics_url: str, sources: MemorySampler | None) -> Memo
 async def sample_every(
     metrics_url: str, sources: MemorySampler | None, window_s: float, into: list[MemorySample]
 ) -> None:
-    """Append a sample now and at the end of every window (until cancelled)."""
+    """Append a sample now and at the end of every window (until cancelled), on a schedule
+    from the start: the time a sample takes does not push the next ones later."""
+    clock = asyncio.get_running_loop().time
+    start_s = clock()
     into.append(await sample_memory(metrics_url, sources))
-    while True:
-        await asyncio.sleep(window_s)
+    for window in itertools.count(1):
+        await asyncio.sleep(max(0.0, start_s + window * window_s - clock()))
         into.append(await sample_memory(metrics_url, sources))
 
 
@@ -72,15 +76,15 @@ def with_soak(
 
 
 def window_samples(samples: Sequence[MemorySample], count: int) -> list[MemorySample | None]:
-    """The sample that ends each of `count` windows. The timer samples at each window's end,
-    in order, but it drifts (each sample takes time) and is stopped when the load ends: the
-    last window's sample is always the last one taken, which may be the timer's (it missed
-    none) or the one taken after the load (the timer's was not due yet, or came too)."""
+    """The sample that ends each of `count` windows: the first taken at or after its end.
+    The timer samples each window's end in order, but it drifts (each sample takes time) and
+    is stopped when the load ends, so it can miss the last ends; the sample taken after the
+    load (the last one) is then the first after each of those, as it is after the last."""
     ends = list(samples[1:])
-    if not ends or not count:
+    if not ends:
         return [None] * count
-    timed = min(len(ends) - 1, count - 1)
-    return [*ends[:timed], *[None] * (count - 1 - timed), ends[-1]]
+    timed, last = ends[:-1], ends[-1]
+    return [timed[i] if i < len(timed) and i < count - 1 else last for i in range(count)]
 
 
 def finished_windows(

@@ -5,11 +5,16 @@ of the slots (see drive.py) and sends its records back pickled. All share one ti
 on Linux (and macOS, Windows) `time.perf_counter()` reads a system-wide monotonic clock, so
 the parent's t0 means the same instant in every process; a process that finds the clocks
 disagree (another platform) falls back to the wall clock to place t0.
+
+Cut short (Ctrl-C reaches the parent, and in a terminal the children too), each process
+stops its load and sends back what finished, so a soak cut short keeps its finished windows
+with several processes as with one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import time
 import traceback
@@ -35,6 +40,18 @@ from servepilot.load.slots import concurrency_share
 START_MARGIN_S = 0.2
 """Between the go message and t0, so every process is waiting when the load starts."""
 PRECONNECT_MAX = 512
+STOP_WAIT_S = 10.0
+"""How long a cut-short load waits for its processes' finished requests."""
+
+
+class ProcessesInterrupted(Exception):
+    """The load was cut short: what the processes had finished (a process that died or did
+    not answer in time is missing)."""
+
+    def __init__(self, tallies: list[Tally], elapsed_s: float) -> None:
+        super().__init__("the load was cut short")
+        self.tallies = tallies
+        self.elapsed_s = elapsed_s
 
 
 async def run_processes(
@@ -65,7 +82,13 @@ async def run_processes(
         wall0 = time.time() + START_MARGIN_S
         for pipe in pipes:
             pipe.send(("go", t0, wall0, time.perf_counter(), time.time()))
-        return await _collect(pipes, children, t0, on_progress)
+        tallies: list[Tally | None] = [None] * len(pipes)
+        try:
+            await _collect(pipes, children, t0, on_progress, tallies)
+        except asyncio.CancelledError:
+            elapsed_s = time.perf_counter() - t0
+            raise ProcessesInterrupted(_stop_all(pipes, children, tallies), elapsed_s) from None
+        return [t for t in tallies if t is not None]
     finally:
         for child in children:
             if child.is_alive():
@@ -87,10 +110,14 @@ async def _gather(pipes: list[Pipe], children: list[Any], kind: str) -> list[Any
 
 
 async def _collect(
-    pipes: list[Pipe], children: list[Any], t0: float, on_progress: ProgressFn | None
-) -> list[Tally]:
+    pipes: list[Pipe],
+    children: list[Any],
+    t0: float,
+    on_progress: ProgressFn | None,
+    tallies: list[Tally | None],
+) -> None:
+    """Fill `tallies` (in process order) as the processes finish."""
     counts = [(0, 0)] * len(pipes)
-    tallies: list[Tally | None] = [None] * len(pipes)
     reported = 0.0
     while any(t is None for t in tallies):
         for part, pipe in enumerate(pipes):
@@ -104,6 +131,32 @@ async def _collect(
             reported = now
             on_progress(sum(c for c, _ in counts), sum(f for _, f in counts), now - t0)
         await asyncio.sleep(0.05)
+
+
+def _stop_all(pipes: list[Pipe], children: list[Any], tallies: list[Tally | None]) -> list[Tally]:
+    """Tell the processes still running to stop, and take what each finished (waiting up to
+    STOP_WAIT_S; blocking: the caller's task is being cancelled)."""
+    for part, pipe in enumerate(pipes):
+        if tallies[part] is None:
+            with contextlib.suppress(OSError):  # gone already: its records are lost
+                pipe.send(("stop",))
+    lost: set[int] = set()
+    deadline = time.monotonic() + STOP_WAIT_S
+    while time.monotonic() < deadline:
+        waiting = [i for i, t in enumerate(tallies) if t is None and i not in lost]
+        if not waiting:
+            break
+        for part in waiting:
+            try:
+                message = _receive(pipes[part], children, part)
+            except ServepilotError:
+                lost.add(part)
+                continue
+            if message is not None and message[0] == "done":
+                tallies[part] = message[1]
+            elif message is not None and message[0] == "error":
+                lost.add(part)
+        time.sleep(0.02)
     return [t for t in tallies if t is not None]
 
 
@@ -169,6 +222,27 @@ async def _child_main(
     def progress(completed: int, failed: int, elapsed_s: float) -> None:
         pipe.send(("progress", completed, failed))
 
-    tally = await driver.run(progress)
+    run = asyncio.ensure_future(driver.run(progress))
+    stop = asyncio.ensure_future(_told_to_stop(pipe))
+    # Cancelled: SIGINT reached the whole group (Ctrl-C in a terminal); the load stops as if
+    # told to, and this process still reports what finished.
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.wait([run, stop], return_when=asyncio.FIRST_COMPLETED)
+    for task in (run, stop):
+        task.cancel()
+    await asyncio.wait([run, stop])
     await client.aclose()
-    pipe.send(("done", tally))
+    # Cut short, the driver's tally holds the requests that finished before the cut.
+    pipe.send(("done", driver.tally if run.cancelled() else run.result()))
+
+
+async def _told_to_stop(pipe: Pipe) -> None:
+    """Returns when the parent says stop (the only message it sends after "go")."""
+    told = asyncio.Event()
+    running = asyncio.get_running_loop()
+    running.add_reader(pipe.fileno(), told.set)
+    try:
+        await told.wait()
+    finally:
+        running.remove_reader(pipe.fileno())
+    pipe.recv()

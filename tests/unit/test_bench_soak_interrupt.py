@@ -1,5 +1,7 @@
 """Ctrl-C during `bench --soak` keeps the windows that finished, marked interrupted, and says
-where they went: a real SIGINT to a real `servepilot bench` against the simulated replica."""
+where they went: a real SIGINT to a real `servepilot bench` against the simulated replica, with
+one client process and with several (the parent tells them to stop and takes what each
+finished)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.unit.sim_support import BASE_ARGS, COST_FLAGS, ThreadedSim
 
@@ -27,7 +30,7 @@ def _answered(url: str) -> float:
     )
 
 
-def _soak(url: str, out: Path) -> subprocess.Popen[str]:
+def _soak(url: str, out: Path, extra: list[str]) -> subprocess.Popen[str]:
     # A suite started in the background by a non-interactive shell inherits SIGINT ignored,
     # and so would bench: a Python handler here is reset to the default at exec.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -35,7 +38,7 @@ def _soak(url: str, out: Path) -> subprocess.Popen[str]:
         return subprocess.Popen(
             [sys.executable, "-m", "servepilot", "bench", "--url", url, "--concurrency", "2",
              "--soak", "60s", "--window", "2s", "--input-tokens", "40", "--output-tokens", "8",
-             "--out", str(out)],
+             "--out", str(out), *extra],
             cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)},
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
@@ -43,10 +46,11 @@ def _soak(url: str, out: Path) -> subprocess.Popen[str]:
         signal.signal(signal.SIGINT, previous)
 
 
-def test_ctrl_c_during_a_soak_keeps_its_finished_windows(tmp_path: Path) -> None:
+@pytest.mark.parametrize("extra", [[], ["--processes", "2"]], ids=["one", "two-processes"])
+def test_ctrl_c_during_a_soak_keeps_its_finished_windows(tmp_path: Path, extra: list[str]) -> None:
     out = tmp_path / "soak"
     with ThreadedSim([*BASE_ARGS, *COST_FLAGS]) as sim:
-        proc = _soak(sim.url, out)
+        proc = _soak(sim.url, out, extra)
         try:
             deadline = time.monotonic() + 120
             while _answered(sim.url) < 1:

@@ -168,17 +168,16 @@ def test_no_requests_means_no_growth() -> None:
     assert growth_by_source(samples, 4) == {"gpu0": 2.0}
 
 
-def test_the_last_window_always_gets_the_last_sample() -> None:
+def test_each_window_gets_the_first_sample_taken_after_its_end() -> None:
     """The timer's samples drift and it is stopped when the load ends: a window whose end the
-    timer missed would have had no memory at all (accept's 5 s soak under a loaded machine)."""
+    timer missed had no memory at all (accept's 5 s soak on a loaded machine); it gets the
+    sample taken after the load."""
     start, e0, e1, final = (MemorySample(n, {"gpu0": n}) for n in (0, 1, 2, 3))
     assert window_samples([start, e0, final], 2) == [e0, final]  # the timer missed none
-    assert window_samples([start, final], 2) == [None, final]  # it missed the last end
+    assert window_samples([start, final], 2) == [final, final]  # it missed the first end
     assert window_samples([start, e0, e1, final], 2) == [e0, final]  # it came with the final
-    assert window_samples([start, final], 3) == [None, None, final]
+    assert window_samples([start, e0, final], 3) == [e0, final, final]
     assert window_samples([start], 2) == [None, None]
-    # Through with_soak: 4 requests over 2 windows of 2 s, the timer missed the second end.
-    run = soak_run()
-    missed = with_soak(run, soak_records(), 2.0, [start, final])
-    assert [w.memory_by_source_bytes for w in missed.windows] == [{}, {"gpu0": 3}]
-    assert len(missed.windows) == 2
+    # Through with_soak: 4 requests over 2 windows of 2 s, the timer missed the first end.
+    missed = with_soak(soak_run(), soak_records(), 2.0, [start, final])
+    assert [w.memory_by_source_bytes for w in missed.windows] == [{"gpu0": 3}, {"gpu0": 3}]
