@@ -52,10 +52,7 @@ def start_detached(config: FleetConfig, echo: Callable[[str], None]) -> Detached
     run_dir = new_run_dir()
     run_dir.mkdir(parents=True)
     config_path = run_dir / FLEET_YAML
-    # The file may hold API keys: readable by its owner only.
-    descriptor = os.open(config_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w", encoding="utf-8") as out:
-        yaml.safe_dump(config.model_dump(mode="json"), out, sort_keys=False)
+    write_fleet_yaml(config, config_path)
     log_path = run_dir / UP_LOG
     command = [sys.executable, "-m", "servepilot", "up", "-c", str(config_path),
                "--detached-run-dir", str(run_dir)]  # fmt: skip
@@ -121,6 +118,16 @@ class HeldError:
         if rest := self.held + self._partial:
             self._echo(rest)
         self.held = self._partial = ""
+
+
+def write_fleet_yaml(config: FleetConfig, path: Path) -> None:
+    """The fleet the detached `up` runs, as this one would: only the fields that were set
+    (flags included), so it plans what the file leaves out as `up` and `plan` do here; every
+    field written would read as given, and the engine would not be plan's. Readable by its
+    owner only: it may hold API keys."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+        yaml.safe_dump(config.model_dump(mode="json", exclude_unset=True), out, sort_keys=False)
 
 
 def failed_start(code: int, output: str, log_path: Path) -> FleetError:

@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from servepilot.cli.main import main
-from servepilot.core.config import FleetConfig
+from servepilot.core.config import FleetConfig, load_config
 from servepilot.engine.model_source import ResolvedModel
+from servepilot.fleet.detach import write_fleet_yaml
 from servepilot.fleet.launched import launched_fleet
 from servepilot.fleet.local import replica_command
 
@@ -69,3 +70,17 @@ def test_a_fleet_plan_cannot_size_starts_as_the_file_says(tmp_path: Path) -> Non
     launched = launched_fleet(config)
     assert launched.config == config
     assert launched.note is not None and launched.note.startswith("`plan` cannot size")
+
+
+def test_a_detached_up_runs_the_same_engine(tmp_path: Path) -> None:
+    # `up --detach` hands its fleet to a background `up` through a file: written whole, every
+    # field read back as given, and the default fleet ran max_model_len 2,048 where `up` in the
+    # foreground and `plan` run 3,072.
+    config = FleetConfig.model_validate({"replicas": {"count": 1}, "gateway": {"port": 8123}})
+    written = tmp_path / "fleet.yaml"
+    write_fleet_yaml(config, written)
+    again = load_config(written)
+    assert again == config
+    engine = launched_fleet(again).config.engine
+    assert engine == launched_fleet(config).config.engine
+    assert engine.max_model_len == 3072
