@@ -58,7 +58,38 @@ CASES: dict[str, dict[str, Any]] = {
         },
         "sleep_cycles": 3,
     },
+    # A tiered KV cache: the GPU's KV pool kept small (gpu_memory_utilization 0.15: about
+    # 27k tokens) under 16 multi-turn sessions whose histories reach ~6k tokens each, so a
+    # returning turn's prefix has left the GPU; with the CPU tier it comes back from host
+    # memory instead of being recomputed. The same run without the tier is `llama-8b-small-kv`.
+    "llama-8b-offload": {
+        "model": {"source": "llama-3.1-8b", **DUMMY},
+        "engine": {
+            "max_model_len": 8192,
+            "gpu_memory_utilization": 0.15,
+            "extra_args": ["--kv-offloading-size", "16"],
+        },
+        "benches": ["multi_turn"],
+    },
+    "llama-8b-small-kv": {
+        "model": {"source": "llama-3.1-8b", **DUMMY},
+        "engine": {"max_model_len": 8192, "gpu_memory_utilization": 0.15},
+        "benches": ["multi_turn", "soak"],
+    },
 }
+# 16 conversations interleaved turn by turn (bench's multi_turn: waves of 16), 4 turns of
+# 1,500 prompt tokens and 100 output tokens, two waves: 128 requests, 4 in flight.
+BENCHES: dict[str, list[str]] = {
+    "c1": ["--concurrency", "1", "--requests", "8", "--input-tokens", "1000",
+           "--output-tokens", "200", "--warmup", "1"],
+    "c32": ["--concurrency", "32", "--requests", "64", "--input-tokens", "1000",
+            "--output-tokens", "200", "--warmup", "1"],
+    "multi_turn": ["--workload", "multi_turn", "--turns", "4", "--concurrency", "4",
+                   "--requests", "128", "--input-tokens", "1500", "--output-tokens", "100"],
+    # The seeds' leak rule (2 MB a request at most), the GPU read through NVML each window.
+    "soak": ["--concurrency", "32", "--input-tokens", "1000", "--output-tokens", "200",
+             "--soak", "120s", "--window", "20s"],
+}  # fmt: skip
 PORT = 8000
 
 
@@ -104,10 +135,9 @@ def run_case(name: str, out: Path) -> dict[str, Any]:
     if code == 0:
         url = f"http://127.0.0.1:{PORT}"
         sp(["status"], folder / "status.txt", 60)
-        for c in (1, 32):
-            sp(["bench", "--url", url, "--concurrency", str(c), "--requests", str(max(8, 2 * c)),
-                "--input-tokens", "1000", "--output-tokens", "200", "--warmup", "1",
-                "--out", str(folder / f"bench-c{c}")], folder / f"bench-c{c}.txt", 240)  # fmt: skip
+        for bench in CASES[name].get("benches", ["c1", "c32"]):
+            sp(["bench", "--url", url, *BENCHES[bench], "--out", str(folder / f"bench-{bench}")],
+               folder / f"bench-{bench}.txt", 300)  # fmt: skip
         if CASES[name].get("sleep_cycles"):
             summary["sleep"] = sleep_cycles(url, CASES[name]["sleep_cycles"], folder)
     sp(["down", "--port", str(PORT)], folder / "down.txt", 120)
@@ -167,17 +197,42 @@ def _figures(folder: Path) -> dict[str, Any]:
                                    "Graph capturing finished", "torch.compile takes",
                                    "Model loading took", "init engine"))
     ]  # fmt: skip
-    for c in (1, 32):
+    for bench in BENCHES:
         try:
-            run = json.loads((folder / f"bench-c{c}" / "results.json").read_text())["runs"][0]
-            found[f"c{c}"] = {
+            run = json.loads((folder / f"bench-{bench}" / "results.json").read_text())["runs"][0]
+            found[bench] = {
                 "tpot_p50_ms": run["tpot_ms"]["p50"],
                 "ttft_p50_ms": run["ttft_ms"]["p50"],
                 "output_tok_s": run["output_throughput"],
             }
         except (OSError, ValueError, KeyError, IndexError):
             pass
+    if (folder / "bench-multi_turn" / "requests.csv").exists():
+        found["ttft_by_turn"] = ttft_by_turn(folder / "bench-multi_turn" / "requests.csv")
     return found
+
+
+def ttft_by_turn(csv_path: Path) -> dict[str, float | int | None]:
+    """TTFT p50 of first turns and of returning ones, from a multi_turn bench's requests.csv
+    (the turn of request i from bench's own send order: load/shapes.py turn_order)."""
+    import csv
+    import statistics
+
+    from servepilot.load.shapes import turn_order
+    from servepilot.load.workload import WorkloadKind, WorkloadSpec
+
+    sent = [r for r in csv.DictReader(csv_path.open()) if r["warmup"] == "false"]
+    rows = [r for r in sent if r["ttft_ms"]]
+    # The order of everything sent (failures too): a wave's size depends on the count.
+    order = turn_order(WorkloadSpec(kind=WorkloadKind.MULTI_TURN, turns=4), len(sent))
+    first = [float(r["ttft_ms"]) for r in rows if order[int(r["index"])][1] == 0]
+    later = [float(r["ttft_ms"]) for r in rows if order[int(r["index"])][1] > 0]
+    return {
+        "first_p50_ms": round(statistics.median(first), 1) if first else None,
+        "returning_p50_ms": round(statistics.median(later), 1) if later else None,
+        "first": len(first),
+        "returning": len(later),
+    }
 
 
 def main() -> int:

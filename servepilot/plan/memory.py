@@ -24,9 +24,19 @@ GIB = 2**30
 # startup logs ("non-torch memory"); they vary with driver and library versions.
 _CUDA_CONTEXT_BYTES = int(0.5 * GIB)
 _NCCL_BYTES = int(0.5 * GIB)
-# CUDA-graph pools: vLLM's estimate is usually 0.5-2 GiB per rank for the default capture
-# sizes; servepilot assumes 1 GiB and prints it as an estimate.
-_CUDA_GRAPH_BYTES = 1 * GIB
+# vLLM (0.21+) takes its estimate of the CUDA-graph pool out of the KV budget. The estimate
+# grows with the number of graphs it captures (capture_sizes below) at a cost per graph that
+# grows with the model: fitted to the estimates vLLM 0.22 logged on the H200
+# (benchmarks/gpu_runs/2026-12-04-*: SmolLM2 3.0 MiB a graph, Llama-3.1-8B 5.0,
+# Qwen2.5-32B 9.0; DeepSeek-V2-Lite 8.9, 2.4x a dense model of its size: its MoE and MLA
+# layers split into more pieces).
+_GRAPH_BASE_MIB = 2.67
+_GRAPH_MIB_PER_LAYER_HIDDEN = 1.943e-5
+_GRAPH_MOE_FACTOR = 2.4
+# The profiling pass's activation peak (activation_bytes), fitted to the same runs.
+_DENSE_VALUES_PER_HIDDEN = 13
+_MOE_VALUES_PER_EXPERT_WIDTH = 4.8
+_SAMPLER_BYTES_PER_LOGIT = 6.6
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,23 +132,22 @@ def _expert_dtype(spec: ModelSpec, dtype: WeightDtype) -> WeightDtype:
 def activation_bytes(
     spec: ModelSpec, par: Parallelism, *, batched_tokens: int, max_num_seqs: int, wide: bool
 ) -> int:
-    """Peak activation memory of vLLM's profiling forward pass (an estimate).
+    """Peak activation memory of vLLM's profiling pass (an estimate): `batched_tokens` tokens
+    through the model, then the sampler over `max_num_seqs` positions.
 
-    The pass runs `batched_tokens` tokens through one layer at a time: the residual stream and
-    attention/QKV buffers (a few x hidden), the MLP's gate and up projections (2 x its width per
-    rank; for MoE the chosen experts' share), then fp32 logits for up to `max_num_seqs`
-    sampled positions over the vocabulary slice."""
+    Fitted to what vLLM 0.22 left for the KV cache on the H200 (benchmarks/gpu_runs/
+    2026-12-04-*, at max_num_seqs 34 and 1,024): a dense model's forward pass peaks at about
+    13 x hidden values a token whatever its MLP width (torch.compile fuses the gate, up and
+    activation), an MoE adds about 4.8 x the chosen experts' width (the fused-MoE workspaces),
+    and the sampler takes 6.6 bytes a position and vocabulary entry (fp32 logits and what it
+    derives from them)."""
     act = 4 if wide else 2
-    hidden = spec.hidden_size
+    values = _DENSE_VALUES_PER_HIDDEN * spec.hidden_size
     if spec.moe is not None:
-        mlp_width = spec.moe.experts_per_token * spec.moe.expert_intermediate_size
-        mlp_width = max(mlp_width, spec.intermediate_size) // max(1, par.tp)
-    else:
-        mlp_width = spec.intermediate_size // max(1, par.tp)
-    q_width = spec.num_attention_heads * spec.head_dim // max(1, par.tp)
-    per_token = (6 * hidden + 2 * mlp_width + 3 * q_width) * act
-    logits = max_num_seqs * (spec.vocab_size // max(1, par.tp)) * 4 * 2
-    return batched_tokens * per_token + logits
+        width = spec.moe.experts_per_token * spec.moe.expert_intermediate_size
+        values += _MOE_VALUES_PER_EXPERT_WIDTH * width / max(1, par.tp)
+    logits = max_num_seqs * (spec.vocab_size // max(1, par.tp)) * _SAMPLER_BYTES_PER_LOGIT
+    return math.ceil(batched_tokens * values * act + logits)
 
 
 def device_memory(
@@ -172,7 +181,9 @@ def device_memory(
         )
     usable = math.ceil(total * gpu_memory_utilization)
     runtime = _CUDA_CONTEXT_BYTES + (_NCCL_BYTES if par.devices > 1 else 0)
-    runtime += _CUDA_GRAPH_BYTES if cuda_graphs else 0
+    if cuda_graphs:
+        runtime += cuda_graph_bytes(spec, par, max_num_seqs=max_num_seqs,
+                                    batched_tokens=batched_tokens)  # fmt: skip
     return DeviceMemory(
         total_bytes=total,
         usable_bytes=usable,
@@ -181,3 +192,31 @@ def device_memory(
         runtime_bytes=runtime,
         kv_bytes=usable - weights - activations - runtime,
     )
+
+
+def capture_sizes(max_num_seqs: int, batched_tokens: int) -> tuple[int, ...]:
+    """The batch sizes vLLM 0.22 captures piecewise CUDA graphs for by default: 1, 2, 4, then
+    steps of 8 to 256 and of 16 beyond, up to min(2 x max_num_seqs, 512, batched_tokens)."""
+    largest = min(2 * max_num_seqs, 512, batched_tokens)
+    sizes = {s for s in (1, 2, 4) if s <= largest}
+    sizes |= set(range(8, min(largest + 1, 256), 8)) | set(range(256, largest + 1, 16))
+    if batched_tokens <= largest:
+        sizes.add(batched_tokens)
+    return tuple(sorted(sizes))
+
+
+def cuda_graph_bytes(
+    spec: ModelSpec, par: Parallelism, *, max_num_seqs: int, batched_tokens: int
+) -> int:
+    """vLLM's estimate of its CUDA-graph pool on one rank: the piecewise graphs of every
+    capture size and the full decode graphs of the sizes up to max_num_seqs (vLLM logs
+    "PIECEWISE=51 (largest=512), FULL=51" at its defaults on an H200)."""
+    sizes = capture_sizes(max_num_seqs, batched_tokens)
+    graphs = len(sizes) + sum(1 for s in sizes if s <= max_num_seqs)
+    layers = spec.num_layers / par.pp
+    per_graph_mib = (
+        _GRAPH_BASE_MIB + _GRAPH_MIB_PER_LAYER_HIDDEN * layers * spec.hidden_size / par.tp
+    )
+    if spec.moe is not None:
+        per_graph_mib *= _GRAPH_MOE_FACTOR
+    return math.ceil(graphs * per_graph_mib * 2**20)

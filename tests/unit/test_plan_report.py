@@ -61,7 +61,7 @@ def test_knob_values_print_counts_with_separators_and_flags_as_words() -> None:
 
 def test_a_plan_that_does_not_fit_says_how_short_and_lists_the_ladder() -> None:
     found = plan("llama-3.1-70b", "l40s", 1)
-    assert report.verdict(found) == "does not fit: 103.1 GB short per device"
+    assert report.verdict(found) == "does not fit: 103.0 GB short per device"
     ladder = report.ladder_table(found)
     assert ladder.title == "to make it fit (the memory ladder)" and ladder.right == ()
     assert ladder.rows[0] == ("quantize the KV cache to fp8", "no", "TP1", "141.1", "0", "0.00")
@@ -72,8 +72,8 @@ def test_a_plan_that_does_not_fit_says_how_short_and_lists_the_ladder() -> None:
         "yes",
         "TP4",
         "35.3",
-        "53,584",
-        "17.44",
+        "53,024",
+        "17.26",
     )
 
 

@@ -27,8 +27,8 @@ def test_describe_says_what_each_replica_is_and_where_its_step_times_come_from()
     spec = fleet_spec(CONFIG, setup, network=NetworkConfig(), seed=0)
     # CUDA graphs (on by default on GPUs) take their memory out of the KV pool.
     assert narration.describe(setup, spec) == (
-        "2 x llama-3.1-8b: max_num_seqs 1024, max_num_batched_tokens 8,192, 27,051 KV blocks of "
-        "16 (432,816 tokens), gateway budget 256 per replica",
+        "2 x llama-3.1-8b: max_num_seqs 1024, max_num_batched_tokens 8,192, 27,480 KV blocks of "
+        "16 (439,680 tokens), gateway budget 256 per replica",
         "step times: roofline (roofline: h100-80/llama-3.1-8b)",
     )  # no profile, so no word of a profile's prompt overhead
 
