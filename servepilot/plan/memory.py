@@ -142,7 +142,7 @@ def activation_bytes(
     and the sampler takes 6.6 bytes a position and vocabulary entry (fp32 logits and what it
     derives from them)."""
     act = 4 if wide else 2
-    values = _DENSE_VALUES_PER_HIDDEN * spec.hidden_size
+    values: float = _DENSE_VALUES_PER_HIDDEN * spec.hidden_size
     if spec.moe is not None:
         width = spec.moe.experts_per_token * spec.moe.expert_intermediate_size
         values += _MOE_VALUES_PER_EXPERT_WIDTH * width / max(1, par.tp)
