@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from servepilot.bench.compare import compare_results, render_comparison
 from servepilot.bench.console import render_runs_table, terminal_columns
 from servepilot.bench.metrics import summarize
 from servepilot.bench.records import RequestRecord
@@ -100,3 +101,29 @@ def test_other_workloads_write_no_turn_split(sim_url: str, tmp_path: Path) -> No
     assert code == 0
     (run,) = json.loads((tmp_path / "results.json").read_text())["runs"]
     assert run["ttft_ms_first_turn"] is None and run["ttft_ms_returning"] is None
+
+
+def _result(returning_ttft_s: float | None) -> BenchResult:
+    turns = [None] * 4 if returning_ttft_s is None else [0, 0, 1, 1]
+    times = [0.4, 0.4, returning_ttft_s or 0.4, returning_ttft_s or 0.4]
+    records = [_record(i, t, turn) for i, (t, turn) in enumerate(zip(times, turns, strict=True))]
+    run = summarize(LOAD, records, Slo())
+    return BenchResult(source=Source.MEASURED, target={}, workload={}, runs=(run,))
+
+
+def test_compare_holds_returning_turns_of_two_runs_against_each_other() -> None:
+    # Without a CPU tier the returning turns took 300 ms, with it 100 ms.
+    (run,) = compare_results(_result(0.3), _result(0.1)).matched
+    returning = run.metric("ttft_returning_p50")
+    assert (returning.a, returning.b, returning.verdict) == (
+        pytest.approx(300.0),
+        pytest.approx(100.0),
+        "better",
+    )
+    assert run.metric("ttft_first_turn_p50").verdict == "same"
+    console = Console(record=True, width=120)
+    console.print(render_comparison(compare_results(_result(0.3), _result(0.1))))
+    assert "TTFT p50 returning" in console.export_text()
+    plain = Console(record=True, width=120)
+    plain.print(render_comparison(compare_results(_result(None), _result(None))))
+    assert "returning" not in plain.export_text()
