@@ -82,6 +82,12 @@ def test_llama_8b_holds_8192_tokens_per_gib_in_whole_blocks_at_any_tp() -> None:
         assert cpu_tier_tokens(KvOffload(8), shape, par) == 65_536
         # 8 GiB + 3 MiB: one more whole 2 MiB block, the odd MiB is left unused.
         assert cpu_tier_tokens(KvOffload(8 + 3 / 1024), shape, par) == 65_536 + 16
+    # PP 2: a rank holds 16 layers' 1 MiB block, x world_size 2 = the same 2 MiB.
+    staged = kv_cache_shape(spec, kv_dtype=KvDtype.AUTO, compute_dtype=WeightDtype.BF16, pp=2)
+    assert cpu_tier_tokens(KvOffload(8), staged, Parallelism(pp=2)) == 65_536
+    # fp8 KV halves the bytes: twice the tokens.
+    fp8 = kv_cache_shape(spec, kv_dtype=KvDtype.FP8, compute_dtype=WeightDtype.BF16)
+    assert cpu_tier_tokens(KvOffload(8), fp8, Parallelism()) == 131_072
     shape = kv_cache_shape(spec, kv_dtype=KvDtype.AUTO, compute_dtype=WeightDtype.BF16)
     # Each data-parallel engine gets its own tier of the given size.
     assert cpu_tier_tokens(KvOffload(8), shape, Parallelism(dp=2)) == 131_072
