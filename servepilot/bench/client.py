@@ -183,6 +183,7 @@ class Client:
             replica=answer.replica,
             extra={"done_s": answer.done_s},
             retry_after_s=answer.retry_after_s,
+            turn=spec.turn,
         )
 
     async def _exchange(self, request: bytes) -> Answer:

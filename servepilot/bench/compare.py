@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from servepilot.bench.report.fmt import MISSING, fmt_num, fmt_signed, format_load
-from servepilot.core.results import BenchResult, Load, Run, Source
+from servepilot.core.results import BenchResult, Load, Run, Source, Stats
 
 
 class Better(enum.StrEnum):
@@ -53,6 +53,10 @@ def _stat(metric: str, pct: str) -> Metric:
     return Metric(f"{metric}_{pct}", f"{metric.upper()} {pct}", "ms", Better.LOWER, get)
 
 
+def _turn_p50(stats: Stats | None) -> float | None:
+    return None if stats is None else stats.p50
+
+
 METRICS: tuple[Metric, ...] = (
     Metric(
         "request_throughput",
@@ -70,6 +74,22 @@ METRICS: tuple[Metric, ...] = (
     ),
     _stat("ttft", "p50"),
     _stat("ttft", "p99"),
+    # multi_turn only (None elsewhere): a run with a CPU tier of the KV cache against one
+    # without differs in the returning turns.
+    Metric(
+        "ttft_first_turn_p50",
+        "TTFT p50 1st turn",
+        "ms",
+        Better.LOWER,
+        lambda r: _turn_p50(r.ttft_ms_first_turn),
+    ),
+    Metric(
+        "ttft_returning_p50",
+        "TTFT p50 returning",
+        "ms",
+        Better.LOWER,
+        lambda r: _turn_p50(r.ttft_ms_returning),
+    ),
     _stat("tpot", "p50"),
     _stat("tpot", "p99"),
     _stat("itl", "p99"),
@@ -232,6 +252,7 @@ def accuracy_line(comparison: Comparison, label_a: str = "A", label_b: str = "B"
     return f"median absolute error vs {ref}: " + "; ".join(parts)
 
 
+_TURN_KEYS = frozenset({"ttft_first_turn_p50", "ttft_returning_p50"})
 _VERDICT_STYLE = {"better": "green", "worse": "red", "same": "dim"}
 
 
@@ -246,6 +267,8 @@ def _run_table(run: RunComparison, label_a: str, label_b: str) -> Table:
     for header in ("metric", label_a, label_b, "Δ (B-A)", "Δ%", "B vs A"):
         table.add_column(header, justify="left" if header in ("metric", "B vs A") else "right")
     for m in run.metrics:
+        if m.a is None and m.b is None and m.key in _TURN_KEYS:
+            continue  # not a multi_turn run: the rows would say nothing
         arrow = "↓" if m.better is Better.LOWER else "↑"
         pct = MISSING if m.percent is None else f"{m.percent:+.1f}%"
         verdict = Text(m.verdict or MISSING, style=_VERDICT_STYLE.get(m.verdict or "", ""))

@@ -13,7 +13,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from servepilot.bench.report.columns import Column, report_columns
+from servepilot.bench.report.columns import Column, has_turns, report_columns
 from servepilot.bench.report.fmt import fmt_ms, fmt_num, format_load, level_name
 from servepilot.bench.runlength import Estimate
 from servepilot.bench.runner import LAG_LIMIT_MS
@@ -71,7 +71,8 @@ def terminal_columns(result: BenchResult) -> tuple[Column, ...]:
     dropped = {"Goodput"} if not result.slo else set()
     if closed:
         dropped.add("Rate got/asked")
-    return tuple(c for c in report_columns(result.slo) if c.header not in dropped)
+    columns = report_columns(result.slo, turns=has_turns(result.runs))
+    return tuple(c for c in columns if c.header not in dropped)
 
 
 def _stacked(header: str, unit: str) -> str:

@@ -99,7 +99,9 @@ def summarize(
     """The run summary of `records` (warm-up ones are excluded here)."""
     counted = measured(records)
     duration = duration_s if duration_s is not None else window_s(counted)
-    times = [t for r in counted if (t := request_times(r)) is not None]
+    timed = [(r, t) for r in counted if (t := request_times(r)) is not None]
+    times = [t for _, t in timed]
+    first_turn, returning = _ttft_by_turn(counted, timed)
     ok = [r for r in counted if r.ok]
     good = sum(1 for t in times if meets(t, slo))
     out_tokens = sum(t.output_tokens for t in times)
@@ -119,6 +121,8 @@ def summarize(
         tpot_ms=stats([t.tpot_ms for t in times if t.tpot_ms is not None]),
         itl_ms=stats([g * 1000.0 for g in gaps]),
         e2e_ms=stats([t.e2e_ms for t in times]),
+        ttft_ms_first_turn=first_turn,
+        ttft_ms_returning=returning,
         goodput_rps=good * per_s,
         slo_attainment=good / len(counted) if counted else 0.0,
         input_tokens_mean=float(np.mean(inputs)) if inputs else None,
@@ -128,6 +132,19 @@ def summarize(
         refused=sum(1 for r in counted if r.refused),
     )
     return slo.with_verdict(run)
+
+
+def _ttft_by_turn(
+    counted: Sequence[RequestRecord], timed: Sequence[tuple[RequestRecord, RequestTimes]]
+) -> tuple[Stats | None, Stats | None]:
+    """TTFT of (first, returning) turns when the records carry turns (multi_turn): what a
+    CPU tier of the KV cache, or prefix caching at all, changes is how much of a returning
+    turn's history is prefilled again. (None, None) for the other workloads."""
+    if all(r.turn is None for r in counted):
+        return None, None
+    first = [t.ttft_ms for r, t in timed if r.turn == 0]
+    returning = [t.ttft_ms for r, t in timed if r.turn is not None and r.turn >= 1]
+    return stats(first), stats(returning)
 
 
 def windows(

@@ -30,6 +30,10 @@ class RequestSpec:
     chat the template's (taken off the text: `bench.chat_template`); not `history`."""
     history: tuple[tuple[str, str], ...] = ()
     """Earlier (role, content) turns of a chat session, sent before `prompt`."""
+    turn: int | None = None
+    """multi_turn: which turn of its conversation this is (0 the first, >= 1 a returning
+    one, whose earlier turns the server may still hold as cached KV); None for the other
+    workloads."""
     at_s: float | None = None
     """Trace replay: the send time relative to the start; None lets the load mode decide."""
     priority: int | None = None
@@ -67,6 +71,8 @@ class RequestRecord:
     extra: dict[str, float] = field(default_factory=dict)
     retry_after_s: float | None = None
     """The Retry-After (seconds) of a refused request, when the server gave one."""
+    turn: int | None = None
+    """The request's `RequestSpec.turn` (multi_turn only)."""
 
     @property
     def ok(self) -> bool:

@@ -35,6 +35,7 @@ CSV_COLUMNS = (
     "input_tokens",
     "output_tokens",
     "replica",
+    "turn",
 )
 
 
@@ -82,7 +83,7 @@ def _line(prefix: str, record: RequestRecord) -> str:
         f"{'' if tpot is None else f'{tpot:.3f}'},{len(record.chunk_s)},"
         f"{'' if record.input_tokens is None else record.input_tokens},"
         f"{'' if record.output_tokens is None else record.output_tokens},"
-        f"{_text(record.replica)}\n"
+        f"{_text(record.replica)},{'' if record.turn is None else record.turn}\n"
     )
 
 

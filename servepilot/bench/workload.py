@@ -153,6 +153,7 @@ def _multi_turn(
                 max_tokens=spec.output_tokens,
                 input_tokens=spec.input_tokens,
                 history=history,
+                turn=turn,
                 session_id=session_id(spec, session),
             )
         )

@@ -77,7 +77,15 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
                    help="shared_prefix: tokens of each prefix "
                         "(default 3/4 of --input-tokens)")  # fmt: skip
     g.add_argument("--turns", type=int, default=4, metavar="N",
-                   help="multi_turn: turns per conversation (default 4)")  # fmt: skip
+                   help="multi_turn: turns per conversation (default 4); results then "
+                        "split TTFT into first turns and returning ones (turn 2 on)")  # fmt: skip
+    g.add_argument("--active-sessions", type=int, default=16, metavar="N",
+                   help="multi_turn: conversations interleaved at a time, each sending its "
+                        "next turn after the other N-1 sent theirs (default 16). Their "
+                        "histories, about N x turns x (input + output tokens), are what the "
+                        "server must keep between turns: above the GPU's KV tokens (plan's "
+                        "figure) returning turns miss the GPU cache, which a CPU tier "
+                        "(engine.kv_offload_gib) can catch")  # fmt: skip
     g.add_argument("--trace", type=Path, metavar="FILE",
                    help="trace: JSONL lines with timestamp, input_tokens, "
                         "output_tokens, optional prefix_group and priority")  # fmt: skip
@@ -85,7 +93,9 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
                    help="send X-Priority 0 (interactive), "
                         "1 or 2 (batch) with these weights")  # fmt: skip
     g.add_argument("--sessions", type=int, metavar="N",
-                   help="spread requests over N X-Session-Id values")  # fmt: skip
+                   help="spread requests over N X-Session-Id values (not multi_turn, "
+                        "where each conversation is its own session: see "
+                        "--active-sessions)")  # fmt: skip
     g.add_argument("--seed", type=int, default=0, help="workload and arrival seed (default 0)")
 
 
@@ -135,6 +145,7 @@ def workload_from_args(args: argparse.Namespace) -> WorkloadSpec:
         num_prefixes=args.num_prefixes,
         prefix_tokens=args.prefix_tokens,
         turns=args.turns,
+        active_sessions=args.active_sessions,
         trace_path=args.trace,
         priority_mix=parse_priority_mix(args.priority_mix) if args.priority_mix else None,
         sessions=args.sessions,

@@ -185,6 +185,8 @@ def _render(plan: Plan, runnable: Plan, launch: Launch | None, rung: str | None)
     out_console.print(Text(report.headline(plan) + " — ") + Text(report.verdict(plan), style=style))
     out_console.print(draw(report.memory_table(plan)))
     out_console.print(report.kv_line(plan))
+    if (host_tier := report.host_tier_line(plan)) is not None:
+        out_console.print(host_tier)
     if plan.assessment.reason:
         out_console.print(f"layout: {plan.assessment.reason}")
     if plan.fits:

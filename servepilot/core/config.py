@@ -47,6 +47,14 @@ class EngineKind(enum.StrEnum):
     metrics, timed in real time by servepilot's model of vLLM's scheduler; no model is loaded."""
 
 
+class KvOffloadBackend(enum.StrEnum):
+    NATIVE = "native"
+    """vLLM's own CPU tier (its OffloadingConnector)."""
+    LMCACHE = "lmcache"
+    """LMCache's local CPU backend (the lmcache package must be installed in the replica's
+    environment)."""
+
+
 class Weights(enum.StrEnum):
     REAL = "real"
     DUMMY = "dummy"
@@ -136,6 +144,17 @@ class EngineConfig(_Section):
 
     cpu_kv_cache_space_gib: float = Field(default=2.0, gt=0.0)
     """KV cache size in GiB per replica on CPU (vLLM's --kv-cache-memory-bytes)."""
+
+    kv_offload_gib: float | None = Field(default=None, gt=0.0)
+    """GPU only: host memory in GiB per replica for vLLM's CPU tier of the KV cache
+    (--kv-offloading-size), summed over all the replica's TP/PP ranks as vLLM counts it.
+    Blocks evicted from the GPU are kept there, so a returning conversation's prefix is
+    copied back instead of prefilled again. vLLM pins this memory when the replica starts.
+    None: no CPU tier."""
+
+    kv_offload_backend: KvOffloadBackend = KvOffloadBackend.NATIVE
+    """--kv-offloading-backend: `native` (vLLM's own) or `lmcache`; used only with
+    kv_offload_gib."""
 
     cpu_threads: int | None = Field(default=None, ge=1)
     """CPU cores each replica binds its threads to; by default the cores are split evenly
@@ -311,6 +330,12 @@ class FleetConfig(_Section):
                 "engine.tensor_parallel_size or pipeline_parallel_size > 1 needs "
                 "hardware.device: gpu; on CPU run "
                 "more replicas instead (replicas.count)"
+            )
+        if self.hardware.device is Device.CPU and engine.kv_offload_gib is not None:
+            raise ValueError(
+                "engine.kv_offload_gib needs hardware.device: gpu; vLLM's KV offloading "
+                "is CUDA-only, and on CPU the KV cache already lives in host memory: size it "
+                "with engine.cpu_kv_cache_space_gib"
             )
         return self
 

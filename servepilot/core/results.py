@@ -93,6 +93,12 @@ class Run(_Record):
     e2e_ms: Stats
     goodput_rps: float
     """Requests per second that met every SLO (all completed ones when no SLO is set)."""
+    ttft_ms_first_turn: Stats | None = None
+    """multi_turn workloads: TTFT of the conversations' first turns; None otherwise."""
+    ttft_ms_returning: Stats | None = None
+    """multi_turn workloads: TTFT of the returning turns (the second and later), whose
+    history the server may still hold as cached KV (on the GPU, or in a CPU tier) and
+    otherwise prefills again; None otherwise."""
     slo_attainment: float
     """Share of requests (failed ones included) that met every SLO."""
     slo_met: bool | None = None

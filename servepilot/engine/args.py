@@ -80,6 +80,7 @@ def server_args(
         args.append("--enable-expert-parallel")
     if device is Device.GPU:
         args += ["--gpu-memory-utilization", _num(engine.gpu_memory_utilization)]
+        args += _kv_offload(engine)
     else:
         # The flag rather than the legacy VLLM_CPU_KVCACHE_SPACE variable, which vLLM reads as
         # a whole number of GiB and so cannot express 1.5 GiB.
@@ -170,6 +171,16 @@ def split_cores(total_cores: int, replicas: int, per_replica: int | None) -> lis
         start = (index * size) % total_cores
         blocks.append(tuple((start + k) % total_cores for k in range(min(size, total_cores))))
     return blocks
+
+
+def _kv_offload(engine: EngineConfig) -> list[str]:
+    """The CPU tier of the KV cache; vLLM reads the size as GiB over all the replica's ranks."""
+    if engine.kv_offload_gib is None:
+        return []
+    return [
+        "--kv-offloading-size", _num(engine.kv_offload_gib),
+        "--kv-offloading-backend", engine.kv_offload_backend.value,
+    ]  # fmt: skip
 
 
 def _toggle(name: str, value: bool | None) -> list[str]:

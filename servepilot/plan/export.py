@@ -17,6 +17,7 @@ from servepilot.plan.checkpoint import checkpoint_for, needs_quantized_checkpoin
 from servepilot.plan.dtypes import WeightDtype
 from servepilot.plan.estimate import Estimates
 from servepilot.plan.hardware import AcceleratorKind
+from servepilot.plan.kv_offload import host_bytes_per_node
 from servepilot.plan.layout import Option
 from servepilot.plan.planner import Plan
 
@@ -171,6 +172,8 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "kv_bytes_per_token": option.kv.bytes_per_token,
         "kv_formula": option.kv.formula,
         "kv_capacity_tokens": option.kv_capacity_tokens,
+        "kv_cpu_tokens": option.kv_cpu_tokens,
+        "kv_offload": _kv_offload(plan),
         "max_concurrency": round(option.max_concurrency, 2),
         "weights_bytes_per_device": mem.weights_bytes,
         "memory_per_device": {
@@ -247,6 +250,22 @@ def _estimates(found: Estimates | None) -> dict[str, Any] | None:
         "note": "steady state at the traffic's mean lengths without queueing (TTFT at "
         "capacity is one step carrying the prefill); `servepilot sim` predicts queues and "
         "bursts, `servepilot bench` measures",
+    }
+
+
+def _kv_offload(plan: Plan) -> dict[str, Any] | None:
+    """The CPU tier as asked and what it pins per node (at startup); None when off."""
+    offload, option = plan.request.kv_offload, plan.option
+    if offload is None:
+        return None
+    par = option.parallelism
+    return {
+        "size_gib": offload.size_gib,
+        "backend": offload.backend.value,
+        "host_bytes_per_replica": offload.replica_bytes(par),
+        "host_bytes_per_node": host_bytes_per_node(
+            offload, par, option.replicas, plan.request.nodes
+        ),
     }
 
 

@@ -77,6 +77,9 @@ class Accelerator:
     measured_fp8_flops: float | None = None
     measured_source: str | None = None
     """How and when the measured ceilings were taken."""
+    host_memory_bytes_per_node: int | None = None
+    """Host (CPU) memory of one node, which a CPU tier of the KV cache pins; None: not
+    recorded, and plan then checks nothing against it."""
 
     @property
     def roofline_bandwidth_bytes_per_s(self) -> float:
@@ -279,6 +282,7 @@ class _Entry(BaseModel):
     measured_bf16_flops: float | None = _rate(required=False)
     measured_fp8_flops: float | None = _rate(required=False)
     measured_source: str | None = None
+    host_memory_bytes_per_node: int | None = Field(default=None, gt=0)
     internode_bytes_per_s: float = _rate()
     price_usd_per_hour: float = _rate()
     price_source: str = Field(min_length=1)

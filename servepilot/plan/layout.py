@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from servepilot.plan.dtypes import KvDtype, WeightDtype
 from servepilot.plan.hardware import Accelerator, AcceleratorKind
 from servepilot.plan.kv import KvCacheShape, kv_cache_shape, vllm_default_block_size
+from servepilot.plan.kv_offload import KvOffload, cpu_tier_tokens
 from servepilot.plan.memory import DeviceMemory, device_memory
 from servepilot.plan.parallel import Parallelism
 from servepilot.plan.spec import AttentionKind, ModelSpec
@@ -44,6 +45,8 @@ class Setting:
     block_size: int | None
     """None: vLLM's default for the model and device."""
     cuda_graphs: bool
+    kv_offload: KvOffload | None = None
+    """The CPU tier of the KV cache (GPU only); None: none."""
 
     @property
     def compute_dtype(self) -> WeightDtype:
@@ -65,6 +68,8 @@ class Option:
     fits: bool
     """vLLM would start: the weights fit and one request of max_model_len fits the KV cache."""
     replicas: int
+    kv_cpu_tokens: int | None = None
+    """Tokens one replica's CPU tier holds (engine.kv_offload_gib); None: no CPU tier."""
 
     @property
     def kv_share(self) -> float:
@@ -98,6 +103,7 @@ def evaluate(setting: Setting, par: Parallelism) -> Option:
         max_num_batched_tokens=setting.batched_tokens,
     )
     pool_bytes = max(0, mem.kv_bytes)
+    offload = setting.kv_offload
     return Option(
         parallelism=par,
         memory=mem,
@@ -106,6 +112,7 @@ def evaluate(setting: Setting, par: Parallelism) -> Option:
         max_concurrency=shape.max_concurrency(pool_bytes, setting.max_model_len) * par.kv_pools,
         fits=mem.fits and shape.fits(pool_bytes, setting.max_model_len),
         replicas=(setting.count * setting.nodes) // par.devices,
+        kv_cpu_tokens=None if offload is None else cpu_tier_tokens(offload, shape, par),
     )
 
 

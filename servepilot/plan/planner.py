@@ -13,6 +13,7 @@ from servepilot.plan.gpu_profile.compose import Operating
 from servepilot.plan.gpu_profile.source import profile_cost_model
 from servepilot.plan.gpu_profile.table import GpuProfile
 from servepilot.plan.hardware import AcceleratorKind
+from servepilot.plan.kv_offload import check_host_memory
 from servepilot.plan.ladder import LadderStep, build_ladder
 from servepilot.plan.layout import Option, Setting, candidates, choose, evaluate
 from servepilot.plan.request import PlanRequest
@@ -108,6 +109,12 @@ def check_request(req: PlanRequest) -> None:
             hint="lower engine.tensor_parallel_size / pipeline_parallel_size / "
             "data_parallel_size, or raise hardware.count / nodes",
         )
+    if acc.kind is AcceleratorKind.CPU and req.kv_offload is not None:
+        raise ConfigError(
+            "engine.kv_offload_gib with the cpu accelerator: vLLM's KV offloading is "
+            "CUDA-only, and on CPU the KV cache already lives in host memory",
+            hint="size the CPU KV cache with engine.cpu_kv_cache_space_gib instead",
+        )
     if req.accelerator.kind is AcceleratorKind.CPU and req.nodes > 1:
         raise ConfigError(
             "hardware.nodes > 1 with the cpu accelerator: servepilot runs vLLM-CPU on one host",
@@ -120,6 +127,10 @@ def make_plan(req: PlanRequest) -> Plan:
     found = assess(req)
     setting = found.setting
     option = found.closest
+    if req.kv_offload is not None and found.chosen is not None:
+        check_host_memory(
+            req.kv_offload, req.accelerator, option.parallelism, option.replicas, req.nodes
+        )
     knobs = _knobs(req, option)
     ladder: tuple[LadderStep, ...] = ()
     if found.chosen is None:
@@ -240,6 +251,7 @@ def _setting(req: PlanRequest) -> Setting:
         max_num_seqs=seqs,
         block_size=req.block_size,
         cuda_graphs=acc.kind is AcceleratorKind.GPU,
+        kv_offload=req.kv_offload,
     )
 
 

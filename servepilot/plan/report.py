@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from servepilot.core.texttable import TextTable
 from servepilot.plan.estimate import Estimates
 from servepilot.plan.hardware import AcceleratorKind
+from servepilot.plan.kv_offload import GIB, host_bytes_per_node
 from servepilot.plan.planner import Plan
 
 GB = 1e9
@@ -45,11 +46,31 @@ def verdict(plan: Plan) -> str:
 
 def kv_line(plan: Plan) -> str:
     option = plan.option
+    offload = plan.request.kv_offload
+    tokens = f"{option.kv_capacity_tokens:,} tokens per replica"
+    if offload is not None and option.kv_cpu_tokens is not None:
+        tokens = (
+            f"{option.kv_capacity_tokens:,} tokens per replica on the GPU + "
+            f"{option.kv_cpu_tokens:,} in host memory ({offload.describe()})"
+        )
     return (
-        f"KV cache: {option.kv.bytes_per_token:,.0f} B/token ({option.kv.formula}); "
-        f"{option.kv_capacity_tokens:,} tokens per replica; "
+        f"KV cache: {option.kv.bytes_per_token:,.0f} B/token ({option.kv.formula}); {tokens}; "
         f"{option.max_concurrency:,.2f} requests of "
         f"{plan.assessment.setting.max_model_len:,} tokens"
+    )
+
+
+def host_tier_line(plan: Plan) -> str | None:
+    """What the CPU tier pins on each node, taken when the replicas start; None: no tier."""
+    offload, option = plan.request.kv_offload, plan.option
+    if offload is None:
+        return None
+    per_node = host_bytes_per_node(offload, option.parallelism, option.replicas, plan.request.nodes)
+    known = plan.request.accelerator.host_memory_bytes_per_node
+    of = "" if known is None else f" of its {known / GIB:,.1f} GiB"
+    return (
+        f"KV tier in host memory: {offload.size_gib:g} GiB per replica, "
+        f"{per_node / GIB:,.1f} GiB per node{of}, pinned when the replicas start"
     )
 
 

@@ -25,6 +25,7 @@ from servepilot.plan.hardware import (
     load_catalog,
     with_overrides,
 )
+from servepilot.plan.kv_offload import KvOffload
 from servepilot.plan.parallel import Parallelism
 from servepilot.plan.presets import load_model
 from servepilot.plan.spec import ModelSpec
@@ -60,6 +61,8 @@ class PlanRequest:
     dummy_weights: bool = False
     """model.weights: dummy: random weights from the config alone; the plan's memory is the
     same, its command loads them so (--load-format dummy) and says so."""
+    kv_offload: KvOffload | None = None
+    """engine.kv_offload_gib: the CPU tier of the KV cache; None: none."""
     cost_model: CostModel | GpuProfile | None = None
     """Step times for the throughput and latency estimates: a calibrated profile, or a GPU
     operator profile (composed per layout); None: the roofline of the model on the
@@ -102,6 +105,7 @@ class PlanRequest:
             hardware=hw,
             layout=_layout(config) if given & _LAYOUT_FIELDS else None,
             dummy_weights=config.model.weights is Weights.DUMMY,
+            kv_offload=_kv_offload(config),
         )
 
     @property
@@ -141,6 +145,13 @@ def _layout(config: FleetConfig) -> Parallelism:
         dp=engine.data_parallel_size,
         expert_parallel=engine.enable_expert_parallel,
     )
+
+
+def _kv_offload(config: FleetConfig) -> KvOffload | None:
+    engine = config.engine
+    if engine.kv_offload_gib is None:
+        return None
+    return KvOffload(engine.kv_offload_gib, engine.kv_offload_backend)
 
 
 def _accelerator(config: FleetConfig) -> Accelerator:

@@ -6,7 +6,7 @@ header, unit, how to print a run's value and which SLO (if any) that value is he
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from servepilot.bench.report.fmt import MISSING, fmt_num, fmt_pct, format_load
@@ -93,7 +93,29 @@ RUN_COLUMNS: tuple[Column, ...] = (
 )
 
 
-def report_columns(slo: Mapping[str, float]) -> tuple[Column, ...]:
+def _p50(stats: Stats | None) -> str:
+    return MISSING if stats is None else fmt_num(stats.p50)
+
+
+TURN_COLUMNS: tuple[Column, ...] = (
+    Column("TTFT p50 1st turn", "ms", lambda run: _p50(run.ttft_ms_first_turn)),
+    Column("TTFT p50 returning", "ms", lambda run: _p50(run.ttft_ms_returning)),
+)
+"""multi_turn only: first turns against returning ones, whose history a KV cache (GPU or
+CPU tier) may still hold."""
+
+
+def report_columns(slo: Mapping[str, float], *, turns: bool = False) -> tuple[Column, ...]:
     """RUN_COLUMNS less "SLO met" when no SLO was set: every success then "meets" it, and
-    100% would claim a check that was never made."""
-    return tuple(c for c in RUN_COLUMNS if slo or c.header != "SLO met")
+    100% would claim a check that was never made; with `turns` (a multi_turn run), the TTFT
+    of first and returning turns after the TTFT columns."""
+    columns = [c for c in RUN_COLUMNS if slo or c.header != "SLO met"]
+    if turns:
+        after = next(i for i, c in enumerate(columns) if c.header == "TTFT p99") + 1
+        columns[after:after] = TURN_COLUMNS
+    return tuple(columns)
+
+
+def has_turns(runs: Sequence[Run]) -> bool:
+    """Whether any run split its TTFT by turn (a multi_turn workload)."""
+    return any(run.ttft_ms_first_turn is not None for run in runs)

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from html import escape
 
-from servepilot.bench.report.columns import report_columns
+from servepilot.bench.report.columns import has_turns, report_columns
 from servepilot.bench.report.fmt import MISSING, fmt_bytes, fmt_ms, fmt_num, format_load
 from servepilot.bench.shortfalls import (
     client_limited,
@@ -118,7 +118,7 @@ def warnings(result: BenchResult) -> str:
 
 def runs_table(result: BenchResult) -> str:
     spot = result.sweet_spot.load if result.sweet_spot else None
-    columns = report_columns(result.slo)
+    columns = report_columns(result.slo, turns=has_turns(result.runs))
     head = "".join(
         f"<th>{escape(c.header)}<br><span class=unit>{escape(c.unit)}</span></th>" for c in columns
     )

@@ -307,13 +307,22 @@ def _resources(config: FleetConfig, plan: Plan, layout: PodLayout) -> PodResourc
         used = memory.weights_bytes + memory.activation_bytes + memory.usable_bytes
         cpus = config.engine.cpu_threads or 2
         return PodResources(cpus, math.ceil(used / GIB) + _CPU_OVERHEAD_GIB, 0)
-    # The weights pass through host memory while they load.
+    # The weights pass through host memory while they load; a CPU tier of the KV cache is
+    # pinned there for good, each pod holding its ranks' share of it.
     weights_gib = math.ceil(memory.weights_bytes * layout.gpus_per_pod / GIB)
     return PodResources(
         cpus=_CPUS_PER_GPU * layout.gpus_per_pod,
-        memory_gib=weights_gib + _HOST_OVERHEAD_GIB,
+        memory_gib=weights_gib + _kv_tier_gib(plan, layout) + _HOST_OVERHEAD_GIB,
         gpus=layout.gpus_per_pod,
     )
+
+
+def _kv_tier_gib(plan: Plan, layout: PodLayout) -> int:
+    offload = plan.request.kv_offload
+    if offload is None:
+        return 0
+    par = plan.option.parallelism
+    return math.ceil(offload.replica_bytes(par) * layout.gpus_per_pod / par.devices / GIB)
 
 
 def _percent(share: float) -> int:
