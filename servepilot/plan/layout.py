@@ -44,6 +44,9 @@ class Setting:
     block_size: int | None
     """None: vLLM's default for the model and device."""
     cuda_graphs: bool
+    replicas_per_device: int = 1
+    """Replicas sharing each group of `par.devices` accelerators (hardware.replicas_per_gpu);
+    gpu_memory_utilization is each one's share."""
 
     @property
     def compute_dtype(self) -> WeightDtype:
@@ -65,6 +68,8 @@ class Option:
     fits: bool
     """vLLM would start: the weights fit and one request of max_model_len fits the KV cache."""
     replicas: int
+    replicas_per_device: int = 1
+    """Replicas sharing each group of the layout's accelerators."""
 
     @property
     def kv_share(self) -> float:
@@ -105,7 +110,8 @@ def evaluate(setting: Setting, par: Parallelism) -> Option:
         kv_capacity_tokens=shape.capacity_tokens(pool_bytes, setting.max_model_len) * par.kv_pools,
         max_concurrency=shape.max_concurrency(pool_bytes, setting.max_model_len) * par.kv_pools,
         fits=mem.fits and shape.fits(pool_bytes, setting.max_model_len),
-        replicas=(setting.count * setting.nodes) // par.devices,
+        replicas=(setting.count * setting.nodes) // par.devices * setting.replicas_per_device,
+        replicas_per_device=setting.replicas_per_device,
     )
 
 
