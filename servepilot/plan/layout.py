@@ -167,9 +167,11 @@ def _smallest_tp(options: list[Option]) -> tuple[Option | None, str]:
     for option in ordered:
         if option.kv_share >= KV_SHARE_TARGET:
             if option.parallelism.tp == 1:
+                shared = option.replicas_per_device
+                each = "its own replica" if shared == 1 else f"{shared} replicas"
                 return option, (
                     "the model fits one accelerator with room for the KV cache; every "
-                    "accelerator runs its own replica"
+                    f"accelerator runs {each}"
                 )
             return option, (
                 f"the smallest TP inside the NVLink domain that leaves the KV cache "

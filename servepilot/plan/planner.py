@@ -75,6 +75,11 @@ def assess(req: PlanRequest) -> Assessment:
     options = tuple(evaluate(setting, par) for par in candidates(setting))
     wanted = (req.traffic.concurrency or setting.max_num_seqs) * req.mean_request_tokens
     chosen, reason = choose(list(options), wanted)
+    if chosen is not None and req.replicas_per_gpu > 1 and chosen.parallelism.devices > 1:
+        reason += (
+            f"; {req.replicas_per_gpu} replicas share each {chosen.parallelism.describe()} "
+            "group (hardware.replicas_per_gpu), each in its own share of the memory"
+        )
     return Assessment(setting=setting, options=options, chosen=chosen, reason=reason)
 
 
