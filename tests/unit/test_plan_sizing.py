@@ -51,7 +51,7 @@ def test_one_gpu_replicas_are_packed_eight_to_a_node(
     assert plan.estimates is not None
     assert plan.estimates.capacity.requests_per_s == pytest.approx(REPLICA_QPS)
     assert plan.estimates.replicas_for_target == replicas
-    price = get_accelerator("h200").price_usd_per_hour  # 6.155
+    price = get_accelerator("h100").price_usd_per_hour  # 6.155
     per_hour = nodes * 8 * price
     c = plan.cost
     assert c.nodes_for_target == nodes
