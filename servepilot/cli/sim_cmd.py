@@ -89,7 +89,8 @@ def _fleet_flags(parser: argparse.ArgumentParser) -> None:
         "overhead, split each way)",
     )
     add("--replicas-per-node", type=int, metavar="N",
-        help="replicas sharing a node (default: hardware.count / GPUs per replica)")  # fmt: skip
+        help="replicas sharing a node (default: hardware.count / GPUs per replica x "
+             "hardware.replicas_per_gpu)")  # fmt: skip
     add("--scrape-interval", metavar="T", help="how often the gateway reads vLLM's gauges "
         "(default: gateway.health_interval_s)")  # fmt: skip
     add("--cold-start", default=DEFAULT_COLD_START, metavar="T",

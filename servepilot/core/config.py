@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import enum
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,8 @@ from servepilot.core.yamlfile import parse_yaml, read_user_file
 __all__ = ["FleetConfig", "GatewayConfig", "PolicyName", "Priority", "load_config", "parse_config"]
 
 EMBEDDED_MODEL = "smollm2"
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+"""vLLM's default --gpu-memory-utilization."""
 
 
 class Device(enum.StrEnum):
@@ -107,6 +110,14 @@ class HardwareConfig(_Section):
     order it hands them out (tensor_parallel_size x pipeline_parallel_size each). None: every
     GPU of the node, grouped by its topology (NVLink, then NUMA node) when it can be read."""
 
+    replicas_per_gpu: int = Field(default=1, ge=1)
+    """GPU device only: replicas that share each GPU (each group of tensor_parallel_size x
+    pipeline_parallel_size GPUs), e.g. 2 to run two Llama-3.1-8B replicas on one H200.
+    engine.gpu_memory_utilization stays each replica's own share of the GPU's memory, so
+    replicas_per_gpu x gpu_memory_utilization must be at most 1; when it is not set, it
+    defaults to 0.9 / replicas_per_gpu. `up` starts the replicas of one GPU one after the
+    other (vLLM sizes its KV cache from the memory it finds free as it starts)."""
+
     @field_validator("gpu_ids")
     @classmethod
     def _gpu_ids_are_distinct(cls, ids: tuple[int, ...] | None) -> tuple[int, ...] | None:
@@ -139,8 +150,10 @@ class EngineConfig(_Section):
     enable_expert_parallel: bool = False
     """--enable-expert-parallel: shard MoE experts across ranks instead of slicing them."""
 
-    gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
-    """--gpu-memory-utilization (GPU only): share of each GPU's memory vLLM may use."""
+    gpu_memory_utilization: float = Field(default=DEFAULT_GPU_MEMORY_UTILIZATION, gt=0.0, le=1.0)
+    """--gpu-memory-utilization (GPU only): share of each GPU's total memory one replica may
+    use (with hardware.replicas_per_gpu > 1, each replica's own share; default 0.9 split
+    between them)."""
 
     cpu_kv_cache_space_gib: float = Field(default=2.0, gt=0.0)
     """KV cache size in GiB per replica on CPU (vLLM's --kv-cache-memory-bytes)."""
@@ -251,6 +264,12 @@ class EngineConfig(_Section):
         return self
 
 
+def shared_memory_utilization(replicas_per_gpu: int) -> float:
+    """Each replica's gpu_memory_utilization when `replicas_per_gpu` share a GPU and none is
+    set: vLLM's 0.9 split evenly, rounded down to 3 decimals (never over the GPU together)."""
+    return math.floor(DEFAULT_GPU_MEMORY_UTILIZATION / replicas_per_gpu * 1000) / 1000
+
+
 class ReplicasConfig(_Section):
     count: int = Field(default=1, ge=1)
     """Number of vLLM replicas `servepilot up` starts."""
@@ -336,6 +355,36 @@ class FleetConfig(_Section):
                 "engine.kv_offload_gib needs hardware.device: gpu; vLLM's KV offloading "
                 "is CUDA-only, and on CPU the KV cache already lives in host memory: size it "
                 "with engine.cpu_kv_cache_space_gib"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _shared_gpus_fit_memory(self) -> FleetConfig:
+        shared = self.hardware.replicas_per_gpu
+        if shared == 1:
+            return self
+        if self.hardware.device is not Device.GPU:
+            raise ValueError(
+                f"hardware.replicas_per_gpu {shared} needs hardware.device: gpu; on CPU set "
+                "replicas.count and engine.cpu_threads instead"
+            )
+        engine = self.engine
+        if "gpu_memory_utilization" not in engine.model_fields_set:
+            # Written into __dict__ and left out of the fields set: the value stays a default,
+            # so a copy with another replicas_per_gpu (with_overrides) derives it again.
+            derived = engine.model_copy(
+                update={"gpu_memory_utilization": shared_memory_utilization(shared)}
+            )
+            object.__setattr__(derived, "__pydantic_fields_set__", set(engine.model_fields_set))
+            self.__dict__["engine"] = derived
+            return self
+        if shared * engine.gpu_memory_utilization > 1 + 1e-9:
+            raise ValueError(
+                f"hardware.replicas_per_gpu: {shared} replicas share each GPU at "
+                f"engine.gpu_memory_utilization {engine.gpu_memory_utilization:g} each: "
+                f"{shared * engine.gpu_memory_utilization:.0%} of it; set "
+                f"engine.gpu_memory_utilization to {shared_memory_utilization(shared):g} or "
+                "less, or lower hardware.replicas_per_gpu"
             )
         return self
 

@@ -12,7 +12,8 @@ from servepilot.engine.gpu.probe import read_gpus
 
 def replica_slots(config: FleetConfig) -> int:
     """Replicas that may run at once: replicas.count, or autoscale.max_replicas when that is
-    larger and the fleet autoscales (a replica added later needs GPUs of its own)."""
+    larger and the fleet autoscales (a replica added later needs a GPU slot of its own:
+    GPUs of its own, or a share of hardware.replicas_per_gpu)."""
     count = config.replicas.count
     scaling = config.autoscale
     return max(count, scaling.max_replicas) if scaling.enabled else count
@@ -37,11 +38,13 @@ def fleet_demand(config: FleetConfig, replicas: int) -> GpuDemand:
         replicas=replicas,
         tensor_parallel_size=engine.tensor_parallel_size,
         pipeline_parallel_size=engine.pipeline_parallel_size,
+        replicas_per_gpu=config.hardware.replicas_per_gpu,
     )
 
 
 def check_planned_fleet(config: FleetConfig) -> None:
-    """`plan`'s refusal of a GPU fleet.yaml whose replicas x TP x PP exceed the GPUs it
+    """`plan`'s refusal of a GPU fleet.yaml whose replicas (over replicas_per_gpu, rounded
+    up) x TP x PP exceed the GPUs it
     declares (hardware.gpu_ids, else hardware.count x hardware.nodes): ConfigError naming
     the numbers."""
     if config.hardware.device is not Device.GPU:

@@ -1,6 +1,7 @@
 """Local replicas: N vLLM servers (or simulated replicas, `engine.kind: sim`) as child
 processes of this one, each on its own free port. Both kinds are started, awaited and stopped
-the same way (engine/process.py)."""
+the same way (engine/process.py); vLLM replicas sharing a GPU start one after the other
+(fleet/start_order.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from servepilot.engine.process import ReplicaInfo, ReplicaProcess, free_port
 from servepilot.engine.simserver.args import SimModel, sim_launch_command
 from servepilot.fleet.devices import replica_devices, replica_slots
 from servepilot.fleet.logs import replica_log_name
+from servepilot.fleet.start_order import StartStep, start_steps
 
 
 def replica_command(
@@ -57,6 +59,10 @@ class LocalReplicas:
         self._slot_of: dict[str, int] = {}
         self.devices = replica_devices(config, gpus)
         """Each replica slot's GPUs (CUDA_VISIBLE_DEVICES); None without GPUs."""
+        self._steps: dict[str, StartStep] = {}
+        """How each replica starts: at once, or after the one before it on its GPU."""
+        self._started: dict[str, asyncio.Event] = {}
+        """Set once a replica is done starting (ready, or stopped): the next on its GPU goes."""
 
     def core_slots(self) -> list[tuple[int, ...]]:
         """Each replica slot's cores: one per replica, or per replica at most when the fleet
@@ -109,20 +115,72 @@ class LocalReplicas:
 
     def launch(self, count: int | None = None) -> None:
         """Start `count` replicas' processes (default replicas.count) without waiting (their
-        pids are known after this)."""
+        pids are known after this), except those that share a GPU with one launched before
+        them: `wait_ready` starts each once the one before it on its GPU is ready."""
         self.processes = self._build(self.config.replicas.count if count is None else count)
         self._next_index = len(self.processes)
+        slots = [(p.replica_id, self._slot_of[p.replica_id]) for p in self.processes]
+        self._steps = {s.replica_id: s for s in start_steps(slots, self._sharing())}
+        self._started = {p.replica_id: asyncio.Event() for p in self.processes}
         for proc in self.processes:
-            proc.start()
+            if self._steps[proc.replica_id].after is None:
+                proc.start()
 
     def launch_one(self) -> ReplicaProcess:
         """Start one more replica (the autoscaler's), under a new id, without waiting; await
-        its `wait_ready`."""
+        its `ready_one`, which first waits for a replica still starting on the same GPU."""
         index, self._next_index = self._next_index, self._next_index + 1
         proc = self._process(index)
+        starting = [
+            (p.replica_id, self._slot_of[p.replica_id])
+            for p in self.processes
+            if not self._started.get(p.replica_id, asyncio.Event()).is_set()
+        ]
+        (step,) = start_steps([(proc.replica_id, self._slot_of[proc.replica_id])],
+                              self._sharing(), starting)  # fmt: skip
+        self._steps[proc.replica_id] = step
+        self._started[proc.replica_id] = asyncio.Event()
         self.processes.append(proc)
-        proc.start()
+        if step.after is None:
+            proc.start()
         return proc
+
+    def _sharing(self) -> int:
+        """Replicas per GPU group to stagger; 1 (all at once) without GPUs: a simulated
+        replica profiles no device memory."""
+        return 1 if self.devices is None else self.devices.replicas_per_gpu
+
+    def deferred(self) -> tuple[str, ...]:
+        """A line for each launched replica that waits for another to be ready first."""
+        lines = (self.wait_line(p.replica_id) for p in self.processes)
+        return tuple(line for line in lines if line is not None)
+
+    def wait_line(self, replica_id: str) -> str | None:
+        """The line `up` prints for a replica that waits for another on its GPU (r1 starts
+        after r0 is ready: they share GPU 0); None for one that starts at once."""
+        step = self._steps.get(replica_id)
+        if step is None or step.after is None or self.devices is None:
+            return None
+        gpus = self.devices.visible_devices(self._slot_of[replica_id])
+        plural = "s" if "," in gpus else ""
+        return f"{replica_id} starts after {step.after} is ready: they share GPU{plural} {gpus}"
+
+    async def ready_one(self, proc: ReplicaProcess) -> ReplicaInfo:
+        """Start `proc` if it waited for another replica on its GPU (once that one is done
+        starting), then wait until it is ready."""
+        step = self._steps.get(proc.replica_id)
+        if step is not None and step.after is not None:
+            await self._started.setdefault(step.after, asyncio.Event()).wait()
+            proc.start()
+        info = await proc.wait_ready(self.config.engine.startup_timeout_s)
+        self._done_starting(proc.replica_id)
+        return info
+
+    def _done_starting(self, replica_id: str) -> None:
+        """`replica_id` no longer profiles its GPU (ready, or stopped): the next on it may
+        go. A failed start does not count until the replica is stopped: `up` then stops
+        them all, and the autoscaler stops it (stop_one)."""
+        self._started.setdefault(replica_id, asyncio.Event()).set()
 
     async def stop_one(self, replica_id: str) -> None:
         """Stop one replica (SIGTERM, SIGKILL after the grace period) and forget it."""
@@ -131,22 +189,27 @@ class LocalReplicas:
             return
         self.processes.remove(proc)
         await asyncio.to_thread(proc.stop, self.config.engine.stop_grace_s)
+        self._done_starting(replica_id)
 
     async def wait_ready(
         self, on_ready: Callable[[ReplicaInfo], None] | None = None
     ) -> list[ReplicaInfo]:
-        """Wait until every launched replica is ready; on any failure stop them all."""
-        timeout_s = self.config.engine.startup_timeout_s
+        """Wait until every launched replica is ready (starting those that waited for
+        another on their GPU); on any failure stop them all."""
 
         async def ready(proc: ReplicaProcess) -> ReplicaInfo:
-            info = await proc.wait_ready(timeout_s)
+            info = await self.ready_one(proc)
             if on_ready is not None:
                 on_ready(info)
             return info
 
+        waits = [asyncio.ensure_future(ready(p)) for p in self.processes]
         try:
-            return list(await asyncio.gather(*(ready(p) for p in self.processes)))
+            return list(await asyncio.gather(*waits))
         except (EngineStartError, asyncio.CancelledError):
+            # Replicas still waiting for a GPU's turn would otherwise wait forever.
+            for wait in waits:
+                wait.cancel()
             await self.stop()
             raise
 

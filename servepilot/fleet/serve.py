@@ -61,8 +61,9 @@ def fleet_facts(config: FleetConfig) -> FleetFacts:
 
 
 def _replica_usd_per_hour(config: FleetConfig) -> float | None:
-    """A GPU replica pays for the GPUs it holds (TP x PP x DP); CPU replicas split the hosts
-    they share. None when the accelerator is not in the catalog."""
+    """A GPU replica pays for the GPUs it holds (TP x PP x DP), its share of them when
+    replicas share GPUs; CPU replicas split the hosts they share. None when the accelerator
+    is not in the catalog."""
     hw, engine = config.hardware, config.engine
     try:
         catalog = load_catalog(Path(hw.catalog)) if hw.catalog else None
@@ -72,7 +73,7 @@ def _replica_usd_per_hour(config: FleetConfig) -> float | None:
     if hw.device is Device.CPU:
         return price * hw.count * hw.nodes / config.replicas.count
     gpus = engine.tensor_parallel_size * engine.pipeline_parallel_size
-    return price * gpus * engine.data_parallel_size
+    return price * gpus * engine.data_parallel_size / hw.replicas_per_gpu
 
 
 async def start_gateway(

@@ -191,6 +191,8 @@ async def run_up(
     count = initial_replicas(config)
     report.step(f"starting {count} {what} replica(s); logs in {run_dir}")
     replicas.launch(count)
+    for line in replicas.deferred():
+        report.step(line)
     awaited = [ReplicaRecord(p.replica_id, p.url, p.pid or 0, str(p.log_path), ready=False)
                for p in replicas.processes]  # fmt: skip
     starting = StartingRecord(f"http://{gw.host}:{gw.port}", gw.port, run_dir, awaited)

@@ -10,6 +10,10 @@ against `servepilot bench` or `servepilot sim` of the same configuration:
   decodes of the running requests and the prefills of the requests that replace the
   finished ones; its time is the cost model's for that mix.
 
+Replicas that share a GPU (hardware.replicas_per_gpu) take turns on it: at capacity, with
+all of them busy, each one's steps take replicas_per_gpu times as long (the GPU time-slices
+between processes); alone, a request runs at the GPU's full speed.
+
 A fluid approximation, not a simulation: every request has the mean prompt and output
 length, a prompt is prefilled within one step (its chunks' attention pairs are counted all
 the same), no prefix-cache hits, no preemption, and no request waits for the token budget
@@ -79,9 +83,15 @@ class ReplicaLoad:
 
 
 def estimate(
-    cost: CostModel, load: ReplicaLoad, *, replicas: int, target_qps: float | None
+    cost: CostModel,
+    load: ReplicaLoad,
+    *,
+    replicas: int,
+    target_qps: float | None,
+    replicas_per_device: int = 1,
 ) -> Estimates:
     capacity, limit = _capacity(cost, load)
+    capacity = _time_sliced(capacity, replicas_per_device)
     needed = None
     if target_qps is not None:
         needed = max(1, math.ceil(target_qps / capacity.requests_per_s))
@@ -92,6 +102,19 @@ def estimate(
         limit=limit,
         replicas=replicas,
         replicas_for_target=needed,
+    )
+
+
+def _time_sliced(point: LoadPoint, replicas_per_device: int) -> LoadPoint:
+    """`point` when `replicas_per_device` replicas, all as busy, take turns on the device."""
+    n = replicas_per_device
+    return LoadPoint(
+        concurrency=point.concurrency,
+        step_ms=point.step_ms * n,
+        ttft_ms=point.ttft_ms * n,
+        tpot_ms=point.tpot_ms * n,
+        output_tokens_per_s=point.output_tokens_per_s / n,
+        requests_per_s=point.requests_per_s / n,
     )
 
 

@@ -102,6 +102,7 @@ def _hardware(plan: Plan) -> HardwareConfig:
         memory_gib=None if cpu else given.memory_gib,
         catalog=given.catalog,
         price_usd_per_hour=given.price_usd_per_hour,
+        replicas_per_gpu=req.replicas_per_gpu,
     )
 
 
@@ -278,6 +279,7 @@ def _layout(option: Option, reason: str) -> dict[str, Any]:
         "pp": par.pp,
         "name": par.describe(),
         "devices_per_replica": par.devices,
+        "replicas_per_gpu": option.replicas_per_device,
         "replicas": option.replicas,
         "reason": reason,
     }

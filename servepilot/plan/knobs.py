@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from servepilot.core.config import DEFAULT_GPU_MEMORY_UTILIZATION, shared_memory_utilization
 from servepilot.plan.hardware import Accelerator, AcceleratorKind
 
 GIB = 2**30
@@ -51,15 +52,26 @@ def vllm_defaults(accelerator: Accelerator) -> tuple[int, int]:
     return 2048, 256
 
 
-def memory_utilization(given: float | None, accelerator: Accelerator) -> Knob:
+def memory_utilization(
+    given: float | None, accelerator: Accelerator, replicas_per_gpu: int = 1
+) -> Knob:
+    """Each replica's share of its GPUs' memory (`replicas_per_gpu` replicas share them)."""
     if accelerator.kind is AcceleratorKind.CPU:
         return Knob(
             None, "not used on CPU: the KV cache is sized in bytes (--kv-cache-memory-bytes)"
         )
+    shared = f" each, {replicas_per_gpu} replicas per GPU" if replicas_per_gpu > 1 else ""
     if given is not None:
-        return Knob(given, "as configured")
+        return Knob(given, f"as configured{shared}")
+    if replicas_per_gpu > 1:
+        return Knob(
+            shared_memory_utilization(replicas_per_gpu),
+            f"vLLM's default {DEFAULT_GPU_MEMORY_UTILIZATION:g} split between the "
+            f"{replicas_per_gpu} replicas sharing each GPU: each process may take this share "
+            "of the GPU's total memory, and together they leave 10% free",
+        )
     return Knob(
-        0.9,
+        DEFAULT_GPU_MEMORY_UTILIZATION,
         "vLLM's default: 10% of the device stays free for fragmentation and bursts; lower it "
         "to 0.85 if the first start runs out of memory, raise it to 0.95 (vLLM's DeepSeek "
         "recipe) to make more KV room",

@@ -47,6 +47,9 @@ class Setting:
     cuda_graphs: bool
     kv_offload: KvOffload | None = None
     """The CPU tier of the KV cache (GPU only); None: none."""
+    replicas_per_device: int = 1
+    """Replicas sharing each group of `par.devices` accelerators (hardware.replicas_per_gpu);
+    gpu_memory_utilization is each one's share."""
 
     @property
     def compute_dtype(self) -> WeightDtype:
@@ -70,6 +73,8 @@ class Option:
     replicas: int
     kv_cpu_tokens: int | None = None
     """Tokens one replica's CPU tier holds (engine.kv_offload_gib); None: no CPU tier."""
+    replicas_per_device: int = 1
+    """Replicas sharing each group of the layout's accelerators."""
 
     @property
     def kv_share(self) -> float:
@@ -111,8 +116,9 @@ def evaluate(setting: Setting, par: Parallelism) -> Option:
         kv_capacity_tokens=shape.capacity_tokens(pool_bytes, setting.max_model_len) * par.kv_pools,
         max_concurrency=shape.max_concurrency(pool_bytes, setting.max_model_len) * par.kv_pools,
         fits=mem.fits and shape.fits(pool_bytes, setting.max_model_len),
-        replicas=(setting.count * setting.nodes) // par.devices,
         kv_cpu_tokens=None if offload is None else cpu_tier_tokens(offload, shape, par),
+        replicas=(setting.count * setting.nodes) // par.devices * setting.replicas_per_device,
+        replicas_per_device=setting.replicas_per_device,
     )
 
 
@@ -168,9 +174,11 @@ def _smallest_tp(options: list[Option]) -> tuple[Option | None, str]:
     for option in ordered:
         if option.kv_share >= KV_SHARE_TARGET:
             if option.parallelism.tp == 1:
+                shared = option.replicas_per_device
+                each = "its own replica" if shared == 1 else f"{shared} replicas"
                 return option, (
                     "the model fits one accelerator with room for the KV cache; every "
-                    "accelerator runs its own replica"
+                    f"accelerator runs {each}"
                 )
             return option, (
                 f"the smallest TP inside the NVLink domain that leaves the KV cache "

@@ -76,6 +76,11 @@ def assess(req: PlanRequest) -> Assessment:
     options = tuple(evaluate(setting, par) for par in candidates(setting))
     wanted = (req.traffic.concurrency or setting.max_num_seqs) * req.mean_request_tokens
     chosen, reason = choose(list(options), wanted)
+    if chosen is not None and req.replicas_per_gpu > 1 and chosen.parallelism.devices > 1:
+        reason += (
+            f"; {req.replicas_per_gpu} replicas share each {chosen.parallelism.describe()} "
+            "group (hardware.replicas_per_gpu), each in its own share of the memory"
+        )
     return Assessment(setting=setting, options=options, chosen=chosen, reason=reason)
 
 
@@ -143,6 +148,7 @@ def make_plan(req: PlanRequest) -> Plan:
             target_qps=req.traffic.target_qps,
             devices_per_replica=option.parallelism.devices,
             devices_per_node=req.count,
+            replicas_per_device=req.replicas_per_gpu,
         )
     return Plan(
         request=req,
@@ -174,7 +180,9 @@ def _knobs(req: PlanRequest, option: Option) -> k.Knobs:
         req.traffic.concurrency,
     )
     return k.Knobs(
-        gpu_memory_utilization=k.memory_utilization(req.gpu_memory_utilization, req.accelerator),
+        gpu_memory_utilization=k.memory_utilization(
+            req.gpu_memory_utilization, req.accelerator, req.replicas_per_gpu
+        ),
         max_model_len=k.model_len(
             req.max_model_len, req.wanted_model_len, req.model.max_position_embeddings
         ),
@@ -202,6 +210,7 @@ def _estimates(req: PlanRequest, option: Option, knobs: k.Knobs) -> Estimates:
         load,
         replicas=option.replicas,
         target_qps=req.traffic.target_qps,
+        replicas_per_device=req.replicas_per_gpu,
     )
 
 
@@ -237,7 +246,7 @@ def _setting(req: PlanRequest) -> Setting:
     _, default_seqs = k.vllm_defaults(acc)
     seqs = req.max_num_seqs or min(default_seqs, 256)
     batched = k.batched_tokens(req.max_num_batched_tokens, acc, req.traffic.input_tokens, seqs)
-    utilization = k.memory_utilization(req.gpu_memory_utilization, acc).value
+    utilization = k.memory_utilization(req.gpu_memory_utilization, acc, req.replicas_per_gpu).value
     return Setting(
         spec=req.model,
         accelerator=acc,
@@ -252,6 +261,7 @@ def _setting(req: PlanRequest) -> Setting:
         block_size=req.block_size,
         cuda_graphs=acc.kind is AcceleratorKind.GPU,
         kv_offload=req.kv_offload,
+        replicas_per_device=req.replicas_per_gpu,
     )
 
 

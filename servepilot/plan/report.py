@@ -32,10 +32,18 @@ class CostLine:
 def headline(plan: Plan) -> str:
     req, option = plan.request, plan.option
     weights = " (DUMMY weights: random, from its config alone)" if req.dummy_weights else ""
+    shared = shared_note(plan)
     return (
         f"{req.model.name}{weights} on {req.nodes} x {req.count} {req.accelerator.name}: "
-        f"{option.parallelism.describe()}, {option.replicas} replica(s)"
+        f"{option.parallelism.describe()}, {option.replicas} replica(s){shared}"
     )
+
+
+def shared_note(plan: Plan) -> str:
+    """The headline's note of replicas sharing accelerators (2 replicas per GPU); "" when
+    they do not."""
+    shared = plan.request.replicas_per_gpu
+    return f", {shared} replicas per GPU" if shared > 1 else ""
 
 
 def verdict(plan: Plan) -> str:
@@ -81,16 +89,22 @@ def advice_line(plan: Plan) -> str:
 def memory_table(plan: Plan) -> TextTable:
     mem = plan.option.memory
     cpu = plan.request.accelerator.kind is AcceleratorKind.CPU
+    shared = plan.request.replicas_per_gpu
+    outside = "outside gpu_memory_utilization"
+    title = "memory per device"
+    if shared > 1:
+        outside += " (the other replicas' shares included)"
+        title = f"memory per device, one replica's share ({shared} replicas per GPU)"
     parts = [
         ("weights", mem.weights_bytes, "in host memory" if cpu else "per rank, experts included"),
         ("activations", mem.activation_bytes, "estimate: profiling pass at max_num_batched_tokens"),
         ("runtime", mem.runtime_bytes, "estimate: CUDA context, NCCL, CUDA graphs"),
         ("KV cache", mem.kv_bytes, "what is left" if not cpu else "--kv-cache-memory-bytes"),
-        ("headroom", mem.headroom_bytes, "outside gpu_memory_utilization"),
+        ("headroom", mem.headroom_bytes, outside),
         ("total", mem.total_bytes, plan.request.accelerator.name),
     ]
     rows = tuple((name, f"{value / GB:,.2f}", note) for name, value, note in parts)
-    return TextTable("memory per device", ("part", "GB", "note"), rows, right=("GB",))
+    return TextTable(title, ("part", "GB", "note"), rows, right=("GB",))
 
 
 def knob_table(plan: Plan) -> TextTable:

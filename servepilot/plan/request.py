@@ -58,6 +58,9 @@ class PlanRequest:
     layout: Parallelism | None = None
     """The layout fleet.yaml's engine section pins (any of its parallel fields set): planned
     as it is, since it is what the replicas run; None: the planner chooses."""
+    replicas_per_gpu: int = 1
+    """Replicas sharing each group of TP x PP accelerators (hardware.replicas_per_gpu): each
+    plans at its own gpu_memory_utilization, and they take 1/replicas_per_gpu of the GPUs."""
     dummy_weights: bool = False
     """model.weights: dummy: random weights from the config alone; the plan's memory is the
     same, its command loads them so (--load-format dummy) and says so."""
@@ -104,6 +107,7 @@ class PlanRequest:
             block_size=engine.block_size,
             hardware=hw,
             layout=_layout(config) if given & _LAYOUT_FIELDS else None,
+            replicas_per_gpu=1 if cpu else hw.replicas_per_gpu,
             dummy_weights=config.model.weights is Weights.DUMMY,
             kv_offload=_kv_offload(config),
         )

@@ -11,6 +11,7 @@ max_model_len shorter than its longest request).
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 from servepilot.core.config import FleetConfig
@@ -53,7 +54,9 @@ class PlanSpace:
             tp = int(trial.get(Knob.TENSOR_PARALLEL_SIZE))
             overrides["engine.gpu_memory_utilization"] = trial.get(Knob.GPU_MEMORY_UTILIZATION)
             overrides["engine.tensor_parallel_size"] = tp
-            overrides["replicas.count"] = max(1, self.devices // (tp * self.pipeline_parallel_size))
+            per_gpu = self.base.hardware.replicas_per_gpu
+            groups = self.devices // (tp * self.pipeline_parallel_size)
+            overrides["replicas.count"] = max(1, groups * per_gpu)
         weights = WeightDtype(str(trial.get(Knob.WEIGHTS_DTYPE)))
         if weights is not self.base_weights:
             # Only online formats get here: build_space refuses a start that needs another
@@ -151,12 +154,20 @@ def _axes(
         )
     else:
         util = float(default.get(Knob.GPU_MEMORY_UTILIZATION))
-        values = tuple(sorted({*_GPU_UTILIZATIONS, util}))
+        values = tuple(sorted({*_gpu_utilizations(req.replicas_per_gpu), util}))
         axes.append(Axis(Knob.GPU_MEMORY_UTILIZATION, values))
         axes.append(Axis(Knob.TENSOR_PARALLEL_SIZE, _tps(plan)))
     axes.append(Axis(Knob.KV_CACHE_DTYPE, _kv_dtypes(req, cpu, cpu_fp8_kv, notes)))
     axes.append(Axis(Knob.WEIGHTS_DTYPE, _weight_dtypes(req, cpu, notes)))
     return tuple(a for a in axes if len(a.values) > 1), tuple(notes)
+
+
+def _gpu_utilizations(replicas_per_gpu: int) -> tuple[float, ...]:
+    """The memory shares to try: each replica's share of them when replicas share a GPU
+    (rounded down, so that together they never ask for more than the GPU)."""
+    if replicas_per_gpu == 1:
+        return _GPU_UTILIZATIONS
+    return tuple(math.floor(u / replicas_per_gpu * 1000) / 1000 for u in _GPU_UTILIZATIONS)
 
 
 def _model_lens(plan: Plan, default: TrialConfig, longest: int) -> tuple[int, ...]:

@@ -179,7 +179,8 @@ class FakeProcess:
 
 
 class FakeReplicas:
-    """LocalReplicas' launch_one and stop_one, without processes."""
+    """LocalReplicas' launch_one, ready_one and stop_one, without processes (none shares a
+    GPU, so each starts at once)."""
 
     def __init__(self, failing: set[str]) -> None:
         self.config = parse_config({}, origin="test")
@@ -191,6 +192,12 @@ class FakeReplicas:
         rid = f"r{len(self.launched) + 1}"
         proc = self.launched[rid] = FakeProcess(rid, rid in self.failing)
         return proc
+
+    def wait_line(self, replica_id: str) -> str | None:
+        return None
+
+    async def ready_one(self, proc: FakeProcess) -> ReplicaInfo:
+        return await proc.wait_ready(self.config.engine.startup_timeout_s)
 
     async def stop_one(self, replica_id: str) -> None:
         self.stopped.append(replica_id)

@@ -60,6 +60,20 @@ def test_a_gpu_out_of_memory_lowers_gpu_memory_utilization_to_the_seeds_085() ->
     assert "CUDA out of memory" in by_rule("oom_gpu", "oom").evidence
 
 
+def test_a_shared_gpus_out_of_memory_lowers_each_replicas_share() -> None:
+    # Two replicas per GPU at 0.475 each: the whole GPU's 0.85 is 0.425 each.
+    shared = parse_config(
+        {"hardware": {"device": "gpu", "accelerator": "h100-80", "count": 8,
+                      "replicas_per_gpu": 2},
+         "engine": {"gpu_memory_utilization": 0.475, "max_model_len": 8192}},
+        origin="test",
+    )  # fmt: skip
+    oom = diagnose(dataclasses.replace(load(CASES / "oom_gpu"), config=shared))
+    assert [(f.knob, f.value) for f in oom if f.rule == "oom"] == [
+        ("engine.gpu_memory_utilization", "0.425")
+    ]
+
+
 def test_high_ttft_from_queueing_adds_a_replica() -> None:
     # TTFT p99: rank 99 of 100 in (2.5, 5.0] holding 40: 2.5 + 2.5 x 39/40 = 4.9375 s.
     # Queued: 110 s at the gateway + 20 s in vLLM; prefill: 10 s.

@@ -137,3 +137,19 @@ def test_two_nodes_for_a_model_one_node_carries_are_warned_about() -> None:
     # When the target itself needs more than a node, the second node is no mistake.
     assert not sized("llama-3.1-8b", "h100", 2000.0, nodes=2).advice.warnings
     assert not sized("llama-3.1-8b", "h100", 400.0, nodes=4).advice.warnings
+
+
+def test_replicas_sharing_gpus_run_at_half_speed_and_pack_two_to_a_gpu() -> None:
+    # Two replicas per H200 (each KV cache still holds max_num_seqs) take turns on it: 50
+    # requests/s each at capacity, so 800 QPS needs 16 replicas, two to a GPU: the same 8
+    # GPUs, one node, as unshared.
+    traffic = TrafficConfig(target_qps=800.0, output_tokens=OUTPUT_TOKENS)
+    req = request("llama-3.1-8b", "h200", count=8, traffic=traffic, max_num_seqs=256)
+    plan = make_plan(req.replace(cost_model=TEN_MS_STEPS, replicas_per_gpu=2))
+    assert plan.estimates is not None
+    assert plan.estimates.capacity.requests_per_s == pytest.approx(REPLICA_QPS / 2)
+    assert (plan.option.replicas, plan.estimates.replicas_for_target) == (16, 16)
+    assert plan.cost.nodes_for_target == 1
+    price = get_accelerator("h200").price_usd_per_hour
+    assert plan.cost.usd_per_hour_for_target == pytest.approx(8 * price)
+    assert "one node carries 800.0 QPS" in " ".join(plan.advice.reasons)

@@ -1,6 +1,7 @@
 """Which GPUs each replica of a fleet gets: disjoint groups of TP x PP devices, each tensor
 parallel group inside one NVLink domain (else one NUMA node) when the topology is known, else
-in index order. A pure function of the inventory and the fleet."""
+in index order; with replicas_per_gpu > 1, consecutive replica slots share one group. A pure
+function of the inventory and the fleet."""
 
 from __future__ import annotations
 
@@ -15,9 +16,16 @@ from servepilot.engine.gpu.inventory import GpuInventory, GpuLink
 @dataclass(frozen=True, slots=True)
 class DeviceAssignment:
     replicas: tuple[tuple[int, ...], ...]
-    """GPU indices of each replica, in CUDA_VISIBLE_DEVICES order."""
+    """GPU indices of each replica slot, in CUDA_VISIBLE_DEVICES order (slots that share a
+    GPU group hold the same indices)."""
     basis: str
     """How they were chosen: `topology`, `in order` or `hardware.gpu_ids`."""
+    replicas_per_gpu: int = 1
+    """Replica slots sharing each GPU group: slot k runs on group k // replicas_per_gpu."""
+
+    def group_of(self, replica: int) -> int:
+        """The GPU group replica slot `replica` runs on (shared with its neighbours)."""
+        return replica // self.replicas_per_gpu
 
     def visible_devices(self, replica: int) -> str:
         """CUDA_VISIBLE_DEVICES for replica slot `replica`."""
@@ -47,12 +55,13 @@ def assign_devices(
         check_gpu_fit(demand, len(ids), "hardware.count is")
     domains = _domains(inventory, ids)
     free = list(ids)
-    chosen = []
-    for _ in range(demand.replicas):
+    groups = []
+    for _ in range(demand.groups):
         group: list[int] = []
         for _ in range(demand.pipeline_parallel_size):
             group += _take(free, demand.tensor_parallel_size, domains)
-        chosen.append(tuple(group))
+        groups.append(tuple(group))
+    chosen = [groups[demand.group_of(slot)] for slot in range(demand.replicas)]
     basis = "in order"
     if gpu_ids is not None:
         basis = "hardware.gpu_ids"
@@ -60,7 +69,7 @@ def assign_devices(
         basis = "topology"
     elif not inventory.devices:
         basis = f"in order; no GPU readable here, so hardware.count's {declared_count}"
-    return DeviceAssignment(replicas=tuple(chosen), basis=basis)
+    return DeviceAssignment(tuple(chosen), basis, demand.replicas_per_gpu)
 
 
 def _usable_ids(

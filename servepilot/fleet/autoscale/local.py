@@ -34,13 +34,16 @@ class LocalScaling:
     async def add(self) -> str:
         proc = self._replicas.launch_one()
         rid = proc.replica_id
+        if (line := self._replicas.wait_line(rid)) is not None:
+            log.info("autoscale: %s", line)
         self._waits.start(rid, self._join_when_ready(proc))
         return rid
 
     async def _join_when_ready(self, proc: ReplicaProcess) -> None:
         rid = proc.replica_id
         try:
-            info = await proc.wait_ready(self._replicas.config.engine.startup_timeout_s)
+            # Through the replicas: one sharing a GPU starts once its neighbour is ready.
+            info = await self._replicas.ready_one(proc)
             # Joined before it stops counting as starting: the controller never sees it gone.
             await self._join(info)
             log.info("autoscale: replica %s ready in %.0f s, in the gateway", rid, info.startup_s)

@@ -120,10 +120,26 @@ class Target:
 def check(config: FleetConfig) -> None:
     """Refuse, naming the field, what stops the fleet on Kubernetes before it is planned (the
     pods of a replica, the model's place in the volume, the autoscaling bounds)."""
+    _check_whole_gpus(config)
     pod_layout(config)
     model_path(config)
     scaling_bounds(config)
     _check_gateway_scaling(config)
+
+
+def _check_whole_gpus(config: FleetConfig) -> None:
+    shared = config.hardware.replicas_per_gpu
+    if shared == 1:
+        return
+    raise ConfigError(
+        f"hardware.replicas_per_gpu {shared}: a Kubernetes pod gets whole GPUs "
+        "(nvidia.com/gpu is counted in whole devices), so replica pods share a GPU only where "
+        "the cluster's device plugin slices GPUs (time-slicing or MIG), which servepilot does "
+        "not set up",
+        hint="set hardware.replicas_per_gpu: 1 for `k8s render`; on a cluster with GPU "
+        "time-slicing or MIG, plan each replica for one slice instead "
+        "(hardware.memory_gib, hardware.count)",
+    )
 
 
 def gateway_scales(config: FleetConfig) -> bool:

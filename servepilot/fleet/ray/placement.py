@@ -35,11 +35,27 @@ from dataclasses import dataclass
 
 from servepilot.core.cluster_config import Placement
 from servepilot.core.config import Device, FleetConfig
-from servepilot.core.errors import FleetError
+from servepilot.core.errors import ConfigError, FleetError
 
 STRICT_PACK = "STRICT_PACK"
 STRICT_SPREAD = "STRICT_SPREAD"
 RAY_EXECUTOR_ARGS = ("--distributed-executor-backend", "ray")
+
+
+def check_whole_gpus(config: FleetConfig) -> None:
+    """Refuse replicas that share GPUs (hardware.replicas_per_gpu > 1): each replica's GPUs
+    are whole-GPU bundles its leases hold, and replicas sharing a GPU must also start one
+    after the other, which the actors do not arrange."""
+    shared = config.hardware.replicas_per_gpu
+    if shared == 1:
+        return
+    raise ConfigError(
+        f"hardware.replicas_per_gpu {shared}: cluster.backend ray gives every replica whole "
+        "GPUs (a {GPU: 1} bundle per GPU, held by the replica's own lease), so replicas cannot "
+        "share one there",
+        hint="set hardware.replicas_per_gpu: 1 on Ray, or run the fleet with "
+        "cluster.backend: local on the GPU machine, where replicas may share GPUs",
+    )
 
 
 @dataclass(frozen=True, slots=True)

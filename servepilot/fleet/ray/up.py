@@ -23,7 +23,7 @@ from servepilot.fleet.autoscale.start import initial_replicas, start_autoscaler
 from servepilot.fleet.logs import gateway_log, new_run_dir, replica_log_name
 from servepilot.fleet.ray import cluster
 from servepilot.fleet.ray.actor import ActorReady
-from servepilot.fleet.ray.placement import check_room
+from servepilot.fleet.ray.placement import check_room, check_whole_gpus
 from servepilot.fleet.ray.replicas import RayReplicas
 from servepilot.fleet.ray.scaling import RayScaling
 from servepilot.fleet.ray.view import ClusterView, GroupRow, ReplicaRow, remove_view, write_view
@@ -60,6 +60,7 @@ async def run_ray_up(
 ) -> None:
     """Serve on the Ray cluster until SIGINT or SIGTERM, then drain and remove everything.
     `detached_run_dir`: as run_up's (this is the process `up --detach` started)."""
+    check_whole_gpus(config)
     gw = config.gateway
     check_port_free(gw.host, gw.port)
     check_no_fleet(gw.port)

@@ -67,12 +67,13 @@ def _message(line: str) -> str:
 
 def _smaller_footprint(config: FleetConfig, line: str, cause: str) -> tuple[str, str, str]:
     engine = config.engine
+    safe = _each_replicas(SAFE_GPU_MEMORY_UTILIZATION, config)
     if (
         config.hardware.device is Device.GPU
         and "max_model_len" not in cause
-        and engine.gpu_memory_utilization > SAFE_GPU_MEMORY_UTILIZATION
+        and engine.gpu_memory_utilization > safe
     ):
-        value = f"{SAFE_GPU_MEMORY_UTILIZATION:g}"
+        value = f"{safe:g}"
         return (
             "engine.gpu_memory_utilization",
             value,
@@ -111,13 +112,21 @@ def more_kv_memory(config: FleetConfig, factor: float = 1.5) -> tuple[str, str, 
             f"raise engine.cpu_kv_cache_space_gib to {value} (from "
             f"{engine.cpu_kv_cache_space_gib:g})",
         )
-    value = f"{min(MAX_GPU_MEMORY_UTILIZATION, engine.gpu_memory_utilization + 0.05):g}"
+    most = _each_replicas(MAX_GPU_MEMORY_UTILIZATION, config)
+    value = f"{min(most, engine.gpu_memory_utilization + 0.05):g}"
     return (
         "engine.gpu_memory_utilization",
         value,
         f"raise engine.gpu_memory_utilization to {value} (from "
         f"{engine.gpu_memory_utilization:g}), or set engine.kv_cache_dtype: fp8",
     )
+
+
+def _each_replicas(share: float, config: FleetConfig) -> float:
+    """A whole GPU's `share` as each replica's when hardware.replicas_per_gpu share it (rounded
+    down: together they stay within it)."""
+    shared = config.hardware.replicas_per_gpu
+    return share if shared == 1 else math.floor(share / shared * 1000) / 1000
 
 
 def max_num_seqs(config: FleetConfig) -> int:

@@ -86,6 +86,14 @@ def replica_setup(
             f"{request.model.name} has {len(shape.groups)} KV cache groups; the simulator "
             "models one group of full-attention blocks holding the tokens vLLM reports"
         )
+    shared = request.replicas_per_gpu
+    if shared > 1:
+        notes.append(
+            f"{shared} replicas share each GPU (hardware.replicas_per_gpu): each simulated "
+            "replica gets its own memory share but steps at the GPU's full speed; on the GPU "
+            "busy replicas take turns, so each carries about 1/"
+            f"{shared} of what it carries here (`servepilot plan` counts that)"
+        )
     tp = engine.tensor_parallel_size
     cost, kind, overhead = _cost(request, shape, scheduler, tp, profile, notes)
     if profile is None and (
@@ -109,7 +117,10 @@ def replica_setup(
         chat_template_tokens=template,
         request_overhead_s=_request_overhead_s(meta, profile),
         replicas_per_node=max(
-            1, config.replicas.count if cpu else config.hardware.count // devices
+            1,
+            config.replicas.count
+            if cpu
+            else config.hardware.count // devices * config.hardware.replicas_per_gpu,
         ),
         model_name=config.model.served_name or request.model.name,
         notes=tuple(notes),
