@@ -327,13 +327,6 @@ class FleetConfig(_Section):
             )
         return self
 
-    @model_validator(mode="after")
-    def _warm_pool_fits(self) -> FleetConfig:
-        problem = warm_pool_problem(self)
-        if problem is not None:
-            raise ValueError(problem)
-        return self
-
     def with_overrides(
         self, overrides: dict[str, Any], names: Mapping[str, str] | None = None
     ) -> FleetConfig:
@@ -352,10 +345,18 @@ class FleetConfig(_Section):
         return parse_config(data, origin="command-line flags", names=names or {})
 
 
-def warm_pool_problem(config: FleetConfig) -> str | None:
-    """Why replicas.asleep or engine.sleep_mode cannot be served as set; None: they can."""
+def check_warm_pool(config: FleetConfig) -> None:
+    """ConfigError when replicas.asleep or engine.sleep_mode cannot be served as set. Checked
+    by `up` on the whole configuration, flags included (--replicas sets replicas.count after
+    fleet.yaml is read)."""
+    problem = _warm_pool_problem(config)
+    if problem is not None:
+        raise ConfigError(problem, hint="see `servepilot config` (replicas.asleep)")
+
+
+def _warm_pool_problem(config: FleetConfig) -> str | None:
     asleep, engine = config.replicas.asleep, config.engine
-    if asleep >= config.replicas.count and asleep > 0:
+    if 0 < config.replicas.count <= asleep:
         return (
             f"replicas.asleep ({asleep}) must be below replicas.count "
             f"({config.replicas.count}): at least one replica serves"

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from servepilot.core import accel
 from servepilot.core.cluster_config import ClusterBackend
-from servepilot.core.config import EngineKind, FleetConfig, Weights
+from servepilot.core.config import EngineKind, FleetConfig, Weights, check_warm_pool
 from servepilot.core.errors import FleetError
 from servepilot.core.gateway_config import GatewayConfig
 from servepilot.core.loop import cancel_and_wait
@@ -166,6 +166,7 @@ async def run_up(
     """Serve until SIGINT or SIGTERM, then drain and stop everything. `detached_run_dir`:
     this is the process `up --detach` started, in the run folder it made (detach.py)."""
     check_autoscale(config)
+    check_warm_pool(config)
     launched = launched_fleet(config)
     if launched.note is not None:
         report.warn(launched.note)

@@ -10,6 +10,7 @@ never sent to a replica that sleeps; a failure puts it back where it was and say
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ import aiohttp
 from servepilot.core.errors import EngineError
 from servepilot.gateway.pool import ReplicaPool, wait_until
 from servepilot.gateway.replica import Replica, SleepState
+
+log = logging.getLogger(__name__)
 
 # The first sleep of an 8B model on an H200 takes 11.6 s (pinning the host buffers); a
 # larger model takes longer.
@@ -103,6 +106,8 @@ class WarmPool:
     ) -> Transition:
         replica.sleep = state
         done = Transition(replica.replica_id, state, took_s, drained)
+        log.info("replica %s is %s (took %.2f s)%s", replica.replica_id, state.value, took_s,
+                 "" if drained else "; requests in flight were aborted")  # fmt: skip
         for listener in self._listeners:
             listener(done)
         return done
@@ -117,7 +122,7 @@ class WarmPool:
                 if resp.status != 200:
                     raise _refused(replica, what, path, resp.status)
             confirmed = await _confirm(session, replica, sleeping)
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise EngineError(f"replica {replica.replica_id} did not {what}: "
                               f"{type(exc).__name__}: {exc}") from None  # fmt: skip
         if not confirmed:
