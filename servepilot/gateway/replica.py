@@ -43,10 +43,10 @@ class ReplicaInfo:
     models: tuple[str, ...]
     capacity: int
     group: str | None
-    sleep: SleepState = SleepState.AWAKE
     scraped_at_s: float | None = None
     """When its gauges were last read (time.monotonic()); None: never. An autoscaler reads
     their age (not in the admin API's answer)."""
+    sleep: SleepState = SleepState.AWAKE
 
     def to_json(self) -> dict[str, Any]:
         return {

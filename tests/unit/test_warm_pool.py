@@ -85,7 +85,7 @@ def test_up_puts_the_last_replicas_to_sleep() -> None:
 
 def _info(sleep: SleepState, healthy: bool = True) -> ReplicaInfo:
     return ReplicaInfo("r1", "http://h:1", healthy, False, 0, 0, 0, 0, 0.0, ("m",), 8, None,
-                       sleep)  # fmt: skip
+                       sleep=sleep)  # fmt: skip
 
 
 def test_only_an_awake_healthy_replica_serves_and_status_says_asleep() -> None:
