@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from servepilot.core.autoscale_config import AutoscaleConfig
-from servepilot.core.cluster_config import ClusterBackend, ClusterConfig
+from servepilot.core.cluster_config import ClusterConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.gateway_config import GatewayConfig, PolicyName, Priority
 from servepilot.core.kubernetes_config import KubernetesConfig
@@ -343,40 +343,6 @@ class FleetConfig(_Section):
                 node = node.setdefault(key, {})
             node[leaf] = value
         return parse_config(data, origin="command-line flags", names=names or {})
-
-
-def check_warm_pool(config: FleetConfig) -> None:
-    """ConfigError when replicas.asleep or engine.sleep_mode cannot be served as set. Checked
-    by `up` on the whole configuration, flags included (--replicas sets replicas.count after
-    fleet.yaml is read)."""
-    problem = _warm_pool_problem(config)
-    if problem is not None:
-        raise ConfigError(problem, hint="see `servepilot config` (replicas.asleep)")
-
-
-def _warm_pool_problem(config: FleetConfig) -> str | None:
-    asleep, engine = config.replicas.asleep, config.engine
-    if 0 < config.replicas.count <= asleep:
-        return (
-            f"replicas.asleep ({asleep}) must be below replicas.count "
-            f"({config.replicas.count}): at least one replica serves"
-        )
-    if asleep > 0 and not engine.sleep_mode:
-        return "replicas.asleep > 0 needs engine.sleep_mode: true (vLLM's --enable-sleep-mode)"
-    if (
-        engine.sleep_mode
-        and engine.kind is EngineKind.VLLM
-        and config.hardware.device is Device.CPU
-    ):
-        return (
-            "engine.sleep_mode needs hardware.device: gpu (vLLM's sleep mode is CUDA-only); "
-            "engine.kind: sim models it on CPU"
-        )
-    if asleep > 0 and config.autoscale.enabled:
-        return "replicas.asleep cannot be combined with autoscale.enabled yet"
-    if asleep > 0 and config.cluster.backend is not ClusterBackend.LOCAL:
-        return "replicas.asleep needs cluster.backend: local (Ray replicas are not put to sleep)"
-    return None
 
 
 def parse_config(
