@@ -3,6 +3,7 @@ to sleep or wake it (`/admin/replicas/{id}/sleep`, `/wake`: the warm pool, warm.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import math
@@ -48,12 +49,13 @@ class AdminHandlers:
         level = _parse_level(query.get("level", [None])[-1])
         timeout_s = _parse_timeout(query.get("timeout_s", [None])[-1])
         with _sleep_errors(replica_id):
-            done = await self._warm.sleep(replica_id, level, timeout_s)
+            # Shielded: an admin client that leaves must not cut a transition in half.
+            done = await asyncio.shield(self._warm.sleep(replica_id, level, timeout_s))
         _respond(request, 200, done.to_json())
 
     async def wake_replica(self, request: HttpRequest, replica_id: str) -> None:
         with _sleep_errors(replica_id):
-            done = await self._warm.wake(replica_id)
+            done = await asyncio.shield(self._warm.wake(replica_id))
         _respond(request, 200, done.to_json())
 
     async def list_replicas(self, request: HttpRequest) -> None:
