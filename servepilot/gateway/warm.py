@@ -19,7 +19,7 @@ import aiohttp
 
 from servepilot.core.errors import EngineError
 from servepilot.gateway.pool import ReplicaPool, wait_until
-from servepilot.gateway.replica import Replica, SleepState
+from servepilot.gateway.replica import Replica, ReplicaInfo, SleepState
 
 log = logging.getLogger(__name__)
 
@@ -56,20 +56,26 @@ class WarmPool:
 
     def __init__(self, pool: ReplicaPool) -> None:
         self._pool = pool
-        self._listeners: list[Callable[[Transition], None]] = []
+        self._listeners: list[Callable[[ReplicaInfo], None]] = []
 
-    def on_change(self, listener: Callable[[Transition], None]) -> None:
+    def on_change(self, listener: Callable[[ReplicaInfo], None]) -> None:
+        """Call `listener(the replica's new state)` after each change (`up` rewrites the
+        fleet record)."""
         self._listeners.append(listener)
 
     async def sleep(self, replica_id: str, level: int, drain_timeout_s: float) -> Transition:
         """Take the replica out of rotation, let its requests finish, put it to sleep.
-        ReplicaNotFound, SleepConflict, EngineError (it is back in rotation then)."""
+        ReplicaNotFound, SleepConflict, EngineError (it is left as it says it is: back in
+        rotation unless it sleeps after all)."""
         replica = self._pool.live(replica_id)
         self._check_can_sleep(replica)
         replica.sleep = SleepState.FALLING_ASLEEP
         try:
             drained = await wait_until(lambda: replica.in_flight == 0, drain_timeout_s)
             took_s = await self._call(replica, f"/sleep?level={level}", sleeping=True)
+        except EngineError:
+            await self._settle(replica, SleepState.AWAKE)
+            raise
         except BaseException:
             replica.sleep = SleepState.AWAKE
             raise
@@ -77,13 +83,16 @@ class WarmPool:
 
     async def wake(self, replica_id: str) -> Transition:
         """Wake the replica; in rotation once it says it is awake. ReplicaNotFound,
-        SleepConflict, EngineError (it stays asleep then)."""
+        SleepConflict, EngineError (it stays asleep then, unless it says it is awake)."""
         replica = self._pool.live(replica_id)
         if replica.sleep is not SleepState.ASLEEP:
             raise SleepConflict(f"replica {replica_id} is {replica.sleep.value}, not asleep")
         replica.sleep = SleepState.WAKING
         try:
             took_s = await self._call(replica, "/wake_up", sleeping=False)
+        except EngineError:
+            await self._settle(replica, SleepState.ASLEEP)
+            raise
         except BaseException:
             replica.sleep = SleepState.ASLEEP
             raise
@@ -108,9 +117,34 @@ class WarmPool:
         done = Transition(replica.replica_id, state, took_s, drained)
         log.info("replica %s is %s (took %.2f s)%s", replica.replica_id, state.value, took_s,
                  "" if drained else "; requests in flight were aborted")  # fmt: skip
-        for listener in self._listeners:
-            listener(done)
+        self._tell(replica)
         return done
+
+    def _tell(self, replica: Replica) -> None:
+        info = replica.info()
+        for listener in self._listeners:
+            listener(info)
+
+    async def _settle(self, replica: Replica, otherwise: SleepState) -> None:
+        """After a failed call (a timeout may hide a sleep that went through): the state
+        the replica's GET /is_sleeping gives, else `otherwise`. A replica that sleeps must
+        not be routed to; one awake but not in rotation only wastes its GPU until woken."""
+        timeout = aiohttp.ClientTimeout(total=_CONFIRM_TIMEOUT_S)
+        try:
+            async with self._pool.session.get(
+                replica.endpoint("/is_sleeping"), timeout=timeout
+            ) as resp:
+                doc = await resp.json(content_type=None) if resp.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            doc = None
+        said = doc.get("is_sleeping") if isinstance(doc, dict) else None
+        if said is True:
+            replica.sleep = SleepState.ASLEEP
+        elif said is False:
+            replica.sleep = SleepState.AWAKE
+        else:
+            replica.sleep = otherwise
+        self._tell(replica)
 
     async def _call(self, replica: Replica, path: str, *, sleeping: bool) -> float:
         """POST `path`, then wait for GET /is_sleeping to say `sleeping`; the seconds taken."""

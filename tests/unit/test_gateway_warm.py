@@ -12,8 +12,8 @@ import pytest
 from servepilot.core.config import GatewayConfig
 from servepilot.core.errors import EngineError
 from servepilot.gateway import Gateway
-from servepilot.gateway.replica import SleepState
-from servepilot.gateway.warm import SleepConflict, Transition
+from servepilot.gateway.replica import ReplicaInfo, SleepState
+from servepilot.gateway.warm import SleepConflict
 from tests.unit.sim_support import BASE_ARGS, ThreadedSim
 
 SLEEPY = [*BASE_ARGS, "--step-ms", "2", "--enable-sleep-mode", "--first-sleep-s", "0.2",
@@ -32,7 +32,7 @@ def _routable(gateway: Gateway) -> list[str]:
 
 async def _scenario(sleepy_url: str, plain_url: str) -> None:
     gateway = Gateway(GatewayConfig(port=0))
-    heard: list[Transition] = []
+    heard: list[ReplicaInfo] = []
     gateway.warm.on_change(heard.append)
     await gateway.pool.add("a", sleepy_url)
     await gateway.pool.add("b", plain_url)
@@ -64,7 +64,12 @@ async def _scenario(sleepy_url: str, plain_url: str) -> None:
         assert failed.value.hint is not None and "engine.sleep_mode" in failed.value.hint
         assert gateway.pool.get("b").sleep is SleepState.AWAKE
         assert _routable(gateway) == ["a", "b"]
-        assert [t.sleep for t in heard] == [SleepState.ASLEEP, SleepState.AWAKE]
+        # Each change told once; the failed sleep of `b` too, as `b` says it is: awake.
+        assert [(i.replica_id, i.sleep) for i in heard] == [
+            ("a", SleepState.ASLEEP),
+            ("a", SleepState.AWAKE),
+            ("b", SleepState.AWAKE),
+        ]
     finally:
         await gateway.pool.close()
 
