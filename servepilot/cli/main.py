@@ -25,6 +25,7 @@ from servepilot.cli import (
     top_cmd,
     tune_cmd,
     up_cmd,
+    warm_cmd,
 )
 from servepilot.cli.console import err_console, print_error
 from servepilot.core import completion
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         plan_cmd,
         up_cmd,
         fleet_cmd,
+        warm_cmd,
         gateway_cmd,
         bench_cmd,
         calibrate_cmd,

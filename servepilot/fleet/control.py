@@ -7,6 +7,7 @@ import os
 import signal
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,9 @@ def fleet_statuses(port: int | None = None) -> list[FleetStatus]:
             statuses.append(FleetStatus(record, True, (), f"the gateway did not answer: {exc}"))
     return statuses
 
+
+# The gateway's sleep call waits for the replica (a first sleep takes seconds on a GPU).
+_SLEEP_CALL_TIMEOUT_S = 330.0
 
 # What `status` shows of a fleet (the CLI draws it): a line, then a row a replica.
 REPLICA_COLUMNS = ("id", "url", "healthy", "in flight", "running", "waiting", "KV usage")
@@ -104,12 +108,60 @@ def replica_cells(replica: dict[str, Any]) -> tuple[str, ...]:
     return (
         str(replica.get("id")),
         str(replica.get("url")),
-        "yes" if replica.get("healthy") else "NO",
+        health_cell(replica),
         str(replica.get("in_flight")),
         str(replica.get("running")),
         str(replica.get("waiting")),
         f"{100 * float(replica.get('kv_cache_usage') or 0):.0f}%",
     )
+
+
+def health_cell(replica: dict[str, Any]) -> str:
+    """yes / NO, or the warm pool's state of a replica that is not awake (asleep, waking,
+    falling asleep): healthy, but not serving."""
+    sleep = replica.get("sleep", "awake")
+    if sleep != "awake":
+        return str(sleep)
+    return "yes" if replica.get("healthy") else "NO"
+
+
+@dataclass(frozen=True, slots=True)
+class SleepAnswer:
+    """The gateway's answer to `servepilot sleep` / `wake`."""
+
+    replica_id: str
+    sleep: str
+    """Its state now: asleep or awake."""
+    took_s: float
+    """How long the replica took to sleep or wake, measured by the gateway."""
+    drained: bool
+
+
+def sleep_or_wake(
+    gateway_url: str, replica_id: str, action: str, query: str = "", admin_key: str | None = None
+) -> SleepAnswer:
+    """POST /admin/replicas/{id}/{action} (sleep or wake); FleetError with the gateway's
+    message when it refuses."""
+    url = f"{gateway_url}/admin/replicas/{urllib.parse.quote(replica_id, safe='')}/{action}"
+    request = urllib.request.Request(url + (f"?{query}" if query else ""), method="POST")
+    if admin_key is not None:
+        request.add_header("Authorization", f"Bearer {admin_key}")
+    try:
+        with urllib.request.urlopen(request, timeout=_SLEEP_CALL_TIMEOUT_S) as resp:
+            doc = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raise FleetError(f"the gateway refused: {_error_message(exc)}") from None
+    except (OSError, ValueError) as exc:
+        raise FleetError(f"the gateway at {gateway_url} did not answer: {exc}") from None
+    return SleepAnswer(str(doc["id"]), str(doc["sleep"]), float(doc["took_s"]),
+                       bool(doc["drained"]))  # fmt: skip
+
+
+def _error_message(exc: urllib.error.HTTPError) -> str:
+    try:
+        return str(json.loads(exc.read())["error"]["message"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"HTTP {exc.code}"
 
 
 @dataclass(frozen=True, slots=True)

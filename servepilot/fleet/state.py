@@ -34,6 +34,8 @@ class ReplicaRecord:
     pid: int
     log_path: str
     ready: bool = True
+    asleep: bool = False
+    """Held asleep by the gateway (replicas.asleep, `servepilot sleep`): not routed to."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from servepilot.core.config import EngineKind, FleetConfig, Weights
 from servepilot.core.errors import FleetError
 from servepilot.core.gateway_config import GatewayConfig
 from servepilot.core.loop import cancel_and_wait
+from servepilot.core.warm_pool import check_warm_pool
 from servepilot.engine.model_source import ResolvedModel, resolve_model
 from servepilot.engine.process import ReplicaInfo
 from servepilot.engine.simserver.args import SimModel, sim_model
@@ -57,6 +58,7 @@ from servepilot.fleet.state import (
     remove_record,
     write_record,
 )
+from servepilot.fleet.warm_pool import put_to_sleep, record_rows, replicas_to_sleep
 from servepilot.gateway import ReplicaPool
 from servepilot.routing.admission.budget import replica_capacity
 
@@ -165,6 +167,7 @@ async def run_up(
     """Serve until SIGINT or SIGTERM, then drain and stop everything. `detached_run_dir`:
     this is the process `up --detach` started, in the run folder it made (detach.py)."""
     check_autoscale(config)
+    check_warm_pool(config)
     launched = launched_fleet(config)
     if launched.note is not None:
         report.warn(launched.note)
@@ -249,18 +252,24 @@ async def _serve(
         )
         if served.port != config.gateway.port:  # port 0: the OS picked one
             remove_record(config.gateway.port)
+        pool = served.gateway.pool
+        sleepers = replicas_to_sleep([i.replica_id for i in infos], config.replicas.asleep)
+        await put_to_sleep(served.gateway.warm, sleepers, report.step, report.warn)
         # Announced first, then recorded: a script (or test) that waits for the record's
         # `serving` finds the endpoint already printed.
         dummy = config.model.weights is Weights.DUMMY
         report.serving(UpStarted(served.url, model_name, tuple(infos), detached, dummy))
-        record = ServingRecord(served, replicas.run_dir, lambda: _rows(replicas), config)
+        record = ServingRecord(
+            served, replicas.run_dir, lambda: record_rows(replicas.processes, pool), config
+        )
         record.write()
+        served.gateway.warm.on_change(lambda _: record.write())
         if config.autoscale.enabled:
             cold_start_s = max(i.startup_s for i in infos)
             backend = local_backend(config, served.gateway, replicas)
             autoscaler = start_autoscaler(config, served.gateway, backend, cold_start_s,
                                           record.on_decision(report))  # fmt: skip
-        await _watch(replicas, served.gateway.pool, stop, report)
+        await _watch(replicas, pool, stop, report)
     finally:
         if autoscaler is not None:
             await autoscaler.stop()  # first: nothing starts, stops or rewrites the record after
@@ -313,11 +322,6 @@ class ServingRecord:
             self.write()
 
         return heard
-
-
-def _rows(replicas: LocalReplicas) -> tuple[ReplicaRecord, ...]:
-    return tuple(ReplicaRecord(p.replica_id, p.url, p.pid or 0, str(p.log_path))
-                 for p in replicas.processes)  # fmt: skip
 
 
 class StartingRecord:

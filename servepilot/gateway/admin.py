@@ -1,17 +1,23 @@
-"""`/admin/replicas`: list, add, and drain-then-remove upstream replicas at run time."""
+"""`/admin/replicas`: list, add, and drain-then-remove upstream replicas at run time; put one
+to sleep or wake it (`/admin/replicas/{id}/sleep`, `/wake`: the warm pool, warm.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
-from servepilot.gateway.errors import INVALID_REQUEST, GatewayError, bad_request
+from servepilot.core.errors import EngineError
+from servepilot.gateway.errors import INVALID_REQUEST, UPSTREAM, GatewayError, bad_request
 from servepilot.gateway.pool import DuplicateReplica, ReplicaNotFound, ReplicaPool
 from servepilot.gateway.replica import normalize_url
+from servepilot.gateway.warm import SleepConflict, WarmPool
 from servepilot.http1 import HttpRequest
 
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
@@ -21,8 +27,36 @@ _MAX_ADMIN_BODY_BYTES = 64 * 1024
 
 
 class AdminHandlers:
-    def __init__(self, pool: ReplicaPool) -> None:
+    def __init__(self, pool: ReplicaPool, warm: WarmPool) -> None:
         self._pool = pool
+        self._warm = warm
+
+    async def replica_route(self, request: HttpRequest, rest: str) -> None:
+        """`/admin/replicas/{rest}`: DELETE {id}, POST {id}/sleep or {id}/wake."""
+        replica_id, _, action = rest.partition("/")
+        if action not in _ACTIONS:
+            raise GatewayError(404, f"no route {request.method} {request.path}",
+                               error_type=INVALID_REQUEST, code="not_found")  # fmt: skip
+        allowed = "DELETE" if action == "" else "POST"
+        if request.method != allowed:
+            raise GatewayError(405, f"{request.method} is not allowed on {request.path}",
+                               error_type=INVALID_REQUEST, code="method_not_allowed",
+                               headers={"Allow": allowed})  # fmt: skip
+        await _ACTIONS[action](self, request, replica_id)
+
+    async def sleep_replica(self, request: HttpRequest, replica_id: str) -> None:
+        query = parse_qs(request.query)
+        level = _parse_level(query.get("level", [None])[-1])
+        timeout_s = _parse_timeout(query.get("timeout_s", [None])[-1])
+        with _sleep_errors(replica_id):
+            # Shielded: an admin client that leaves must not cut a transition in half.
+            done = await asyncio.shield(self._warm.sleep(replica_id, level, timeout_s))
+        _respond(request, 200, done.to_json())
+
+    async def wake_replica(self, request: HttpRequest, replica_id: str) -> None:
+        with _sleep_errors(replica_id):
+            done = await asyncio.shield(self._warm.wake(replica_id))
+        _respond(request, 200, done.to_json())
 
     async def list_replicas(self, request: HttpRequest) -> None:
         _respond(request, 200, [info.to_json() for info in self._pool.replicas()])
@@ -48,13 +82,43 @@ class AdminHandlers:
         try:
             drained = await self._pool.remove(replica_id, timeout_s)
         except ReplicaNotFound:
-            raise GatewayError(
-                404,
-                f"no replica with id {replica_id!r}",
-                error_type=INVALID_REQUEST,
-                code="replica_not_found",
-            ) from None
+            raise _not_found(replica_id) from None
         _respond(request, 200, {"id": replica_id, "removed": True, "drained": drained})
+
+
+_ACTIONS = {
+    "": AdminHandlers.remove_replica,
+    "sleep": AdminHandlers.sleep_replica,
+    "wake": AdminHandlers.wake_replica,
+}
+
+
+def _not_found(replica_id: str) -> GatewayError:
+    return GatewayError(404, f"no replica with id {replica_id!r}", error_type=INVALID_REQUEST,
+                        code="replica_not_found")  # fmt: skip
+
+
+@contextlib.contextmanager
+def _sleep_errors(replica_id: str) -> Iterator[None]:
+    """The warm pool's errors as answers: unknown id 404, wrong state 409, the replica's
+    failure 502 (it is left as it was)."""
+    try:
+        yield
+    except ReplicaNotFound:
+        raise _not_found(replica_id) from None
+    except SleepConflict as exc:
+        raise GatewayError(409, str(exc), error_type=INVALID_REQUEST, code="conflict") from None
+    except EngineError as exc:
+        raise GatewayError(502, str(exc), error_type=UPSTREAM,
+                           code="replica_sleep_failed") from None  # fmt: skip
+
+
+def _parse_level(raw: str | None) -> int:
+    if raw is None:
+        return 1
+    if raw not in ("1", "2"):
+        raise bad_request("`level` must be 1 (weights kept in host memory) or 2 (dropped)")
+    return int(raw)
 
 
 def _respond(request: HttpRequest, status: int, doc: Any) -> None:

@@ -42,6 +42,7 @@ from servepilot.gateway.metrics import GatewayMetrics
 from servepilot.gateway.pool import ReplicaPool
 from servepilot.gateway.proxy import Proxy
 from servepilot.gateway.routes import PROXIED
+from servepilot.gateway.warm import WarmPool
 from servepilot.http1 import HttpRequest, HttpServer, Limits, Rejected, UploadLimit
 from servepilot.routing import make_policy
 from servepilot.routing.base import RoutingPolicy
@@ -82,7 +83,8 @@ class Gateway:
         self.access_log = _access_log(config, access_log_path)
         self.metrics.watch_access_log(self.access_log)
         proxy = Proxy(config, self.pool, self.policy, self.dispatcher, self.metrics)
-        admin = AdminHandlers(self.pool)
+        self.warm = WarmPool(self.pool)
+        admin = AdminHandlers(self.pool, self.warm)
         self._inference: dict[str, InferenceRoute] = {
             route.path: functools.partial(proxy.forward, route) for route in PROXIED
         }
@@ -96,7 +98,7 @@ class Gateway:
         }
         self._admin_list = admin.list_replicas
         self._admin_add = admin.add_replica
-        self._admin_remove = admin.remove_replica
+        self._admin_replica = admin.replica_route
         self._clock = clock
         self.batch: BatchApi | None = None
         uploads: tuple[UploadLimit, ...] = ()
@@ -242,8 +244,7 @@ class Gateway:
                 self._allow(request, "GET, POST", "POST")
                 await self._admin_add(request)
             return
-        self._allow(request, "DELETE")
-        await self._admin_remove(request, request.path[len(_ADMIN_PREFIX) :])
+        await self._admin_replica(request, request.path[len(_ADMIN_PREFIX) :])
 
     @staticmethod
     def _allow(request: HttpRequest, allowed: str, method: str | None = None) -> None:
@@ -287,7 +288,7 @@ class Gateway:
     async def _ready(self, request: HttpRequest) -> None:
         if not self.pool.ready():
             raise no_ready_replica(self.config.retry_after_s)
-        healthy = sum(1 for r in self.pool.replicas() if r.healthy and not r.draining)
+        healthy = sum(1 for r in self.pool.replicas() if r.serving)
         request.respond(200, json.dumps({"status": "ready", "ready_replicas": healthy}).encode())
 
     async def _metrics(self, request: HttpRequest) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-from servepilot.gateway.replica import ReplicaInfo
+from servepilot.gateway.replica import ReplicaInfo, SleepState
 
 INFERENCE_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
 QPS_WINDOW_S = 300.0
@@ -77,13 +77,21 @@ def batch_families(facts: FleetFacts, replicas: Sequence[ReplicaInfo]) -> Iterat
     for r in replicas:
         per_replica.add_metric([r.replica_id], r.running / facts.max_num_seqs)
     yield per_replica
-    live = [r for r in replicas if r.healthy and not r.draining]
+    live = [r for r in replicas if r.serving]
     if live:
         fleet = _gauge(
             "fleet_batch_utilization", "Requests running over the ready replicas' max_num_seqs."
         )
         fleet.add_metric([], sum(r.running for r in live) / (facts.max_num_seqs * len(live)))
         yield fleet
+
+
+def asleep_family(replicas: Sequence[ReplicaInfo]) -> Metric:
+    """The warm pool: replicas held asleep (not routed to, not counted as ready)."""
+    asleep = _gauge("replicas_asleep", "Replicas held asleep (vLLM's sleep mode): a warm pool "
+                    "that wakes in about a second, not routed to.")  # fmt: skip
+    asleep.add_metric([], float(sum(1 for r in replicas if r.sleep is SleepState.ASLEEP)))
+    return asleep
 
 
 def cost_families(

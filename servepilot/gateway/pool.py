@@ -131,10 +131,14 @@ class ReplicaPool:
         return [replica.info() for replica in self._replicas.values()]
 
     def get(self, replica_id: str) -> ReplicaInfo:
+        return self.live(replica_id).info()
+
+    def live(self, replica_id: str) -> Replica:
+        """The replica's live state (for warm.py, which puts it to sleep and wakes it)."""
         replica = self._replicas.get(replica_id)
         if replica is None:
             raise ReplicaNotFound(replica_id)
-        return replica.info()
+        return replica
 
     # --- what the proxy asks --------------------------------------------------------------
 
@@ -163,13 +167,11 @@ class ReplicaPool:
                 group=r.group,
             )
             for r in self._replicas.values()
-            if r.healthy
-            and not r.draining
-            and (model is None or not r.model_ids or model in r.model_ids)
+            if r.serving and (model is None or not r.model_ids or model in r.model_ids)
         ]
 
     def ready(self) -> bool:
-        return any(r.healthy and not r.draining for r in self._replicas.values())
+        return any(r.serving for r in self._replicas.values())
 
     def starting(self) -> bool:
         """Whether some replica is still on its way up: handed over as starting, never
@@ -192,7 +194,7 @@ class ReplicaPool:
         """The /v1/models entries of the routable replicas, one per model id."""
         cards: dict[str, Mapping[str, Any]] = {}
         for replica in self._replicas.values():
-            if replica.healthy and not replica.draining:
+            if replica.serving:
                 for card in replica.model_cards:
                     cards.setdefault(str(card["id"]), card)
         return list(cards.values())

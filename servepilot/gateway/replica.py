@@ -3,6 +3,7 @@ record reported about it, and the prebuilt bytes of the requests sent to it."""
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -12,6 +13,18 @@ from yarl import URL
 
 from servepilot.engine.metrics import NO_LOAD, LoadGauges
 from servepilot.gateway.upstream import HostPool
+
+
+class SleepState(enum.StrEnum):
+    """Whether a replica serves or is held asleep (vLLM's sleep mode): only an awake one is
+    routed to; the others are on their way, or a warm pool that wakes in about a second."""
+
+    AWAKE = "awake"
+    FALLING_ASLEEP = "falling asleep"
+    """Taken out of rotation: its requests finish, then it is told to sleep."""
+    ASLEEP = "asleep"
+    WAKING = "waking"
+    """Told to wake; back in rotation once it says it is awake."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +46,7 @@ class ReplicaInfo:
     scraped_at_s: float | None = None
     """When its gauges were last read (time.monotonic()); None: never. An autoscaler reads
     their age (not in the admin API's answer)."""
+    sleep: SleepState = SleepState.AWAKE
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -48,7 +62,13 @@ class ReplicaInfo:
             "models": list(self.models),
             "capacity": self.capacity,
             "group": self.group,
+            "sleep": self.sleep.value,
         }
+
+    @property
+    def serving(self) -> bool:
+        """Routable: healthy, not draining, awake (what counts as ready capacity)."""
+        return self.healthy and not self.draining and self.sleep is SleepState.AWAKE
 
 
 class Replica:
@@ -73,6 +93,7 @@ class Replica:
         "replica_id",
         "reported_down",
         "scraped_at_s",
+        "sleep",
         "starting",
         "upstream",
         "url",
@@ -104,6 +125,7 @@ class Replica:
         # would otherwise get (and fail) the first requests.
         self.healthy = False
         self.draining = False
+        self.sleep = SleepState.AWAKE
         self.ever_healthy = False
         self.starting = starting
         """Handed over while it loads: until its first healthy check (or its startup window
@@ -160,8 +182,14 @@ class Replica:
             models=tuple(sorted(self.model_ids)),
             capacity=self.capacity,
             group=self.group,
+            sleep=self.sleep,
             scraped_at_s=self.scraped_at_s,
         )
+
+    @property
+    def serving(self) -> bool:
+        """Routable: healthy, not draining, awake."""
+        return self.healthy and not self.draining and self.sleep is SleepState.AWAKE
 
 
 def normalize_url(url: str) -> str:

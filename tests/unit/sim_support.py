@@ -11,6 +11,7 @@ from typing import TypeVar
 from servepilot.engine.simserver.app import SimApp
 from servepilot.engine.simserver.config import SimSetup, build_setup, parse_args
 from servepilot.engine.simserver.realtime import RealtimeEngine
+from servepilot.engine.simserver.sleep import sleep_times
 from servepilot.engine.simserver.tokens import load_tokenizer
 from servepilot.http1 import HttpServer
 from servepilot.sim import ReplicaModel
@@ -33,6 +34,7 @@ class ThreadedSim:
     def __init__(self, argv: list[str]) -> None:
         args, _ = parse_args(argv)
         self.setup: SimSetup = build_setup(args)
+        self.sleep = sleep_times(args)
         self.tokenizer = load_tokenizer(args.tokenizer)
         self.url = ""
         self.port = 0
@@ -47,7 +49,8 @@ class ThreadedSim:
         async def start() -> int:
             self.engine = RealtimeEngine(ReplicaModel(self.setup.scheduler, self.setup.cost))
             app = SimApp(self.engine, self.tokenizer, served_name=self.setup.served_name,
-                         max_model_len=self.setup.scheduler.max_model_len)  # fmt: skip
+                         max_model_len=self.setup.scheduler.max_model_len,
+                         sleep=self.sleep)  # fmt: skip
             self._server = app.http_server()
             self.engine.start()
             return await self._server.start("127.0.0.1", 0)

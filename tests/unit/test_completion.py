@@ -51,9 +51,9 @@ def _complete(shell: str, script: Path, line: str, cwd: Path | None = None) -> l
     return [w for w in done.stdout.splitlines() if w]
 
 
-SUBCOMMANDS = ["plan", "up", "status", "down", "logs", "gateway", "bench", "calibrate", "profile",
-               "sim", "tune", "k8s", "top", "doctor", "accept", "models", "batch", "config",
-               "observe", "completion"]  # fmt: skip
+SUBCOMMANDS = ["plan", "up", "status", "down", "logs", "sleep", "wake", "gateway", "bench",
+               "calibrate", "profile", "sim", "tune", "k8s", "top", "doctor", "accept", "models",
+               "batch", "config", "observe", "completion"]  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -332,6 +332,10 @@ def test_admin_routes_need_the_admin_key(monkeypatch: pytest.MonkeyPatch) -> Non
             assert reply.error(401)["code"] == "invalid_api_key"
             assert reply.headers["WWW-Authenticate"] == "Bearer"
             assert await admin_statuses(client, url, bearer(ADMIN), upstream) == (200, 201, 200)
+            # The warm pool's routes too: refused without the key, judged with it (`a` is awake).
+            wake = "/admin/replicas/a/wake"
+            assert (await call(client, url, path=wake, headers=bearer(ALICE))).status == 401
+            assert (await call(client, url, path=wake, headers=bearer(ADMIN))).status == 409
             # The admin key is for the admin routes only.
             assert (await call(client, url, headers=bearer(ADMIN))).status == 401
             assert [r.replica_id for r in gw.pool.replicas()] == ["a"]

@@ -78,6 +78,16 @@ def test_the_last_minute_is_the_difference_of_two_scrapes() -> None:
     assert screen.notes == ("shed (last 60 s): queue_full 4", "r1: its /metrics did not answer")
 
 
+def test_a_sleeping_replica_is_shown_asleep_not_healthy() -> None:
+    asleep = [ADMIN[0], {**ADMIN[1], "healthy": True, "sleep": "asleep"}]
+    view = TopView()
+    view.add(fleet_sample(5.0, scrape(gateway_page(90, 10, 0)), replica_states(asleep),
+                          {"r0": scrape(replica_page(50))}))  # fmt: skip
+    screen = view.screen("http://gw")
+    assert screen.headline.startswith("http://gw: 1 of 2 replicas healthy, 1 asleep · ")
+    assert screen.replicas.rows[1][:2] == ("r1", "asleep")
+
+
 def test_one_sample_counts_since_the_gateway_started() -> None:
     view = TopView()
     view.add(fleet_sample(5.0, scrape(gateway_page(90, 10, 0)), replica_states(ADMIN[:1]),

@@ -4,6 +4,7 @@ POST /v1/chat/completions, /v1/completions   streamed (SSE) or not
 POST /v1/responses                            streamed (named SSE events) or not
 GET  /v1/models, /health, /metrics (vLLM's names), /version
 POST /tokenize, /detokenize                   vLLM's request and answer shapes
+POST /sleep, /wake_up, GET /is_sleeping       with --enable-sleep-mode (sleep.py)
 
 Any other route answers as vLLM 0.32 answers a route it did not register for its model (the
 pooling routes, /v1/embeddings, /v1/score, /v1/rerank, /pooling, on a generative model; the
@@ -34,6 +35,7 @@ from servepilot.engine.simserver.openai_api import (
 from servepilot.engine.simserver.realtime import RealtimeEngine
 from servepilot.engine.simserver.responses_api import ResponseFormat, chat_request
 from servepilot.engine.simserver.sinks import EventFormat, StreamSink, WholeSink
+from servepilot.engine.simserver.sleep import SleepMode, SleepTimes, parse_level, parse_tags
 from servepilot.engine.simserver.tokens import PromptTokenizer
 from servepilot.http1 import HttpRequest, HttpServer, Limits
 
@@ -60,7 +62,9 @@ class SimApp:
         *,
         served_name: str,
         max_model_len: int,
+        sleep: SleepTimes | None = None,
     ) -> None:
+        """`sleep`: with --enable-sleep-mode, the sleep routes and what they take."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.served_name = served_name
@@ -78,6 +82,11 @@ class SimApp:
             ("POST", "/tokenize"): self._tokenize,
             ("POST", "/detokenize"): self._detokenize,
         }
+        self.sleep_mode = None if sleep is None else SleepMode(sleep, engine)
+        if self.sleep_mode is not None:
+            self._routes[("POST", "/sleep")] = self._sleep
+            self._routes[("POST", "/wake_up")] = self._wake_up
+            self._routes[("GET", "/is_sleeping")] = self._is_sleeping
 
     def http_server(self) -> HttpServer:
         """The HTTP/1.1 server that answers with this app."""
@@ -125,6 +134,8 @@ class SimApp:
         """Queue the generation and wait until its sink has answered (a stream's events, or
         the whole `answer` rendered at the end); a client that leaves cancels the wait,
         which takes the request out of the engine."""
+        if self.sleep_mode is not None:
+            await self.sleep_mode.wait_awake()  # held as vLLM's paused scheduler holds it
         answered = asyncio.get_running_loop().create_future()
         sink: StreamSink | WholeSink
         if callable(answer):
@@ -142,6 +153,21 @@ class SimApp:
         except asyncio.CancelledError:
             self.engine.abort(request_id)
             raise
+
+    async def _sleep(self, request: HttpRequest) -> None:
+        assert self.sleep_mode is not None
+        await self.sleep_mode.sleep(parse_level(request.query))
+        request.respond(200, b"")
+
+    async def _wake_up(self, request: HttpRequest) -> None:
+        assert self.sleep_mode is not None
+        await self.sleep_mode.wake_up(parse_tags(request.query))
+        request.respond(200, b"")
+
+    async def _is_sleeping(self, request: HttpRequest) -> None:
+        assert self.sleep_mode is not None
+        answer = {"is_sleeping": self.sleep_mode.is_sleeping}
+        request.respond(200, json.dumps(answer).encode())
 
     async def _health(self, request: HttpRequest) -> None:
         request.respond(200, b"")

@@ -63,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction)
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument(
+        "--enable-sleep-mode", action="store_true",
+        help="serve POST /sleep, POST /wake_up and GET /is_sleeping (vLLM serves them with "
+        "this flag and VLLM_SERVER_DEV_MODE=1)",
+    )  # fmt: skip
     sim = p.add_argument_group("simulator")
     sim.add_argument("--accelerator", default="cpu", help="catalog name (default: cpu)")
     sim.add_argument("--catalog", type=Path, help="a user accelerator catalog (YAML)")
@@ -74,6 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"one cost coefficient ({', '.join(COEFFICIENTS)}); others are 0",
     )  # fmt: skip
     sim.add_argument("--tokenizer", type=Path, help="a Hugging Face folder with tokenizer.json")
+    # Defaults: Llama-3.1-8B on an H200 (the first sleep pins the host buffers).
+    sim.add_argument("--first-sleep-s", type=float, default=11.6,
+                     help="how long the first sleep takes (default 11.6)")  # fmt: skip
+    sim.add_argument("--sleep-s", type=float, default=0.4,
+                     help="how long each later sleep takes (default 0.4)")  # fmt: skip
+    sim.add_argument("--wake-s", type=float, default=0.8,
+                     help="how long waking the weights takes (default 0.8)")  # fmt: skip
     sim.add_argument(
         "--drain-timeout-s", type=float, default=30.0,
         help="on SIGTERM, how long requests in flight may take to finish",

@@ -60,6 +60,11 @@ class PrefixMap:
             common = len(hashes)
         return chain.group, common * self.block_size
 
+    def forget(self) -> None:
+        """Drop every chain (vLLM's sleep drops the KV cache). Group numbers go on from where
+        they were: the replica model still holds the old groups' blocks, now unreachable."""
+        self._chains.clear()
+
     def _new_chain(self, hashes: list[int]) -> _Chain:
         chain = _Chain(self._next_group, list(hashes))
         self._next_group += 1

@@ -142,6 +142,12 @@ class RealtimeEngine:
             self._wake.set()
         return request_id
 
+    def drop_prefix_cache(self) -> None:
+        """No later prompt hits what earlier ones cached (the cache sleep drops); the blocks
+        left behind count as free already and are evicted as new requests need room."""
+        if self._prefixes is not None:
+            self._prefixes.forget()
+
     def abort(self, request_id: int) -> None:
         """The client went away: the request leaves the model (its blocks are freed)."""
         if self._live.pop(request_id, None) is None:

@@ -33,6 +33,7 @@ from servepilot.core.errors import ServepilotError
 from servepilot.engine.simserver.app import SimApp
 from servepilot.engine.simserver.config import SimSetup, build_setup, parse_args
 from servepilot.engine.simserver.realtime import RealtimeEngine
+from servepilot.engine.simserver.sleep import sleep_times
 from servepilot.engine.simserver.tokens import load_tokenizer
 from servepilot.plan.costmodel import COEFFICIENTS
 from servepilot.sim.engine.replica import ReplicaModel
@@ -117,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             tokenizer,
             served_name=setup.served_name,
             max_model_len=setup.scheduler.max_model_len,
+            sleep=sleep_times(args),
         )
         return await serve(app, args.host, args.port, args.drain_timeout_s)
 

@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable, Iterable
 
 from servepilot.gateway import Gateway, ReplicaInfo
+from servepilot.gateway.replica import SleepState
 from servepilot.scaling.arrivals import ArrivalHistory
 from servepilot.scaling.snapshot import FleetSnapshot, ReplicaSample
 
@@ -47,7 +48,7 @@ def fleet_snapshot(
     for info in infos:
         if info.draining:
             draining += 1
-        else:
+        elif info.sleep is SleepState.AWAKE:  # one asleep is no capacity, nor to remove
             samples.append(replica_sample(info, now_s))
     known = {s.replica_id for s in samples}
     samples += [starting_sample(r, default_budget) for r in starting if r not in known]

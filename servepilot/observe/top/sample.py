@@ -35,6 +35,8 @@ class ReplicaState:
     waiting: int
     kv_cache_usage: float
     """0..1."""
+    sleep: str = "awake"
+    """The warm pool's state (awake, asleep, waking, falling asleep)."""
     preemptions_total: float | None = None
     """vLLM's counter since the replica started; None when its page was not read."""
 
@@ -72,6 +74,7 @@ def replica_states(admin: Sequence[Mapping[str, Any]]) -> tuple[ReplicaState, ..
             running=int(row.get("running") or 0),
             waiting=int(row.get("waiting") or 0),
             kv_cache_usage=float(row.get("kv_cache_usage") or 0.0),
+            sleep=str(row.get("sleep", "awake")),
         )
         for row in admin
     )

@@ -81,10 +81,12 @@ def _recent(newest: Histogram, baseline: Histogram | None) -> Histogram:
 
 
 def headline(url: str, sample: FleetSample, tpot: Percentiles, label: str) -> str:
-    healthy = sum(1 for r in sample.replicas if r.healthy)
+    healthy = sum(1 for r in sample.replicas if r.healthy and r.sleep == "awake")
+    asleep = sum(1 for r in sample.replicas if r.sleep == "asleep")
     in_flight = sum(r.in_flight for r in sample.replicas)
     parts = [
-        f"{url}: {healthy} of {len(sample.replicas)} replicas healthy",
+        f"{url}: {healthy} of {len(sample.replicas)} replicas healthy"
+        + (f", {asleep} asleep" if asleep else ""),
         f"{in_flight} in flight",
         f"TPOT p50 {fmt_ms(tpot.p50_ms)}, p99 {fmt_ms(tpot.p99_ms)} ({label})",
     ]
@@ -100,7 +102,7 @@ def replica_table(sample: FleetSample) -> TextTable:
     rows = tuple(
         (
             r.replica_id,
-            "yes" if r.healthy else "NO",
+            r.sleep if r.sleep != "awake" else "yes" if r.healthy else "NO",
             str(r.in_flight),
             str(r.running),
             str(r.waiting),

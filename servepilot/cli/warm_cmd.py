@@ -1,0 +1,90 @@
+"""`servepilot sleep RID` and `servepilot wake RID`: the warm pool of a running fleet."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from servepilot.cli.console import out_console
+from servepilot.cli.fleet_target import add_fleet_choice, find_fleet
+from servepilot.core.errors import FleetError
+from servepilot.fleet.control import SleepAnswer, sleep_or_wake
+
+SLEEP_DESCRIPTION = """\
+Put one replica of a running fleet to sleep (vLLM's sleep mode; the fleet runs with
+engine.sleep_mode: true): the gateway stops routing to it, lets its requests in flight finish
+(up to --timeout seconds), then tells it to sleep. Level 1 keeps the weights in host memory
+(a wake takes about a second on a GPU), level 2 drops them. Prints the seconds the replica
+took. The last replica serving is never put to sleep.
+
+examples:
+  servepilot sleep r1
+  servepilot sleep r1 --port 8080 --level 2
+"""
+
+WAKE_DESCRIPTION = """\
+Wake a sleeping replica of a running fleet (one of replicas.asleep, or put to sleep by
+`servepilot sleep`); the gateway routes to it again once it says it is awake. Prints the
+seconds the replica took.
+
+examples:
+  servepilot wake r1
+  servepilot wake r1 --url http://127.0.0.1:8000
+"""
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sleep = sub.add_parser(
+        "sleep",
+        help="put a replica of the running fleet to sleep (warm pool; `wake` brings it back)",
+        description=SLEEP_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sleep.add_argument("--level", type=int, choices=(1, 2), default=1,
+                       help="1: weights kept in host memory (default); 2: dropped")  # fmt: skip
+    sleep.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                       help="seconds its requests in flight may take (default 30)")  # fmt: skip
+    sleep.set_defaults(run=run_sleep)
+    wake = sub.add_parser(
+        "wake",
+        help="wake a sleeping replica of the running fleet and route to it again",
+        description=WAKE_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    wake.set_defaults(run=run_wake)
+    for parser in (sleep, wake):
+        parser.add_argument("replica", metavar="REPLICA", help="its id, as `status` lists it")
+        add_fleet_choice(parser)
+        parser.add_argument(
+            "--admin-key-env", metavar="VAR",
+            help="the variable holding the gateway's admin key (gateway.auth.admin_key_env), "
+            "when its admin routes need one",
+        )  # fmt: skip
+
+
+def run_sleep(args: argparse.Namespace) -> int:
+    query = f"level={args.level}&timeout_s={args.timeout:g}"
+    answer = _call(args, "sleep", query)
+    drained = "" if answer.drained else "; requests still in flight were aborted"
+    out_console.print(f"replica {answer.replica_id} asleep in {answer.took_s:.2f} s{drained}")
+    return 0
+
+
+def run_wake(args: argparse.Namespace) -> int:
+    answer = _call(args, "wake")
+    out_console.print(f"replica {answer.replica_id} awake in {answer.took_s:.2f} s, in rotation")
+    return 0
+
+
+def _call(args: argparse.Namespace, action: str, query: str = "") -> SleepAnswer:
+    url = find_fleet(args.url, args.port).gateway_url
+    return sleep_or_wake(url, args.replica, action, query, _admin_key(args.admin_key_env))
+
+
+def _admin_key(variable: str | None) -> str | None:
+    if variable is None:
+        return None
+    key = os.environ.get(variable)
+    if not key:
+        raise FleetError(f"--admin-key-env: environment variable {variable} is unset or empty")
+    return key

@@ -1,0 +1,42 @@
+"""The warm pool's rules over the whole fleet configuration (replicas.asleep,
+engine.sleep_mode), checked by `up` once the flags are applied: `--replicas` sets
+replicas.count after fleet.yaml is read, so a field validator would judge too early."""
+
+from __future__ import annotations
+
+from servepilot.core.cluster_config import ClusterBackend
+from servepilot.core.config import Device, EngineKind, FleetConfig
+from servepilot.core.errors import ConfigError
+
+
+def check_warm_pool(config: FleetConfig) -> None:
+    """ConfigError, naming the fields, when replicas.asleep or engine.sleep_mode cannot be
+    served as set."""
+    problem = _warm_pool_problem(config)
+    if problem is not None:
+        raise ConfigError(problem, hint="see `servepilot config` (replicas.asleep)")
+
+
+def _warm_pool_problem(config: FleetConfig) -> str | None:
+    asleep, engine = config.replicas.asleep, config.engine
+    if 0 < config.replicas.count <= asleep:
+        return (
+            f"replicas.asleep ({asleep}) must be below replicas.count "
+            f"({config.replicas.count}): at least one replica serves"
+        )
+    if asleep > 0 and not engine.sleep_mode:
+        return "replicas.asleep > 0 needs engine.sleep_mode: true (vLLM's --enable-sleep-mode)"
+    if (
+        engine.sleep_mode
+        and engine.kind is EngineKind.VLLM
+        and config.hardware.device is Device.CPU
+    ):
+        return (
+            "engine.sleep_mode needs hardware.device: gpu (vLLM's sleep mode is CUDA-only); "
+            "engine.kind: sim models it on CPU"
+        )
+    if asleep > 0 and config.autoscale.enabled:
+        return "replicas.asleep cannot be combined with autoscale.enabled yet"
+    if asleep > 0 and config.cluster.backend is not ClusterBackend.LOCAL:
+        return "replicas.asleep needs cluster.backend: local (Ray replicas are not put to sleep)"
+    return None
