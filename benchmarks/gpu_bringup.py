@@ -64,17 +64,22 @@ CASES: dict[str, dict[str, Any]] = {
     # memory instead of being recomputed. The same run without the tier is `llama-8b-small-kv`.
     "llama-8b-offload": {
         "model": {"source": "llama-3.1-8b", **DUMMY},
-        "engine": {
-            "max_model_len": 8192,
-            "gpu_memory_utilization": 0.15,
-            "extra_args": ["--kv-offloading-size", "16"],
-        },
+        "engine": {"max_model_len": 8192, "gpu_memory_utilization": 0.15, "kv_offload_gib": 16},
         "benches": ["multi_turn"],
     },
     "llama-8b-small-kv": {
         "model": {"source": "llama-3.1-8b", **DUMMY},
         "engine": {"max_model_len": 8192, "gpu_memory_utilization": 0.15},
         "benches": ["multi_turn", "soak"],
+    },
+    # Two replicas sharing the GPU (gpu_memory_utilization left out: 0.45 each), the second
+    # held asleep as a warm pool, then woken and put back to sleep with servepilot's CLI.
+    "llama-8b-pair": {
+        "model": {"source": "llama-3.1-8b", **DUMMY},
+        "hardware": {"replicas_per_gpu": 2},
+        "replicas": {"count": 2, "asleep": 1},
+        "engine": {"max_model_len": 8192, "sleep_mode": True},
+        "warm_pool": "r1",
     },
 }
 # 16 conversations interleaved turn by turn (bench's multi_turn: waves of 16), 4 turns of
@@ -94,14 +99,10 @@ PORT = 8000
 
 
 def fleet_yaml(case: dict[str, Any]) -> dict[str, Any]:
-    engine = {"gpu_memory_utilization": 0.9, **case["engine"]}
-    engine["env"] = {**GPU_ENV, **case["engine"].get("env", {})}
-    return {
-        "model": case["model"],
-        "hardware": {"device": "gpu", "accelerator": "h200-141", "count": 1},
-        "engine": engine,
-        "gateway": {"port": PORT},
-    }
+    engine = {**case["engine"], "env": {**GPU_ENV, **case["engine"].get("env", {})}}
+    hardware = {"device": "gpu", "accelerator": "h200-141", "count": 1, **case.get("hardware", {})}
+    fleet = {"model": case["model"], "hardware": hardware, "engine": engine}
+    return {**fleet, "replicas": case.get("replicas", {"count": 1}), "gateway": {"port": PORT}}
 
 
 def sp(args: list[str], log: Path, timeout_s: float) -> tuple[int, float]:
@@ -140,8 +141,11 @@ def run_case(name: str, out: Path) -> dict[str, Any]:
                folder / f"bench-{bench}.txt", 300)  # fmt: skip
         if CASES[name].get("sleep_cycles"):
             summary["sleep"] = sleep_cycles(url, CASES[name]["sleep_cycles"], folder)
+        if CASES[name].get("warm_pool"):
+            summary["warm_pool"] = warm_pool(CASES[name]["warm_pool"], url, folder)
     sp(["down", "--port", str(PORT)], folder / "down.txt", 120)
-    sp(["logs", "r0", "--port", str(PORT)], folder / "r0.log", 60)
+    for replica in ("r0", "r1") if CASES[name].get("replicas") else ("r0",):
+        sp(["logs", replica, "--port", str(PORT)], folder / f"{replica}.log", 60)
     sp(["logs", "gateway", "--port", str(PORT)], folder / "gateway.log", 60)
     summary.update(_figures(folder))
     print(f"   {json.dumps(summary)}", flush=True)
@@ -165,6 +169,30 @@ def sleep_cycles(url: str, cycles: int, folder: Path) -> list[dict[str, float]]:
         rows.append(row)
         print(f"   sleep cycle: {json.dumps(row)}", flush=True)
     (folder / "sleep.json").write_text(json.dumps(rows, indent=2))
+    return rows
+
+
+def warm_pool(replica: str, url: str, folder: Path) -> list[dict[str, float | str]]:
+    """The warm pool through servepilot's own commands: the GPU's memory with `replica`
+    asleep, `servepilot wake`, a bench over both replicas, `servepilot sleep`, twice."""
+    rows: list[dict[str, float | str]] = []
+    for cycle in (1, 2):
+        row: dict[str, float | str] = {"asleep_gpu_mib": _gpu_used_mib()}
+        _, row["wake_cli_s"] = sp(["wake", replica, "--port", str(PORT)],
+                                  folder / f"wake-{cycle}.txt", 120)  # fmt: skip
+        row["woken_gpu_mib"] = _gpu_used_mib()
+        sp(["status"], folder / f"status-woken-{cycle}.txt", 60)
+        sp(["bench", "--url", url, *BENCHES["c32"], "--out", str(folder / f"bench-both-{cycle}")],
+           folder / f"bench-both-{cycle}.txt", 300)  # fmt: skip
+        _, row["sleep_cli_s"] = sp(["sleep", replica, "--port", str(PORT)],
+                                   folder / f"sleep-{cycle}.txt", 120)  # fmt: skip
+        row["said"] = " | ".join(
+            (folder / f"{verb}-{cycle}.txt").read_text().strip().splitlines()[-1][:120]
+            for verb in ("wake", "sleep")
+        )
+        rows.append(row)
+        print(f"   warm pool cycle: {json.dumps(row)}", flush=True)
+    (folder / "warm-pool.json").write_text(json.dumps(rows, indent=2))
     return rows
 
 
