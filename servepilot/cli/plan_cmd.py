@@ -14,6 +14,7 @@ from servepilot.core.config import EngineConfig
 from servepilot.core.errors import ConfigError
 from servepilot.engine.args import vllm_command
 from servepilot.engine.cpu import cpu_flags
+from servepilot.engine.dummy_model import dummy_serving_folder
 from servepilot.fleet.devices import check_planned_fleet
 from servepilot.plan import report
 from servepilot.plan.checkpoint import checkpoint_for
@@ -161,7 +162,11 @@ def launch_of(plan: Plan, given: EngineConfig | None = None) -> Launch:
     with the engine section `given` as planned (what `k8s render` runs too)."""
     req = plan.request
     checkpoint = checkpoint_for(req.model, req.model_ref, req.weights_dtype)
-    command = vllm_command(fleet_config(plan, given), checkpoint.model, req.model.name)
+    model = checkpoint.model
+    if req.dummy_weights:
+        # No checkpoint to download: the config's folder with a tokenizer, which `up` writes.
+        model = str(dummy_serving_folder(req.model_ref))
+    command = vllm_command(fleet_config(plan, given), model, req.model.name)
     return Launch(command, nodes=plan.option.parallelism.pp, checkpoint=checkpoint)
 
 

@@ -32,6 +32,19 @@ def dummy_dir(name: str) -> Path:
     return cache_dir() / "models" / "dummy" / name
 
 
+def dummy_serving_folder(source: str) -> Path:
+    """Where `dummy_model_folder` puts (or finds) `source`'s folder, without writing it: what
+    plan's printed command serves, the folder `up` writes."""
+    preset = preset_config(source)
+    if preset is not None and not Path(source).exists():
+        return dummy_dir(preset[0])
+    folder = Path(source).expanduser()
+    folder = folder.parent if folder.name == "config.json" else folder
+    if (folder / "tokenizer.json").is_file() or (folder / "tokenizer.model").is_file():
+        return folder
+    return dummy_dir(folder.name)
+
+
 def dummy_model_folder(source: str, tokenizer_from: Callable[[], Path]) -> Path:
     """The folder to serve `source` (a preset or a folder with config.json) with dummy weights.
 
