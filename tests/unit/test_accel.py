@@ -155,7 +155,7 @@ def test_servepilot_gateway_says_at_start_whether_its_data_path_is_compiled() ->
     assert proc.stdout is not None
     lines: list[str] = []
     try:
-        while len(lines) < 2 and select.select([proc.stdout], [], [], 30)[0]:
+        while len(lines) < 2 and select.select([proc.stdout], [], [], 90)[0]:
             lines.append(proc.stdout.readline())  # the start line, then the data path's
     finally:
         proc.terminate()
