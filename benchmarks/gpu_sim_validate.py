@@ -1,0 +1,110 @@
+"""Measure the GPU validation suite (benchmarks/gpu_sim_cases.py) with real vLLM on the GPU.
+
+Runs on the GPU machine after the bring-up kit's install (docs/gpu.md):
+
+    python3 benchmarks/gpu_sim_validate.py --out "$OUT/sv" --deadline-s 560 llama-8b qwen2.5-32b
+
+For each config: `servepilot profile` of its model where asked (--profile), `servepilot up`
+(dummy weights), every run of the config once, then every run again (the second measurement,
+apart in time from the first, gives the floor), `servepilot down`. Before each bench it checks
+that the run still fits the deadline (the device's per-call limit), so what was measured comes
+back; a run left out is printed as such. Each measurement keeps bench's results.json and its
+output; `benchmarks/gpu_sim_report.py` predicts the same cases with `servepilot sim` here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.gpu_bringup import GPU_ENV, PORT, sp  # noqa: E402
+from benchmarks.gpu_sim_cases import CONFIGS, PROFILES, RUNS, Run, longtail_trace  # noqa: E402
+
+RUN_S_GUESS = 45.0
+"""Seconds one measurement is allowed to need before the deadline: a run that would end after
+it is left out."""
+
+
+def fleet_yaml(config: str) -> dict[str, Any]:
+    case = CONFIGS[config]
+    engine = {**case["engine"], "env": dict(GPU_ENV)}
+    hardware = {"device": "gpu", "accelerator": "h200-141", "count": 1}
+    return {"model": case["model"], "hardware": hardware, "engine": engine,
+            "replicas": {"count": 1}, "gateway": {"port": PORT}}  # fmt: skip
+
+
+def measure(run: Run, folder: Path, url: str) -> dict[str, Any]:
+    folder.mkdir(parents=True, exist_ok=True)
+    trace = None
+    if run.trace is not None:
+        trace = folder / "trace.jsonl"
+        trace.write_text("\n".join(longtail_trace(**run.trace)) + "\n")
+    args = ["bench", "--url", url, *run.bench_flags(trace), "--out", str(folder)]
+    code, took = sp(args, folder / "bench.txt", 300)
+    (folder / "command.txt").write_text("servepilot " + " ".join(args) + "\n")
+    return {"run": run.name, "exit": code, "s": round(took, 1)}
+
+
+def serve_config(config: str, out: Path, deadline: float, profile: bool) -> dict[str, Any]:
+    import yaml
+
+    folder = out / config
+    folder.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {"config": config, "runs": []}
+    if profile:
+        model, dtype = PROFILES[config]
+        sp(["profile", "--model", model, "--dtype", dtype, "--out",
+            str(folder / "profile.json")], folder / "profile.txt", 300)  # fmt: skip
+    fleet = folder / "fleet.yaml"
+    fleet.write_text(yaml.safe_dump(fleet_yaml(config), sort_keys=False))
+    sp(["plan", "-c", str(fleet), "--json"], folder / "plan.json", 120)
+    code, ready_s = sp(["up", "-c", str(fleet), "--detach"], folder / "up.txt", 400)
+    summary.update(up_exit=code, up_s=round(ready_s, 1))
+    if code == 0:
+        url = f"http://127.0.0.1:{PORT}"
+        for rep in (1, 2):
+            for run in (r for r in RUNS if r.config == config):
+                if time.monotonic() + RUN_S_GUESS > deadline:
+                    print(f"  left out (deadline): {run.name} rep {rep}", flush=True)
+                    summary["runs"].append({"run": run.name, "rep": rep, "left_out": True})
+                    continue
+                row = measure(run, folder / run.name / f"rep{rep}", url)
+                summary["runs"].append({**row, "rep": rep})
+    sp(["down", "--port", str(PORT)], folder / "down.txt", 120)
+    sp(["logs", "r0", "--port", str(PORT)], folder / "r0.log", 60)
+    print(f"   {json.dumps(summary)}", flush=True)
+    return summary
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--deadline-s", type=float, default=560.0,
+                        help="stop starting measurements this many seconds after start")
+    parser.add_argument("--profile", action="store_true",
+                        help="run `servepilot profile` of each config's model first")
+    parser.add_argument("configs", nargs="+", choices=sorted(CONFIGS))
+    args = parser.parse_args()
+    os.environ.update(GPU_ENV)
+    deadline = time.monotonic() + args.deadline_s
+    args.out.mkdir(parents=True, exist_ok=True)
+    summaries = []
+    for config in args.configs:
+        if time.monotonic() + 150 > deadline:
+            print(f"== {config}: left out (deadline)", flush=True)
+            continue
+        print(f"== {config}", flush=True)
+        summaries.append(serve_config(config, args.out, deadline, args.profile))
+    (args.out / f"summary-{int(time.time())}.json").write_text(json.dumps(summaries, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
