@@ -74,8 +74,11 @@ class Run:
         flags = list(self.flags)
         if self.trace is not None:
             assert trace_path is not None
+            # A trace replays at its own timestamps only in an open loop: --rate turns it on
+            # (its value then only names the level).
             return [*flags, "--workload", "trace", "--trace", str(trace_path),
-                    "--requests", str(self.trace["requests"])]  # fmt: skip
+                    "--requests", str(self.trace["requests"]),
+                    "--rate", f"{self.trace['rate_rps']:g}"]  # fmt: skip
         key = "--rate" if self.name.startswith("open") else "--concurrency"
         return [*flags, key, ",".join(self.levels)]
 
