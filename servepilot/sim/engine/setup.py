@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from servepilot.core.config import DEFAULT_GPU_MEMORY_UTILIZATION
 from servepilot.core.errors import ConfigError
 from servepilot.plan.dtypes import KvDtype, WeightDtype
 from servepilot.plan.hardware import Accelerator, AcceleratorKind
@@ -42,7 +43,7 @@ class EngineKnobs:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     enable_expert_parallel: bool = False
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     kv_cache_memory_bytes: int | None = None
     """The KV cache's size. None: 4 GiB on CPU, what `gpu_memory_utilization` leaves on GPU."""
     enforce_eager: bool = False
