@@ -22,10 +22,12 @@ from servepilot.calibrate.probe import Limits, ProbePlan, Prober, ProbeRun, make
 from servepilot.calibrate.samples import ProbeSample
 from servepilot.calibrate.server import ServerFacts, server_facts
 from servepilot.core import loop
+from servepilot.core.config import Device
 from servepilot.core.errors import ConfigError, EngineError
+from servepilot.core.vllm_defaults import vllm_defaults
 from servepilot.plan.costprofile import save_profile
 
-DEFAULT_BATCHED_TOKENS = 2048
+DEFAULT_BATCHED_TOKENS = vllm_defaults(Device.CPU, 0).max_num_batched_tokens
 """vLLM's max_num_batched_tokens for its OpenAI server on CPU, and the smallest default
 elsewhere: probes stay within it, so a server with a larger budget is probed correctly too."""
 MAX_FAILED_SHARE = 0.1

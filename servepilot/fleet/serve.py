@@ -12,6 +12,7 @@ from servepilot.core.config import Device, FleetConfig, GatewayConfig
 from servepilot.core.errors import ConfigError, FleetError
 from servepilot.gateway import FleetFacts, Gateway
 from servepilot.plan.hardware import get_accelerator, load_catalog
+from servepilot.plan.request import fleet_vllm_defaults
 from servepilot.routing.admission.budget import max_num_seqs
 
 
@@ -57,7 +58,8 @@ class Upstream:
 
 def fleet_facts(config: FleetConfig) -> FleetFacts:
     """max_num_seqs and a replica's hourly price, for the gateway's batch and cost gauges."""
-    return FleetFacts(max_num_seqs(config), _replica_usd_per_hour(config))
+    seqs = max_num_seqs(config, fleet_vllm_defaults(config))
+    return FleetFacts(seqs, _replica_usd_per_hour(config))
 
 
 def _replica_usd_per_hour(config: FleetConfig) -> float | None:

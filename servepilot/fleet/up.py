@@ -60,6 +60,7 @@ from servepilot.fleet.state import (
 )
 from servepilot.fleet.warm_pool import put_to_sleep, record_rows, replicas_to_sleep
 from servepilot.gateway import ReplicaPool
+from servepilot.plan.request import fleet_vllm_defaults
 from servepilot.routing.admission.budget import replica_capacity
 
 # Draining waits this long for in-flight requests when `up` is told to stop.
@@ -239,11 +240,12 @@ async def _serve(
     served: ServedGateway | None = None
     autoscaler: AutoscaleController | None = None
     try:
+        defaults = fleet_vllm_defaults(config)
         upstreams = [
             Upstream(
                 i.replica_id,
                 i.url,
-                replica_capacity(config, i.kv.kv_capacity_tokens if i.kv else None),
+                replica_capacity(config, defaults, i.kv.kv_capacity_tokens if i.kv else None),
             )
             for i in infos
         ]

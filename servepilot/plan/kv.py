@@ -20,7 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from servepilot.core.config import Device
 from servepilot.core.errors import ConfigError
+from servepilot.core.vllm_defaults import vllm_defaults
 from servepilot.plan.dtypes import KvDtype, WeightDtype
 from servepilot.plan.kv_pages import (
     V4_BLOCK_SIZE,
@@ -35,18 +37,23 @@ from servepilot.plan.spec import AttentionKind, ModelSpec
 
 __all__ = ["CachePage", "KvCacheShape", "KvGroup", "kv_cache_shape", "vllm_default_block_size"]
 
+_CPU_MLA_BLOCK_SIZE = 16
+"""The only block size vLLM-CPU's reference MLA decode kernel compiles for."""
+
 
 def vllm_default_block_size(attention: AttentionKind, *, cpu: bool = False) -> int:
     """The block size vLLM picks when --block-size is not given.
 
-    CUDA: FlashAttention (GQA) and FlashAttention-MLA (Hopper) take 16; the V3.2 sparse
-    backends and indexer take multiples of 64; DeepSeek-V4's only 256. CPU: 128, but the CPU
-    MLA kernel needs 16 and DeepSeek-V4 256 (vllm/platforms/cpu.py)."""
+    CUDA: FlashAttention (GQA) and FlashAttention-MLA (Hopper) take vLLM's default (16); the
+    V3.2 sparse backends and indexer take multiples of 64; DeepSeek-V4's only 256. CPU: vLLM's
+    CPU default (128), but the CPU MLA kernel needs 16 and DeepSeek-V4 256
+    (vllm/platforms/cpu.py)."""
     if attention is AttentionKind.MLA_HYBRID:
         return V4_BLOCK_SIZE
+    default = vllm_defaults(Device.CPU if cpu else Device.GPU, 0).block_size_tokens
     if cpu:
-        return 128 if attention is AttentionKind.GQA else 16
-    return 64 if attention is AttentionKind.MLA_SPARSE else 16
+        return default if attention is AttentionKind.GQA else _CPU_MLA_BLOCK_SIZE
+    return 64 if attention is AttentionKind.MLA_SPARSE else default
 
 
 @dataclass(frozen=True, slots=True)

@@ -268,8 +268,7 @@ def _setting(req: PlanRequest, running_seqs: int | None = None) -> Setting:
     model_len = k.model_len(
         req.max_model_len, req.wanted_model_len, req.model.max_position_embeddings
     )
-    _, default_seqs = k.vllm_defaults(acc)
-    seqs = req.max_num_seqs or running_seqs or min(default_seqs, 256)
+    seqs = req.max_num_seqs or running_seqs or min(k.engine_defaults(acc).max_num_seqs, 256)
     batched = k.batched_tokens(req.max_num_batched_tokens, acc, req.traffic.input_tokens, seqs)
     utilization = k.memory_utilization(req.gpu_memory_utilization, acc, req.replicas_per_gpu).value
     return Setting(

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servepilot.core.config import Device, FleetConfig, HardwareConfig, TrafficConfig, Weights
+from servepilot.core.errors import ConfigError
 from servepilot.core.slo import Slo
+from servepilot.core.vllm_defaults import VllmDefaults, vllm_defaults
 from servepilot.plan.costmodel import CostModel
 from servepilot.plan.dtypes import (
     KvDtype,
@@ -156,6 +158,25 @@ def _kv_offload(config: FleetConfig) -> KvOffload | None:
     if engine.kv_offload_gib is None:
         return None
     return KvOffload(engine.kv_offload_gib, engine.kv_offload_backend)
+
+
+def fleet_vllm_defaults(config: FleetConfig) -> VllmDefaults:
+    """What the fleet's vLLM replicas run with when not told: vLLM's defaults on
+    hardware.device, at the memory of its accelerator (hardware.memory_gib, else the
+    catalog's); one the catalog lacks counts as unknown memory, as vLLM counts a device it
+    cannot ask (its smallest defaults)."""
+    hw, engine = config.hardware, config.engine
+    try:
+        accelerator = _accelerator(config)
+        memory_gib, name = accelerator.memory_gib, accelerator.name
+    except ConfigError:
+        memory_gib, name = hw.memory_gib or 0.0, hw.accelerator
+    return vllm_defaults(
+        hw.device,
+        memory_gib,
+        device_name=name,
+        world_size=engine.tensor_parallel_size * engine.pipeline_parallel_size,
+    )
 
 
 def _accelerator(config: FleetConfig) -> Accelerator:

@@ -14,6 +14,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from servepilot.core.config import DEFAULT_GPU_MEMORY_UTILIZATION
 from servepilot.core.errors import ConfigError
 from servepilot.plan.costmodel import COEFFICIENTS, CostModel, roofline_cost_model
 from servepilot.plan.costprofile import load_profile
@@ -53,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--pipeline-parallel-size", type=int, default=1)
     p.add_argument("--enable-expert-parallel", action="store_true")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION)
     p.add_argument("--kv-cache-memory-bytes", type=int)
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--max-num-seqs", type=int)

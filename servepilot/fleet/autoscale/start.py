@@ -20,6 +20,7 @@ from servepilot.fleet.k8s.scaling import KubernetesScaling
 from servepilot.fleet.local import LocalReplicas
 from servepilot.gateway import Gateway
 from servepilot.gateway.k8s_endpoints import KubernetesEndpoints
+from servepilot.plan.request import fleet_vllm_defaults
 from servepilot.routing.admission.budget import replica_capacity
 from servepilot.scaling.policies import AutoscaleSetup
 
@@ -46,10 +47,11 @@ def initial_replicas(config: FleetConfig) -> int:
 def local_backend(config: FleetConfig, gateway: Gateway, replicas: LocalReplicas) -> LocalScaling:
     """`cluster.backend: local`: more replica processes, each added to the gateway once ready
     (the Ray backend's is `fleet.ray.scaling.RayScaling`, made by the Ray `up`)."""
+    defaults = fleet_vllm_defaults(config)
 
     async def join(info: ReplicaInfo) -> None:
         kv = info.kv.kv_capacity_tokens if info.kv else None
-        await gateway.pool.add(info.replica_id, info.url, replica_capacity(config, kv))
+        await gateway.pool.add(info.replica_id, info.url, replica_capacity(config, defaults, kv))
 
     return LocalScaling(replicas, join)
 

@@ -49,6 +49,7 @@ from servepilot.fleet.up import (
     stop_event,
     until_stopped,
 )
+from servepilot.plan.request import fleet_vllm_defaults
 from servepilot.routing.admission.budget import replica_capacity
 
 # How often `status`'s view of the cluster is rewritten.
@@ -166,7 +167,8 @@ def _rows(answers: Mapping[str, ActorReady]) -> tuple[ReplicaRecord, ...]:
 
 
 def _capacity(config: FleetConfig, info: ReplicaInfo) -> int:
-    return replica_capacity(config, info.kv.kv_capacity_tokens if info.kv else None)
+    kv = info.kv.kv_capacity_tokens if info.kv else None
+    return replica_capacity(config, fleet_vllm_defaults(config), kv)
 
 
 def _answer_capacity(config: FleetConfig, answer: ActorReady) -> int | None:

@@ -8,13 +8,11 @@ import math
 import re
 
 from servepilot.core.config import Device, FleetConfig
-from servepilot.core.errors import ConfigError
 from servepilot.engine.metrics import EngineMetric, Scrape
 from servepilot.engine.startup_log import diagnose_failure, parse_kv_capacity
 from servepilot.observe.doctor.evidence import Evidence
 from servepilot.observe.doctor.finding import Finding, Severity
-from servepilot.plan.hardware import get_accelerator
-from servepilot.plan.knobs import vllm_defaults
+from servepilot.plan.request import fleet_vllm_defaults
 
 KV_NEAR_FULL = 0.90
 """KV cache usage at which new requests start to wait for blocks (and preemptions follow)."""
@@ -130,13 +128,10 @@ def _each_replicas(share: float, config: FleetConfig) -> float:
 
 
 def max_num_seqs(config: FleetConfig) -> int:
-    """The fleet's max_num_seqs: as configured, else vLLM 0.32's default on its accelerator."""
+    """The fleet's max_num_seqs: as configured, else vLLM's default on its accelerator."""
     if config.engine.max_num_seqs is not None:
         return config.engine.max_num_seqs
-    try:
-        return vllm_defaults(get_accelerator(config.hardware.accelerator))[1]
-    except ConfigError:  # an accelerator the catalog lacks: vLLM's smallest default
-        return 128 if config.hardware.device is Device.CPU else 256
+    return fleet_vllm_defaults(config).max_num_seqs
 
 
 def preemptions(evidence: Evidence) -> list[Finding]:

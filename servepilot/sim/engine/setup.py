@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from servepilot.core.config import DEFAULT_GPU_MEMORY_UTILIZATION
 from servepilot.core.errors import ConfigError
 from servepilot.plan.dtypes import KvDtype, WeightDtype
 from servepilot.plan.hardware import Accelerator, AcceleratorKind
-from servepilot.plan.knobs import vllm_defaults
+from servepilot.plan.knobs import engine_defaults
 from servepilot.plan.kv import KvCacheShape, kv_cache_shape, vllm_default_block_size
 from servepilot.plan.memory import device_memory
 from servepilot.plan.parallel import Parallelism
@@ -42,7 +43,7 @@ class EngineKnobs:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     enable_expert_parallel: bool = False
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     kv_cache_memory_bytes: int | None = None
     """The KV cache's size. None: 4 GiB on CPU, what `gpu_memory_utilization` leaves on GPU."""
     enforce_eager: bool = False
@@ -69,16 +70,18 @@ def engine_setup(
     spec: ModelSpec, accelerator: Accelerator, knobs: EngineKnobs, precision: Precision
 ) -> EngineSetup:
     cpu = accelerator.kind is AcceleratorKind.CPU
-    default_batched, default_seqs = vllm_defaults(accelerator)
+    defaults = engine_defaults(
+        accelerator, knobs.tensor_parallel_size * knobs.pipeline_parallel_size
+    )
     model_len = knobs.max_model_len or spec.max_position_embeddings
     if model_len > spec.max_position_embeddings:
         raise ConfigError(
             f"max_model_len {model_len:,} is above {spec.name}'s "
             f"{spec.max_position_embeddings:,} positions; vLLM refuses it"
         )
-    seqs = knobs.max_num_seqs or default_seqs
+    seqs = knobs.max_num_seqs or defaults.max_num_seqs
     chunked = knobs.enable_chunked_prefill is not False
-    batched = knobs.max_num_batched_tokens or max(default_batched, seqs)
+    batched = knobs.max_num_batched_tokens or max(defaults.max_num_batched_tokens, seqs)
     if not chunked and knobs.max_num_batched_tokens is None:
         batched = max(batched, model_len)  # vLLM does the same without chunked prefill
     par = Parallelism(

@@ -28,7 +28,7 @@ from servepilot.plan.gpu_profile.source import profile_cost_model, read_step_sou
 from servepilot.plan.gpu_profile.table import GpuProfile
 from servepilot.plan.hardware import AcceleratorKind
 from servepilot.plan.kv import KvCacheShape
-from servepilot.plan.request import PlanRequest
+from servepilot.plan.request import PlanRequest, fleet_vllm_defaults
 from servepilot.routing.admission.budget import replica_capacity
 from servepilot.scaling.policies import AutoscaleSetup
 from servepilot.sim.engine.records import SchedulerConfig
@@ -110,7 +110,7 @@ def replica_setup(
         scheduler=scheduler,
         cost=cost,
         cost_kind=kind,
-        capacity=replica_capacity(config, setup.kv_capacity_tokens),
+        capacity=replica_capacity(config, fleet_vllm_defaults(config), setup.kv_capacity_tokens),
         kv_bytes=setup.kv_bytes,
         kv_capacity_tokens=setup.kv_capacity_tokens,
         prompt_overhead_tokens=overhead - template,

@@ -40,6 +40,7 @@ from servepilot.fleet.serve import ServedGateway, Upstream, start_gateway
 from servepilot.load.levels import default_requests
 from servepilot.load.loadplan import LoadPlan
 from servepilot.load.workload import WorkloadSpec
+from servepilot.plan.request import fleet_vllm_defaults
 from servepilot.routing.admission.budget import replica_capacity
 from servepilot.tune.loadsweep import LoadSweep, next_load
 from servepilot.tune.planspace import PlanSpace
@@ -76,11 +77,12 @@ class VllmTrialRunner:
         try:
             startup_s = time.monotonic() - started
             self.on_step(f"ready in {startup_s:.0f} s; sweeping the load")
+            defaults = fleet_vllm_defaults(fleet)
             upstreams = [
                 Upstream(
                     i.replica_id,
                     i.url,
-                    replica_capacity(fleet, i.kv.kv_capacity_tokens if i.kv else None),
+                    replica_capacity(fleet, defaults, i.kv.kv_capacity_tokens if i.kv else None),
                 )
                 for i in infos
             ]
