@@ -43,7 +43,7 @@ import httptools
 from stub_server import StubConfig, ThreadedStub, _Answer, answer_events
 
 from servepilot.core import accel
-from servepilot.core.gateway_config import GatewayConfig
+from servepilot.core.config import GatewayConfig
 from servepilot.gateway import Gateway
 from servepilot.gateway.upstream import UpstreamConnection
 from servepilot.http1.connection import HttpConnection

@@ -11,10 +11,10 @@ import sys
 from collections.abc import Callable
 
 from servepilot.core.errors import ConfigError
-from servepilot.core.gpu_fit import GpuDemand
 from servepilot.engine.gpu.assign import assign_devices
 from servepilot.engine.gpu.inventory import GpuInventory, GpuLink
 from servepilot.engine.gpu.probe import read_gpus
+from servepilot.plan.gpu_fit import GpuDemand
 
 GIB = 2**30
 # (model, replicas, tensor parallel): fleets that fit one 8-GPU node (DeepSeek-V3 at TP 8

@@ -16,8 +16,14 @@ from collections import Counter
 
 import aiohttp
 
-from servepilot.core.config import GatewayConfig, PolicyName
-from servepilot.core.gateway_config import AdmissionConfig, ApiKey, AuthConfig, Priority
+from servepilot.core.config import (
+    AdmissionConfig,
+    ApiKey,
+    AuthConfig,
+    GatewayConfig,
+    PolicyName,
+    Priority,
+)
 from tests.integration.gatewayproc import Metrics, StubProcess
 from tests.integration.streaming_client import (
     Result,

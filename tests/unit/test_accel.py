@@ -24,7 +24,7 @@ KEYED = {
     "sim": ("sim/engine/scheduler.py", "routing/least_load.py", "load/slots.py",
             "plan/costmodel.py"),
     "gateway": ("gateway/relay.py", "http1/connection.py", "routing/round_robin.py",
-                "core/gateway_config.py", "engine/metrics.py"),
+                "core/config/gateway.py", "engine/metrics.py"),
 }  # fmt: skip
 GROUPS = {group.name: group for group in accel.GROUPS}
 

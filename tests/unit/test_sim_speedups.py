@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from servepilot.core.gateway_config import AdmissionConfig, ProtectionConfig
+from servepilot.core.config import AdmissionConfig, ProtectionConfig
 from servepilot.routing import LeastLoad
 from servepilot.routing.admission import (
     Admission,

@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import Field, field_validator
 
 from servepilot.core.paths import state_dir
-from servepilot.core.section import Section
+from servepilot.core.config.section import Section
 
 SQLITE_SCHEME = "sqlite:///"
 
