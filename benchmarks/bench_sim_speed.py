@@ -42,7 +42,7 @@ from servepilot.core import accel  # noqa: E402
 from servepilot.core.config import (  # noqa: E402
     GatewayConfig,
     PolicyName,
-    parse_config,  # noqa: E402
+    parse_config,
 )
 from servepilot.core.results import Load, LoadMode  # noqa: E402
 from servepilot.core.slo import Slo  # noqa: E402

@@ -74,7 +74,7 @@ __all__ = [
     "Weights",
     "check_warm_pool",
     "load_config",
-    "parse_config",
     "parse_bounds",
+    "parse_config",
     "shared_memory_utilization",
 ]

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
-from servepilot.core.paths import state_dir
 from servepilot.core.config.section import Section
+from servepilot.core.paths import state_dir
 
 SQLITE_SCHEME = "sqlite:///"
 
