@@ -1,7 +1,7 @@
 """The gateway at 3x its replicas' capacity, with real processes and real HTTP on 127.0.0.1:
 P0 keeps its latency, P2 is shed with 429 + Retry-After, and nothing answers 5xx.
 
-Replicas are the streaming stub (benchmarks/stub_server.py, through `gatewayproc.StubProcess`)
+Replicas are the streaming stub (tests/support/stub_server.py, through `gatewayproc.StubProcess`)
 with a per-chunk delay; vLLM is not started.
 """
 
