@@ -1,8 +1,9 @@
 """Print what servepilot's GPU reader sees on this node (devices, memory, utilisation,
 topology) and the GPUs it would give each replica of two planned fleets.
 
-Runs with the standard library alone (`PYTHONPATH=. python benchmarks/gpu_probe.py`):
-NVML through nvidia-ml-py when installed, else `nvidia-smi`.
+Runs with the standard library alone, on a GPU machine with only a checkout
+(`PYTHONPATH=. python -m servepilot.engine.gpu.report`): NVML through nvidia-ml-py when
+installed, else `nvidia-smi`.
 """
 
 from __future__ import annotations
