@@ -1,8 +1,9 @@
 """How much load servepilot's client generates, next to `vllm bench serve`, on one core.
 
-The zero-cost stub (stub_server.py) runs pinned to one core and each client in turn pinned to
-the other (all three at nice -10 when run as root), with the same concurrency and number of
-requests, alternating for several rounds; the table shows the median of the rounds. Against
+The zero-cost stub (tests/support/stub_server.py) runs pinned to one core and each client in
+turn pinned to the other (all three at nice -10 when run as root), with the same concurrency
+and number of requests, alternating for several rounds; the table shows the median of the
+rounds. Against
 the stub the true TTFT is a few microseconds, so the TTFT each tool reports is its own
 overhead. The CPU column is the client's own CPU time per request during its measured run
 (read from /proc between the tool's "run starts" and "run ended" lines): unlike requests/s
@@ -65,7 +66,7 @@ def pinned(core: str, argv: list[str]) -> list[str]:
 def start_stub(
     chunks: int, delay_ms: float, core: str = STUB_CORE
 ) -> tuple[subprocess.Popen[str], str]:
-    stub = ROOT / "benchmarks" / "stub_server.py"
+    stub = ROOT / "tests" / "support" / "stub_server.py"
     argv = [sys.executable, str(stub), "--port", "0", "--chunks", str(chunks),
             "--delay-ms", str(delay_ms)]  # fmt: skip
     proc = subprocess.Popen(pinned(core, argv), stdout=subprocess.PIPE, text=True)

@@ -1,9 +1,10 @@
 """What servepilot's gateway costs per request, next to vllm-router (Rust), on one core.
 
-Two zero-cost streaming stubs (stub_server.py) are the replicas. Each router in turn runs
-pinned to core 0 with the same policy kind (round_robin) in front of the same stubs; the load
-generator (servepilot's bench client) and the stubs share core 1. Every round also measures the
-stubs called directly, so the latency a router adds is read against the same machine state.
+Two zero-cost streaming stubs (tests/support/stub_server.py) are the replicas. Each router in
+turn runs pinned to core 0 with the same policy kind (round_robin) in front of the same stubs;
+the load generator (servepilot's bench client) and the stubs share core 1. Every round also
+measures the stubs called directly, so the latency a router adds is read against the same
+machine state.
 
 servepilot's gateway runs twice per round, without and with its access log (every request
 logged to a file in the run's temporary folder), so that the log's cost is read side by side.

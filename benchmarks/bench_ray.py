@@ -8,14 +8,15 @@ overhead: the same simulated replicas behind the gateway of `servepilot up`, loc
   end-to-end latency it adds over calling a replica directly.
 anchor: Ray Serve's own HTTP proxy in front of a streaming stub deployment
   (ray_serve_stub.py) against servepilot's gateway in front of the stub server
-  (stub_server.py), the same answers with one write per token. Each router runs on core 0
-  (Serve's proxy actor moved there, the rest of Ray on core 1), the same load from core 1:
-  the router's CPU per request (the proxy actor's process, from /proc) and the latency it adds
-  over the stub called directly.
-recovery: simulated replicas spread over a local multi-node Ray cluster (ray_cluster.py)
-  under a stream of requests; one replica's node is lost (ray_node_loss.py, the scenario of
-  tests/integration/test_ray_backend.py): the time from the loss until the replica serves
-  again on another node, and the requests that failed, by whether they had streamed content.
+  (tests/support/stub_server.py), the same answers with one write per token. Each router
+  runs on core 0 (Serve's proxy actor moved there, the rest of Ray on core 1), the same load
+  from core 1: the router's CPU per request (the proxy actor's process, from /proc) and the
+  latency it adds over the stub called directly.
+recovery: simulated replicas spread over a local multi-node Ray cluster
+  (tests/support/ray_cluster.py) under a stream of requests; one replica's node is lost
+  (tests/support/ray_node_loss.py, the scenario of tests/integration/test_ray_backend.py):
+  the time from the loss until the replica serves again on another node, and the requests
+  that failed, by whether they had streamed content.
 
 The load is servepilot's bench client (bench_client.py), run as bench_gateway.py runs it.
 
@@ -275,8 +276,8 @@ GATEWAY, SERVE = "servepilot gateway", "Ray Serve proxy"
 
 
 def recovery(args: argparse.Namespace, tmp: Path) -> list[str]:
-    from benchmarks.ray_cluster import add_worker, sim_fleet, start_cluster
-    from benchmarks.ray_node_loss import CLIENTS, PROMPT, NodeLoss, node_loss_under_load
+    from tests.support.ray_cluster import add_worker, sim_fleet, start_cluster
+    from tests.support.ray_node_loss import CLIENTS, PROMPT, NodeLoss, node_loss_under_load
 
     losses: list[NodeLoss] = []
     with contextlib.contextmanager(start_cluster)() as cluster:

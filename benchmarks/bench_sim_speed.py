@@ -39,8 +39,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
 from servepilot.core import accel  # noqa: E402
-from servepilot.core.config import parse_config  # noqa: E402
-from servepilot.core.gateway_config import GatewayConfig, PolicyName  # noqa: E402
+from servepilot.core.config import (  # noqa: E402
+    GatewayConfig,
+    PolicyName,
+    parse_config,
+)
 from servepilot.core.results import Load, LoadMode  # noqa: E402
 from servepilot.core.slo import Slo  # noqa: E402
 from servepilot.engine.cpu import cpu_flags  # noqa: E402

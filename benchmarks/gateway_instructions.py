@@ -40,13 +40,15 @@ from typing import Any
 
 import gateway_everyday
 import httptools
-from stub_server import StubConfig, ThreadedStub, _Answer, answer_events
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from a checkout
 
 from servepilot.core import accel
-from servepilot.core.gateway_config import GatewayConfig
+from servepilot.core.config import GatewayConfig
 from servepilot.gateway import Gateway
 from servepilot.gateway.upstream import UpstreamConnection
 from servepilot.http1.connection import HttpConnection
+from tests.support.stub_server import StubConfig, ThreadedStub, _Answer, answer_events
 
 TOKENS = 16
 _ANSWER = _Answer("chat", StubConfig(chunks=TOKENS))

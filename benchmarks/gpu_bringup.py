@@ -1,7 +1,8 @@
 """Serve each bring-up config on a GPU with `servepilot up`, as a user would, and keep what it
 printed: the fleet file, `plan`'s JSON for it, `up`'s output, a short `bench` at concurrency 1
 and 32, `status`, and the replica's log. Runs on the GPU machine after the kit's install
-(docs/gpu.md); `benchmarks/gpu_run_record.py` turns each case's folder into a record here.
+(docs/gpu.md); `python -m servepilot.engine.gpu.run_record` turns each case's folder into a
+record here.
 
     python3 benchmarks/gpu_bringup.py --out "$OUT" llama-8b smollm2-real ...
 

@@ -1,5 +1,5 @@
-"""stub_server.py's streamed answers as a Ray Serve deployment, behind Ray Serve's own HTTP
-proxy: the anchor bench_ray.py compares servepilot's gateway with.
+"""tests/support/stub_server.py's streamed answers as a Ray Serve deployment, behind Ray
+Serve's own HTTP proxy: the anchor bench_ray.py compares servepilot's gateway with.
 
 Starts a one-node Ray cluster (this process is its driver), Serve's proxy on --port, and one
 replica of a deployment that streams the stub's SSE events, one write per token `--delay-ms`
@@ -31,7 +31,7 @@ from ray.serve.schema import LoggingConfig  # noqa: E402
 from starlette.requests import Request  # noqa: E402
 from starlette.responses import StreamingResponse  # noqa: E402
 
-from benchmarks.stub_server import AnswerEvents, StubConfig, answer_events  # noqa: E402
+from tests.support.stub_server import AnswerEvents, StubConfig, answer_events  # noqa: E402
 
 OBJECT_STORE_BYTES = 100 * 2**20
 QUIET = LoggingConfig(enable_access_log=False, log_level="WARNING")

@@ -7,9 +7,8 @@ from pathlib import Path
 
 from servepilot.cli.console import out_console, print_step
 from servepilot.cli.options import add_config_flag, config_from_args
-from servepilot.core.config import FleetConfig
+from servepilot.core.config import Autoscaler, FleetConfig, Runtime
 from servepilot.core.errors import ConfigError
-from servepilot.core.kubernetes_config import Autoscaler, Runtime
 from servepilot.engine.cpu import cpu_flags
 from servepilot.fleet.k8s import FILE_NAMES, Monitoring, check, render
 from servepilot.observe import alert_rules, dashboard

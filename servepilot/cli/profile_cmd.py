@@ -6,14 +6,14 @@ import argparse
 from pathlib import Path
 
 from servepilot.cli.console import err_console, out_console
-from servepilot.plan.gpu_profile.measure import (
+from servepilot.engine.gpu.profile import (
     PROFILE_DTYPES,
     PROFILER_FILE,
     measure,
     model_shapes,
     write_json,
 )
-from servepilot.plan.gpu_profile.profiler import EXIT_NO_GPU, NoGpuError
+from servepilot.engine.gpu.profiler import EXIT_NO_GPU, NoGpuError
 
 DESCRIPTION = f"""\
 Time the operators one vLLM engine step of MODEL is made of, at the model's real shapes, on

@@ -16,8 +16,7 @@ from servepilot.cli.console import print_step, print_warning
 from servepilot.cli.levels_view import exit_code, level_bars, print_runs
 from servepilot.cli.load_options import add_load_flags, add_workload_flags, levels_from_args
 from servepilot.cli.options import add_config_flag, config_from_args
-from servepilot.core.autoscale_config import ScalingPolicyName
-from servepilot.core.config import FleetConfig, PolicyName
+from servepilot.core.config import FleetConfig, PolicyName, ScalingPolicyName
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Load
 from servepilot.core.slo import Slo, parse_slo

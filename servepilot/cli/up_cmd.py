@@ -8,8 +8,7 @@ from pathlib import Path
 from servepilot.cli.console import err_console, out_console, print_step, print_warning, simple_table
 from servepilot.cli.options import add_config_flag, config_from_args
 from servepilot.core import loop
-from servepilot.core.autoscale_config import ScalingPolicyName, parse_bounds
-from servepilot.core.config import EngineKind
+from servepilot.core.config import EngineKind, ScalingPolicyName, parse_bounds
 from servepilot.fleet import up
 from servepilot.fleet.detach import start_detached
 from servepilot.fleet.up import UpReporter, UpStarted, run_up

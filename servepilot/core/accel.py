@@ -81,7 +81,7 @@ SIM = Group(
         "servepilot.sim.fleet.gateway",
         "servepilot.sim.fleet.simulator",
     ),
-    ("sim/**/*.py", "routing/**/*.py", "load/*.py", "core/*.py", "plan/costmodel.py"),
+    ("sim/**/*.py", "routing/**/*.py", "load/*.py", "core/**/*.py", "plan/costmodel.py"),
 )
 GATEWAY = Group(
     "gateway",
@@ -116,7 +116,7 @@ GATEWAY = Group(
         "servepilot.routing.admission.queue",
         "servepilot.routing.admission.driver",
     ),
-    ("gateway/**/*.py", "http1/*.py", "routing/**/*.py", "core/*.py", "engine/*.py"),
+    ("gateway/**/*.py", "http1/*.py", "routing/**/*.py", "core/**/*.py", "engine/*.py"),
 )
 GROUPS = (SIM, GATEWAY)
 

@@ -4,10 +4,10 @@ the one answer `up` launches with and `config` shows."""
 from __future__ import annotations
 
 from servepilot.core.config import Device, EngineKind, FleetConfig
-from servepilot.core.gpu_fit import GpuDemand, check_gpu_fit
 from servepilot.engine.gpu.assign import DeviceAssignment, assign_devices
 from servepilot.engine.gpu.inventory import GpuInventory
 from servepilot.engine.gpu.probe import read_gpus
+from servepilot.plan.gpu_fit import GpuDemand, check_gpu_fit
 
 
 def replica_slots(config: FleetConfig) -> int:

@@ -23,12 +23,16 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from servepilot.core import accel
-from servepilot.core.cluster_config import ClusterBackend
-from servepilot.core.config import EngineKind, FleetConfig, Weights
+from servepilot.core.config import (
+    ClusterBackend,
+    EngineKind,
+    FleetConfig,
+    GatewayConfig,
+    Weights,
+    check_warm_pool,
+)
 from servepilot.core.errors import FleetError
-from servepilot.core.gateway_config import GatewayConfig
 from servepilot.core.loop import cancel_and_wait
-from servepilot.core.warm_pool import check_warm_pool
 from servepilot.engine.model_source import ResolvedModel, resolve_model
 from servepilot.engine.process import ReplicaInfo
 from servepilot.engine.simserver.args import SimModel, sim_model

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from servepilot.core.config import AccessLogConfig
 from servepilot.core.errors import ConfigError
-from servepilot.core.gateway_config import AccessLogConfig
 
 log = logging.getLogger(__name__)
 

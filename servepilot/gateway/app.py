@@ -18,7 +18,7 @@ from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from servepilot.core.gateway_config import GatewayConfig
+from servepilot.core.config import GatewayConfig
 from servepilot.gateway.access_log import (
     CLIENT_CLOSED_STATUS,
     CLIENT_DISCONNECTED,

@@ -12,8 +12,8 @@ import math
 import os
 from dataclasses import dataclass
 
+from servepilot.core.config import AuthConfig, Priority
 from servepilot.core.errors import ConfigError
-from servepilot.core.gateway_config import AuthConfig, Priority
 from servepilot.gateway.errors import AUTH, GatewayError, shed
 from servepilot.routing.admission import TokenBucket
 

@@ -19,7 +19,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from servepilot.core.gateway_config import GatewayConfig
+from servepilot.core.config import GatewayConfig
 from servepilot.core.loop import cancel_and_wait
 from servepilot.gateway.errors import UPSTREAM, GatewayError, no_ready_replica, shed
 from servepilot.gateway.metrics import GatewayMetrics

@@ -15,7 +15,7 @@ import json
 import logging
 import time
 
-from servepilot.core.gateway_config import GatewayConfig
+from servepilot.core.config import GatewayConfig
 from servepilot.gateway.access_log import Trail
 from servepilot.gateway.auth import Caller
 from servepilot.gateway.deadlines import Deadlines

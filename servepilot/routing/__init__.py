@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import random
 
-from servepilot.core.config import PolicyName
-from servepilot.core.gateway_config import RoutingConfig
+from servepilot.core.config import PolicyName, RoutingConfig
 from servepilot.routing.base import ReplicaView, RequestView, RoutingPolicy
 from servepilot.routing.hybrid import Hybrid
 from servepilot.routing.least_load import LeastLoad

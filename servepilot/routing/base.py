@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from servepilot.core.gateway_config import Priority
+from servepilot.core.config import Priority
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ import random
 
 from mypy_extensions import mypyc_attr
 
-from servepilot.core.gateway_config import RoutingConfig
+from servepilot.core.config import RoutingConfig
 from servepilot.routing.length_shard import LengthShard
 from servepilot.routing.prefix_affinity import PrefixAffinity
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from mypy_extensions import mypyc_attr
 
-from servepilot.core.gateway_config import RoutingConfig
+from servepilot.core.config import RoutingConfig
 from servepilot.routing.base import ReplicaView, RequestView
 from servepilot.routing.bounded_load import load_bound, replica_load
 from servepilot.routing.least_load import LeastLoad

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from servepilot.core.autoscale_config import AutoscaleConfig, ScalingPolicyName
+from servepilot.core.config import AutoscaleConfig, ScalingPolicyName
 from servepilot.core.errors import ConfigError
 from servepilot.scaling.predictive import ForecastSizing, PredictivePolicy
 from servepilot.scaling.snapshot import AutoscalePolicy

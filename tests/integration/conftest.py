@@ -48,10 +48,10 @@ def spec_url(port: int) -> str:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    """A local multi-node Ray cluster (benchmarks/ray_cluster.py) for one test module (a test
+    """A local multi-node Ray cluster (tests/support/ray_cluster.py) for one test module (a test
     may take a node away), this process its driver."""
     pytest.importorskip("ray")
-    from benchmarks.ray_cluster import start_cluster  # imported here: Ray takes seconds
+    from tests.support.ray_cluster import start_cluster  # imported here: Ray takes seconds
 
     yield from start_cluster()
 

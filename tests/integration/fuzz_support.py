@@ -20,11 +20,10 @@ from typing import Any
 
 from hypothesis import HealthCheck, settings
 
-from benchmarks.stub_server import StubConfig, ThreadedStub
-from servepilot.core.config import GatewayConfig, PolicyName
-from servepilot.core.gateway_config import ApiKey, AuthConfig
+from servepilot.core.config import ApiKey, AuthConfig, GatewayConfig, PolicyName
 from tests.integration.gatewayproc import openai_error
 from tests.integration.threaded_gateway import ThreadedGateway, Upstream
+from tests.support.stub_server import StubConfig, ThreadedStub
 
 MODEL = "stub-model"
 KEY = "sk-fuzz-key"

@@ -1,6 +1,6 @@
 """Real servers for the gateway's reliability tests, all on 127.0.0.1.
 
-- `StubProcess`: the zero-cost OpenAI streaming stub (benchmarks/stub_server.py) in a process
+- `StubProcess`: the zero-cost OpenAI streaming stub (tests/support/stub_server.py) in a process
   of its own, so that it can be SIGKILLed; its /metrics also reports how many requests it
   received and the most it had in flight at once (`stub_requests_total`,
   `stub_max_in_flight`), which the gateway's own counters are checked against.
@@ -37,8 +37,8 @@ from typing import IO, Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.stub_server import StubConfig, StubServer, _plain
 from tests.integration.threaded_gateway import new_loop
+from tests.support.stub_server import StubConfig, StubServer, _plain
 
 ROOT = Path(__file__).resolve().parents[2]
 

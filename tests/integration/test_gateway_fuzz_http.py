@@ -13,7 +13,6 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.stub_server import StubConfig, ThreadedStub
 from servepilot.core.config import GatewayConfig
 
 # pytest finds fixtures by name in the module: the servers and the crash watch.
@@ -31,6 +30,7 @@ from tests.integration.fuzz_support import (
 )
 from tests.integration.gatewayproc import openai_error
 from tests.integration.threaded_gateway import ThreadedGateway, Upstream
+from tests.support.stub_server import StubConfig, ThreadedStub
 
 # --- (c) malformed HTTP over a plain socket -------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """The gateway at 3x its replicas' capacity, with real processes and real HTTP on 127.0.0.1:
 P0 keeps its latency, P2 is shed with 429 + Retry-After, and nothing answers 5xx.
 
-Replicas are the streaming stub (benchmarks/stub_server.py, through `gatewayproc.StubProcess`)
+Replicas are the streaming stub (tests/support/stub_server.py, through `gatewayproc.StubProcess`)
 with a per-chunk delay; vLLM is not started.
 """
 
@@ -16,8 +16,14 @@ from collections import Counter
 
 import aiohttp
 
-from servepilot.core.config import GatewayConfig, PolicyName
-from servepilot.core.gateway_config import AdmissionConfig, ApiKey, AuthConfig, Priority
+from servepilot.core.config import (
+    AdmissionConfig,
+    ApiKey,
+    AuthConfig,
+    GatewayConfig,
+    PolicyName,
+    Priority,
+)
 from tests.integration.gatewayproc import Metrics, StubProcess
 from tests.integration.streaming_client import (
     Result,

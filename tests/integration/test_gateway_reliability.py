@@ -1,7 +1,7 @@
 """A replica SIGKILLed under load, with real processes and real HTTP on 127.0.0.1: every
 request ends exactly once, cleanly.
 
-Replicas are the zero-cost streaming stub (benchmarks/stub_server.py, through
+Replicas are the zero-cost streaming stub (tests/support/stub_server.py, through
 `gatewayproc.StubProcess`, which also counts what each stub received); vLLM is not started.
 Overload is test_gateway_overload.py; the 100k-request soak test_gateway_soak.py.
 """

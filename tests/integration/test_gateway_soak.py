@@ -1,5 +1,5 @@
 """100k requests through a `servepilot gateway` process in front of two streaming stubs
-(benchmarks/stub_server.py, through `gatewayproc.StubProcess`), with servepilot's own bench
+(tests/support/stub_server.py, through `gatewayproc.StubProcess`), with servepilot's own bench
 client on 127.0.0.1: the gateway's memory stays flat and every counter balances."""
 
 from __future__ import annotations

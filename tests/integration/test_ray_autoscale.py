@@ -14,7 +14,6 @@ ray = pytest.importorskip("ray")
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from benchmarks.ray_cluster import our_actors_alive, our_groups_left  # noqa: E402
 from tests.integration.fleetproc import (  # noqa: E402
     RunningFleet,
     cli,
@@ -23,6 +22,7 @@ from tests.integration.fleetproc import (  # noqa: E402
     wait_until,
 )
 from tests.integration.test_up_autoscale import FAST_RULES, ramp_up_and_down  # noqa: E402
+from tests.support.ray_cluster import our_actors_alive, our_groups_left  # noqa: E402
 
 pytestmark = pytest.mark.ray
 

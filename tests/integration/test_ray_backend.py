@@ -18,11 +18,11 @@ ray = pytest.importorskip("ray")
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from benchmarks.ray_cluster import our_actors_alive, our_groups_left, sim_fleet  # noqa: E402
-from benchmarks.ray_node_loss import node_loss_under_load  # noqa: E402
 from servepilot.core.errors import FleetError  # noqa: E402
 from servepilot.fleet.ray.replicas import RayReplicas  # noqa: E402
 from tests.integration.fleetproc import cli, running_fleet, wait_until  # noqa: E402
+from tests.support.ray_cluster import our_actors_alive, our_groups_left, sim_fleet  # noqa: E402
+from tests.support.ray_node_loss import node_loss_under_load  # noqa: E402
 
 pytestmark = pytest.mark.ray
 

@@ -16,8 +16,8 @@ ray = pytest.importorskip("ray")
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from benchmarks.ray_cluster import our_actors_alive, start_cluster  # noqa: E402
 from tests.integration.fleetproc import cli, running_fleet, wait_until  # noqa: E402
+from tests.support.ray_cluster import our_actors_alive, start_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm]
 

@@ -24,7 +24,7 @@ KEYED = {
     "sim": ("sim/engine/scheduler.py", "routing/least_load.py", "load/slots.py",
             "plan/costmodel.py"),
     "gateway": ("gateway/relay.py", "http1/connection.py", "routing/round_robin.py",
-                "core/gateway_config.py", "engine/metrics.py"),
+                "core/config/gateway.py", "engine/metrics.py"),
 }  # fmt: skip
 GROUPS = {group.name: group for group in accel.GROUPS}
 
@@ -119,29 +119,6 @@ def test_a_failed_build_with_or_pure_says_so_in_one_line_and_exits_0(
     with pytest.raises(SystemExit, match="mypyc failed"):
         accel_build.main()
     assert "gcc: not found" in capsys.readouterr().err
-
-
-_GATEWAY_RUN = """
-import json, sys
-sys.path.insert(0, "benchmarks")
-import uvloop, gateway_instructions
-from servepilot.core import accel
-import servepilot.gateway.relay as relay
-uvloop.run(gateway_instructions._requests(40))  # exits non-zero unless every event arrived
-print(json.dumps([accel.compiled(accel.GATEWAY), relay.__file__.endswith(".so")]))
-"""
-
-
-def test_a_compiled_gateway_relays_what_the_pure_python_one_does() -> None:
-    """The everyday point's streamed answers through a real Gateway on fake sockets
-    (benchmarks/gateway_instructions.py checks every event of the last 20, in valid chunked
-    framing): compiled, when a build matches, and in Python."""
-    compiled = json.loads(_fresh_process(_GATEWAY_RUN, {}))
-    pure = json.loads(_fresh_process(_GATEWAY_RUN, {"SERVEPILOT_GATEWAY_PURE": "1"}))
-    assert pure == [False, False]
-    if not compiled[0]:
-        pytest.skip("no compiled gateway build for these sources (`make gateway-fast`)")
-    assert compiled == [True, True]
 
 
 def test_servepilot_gateway_says_at_start_whether_its_data_path_is_compiled() -> None:

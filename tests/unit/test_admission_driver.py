@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from servepilot.core.gateway_config import GatewayConfig, Priority
+from servepilot.core.config import GatewayConfig, Priority
 from servepilot.routing.admission import (
     BUSY_TICK_S,
     IDLE_TICK_S,

@@ -16,8 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from servepilot.cli import up_cmd
-from servepilot.core.autoscale_config import ScalingPolicyName
-from servepilot.core.config import FleetConfig, parse_config
+from servepilot.core.config import FleetConfig, ScalingPolicyName, parse_config
 from servepilot.core.errors import ConfigError
 from servepilot.engine.process import ReplicaProcess
 from servepilot.engine.simserver.args import SimModel

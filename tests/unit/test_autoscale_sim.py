@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from servepilot.cli.main import main
-from servepilot.core.gateway_config import GatewayConfig
+from servepilot.core.config import GatewayConfig
 from servepilot.core.results import Load, LoadMode, load_result
 from servepilot.core.slo import Slo
 from servepilot.load.loadplan import LoadPlan

@@ -7,8 +7,7 @@ import json
 import httpx
 import pytest
 
-from servepilot.core.config import FleetConfig
-from servepilot.core.gateway_config import GatewayConfig
+from servepilot.core.config import FleetConfig, GatewayConfig
 from servepilot.gateway.batch.lines import parse_input
 from servepilot.gateway.batch.multipart import MultipartError, parse_form
 from servepilot.http1 import Limits, UploadLimit

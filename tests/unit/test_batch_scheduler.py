@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from servepilot.core.batch_config import BatchConfig
+from servepilot.core.config import BatchConfig
 from servepilot.gateway.batch.db import Database
 from servepilot.gateway.batch.exchange import Answer
 from servepilot.gateway.batch.files import FileStore

@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from benchmarks.stub_server import threaded_stub
 from servepilot.cli.main import main
 from servepilot.sim.fleet import session
+from tests.support.stub_server import threaded_stub
 from tests.unit.sim_support import BASE_ARGS, COST_FLAGS, ThreadedSim
 
 ROOT = Path(__file__).resolve().parents[2]

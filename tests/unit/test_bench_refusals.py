@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.stub_server import StubConfig, threaded_stub
 from servepilot.bench.client import Target
 from servepilot.bench.metrics import summarize
 from servepilot.bench.records import RequestRecord, RequestSpec
@@ -13,6 +12,7 @@ from servepilot.core import loop
 from servepilot.core.results import Load, LoadMode, Run, Stats
 from servepilot.core.slo import Slo
 from servepilot.load.sweep import SweepConfig, next_step
+from tests.support.stub_server import StubConfig, threaded_stub
 from tests.unit.fake_upstream import FakeUpstream
 from tests.unit.gateway_support import gateway_in_front_of, run
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from servepilot.core.gateway_config import ProtectionConfig
+from servepilot.core.config import ProtectionConfig
 from servepilot.routing.admission import (
     BreakerBoard,
     BreakerState,

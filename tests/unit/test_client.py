@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from benchmarks.stub_server import StubConfig, threaded_stub
 from servepilot.bench.client import Client, Target, send_one
 from servepilot.bench.records import Endpoint, RequestRecord, RequestSpec
 from servepilot.core import loop
 from servepilot.core.errors import ConfigError
+from tests.support.stub_server import StubConfig, threaded_stub
 
 SPEC = RequestSpec(index=7, prompt="hello", max_tokens=5, input_tokens=1)
 

@@ -12,8 +12,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from servepilot.core.config import AccessLogConfig, GatewayConfig
 from servepilot.core.errors import ConfigError
-from servepilot.core.gateway_config import AccessLogConfig, GatewayConfig
 from servepilot.gateway import Gateway
 from servepilot.gateway.access_log import AccessLog, _utc
 from tests.unit.fake_upstream import FakeUpstream, sse

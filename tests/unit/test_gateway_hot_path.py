@@ -17,13 +17,13 @@ import aiohttp
 import httptools
 import pytest
 
-from benchmarks.stub_server import StubConfig, _Answer, answer_events
 from servepilot.core import accel
 from servepilot.gateway.deadlines import Deadlines
 from servepilot.gateway.relay import Outcome, Relay
 from servepilot.gateway.upstream import UpstreamConnection
 from servepilot.gateway.validation import InferenceRequest
 from servepilot.http1.request import HttpRequest
+from tests.support.stub_server import StubConfig, _Answer, answer_events
 from tests.unit.fake_upstream import FakeUpstream
 from tests.unit.gateway_support import STREAM_CHAT, gateway_in_front_of, run
 

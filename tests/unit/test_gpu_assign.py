@@ -8,9 +8,9 @@ import itertools
 import pytest
 
 from servepilot.core.errors import ConfigError
-from servepilot.core.gpu_fit import GpuDemand
 from servepilot.engine.gpu.assign import assign_devices
 from servepilot.engine.gpu.inventory import NO_GPU, GpuDevice, GpuInventory, GpuLink
+from servepilot.plan.gpu_fit import GpuDemand
 
 GIB = 2**30
 

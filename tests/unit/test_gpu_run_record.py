@@ -1,4 +1,4 @@
-"""benchmarks/gpu_run_record.py: a GPU run's record from vLLM's startup log, checked against
+"""servepilot/engine/gpu/run_record.py: a GPU run's record from vLLM's startup log, checked against
 the schema of benchmarks/gpu_runs/README.md."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu_run_record import build_record, parser, validate, write
+from servepilot.engine.gpu.run_record import build_record, parser, validate, write
 
 # vLLM 0.22.0 on the H200, Llama-3.1-8B dummy at max_model_len 8,192 (reference/gpu-bringup.md).
 LOG = """\

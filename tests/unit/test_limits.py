@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from servepilot.core.gateway_config import AdmissionConfig, Priority, ProtectionConfig
+from servepilot.core.config import AdmissionConfig, Priority, ProtectionConfig
 from servepilot.routing.admission import (
     AdmissionController,
     AdmissionSnapshot,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from servepilot.core.gateway_config import ApiKey
+from servepilot.core.config import ApiKey
 from servepilot.routing.admission import KeyLimiter, TokenBucket
 
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from servepilot.core.annotated_yaml import render_yaml
-from servepilot.core.cluster_config import ClusterBackend, Placement
-from servepilot.core.config import FleetConfig, parse_config
+from servepilot.core.config import ClusterBackend, FleetConfig, Placement, parse_config
 from servepilot.core.errors import ConfigError
 
 

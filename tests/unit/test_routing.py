@@ -7,8 +7,7 @@ from collections import Counter
 
 import pytest
 
-from servepilot.core.config import PolicyName
-from servepilot.core.gateway_config import RoutingConfig
+from servepilot.core.config import PolicyName, RoutingConfig
 from servepilot.routing import (
     Hybrid,
     LeastLoad,

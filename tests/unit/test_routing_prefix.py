@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from servepilot.core.gateway_config import RoutingConfig
+from servepilot.core.config import RoutingConfig
 from servepilot.routing import PrefixAffinity
 from servepilot.routing.base import ReplicaView, RequestView
 from servepilot.routing.prefix import prefix_hashes, prompt_text

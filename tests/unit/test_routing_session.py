@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from servepilot.core.gateway_config import RoutingConfig
+from servepilot.core.config import RoutingConfig
 from servepilot.routing import SessionAffinity
 from servepilot.routing.base import ReplicaView, RequestView
 

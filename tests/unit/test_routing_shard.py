@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from servepilot.core.gateway_config import RoutingConfig
+from servepilot.core.config import RoutingConfig
 from servepilot.routing import Hybrid, LengthShard
 from servepilot.routing.base import ReplicaView, RequestView
 from servepilot.routing.length_shard import LONG, SHORT, compensation_share

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from benchmarks.stub_server import StubConfig, threaded_stub
 from servepilot.bench.client import Target
 from servepilot.bench.drive import Tally
 from servepilot.bench.records import RequestRecord, RequestSpec
@@ -24,6 +23,7 @@ from servepilot.core import loop
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Load, LoadMode
 from servepilot.load.arrivals import Arrival, arrival_offsets_s
+from tests.support.stub_server import StubConfig, threaded_stub
 
 SPECS = [RequestSpec(index=i, prompt=f"p{i}", max_tokens=3, input_tokens=2) for i in range(50)]
 

@@ -13,7 +13,6 @@ import pytest
 
 from servepilot.core.config import EngineKind, parse_config
 from servepilot.core.errors import ConfigError, EngineStartError
-from servepilot.core.gpu_fit import GpuDemand
 from servepilot.engine.args import LaunchCommand
 from servepilot.engine.gpu.assign import assign_devices
 from servepilot.engine.gpu.inventory import NO_GPU, GpuDevice, GpuInventory, GpuLink
@@ -25,6 +24,7 @@ from servepilot.fleet.k8s.target import check as check_k8s
 from servepilot.fleet.local import LocalReplicas
 from servepilot.fleet.ray.placement import check_whole_gpus
 from servepilot.fleet.start_order import start_steps, waves
+from servepilot.plan.gpu_fit import GpuDemand
 
 GIB = 2**30
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from servepilot.core.autoscale_config import ScalingPolicyName
+from servepilot.core.config import ScalingPolicyName
 from servepilot.core.errors import ConfigError
 from servepilot.plan.costmodel import CostModel
 from servepilot.scaling.policies import AutoscaleSetup

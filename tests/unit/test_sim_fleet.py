@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from servepilot.core.gateway_config import AdmissionConfig, GatewayConfig, PolicyName
+from servepilot.core.config import AdmissionConfig, GatewayConfig, PolicyName
 from servepilot.core.results import Load, LoadMode
 from servepilot.core.slo import Slo
 from servepilot.load.loadplan import LoadPlan

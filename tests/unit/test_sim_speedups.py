@@ -10,17 +10,13 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from servepilot.core.gateway_config import AdmissionConfig, ProtectionConfig
+from servepilot.core.config import AdmissionConfig, ProtectionConfig
 from servepilot.routing import LeastLoad
 from servepilot.routing.admission import (
     Admission,
@@ -183,38 +179,3 @@ def test_hops_draw_what_random_uniform_draws() -> None:
     reference = random.Random(9)
     for _ in range(1000):
         assert ours.draw() == reference.uniform(0.0075, 0.015)
-
-
-# ---- the compiled core ---------------------------------------------------------------------
-
-
-_FLEET_RUN = """
-import json, sys
-sys.path.insert(0, "benchmarks")
-import argparse, bench_sim_speed
-from servepilot.core import accel
-args = argparse.Namespace(duration=3.0, rate=800.0, replicas=12, policy=sys.argv[1], seed=1)
-out = bench_sim_speed.run(args)
-s = out.stats
-stats = [s.sim_s, s.steps, s.preemptions, s.prefix_hit_rate, s.shed, s.queued, s.events]
-print(json.dumps([accel.compiled(accel.SIM), out.run.model_dump(mode="json"), stats]))
-"""
-
-
-@pytest.mark.parametrize("policy", ["least_load", "prefix_affinity"])
-def test_a_compiled_fleet_run_equals_the_pure_python_one(policy: str) -> None:
-    def run(env: dict[str, str]) -> list[object]:
-        inherited = {k: v for k, v in os.environ.items() if k != "SERVEPILOT_SIM_PURE"}
-        done = subprocess.run(
-            [sys.executable, "-c", _FLEET_RUN, policy], cwd=ROOT, env=inherited | env,
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        result: list[object] = json.loads(done.stdout)
-        return result
-
-    compiled = run({})
-    if not compiled[0]:
-        pytest.skip("no compiled build for these sources (`make sim-fast`)")
-    pure = run({"SERVEPILOT_SIM_PURE": "1"})
-    assert pure[0] is False
-    assert compiled[1:] == pure[1:]

@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
-from servepilot.core.config import Device, EngineConfig, parse_config
+from servepilot.core.config import Device, EngineConfig, check_warm_pool, parse_config
 from servepilot.core.errors import ConfigError
-from servepilot.core.warm_pool import check_warm_pool
 from servepilot.engine.args import ServerSpec, launch_command, server_args, vllm_command
 from servepilot.engine.simserver.args import sim_launch_command, sim_model
 from servepilot.engine.simserver.config import parse_args

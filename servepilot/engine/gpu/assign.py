@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from servepilot.core.errors import ConfigError
-from servepilot.core.gpu_fit import GpuDemand, check_gpu_fit
 from servepilot.engine.gpu.inventory import GpuInventory, GpuLink
+from servepilot.plan.gpu_fit import GpuDemand, check_gpu_fit
 
 
 @dataclass(frozen=True, slots=True)

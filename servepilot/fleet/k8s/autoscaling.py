@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import yaml
 
-from servepilot.core.kubernetes_config import Autoscaler
+from servepilot.core.config import Autoscaler
 from servepilot.fleet.k8s.pods import Manifest
 from servepilot.fleet.k8s.replicas import scale_target
 from servepilot.fleet.k8s.scaling import scaler_role

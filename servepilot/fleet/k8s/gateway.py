@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import yaml
 
+from servepilot.core.config import Runtime
 from servepilot.core.errors import ConfigError
-from servepilot.core.kubernetes_config import Runtime
 from servepilot.fleet.k8s.pods import Manifest
 from servepilot.fleet.k8s.target import HTTP_PORT, Target
 

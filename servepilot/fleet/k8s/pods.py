@@ -6,9 +6,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from servepilot.core.cluster_config import Placement
-from servepilot.core.config import EMBEDDED_MODEL, Device
-from servepilot.core.kubernetes_config import VolumeKind
+from servepilot.core.config import EMBEDDED_MODEL, Device, Placement, VolumeKind
 from servepilot.engine.args import serve_argv, server_env
 from servepilot.fleet.k8s.target import EMBEDDED_CACHE, HTTP_PORT, STARTUP_PERIOD_S, Target
 

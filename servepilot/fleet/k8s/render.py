@@ -10,8 +10,7 @@ from typing import Any
 
 import yaml
 
-from servepilot.core.config import FleetConfig
-from servepilot.core.kubernetes_config import Runtime
+from servepilot.core.config import FleetConfig, Runtime
 from servepilot.fleet.k8s.autoscaling import autoscaling_objects, priority_classes
 from servepilot.fleet.k8s.gateway import gateway_objects
 from servepilot.fleet.k8s.monitoring import Monitoring, monitoring_objects

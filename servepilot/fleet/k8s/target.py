@@ -10,10 +10,16 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from servepilot.core.autoscale_config import ScalingPolicyName
-from servepilot.core.config import EMBEDDED_MODEL, Device, FleetConfig
+from servepilot.core.config import (
+    EMBEDDED_MODEL,
+    Autoscaler,
+    Device,
+    FleetConfig,
+    KubernetesConfig,
+    Runtime,
+    ScalingPolicyName,
+)
 from servepilot.core.errors import ConfigError
-from servepilot.core.kubernetes_config import Autoscaler, KubernetesConfig, Runtime
 from servepilot.engine.model_source import EMBEDDED_DIR_NAME
 from servepilot.plan.export import planned_engine
 from servepilot.plan.hardware import AcceleratorKind

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import ray
 
-from servepilot.core.cluster_config import ClusterConfig
+from servepilot.core.config import ClusterConfig
 from servepilot.core.errors import FleetError
 from servepilot.fleet.ray.placement import NodeResources
 from servepilot.fleet.ray.view import NodeRow

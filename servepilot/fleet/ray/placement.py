@@ -33,8 +33,7 @@ from collections import Counter
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from servepilot.core.cluster_config import Placement
-from servepilot.core.config import Device, FleetConfig
+from servepilot.core.config import Device, FleetConfig, Placement
 from servepilot.core.errors import ConfigError, FleetError
 
 STRICT_PACK = "STRICT_PACK"

@@ -20,7 +20,7 @@ import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from servepilot.core.batch_config import BatchConfig
+from servepilot.core.config import BatchConfig
 from servepilot.gateway.batch.db import Database
 from servepilot.gateway.batch.exchange import Answer
 from servepilot.gateway.batch.files import INPUT_PURPOSE, FileStore

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from servepilot.core.gateway_config import Priority
+from servepilot.core.config import Priority
 from servepilot.gateway.access_log import Trail
 from servepilot.gateway.auth import Caller
 from servepilot.gateway.errors import GatewayError

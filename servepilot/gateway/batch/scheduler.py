@@ -18,7 +18,7 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from servepilot.core.batch_config import BatchConfig
+from servepilot.core.config import BatchConfig
 from servepilot.core.loop import cancel_and_wait
 from servepilot.gateway.batch.aimd import AimdWindow
 from servepilot.gateway.batch.exchange import Answer

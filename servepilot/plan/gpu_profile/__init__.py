@@ -1,4 +1,4 @@
-"""GPU operator profiles: the shapes of a model's engine step (shapes.py), the stand-alone
-profiler that times them on a GPU (profiler.py: PyTorch and the standard library only), the
-profile read back as tables (table.py), and step times composed from it (compose.py) behind
-the cost model's interface (source.py)."""
+"""GPU operator profiles, read: the shapes of a model's engine step (shapes.py), a profile
+read back as tables (table.py), and step times composed from it (compose.py) behind the cost
+model's interface (source.py). Timing them on a GPU is I/O on a device, so the profiler that
+runs PyTorch lives in servepilot/engine/gpu/ (profiler.py, profile.py)."""

@@ -1,5 +1,6 @@
 """The operators one engine step of a model runs, at the model's real shapes, and the points
-at which the profiler times them (schema `servepilot.gpushapes/v1`, read by profiler.py).
+at which the profiler times them (schema `servepilot.gpushapes/v1`, read by the profiler,
+servepilot/engine/gpu/profiler.py).
 
 Every operator carries `count`: how many times one step runs it (once per layer that has it,
 once for the LM head). Shapes are one tensor-parallel rank's: a column-parallel linear's
@@ -21,8 +22,12 @@ from __future__ import annotations
 from typing import Any
 
 from servepilot.plan.dtypes import WeightDtype
-from servepilot.plan.gpu_profile.profiler import SHAPES_SCHEMA
 from servepilot.plan.spec import ModelSpec
+
+SHAPES_SCHEMA = "servepilot.gpushapes/v1"
+"""The shapes document's format; the stand-alone profiler (servepilot/engine/gpu/profiler.py,
+which imports nothing of ours) names it too, and the round trip in test_gpu_profiler.py
+holds the two together."""
 
 TOKEN_GRID = tuple(sorted({2**i for i in range(14)} | {3 * 2**i for i in range(12)}))
 """1 .. 8,192 on a log grid with a midpoint per octave (26 points)."""

@@ -1,6 +1,6 @@
-"""A GPU operator profile (schema `servepilot.gpuprofile/v1`, written by profiler.py) read
-back as typed tables, each answering "how long does this operator take at this size",
-interpolated between the measured points.
+"""A GPU operator profile (schema `servepilot.gpuprofile/v1`, written by the profiler,
+servepilot/engine/gpu/profiler.py) read back as typed tables, each answering "how long does
+this operator take at this size", interpolated between the measured points.
 
 Interpolation is piecewise linear in the size itself (not its logarithm): a weight-bound
 GEMM is flat in tokens and a compute-bound one linear, and both are exact under linear
@@ -19,7 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from servepilot.core.errors import ConfigError
-from servepilot.plan.gpu_profile.profiler import PROFILE_SCHEMA
+
+PROFILE_SCHEMA = "servepilot.gpuprofile/v1"
+"""The profile's format, as the stand-alone profiler (servepilot/engine/gpu/profiler.py)
+writes it."""
 
 TOKEN_KINDS = ("gemm", "moe", "rmsnorm", "silu_mul")
 AXES = ("tokens", "sampled", "decode", "prefill")
@@ -113,8 +116,8 @@ def is_gpu_profile(document: Any) -> bool:
 
 
 def load_gpu_profile(path: Path) -> GpuProfile:
-    """Read a profile written by profiler.py; a bad file is a ConfigError naming the file
-    and the operator."""
+    """Read a profile written by the profiler; a bad file is a ConfigError naming the file and
+    the operator."""
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

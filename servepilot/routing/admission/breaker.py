@@ -7,7 +7,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from servepilot.core.gateway_config import ProtectionConfig
+from servepilot.core.config import ProtectionConfig
 
 # Transitions kept for the caller to drain; older ones are dropped (the counter still counts
 # them) so that a caller that never drains does not grow memory.

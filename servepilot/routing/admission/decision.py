@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from mypy_extensions import mypyc_attr
 
-from servepilot.core.gateway_config import AdmissionConfig, Priority, ProtectionConfig
+from servepilot.core.config import AdmissionConfig, Priority, ProtectionConfig
 from servepilot.routing.admission.limits import DegradationLevel
 from servepilot.routing.admission.queue import check_priority
 from servepilot.routing.base import ReplicaView

@@ -15,7 +15,7 @@ from typing import Final, Generic, Protocol, TypeVar
 
 from mypy_extensions import mypyc_attr
 
-from servepilot.core.gateway_config import GatewayConfig
+from servepilot.core.config import GatewayConfig
 from servepilot.routing.admission.decision import (
     LOWEST_CLASS,
     Admission,

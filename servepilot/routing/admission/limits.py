@@ -11,7 +11,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 
-from servepilot.core.gateway_config import ProtectionConfig
+from servepilot.core.config import ProtectionConfig
 
 
 class HardLimit:

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
-from servepilot.core.gateway_config import AdmissionConfig, Priority
+from servepilot.core.config import AdmissionConfig, Priority
 
 T = TypeVar("T")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from servepilot.core.gateway_config import ApiKey
+from servepilot.core.config import ApiKey
 
 # Refills are sums of float products; without slack, 0.9999999999999998 tokens would refuse a
 # request that is due.

@@ -32,7 +32,7 @@ import random
 from collections import Counter
 from typing import Final, Protocol
 
-from servepilot.core.gateway_config import GatewayConfig
+from servepilot.core.config import GatewayConfig
 from servepilot.routing.admission import AdmissionDriver, AdmitKind, FleetLoad, Reason
 from servepilot.routing.base import ReplicaView, RoutingPolicy
 from servepilot.sim.fleet.liveview import SET_IN_FLIGHT

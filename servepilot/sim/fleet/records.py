@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from servepilot.core.config import GatewayConfig
 from servepilot.core.errors import ConfigError
-from servepilot.core.gateway_config import GatewayConfig
 from servepilot.core.results import Run
 from servepilot.plan.costmodel import CostModel
 from servepilot.sim.engine.records import SchedulerConfig

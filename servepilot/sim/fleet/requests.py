@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from servepilot.core.gateway_config import RoutingConfig
+from servepilot.core.config import RoutingConfig
 from servepilot.load.slots import Slot
 from servepilot.routing.base import RequestView
 from servepilot.sim.fleet.liveview import REQUEST_VIEW_SETTERS

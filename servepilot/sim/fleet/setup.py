@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servepilot.core.autoscale_config import ScalingPolicyName, parse_bounds
-from servepilot.core.config import FleetConfig
+from servepilot.core.config import FleetConfig, ScalingPolicyName, parse_bounds
 from servepilot.core.errors import ConfigError
 from servepilot.core.units import parse_duration_s
 from servepilot.plan.costmodel import COEFFICIENTS, CostModel, roofline_cost_model

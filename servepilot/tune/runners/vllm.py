@@ -27,9 +27,8 @@ from servepilot.bench.runner import run_load
 from servepilot.bench.tokenizer import open_tokenizer
 from servepilot.bench.workload import build_workload
 from servepilot.core import loop
-from servepilot.core.config import FleetConfig
+from servepilot.core.config import AuthConfig, FleetConfig
 from servepilot.core.errors import EngineError, EngineStartError, ServepilotError
-from servepilot.core.gateway_config import AuthConfig
 from servepilot.core.results import Load, Run
 from servepilot.core.slo import Slo
 from servepilot.engine.metrics import EngineMetric, scrape

@@ -1,8 +1,9 @@
 """Print what servepilot's GPU reader sees on this node (devices, memory, utilisation,
 topology) and the GPUs it would give each replica of two planned fleets.
 
-Runs with the standard library alone (`PYTHONPATH=. python benchmarks/gpu_probe.py`):
-NVML through nvidia-ml-py when installed, else `nvidia-smi`.
+Runs with the standard library alone, on a GPU machine with only a checkout
+(`PYTHONPATH=. python -m servepilot.engine.gpu.report`): NVML through nvidia-ml-py when
+installed, else `nvidia-smi`.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ import sys
 from collections.abc import Callable
 
 from servepilot.core.errors import ConfigError
-from servepilot.core.gpu_fit import GpuDemand
 from servepilot.engine.gpu.assign import assign_devices
 from servepilot.engine.gpu.inventory import GpuInventory, GpuLink
 from servepilot.engine.gpu.probe import read_gpus
+from servepilot.plan.gpu_fit import GpuDemand
 
 GIB = 2**30
 # (model, replicas, tensor parallel): fleets that fit one 8-GPU node (DeepSeek-V3 at TP 8

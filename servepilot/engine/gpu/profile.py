@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from servepilot.core.errors import ConfigError
+from servepilot.engine.gpu import profiler
 from servepilot.plan.dtypes import WeightDtype, parse_weight_dtype
-from servepilot.plan.gpu_profile import profiler
 from servepilot.plan.gpu_profile.shapes import step_operators
 from servepilot.plan.presets import load_model
 

@@ -19,12 +19,12 @@ import aiohttp
 import ray
 from ray.cluster_utils import Cluster
 
-from benchmarks.ray_cluster import node_of
 from servepilot.core.config import FleetConfig
 from servepilot.fleet.ray.actor import ActorReady
 from servepilot.fleet.ray.replicas import RayReplicas
 from servepilot.fleet.ray.watcher import GatewayMembership, ReplicaState, ReplicaWatcher
 from servepilot.fleet.serve import Upstream, start_gateway
+from tests.support.ray_cluster import node_of
 
 PROMPT = {"model": "llama-3.1-8b", "prompt": "hello " * 20, "max_tokens": 48, "stream": True}
 REPLICA_HEADER = "X-Servepilot-Replica"

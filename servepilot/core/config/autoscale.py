@@ -8,8 +8,8 @@ import enum
 
 from pydantic import Field, model_validator
 
+from servepilot.core.config.section import Section as _Section
 from servepilot.core.errors import ConfigError
-from servepilot.core.section import Section as _Section
 
 
 class ScalingPolicyName(enum.Enum):

@@ -13,8 +13,8 @@ import os
 
 from pydantic import Field, model_validator
 
-from servepilot.core.batch_config import BatchConfig
-from servepilot.core.section import Section as _Section
+from servepilot.core.config.batch import BatchConfig
+from servepilot.core.config.section import Section as _Section
 
 
 class PolicyName(enum.StrEnum):

@@ -13,7 +13,7 @@ import re
 
 from pydantic import Field, field_validator, model_validator
 
-from servepilot.core.section import Section as _Section
+from servepilot.core.config.section import Section as _Section
 
 # RFC 1123 label: what Kubernetes accepts as a namespace and as a Service name.
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")

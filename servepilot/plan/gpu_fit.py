@@ -1,6 +1,6 @@
 """Whether a fleet's replicas fit the GPUs it may use: the one check `up` and `plan` refuse
 by. Plain numbers in, so it also runs where only the standard library is installed
-(benchmarks/gpu_probe.py on a bare GPU machine)."""
+(servepilot/engine/gpu/report.py on a bare GPU machine)."""
 
 from __future__ import annotations
 

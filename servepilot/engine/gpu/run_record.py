@@ -1,11 +1,12 @@
-"""Record one GPU run: benchmarks/gpu_runs/<date>-<name>.json, its logs and commands beside it.
+"""Record one GPU run: RUNS/<date>-<name>.json (by default benchmarks/gpu_runs/ of the checkout
+it runs in), its logs and commands beside it.
 
 The figures vLLM reports (KV tokens, weights, CUDA graphs) are read from the replica's startup
 log with servepilot's own parser (engine/startup_log.py), never typed in; what `up`, `plan` and
 the measurements report comes in as flags. The record is checked against the schema in
 benchmarks/gpu_runs/README.md before anything is written.
 
-    python benchmarks/gpu_run_record.py --name llama-8b-dummy --model llama-3.1-8b \\
+    python -m servepilot.engine.gpu.run_record --name llama-8b-dummy --model llama-3.1-8b \\
         --weights dummy --gpu "NVIDIA H200" --vllm-version 0.22.0 --dtype bfloat16 \\
         --kv-tokens-planned 893712 --ready-s 95 --log runs/r0.log --command "servepilot up ..."
 """
@@ -22,7 +23,8 @@ from typing import Any
 
 from servepilot.engine.startup_log import GpuStartup, parse_gpu_startup
 
-RUNS = Path(__file__).resolve().parent / "gpu_runs"
+RUNS = Path("benchmarks/gpu_runs")
+"""Where the records go, from the root of a checkout (--runs)."""
 SCHEMA = "servepilot.gpu_run/v1"
 REQUIRED: dict[str, tuple[type, ...]] = {
     "schema": (str,), "date": (str,), "name": (str,), "vllm_version": (str,), "gpu": (str,),
@@ -95,7 +97,7 @@ def _startup(startup: GpuStartup) -> dict[str, float | None]:
     }
 
 
-def write(record: dict[str, Any], logs: list[Path], runs: Path = RUNS) -> Path:
+def write(record: dict[str, Any], logs: list[Path], runs: Path) -> Path:
     problems = validate(record)
     if problems:
         raise SystemExit("the record is not valid:\n  " + "\n  ".join(problems))
@@ -127,6 +129,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sleep", type=float, nargs=3, metavar=("SLEEP_S", "WAKE_S", "COLD_START_S"))
     p.add_argument("--offload", type=float, nargs=3, metavar=("CPU_KV_GIB", "WITH", "WITHOUT"))
     p.add_argument("--soak", type=float, nargs=2, metavar=("REQUESTS", "GPU_MIB_PER_REQUEST"))
+    p.add_argument("--runs", type=Path, default=RUNS, help="the folder of the records")
     return p
 
 
@@ -134,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logs = [Path(p) for p in args.log]
     record = build_record(args, logs[0].read_text(encoding="utf-8", errors="replace"))
-    print(write(record, logs))
+    print(write(record, logs, args.runs))
     return 0
 
 

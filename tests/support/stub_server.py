@@ -7,7 +7,7 @@ client overhead. Serves GET /v1/models, POST /v1/completions and POST /v1/chat/c
 chunk, [DONE], all in chunked transfer encoding), plus GET /health and GET /metrics (vLLM's load
 gauges) so that routers can health-check and scrape it.
 
-    python benchmarks/stub_server.py --port 8765 --chunks 16 [--delay-ms 0]
+    python tests/support/stub_server.py --port 8765 --chunks 16 [--delay-ms 0]
 
 prints `listening on PORT` once it accepts connections. Tests use `ThreadedStub`, which runs
 the same server on its own event loop in a thread; with a chunk delay it also counts the

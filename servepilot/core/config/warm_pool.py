@@ -4,8 +4,10 @@ replicas.count after fleet.yaml is read, so a field validator would judge too ea
 
 from __future__ import annotations
 
-from servepilot.core.cluster_config import ClusterBackend
-from servepilot.core.config import Device, EngineKind, FleetConfig
+from servepilot.core.config.cluster import ClusterBackend
+from servepilot.core.config.engine import EngineKind
+from servepilot.core.config.fleet import FleetConfig
+from servepilot.core.config.hardware import Device
 from servepilot.core.errors import ConfigError
 
 

@@ -1,5 +1,5 @@
-"""benchmarks/gpu_probe.py: what the lead runs on a bare GPU machine (standard library only,
-nvidia-smi when nvidia-ml-py is absent), on recorded nvidia-smi outputs."""
+"""servepilot/engine/gpu/report.py: what the lead runs on a bare GPU machine (standard
+library only, nvidia-smi when nvidia-ml-py is absent), on recorded nvidia-smi outputs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import gpu_probe
+from servepilot.engine.gpu import report
 from servepilot.engine.gpu.inventory import GpuInventory
 from servepilot.engine.gpu.nvml import NvmlProbe
 from servepilot.engine.gpu.probe import NodeProbe
@@ -35,7 +35,7 @@ def recorded(query: str, topology: str) -> GpuInventory:
 
 def test_one_h200_through_nvidia_smi(capsys: pytest.CaptureFixture[str]) -> None:
     inventory = recorded("query_h200_1gpu.txt", "topo_h200_1gpu.txt")
-    assert gpu_probe.main(lambda: inventory) == 0
+    assert report.main(lambda: inventory) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "reader: nvidia-smi; devices: 1"
     assert out[1] == ("  GPU0  NVIDIA H200  memory 0.00 / 140.40 GiB used  utilisation 0 %  NUMA 0")
@@ -54,7 +54,7 @@ def test_eight_nvlinked_gpus(capsys: pytest.CaptureFixture[str]) -> None:
         return query if tuple(args) == QUERY_ARGS else topology
 
     inventory = NodeProbe(nvml=NvmlProbe(NoDriver()), smi=SmiProbe(run)).read()
-    gpu_probe.main(lambda: inventory)
+    report.main(lambda: inventory)
     out = capsys.readouterr().out
     assert "reader: nvidia-smi; devices: 8" in out
     assert "  GPU7   NVL     NVL     NVL     NVL     NVL     NVL     NVL     X" in out
@@ -65,7 +65,7 @@ def test_eight_nvlinked_gpus(capsys: pytest.CaptureFixture[str]) -> None:
 def test_runs_with_the_standard_library_alone() -> None:
     # -S: no site-packages (no pydantic, no nvidia-ml-py), as on a bare GPU machine.
     done = subprocess.run(
-        [sys.executable, "-S", "benchmarks/gpu_probe.py"],
+        [sys.executable, "-S", "-m", "servepilot.engine.gpu.report"],
         cwd=ROOT,
         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
         capture_output=True,

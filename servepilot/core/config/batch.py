@@ -11,8 +11,8 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
+from servepilot.core.config.section import Section
 from servepilot.core.paths import state_dir
-from servepilot.core.section import Section
 
 SQLITE_SCHEME = "sqlite:///"
 

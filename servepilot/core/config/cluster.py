@@ -13,7 +13,7 @@ import re
 
 from pydantic import Field, field_validator
 
-from servepilot.core.section import Section as _Section
+from servepilot.core.config.section import Section as _Section
 
 # `ray://host:port` (Ray Client) or `host:port` (the GCS address `ray start --head` prints).
 _ADDRESS = re.compile(r"(ray://)?[A-Za-z0-9_.-]+:\d{1,5}")
