@@ -120,7 +120,7 @@ class ReplicaBackend(Protocol):
     async def stop_all(self) -> None: ...
 
     def list(self) -> tuple[Replica, ...]:
-        """Every replica launched and not stopped, oldest first."""
+        """Every replica launched and not stopped on its own (`stop`), oldest first."""
         ...
 
     def watch(self) -> AsyncIterator[ReplicaEvent]:
