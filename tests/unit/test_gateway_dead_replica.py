@@ -149,8 +149,8 @@ def test_admin_add_is_running_unless_it_says_starting() -> None:
 def test_a_replica_whose_process_exited_is_down_at_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """`up`'s supervisor tells the gateway when a replica's process exits: no health check
-    rounds to wait for, no cold-start wait for one still loading."""
+    """The local backend's watch tells the gateway when a replica's process exits (and `up`
+    warns): no health check rounds to wait for, no cold-start wait for one still loading."""
 
     warned: list[str] = []
 
