@@ -24,8 +24,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.gpu_bringup import GPU_ENV, PORT, sp  # noqa: E402
-from benchmarks.gpu_sim_cases import CONFIGS, PROFILES, RUNS, Run, longtail_trace  # noqa: E402
+from benchmarks.gpu_bringup import GPU_ENV, PORT, sp
+from benchmarks.gpu_sim_cases import CONFIGS, PROFILES, RUNS, Run, longtail_trace
 
 RUN_S_GUESS = 45.0
 """Seconds one measurement is allowed to need before the deadline: a run that would end after
@@ -93,12 +93,22 @@ def serve_config(
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--deadline-s", type=float, default=560.0,
-                        help="stop starting measurements this many seconds after start")
-    parser.add_argument("--profile", action="store_true",
-                        help="run `servepilot profile` of each config's model first")
-    parser.add_argument("--reuse", action="store_true",
-                        help="measure against the fleet already up (the first config only)")
+    parser.add_argument(
+        "--deadline-s",
+        type=float,
+        default=560.0,
+        help="stop starting measurements this many seconds after start",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="run `servepilot profile` of each config's model first",
+    )
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="measure against the fleet already up (the first config only)",
+    )
     parser.add_argument("configs", nargs="+", choices=sorted(CONFIGS))
     args = parser.parse_args()
     os.environ.update(GPU_ENV)

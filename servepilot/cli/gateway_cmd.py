@@ -11,9 +11,10 @@ from servepilot.core import accel
 from servepilot.core.config import FleetConfig, PolicyName
 from servepilot.core.errors import ConfigError
 from servepilot.fleet.autoscale.start import in_cluster
+from servepilot.fleet.k8s.backend import KubernetesBackend
+from servepilot.fleet.membership import following
 from servepilot.fleet.serve import check_port_free, fleet_facts
 from servepilot.gateway import run_gateway
-from servepilot.gateway.k8s_endpoints import KubernetesEndpoints, parse_target
 from servepilot.gateway.serve import Alongside
 
 DESCRIPTION = """\
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     # With a fleet.yaml, its max_num_seqs and hardware price turn the batch and cost gauges on.
     facts = fleet_facts(fleet) if args.config is not None else None
     urls = [base_url(u, "--replica") for u in args.replica]
-    source = _source(args.discover)
+    source = _source(args.discover, args.scale_deployment)
     if not urls and source is None:
         raise ConfigError("give at least one --replica URL, or --discover k8s:SERVICE")
     alongside = _autoscaler(fleet, source, args.scale_deployment)
@@ -117,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         replicas,
         on_started=started,
         access_log_path=args.access_log,
-        source=source,
+        members=None if source is None else lambda gw: following(source, gw.membership),
         facts=facts,
         alongside=alongside,
     )
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _autoscaler(
-    fleet: FleetConfig, source: KubernetesEndpoints | None, deployment: str | None
+    fleet: FleetConfig, source: KubernetesBackend | None, deployment: str | None
 ) -> Alongside | None:
     if deployment is None:
         return None
@@ -137,14 +138,13 @@ def _autoscaler(
             "--scale-deployment: fleet.yaml's autoscale section is not enabled (--config)",
             hint="autoscale: {enabled: true, policy: step, min_replicas: 2, max_replicas: 20}",
         )
-    return lambda gateway: in_cluster(fleet, gateway, source, deployment)
+    return lambda gateway: in_cluster(fleet, gateway, source)
 
 
-def _source(discover: str | None) -> KubernetesEndpoints | None:
+def _source(discover: str | None, deployment: str | None) -> KubernetesBackend | None:
     if discover is None:
         return None
     try:
-        service, namespace = parse_target(discover)
+        return KubernetesBackend.discover(discover, deployment)
     except ValueError as exc:
         raise ConfigError(f"--discover: {exc}") from None
-    return KubernetesEndpoints(service, namespace)

@@ -6,8 +6,9 @@ the same way (engine/process.py); vLLM replicas sharing a GPU start one after th
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from servepilot.core.config import FleetConfig
@@ -17,9 +18,24 @@ from servepilot.engine.gpu.inventory import GpuInventory
 from servepilot.engine.model_source import ResolvedModel
 from servepilot.engine.process import ReplicaInfo, ReplicaProcess, free_port
 from servepilot.engine.simserver.args import SimModel, sim_launch_command
+from servepilot.fleet.autoscale.waits import StartWaits
+from servepilot.fleet.backend import (
+    Joined,
+    Left,
+    Lost,
+    Replica,
+    ReplicaEvent,
+    ReplicaState,
+    Synced,
+)
 from servepilot.fleet.devices import replica_devices, replica_slots
 from servepilot.fleet.logs import replica_log_name
 from servepilot.fleet.start_order import StartStep, start_steps
+
+log = logging.getLogger(__name__)
+
+_EXIT_POLL_S = 1.0
+"""How often the watch looks for replicas whose process exited."""
 
 
 def replica_command(
@@ -225,3 +241,129 @@ class LocalReplicas:
         for proc in self.processes:
             proc.terminate()
         await asyncio.gather(*(asyncio.to_thread(p.stop, grace_s) for p in self.processes))
+
+
+class LocalBackend:
+    """`cluster.backend: local` as a `ReplicaBackend`: replicas are child processes of this
+    one (`LocalReplicas`). Its watch says `Joined` once a replica is ready and `Lost` once its
+    process exits (looked for every `poll_s`); a replica added later (the autoscaler's) joins
+    the same way, and one that fails to start is logged and stopped (the controller sees one
+    fewer and decides again)."""
+
+    def __init__(
+        self,
+        replicas: LocalReplicas,
+        capacity: Callable[[ReplicaInfo], int | None],
+        poll_s: float = _EXIT_POLL_S,
+    ) -> None:
+        """`capacity`: a ready replica's concurrency budget at the gateway."""
+        self.replicas = replicas
+        self._capacity = capacity
+        self._poll_s = poll_s
+        self._launched = False
+        self._ready: dict[str, ReplicaInfo] = {}
+        self._exited: dict[str, int] = {}
+        self._waits = StartWaits()
+        self._watchers: list[asyncio.Queue[ReplicaEvent]] = []
+
+    @property
+    def sleep_mode(self) -> bool:
+        return self.replicas.config.engine.sleep_mode
+
+    async def start(self, count: int = 1) -> tuple[str, ...]:
+        if not self._launched:
+            self._launched = True
+            self.replicas.launch(count)
+            return tuple(p.replica_id for p in self.replicas.processes)
+        return tuple(self._add() for _ in range(count))
+
+    def _add(self) -> str:
+        proc = self.replicas.launch_one()
+        rid = proc.replica_id
+        if (line := self.replicas.wait_line(rid)) is not None:
+            log.info("autoscale: %s", line)
+        self._waits.start(rid, self._join_when_ready(proc))
+        return rid
+
+    async def _join_when_ready(self, proc: ReplicaProcess) -> None:
+        rid = proc.replica_id
+        try:
+            # Through the replicas: one sharing a GPU starts once its neighbour is ready.
+            info = await self.replicas.ready_one(proc)
+        except Exception as exc:  # EngineStartError
+            log.warning("autoscale: replica %s did not start: %s", rid, exc)
+            self._waits.discard(rid)
+            await self.replicas.stop_one(rid)
+            return
+        self._waits.discard(rid)
+        self._became_ready(info)
+        log.info("autoscale: replica %s ready in %.0f s, joining the gateway", rid, info.startup_s)
+
+    async def wait_started(self, on_ready: Callable[[ReplicaInfo], None]) -> list[ReplicaInfo]:
+        def ready(info: ReplicaInfo) -> None:
+            self._became_ready(info)
+            on_ready(info)
+
+        return await self.replicas.wait_ready(ready)
+
+    def _became_ready(self, info: ReplicaInfo) -> None:
+        self._ready[info.replica_id] = info
+        self._publish(self._joined(info))
+
+    def _joined(self, info: ReplicaInfo) -> Joined:
+        return Joined(info.replica_id, info.url, self._capacity(info))
+
+    async def stop(self, replica_id: str) -> None:
+        await self._waits.cancel(replica_id)
+        was_ready = self._ready.pop(replica_id, None) is not None
+        await self.replicas.stop_one(replica_id)
+        self._exited.pop(replica_id, None)
+        if was_ready:  # drained already (the controller's): nothing left to finish
+            self._publish(Left(replica_id, drain_timeout_s=0.0, why="stopped"))
+
+    async def stop_all(self) -> None:
+        await self._waits.cancel_all()
+        await self.replicas.stop()
+
+    async def close(self) -> None:
+        await self._waits.cancel_all()
+
+    def list(self) -> tuple[Replica, ...]:
+        return tuple(
+            Replica(p.replica_id, p.url, self._state(p.replica_id), p.pid or 0, str(p.log_path))
+            for p in self.replicas.processes
+        )
+
+    def _state(self, replica_id: str) -> ReplicaState:
+        if replica_id in self._exited:
+            return ReplicaState.LOST
+        return ReplicaState.READY if replica_id in self._ready else ReplicaState.STARTING
+
+    async def watch(self) -> AsyncIterator[ReplicaEvent]:
+        queue: asyncio.Queue[ReplicaEvent] = asyncio.Queue()
+        for info in self._ready.values():
+            queue.put_nowait(self._joined(info))
+        queue.put_nowait(Synced())
+        self._watchers.append(queue)
+        try:
+            while True:
+                self._look_for_exits()
+                try:
+                    event = await asyncio.wait_for(queue.get(), self._poll_s)
+                except TimeoutError:
+                    continue
+                yield event
+        finally:
+            self._watchers.remove(queue)
+
+    def _look_for_exits(self) -> None:
+        for proc, code in self.replicas.exited():
+            rid = proc.replica_id
+            if rid not in self._exited:
+                self._exited[rid] = code
+                why = f"its process exited with code {code}"
+                self._publish(Lost(rid, why, str(proc.log_path)))
+
+    def _publish(self, event: ReplicaEvent) -> None:
+        for queue in self._watchers:
+            queue.put_nowait(event)

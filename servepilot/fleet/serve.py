@@ -1,19 +1,23 @@
-"""Start the gateway in front of the replicas `up` launched."""
+"""Start the gateway in front of the replicas `up` launched; what a backend's preparation
+hands `up`'s serve lifecycle (`FleetLaunch`)."""
 
 from __future__ import annotations
 
 import asyncio
 import errno
 import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from servepilot.core.config import Device, FleetConfig, GatewayConfig
 from servepilot.core.errors import ConfigError, FleetError
+from servepilot.engine.process import ReplicaInfo
+from servepilot.fleet.backend import ReplicaBackend
 from servepilot.gateway import FleetFacts, Gateway
 from servepilot.plan.hardware import get_accelerator, load_catalog
 from servepilot.plan.request import fleet_vllm_defaults
-from servepilot.routing.admission.budget import max_num_seqs
+from servepilot.routing.admission.budget import max_num_seqs, replica_capacity
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +32,37 @@ class ServedGateway:
 
     async def stop(self, drain_timeout_s: float) -> None:
         await self.gateway.stop(drain_timeout_s)
+
+
+def _no_step() -> None:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class FleetLaunch:
+    """A backend made ready to start (the model resolved, or the Ray cluster joined), with
+    what the serve lifecycle needs of it beyond the `ReplicaBackend` protocol."""
+
+    backend: ReplicaBackend
+    count: int
+    """Replicas to start with."""
+    model_name: Callable[[], str]
+    """The served model's name, asked once the replicas are ready."""
+    access_log: Path | None
+    """The gateway's access log when gateway.access_log.path is unset."""
+    stop_line: str
+    """What `up` says as it stops."""
+    after_start: Callable[[], None] = _no_step
+    """Called once the replicas are launched (local: which wait for a GPU's turn)."""
+    supervise: Callable[[ServedGateway, asyncio.Event], Awaitable[None]] | None = None
+    """Runs while the fleet serves, until the stop event (Ray: `status`'s cluster view);
+    by default the lifecycle only waits for the stop event."""
+
+
+def replica_budget(config: FleetConfig, info: ReplicaInfo) -> int:
+    """A ready replica's concurrency budget at the gateway, from the KV capacity it logged."""
+    kv = info.kv.kv_capacity_tokens if info.kv else None
+    return replica_capacity(config, fleet_vllm_defaults(config), kv)
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -83,15 +118,19 @@ async def start_gateway(
     replicas: list[Upstream],
     run_access_log: Path | None = None,
     facts: FleetFacts | None = None,
+    members: Callable[[Gateway], Awaitable[None]] | None = None,
 ) -> ServedGateway:
     """Start the gateway in front of `replicas`; returns where it listens. Its access log goes
     to gateway.access_log.path when set, else to `run_access_log`. With `facts`, it exports
-    batch utilisation and cost per QPS."""
+    batch utilisation and cost per QPS. `members(gateway)` runs before it listens (`up` feeds
+    its membership from the backend's watch), so /ready is right from the first request."""
     configured = config.access_log.path
     gateway = Gateway(config, access_log_path=Path(configured) if configured else run_access_log)
     if facts is not None:
         gateway.metrics.know_fleet(facts)
     await asyncio.gather(*(gateway.pool.add(r.replica_id, r.url, r.capacity) for r in replicas))
+    if members is not None:
+        await members(gateway)
     try:
         port = await gateway.start()
     except OSError as exc:

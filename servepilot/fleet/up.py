@@ -1,10 +1,14 @@
-"""`up`: the replicas and the gateway in front of them, from start to an ordered shutdown.
+"""`up`: the replicas and the gateway in front of them, from start to an ordered shutdown,
+through one `ReplicaBackend` (local processes, or Ray actors: `fleet.ray.launch`) and one
+serve lifecycle, the same for both.
 
-Order of start: model -> replicas launched -> fleet record (`starting`) -> replicas ready ->
-gateway -> fleet record (`serving`).
-With `autoscale.enabled`, the autoscaler starts once the gateway serves (`fleet.autoscale`).
-Order of stop, the reverse: autoscaler -> record -> gateway (drain in-flight work) ->
-replicas. Stopped while starting: the replicas are stopped, then the record goes.
+Order of start: the backend prepared (the model resolved, or the Ray cluster joined) -> fleet
+record (`starting`) -> replicas launched -> replicas ready -> gateway, its membership fed from
+the backend's watch -> warm pool's sleepers -> fleet record (`serving`) -> with
+`autoscale.enabled`, the autoscaler (its replicas join through the same watch).
+Order of stop, the reverse: autoscaler -> record -> membership feed -> gateway (drain
+in-flight work) -> replicas. Stopped while starting: the replicas are stopped, then the record
+goes.
 """
 
 from __future__ import annotations
@@ -12,12 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import shlex
 import signal
 import time
-from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -36,36 +39,25 @@ from servepilot.core.loop import cancel_and_wait
 from servepilot.engine.model_source import ResolvedModel, resolve_model
 from servepilot.engine.process import ReplicaInfo
 from servepilot.engine.simserver.args import SimModel, sim_model
-from servepilot.fleet.autoscale.controller import AutoscaleController, Decision
-from servepilot.fleet.autoscale.start import (
-    check_autoscale,
-    initial_replicas,
-    local_backend,
-    start_autoscaler,
-)
+from servepilot.fleet.autoscale.controller import AutoscaleController
+from servepilot.fleet.autoscale.start import check_autoscale, initial_replicas, start_autoscaler
+from servepilot.fleet.backend import Lost, ReplicaBackend, ReplicaEvent
 from servepilot.fleet.launched import launched_fleet
-from servepilot.fleet.local import LocalReplicas
+from servepilot.fleet.local import LocalBackend, LocalReplicas
 from servepilot.fleet.logs import ACCESS_LOG, gateway_log, new_run_dir
+from servepilot.fleet.membership import MembershipFeed
+from servepilot.fleet.records import ServingRecord, StartingRecord
 from servepilot.fleet.serve import (
+    FleetLaunch,
     ServedGateway,
-    Upstream,
     check_port_free,
     fleet_facts,
+    replica_budget,
     start_gateway,
 )
-from servepilot.fleet.state import (
-    AutoscaleRecord,
-    FleetRecord,
-    FleetState,
-    ReplicaRecord,
-    check_no_fleet,
-    remove_record,
-    write_record,
-)
+from servepilot.fleet.state import ReplicaRecord, check_no_fleet, remove_record
 from servepilot.fleet.warm_pool import put_to_sleep, record_rows, replicas_to_sleep
-from servepilot.gateway import ReplicaPool
-from servepilot.plan.request import fleet_vllm_defaults
-from servepilot.routing.admission.budget import replica_capacity
+from servepilot.gateway import Gateway
 
 # Draining waits this long for in-flight requests when `up` is told to stop.
 DRAIN_TIMEOUT_S = 30.0
@@ -177,12 +169,29 @@ async def run_up(
     if launched.note is not None:
         report.warn(launched.note)
     config = launched.config
-    if config.cluster.backend is ClusterBackend.RAY:
-        await _run_on_ray(config, report, detached_run_dir)
-        return
+    on_ray = config.cluster.backend is ClusterBackend.RAY
+    prepare = _ray_fleet(config) if on_ray else _local_fleet
     gw = config.gateway
     check_port_free(gw.host, gw.port)
     check_no_fleet(gw.port)
+    run_dir = detached_run_dir or new_run_dir()
+    try:
+        async with prepare(config, report, run_dir) as launch:
+            await _serve_fleet(config, launch, report, run_dir, detached_run_dir is not None)
+    finally:
+        remove_record(gw.port)
+
+
+Prepare = Callable[
+    [FleetConfig, "UpReporter", Path], contextlib.AbstractAsyncContextManager[FleetLaunch]
+]
+
+
+@contextlib.asynccontextmanager
+async def _local_fleet(
+    config: FleetConfig, report: UpReporter, run_dir: Path
+) -> AsyncIterator[FleetLaunch]:
+    """`cluster.backend: local`: the model resolved here, the replicas child processes."""
     model: ResolvedModel | SimModel
     if config.engine.kind is EngineKind.SIM:
         model = sim_model(config.model, config.engine.sim_tokenizer)
@@ -191,27 +200,77 @@ async def run_up(
         # Converting the embedded model takes tens of seconds the first time: off the loop.
         model = await asyncio.to_thread(resolve_model, config.model, progress=report.step)
         what = "vLLM"
-    run_dir = detached_run_dir or new_run_dir()
     replicas = LocalReplicas(config, model, run_dir)
     if replicas.devices is not None:
         report.step(f"GPUs per replica: {replicas.devices.describe()}")
-    stop = stop_event()
     count = initial_replicas(config)
     report.step(f"starting {count} {what} replica(s); logs in {run_dir}")
-    replicas.launch(count)
-    for line in replicas.deferred():
-        report.step(line)
-    awaited = [ReplicaRecord(p.replica_id, p.url, p.pid or 0, str(p.log_path), ready=False)
-               for p in replicas.processes]  # fmt: skip
-    starting = StartingRecord(f"http://{gw.host}:{gw.port}", gw.port, run_dir, awaited)
+
+    def deferred() -> None:
+        for line in replicas.deferred():
+            report.step(line)
+
+    yield FleetLaunch(
+        LocalBackend(replicas, lambda info: replica_budget(config, info)),
+        count,
+        lambda: model.served_name,
+        access_log=run_dir / ACCESS_LOG,
+        stop_line="draining the gateway and stopping the replicas",
+        after_start=deferred,
+    )
+
+
+def _ray_fleet(config: FleetConfig) -> Prepare:
+    """`cluster.backend: ray`: refused here, before anything starts, when Ray is missing."""
+    # Imported here: Ray is an optional extra, and importing it takes seconds.
     try:
-        infos = await until_stopped(replicas.wait_ready(starting.ready(report)), stop)
-        if infos is not None:
-            with gateway_log(run_dir):
-                await _serve(config, model.served_name, replicas, infos, stop, report,
-                             detached=detached_run_dir is not None)  # fmt: skip
-    finally:
-        remove_record(gw.port)
+        from servepilot.fleet.ray.launch import ray_fleet
+    except ModuleNotFoundError as exc:
+        if exc.name != "ray":
+            raise
+        raise FleetError(
+            "cluster.backend: ray needs Ray, which is not installed",
+            hint="pip install 'servepilot[ray]' (`make install` installs it)",
+        ) from None
+
+    @contextlib.asynccontextmanager
+    async def prepare(
+        config: FleetConfig, report: UpReporter, run_dir: Path
+    ) -> AsyncIterator[FleetLaunch]:
+        async with ray_fleet(config, report.step, report.warn, run_dir) as launch:
+            yield launch
+
+    return prepare
+
+
+async def _serve_fleet(
+    config: FleetConfig, launch: FleetLaunch, report: UpReporter, run_dir: Path, detached: bool
+) -> None:
+    """The one serve lifecycle: launch, wait ready, serve, supervise, stop in order."""
+    gw = config.gateway
+    starting = StartingRecord(f"http://{gw.host}:{gw.port}", gw.port, run_dir,
+                              _awaited(launch.backend))  # fmt: skip
+    # After the backend is prepared: ray.init installs signal handlers of its own.
+    stop = stop_event()
+    infos = await until_stopped(_bring_up(launch, starting, report), stop)
+    if infos is not None:
+        with gateway_log(run_dir):
+            await _serve(config, launch, infos, stop, report, run_dir, detached)
+
+
+async def _bring_up(
+    launch: FleetLaunch, starting: StartingRecord, report: UpReporter
+) -> list[ReplicaInfo]:
+    backend = launch.backend
+    await backend.start(launch.count)
+    starting.await_rows(_awaited(backend))  # their pids (local) are known now
+    launch.after_start()
+    return await backend.wait_started(starting.ready(report.replica_ready))
+
+
+def _awaited(backend: ReplicaBackend) -> list[ReplicaRecord]:
+    return [ReplicaRecord(r.replica_id, r.url, r.pid, r.log_path, ready=False)
+            for r in backend.list()]  # fmt: skip
 
 
 async def until_stopped(
@@ -232,173 +291,78 @@ async def until_stopped(
 
 async def _serve(
     config: FleetConfig,
-    model_name: str,
-    replicas: LocalReplicas,
+    launch: FleetLaunch,
     infos: list[ReplicaInfo],
     stop: asyncio.Event,
     report: UpReporter,
-    *,
+    run_dir: Path,
     detached: bool,
 ) -> None:
     """Start the gateway in front of the ready replicas and serve until told to stop."""
+    backend = launch.backend
     served: ServedGateway | None = None
+    feed: MembershipFeed | None = None
     autoscaler: AutoscaleController | None = None
+
+    async def members(gateway: Gateway) -> None:
+        nonlocal feed
+        feed = MembershipFeed(backend.watch(), gateway.membership, lost_warning(report))
+        await feed.start()
+
     try:
-        defaults = fleet_vllm_defaults(config)
-        upstreams = [
-            Upstream(
-                i.replica_id,
-                i.url,
-                replica_capacity(config, defaults, i.kv.kv_capacity_tokens if i.kv else None),
-            )
-            for i in infos
-        ]
-        served = await start_gateway(
-            config.gateway, upstreams, replicas.run_dir / ACCESS_LOG, fleet_facts(config)
-        )
+        served = await start_gateway(config.gateway, [], launch.access_log,
+                                     fleet_facts(config), members)  # fmt: skip
         if served.port != config.gateway.port:  # port 0: the OS picked one
             remove_record(config.gateway.port)
         pool = served.gateway.pool
-        sleepers = replicas_to_sleep([i.replica_id for i in infos], config.replicas.asleep)
-        await put_to_sleep(served.gateway.warm, sleepers, report.step, report.warn)
+        if backend.sleep_mode:
+            sleepers = replicas_to_sleep([i.replica_id for i in infos], config.replicas.asleep)
+            await put_to_sleep(served.gateway.warm, sleepers, report.step, report.warn)
         # Announced first, then recorded: a script (or test) that waits for the record's
         # `serving` finds the endpoint already printed.
         dummy = config.model.weights is Weights.DUMMY
-        report.serving(UpStarted(served.url, model_name, tuple(infos), detached, dummy))
-        record = ServingRecord(
-            served, replicas.run_dir, lambda: record_rows(replicas.processes, pool), config
-        )
+        report.serving(UpStarted(served.url, launch.model_name(), tuple(infos), detached, dummy))
+        record = ServingRecord(served, run_dir, lambda: record_rows(backend.list(), pool), config)
         record.write()
         served.gateway.warm.on_change(lambda _: record.write())
         if config.autoscale.enabled:
             cold_start_s = max(i.startup_s for i in infos)
-            backend = local_backend(config, served.gateway, replicas)
             autoscaler = start_autoscaler(config, served.gateway, backend, cold_start_s,
-                                          record.on_decision(report))  # fmt: skip
-        await _watch(replicas, pool, stop, report)
+                                          record.on_decision(report.step))  # fmt: skip
+        await (launch.supervise or _until_stopped)(served, stop)
     finally:
         if autoscaler is not None:
             await autoscaler.stop()  # first: nothing starts, stops or rewrites the record after
         if served is not None:
             remove_record(served.port)
-        report.step("draining the gateway and stopping the replicas")
+        report.step(launch.stop_line)
+        if feed is not None:
+            await feed.stop()  # before the gateway: no replica joins a gateway that stops
         if served is not None:
             await served.stop(DRAIN_TIMEOUT_S)
-        await replicas.stop()
+        await backend.stop_all()
 
 
-class ServingRecord:
-    """The fleet record once the gateway serves; rewritten at each autoscaling decision
-    (the replicas it lists, so `down` finds every process, and the decision for `status`).
-    The Ray backend's `up` keeps one too."""
-
-    def __init__(
-        self,
-        served: ServedGateway,
-        run_dir: Path,
-        rows: Callable[[], tuple[ReplicaRecord, ...]],
-        config: FleetConfig,
-    ) -> None:
-        """`rows`: the replicas serving at the time of writing."""
-        self.served = served
-        self.run_dir = run_dir
-        self._rows = rows
-        scaling = config.autoscale
-        self.autoscale = (
-            AutoscaleRecord(scaling.policy.value, scaling.min_replicas, scaling.max_replicas)
-            if scaling.enabled
-            else None
-        )
-        self.started_at_s = time.time()
-
-    def write(self) -> None:
-        served, run_dir = self.served, str(self.run_dir)
-        write_record(FleetRecord(os.getpid(), served.url, served.port, self.started_at_s,
-                                 run_dir, self._rows(), autoscale=self.autoscale))  # fmt: skip
-
-    def on_decision(self, report: UpReporter) -> Callable[[Decision], None]:
-        """Report a change on up's output, then record the decision."""
-
-        def heard(decision: Decision) -> None:
-            if decision.direction != "hold":
-                report.step(decision.line())
-            if self.autoscale is not None:
-                self.autoscale = replace(self.autoscale, last_decision=decision.line(),
-                                         last_decision_at_s=decision.at_s)  # fmt: skip
-            self.write()
-
-        return heard
+async def _until_stopped(served: ServedGateway, stop: asyncio.Event) -> None:
+    await stop.wait()
 
 
-class StartingRecord:
-    """The fleet record while the replicas load: which are ready, which are awaited (the Ray
-    backend's `up` keeps one too)."""
+def lost_warning(report: UpReporter) -> Callable[[ReplicaEvent], None]:
+    """Warn once of each replica whose process exited (the gateway marked it down at once:
+    its health checks would take `unhealthy_after` rounds)."""
 
-    def __init__(
-        self, gateway_url: str, port: int, run_dir: Path, awaited: Sequence[ReplicaRecord]
-    ) -> None:
-        self.gateway_url = gateway_url
-        self.port = port
-        self.run_dir = run_dir
-        self.rows = {row.replica_id: row for row in awaited}
-        self.started_at_s = time.time()
-        self.write()
+    def heard(event: ReplicaEvent) -> None:
+        if isinstance(event, Lost):
+            where = f" (log: {event.log_path})" if event.log_path else ""
+            report.warn(
+                f"replica {event.replica_id} lost: {event.why}; the gateway routes around it{where}"
+            )
 
-    def write(self) -> None:
-        write_record(
-            FleetRecord(os.getpid(), self.gateway_url, self.port, self.started_at_s,
-                        str(self.run_dir), tuple(self.rows.values()), FleetState.STARTING)
-        )  # fmt: skip
-
-    def ready(self, report: UpReporter) -> Callable[[ReplicaInfo], None]:
-        """The on-ready callback: report the replica, then record it as ready (at its URL)."""
-
-        def on_ready(info: ReplicaInfo) -> None:
-            report.replica_ready(info)
-            row = self.rows[info.replica_id]
-            self.rows[info.replica_id] = replace(row, url=info.url, ready=True)
-            self.write()
-
-        return on_ready
-
-
-async def _watch(
-    replicas: LocalReplicas, pool: ReplicaPool, stop: asyncio.Event, report: UpReporter
-) -> None:
-    """Wait for the stop signal; warn once for each replica that dies meanwhile, and tell
-    the gateway at once (its health checks would take `unhealthy_after` rounds)."""
-    reported: set[str] = set()
-    while not stop.is_set():
-        for proc, code in replicas.exited():
-            if proc.replica_id not in reported:
-                reported.add(proc.replica_id)
-                pool.mark_down(proc.replica_id, f"its process exited with code {code}")
-                report.warn(
-                    f"replica {proc.replica_id} exited with code {code}; the gateway routes "
-                    f"around it (log: {proc.log_path})"
-                )
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), _WATCH_INTERVAL_S)
-
-
-async def _run_on_ray(
-    config: FleetConfig, report: UpReporter, detached_run_dir: Path | None
-) -> None:
-    # Imported here: Ray is an optional extra, and importing it takes seconds.
-    try:
-        from servepilot.fleet.ray.up import run_ray_up
-    except ModuleNotFoundError as exc:
-        if exc.name != "ray":
-            raise
-        raise FleetError(
-            "cluster.backend: ray needs Ray, which is not installed",
-            hint="pip install 'servepilot[ray]' (`make install` installs it)",
-        ) from None
-    await run_ray_up(config, report, detached_run_dir)
+    return heard
 
 
 def stop_event() -> asyncio.Event:
-    """Set by SIGINT or SIGTERM (Ctrl-C, `servepilot down`); the Ray backend's `up` too."""
+    """Set by SIGINT or SIGTERM (Ctrl-C, `servepilot down`)."""
     event = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 
 from servepilot.core.errors import EngineError
-from servepilot.engine.process import ReplicaProcess
+from servepilot.fleet.backend import Replica
 from servepilot.fleet.state import ReplicaRecord
 from servepilot.gateway.pool import ReplicaPool
 from servepilot.gateway.replica import SleepState
@@ -24,14 +24,13 @@ def replicas_to_sleep(replica_ids: Sequence[str], asleep: int) -> tuple[str, ...
     return tuple(replica_ids[-asleep:])
 
 
-def record_rows(
-    processes: Sequence[ReplicaProcess], pool: ReplicaPool
-) -> tuple[ReplicaRecord, ...]:
-    """The fleet record's replicas, those the gateway holds asleep marked so."""
+def record_rows(replicas: Sequence[Replica], pool: ReplicaPool) -> tuple[ReplicaRecord, ...]:
+    """The fleet record's replicas (those whose server's URL is known: a Ray replica not yet
+    placed has none), those the gateway holds asleep marked so."""
     asleep = {r.replica_id for r in pool.replicas() if r.sleep is SleepState.ASLEEP}
-    return tuple(ReplicaRecord(p.replica_id, p.url, p.pid or 0, str(p.log_path),
-                               asleep=p.replica_id in asleep)
-                 for p in processes)  # fmt: skip
+    return tuple(ReplicaRecord(r.replica_id, r.url, r.pid, r.log_path,
+                               asleep=r.replica_id in asleep)
+                 for r in replicas if r.url)  # fmt: skip
 
 
 def asleep_line(done: Transition) -> str:

@@ -38,6 +38,7 @@ from servepilot.gateway.errors import (
     no_ready_replica,
     server_error_body,
 )
+from servepilot.gateway.membership import Membership
 from servepilot.gateway.metrics import GatewayMetrics
 from servepilot.gateway.pool import ReplicaPool
 from servepilot.gateway.proxy import Proxy
@@ -84,6 +85,8 @@ class Gateway:
         self.metrics.watch_access_log(self.access_log)
         proxy = Proxy(config, self.pool, self.policy, self.dispatcher, self.metrics)
         self.warm = WarmPool(self.pool)
+        self.membership = Membership(self.pool)
+        """Where replicas join and leave, whoever runs them."""
         admin = AdminHandlers(self.pool, self.warm)
         self._inference: dict[str, InferenceRoute] = {
             route.path: functools.partial(proxy.forward, route) for route in PROXIED

@@ -13,14 +13,15 @@ from pathlib import Path
 from servepilot.core import loop
 from servepilot.core.config import GatewayConfig
 from servepilot.gateway.app import Gateway
-from servepilot.gateway.discovery import EndpointSource, EndpointWatcher
 from servepilot.gateway.fleet_gauges import FleetFacts
 from servepilot.routing.base import RoutingPolicy
 
 log = logging.getLogger(__name__)
 
 Alongside = Callable[[Gateway], AbstractAsyncContextManager[object]]
-"""What runs beside a serving gateway, given it."""
+"""What runs beside a serving gateway, given it: its members' feed (entered before it listens,
+`gateway.membership` fed from a replica backend's watch: fleet.membership, which the gateway
+may not import) or the autoscaler in a cluster (entered once it listens)."""
 
 
 def run_gateway(
@@ -31,11 +32,11 @@ def run_gateway(
     drain_timeout_s: float = 30.0,
     on_started: Callable[[int], None] | None = None,
     access_log_path: Path | None = None,
-    source: EndpointSource | None = None,
+    members: Alongside | None = None,
     facts: FleetFacts | None = None,
     alongside: Alongside | None = None,
 ) -> None:
-    """Serve `replicas` ((replica_id, url) pairs) and those `source` lists, until
+    """Serve `replicas` ((replica_id, url) pairs) and those `members` feeds in, until
     SIGINT/SIGTERM, then drain and stop. With `facts`, /metrics has the batch utilisation and
     cost gauges; `alongside` runs while the gateway serves (see `serve`).
 
@@ -49,7 +50,7 @@ def run_gateway(
             drain_timeout_s=drain_timeout_s,
             on_started=on_started,
             access_log_path=access_log_path,
-            source=source,
+            members=members,
             facts=facts,
             alongside=alongside,
         )
@@ -65,39 +66,32 @@ async def serve(
     on_started: Callable[[int], None] | None = None,
     stop: asyncio.Event | None = None,
     access_log_path: Path | None = None,
-    source: EndpointSource | None = None,
+    members: Alongside | None = None,
     facts: FleetFacts | None = None,
     alongside: Alongside | None = None,
 ) -> None:
-    """Start a gateway in front of `replicas` (running ones), and of the replicas `source`
-    lists as they come and go, and serve until `stop` is set (by default: until SIGINT or
-    SIGTERM). `alongside(gateway)` is entered once the gateway listens and left before its
-    discovery stops (the autoscaler in a cluster: fleet.autoscale, which the gateway may not
-    import)."""
+    """Start a gateway in front of `replicas` (running ones), and of the replicas `members`
+    feeds in as they come and go, and serve until `stop` is set (by default: until SIGINT or
+    SIGTERM). `members(gateway)` is entered before the gateway listens, `alongside(gateway)`
+    once it listens; both are left, `alongside` first, before the gateway stops, so that no
+    replica joins a gateway that is stopping."""
     stop = stop if stop is not None else _stop_on_signals()
     gateway = Gateway(config, policy, access_log_path=access_log_path)
     if facts is not None:
         gateway.metrics.know_fleet(facts)
-    watcher = None
-    if source is not None:
-        watcher = EndpointWatcher(gateway.pool, source, drain_timeout_s=drain_timeout_s)
     try:
-        # Probe every replica before listening, so /ready is right from the first request.
-        await asyncio.gather(*(gateway.pool.add(rid, url) for rid, url in replicas))
-        if watcher is not None:
-            await watcher.sync()
-            watcher.start()
-        port = await gateway.start()
-        if on_started is not None:
-            on_started(port)
         async with contextlib.AsyncExitStack() as stack:
+            # Probe every replica before listening, so /ready is right from the first request.
+            await asyncio.gather(*(gateway.pool.add(rid, url) for rid, url in replicas))
+            if members is not None:
+                await stack.enter_async_context(members(gateway))
+            port = await gateway.start()
+            if on_started is not None:
+                on_started(port)
             if alongside is not None:
                 await stack.enter_async_context(alongside(gateway))
             await stop.wait()
     finally:
-        # The watcher first, so that no replica joins a gateway that is stopping.
-        if watcher is not None:
-            await watcher.stop()
         await gateway.stop(drain_timeout_s)
 
 

@@ -19,10 +19,12 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from servepilot.core.errors import FleetError  # noqa: E402
+from servepilot.fleet.ray.backend import RayBackend  # noqa: E402
 from servepilot.fleet.ray.replicas import RayReplicas  # noqa: E402
 from tests.integration.fleetproc import cli, running_fleet, wait_until  # noqa: E402
 from tests.support.ray_cluster import our_actors_alive, our_groups_left, sim_fleet  # noqa: E402
 from tests.support.ray_node_loss import node_loss_under_load  # noqa: E402
+from tests.unit.backend_conformance import conforms  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -159,5 +161,34 @@ def test_node_loss_under_load_every_request_ends_once_and_the_replica_comes_back
     assert all(o.kind == "complete" for o in after), after
     assert lost_id in {o.replica for o in after}
     assert len(set(loss.nodes)) == 3, loss.nodes
+    assert our_groups_left() == []
+    assert our_actors_alive() == []
+
+
+class _RayHarness:
+    def __init__(self, backend: RayBackend) -> None:
+        self.backend = backend
+
+    async def serve(self, started_id: str) -> None:
+        """A simulated replica's actor gets ready by itself."""
+
+    async def gone(self, replica_id: str) -> None:
+        """Its actor and group are removed by the backend itself."""
+
+
+def test_the_ray_backend_conforms(cluster: Cluster, tmp_path: Path) -> None:
+    scaling = {"enabled": True, "min_replicas": 1, "max_replicas": 3}
+    config = sim_fleet(replicas={"count": 1}, autoscale=scaling)
+    backend = RayBackend(RayReplicas(config, tmp_path, "servepilot-conform"), print, print)
+
+    async def body() -> None:
+        try:
+            assert await backend.start(1) == ("r0",)
+            assert len(await backend.wait_started(lambda info: None)) == 1
+            await conforms(_RayHarness(backend))
+        finally:
+            await backend.stop_all()
+
+    asyncio.run(body())
     assert our_groups_left() == []
     assert our_actors_alive() == []

@@ -7,6 +7,7 @@ it returns; bench_ray.py's recovery part times it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -20,10 +21,13 @@ import ray
 from ray.cluster_utils import Cluster
 
 from servepilot.core.config import FleetConfig
+from servepilot.fleet.backend import ReplicaState
+from servepilot.fleet.membership import following
 from servepilot.fleet.ray.actor import ActorReady
+from servepilot.fleet.ray.backend import RayBackend
 from servepilot.fleet.ray.replicas import RayReplicas
-from servepilot.fleet.ray.watcher import GatewayMembership, ReplicaState, ReplicaWatcher
-from servepilot.fleet.serve import Upstream, start_gateway
+from servepilot.fleet.serve import start_gateway
+from servepilot.gateway import Gateway
 from tests.support.ray_cluster import node_of
 
 PROMPT = {"model": "llama-3.1-8b", "prompt": "hello " * 20, "max_tokens": 48, "stream": True}
@@ -123,9 +127,6 @@ async def node_loss_under_load(
     everything of ours is removed on the way out (the node stays lost). The load starts
     `before_s` before the loss and stops `after_s` after it (None: once the replica serves
     again)."""
-    replicas = RayReplicas(config, run_dir, fleet_name)
-    infos = await replicas.start(lambda info: None)
-    served = await start_gateway(config.gateway, [Upstream(i.replica_id, i.url) for i in infos])
     said: list[str] = []
     back_at: list[float] = []
 
@@ -134,9 +135,17 @@ async def node_loss_under_load(
             back_at.append(time.monotonic())
         said.append(line)
 
-    membership = GatewayMembership(served.gateway, lambda answer: None)
-    watcher = ReplicaWatcher(replicas.replicas, membership, said.append, step)
-    watcher.start(replicas.answers)
+    replicas = RayReplicas(config, run_dir, fleet_name)
+    backend = RayBackend(replicas, said.append, step)
+    await backend.start(config.replicas.count)
+    infos = await backend.wait_started(lambda info: None)
+    watcher = backend.watcher
+    members = contextlib.AsyncExitStack()
+
+    async def follow(gateway: Gateway) -> None:
+        await members.enter_async_context(following(backend, gateway.membership))
+
+    served = await start_gateway(config.gateway, [], members=follow)
     try:
         # Neither the head's node (the GCS) nor the one whose raylet this driver talks to (of
         # several raylets on one address Ray gives the driver any): losing either would take
@@ -166,9 +175,9 @@ async def node_loss_under_load(
         dead_s = await dead
         return NodeLoss(outcomes, lost_id, said, back_at[0] - lost_at, dead_s, after, nodes)
     finally:
-        await watcher.stop()
+        await members.aclose()
         await served.stop(5)
-        await replicas.stop()
+        await backend.stop_all()
 
 
 class _Load:

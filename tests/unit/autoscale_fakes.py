@@ -5,8 +5,11 @@ that answers what the test says, and `rig` to put them together."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
 
+from servepilot.engine.process import ReplicaInfo
 from servepilot.fleet.autoscale.controller import AutoscaleController
+from servepilot.fleet.backend import Replica, ReplicaEvent, ReplicaState
 from servepilot.scaling.snapshot import (
     AutoscalePolicy,
     FleetSnapshot,
@@ -54,6 +57,9 @@ class FakeFleet:
 
 
 class FakeBackend:
+    """A `ReplicaBackend` that starts and stops replicas by name, journaling each call; its
+    replicas start and never get ready (the fake fleet says which are ready)."""
+
     def __init__(self) -> None:
         self.journal: list[str] = []
         self.pending: list[str] = []
@@ -61,13 +67,17 @@ class FakeBackend:
         self.fail_adds = 0
         self.first: frozenset[str] = frozenset()
 
-    def starting(self) -> tuple[str, ...]:
-        return tuple(self.pending)
+    @property
+    def sleep_mode(self) -> bool:
+        return False
 
-    def remove_first(self) -> frozenset[str]:
-        return self.first
+    def list(self) -> tuple[Replica, ...]:
+        starting = tuple(Replica(r, "", ReplicaState.STARTING) for r in self.pending)
+        first = tuple(Replica(r, "http://x", ReplicaState.READY, remove_first=True)
+                      for r in sorted(self.first))  # fmt: skip
+        return starting + first
 
-    async def add(self) -> str:
+    async def start(self, count: int = 1) -> tuple[str, ...]:
         if self.fail_adds:
             self.fail_adds -= 1
             raise OSError("no free port")
@@ -75,12 +85,22 @@ class FakeBackend:
         self.next_id += 1
         self.pending.append(rid)
         self.journal.append(f"add {rid}")
-        return rid
+        return (rid,)
 
-    async def remove(self, replica_id: str) -> None:
+    async def wait_started(self, on_ready: Callable[[ReplicaInfo], None]) -> list[ReplicaInfo]:
+        return []
+
+    async def stop(self, replica_id: str) -> None:
         if replica_id in self.pending:
             self.pending.remove(replica_id)
         self.journal.append(f"remove {replica_id}")
+
+    async def stop_all(self) -> None:
+        self.journal.append("stop all")
+
+    async def watch(self) -> AsyncIterator[ReplicaEvent]:
+        await asyncio.Event().wait()  # the fake fleet says who is ready
+        yield  # type: ignore[misc]
 
     async def close(self) -> None:
         self.journal.append("close")

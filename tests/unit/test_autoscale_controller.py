@@ -14,7 +14,8 @@ from servepilot.core.config import parse_config
 from servepilot.core.errors import EngineStartError
 from servepilot.engine.process import ReplicaInfo
 from servepilot.fleet.autoscale.controller import AutoscaleController, removal_order
-from servepilot.fleet.autoscale.local import LocalScaling
+from servepilot.fleet.backend import Joined, ReplicaEvent, Synced, starting_ids
+from servepilot.fleet.local import LocalBackend
 from servepilot.scaling.snapshot import (
     FleetSnapshot,
     ReplicaSample,
@@ -168,6 +169,9 @@ def test_stop_ends_the_loop_then_the_removals_then_the_backend() -> None:
 class FakeProcess:
     def __init__(self, replica_id: str, fails: bool) -> None:
         self.replica_id = replica_id
+        self.url = f"http://127.0.0.1:{len(replica_id)}"
+        self.pid = 7
+        self.log_path = Path(f"{replica_id}.log")
         self.fails = fails
         self.loaded = asyncio.Event()
 
@@ -175,22 +179,28 @@ class FakeProcess:
         await self.loaded.wait()
         if self.fails:
             raise EngineStartError(f"{self.replica_id} exited", cause="code 1", log_tail="")
-        return ReplicaInfo(self.replica_id, "http://127.0.0.1:1", 7, Path("r.log"), None, 2.0)
+        return ReplicaInfo(self.replica_id, self.url, 7, self.log_path, None, 2.0)
 
 
 class FakeReplicas:
-    """LocalReplicas' launch_one, ready_one and stop_one, without processes (none shares a
-    GPU, so each starts at once)."""
+    """LocalReplicas' launch, launch_one, ready_one, stop_one and exited, without processes
+    (none shares a GPU, so each starts at once; none exits)."""
 
     def __init__(self, failing: set[str]) -> None:
         self.config = parse_config({}, origin="test")
         self.failing = failing
+        self.processes: list[FakeProcess] = []
         self.launched: dict[str, FakeProcess] = {}
         self.stopped: list[str] = []
+
+    def launch(self, count: int) -> None:
+        for _ in range(count):
+            self.launch_one()
 
     def launch_one(self) -> FakeProcess:
         rid = f"r{len(self.launched) + 1}"
         proc = self.launched[rid] = FakeProcess(rid, rid in self.failing)
+        self.processes.append(proc)
         return proc
 
     def wait_line(self, replica_id: str) -> str | None:
@@ -200,33 +210,43 @@ class FakeReplicas:
         return await proc.wait_ready(self.config.engine.startup_timeout_s)
 
     async def stop_one(self, replica_id: str) -> None:
+        self.processes = [p for p in self.processes if p.replica_id != replica_id]
         self.stopped.append(replica_id)
+
+    def exited(self) -> list[tuple[FakeProcess, int]]:
+        return []
 
 
 def test_the_local_backend_joins_a_ready_replica_and_stops_one_that_failed() -> None:
-    replicas = FakeReplicas(failing={"r2"})
-    joined: list[str] = []
-
-    async def join(info: ReplicaInfo) -> None:
-        joined.append(info.replica_id)
+    replicas = FakeReplicas(failing={"r3"})
+    events: list[ReplicaEvent] = []
 
     async def run() -> None:
-        backend = LocalScaling(replicas, join)  # type: ignore[arg-type]
-        assert (await backend.add(), await backend.add(), await backend.add()) == (
-            "r1", "r2", "r3",
-        )  # fmt: skip
-        assert backend.starting() == ("r1", "r2", "r3")
-        replicas.launched["r1"].loaded.set()
+        backend = LocalBackend(replicas, lambda info: 5, poll_s=0.01)  # type: ignore[arg-type]
+        assert await backend.start(1) == ("r1",)  # the first: up's, awaited by up
+        watch = backend.watch()
+
+        async def follow() -> None:
+            async for event in watch:
+                events.append(event)
+
+        following = asyncio.ensure_future(follow())
+        assert await backend.start(1) == ("r2",)
+        assert await backend.start(2) == ("r3", "r4")  # the autoscaler's
+        assert starting_ids(backend) == ("r1", "r2", "r3", "r4")
         replicas.launched["r2"].loaded.set()
-        for _ in range(5):
+        replicas.launched["r3"].loaded.set()
+        for _ in range(10):
             await asyncio.sleep(0)
-        assert backend.starting() == ("r3",)
-        assert joined == ["r1"] and replicas.stopped == ["r2"]
-        await backend.remove("r3")  # still starting: its wait ends, its process stops
-        assert backend.starting() == () and replicas.stopped == ["r2", "r3"]
-        await backend.add()
+        assert starting_ids(backend) == ("r1", "r4")
+        assert events == [Synced(), Joined("r2", "http://127.0.0.1:2", 5)]
+        assert replicas.stopped == ["r3"]
+        await backend.stop("r4")  # still starting: its wait ends, its process stops
+        assert starting_ids(backend) == ("r1",) and replicas.stopped == ["r3", "r4"]
+        await backend.start(1)
         await backend.close()  # waits cancelled; up stops the process with the rest
-        assert backend.starting() == () and replicas.stopped == ["r2", "r3"]
+        assert replicas.stopped == ["r3", "r4"]
+        following.cancel()
 
     asyncio.run(run())
 
@@ -262,16 +282,16 @@ def test_a_give_up_the_backend_fails_is_tried_again_at_the_next_tick() -> None:
     async def run() -> None:
         await controller.tick()
         assert backend.pending == ["r1"]
-        failing = backend.remove
+        failing = backend.stop
 
         async def refuse(replica_id: str) -> None:
             raise OSError("api server unreachable")
 
-        backend.remove = refuse  # type: ignore[method-assign]
+        backend.stop = refuse  # type: ignore[method-assign]
         clock.now_s += 61
         await controller.tick()
         assert (controller.gave_up, controller.errors) == (0, 1)
-        backend.remove = failing  # type: ignore[method-assign]
+        backend.stop = failing  # type: ignore[method-assign]
         clock.now_s += 5
         await controller.tick()
         assert controller.gave_up == 1
@@ -284,16 +304,16 @@ def test_a_drained_replica_whose_stop_fails_is_stopped_at_a_later_tick() -> None
     # Drained, it is out of the gateway: without a retry it would run (and cost) for ever.
     controller, fleet, backend, clock = rig(Scripted(1), {"r0": 0, "r1": 0})
     refusals = 2
-    remove = backend.remove
+    stop = backend.stop
 
     async def flaky(replica_id: str) -> None:
         nonlocal refusals
         if refusals:
             refusals -= 1
             raise OSError("api server unreachable")
-        await remove(replica_id)
+        await stop(replica_id)
 
-    backend.remove = flaky  # type: ignore[method-assign]
+    backend.stop = flaky  # type: ignore[method-assign]
 
     async def run() -> None:
         await controller.tick()

@@ -16,7 +16,9 @@ import aiohttp
 import pytest
 
 from servepilot.core.config import GatewayConfig
-from servepilot.fleet.up import UpReporter, _watch
+from servepilot.fleet.local import LocalBackend
+from servepilot.fleet.membership import following
+from servepilot.fleet.up import UpReporter, lost_warning
 from servepilot.gateway import serve
 from tests.unit.fake_upstream import FakeUpstream
 from tests.unit.gateway_support import CHAT, error_of, eventually, gateway_in_front_of, run, until
@@ -147,8 +149,10 @@ def test_admin_add_is_running_unless_it_says_starting() -> None:
 def test_a_replica_whose_process_exited_is_down_at_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """`up`'s supervisor tells the gateway when a replica's process exits: no health check
-    rounds to wait for, no cold-start wait for one still loading."""
+    """The local backend's watch tells the gateway when a replica's process exits (and `up`
+    warns): no health check rounds to wait for, no cold-start wait for one still loading."""
+
+    warned: list[str] = []
 
     async def body() -> None:
         replica = await FakeUpstream("a").start()
@@ -161,15 +165,18 @@ def test_a_replica_whose_process_exited_is_down_at_once(
                 aiohttp.ClientSession() as client,
             ):
                 assert gw.pool.get("a").healthy and gw.pool.starting()
-                stop = asyncio.Event()
-                watching = asyncio.ensure_future(
-                    _watch(_Exited({"a": 1, "b": -9}), gw.pool, stop, _quiet())  # type: ignore[arg-type]
-                )
-                await eventually(until(lambda: not gw.pool.get("a").healthy), timeout_s=0.5)
-                assert not gw.pool.starting()
-                assert await _timed_503(client, url) < 0.5
-                stop.set()
-                await watching
+                exited = _Exited({"a": 1, "b": -9})
+                backend = LocalBackend(exited, lambda info: None, poll_s=0.05)  # type: ignore[arg-type]
+                async with following(backend, gw.membership, lost_warning(_telling(warned))):
+                    await eventually(until(lambda: not gw.pool.get("a").healthy), timeout_s=0.5)
+                    assert not gw.pool.starting()
+                    assert await _timed_503(client, url) < 0.5
+        assert warned == [
+            "replica a lost: its process exited with code 1; the gateway routes around it "
+            "(log: a.log)",
+            "replica b lost: its process exited with code -9; the gateway routes around it "
+            "(log: b.log)",
+        ]
         assert caplog.messages == [
             f"replica a ({replica.url}) is down, taken out of rotation: its process exited "
             "with code 1",
@@ -185,6 +192,7 @@ class _Exited:
 
     def __init__(self, codes: dict[str, int]) -> None:
         self._codes = codes
+        self.processes: list[SimpleNamespace] = []
 
     def exited(self) -> list[tuple[SimpleNamespace, int]]:
         return [
@@ -193,5 +201,6 @@ class _Exited:
         ]
 
 
-def _quiet() -> UpReporter:
-    return UpReporter(lambda _: None, lambda _: None, lambda _: None)
+def _telling(warned: list[str]) -> UpReporter:
+    """A reporter whose warnings land in `warned`, without the time stamp."""
+    return UpReporter(lambda _: None, lambda _: None, lambda line: warned.append(line[9:]))

@@ -1,6 +1,7 @@
-"""The gateway's cluster discovery, by behaviour: endpoints appear, become ready, disappear, and
-the pool follows (through its add and drain-then-remove); the Kubernetes source reads
-EndpointSlices from a fake API server with the service account's token."""
+"""Kubernetes discovery, the Kubernetes backend's watch, by behaviour: endpoints appear, become
+ready, disappear, and the gateway's pool follows through its membership (add, and
+drain-then-remove); the Kubernetes source reads EndpointSlices from a fake API server with the
+service account's token."""
 
 from __future__ import annotations
 
@@ -17,9 +18,16 @@ from aiohttp import web
 
 from servepilot.cli.main import main
 from servepilot.core.config import GatewayConfig
+from servepilot.fleet.k8s.backend import KubernetesBackend
+from servepilot.fleet.k8s.endpoints import (
+    DiscoveryError,
+    Endpoint,
+    KubernetesEndpoints,
+    endpoints_from_slices,
+)
+from servepilot.fleet.membership import MembershipFeed, following
 from servepilot.gateway import ReplicaPool, serve
-from servepilot.gateway.discovery import DiscoveryError, Endpoint, EndpointWatcher
-from servepilot.gateway.k8s_endpoints import KubernetesEndpoints, endpoints_from_slices
+from servepilot.gateway.membership import Membership
 from tests.unit.fake_upstream import FakeUpstream, free_port
 from tests.unit.gateway_support import run
 
@@ -52,6 +60,26 @@ async def _until(condition: Callable[[], bool], timeout_s: float = 3.0) -> None:
         await asyncio.sleep(0.01)
 
 
+class Watching:
+    """A Kubernetes backend on `source` whose listings the test takes one at a time (`sync`),
+    fed into `pool`'s membership."""
+
+    def __init__(self, pool: ReplicaPool, source: FakeEndpoints, **kw: float) -> None:
+        self.backend = KubernetesBackend(source, **kw)
+        self.feed = MembershipFeed(self.backend.watch(), Membership(pool))
+
+    async def sync(self) -> None:
+        for event in await self.backend.poll():
+            await self.feed.apply(event)
+
+    @property
+    def replica_ids(self) -> frozenset[str]:
+        return self.feed.joined
+
+    async def stop(self) -> None:
+        await self.feed.stop()
+
+
 @contextlib.asynccontextmanager
 async def _pool() -> AsyncIterator[ReplicaPool]:
     pool = ReplicaPool(GatewayConfig())
@@ -66,7 +94,7 @@ def test_the_pool_follows_endpoints_that_appear_become_ready_and_disappear() -> 
         a, b = await FakeUpstream("a").start(), await FakeUpstream("b").start()
         source = FakeEndpoints()
         async with _pool() as pool:
-            watcher = EndpointWatcher(pool, source, drain_timeout_s=1.0)
+            watcher = Watching(pool, source, drain_timeout_s=1.0)
             source.now = [_at(a, ready=False)]  # a pod still loading its model
             await watcher.sync()
             assert _ids(pool) == []
@@ -94,7 +122,7 @@ def test_a_terminating_replica_drains_its_requests_before_it_leaves() -> None:
         a = await FakeUpstream("a").start()
         source = FakeEndpoints()
         async with _pool() as pool:
-            watcher = EndpointWatcher(pool, source, drain_timeout_s=5.0)
+            watcher = Watching(pool, source, drain_timeout_s=5.0)
             source.now = [_at(a)]
             await watcher.sync()
             replica = pool.acquire(f"127.0.0.1:{a.port}")  # a request in flight
@@ -116,7 +144,7 @@ def test_a_failed_listing_keeps_the_replicas() -> None:
         a = await FakeUpstream("a").start()
         source = FakeEndpoints()
         async with _pool() as pool:
-            watcher = EndpointWatcher(pool, source)
+            watcher = Watching(pool, source)
             source.now = [_at(a)]
             await watcher.sync()
             source.failing = True
@@ -128,23 +156,24 @@ def test_a_failed_listing_keeps_the_replicas() -> None:
     run(body())
 
 
-def test_the_watchers_task_follows_on_its_own_and_stops_in_order() -> None:
+def test_the_watch_follows_on_its_own_and_stops_in_order() -> None:
     async def body() -> None:
         a = await FakeUpstream("a").start()
         source = FakeEndpoints()
         async with _pool() as pool:
-            watcher = EndpointWatcher(pool, source, interval_s=0.02, drain_timeout_s=0.5)
-            watcher.start()
+            backend = KubernetesBackend(source, interval_s=0.02, drain_timeout_s=0.5)
+            feed = MembershipFeed(backend.watch(), Membership(pool))
+            await feed.start()  # synced: the first listing (nothing yet) is applied
             source.now = [_at(a)]
             await _until(lambda: bool(_ids(pool)))
             assert _ids(pool) == [f"127.0.0.1:{a.port}"]
             pool.acquire(f"127.0.0.1:{a.port}")  # never released: a drain that would hang
             source.now = []
             await asyncio.sleep(0.1)
-            await watcher.stop()  # cancels the drain and the loop, and returns
+            await feed.stop()  # cancels the drain and the watch, and returns
             source.now = [_at(a)]
             await asyncio.sleep(0.1)
-            assert watcher.replica_ids == frozenset()  # nothing runs after stop
+            assert feed.joined == frozenset()  # nothing runs after stop
         await a.stop()
 
     run(body())
@@ -158,8 +187,9 @@ def test_serve_with_a_source_routes_to_what_it_discovers() -> None:
         stop = asyncio.Event()
         started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         task = asyncio.ensure_future(
-            serve(GatewayConfig(port=0), [], source=source, stop=stop,
-                  on_started=started.set_result, drain_timeout_s=1.0)
+            serve(GatewayConfig(port=0), [], stop=stop, on_started=started.set_result,
+                  members=lambda g: following(KubernetesBackend(source), g.membership),
+                  drain_timeout_s=1.0)
         )  # fmt: skip
         port = await started
         async with aiohttp.ClientSession() as client:

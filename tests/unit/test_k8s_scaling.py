@@ -16,16 +16,17 @@ from servepilot.cli.main import main
 from servepilot.core.config import GatewayConfig, parse_config
 from servepilot.core.errors import ServepilotError
 from servepilot.fleet.autoscale.start import in_cluster
+from servepilot.fleet.k8s.api import KubernetesApi, KubernetesApiError
+from servepilot.fleet.k8s.backend import DISCOVERY_INTERVAL_S, KubernetesBackend
+from servepilot.fleet.k8s.endpoints import Endpoint, KubernetesEndpoints, endpoints_from_slices
 from servepilot.fleet.k8s.scaling import (
     DELETION_COST,
     KubernetesScaling,
     ScalingForbidden,
     scaler_role,
 )
+from servepilot.fleet.membership import following
 from servepilot.gateway import serve
-from servepilot.gateway.discovery import DISCOVERY_INTERVAL_S, Endpoint
-from servepilot.gateway.k8s_api import KubernetesApi, KubernetesApiError
-from servepilot.gateway.k8s_endpoints import KubernetesEndpoints, endpoints_from_slices
 from tests.unit.fake_upstream import FakeUpstream
 from tests.unit.gateway_support import run
 from tests.unit.k8s_api_fake import FakeCluster, api_server, service_account
@@ -224,10 +225,16 @@ async def _gateway_scaling(
     async with api_server(cluster) as url:
         source = KubernetesEndpoints("servepilot-vllm", api_url=url,
                                      account_dir=service_account(tmp_path))  # fmt: skip
+
+        def scaling(backend: KubernetesBackend) -> KubernetesScaling:
+            return KubernetesScaling(source.api, DEPLOYMENT, source, backend.ready_ids)
+
+        backend = KubernetesBackend(source, scaling, drain_timeout_s=1.0)
         stop = asyncio.Event()
         task = asyncio.ensure_future(
-            serve(GatewayConfig(port=0), [], source=source, stop=stop, drain_timeout_s=1.0,
-                  alongside=lambda g: in_cluster(config, g, source, DEPLOYMENT))
+            serve(GatewayConfig(port=0), [], stop=stop, drain_timeout_s=1.0,
+                  members=lambda g: following(backend, g.membership),
+                  alongside=lambda g: in_cluster(config, g, backend))
         )  # fmt: skip
         try:
             while not until():
@@ -254,7 +261,7 @@ def test_the_gateway_scales_its_deployment_up_to_the_minimum(tmp_path: Path) -> 
                 # The pod is ready after a second of ticks: it counted as starting meanwhile.
                 cluster.endpoints["vllm-b"] = ("127.0.0.1", b.port, True)
                 seen["ready"] = now
-            # The watcher lists every 2 s: then a few ticks with both in the gateway.
+            # The watch lists every 2 s: then a few ticks with both in the gateway.
             return "ready" in seen and now - seen["ready"] > DISCOVERY_INTERVAL_S + 1.0
 
         await _gateway_scaling(cluster, tmp_path, {"min_replicas": 2, "max_replicas": 3},

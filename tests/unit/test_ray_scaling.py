@@ -15,6 +15,7 @@ import pytest
 
 from servepilot.core.config import parse_config
 from servepilot.engine.process import ReplicaInfo
+from servepilot.fleet.backend import ReplicaState
 from servepilot.fleet.ray import replicas as ray_replicas
 from servepilot.fleet.ray import scaling
 from servepilot.fleet.ray.actor import ActorReady, ActorSpec
@@ -22,7 +23,7 @@ from servepilot.fleet.ray.groups import GroupState
 from servepilot.fleet.ray.placement import GroupSpec, NodeResources, ReplicaLayout, plan_placement
 from servepilot.fleet.ray.replicas import RayReplicas
 from servepilot.fleet.ray.scaling import RayScaling
-from servepilot.fleet.ray.watcher import ReplicaState, ReplicaWatcher
+from servepilot.fleet.ray.watcher import ReplicaWatcher
 
 CONFIG = parse_config({"cluster": {"backend": "ray", "placement": "pack"}}, origin="test")
 

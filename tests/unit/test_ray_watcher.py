@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from servepilot.engine.process import ReplicaInfo
+from servepilot.fleet.backend import ReplicaState
 from servepilot.fleet.ray.actor import ActorReady
 from servepilot.fleet.ray.view import (
     ClusterView,
@@ -21,7 +22,7 @@ from servepilot.fleet.ray.view import (
     read_view,
     write_view,
 )
-from servepilot.fleet.ray.watcher import ReplicaState, ReplicaUnavailable, ReplicaWatcher
+from servepilot.fleet.ray.watcher import ReplicaUnavailable, ReplicaWatcher
 
 
 def _answer(incarnation: str, url: str | None, node: str = "n1") -> ActorReady:

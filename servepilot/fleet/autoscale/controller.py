@@ -1,5 +1,5 @@
 """The controller: every `interval_s` it asks a scaling policy how many replicas the fleet
-should have and makes it so through a `ScalingBackend`.
+should have and makes it so through the fleet's `ReplicaBackend` (`fleet.backend`).
 
 More replicas: the backend launches them; each joins the gateway once ready (until then it
 counts as starting, so the policy sees the capacity on its way). Fewer: replicas still
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from servepilot.core.loop import cancel_all_and_wait, cancel_and_wait
-from servepilot.fleet.autoscale.backend import ScalingBackend
+from servepilot.fleet.backend import ReplicaBackend, remove_first_ids, starting_ids
 from servepilot.scaling.snapshot import (
     AutoscalePolicy,
     FleetSnapshot,
@@ -79,7 +79,7 @@ class AutoscaleController:
     def __init__(
         self,
         policy: AutoscalePolicy,
-        backend: ScalingBackend,
+        backend: ReplicaBackend,
         fleet: FleetView,
         *,
         interval_s: float,
@@ -165,7 +165,7 @@ class AutoscaleController:
     async def _stop_unstopped(self) -> None:
         for rid in sorted(self.unstopped):
             try:
-                await self._backend.remove(rid)
+                await self._backend.stop(rid)
             except Exception as exc:  # any backend failure: tried again at the next tick
                 self._failed(f"stop {rid}", exc)
                 continue
@@ -177,7 +177,7 @@ class AutoscaleController:
         not pull) would otherwise count as starting for ever, and the step rules take no step
         while one starts: the fleet would stop scaling. Past the startup budget it is removed
         and the policy decides again without it."""
-        starting = self._backend.starting()
+        starting = starting_ids(self._backend)
         since = {rid: self._starting_since.get(rid, now_s) for rid in starting}
         self._starting_since = since
         for rid, first_seen_s in list(since.items()):
@@ -187,7 +187,7 @@ class AutoscaleController:
                         "(engine.startup_timeout_s); removing it", rid,
                         self._startup_timeout_s)  # fmt: skip
             try:
-                await self._backend.remove(rid)
+                await self._backend.stop(rid)
             except Exception as exc:  # any backend failure: tried again at the next tick
                 self._failed(f"stop {rid}", exc)
                 continue
@@ -215,13 +215,13 @@ class AutoscaleController:
         have = snapshot.provisioned
         for _ in range(desired - have):
             try:
-                added = await self._backend.add()
+                (added,) = await self._backend.start(1)
             except Exception as exc:  # any backend failure: the next tick decides again
                 self._failed("add a replica", exc)
                 return
             self._starting_since[added] = self._clock()
             log.info("autoscale: replica %s launched", added)
-        order = removal_order(snapshot, self._backend.remove_first())
+        order = removal_order(snapshot, remove_first_ids(self._backend))
         for replica in order[: max(0, have - desired)]:
             task = asyncio.create_task(self._remove(replica), name=f"remove {replica.replica_id}")
             self._removals.add(task)
@@ -237,7 +237,7 @@ class AutoscaleController:
             except Exception as exc:  # e.g. it left the gateway meanwhile: stop it anyway
                 self._failed(f"drain {rid}", exc)
         try:
-            await self._backend.remove(rid)
+            await self._backend.stop(rid)
         except Exception as exc:
             self._failed(f"stop {rid}", exc)
             if replica.ready:  # out of the gateway now: only a retry stops it

@@ -1,7 +1,7 @@
 """`up --autoscale`: the controller built from fleet.yaml's `autoscale` section, in front of
-one gateway, applying its decisions through the backend of `cluster.backend` (local
-processes, or Ray actors: each `up` passes its own), its metrics on the gateway's /metrics.
-In a Kubernetes cluster the gateway runs it (`in_cluster`) on the replicas' Deployment."""
+one gateway, applying its decisions through the fleet's `ReplicaBackend` (local processes or
+Ray actors: `up` passes its own), its metrics on the gateway's /metrics. In a Kubernetes
+cluster the gateway runs it (`in_cluster`) on the replicas' Deployment."""
 
 from __future__ import annotations
 
@@ -10,18 +10,12 @@ from collections.abc import AsyncIterator, Callable
 
 from servepilot.core.config import FleetConfig
 from servepilot.core.errors import ConfigError
-from servepilot.engine.process import ReplicaInfo
-from servepilot.fleet.autoscale.backend import ScalingBackend
 from servepilot.fleet.autoscale.controller import AutoscaleController, Decision
-from servepilot.fleet.autoscale.local import LocalScaling
 from servepilot.fleet.autoscale.metrics import AutoscaleCollector
 from servepilot.fleet.autoscale.view import GatewayView
-from servepilot.fleet.k8s.scaling import KubernetesScaling
-from servepilot.fleet.local import LocalReplicas
+from servepilot.fleet.backend import ReplicaBackend, starting_ids
+from servepilot.fleet.k8s.backend import KubernetesBackend
 from servepilot.gateway import Gateway
-from servepilot.gateway.k8s_endpoints import KubernetesEndpoints
-from servepilot.plan.request import fleet_vllm_defaults
-from servepilot.routing.admission.budget import replica_capacity
 from servepilot.scaling.policies import AutoscaleSetup
 
 
@@ -44,22 +38,10 @@ def initial_replicas(config: FleetConfig) -> int:
     return min(scaling.max_replicas, max(scaling.min_replicas, count))
 
 
-def local_backend(config: FleetConfig, gateway: Gateway, replicas: LocalReplicas) -> LocalScaling:
-    """`cluster.backend: local`: more replica processes, each added to the gateway once ready
-    (the Ray backend's is `fleet.ray.scaling.RayScaling`, made by the Ray `up`)."""
-    defaults = fleet_vllm_defaults(config)
-
-    async def join(info: ReplicaInfo) -> None:
-        kv = info.kv.kv_capacity_tokens if info.kv else None
-        await gateway.pool.add(info.replica_id, info.url, replica_capacity(config, defaults, kv))
-
-    return LocalScaling(replicas, join)
-
-
 def start_autoscaler(
     config: FleetConfig,
     gateway: Gateway,
-    backend: ScalingBackend,
+    backend: ReplicaBackend,
     cold_start_s: float,
     on_decision: Callable[[Decision], None] | None = None,
 ) -> AutoscaleController:
@@ -68,7 +50,7 @@ def start_autoscaler(
     controller = AutoscaleController(
         AutoscaleSetup.from_section(config.autoscale, cold_start_s).build(),
         backend,
-        GatewayView(gateway, backend.starting),
+        GatewayView(gateway, lambda: starting_ids(backend)),
         interval_s=scaling.interval_s,
         drain_timeout_s=scaling.drain_timeout_s,
         # The local and Ray backends give up at the startup budget themselves; this catches
@@ -83,19 +65,16 @@ def start_autoscaler(
 
 @contextlib.asynccontextmanager
 async def in_cluster(
-    config: FleetConfig, gateway: Gateway, source: KubernetesEndpoints, deployment: str
+    config: FleetConfig, gateway: Gateway, backend: KubernetesBackend
 ) -> AsyncIterator[AutoscaleController]:
     """The controller of `gateway --discover k8s:SVC --scale-deployment NAME`, scaling that
-    Deployment; pods it already asks for count as starting. Its cold start (predictive's
-    horizon, where autoscale.forecast_horizon_s is unset) is engine.startup_timeout_s, the
-    startup probe's budget: no pod has been timed here."""
-    pool = gateway.pool
-
-    def joined() -> list[str]:
-        return [info.replica_id for info in pool.replicas()]
-
-    backend = KubernetesScaling(source.api, deployment, source, joined)
-    await backend.prime()
+    Deployment (`backend.scaling`); pods it already asks for count as starting. Entered once
+    the backend's watch has synced. Its cold start (predictive's horizon, where
+    autoscale.forecast_horizon_s is unset) is engine.startup_timeout_s, the startup probe's
+    budget: no pod has been timed here."""
+    if backend.scaling is None:
+        raise ConfigError("the autoscaler in a cluster needs --scale-deployment NAME")
+    await backend.scaling.prime()
     controller = start_autoscaler(config, gateway, backend, config.engine.startup_timeout_s)
     try:
         yield controller

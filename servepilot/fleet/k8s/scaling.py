@@ -1,11 +1,11 @@
-"""The Kubernetes backend of the autoscaler (`fleet.autoscale.ScalingBackend`), run by the
-gateway in the cluster (`servepilot gateway --discover k8s:SVC --scale-deployment NAME`): it
-changes the replicas' Deployment through its scale subresource (GET, then a merge PATCH of an
+"""The Kubernetes backend's start and stop (`backend.KubernetesBackend`), run by the autoscaler
+in the gateway in the cluster (`servepilot gateway --discover k8s:SVC --scale-deployment NAME`):
+it changes the replicas' Deployment through its scale subresource (GET, then a merge PATCH of an
 `autoscaling/v1` Scale carrying the resourceVersion read, so a concurrent change is refused,
 not overwritten) with the pod's service account, which the Role `scaler_role(NAME)` allows.
 
-add: replicas + 1. The new pod joins the gateway through the `--discover` EndpointSlice watch
-once ready; until then it counts as starting, under a placeholder id (`pending-N`), matched to
+add: replicas + 1. The new pod joins the gateway through the backend's EndpointSlice watch once
+ready; until then it counts as starting, under a placeholder id (`pending-N`), matched to
 the first replica that joins after it.
 
 remove: the controller has drained the replica at the gateway. Kubernetes, not we, picks the
@@ -27,8 +27,8 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from servepilot.core.errors import ServepilotError
-from servepilot.gateway.discovery import EndpointSource
-from servepilot.gateway.k8s_api import KubernetesApi, KubernetesApiError
+from servepilot.fleet.k8s.api import KubernetesApi, KubernetesApiError
+from servepilot.fleet.k8s.endpoints import EndpointSource
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +50,8 @@ class ScalingForbidden(ServepilotError):
 
 class KubernetesScaling:
     """Scales the Deployment `deployment` in `api`'s namespace; `pods` lists the replicas'
-    endpoints with their pods (the gateway's discovery source); `joined` gives the replica ids
-    the gateway routes to now."""
+    endpoints with their pods (the backend's source); `joined` gives the replica ids serving
+    now (those the backend's watch has seen ready)."""
 
     def __init__(
         self,

@@ -109,8 +109,22 @@ class RayReplicas:
     async def start(self, on_ready: Callable[[ReplicaInfo], None]) -> list[ReplicaInfo]:
         """Place the groups, start the actors, wait until every server is ready; on any
         failure (or cancellation) remove whatever was made."""
+        await self.launch()
+        return await self.wait_ready(on_ready)
+
+    async def launch(self) -> None:
+        """Place the groups and start the actors; on any failure (or cancellation) remove
+        whatever was made."""
         try:
             await self._launch()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def wait_ready(self, on_ready: Callable[[ReplicaInfo], None]) -> list[ReplicaInfo]:
+        """Until every launched server is ready; on any failure (or cancellation) remove
+        everything."""
+        try:
             return list(await asyncio.gather(*(self._ready(r, on_ready) for r in self.replicas)))
         except BaseException:
             await self.stop()

@@ -1,15 +1,15 @@
-"""The Ray backend of the autoscaler (`fleet.autoscale.ScalingBackend`): a replica added is
-one more actor, started as `up` starts the first ones (`RayReplicas`), and joins the gateway
-through the watcher, as they do; a replica removed, once the controller drained it, loses
-its actor and its placement group.
+"""The Ray backend's adds and removes (`backend.RayBackend`, for the autoscaler): a replica added
+is one more actor, started as `up` starts the first ones (`RayReplicas`), and joins the gateway
+through the watcher, as they do; a replica removed, once the controller drained it, loses its
+actor and its placement group.
 
 Under `spread` the first replicas share one STRICT_SPREAD group, which cannot grow: an added
 replica reuses a bundle a removed one left (its node holds no other replica), else gets a
 STRICT_PACK group of its own aimed (Ray's soft target) at a node with room that holds no
 replica. With no such node the group goes wherever Ray finds room, next to a replica, and a
 warning says so; a group not placed within cluster.placement_timeout_s is removed with its
-replica (the controller sees one fewer and decides again), as is a replica whose server
-fails to start or is not ready in time.
+replica (the controller sees one fewer and decides again), as is a replica whose server fails to
+start or is not ready in time.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ import time
 from collections.abc import Callable
 
 from servepilot.fleet.autoscale.waits import StartWaits
+from servepilot.fleet.backend import ReplicaState
 from servepilot.fleet.ray import cluster
 from servepilot.fleet.ray.groups import group_state, wait_placed
 from servepilot.fleet.ray.placement import NodeResources, node_for_added_replica
 from servepilot.fleet.ray.replicas import ACTOR_START_S, RayReplica, RayReplicas
-from servepilot.fleet.ray.watcher import ReplicaState, ReplicaWatcher
+from servepilot.fleet.ray.watcher import ReplicaWatcher
 
 # How often a starting replica's state is looked at (the watcher moves it).
 _POLL_S = 0.2

@@ -1,29 +1,26 @@
-"""Keeps the gateway's replicas in step with the replica actors as Ray loses and restarts them.
+"""Follows the replica actors as Ray loses and restarts them: the Ray backend's watch
+(`backend.RayBackend`, whose `Membership` turns a join and a leave into its watch's events).
 
-One task per replica follows its actor: it waits until the actor's server is ready, adds it
-to the gateway (through the pool's add, the path POST /admin/replicas takes), then waits for
-the server or the actor to go, and removes it (the drain-then-remove of DELETE
-/admin/replicas/{id}). A replica that Ray restarts, on the same node or on another one after a
-node loss, comes back as a new incarnation, possibly at a new URL, and is added again. A
+One task per replica follows its actor: it waits until the actor's server is ready, has it join
+(the gateway adds it), then waits for the server or the actor to go, and has it leave (the
+gateway drains, then drops it). A replica that Ray restarts, on the same node or on another one
+after a node loss, comes back as a new incarnation, possibly at a new URL, and is added again. A
 replica the autoscaler adds is followed from its start (`follow`); one it removes is let go
-before its actor is killed (`forget`). The tasks belong to the watcher and are cancelled,
-then awaited, by `stop()`.
+before its actor is killed (`forget`). The tasks belong to the watcher and are cancelled, then
+awaited, by `stop()`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from enum import StrEnum
 from typing import Protocol
 
 from servepilot.core.loop import cancel_all_and_wait, cancel_and_wait
+from servepilot.fleet.backend import ReplicaState
 from servepilot.fleet.ray.actor import ActorReady
-from servepilot.gateway import Gateway
-from servepilot.gateway.pool import ReplicaNotFound
 
 log = logging.getLogger(__name__)
 
@@ -35,15 +32,6 @@ RETRY_S = 1.0
 
 class ReplicaUnavailable(Exception):
     """The replica's actor is dead, restarting, or its call failed."""
-
-
-class ReplicaState(StrEnum):
-    STARTING = "starting"
-    READY = "ready"
-    LOST = "lost"
-    """Its actor or server went; Ray is restarting it (or gave up: see max_restarts)."""
-    FAILED = "failed"
-    """Its server did not start; the actor is restarted."""
 
 
 class FollowedReplica(Protocol):
@@ -58,27 +46,11 @@ class FollowedReplica(Protocol):
 
 
 class Membership(Protocol):
-    """Where replicas join and leave: the gateway's pool."""
+    """Where replicas join and leave (the Ray backend's watch)."""
 
     async def join(self, replica_id: str, answer: ActorReady) -> None: ...
 
     async def leave(self, replica_id: str) -> None: ...
-
-
-class GatewayMembership:
-    """The gateway's replica add / drain-then-remove, with each replica's concurrency budget."""
-
-    def __init__(self, gateway: Gateway, capacity: Callable[[ActorReady], int | None]) -> None:
-        self._gateway = gateway
-        self._capacity = capacity
-
-    async def join(self, replica_id: str, answer: ActorReady) -> None:
-        assert answer.info is not None
-        await self._gateway.pool.add(replica_id, answer.info.url, self._capacity(answer))
-
-    async def leave(self, replica_id: str) -> None:
-        with contextlib.suppress(ReplicaNotFound):
-            await self._gateway.pool.remove(replica_id, LEAVE_DRAIN_S)
 
 
 class ReplicaWatcher:

@@ -1,7 +1,7 @@
-"""The Kubernetes API server, as a pod reaches it with its service account: plain HTTPS with
-the account's token and CA (no Kubernetes client library). The gateway's discovery lists
-EndpointSlices through it; the autoscaler's Kubernetes backend reads and patches scale
-subresources and pods."""
+"""The Kubernetes API server, as a pod reaches it with its service account: plain HTTPS with the
+account's token and CA (no Kubernetes client library). The Kubernetes backend (`backend`) lists
+the replicas' EndpointSlices through it (`endpoints`), and reads and patches the Deployment's
+scale subresource and its pods (`scaling`)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,47 @@
 """Endpoints of a Kubernetes Service, read from its EndpointSlices with the pod's service account
-(plain HTTPS to the API server; no Kubernetes client library)."""
+(plain HTTPS to the API server; no Kubernetes client library): what the Kubernetes backend's
+watch follows (`backend`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from servepilot.gateway.discovery import DiscoveryError, Endpoint
-from servepilot.gateway.k8s_api import SERVICE_ACCOUNT_DIR, KubernetesApi, KubernetesApiError
+from servepilot.core.errors import ServepilotError
+from servepilot.fleet.k8s.api import SERVICE_ACCOUNT_DIR, KubernetesApi, KubernetesApiError
 
 # The label the EndpointSlice controller puts on each slice of a Service.
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+
+
+class DiscoveryError(ServepilotError):
+    """The endpoints could not be listed (the source says why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    ip: str
+    port: int
+    ready: bool
+    pod: str | None = field(default=None, compare=False)
+    """The pod behind it, where the source knows (the EndpointSlice's targetRef)."""
+
+    @property
+    def replica_id(self) -> str:
+        return f"{self.ip}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.ip}]" if ":" in self.ip else self.ip
+        return f"http://{host}:{self.port}"
+
+
+class EndpointSource(Protocol):
+    async def list_endpoints(self) -> list[Endpoint]:
+        """Every endpoint of the replicas now, ready or not; DiscoveryError if unknown."""
+        ...
 
 
 def parse_target(text: str) -> tuple[str, str | None]:
