@@ -5,13 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from servepilot.core.errors import ConfigError
-from servepilot.core.results import Load, LoadMode
-from servepilot.core.units import parse_duration_s
+from servepilot.cli.options import record_of
 from servepilot.load.arrivals import Arrival
-from servepilot.load.levels import LevelOptions, parse_levels
-from servepilot.load.sweep import SweepConfig
-from servepilot.load.workload import WorkloadKind, WorkloadSpec, parse_priority_mix
+from servepilot.load.flags import LoadFlags, WorkloadFlags
+from servepilot.load.levels import LevelOptions
+from servepilot.load.workload import WorkloadKind, WorkloadSpec
 
 
 def add_load_flags(parser: argparse.ArgumentParser, *, real_client: bool = True) -> None:
@@ -101,52 +99,8 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
 
 def levels_from_args(args: argparse.Namespace) -> LevelOptions:
     """The levels bench and sim run, from the flags of add_load_flags and add_workload_flags."""
-    return LevelOptions(
-        workload=workload_from_args(args),
-        loads=loads_from_args(args),
-        sweep=sweep_from_args(args),
-        requests=args.requests,
-        duration_s=parse_duration_s(args.duration, "--duration") if args.duration else None,
-        warmup_requests=args.warmup,
-        arrival=Arrival(args.arrival),
-        burstiness=args.burstiness,
-    )
-
-
-def loads_from_args(args: argparse.Namespace) -> tuple[Load, ...]:
-    if args.rate:
-        return tuple(Load(mode=LoadMode.RATE, value=v) for v in parse_levels(args.rate, "--rate"))
-    if args.concurrency:
-        values = parse_levels(args.concurrency, "--concurrency")
-        if any(v != int(v) for v in values):
-            raise ConfigError(f"--concurrency {args.concurrency!r}: levels must be whole numbers")
-        return tuple(Load(mode=LoadMode.CONCURRENCY, value=v) for v in values)
-    return () if args.sweep else (Load(mode=LoadMode.CONCURRENCY, value=1),)
-
-
-def sweep_from_args(args: argparse.Namespace) -> SweepConfig | None:
-    if not args.sweep:
-        return None
-    if getattr(args, "soak", None):
-        raise ConfigError("--sweep and --soak do not go together: soak runs one load level")
-    mode = LoadMode.RATE if args.rate else LoadMode.CONCURRENCY
-    start = parse_levels(args.rate or args.concurrency or "1", "--rate")[0]
-    return SweepConfig(mode=mode, start=start)
+    return record_of(LoadFlags, args).levels(workload_from_args(args))
 
 
 def workload_from_args(args: argparse.Namespace) -> WorkloadSpec:
-    return WorkloadSpec(
-        kind=WorkloadKind(args.workload),
-        input_tokens=args.input_tokens,
-        output_tokens=args.output_tokens,
-        seed=args.seed,
-        long_fraction=args.long_fraction,
-        long_input_tokens=args.long_input_tokens,
-        num_prefixes=args.num_prefixes,
-        prefix_tokens=args.prefix_tokens,
-        turns=args.turns,
-        active_sessions=args.active_sessions,
-        trace_path=args.trace,
-        priority_mix=parse_priority_mix(args.priority_mix) if args.priority_mix else None,
-        sessions=args.sessions,
-    )
+    return record_of(WorkloadFlags, args).spec()

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from servepilot.core.config import FleetConfig, load_config
 from servepilot.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    Record = TypeVar("Record", bound=DataclassInstance)
 
 
 def add_config_flag(parser: argparse.ArgumentParser) -> None:
@@ -41,3 +48,11 @@ def base_url(url: str, flag: str) -> str:
         raise ConfigError(f"{flag} {url!r}: expected a URL such as http://127.0.0.1:8000")
     url = url.rstrip("/")
     return url.removesuffix("/v1")
+
+
+def record_of(cls: type[Record], args: argparse.Namespace, **given: Any) -> Record:
+    """The flags record `cls` (of the layer that parses them) from the parsed flags whose dests
+    are its field names; a field the command has no flag for keeps its default, `given` sets
+    the others."""
+    names = {f.name for f in dataclasses.fields(cls)} - given.keys()
+    return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)}, **given)

@@ -10,18 +10,12 @@ from rich.text import Text
 
 from servepilot.cli.console import draw, out_console, print_step, print_warning
 from servepilot.cli.options import add_config_flag, config_from_args
-from servepilot.core.config import EngineConfig
-from servepilot.core.errors import ConfigError
-from servepilot.engine.args import vllm_command
 from servepilot.engine.cpu import cpu_flags
-from servepilot.engine.dummy_model import dummy_serving_folder
+from servepilot.engine.planned import PlannedLaunch, plan_launch
 from servepilot.fleet.devices import check_planned_fleet
 from servepilot.plan import report
-from servepilot.plan.checkpoint import checkpoint_for
-from servepilot.plan.export import fleet_config, fleet_yaml, plan_json
 from servepilot.plan.gpu_profile.source import read_step_source
 from servepilot.plan.launch import Launch
-from servepilot.plan.planner import Plan, make_plan
 from servepilot.plan.presets import preset_names
 from servepilot.plan.request import PlanRequest
 
@@ -124,68 +118,24 @@ def run(args: argparse.Namespace) -> int:
     request = PlanRequest.from_fleet(config, cpu_flags(), args.weights_dtype, args.kv_dtype)
     if args.profile is not None:
         request = request.replace(cost_model=read_step_source(args.profile))
-    plan = make_plan(request)
-    # When nothing fits, the command and fleet.yaml are those of the ladder's first rung that
-    # does: an answer to act on rather than a config vLLM would refuse.
-    step = None if plan.fits else plan.first_fitting_step
-    runnable = plan if step is None else make_plan(step.request)
-    given = config.engine
-    launch = launch_of(runnable, given) if runnable.fits else None
-    # A rung at the original precision (more accelerators or nodes), offered beside the first.
-    wider = next((s for s in plan.ladder if s.fits and s.widens and s is not step), None)
-    also = None if wider is None else (wider.action, launch_of(make_plan(wider.request), given))
-    if args.out is not None and runnable.fits:
-        _write(args.out, fleet_yaml(runnable, given))
+    answer = plan_launch(request, config.engine)
+    fits = answer.runnable.fits
+    if args.out is not None and fits:
+        answer.write_fleet_yaml(args.out)
     if args.json:
-        data = plan_json(plan) | _launch_json(launch if plan.fits else None)
-        if step is not None:
-            data["suggested"] = {"action": step.action, "advice": plan_json(runnable)["advice"]}
-            data["suggested"] |= _launch_json(launch)
-        if also is not None:
-            data["alternative"] = {"action": also[0]} | _launch_json(also[1])
-        out_console.print_json(json.dumps(data), indent=2)
+        out_console.print_json(json.dumps(answer.as_json()), indent=2)
     else:
-        _render(plan, runnable, launch, step.action if step else None)
-        if also is not None:
-            _print_launch(f"{also[0]}:", also[1])
-    if args.out is not None:
-        if runnable.fits:
-            rung = f" (after: {step.action})" if step else ""
-            print_step(f"wrote {args.out}{rung}; start it with `servepilot up -c {args.out}`")
-        else:
-            print_warning(f"did not write {args.out}: nothing fits, even on the ladder")
-    return 0 if plan.fits else 1
+        _render(answer)
+    if args.out is not None and fits:
+        rung = f" (after: {answer.step.action})" if answer.step else ""
+        print_step(f"wrote {args.out}{rung}; start it with `servepilot up -c {args.out}`")
+    elif args.out is not None:
+        print_warning(f"did not write {args.out}: nothing fits, even on the ladder")
+    return 0 if answer.plan.fits else 1
 
 
-def launch_of(plan: Plan, given: EngineConfig | None = None) -> Launch:
-    """How to start `plan` as printed: the checkpoint it serves and its `vllm serve` line,
-    with the engine section `given` as planned (what `k8s render` runs too)."""
-    req = plan.request
-    checkpoint = checkpoint_for(req.model, req.model_ref, req.weights_dtype)
-    model = checkpoint.model
-    if req.dummy_weights:
-        # No checkpoint to download: the config's folder with a tokenizer, which `up` writes.
-        model = str(dummy_serving_folder(req.model_ref))
-    command = vllm_command(fleet_config(plan, given), model, req.model.name)
-    return Launch(command, nodes=plan.option.parallelism.pp, checkpoint=checkpoint)
-
-
-def _launch_json(launch: Launch | None) -> dict[str, object]:
-    if launch is None:
-        return {"vllm_command": None, "launch": None}
-    return {"vllm_command": launch.command, "launch": list(launch.steps)}
-
-
-def _write(path: Path, text: str) -> None:
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"--out {path}: cannot write it ({exc.strerror})") from None
-
-
-def _render(plan: Plan, runnable: Plan, launch: Launch | None, rung: str | None) -> None:
-    """`runnable`: `plan`, or the ladder's first rung that fits, whose advice, cost, estimates
-    and launch are printed (`rung` its action)."""
+def _render(answer: PlannedLaunch) -> None:
+    plan, runnable, launch = answer.plan, answer.runnable, answer.launch
     style = "bold green" if plan.fits else "bold red"
     out_console.print(Text(report.headline(plan) + " — ") + Text(report.verdict(plan), style=style))
     out_console.print(draw(report.memory_table(plan)))
@@ -198,14 +148,9 @@ def _render(plan: Plan, runnable: Plan, launch: Launch | None, rung: str | None)
         out_console.print(draw(report.knob_table(plan)))
     if plan.ladder:
         out_console.print(draw(report.ladder_table(plan)))
-    after = "" if rung is None else f'after "{rung}": '
+    after = "" if answer.step is None else f'after "{answer.step.action}": '
     out_console.print(after + report.advice_line(runnable))
-    warnings = list(runnable.advice.warnings)
-    if plan.request.cost_model is None and (
-        mismatch := plan.request.accelerator.host_mismatch(plan.request.weights_dtype, cpu_flags())
-    ):
-        warnings.append(mismatch)
-    for warning in warnings:
+    for warning in answer.warnings(cpu_flags()):
         out_console.print(Text("warning: ", style="yellow") + Text(warning))
     out_console.print(_cost(report.cost_line(runnable)))
     if runnable.estimates is not None:
@@ -213,7 +158,9 @@ def _render(plan: Plan, runnable: Plan, launch: Launch | None, rung: str | None)
     if launch is None:
         out_console.print(Text("command: none; nothing fits, even on the ladder", style="red"))
     else:
-        _print_launch(f"command {after}".rstrip() if rung else "command:", launch)
+        _print_launch(f"command {after}".rstrip() if after else "command:", launch)
+    if answer.alternative is not None:
+        _print_launch(f"{answer.alternative[0]}:", answer.alternative[1])
 
 
 def _print_launch(title: str, launch: Launch) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,22 +14,17 @@ from servepilot.bench.report.fmt import level_name
 from servepilot.cli.console import print_step, print_warning
 from servepilot.cli.levels_view import exit_code, level_bars, print_runs
 from servepilot.cli.load_options import add_load_flags, add_workload_flags, levels_from_args
-from servepilot.cli.options import add_config_flag, config_from_args
+from servepilot.cli.options import add_config_flag, config_from_args, record_of
 from servepilot.core.autoscale_config import ScalingPolicyName
-from servepilot.core.config import FleetConfig, PolicyName
-from servepilot.core.errors import ConfigError
+from servepilot.core.config import PolicyName
 from servepilot.core.results import Load
-from servepilot.core.slo import Slo, parse_slo
-from servepilot.core.units import parse_duration_or_zero_s, parse_duration_s
 from servepilot.engine.cpu import cpu_flags
+from servepilot.load.flags import LoadFlags
 from servepilot.load.loadplan import LoadPlan
-from servepilot.scaling.policies import AutoscaleSetup
 from servepilot.sim.fleet import narration
-from servepilot.sim.fleet import setup as fleet_setup
-from servepilot.sim.fleet.network import parse_network
+from servepilot.sim.fleet.flags import SimFlags
 from servepilot.sim.fleet.records import Progress
 from servepilot.sim.fleet.session import SimOptions, SimOutput, simulate
-from servepilot.sim.fleet.simulator import FleetSpec
 
 # The seed's measurement: a new node loads DeepSeek-V4 from NVMe in 78 s.
 DEFAULT_COLD_START = "78s"
@@ -113,61 +107,18 @@ def _fleet_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    _check_counts(args)
+    record_of(LoadFlags, args).check_counts()
     if args.out is not None:
         check_out_dir(args.out)
     config = config_from_args(args, {"replicas.count": "replicas", "gateway.policy": "policy"})
-    setup = fleet_setup.replica_setup(config, args.profile, cpu_flags())
-    spec = _spec(args, config, setup)
-    scaling = fleet_setup.autoscaler(args.autoscale, args.scaling_policy, args.autoscale_target,
-        args.replica_rps, args.forecast_horizon, spec)  # fmt: skip
-    if scaling is None and config.autoscale.enabled:  # fleet.yaml's, as `up` would run it
-        spec = dataclasses.replace(spec, autoscale_interval_s=config.autoscale.interval_s)
-        scaling = AutoscaleSetup.from_section(config.autoscale, spec.cold_start_s)
-    opts = SimOptions(
-        spec=spec,
-        levels=levels_from_args(args),
-        slo=_slo(args, config),
-        prompt_overhead_tokens=setup.prompt_overhead_tokens,
-        target=fleet_setup.target_section(config, setup, spec, args.profile, scaling),
-        autoscaler=scaling.build if scaling is not None else None,
-    )
-    for line in narration.describe(setup, spec):
+    setup, opts = record_of(SimFlags, args).options(config, levels_from_args(args), cpu_flags())
+    for line in narration.describe(setup, opts.spec):
         print_step(line)
     for note in setup.notes:
         print_warning(note)
     output = _run_with_progress(opts)
     _report(output, args.out)
     return exit_code(output.result, measured=False)
-
-
-def _check_counts(args: argparse.Namespace) -> None:
-    if args.requests is not None and args.requests < 1:
-        raise ConfigError(f"--requests must be at least 1, got {args.requests}")
-    if args.warmup < 0:
-        raise ConfigError(f"--warmup must be at least 0, got {args.warmup}")
-
-
-def _spec(
-    args: argparse.Namespace, config: FleetConfig, setup: fleet_setup.ReplicaSetup
-) -> FleetSpec:
-    per_node = args.replicas_per_node or setup.replicas_per_node
-    if per_node < 1:
-        raise ConfigError(f"--replicas-per-node must be at least 1, got {per_node}")
-    scrape = args.scrape_interval
-    network = parse_network(args.network_ms, per_node, setup.request_overhead_s / 2)
-    return dataclasses.replace(
-        fleet_setup.fleet_spec(config, setup, network=network, seed=args.seed),
-        scrape_interval_s=parse_duration_s(scrape, "--scrape-interval") if scrape else None,
-        cold_start_s=parse_duration_or_zero_s(args.cold_start, "--cold-start"),
-        start_cold=args.start_cold,
-        autoscale_interval_s=parse_duration_s(args.autoscale_interval, "--autoscale-interval"),
-    )
-
-
-def _slo(args: argparse.Namespace, config: FleetConfig) -> Slo:
-    """--slo, or else fleet.yaml's slo section."""
-    return parse_slo(args.slo) if args.slo else config.slo
 
 
 def _run_with_progress(opts: SimOptions) -> SimOutput:
