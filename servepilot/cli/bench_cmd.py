@@ -5,25 +5,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from servepilot.bench.chat_template import ChatFrame, measure_chat_frame
-from servepilot.bench.client import Target
 from servepilot.bench.compare import compare_results, render_comparison
-from servepilot.bench.console import run_warnings
+from servepilot.bench.flags import BenchFlags, bench_setup
 from servepilot.bench.outputs import check_out_dir, write_outputs
 from servepilot.bench.records import Endpoint
-from servepilot.bench.session import BenchOptions, BenchOutput, run_bench
-from servepilot.bench.target import served_model
-from servepilot.bench.tokenizer import Tokenizer, open_tokenizer
+from servepilot.bench.session import run_bench
 from servepilot.cli.console import out_console, print_step, print_warning
+from servepilot.cli.fleet_target import memory_sources
 from servepilot.cli.levels_view import bench_reporter, exit_code, level_bars, print_runs
 from servepilot.cli.load_options import add_load_flags, add_workload_flags, levels_from_args
-from servepilot.cli.options import base_url
+from servepilot.cli.options import record_of
 from servepilot.core import loop
-from servepilot.core.errors import ConfigError
 from servepilot.core.results import load_result
-from servepilot.core.slo import Slo, parse_slo
-from servepilot.core.units import parse_duration_s
-from servepilot.fleet.soak_memory import MemorySampler, soak_memory
 
 DESCRIPTION = """\
 Load-test an OpenAI-compatible endpoint (a vLLM server, a servepilot gateway, any other) and
@@ -112,68 +105,25 @@ def _target_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.url is None:
-        raise ConfigError("--url is required", hint="e.g. --url http://127.0.0.1:8000")
+    flags = record_of(BenchFlags, args)
     levels = levels_from_args(args)
     if args.out is not None:
         check_out_dir(args.out)
-    root = base_url(args.url, "--url")
-    model = args.model or served_model(root, args.api_key)
-    target = Target(base_url=root, model=model, endpoint=Endpoint(args.endpoint),
-                    api_key=args.api_key, timeout_s=args.timeout)  # fmt: skip
-    soak_s = parse_duration_s(args.soak, "--soak") if args.soak else None
-    if soak_s is not None and len(levels.loads) != 1:
-        raise ConfigError("--soak runs one load level: give one --concurrency or --rate value")
-    tokenizer = open_tokenizer(target.base_url, target.model, args.tokenizer)
-    opts = BenchOptions(
-        target=target, levels=levels, seed=args.seed,
-        slo=parse_slo(args.slo) if args.slo else Slo(),
-        soak_s=soak_s, window_s=_window_s(args, soak_s), processes=args.processes,
-        metrics_url=args.metrics_url, chat=_chat_frame(tokenizer, target),
-        memory_sources=_memory_sources(root) if soak_s is not None else None,
-    )  # fmt: skip
-    output = _run_with_progress(opts, tokenizer)
-    _report(output, args.out)
+    setup = bench_setup(flags, levels, memory_sources, _note)
+    with level_bars() as bars:
+        output = loop.run(run_bench(setup.options, setup.tokenizer, bench_reporter(bars)))
+    print_runs(output.result)
+    if args.out is not None:
+        write_outputs(args.out, output.result, output.records)
+        print_step(f"wrote {args.out}/results.json, requests.csv and report.html")
     return exit_code(output.result, measured=True)
 
 
-def _chat_frame(tokenizer: Tokenizer, target: Target) -> ChatFrame:
-    frame = measure_chat_frame(tokenizer, target.endpoint)
-    line = frame.describe(target.endpoint, tokenizer.name)
-    if line is not None:
-        (print_step if frame.known else print_warning)(line)
-    return frame
+def _note(line: str, known: bool) -> None:
+    (print_step if known else print_warning)(line)
 
 
 def compare(args: argparse.Namespace) -> int:
     comparison = compare_results(load_result(args.a), load_result(args.b))
     out_console.print(render_comparison(comparison, str(args.a), str(args.b)))
     return 0
-
-
-def _run_with_progress(opts: BenchOptions, tokenizer: Tokenizer) -> BenchOutput:
-    with level_bars() as bars:
-        return loop.run(run_bench(opts, tokenizer, bench_reporter(bars)))
-
-
-def _report(output: BenchOutput, out_dir: Path | None) -> None:
-    result = output.result
-    print_runs(result)
-    for run in result.runs:
-        for warning in run_warnings(run):
-            print_warning(warning)
-    if out_dir is not None:
-        write_outputs(out_dir, result, output.records)
-        print_step(f"wrote {out_dir}/results.json, requests.csv and report.html")
-
-
-def _memory_sources(root: str) -> MemorySampler | None:
-    memory = soak_memory(root)
-    print_step(memory.described)
-    return memory.sampler
-
-
-def _window_s(args: argparse.Namespace, soak_s: float | None) -> float:
-    if args.window:
-        return parse_duration_s(args.window, "--window")
-    return max(10.0, soak_s / 10) if soak_s else 30.0

@@ -15,7 +15,7 @@ from servepilot.bench.records import Endpoint
 from servepilot.calibrate.fit import coefficient_table, sample_table
 from servepilot.calibrate.run import Calibration, CalibrationRequest, calibrate
 from servepilot.cli.console import draw, err_console, out_console, print_step, print_warning
-from servepilot.cli.options import base_url
+from servepilot.core.urls import base_url
 
 # The fit's tables: the first column names the row, the others are numbers.
 _STYLE = {"box": box.SIMPLE_HEAD, "pad_edge": False, "header_style": "bold"}

@@ -8,10 +8,12 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from servepilot.cli.options import base_url
+from servepilot.cli.console import print_step
 from servepilot.core.errors import FleetError
+from servepilot.core.urls import base_url
 from servepilot.fleet.control import no_fleet_on
 from servepilot.fleet.logs import replica_log_name
+from servepilot.fleet.soak_memory import MemorySampler, soak_memory
 from servepilot.fleet.state import FleetRecord, FleetState, read_records
 
 
@@ -62,3 +64,11 @@ def find_fleet(url: str | None, port: int | None = None) -> FleetTarget:
         urls = ", ".join(r.gateway_url for r in serving)
         raise FleetError(f"fleets serve at {urls}", hint="pass --port or --url to pick one")
     return FleetTarget(serving[0].gateway_url, serving[0])
+
+
+def memory_sources(root: str) -> MemorySampler | None:
+    """A soak's memory sources beyond `root`'s /metrics: the replica processes and GPUs of the
+    fleet `up` runs here at `root`, if it does (said on stderr)."""
+    memory = soak_memory(root)
+    print_step(memory.described)
+    return memory.sampler

@@ -6,10 +6,11 @@ import argparse
 from pathlib import Path
 
 from servepilot.cli.console import out_console, print_step
-from servepilot.cli.options import add_config_flag, base_url, config_from_args
+from servepilot.cli.options import add_config_flag, config_from_args
 from servepilot.core import accel
 from servepilot.core.config import FleetConfig, PolicyName
 from servepilot.core.errors import ConfigError
+from servepilot.core.urls import base_url
 from servepilot.fleet.autoscale.start import in_cluster
 from servepilot.fleet.serve import check_port_free, fleet_facts
 from servepilot.gateway import run_gateway

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from servepilot.core.config import FleetConfig, load_config
-from servepilot.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -40,14 +39,6 @@ def config_from_args(args: argparse.Namespace, flags: dict[str, str]) -> FleetCo
         return config
     names = {path: "--" + flags[path].replace("_", "-") for path in given}
     return config.with_overrides(given, names)
-
-
-def base_url(url: str, flag: str) -> str:
-    """A server's root URL from what a user typed (a trailing /v1 or / is dropped)."""
-    if not url.startswith(("http://", "https://")):
-        raise ConfigError(f"{flag} {url!r}: expected a URL such as http://127.0.0.1:8000")
-    url = url.rstrip("/")
-    return url.removesuffix("/v1")
 
 
 def record_of(cls: type[Record], args: argparse.Namespace, **given: Any) -> Record:

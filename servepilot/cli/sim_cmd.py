@@ -8,9 +8,8 @@ from pathlib import Path
 
 from rich.text import Text
 
-from servepilot.bench.console import progress_counts, run_warnings
+from servepilot.bench.console import progress_counts
 from servepilot.bench.outputs import check_out_dir, write_results_json
-from servepilot.bench.report.fmt import level_name
 from servepilot.cli.console import print_step, print_warning
 from servepilot.cli.levels_view import exit_code, level_bars, print_runs
 from servepilot.cli.load_options import add_load_flags, add_workload_flags, levels_from_args
@@ -144,11 +143,10 @@ def _run_with_progress(opts: SimOptions) -> SimOutput:
 
 def _report(output: SimOutput, out_dir: Path | None) -> None:
     result = output.result
-    print_runs(result)
-    for run, stats in zip(result.runs, output.stats, strict=True):
-        print_step(f"{level_name(run.load)}: {narration.level_stats(run, stats)}")
-        for warning in run_warnings(run):
-            print_warning(warning)
+    stats = [
+        narration.level_stats(run, st) for run, st in zip(result.runs, output.stats, strict=True)
+    ]
+    print_runs(result, stats)
     if out_dir is not None:
         write_results_json(out_dir, result)
         print_step(f"wrote {out_dir}/results.json (compare: servepilot bench compare)")
