@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
 
@@ -13,17 +12,16 @@ from servepilot.bench.client import Target
 from servepilot.bench.outputs import check_out_dir
 from servepilot.bench.target import served_model
 from servepilot.bench.tokenizer import open_tokenizer
-from servepilot.cli.console import out_console, print_step
-from servepilot.cli.fleet_target import FleetTarget, add_fleet_choice, find_fleet
+from servepilot.cli.console import out_console, print_marked, print_step
+from servepilot.cli.fleet_target import add_fleet_choice, find_fleet, memory_sources
 from servepilot.cli.levels_view import bench_reporter, level_bars
 from servepilot.cli.options import add_config_flag
 from servepilot.core import loop
 from servepilot.core.config import load_config
 from servepilot.core.errors import ConfigError
 from servepilot.core.units import parse_duration_s
-from servepilot.fleet.soak_memory import MemorySampler, soak_memory
 from servepilot.observe.accept.items import Verdict
-from servepilot.observe.accept.report import overall, write_report
+from servepilot.observe.accept.report import overall, reproduce_commands, write_report
 from servepilot.observe.accept.run import Acceptance, AcceptOptions, run_accept
 
 DESCRIPTION = """\
@@ -93,28 +91,18 @@ def run_accept_cmd(args: argparse.Namespace) -> int:
         target=target, config=load_config(args.config), logs=fleet.replica_logs(),
         requests=args.requests, max_concurrency=args.max_concurrency,
         input_tokens=args.input_tokens, output_tokens=args.output_tokens,
-        soak_s=parse_duration_s(args.soak, "--soak"), memory_sources=_memory_sources(fleet),
+        soak_s=parse_duration_s(args.soak, "--soak"),
+        memory_sources=memory_sources(fleet.gateway_url),
     )  # fmt: skip
     tokenizer = open_tokenizer(target.base_url, target.model, None)
     with level_bars() as bars:
         acceptance = loop.run(run_accept(opts, tokenizer, bench_reporter(bars), print_step))
     _print_items(acceptance)
-    json_path, html_path = write_report(args.out, acceptance, fleet.gateway_url,
-                                        _commands(args, fleet))  # fmt: skip
+    port = fleet.record.port if fleet.record else None
+    commands = reproduce_commands(args.config, port, sys.argv[1:])
+    json_path, html_path = write_report(args.out, acceptance, fleet.gateway_url, commands)
     print_step(f"wrote {html_path} and {json_path}")
     return 1 if overall(acceptance) is Verdict.FAIL else 0
-
-
-def _memory_sources(fleet: FleetTarget) -> MemorySampler | None:
-    memory = soak_memory(fleet.gateway_url)
-    print_step(memory.described)
-    return memory.sampler
-
-
-def _commands(args: argparse.Namespace, fleet: FleetTarget) -> list[str]:
-    config = f" -c {shlex.quote(str(args.config))}" if args.config else ""
-    up = f"servepilot up{config}" + (f" --port {fleet.record.port}" if fleet.record else "")
-    return [up, "servepilot " + shlex.join(sys.argv[1:])]
 
 
 _STYLE = {Verdict.PASS: "bold green", Verdict.FAIL: "bold red", Verdict.NOT_APPLICABLE: "dim"}
@@ -122,8 +110,9 @@ _STYLE = {Verdict.PASS: "bold green", Verdict.FAIL: "bold red", Verdict.NOT_APPL
 
 def _print_items(acceptance: Acceptance) -> None:
     for item in acceptance.items:
-        head = Text(f"{item.verdict.value.upper():<5}", style=_STYLE[item.verdict])
-        out_console.print(head + Text(f" {item.number}. {item.title}"))
-        out_console.print(Text(f"      {item.evidence}"), soft_wrap=True)
+        mark = f"{item.verdict.value.upper():<5}"
+        print_marked(
+            mark, _STYLE[item.verdict], f" {item.number}. {item.title}", [item.evidence], 6
+        )
     verdict = overall(acceptance)
     out_console.print(Text(f"acceptance: {verdict.value}", style=_STYLE[verdict]))

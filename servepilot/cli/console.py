@@ -36,6 +36,16 @@ def print_step(message: str) -> None:
     err_console.print(Text("• ", style="cyan") + Text(message))
 
 
+def print_marked(
+    mark: str, style: str, line: str, details: Iterable[str | Text] = (), indent: int = 2
+) -> None:
+    """A verdict line on stdout (`PASS  1. title`, `problem  rule: summary`), `mark` in
+    `style`, then its details indented, each on one line however long (a log is grepped)."""
+    out_console.print(Text(mark, style=style) + Text(line))
+    for detail in details:
+        out_console.print(Text(" " * indent) + detail, soft_wrap=True)
+
+
 def draw(table: TextTable, **options: Any) -> Table:
     """A TextTable from the package that owns its data, drawn as simple_table draws."""
     caption = {"caption": table.caption, "caption_justify": "left"} if table.caption else {}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.text import Text
 
-from servepilot.cli.console import out_console, print_step, print_warning
+from servepilot.cli.console import out_console, print_marked, print_step, print_warning
 from servepilot.cli.fleet_target import FleetTarget, add_fleet_choice, find_fleet
 from servepilot.cli.options import add_config_flag
 from servepilot.core.config import load_config
@@ -107,11 +107,10 @@ _STYLE = {Severity.PROBLEM: "bold red", Severity.WARNING: "bold yellow", Severit
 def _print_findings(findings: tuple[Finding, ...], replicas: int) -> None:
     if not findings:
         out_console.print(f"no finding: {replicas} replicas and this machine look healthy")
-        return
-    for finding in findings:
-        head = Text(f"{finding.severity.value:<8}", style=_STYLE[finding.severity])
-        out_console.print(head + Text(f"{finding.rule}: {finding.summary}"))
-        out_console.print(Text(f"  evidence: {finding.evidence}"), soft_wrap=True)
-        out_console.print(Text(f"  fix: {finding.fix}"), soft_wrap=True)
-        if finding.knob is not None:
-            out_console.print(Text(f"  set {finding.knob}: {finding.value}", style="bold"))
+    for f in findings:
+        details: list[str | Text] = [f"evidence: {f.evidence}", f"fix: {f.fix}"]
+        if f.knob is not None:
+            details.append(Text(f"set {f.knob}: {f.value}", style="bold"))
+        print_marked(
+            f"{f.severity.value:<8}", _STYLE[f.severity], f"{f.rule}: {f.summary}", details
+        )
