@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +11,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from servepilot.cli.console import err_console, out_console, print_error, print_step
 from servepilot.gateway.batch.client import DONE, BatchClient, BatchClientError, endpoint_of
-
-_POLL_S = 1.0
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -70,14 +67,13 @@ def _follow(client: BatchClient, batch: dict[str, Any]) -> dict[str, Any]:
                TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn())  # fmt: skip
     with Progress(*columns, console=err_console) as bar:
         task = bar.add_task(batch["status"], total=None, failed=0)
-        while batch["status"] not in DONE:
-            time.sleep(_POLL_S)
-            batch = client.retrieve(batch["id"])
-            counts = batch["request_counts"]
-            done = counts["completed"] + counts["failed"]
-            bar.update(task, description=batch["status"], total=counts["total"] or None,
-                       completed=done, failed=counts["failed"])  # fmt: skip
-    return batch
+
+        def update(batch: dict[str, Any]) -> None:
+            n = batch["request_counts"]
+            bar.update(task, description=batch["status"], total=n["total"] or None,
+                       completed=n["completed"] + n["failed"], failed=n["failed"])  # fmt: skip
+
+        return client.follow(batch, update)
 
 
 def _finish(client: BatchClient, batch: dict[str, Any], path: Path) -> int:
@@ -86,10 +82,6 @@ def _finish(client: BatchClient, batch: dict[str, Any], path: Path) -> int:
                f"{counts['failed']} failed of {counts['total']}")  # fmt: skip
     for error in (batch.get("errors") or {}).get("data") or []:
         print_error(f"line {error.get('line')}: {error.get('message')}")
-    for key, suffix in (("output_file_id", "output"), ("error_file_id", "errors")):
-        if batch.get(key):
-            target = path.with_name(f"{path.stem}.{suffix}.jsonl")
-            target.write_bytes(client.content(batch[key]))
-            out_console.print(f"{suffix}: {target}")
-    ok = batch["status"] == "completed" and counts["failed"] == 0
-    return 0 if ok else 1
+    for suffix, target in client.save_files(batch, path):
+        out_console.print(f"{suffix}: {target}")
+    return 0 if batch["status"] == "completed" and counts["failed"] == 0 else 1
