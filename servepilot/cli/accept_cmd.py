@@ -13,13 +13,13 @@ from servepilot.bench.outputs import check_out_dir
 from servepilot.bench.target import served_model
 from servepilot.bench.tokenizer import open_tokenizer
 from servepilot.cli.console import out_console, print_marked, print_step
-from servepilot.cli.fleet_target import add_fleet_choice, find_fleet, memory_sources
-from servepilot.cli.levels_view import bench_reporter, level_bars
-from servepilot.cli.options import add_config_flag
+from servepilot.cli.levels_view import bench_reporter, level_bars, memory_sources
+from servepilot.cli.options import add_config_flag, add_fleet_choice
 from servepilot.core import loop
 from servepilot.core.config import load_config
 from servepilot.core.errors import ConfigError
 from servepilot.core.units import parse_duration_s
+from servepilot.fleet.target import find_fleet
 from servepilot.observe.accept.items import Verdict
 from servepilot.observe.accept.report import overall, reproduce_commands, write_report
 from servepilot.observe.accept.run import Acceptance, AcceptOptions, run_accept

@@ -11,8 +11,13 @@ from servepilot.bench.outputs import check_out_dir, write_outputs
 from servepilot.bench.records import Endpoint
 from servepilot.bench.session import run_bench
 from servepilot.cli.console import out_console, print_step, print_warning
-from servepilot.cli.fleet_target import memory_sources
-from servepilot.cli.levels_view import bench_reporter, exit_code, level_bars, print_runs
+from servepilot.cli.levels_view import (
+    bench_reporter,
+    exit_code,
+    level_bars,
+    memory_sources,
+    print_runs,
+)
 from servepilot.cli.load_options import add_load_flags, add_workload_flags, levels_from_args
 from servepilot.cli.options import record_of
 from servepilot.core import loop

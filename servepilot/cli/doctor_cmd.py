@@ -10,11 +10,11 @@ from pathlib import Path
 from rich.text import Text
 
 from servepilot.cli.console import out_console, print_marked, print_step, print_warning
-from servepilot.cli.fleet_target import FleetTarget, add_fleet_choice, find_fleet
-from servepilot.cli.options import add_config_flag
+from servepilot.cli.options import add_config_flag, add_fleet_choice
 from servepilot.core.config import load_config
 from servepilot.core.errors import FleetError
 from servepilot.fleet.ray.view import read_view
+from servepilot.fleet.target import FleetTarget, find_fleet
 from servepilot.observe.doctor import evidence as recorded
 from servepilot.observe.doctor.finding import Finding, Severity
 from servepilot.observe.doctor.gather import gather

@@ -27,6 +27,7 @@ from servepilot.bench.report.fmt import level_name
 from servepilot.bench.session import BenchReporter, LevelProgress
 from servepilot.cli.console import err_console, out_console, print_step, print_warning
 from servepilot.core.results import BenchResult, Load, Run
+from servepilot.fleet.soak_memory import MemorySampler, soak_memory
 
 
 class LevelBars:
@@ -154,3 +155,11 @@ def exit_code(result: BenchResult, *, measured: bool) -> int:
     if why is not None:
         err_console.print(Text("warning: ", style="yellow") + Text(why))
     return code
+
+
+def memory_sources(root: str) -> MemorySampler | None:
+    """A soak's memory sources beyond `root`'s /metrics: the replica processes and GPUs of the
+    fleet `up` runs here at `root`, if it does (said on stderr)."""
+    memory = soak_memory(root)
+    print_step(memory.described)
+    return memory.sampler

@@ -47,3 +47,12 @@ def record_of(cls: type[Record], args: argparse.Namespace, **given: Any) -> Reco
     the others."""
     names = {f.name for f in dataclasses.fields(cls)} - given.keys()
     return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)}, **given)
+
+
+def add_fleet_choice(parser: argparse.ArgumentParser) -> None:
+    """--url or --port, as `status`, `down` and `logs` pick a fleet by --port."""
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--url", metavar="URL",
+                       help="the gateway (default: the fleet `up` runs here)")  # fmt: skip
+    which.add_argument("--port", type=int, metavar="P",
+                       help="the fleet `up` runs here on this port")  # fmt: skip

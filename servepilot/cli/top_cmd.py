@@ -11,8 +11,9 @@ from rich.live import Live
 from rich.text import Text
 
 from servepilot.cli.console import draw, out_console
-from servepilot.cli.fleet_target import add_fleet_choice, find_fleet
+from servepilot.cli.options import add_fleet_choice
 from servepilot.core.errors import FleetError
+from servepilot.fleet.target import find_fleet
 from servepilot.observe.top.poll import poll
 from servepilot.observe.top.view import Screen, TopView
 

@@ -6,9 +6,10 @@ import argparse
 import os
 
 from servepilot.cli.console import out_console
-from servepilot.cli.fleet_target import add_fleet_choice, find_fleet
+from servepilot.cli.options import add_fleet_choice
 from servepilot.core.errors import FleetError
 from servepilot.fleet.control import SleepAnswer, sleep_or_wake
+from servepilot.fleet.target import find_fleet
 
 SLEEP_DESCRIPTION = """\
 Put one replica of a running fleet to sleep (vLLM's sleep mode; the fleet runs with

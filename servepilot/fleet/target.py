@@ -1,19 +1,16 @@
-"""Which running fleet `top`, `doctor` and `accept` look at: the one --url names, or the one
-`servepilot up` runs here on --port, else the only one `up` runs here (found by its record, as
-`status` finds it)."""
+"""Which running fleet `top`, `doctor`, `accept`, `sleep` and `wake` look at: the one --url
+names, or the one `servepilot up` runs here on --port, else the only one `up` runs here (found
+by its record, as `status` finds it)."""
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from servepilot.cli.console import print_step
 from servepilot.core.errors import FleetError
 from servepilot.core.urls import base_url
 from servepilot.fleet.control import no_fleet_on
 from servepilot.fleet.logs import replica_log_name
-from servepilot.fleet.soak_memory import MemorySampler, soak_memory
 from servepilot.fleet.state import FleetRecord, FleetState, read_records
 
 
@@ -36,15 +33,6 @@ class FleetTarget:
         return logs
 
 
-def add_fleet_choice(parser: argparse.ArgumentParser) -> None:
-    """--url or --port, as `status`, `down` and `logs` pick a fleet by --port."""
-    which = parser.add_mutually_exclusive_group()
-    which.add_argument("--url", metavar="URL",
-                       help="the gateway (default: the fleet `up` runs here)")  # fmt: skip
-    which.add_argument("--port", type=int, metavar="P",
-                       help="the fleet `up` runs here on this port")  # fmt: skip
-
-
 def find_fleet(url: str | None, port: int | None = None) -> FleetTarget:
     """The fleet at `url`, else the one serving on `port`, else the only one serving."""
     serving = [r for r in read_records() if r.is_alive() and r.state is FleetState.SERVING]
@@ -64,11 +52,3 @@ def find_fleet(url: str | None, port: int | None = None) -> FleetTarget:
         urls = ", ".join(r.gateway_url for r in serving)
         raise FleetError(f"fleets serve at {urls}", hint="pass --port or --url to pick one")
     return FleetTarget(serving[0].gateway_url, serving[0])
-
-
-def memory_sources(root: str) -> MemorySampler | None:
-    """A soak's memory sources beyond `root`'s /metrics: the replica processes and GPUs of the
-    fleet `up` runs here at `root`, if it does (said on stderr)."""
-    memory = soak_memory(root)
-    print_step(memory.described)
-    return memory.sampler
