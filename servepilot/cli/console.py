@@ -28,8 +28,12 @@ def print_error(message: object) -> None:
     err_console.print(Text("error: ", style="bold red") + Text(str(message)))
 
 
+def warning_text(message: str) -> Text:
+    return Text("warning: ", style="bold yellow") + Text(message)
+
+
 def print_warning(message: str) -> None:
-    err_console.print(Text("warning: ", style="bold yellow") + Text(message))
+    err_console.print(warning_text(message))
 
 
 def print_step(message: str) -> None:

@@ -153,7 +153,7 @@ def exit_code(result: BenchResult, *, measured: bool) -> int:
     """bench's and sim's exit code for `result`, saying why when it is not 0."""
     code, why = ending(result, measured=measured)
     if why is not None:
-        err_console.print(Text("warning: ", style="yellow") + Text(why))
+        print_warning(why)
     return code
 
 

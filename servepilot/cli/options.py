@@ -1,11 +1,13 @@
-"""Flags shared by several commands, and how they override fleet.yaml."""
+"""How a command joins the parser, the flags several commands share, and how flags become
+fleet.yaml overrides and the typed records of the layers that parse them."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from servepilot.core.config import FleetConfig, load_config
 
@@ -15,14 +17,34 @@ if TYPE_CHECKING:
     Record = TypeVar("Record", bound=DataclassInstance)
 
 
+Run = Callable[[argparse.Namespace], int]
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def add_command(
+    sub: Commands, name: str, help: str, description: str, run: Run | None = None
+) -> argparse.ArgumentParser:
+    """A subcommand whose `description` keeps its line breaks (lists, examples); `run` gets
+    the parsed flags and returns the exit code."""
+    parser = sub.add_parser(name, help=help, description=description,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    if run is not None:
+        parser.set_defaults(run=run)
+    return parser
+
+
 def add_config_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-c", "--config", type=Path, metavar="FLEET_YAML",
+                        help="fleet.yaml to read (default: none, every setting at "
+                             "its default)")  # fmt: skip
+
+
+def add_server_flags(parser: argparse._ActionsContainer, model_default: str) -> None:
+    """--model and --api-key, for a command that talks to an OpenAI-compatible server."""
     parser.add_argument(
-        "-c",
-        "--config",
-        type=Path,
-        metavar="FLEET_YAML",
-        help="fleet.yaml to read (default: none, every setting at its default)",
+        "--model", metavar="NAME", help=f"model to ask for (default: {model_default})"
     )
+    parser.add_argument("--api-key", metavar="KEY", help="sent as Authorization: Bearer KEY")
 
 
 def config_from_args(args: argparse.Namespace, flags: dict[str, str]) -> FleetConfig:

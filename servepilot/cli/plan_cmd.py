@@ -8,8 +8,8 @@ from pathlib import Path
 
 from rich.text import Text
 
-from servepilot.cli.console import draw, out_console, print_step, print_warning
-from servepilot.cli.options import add_config_flag, config_from_args
+from servepilot.cli.console import draw, out_console, print_step, print_warning, warning_text
+from servepilot.cli.options import Commands, add_command, add_config_flag, config_from_args
 from servepilot.engine.cpu import cpu_flags
 from servepilot.engine.planned import PlannedLaunch, plan_launch
 from servepilot.fleet.devices import check_planned_fleet
@@ -55,53 +55,44 @@ examples:
 """
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "plan", help=HELP, description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+def register(sub: Commands) -> None:
+    parser = add_command(sub, "plan", HELP, DESCRIPTION, run)
     add_config_flag(parser)
-    what = parser.add_argument_group("model and hardware")
-    presets = ", ".join(preset_names())
-    what.add_argument("--model", metavar="NAME_OR_PATH",
-                      help=f"a preset ({presets}) or a local model folder")  # fmt: skip
-    what.add_argument("--accelerator", metavar="NAME",
-                      help="catalog name: cpu, a100-40, "
-                           "a100-80, h100, h200, b200, l40s")  # fmt: skip
-    what.add_argument("--count", type=int, metavar="N", help="accelerators per node")
-    what.add_argument("--nodes", type=int, metavar="N", help="number of nodes")
-    what.add_argument("--memory-gib", type=float, metavar="G",
-                      help="memory per accelerator in GiB "
-                           "(on CPU: the KV cache space)")  # fmt: skip
-    what.add_argument("--price", type=float, metavar="USD",
-                      help="price of one accelerator per hour")  # fmt: skip
-    what.add_argument("--catalog", metavar="YAML",
-                      help="accelerators to add to or override the shipped catalog")  # fmt: skip
-    knobs = parser.add_argument_group("precision and knobs")
-    knobs.add_argument("--weights-dtype", metavar="D",
-                       help="bf16, fp16, fp32, fp8, int8, fp4, awq, gptq (default: "
-                            "the checkpoint's; on CPU what `dtype: auto` runs)")  # fmt: skip
-    knobs.add_argument("--kv-dtype", metavar="D", help="auto, fp8, fp8_e4m3, fp8_e5m2, bf16")
-    knobs.add_argument("--max-model-len", type=int, metavar="L",
-                       help="longest prompt + output (default: from the traffic)")  # fmt: skip
-    traffic = parser.add_argument_group("traffic")
-    traffic.add_argument("--qps", type=float, metavar="Q", help="requests per second to sustain")
-    traffic.add_argument("--concurrency", type=int, metavar="N", help="requests in flight")
-    traffic.add_argument("--bursty", action="store_true", default=None,
-                         help="traffic comes in bursts: one node plus autoscaling when one "
-                              "node carries the sustained --qps")  # fmt: skip
-    traffic.add_argument("--input-tokens", type=int, metavar="N", help="mean prompt length")
-    traffic.add_argument("--output-tokens", type=int, metavar="N", help="mean output length")
-    traffic.add_argument("--profile", type=Path, metavar="PROFILE.json",
-                         help="step times for the throughput and latency estimates: "
-                              "measured by `servepilot calibrate`, or a GPU operator "
-                              "profile from `servepilot profile` (default: the roofline "
-                              "of the model on the accelerator)")  # fmt: skip
-    out = parser.add_argument_group("output")
-    out.add_argument("--json", action="store_true", help="print the plan as one JSON object")
-    out.add_argument("--out", type=Path, metavar="FLEET_YAML",
-                     help="write the planned fleet.yaml here (for `servepilot up -c`)")  # fmt: skip
-    parser.set_defaults(run=run)  # fmt: skip
+    what = parser.add_argument_group("model and hardware").add_argument
+    what("--model", metavar="NAME_OR_PATH",
+         help=f"a preset ({', '.join(preset_names())}) or a local model folder")  # fmt: skip
+    what("--accelerator", metavar="NAME",
+         help="catalog name: cpu, a100-40, a100-80, h100, h200, b200, l40s")  # fmt: skip
+    what("--count", type=int, metavar="N", help="accelerators per node")
+    what("--nodes", type=int, metavar="N", help="number of nodes")
+    what("--memory-gib", type=float, metavar="G",
+         help="memory per accelerator in GiB (on CPU: the KV cache space)")  # fmt: skip
+    what("--price", type=float, metavar="USD", help="price of one accelerator per hour")
+    what("--catalog", metavar="YAML",
+         help="accelerators to add to or override the shipped catalog")  # fmt: skip
+    knob = parser.add_argument_group("precision and knobs").add_argument
+    knob("--weights-dtype", metavar="D",
+         help="bf16, fp16, fp32, fp8, int8, fp4, awq, gptq (default: the checkpoint's; on CPU "
+              "what `dtype: auto` runs)")  # fmt: skip
+    knob("--kv-dtype", metavar="D", help="auto, fp8, fp8_e4m3, fp8_e5m2, bf16")
+    knob("--max-model-len", type=int, metavar="L",
+         help="longest prompt + output (default: from the traffic)")  # fmt: skip
+    traffic = parser.add_argument_group("traffic").add_argument
+    traffic("--qps", type=float, metavar="Q", help="requests per second to sustain")
+    traffic("--concurrency", type=int, metavar="N", help="requests in flight")
+    traffic("--bursty", action="store_true", default=None,
+            help="traffic comes in bursts: one node plus autoscaling when one node carries "
+                 "the sustained --qps")  # fmt: skip
+    traffic("--input-tokens", type=int, metavar="N", help="mean prompt length")
+    traffic("--output-tokens", type=int, metavar="N", help="mean output length")
+    traffic("--profile", type=Path, metavar="PROFILE.json",
+            help="step times for the throughput and latency estimates: measured by `servepilot "
+                 "calibrate`, or a GPU operator profile from `servepilot profile` (default: "
+                 "the roofline of the model on the accelerator)")  # fmt: skip
+    out = parser.add_argument_group("output").add_argument
+    out("--json", action="store_true", help="print the plan as one JSON object")
+    out("--out", type=Path, metavar="FLEET_YAML",
+        help="write the planned fleet.yaml here (for `servepilot up -c`)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -151,7 +142,7 @@ def _render(answer: PlannedLaunch) -> None:
     after = "" if answer.step is None else f'after "{answer.step.action}": '
     out_console.print(after + report.advice_line(runnable))
     for warning in answer.warnings(cpu_flags()):
-        out_console.print(Text("warning: ", style="yellow") + Text(warning))
+        out_console.print(warning_text(warning))
     out_console.print(_cost(report.cost_line(runnable)))
     if runnable.estimates is not None:
         out_console.print(draw(report.estimates_table(runnable.estimates)))

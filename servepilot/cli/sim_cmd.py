@@ -6,14 +6,18 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from rich.text import Text
-
 from servepilot.bench.console import progress_counts
 from servepilot.bench.outputs import check_out_dir, write_results_json
-from servepilot.cli.console import print_step, print_warning
+from servepilot.cli.console import print_step, print_warning, warning_text
 from servepilot.cli.levels_view import exit_code, level_bars, print_runs
 from servepilot.cli.load_options import add_load_flags, add_workload_flags, levels_from_args
-from servepilot.cli.options import add_config_flag, config_from_args, record_of
+from servepilot.cli.options import (
+    Commands,
+    add_command,
+    add_config_flag,
+    config_from_args,
+    record_of,
+)
 from servepilot.core.autoscale_config import ScalingPolicyName
 from servepilot.core.config import PolicyName
 from servepilot.core.results import Load
@@ -47,40 +51,23 @@ examples:
 """
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "sim",
-        help="simulate a fleet under load (routing, admission, vLLM scheduling); bench schema",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def register(sub: Commands) -> None:
+    help = "simulate a fleet under load (routing, admission, vLLM scheduling); bench schema"
+    parser = add_command(sub, "sim", help, DESCRIPTION, run)
     add_config_flag(parser)
-    _fleet_flags(parser)
-    add_load_flags(parser, real_client=False)
-    add_workload_flags(parser)
-    out = parser.add_argument_group("output")
-    out.add_argument("--out", type=Path, metavar="DIR", help="write results.json here")
-    parser.set_defaults(run=run)
-
-
-def _fleet_flags(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("simulated fleet")
-    add = g.add_argument
+    add = parser.add_argument_group("simulated fleet").add_argument
     add("--profile", type=Path, metavar="PROFILE.json", help="step times measured by "
         "`servepilot calibrate` or composed from a GPU profile of `servepilot profile` "
         "(default: the roofline estimate)")  # fmt: skip
     add("--replicas", type=int, metavar="N", help="replicas (default: replicas.count)")
     add("--policy", choices=[p.value for p in PolicyName],
         help="routing policy (default: gateway.policy)")  # fmt: skip
-    add(
-        "--network-ms",
-        metavar="K=MS,...",
+    add("--network-ms", metavar="K=MS,...",
         help="one-way delays in ms: client (client-gateway), same (gateway-replica on the "
         "gateway's node), cross (other nodes); a value or LOW-HIGH, e.g. "
         "client=1,same=0.05,cross=7.5-15 (default: client half the request overhead the "
         "profile measured, else 0; same 0; cross 15-30 ms, a measured cross-node "
-        "overhead, split each way)",
-    )
+        "overhead, split each way)")  # fmt: skip
     add("--replicas-per-node", type=int, metavar="N",
         help="replicas sharing a node (default: hardware.count / GPUs per replica x "
              "hardware.replicas_per_gpu)")  # fmt: skip
@@ -102,7 +89,11 @@ def _fleet_flags(parser: argparse.ArgumentParser) -> None:
     add("--replica-rps", type=float, metavar="R", help="predictive: req/s a replica serves "
         "within the SLO")  # fmt: skip
     add("--forecast-horizon", metavar="T", help="predictive (default: cold start + interval)")
-    add("--autoscale-interval", default="15s", metavar="T", help="how often to decide")  # fmt: skip
+    add("--autoscale-interval", default="15s", metavar="T", help="how often to decide")
+    add_load_flags(parser, real_client=False)
+    add_workload_flags(parser)
+    out = parser.add_argument_group("output")
+    out.add_argument("--out", type=Path, metavar="DIR", help="write results.json here")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -116,7 +107,11 @@ def run(args: argparse.Namespace) -> int:
     for note in setup.notes:
         print_warning(note)
     output = _run_with_progress(opts)
-    _report(output, args.out)
+    stats = map(narration.level_stats, output.result.runs, output.stats)
+    print_runs(output.result, list(stats))
+    if args.out is not None:
+        write_results_json(args.out, output.result)
+        print_step(f"wrote {args.out}/results.json (compare: servepilot bench compare)")
     return exit_code(output.result, measured=False)
 
 
@@ -135,18 +130,4 @@ def _run_with_progress(opts: SimOptions) -> SimOutput:
 
             return progress
 
-        def note(message: str) -> None:
-            bars.note(Text("warning: ", style="bold yellow") + Text(message))
-
-        return simulate(opts, started, bars.finish, note)
-
-
-def _report(output: SimOutput, out_dir: Path | None) -> None:
-    result = output.result
-    stats = [
-        narration.level_stats(run, st) for run, st in zip(result.runs, output.stats, strict=True)
-    ]
-    print_runs(result, stats)
-    if out_dir is not None:
-        write_results_json(out_dir, result)
-        print_step(f"wrote {out_dir}/results.json (compare: servepilot bench compare)")
+        return simulate(opts, started, bars.finish, lambda line: bars.note(warning_text(line)))
