@@ -19,7 +19,7 @@ from servepilot.cli.levels_view import (
     print_runs,
 )
 from servepilot.cli.load_options import add_load_flags, add_workload_flags, levels_from_args
-from servepilot.cli.options import record_of
+from servepilot.cli.options import Commands, add_command, add_server_flags, record_of
 from servepilot.core import loop
 from servepilot.core.results import load_result
 
@@ -37,11 +37,9 @@ level and stops by itself once throughput stops rising while latency keeps climb
 A request refused with 429 (or 503 with Retry-After) is counted as refused, and a closed-loop
 worker waits out its Retry-After before sending again: a server that sheds load is not flooded.
 
-Before the first request bench estimates the run's length: exact for --duration levels
-(levels x (duration + up to 30 s for the answers in flight)); for --requests levels, a range
-once the first answer is in, re-made after every level; a sweep's to its bound of levels. When
-stderr is not a terminal (a log file, CI), progress comes as plain lines, at most one every
-10 s while a level runs.
+Bench estimates the run's length before the first request (for --requests levels, a range
+once the first answer is in, re-made after every level). When stderr is not a terminal (a log
+file, CI), progress comes as plain lines, at most one every 10 s while a level runs.
 
 Prompts have exactly --input-tokens tokens as the server counts them (usage.prompt_tokens), cut
 with its own tokenizer; on chat the template's tokens, measured once, come off each message's
@@ -60,53 +58,37 @@ examples:
 """
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "bench",
-        help="load-test an OpenAI-compatible endpoint; find the sweet spot",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _target_flags(parser)
+def register(sub: Commands) -> None:
+    help = "load-test an OpenAI-compatible endpoint; find the sweet spot"
+    parser = add_command(sub, "bench", help, DESCRIPTION, _run)
+    target = parser.add_argument_group("target")
+    target.add_argument("--url", metavar="URL", help="base URL of the server, e.g. "
+                        "http://127.0.0.1:8000 (with or without /v1)")  # fmt: skip
+    add_server_flags(target, "the server's only model")
+    target.add_argument("--endpoint", choices=[e.value for e in Endpoint], default="chat",
+                        help="chat (/v1/chat/completions, default) or completions")  # fmt: skip
+    target.add_argument("--tokenizer", type=Path, metavar="PATH", help="a local Hugging Face "
+                        "tokenizer folder, for servers without vLLM's /tokenize")  # fmt: skip
+    target.add_argument("--metrics-url", metavar="URL",
+                        help="where to read the target's memory during --soak (default: "
+                             "URL/metrics); a servepilot fleet on this machine is also read "
+                             "per replica process and per GPU")  # fmt: skip
+    target.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                        help="per-request timeout in seconds (default 600)")  # fmt: skip
     add_load_flags(parser)
     add_workload_flags(parser)
     out = parser.add_argument_group("output")
     out.add_argument("--out", type=Path, metavar="DIR",
                      help="write results.json, requests.csv and report.html here")  # fmt: skip
-    parser.set_defaults(run=_run)
-
-    bench_sub = parser.add_subparsers(dest="bench_command", metavar="compare")
-    cmp = bench_sub.add_parser(
-        "compare",
-        help="print the differences between two results.json files, run by run",
+    cmp = parser.add_subparsers(dest="bench_command", metavar="compare").add_parser(
+        "compare", help="print the differences between two results.json files, run by run",
         description="Match the runs of two results (by load) and print the differences: "
         "throughput, TTFT, TPOT, ITL, E2E, goodput. Either side may be measured (bench) or "
         "simulated (sim).",
-    )
+    )  # fmt: skip
     cmp.add_argument("a", type=Path, metavar="A.json")
     cmp.add_argument("b", type=Path, metavar="B.json")
     cmp.set_defaults(run=compare)
-
-
-def _target_flags(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("target")
-    g.add_argument("--url", metavar="URL",
-                   help="base URL of the server, e.g. "
-                        "http://127.0.0.1:8000 (with or without /v1)")  # fmt: skip
-    g.add_argument("--model", metavar="NAME",
-                   help="model to ask for (default: the server's only model)")  # fmt: skip
-    g.add_argument("--endpoint", choices=[e.value for e in Endpoint], default="chat",
-                   help="chat (/v1/chat/completions, default) or completions")  # fmt: skip
-    g.add_argument("--api-key", metavar="KEY", help="sent as Authorization: Bearer KEY")
-    g.add_argument("--tokenizer", type=Path, metavar="PATH",
-                   help="a local Hugging Face tokenizer folder, "
-                        "for servers without vLLM's /tokenize")  # fmt: skip
-    g.add_argument("--metrics-url", metavar="URL",
-                   help="where to read the target's memory during --soak (default: "
-                        "URL/metrics); a servepilot fleet on this machine is also read "
-                        "per replica process and per GPU")  # fmt: skip
-    g.add_argument("--timeout", type=float, default=600.0, metavar="S",
-                   help="per-request timeout in seconds (default 600)")  # fmt: skip
 
 
 def _run(args: argparse.Namespace) -> int:
