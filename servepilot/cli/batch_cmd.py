@@ -10,25 +10,23 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from servepilot.cli.console import err_console, out_console, print_error, print_step
+from servepilot.cli.options import Commands
 from servepilot.gateway.batch.client import DONE, BatchClient, BatchClientError, endpoint_of
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    batch = sub.add_parser(
-        "batch",
-        help="submit a JSONL file of requests to a gateway as a batch job (priority 2)",
-        description="OpenAI batch jobs on a servepilot gateway: they run at priority 2 on "
-        "the capacity interactive traffic leaves idle.",
-    )
+def register(sub: Commands) -> None:
+    help = "submit a JSONL file of requests to a gateway as a batch job (priority 2)"
+    batch = sub.add_parser("batch", help=help, description="OpenAI batch jobs on a servepilot "
+                           "gateway: they run at priority 2 on the capacity interactive traffic "
+                           "leaves idle.")  # fmt: skip
     bsub = batch.add_subparsers(dest="batch_command", metavar="ACTION", required=True)
     submit = bsub.add_parser(
-        "submit",
-        help="upload FILE and create its batch; --wait follows it to the end",
+        "submit", help="upload FILE and create its batch; --wait follows it to the end",
         description="Upload FILE (JSONL of {custom_id, method, url, body}) to the gateway's "
         "/v1/files and create a batch of it. With --wait, show its progress and, once it "
         "ends, write its output and error files beside FILE (NAME.output.jsonl, "
         "NAME.errors.jsonl). Exit status: 0 when every line succeeded, 1 otherwise.",
-    )
+    )  # fmt: skip
     submit.add_argument("file", type=Path, metavar="FILE.jsonl")
     submit.add_argument("--url", required=True, help="the gateway, e.g. http://127.0.0.1:8000")
     submit.add_argument("--window", default="24h",

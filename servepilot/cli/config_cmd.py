@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 
 from servepilot.cli.console import out_console
-from servepilot.cli.options import add_config_flag, config_from_args
+from servepilot.cli.options import Commands, add_config_flag, config_from_args
 from servepilot.core.annotated_yaml import render_yaml
 from servepilot.fleet.devices import resolved_lines
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Commands) -> None:
     parser = sub.add_parser(
         "config",
         help="print the effective fleet.yaml (defaults plus your file), with each field explained",

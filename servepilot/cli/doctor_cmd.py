@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.text import Text
 
 from servepilot.cli.console import out_console, print_marked, print_step, print_warning
-from servepilot.cli.options import add_config_flag, add_fleet_choice
+from servepilot.cli.options import Commands, add_command, add_config_flag, add_fleet_choice
 from servepilot.core.config import load_config
 from servepilot.core.errors import FleetError
 from servepilot.fleet.ray.view import read_view
@@ -45,20 +45,15 @@ examples:
 """
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "doctor",
-        help="diagnose a fleet: OOM, preemptions, high TTFT, P99 spikes, KV, shm, topology",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def register(sub: Commands) -> None:
+    help = "diagnose a fleet: OOM, preemptions, high TTFT, P99 spikes, KV, shm, topology"
+    parser = add_command(sub, "doctor", help, DESCRIPTION, run_doctor)
     add_config_flag(parser)
     add_fleet_choice(parser)
     parser.add_argument("--save", type=Path, metavar="DIR", help="record the evidence here")
     parser.add_argument("--from", dest="replay", type=Path, metavar="DIR",
                         help="diagnose evidence recorded with --save instead")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
-    parser.set_defaults(run=run_doctor)
 
 
 def run_doctor(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from servepilot.cli.console import out_console, print_step
-from servepilot.cli.options import add_config_flag, config_from_args
+from servepilot.cli.options import Commands, add_config_flag, config_from_args
 from servepilot.core import accel
 from servepilot.core.config import FleetConfig, PolicyName
 from servepilot.core.errors import ConfigError
@@ -37,7 +37,7 @@ SIGTERM) drains in-flight requests, writes the last access log lines, and stops.
 """
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Commands) -> None:
     parser = sub.add_parser(
         "gateway",
         help="run only the gateway, in front of replicas you already run",

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from servepilot.cli.console import out_console, print_step
-from servepilot.cli.options import add_config_flag, config_from_args
+from servepilot.cli.options import Commands, add_config_flag, config_from_args
 from servepilot.core.config import FleetConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.kubernetes_config import Autoscaler, Runtime
@@ -42,7 +42,7 @@ field to change.
 """
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Commands) -> None:
     k8s = sub.add_parser(
         "k8s", help="render the fleet as Kubernetes manifests",
         description="Kubernetes: render the fleet as manifests.",

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from servepilot.cli.console import out_console
-from servepilot.cli.options import add_config_flag, config_from_args
+from servepilot.cli.options import Commands, add_config_flag, config_from_args
 from servepilot.observe.alerts import rules
 from servepilot.observe.files import DASHBOARD_FILE, RULES_FILE, write_files
 
@@ -23,7 +23,7 @@ what to do.
 """
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Commands) -> None:
     parser = sub.add_parser(
         "observe", help="render the Grafana dashboard and Prometheus alert rules of a fleet",
         description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -11,7 +11,7 @@ from rich.live import Live
 from rich.text import Text
 
 from servepilot.cli.console import draw, out_console
-from servepilot.cli.options import add_fleet_choice
+from servepilot.cli.options import Commands, add_command, add_fleet_choice
 from servepilot.core.errors import FleetError
 from servepilot.fleet.target import find_fleet
 from servepilot.observe.top.poll import poll
@@ -40,17 +40,12 @@ examples:
 """
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "top",
-        help="a live view of a running fleet: replicas, queues by class, latency, sheds",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def register(sub: Commands) -> None:
+    help = "a live view of a running fleet: replicas, queues by class, latency, sheds"
+    parser = add_command(sub, "top", help, DESCRIPTION, run_top)
     add_fleet_choice(parser)
     parser.add_argument("--interval", type=float, default=1.0, metavar="S",
                         help="seconds between refreshes (default 1)")  # fmt: skip
-    parser.set_defaults(run=run_top)
 
 
 def run_top(args: argparse.Namespace) -> int:

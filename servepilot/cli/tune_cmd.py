@@ -11,7 +11,7 @@ from rich.text import Text
 
 from servepilot.cli.console import out_console, print_step, print_warning, simple_table
 from servepilot.cli.load_options import add_workload_flags, workload_from_args
-from servepilot.cli.options import add_config_flag, config_from_args
+from servepilot.cli.options import Commands, add_command, add_config_flag, config_from_args
 from servepilot.core.config import EngineKind
 from servepilot.tune import narration
 from servepilot.tune.artifacts import fleet_command, tuned_fleet, write_artifacts
@@ -50,51 +50,34 @@ examples:
 """
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "tune",
-        help="search the vLLM knobs for the most goodput under an SLA",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def register(sub: Commands) -> None:
+    help = "search the vLLM knobs for the most goodput under an SLA"
+    parser = add_command(sub, "tune", help, DESCRIPTION, run)
     add_config_flag(parser)
-    g = parser.add_argument_group("search")
-    g.add_argument("--slo", metavar="K=MS,...",
-                   help="the SLA: <ttft|tpot|itl|e2e>_<p50|p90|p99|mean>_ms "
-                        "limits, e.g. ttft_p99_ms=500,tpot_p99_ms=50 "
-                        "(default: fleet.yaml's slo section)")  # fmt: skip
-    g.add_argument("--engine", choices=[k.value for k in EngineKind],
-                   help="vllm: real replicas (default: engine.kind); "
-                        "sim: the simulator, in seconds")  # fmt: skip
-    g.add_argument("--budget", type=int, default=12, metavar="N", help="most trials (default 12)")
+    add = parser.add_argument_group("search").add_argument
+    add("--slo", metavar="K=MS,...", help="the SLA: <ttft|tpot|itl|e2e>_<p50|p90|p99|mean>_ms "
+        "limits, e.g. ttft_p99_ms=500,tpot_p99_ms=50 (default: fleet.yaml's slo "
+        "section)")  # fmt: skip
+    add("--engine", choices=[k.value for k in EngineKind], help="vllm: real replicas "
+        "(default: engine.kind); sim: the simulator, in seconds")  # fmt: skip
+    add("--budget", type=int, default=12, metavar="N", help="most trials (default 12)")
     knobs = ", ".join(k.value for k in Knob)
-    g.add_argument("--knobs", metavar="K,...",
-                   help=f"search only these knobs (default all): {knobs}")  # fmt: skip
-    g.add_argument("--min-gain", type=float, default=2.0, metavar="PCT",
-                   help="a trial must beat the best by more "
-                        "than this to replace it (default 2)")  # fmt: skip
-    g.add_argument("--profile", type=Path, metavar="PROFILE.json",
-                   help="sim: step times from `servepilot calibrate` or "
-                        "`servepilot profile` (default: the roofline estimate)")  # fmt: skip
-    _sweep_flags(parser)
+    add("--knobs", metavar="K,...", help=f"search only these knobs (default all): {knobs}")
+    add("--min-gain", type=float, default=2.0, metavar="PCT",
+        help="a trial must beat the best by more than this to replace it (default 2)")  # fmt: skip
+    add("--profile", type=Path, metavar="PROFILE.json", help="sim: step times from `servepilot "
+        "calibrate` or `servepilot profile` (default: the roofline estimate)")  # fmt: skip
+    add = parser.add_argument_group("load sweep of each trial").add_argument
+    add("--requests", type=int, metavar="N",
+        help="requests per load level (default: bench's, max(100, 5 x concurrency))")  # fmt: skip
+    add("--max-concurrency", type=int, default=256, metavar="N",
+        help="highest concurrency of the sweep (default 256)")  # fmt: skip
+    add("--refine-levels", type=int, default=2, metavar="N",
+        help="levels bisecting the load where the SLA breaks (default 2)")  # fmt: skip
     add_workload_flags(parser)
-    parser.add_argument(
-        "--out", type=Path, default=Path("runs/tune"), metavar="DIR",
-        help="where trials.jsonl, fleet.yaml, vllm_command.txt and report.html go "
-        "(default runs/tune); an existing trials.jsonl is resumed",
-    )  # fmt: skip
-    parser.set_defaults(run=run)
-
-
-def _sweep_flags(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("load sweep of each trial")
-    g.add_argument("--requests", type=int, metavar="N",
-                   help="requests per load level (default: "
-                        "bench's, max(100, 5 x concurrency))")  # fmt: skip
-    g.add_argument("--max-concurrency", type=int, default=256, metavar="N",
-                   help="highest concurrency of the sweep (default 256)")  # fmt: skip
-    g.add_argument("--refine-levels", type=int, default=2, metavar="N",
-                   help="levels bisecting the load where the SLA breaks (default 2)")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=Path("runs/tune"), metavar="DIR",
+                        help="where trials.jsonl, fleet.yaml, vllm_command.txt and report.html "
+                        "go (default runs/tune); an existing trials.jsonl is resumed")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:

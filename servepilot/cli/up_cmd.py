@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from servepilot.cli.console import err_console, out_console, print_step, print_warning, simple_table
-from servepilot.cli.options import add_config_flag, config_from_args
+from servepilot.cli.options import Commands, add_config_flag, config_from_args
 from servepilot.core import loop
 from servepilot.core.autoscale_config import ScalingPolicyName, parse_bounds
 from servepilot.core.config import EngineKind
@@ -47,7 +47,7 @@ on a node that holds no replica while one has room (else beside one, with a warn
 """
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Commands) -> None:
     parser = sub.add_parser(
         "up", help=HELP, description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -6,7 +6,7 @@ import argparse
 import os
 
 from servepilot.cli.console import out_console
-from servepilot.cli.options import add_fleet_choice
+from servepilot.cli.options import Commands, add_fleet_choice
 from servepilot.core.errors import FleetError
 from servepilot.fleet.control import SleepAnswer, sleep_or_wake
 from servepilot.fleet.target import find_fleet
@@ -34,7 +34,7 @@ examples:
 """
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Commands) -> None:
     sleep = sub.add_parser(
         "sleep",
         help="put a replica of the running fleet to sleep (warm pool; `wake` brings it back)",
