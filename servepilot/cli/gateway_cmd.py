@@ -8,14 +8,13 @@ from pathlib import Path
 from servepilot.cli.console import out_console, print_step
 from servepilot.cli.options import Commands, add_config_flag, config_from_args
 from servepilot.core import accel
-from servepilot.core.config import FleetConfig, PolicyName
+from servepilot.core.config import PolicyName
 from servepilot.core.errors import ConfigError
 from servepilot.core.urls import base_url
-from servepilot.fleet.autoscale.start import in_cluster
+from servepilot.fleet.autoscale.start import cluster_autoscaler
 from servepilot.fleet.serve import check_port_free, fleet_facts
 from servepilot.gateway import run_gateway
 from servepilot.gateway.k8s_endpoints import KubernetesEndpoints, parse_target
-from servepilot.gateway.serve import Alongside
 
 DESCRIPTION = """\
 Run servepilot's gateway in front of vLLM (or any OpenAI-compatible) servers that you started
@@ -92,10 +91,10 @@ def run(args: argparse.Namespace) -> int:
     # With a fleet.yaml, its max_num_seqs and hardware price turn the batch and cost gauges on.
     facts = fleet_facts(fleet) if args.config is not None else None
     urls = [base_url(u, "--replica") for u in args.replica]
-    source = _source(args.discover)
+    source = KubernetesEndpoints(*parse_target(args.discover)) if args.discover else None
     if not urls and source is None:
         raise ConfigError("give at least one --replica URL, or --discover k8s:SERVICE")
-    alongside = _autoscaler(fleet, source, args.scale_deployment)
+    alongside = cluster_autoscaler(fleet, source, args.scale_deployment)
     check_port_free(config.host, config.port)
 
     upstreams = [*urls, *([args.discover] if source is not None else [])]
@@ -124,28 +123,3 @@ def run(args: argparse.Namespace) -> int:
     )
     print_step("stopped")
     return 0
-
-
-def _autoscaler(
-    fleet: FleetConfig, source: KubernetesEndpoints | None, deployment: str | None
-) -> Alongside | None:
-    if deployment is None:
-        return None
-    if source is None:
-        raise ConfigError("--scale-deployment: the gateway finds the pods with --discover k8s:SVC")
-    if not fleet.autoscale.enabled:
-        raise ConfigError(
-            "--scale-deployment: fleet.yaml's autoscale section is not enabled (--config)",
-            hint="autoscale: {enabled: true, policy: step, min_replicas: 2, max_replicas: 20}",
-        )
-    return lambda gateway: in_cluster(fleet, gateway, source, deployment)
-
-
-def _source(discover: str | None) -> KubernetesEndpoints | None:
-    if discover is None:
-        return None
-    try:
-        service, namespace = parse_target(discover)
-    except ValueError as exc:
-        raise ConfigError(f"--discover: {exc}") from None
-    return KubernetesEndpoints(service, namespace)

@@ -8,10 +8,10 @@ from pathlib import Path
 from servepilot.cli.console import out_console, print_step
 from servepilot.cli.options import Commands, add_config_flag, config_from_args
 from servepilot.core.config import FleetConfig
-from servepilot.core.errors import ConfigError
 from servepilot.core.kubernetes_config import Autoscaler, Runtime
 from servepilot.engine.cpu import cpu_flags
-from servepilot.fleet.k8s import FILE_NAMES, Monitoring, check, render
+from servepilot.fleet.k8s import Monitoring, check, render
+from servepilot.fleet.k8s.files import write_files
 from servepilot.observe import alert_rules, dashboard
 from servepilot.plan.planner import make_plan
 from servepilot.plan.request import PlanRequest
@@ -86,14 +86,7 @@ def run(args: argparse.Namespace) -> int:
     plan = make_plan(PlanRequest.from_fleet(config, cpu_flags()))
     files = render(config, plan, monitoring_of(config))
     out: Path = args.out
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file, not a folder")
-    out.mkdir(parents=True, exist_ok=True)
-    for manifest in files:
-        (out / manifest.name).write_text(manifest.text(), encoding="utf-8")
-    written = {manifest.name for manifest in files}
-    for stale in sorted(set(FILE_NAMES) - written):
-        (out / stale).unlink(missing_ok=True)  # an earlier render's, for another runtime
+    write_files(files, out)
     for manifest in files:
         kinds = ", ".join(obj["kind"] for obj in manifest.objects)
         out_console.print(f"  {manifest.name}: {kinds}", markup=False)

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from servepilot.core.errors import ConfigError
 from servepilot.gateway.discovery import DiscoveryError, Endpoint
 from servepilot.gateway.k8s_api import SERVICE_ACCOUNT_DIR, KubernetesApi, KubernetesApiError
 
@@ -15,10 +16,13 @@ SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 
 
 def parse_target(text: str) -> tuple[str, str | None]:
-    """`k8s:SERVICE` or `k8s:SERVICE.NAMESPACE` -> (service, namespace or None)."""
+    """`k8s:SERVICE` or `k8s:SERVICE.NAMESPACE` (the --discover flag) -> (service, namespace
+    or None)."""
     scheme, _, rest = text.partition(":")
     if scheme != "k8s" or not rest:
-        raise ValueError(f"expected k8s:SERVICE or k8s:SERVICE.NAMESPACE, got {text!r}")
+        raise ConfigError(
+            f"--discover: expected k8s:SERVICE or k8s:SERVICE.NAMESPACE, got {text!r}"
+        )
     service, _, namespace = rest.partition(".")
     return service, namespace or None
 

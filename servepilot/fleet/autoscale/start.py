@@ -20,6 +20,7 @@ from servepilot.fleet.k8s.scaling import KubernetesScaling
 from servepilot.fleet.local import LocalReplicas
 from servepilot.gateway import Gateway
 from servepilot.gateway.k8s_endpoints import KubernetesEndpoints
+from servepilot.gateway.serve import Alongside
 from servepilot.routing.admission.budget import replica_capacity
 from servepilot.scaling.policies import AutoscaleSetup
 
@@ -77,6 +78,23 @@ def start_autoscaler(
     gateway.metrics.registry.register(AutoscaleCollector(controller))
     controller.start()
     return controller
+
+
+def cluster_autoscaler(
+    config: FleetConfig, source: KubernetesEndpoints | None, deployment: str | None
+) -> Alongside | None:
+    """What `gateway --scale-deployment NAME` runs beside the gateway (None without the
+    flag); refused unless the gateway discovers its pods and fleet.yaml autoscales."""
+    if deployment is None:
+        return None
+    if source is None:
+        raise ConfigError("--scale-deployment: the gateway finds the pods with --discover k8s:SVC")
+    if not config.autoscale.enabled:
+        raise ConfigError(
+            "--scale-deployment: fleet.yaml's autoscale section is not enabled (--config)",
+            hint="autoscale: {enabled: true, policy: step, min_replicas: 2, max_replicas: 20}",
+        )
+    return lambda gateway: in_cluster(config, gateway, source, deployment)
 
 
 @contextlib.asynccontextmanager
