@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from servepilot.cli.console import out_console, print_step
-from servepilot.cli.options import Commands, add_config_flag, config_from_args
+from servepilot.cli.options import Commands, add_command, add_config_flag, config_from_args
 from servepilot.core.config import FleetConfig
 from servepilot.core.kubernetes_config import Autoscaler, Runtime
 from servepilot.engine.cpu import cpu_flags
@@ -43,30 +43,22 @@ field to change.
 
 
 def register(sub: Commands) -> None:
-    k8s = sub.add_parser(
-        "k8s", help="render the fleet as Kubernetes manifests",
-        description="Kubernetes: render the fleet as manifests.",
-    )  # fmt: skip
+    k8s = sub.add_parser("k8s", help="render the fleet as Kubernetes manifests",
+                         description="Kubernetes: render the fleet as manifests.")  # fmt: skip
     ksub = k8s.add_subparsers(dest="k8s_command", metavar="ACTION", required=True)
-    parser = ksub.add_parser(
-        "render", help="write manifests and a kustomization.yaml to --out",
-        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    help = "write manifests and a kustomization.yaml to --out"
+    parser = add_command(ksub, "render", help, DESCRIPTION, run)
     add_config_flag(parser)
-    parser.add_argument("--out", type=Path, required=True, metavar="DIR",
-                        help="folder to write the manifests to (created)")  # fmt: skip
-    parser.add_argument("--namespace", metavar="NS",
-                        help="namespace (default: kubernetes.namespace, servepilot)")  # fmt: skip
-    parser.add_argument(
-        "--autoscaler", choices=[a.value for a in Autoscaler],
+    add = parser.add_argument
+    add("--out", type=Path, required=True, metavar="DIR",
+        help="folder to write the manifests to (created)")  # fmt: skip
+    add("--namespace", metavar="NS", help="namespace (default: kubernetes.namespace, servepilot)")
+    add("--autoscaler", choices=[a.value for a in Autoscaler],
         help="hpa: autoscaling/v2 through prometheus-adapter; keda: a ScaledObject "
-        "(default: kubernetes.autoscaling.autoscaler, hpa)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--runtime", choices=[r.value for r in Runtime],
-        help="vllm: vLLM pods; ray: a KubeRay RayService (default: kubernetes.runtime, vllm)",
-    )  # fmt: skip
-    parser.set_defaults(run=run)
+        "(default: kubernetes.autoscaling.autoscaler, hpa)")  # fmt: skip
+    add("--runtime", choices=[r.value for r in Runtime],
+        help="vllm: vLLM pods; ray: a KubeRay RayService (default: kubernetes.runtime, "
+        "vllm)")  # fmt: skip
 
 
 def monitoring_of(config: FleetConfig) -> Monitoring:

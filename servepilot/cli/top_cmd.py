@@ -33,9 +33,7 @@ when several run). When stdout is not a terminal (piped, a log), top prints one 
 (percentiles since the gateway started) and exits.
 
 examples:
-  servepilot top
   servepilot top --url http://127.0.0.1:8000 --interval 2
-  servepilot top --port 8080
   servepilot top | tee snapshot.txt
 """
 

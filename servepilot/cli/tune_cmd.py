@@ -22,26 +22,23 @@ from servepilot.tune.summary import Summary, summarize_search
 
 DESCRIPTION = """\
 Search vLLM's knobs for the configuration that carries the most goodput (requests per second
-meeting every SLO) under your SLA, in few trials: one knob at a time, as an operator tunes by hand.
+meeting every SLO) under your SLA, in few trials, as an operator tunes by hand.
 
 The search starts from `servepilot plan`'s configuration for the fleet and the workload and
 moves one knob at a time (max_num_seqs, max_num_batched_tokens, max_model_len, the KV
 cache's memory and dtype, weight quantization, TP size against replica count), guided by
 what each trial's metrics say: preemptions or out of memory -> cut max_model_len, lower
 max_num_seqs, quantize; batch full with SLA slack -> raise the concurrency knobs; P99 rising
-while throughput is flat -> back off; an ITL or TPOT limit binds -> smaller prefill chunks
-(max_num_batched_tokens down to one prompt per step, then lower). Doubling steps first,
-then a bisection around the best; it stops when no neighbour improves the best by more than
-2%, or at --budget trials.
-A configuration the planner says will not fit is never launched.
+while throughput is flat -> back off; an ITL or TPOT limit binds -> smaller prefill chunks.
+Doubling steps first, then a bisection around the best, until no neighbour beats the best by
+--min-gain or --budget trials ran. A configuration the planner says will not fit is never
+launched.
 
 Each trial starts the replica(s) (`--engine vllm`: real vLLM servers, as `servepilot up`
-does; `--engine sim`: the simulator, in seconds), sweeps the load (concurrency 1, 2, 4, ...
-up to the SLA, then a bisection there) and records its goodput at the SLA. Trials go to
-OUT/trials.jsonl as they finish: running again with the same --out resumes.
-
-Writes to --out: fleet.yaml (the best configuration), vllm_command.txt, report.html and
-trials.jsonl; prints every trial and the gain over the default.
+does; `--engine sim`: the simulator, in seconds), sweeps the load up to the SLA and records
+its goodput there. Trials go to OUT/trials.jsonl as they finish, so the same --out resumes;
+the best configuration goes to OUT/fleet.yaml, and every trial and the gain over the default
+are printed.
 
 examples:
   servepilot tune --slo ttft_p99_ms=2000,tpot_p99_ms=100 --engine sim
