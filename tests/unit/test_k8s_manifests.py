@@ -118,7 +118,7 @@ def test_kubectl_kustomize_renders_the_written_folder(name: str, tmp_path: Path)
 
 def test_a_render_into_a_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "k8s").write_text("mine")
-    with pytest.raises(ConfigError, match="--out .*k8s is a file, not a folder"):
+    with pytest.raises(ConfigError, match=r"--out .*k8s is a file, not a folder"):
         write_files((), tmp_path / "k8s")
     assert (tmp_path / "k8s").read_text() == "mine"
 
