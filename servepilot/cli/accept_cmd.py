@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
 
@@ -13,18 +12,24 @@ from servepilot.bench.client import Target
 from servepilot.bench.outputs import check_out_dir
 from servepilot.bench.target import served_model
 from servepilot.bench.tokenizer import open_tokenizer
-from servepilot.cli.console import out_console, print_step
-from servepilot.cli.fleet_target import FleetTarget, add_fleet_choice, find_fleet
-from servepilot.cli.levels_view import bench_reporter, level_bars
-from servepilot.cli.options import add_config_flag
+from servepilot.cli.console import out_console, print_marked, print_step
+from servepilot.cli.levels_view import bench_reporter, level_bars, memory_sources
+from servepilot.cli.options import (
+    Commands,
+    add_command,
+    add_config_flag,
+    add_fleet_choice,
+    add_server_flags,
+    record_of,
+)
 from servepilot.core import loop
 from servepilot.core.config import load_config
 from servepilot.core.errors import ConfigError
 from servepilot.core.units import parse_duration_s
-from servepilot.fleet.soak_memory import MemorySampler, soak_memory
+from servepilot.fleet.target import find_fleet
 from servepilot.observe.accept.items import Verdict
-from servepilot.observe.accept.report import overall, write_report
-from servepilot.observe.accept.run import Acceptance, AcceptOptions, run_accept
+from servepilot.observe.accept.report import overall, reproduce_commands, write_report
+from servepilot.observe.accept.run import AcceptOptions, run_accept
 
 DESCRIPTION = """\
 Run the acceptance checklist for a single-node deployment against a live fleet and
@@ -56,30 +61,28 @@ examples:
 """
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "accept",
-        help="the single-node acceptance checklist against a live fleet; report.html and .json",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def register(sub: Commands) -> None:
+    help = "the single-node acceptance checklist against a live fleet; report.html and .json"
+    parser = add_command(sub, "accept", help, DESCRIPTION, run_accept_cmd)
     add_config_flag(parser)
     add_fleet_choice(parser)
-    parser.add_argument("--out", type=Path, metavar="DIR", required=True,
-                        help="write report.html, report.json, sweep/ and soak/ here")  # fmt: skip
-    parser.add_argument("--requests", type=int, default=8, metavar="N",
-                        help="requests per sweep level (default 8)")  # fmt: skip
-    parser.add_argument("--max-concurrency", type=int, default=8, metavar="N",
-                        help="the sweep's last level: 1, 2, 4, ... N (default 8)")  # fmt: skip
-    parser.add_argument("--input-tokens", type=int, default=128, metavar="N",
-                        help="prompt tokens of each request (default 128)")  # fmt: skip
-    parser.add_argument("--output-tokens", type=int, default=32, metavar="N",
-                        help="max_tokens of each request (default 32)")  # fmt: skip
-    parser.add_argument("--soak", default="2m", metavar="T",
-                        help="soak at the sweet spot (default 2m; 30m to accept)")  # fmt: skip
-    parser.add_argument("--model", metavar="NAME", help="default: the fleet's only model")
-    parser.add_argument("--api-key", metavar="KEY", help="sent as Authorization: Bearer KEY")
-    parser.set_defaults(run=run_accept_cmd)
+    add = parser.add_argument
+    add("--out", type=Path, metavar="DIR", required=True,
+        help="write report.html, report.json, sweep/ and soak/ here")  # fmt: skip
+    add("--requests", type=int, default=8, metavar="N", help="requests per sweep level (default 8)")
+    add("--max-concurrency", type=int, default=8, metavar="N",
+        help="the sweep's last level: 1, 2, 4, ... N (default 8)")  # fmt: skip
+    add("--input-tokens", type=int, default=128, metavar="N",
+        help="prompt tokens of each request (default 128)")  # fmt: skip
+    add("--output-tokens", type=int, default=32, metavar="N",
+        help="max_tokens of each request (default 32)")  # fmt: skip
+    add(
+        "--soak",
+        default="2m",
+        metavar="T",
+        help="soak at the sweet spot (default 2m; 30m to accept)",
+    )
+    add_server_flags(parser, "the fleet's only model")
 
 
 def run_accept_cmd(args: argparse.Namespace) -> int:
@@ -89,41 +92,22 @@ def run_accept_cmd(args: argparse.Namespace) -> int:
     fleet = find_fleet(args.url, args.port)
     model = args.model or served_model(fleet.gateway_url, args.api_key)
     target = Target(base_url=fleet.gateway_url, model=model, api_key=args.api_key)
-    opts = AcceptOptions(
-        target=target, config=load_config(args.config), logs=fleet.replica_logs(),
-        requests=args.requests, max_concurrency=args.max_concurrency,
-        input_tokens=args.input_tokens, output_tokens=args.output_tokens,
-        soak_s=parse_duration_s(args.soak, "--soak"), memory_sources=_memory_sources(fleet),
-    )  # fmt: skip
+    opts = record_of(AcceptOptions, args, target=target, config=load_config(args.config),
+                     logs=fleet.replica_logs(), soak_s=parse_duration_s(args.soak, "--soak"),
+                     memory_sources=memory_sources(fleet.gateway_url))  # fmt: skip
     tokenizer = open_tokenizer(target.base_url, target.model, None)
     with level_bars() as bars:
         acceptance = loop.run(run_accept(opts, tokenizer, bench_reporter(bars), print_step))
-    _print_items(acceptance)
-    json_path, html_path = write_report(args.out, acceptance, fleet.gateway_url,
-                                        _commands(args, fleet))  # fmt: skip
+    for item in acceptance.items:
+        mark, style = f"{item.verdict.value.upper():<5}", _STYLE[item.verdict]
+        print_marked(mark, style, f" {item.number}. {item.title}", [item.evidence], indent=6)
+    verdict = overall(acceptance)
+    out_console.print(Text(f"acceptance: {verdict.value}", style=_STYLE[verdict]))
+    port = fleet.record.port if fleet.record else None
+    commands = reproduce_commands(args.config, port, sys.argv[1:])
+    json_path, html_path = write_report(args.out, acceptance, fleet.gateway_url, commands)
     print_step(f"wrote {html_path} and {json_path}")
-    return 1 if overall(acceptance) is Verdict.FAIL else 0
-
-
-def _memory_sources(fleet: FleetTarget) -> MemorySampler | None:
-    memory = soak_memory(fleet.gateway_url)
-    print_step(memory.described)
-    return memory.sampler
-
-
-def _commands(args: argparse.Namespace, fleet: FleetTarget) -> list[str]:
-    config = f" -c {shlex.quote(str(args.config))}" if args.config else ""
-    up = f"servepilot up{config}" + (f" --port {fleet.record.port}" if fleet.record else "")
-    return [up, "servepilot " + shlex.join(sys.argv[1:])]
+    return 1 if verdict is Verdict.FAIL else 0
 
 
 _STYLE = {Verdict.PASS: "bold green", Verdict.FAIL: "bold red", Verdict.NOT_APPLICABLE: "dim"}
-
-
-def _print_items(acceptance: Acceptance) -> None:
-    for item in acceptance.items:
-        head = Text(f"{item.verdict.value.upper():<5}", style=_STYLE[item.verdict])
-        out_console.print(head + Text(f" {item.number}. {item.title}"))
-        out_console.print(Text(f"      {item.evidence}"), soft_wrap=True)
-    verdict = overall(acceptance)
-    out_console.print(Text(f"acceptance: {verdict.value}", style=_STYLE[verdict]))

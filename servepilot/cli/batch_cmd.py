@@ -4,34 +4,29 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from servepilot.cli.console import err_console, out_console, print_error, print_step
+from servepilot.cli.options import Commands
 from servepilot.gateway.batch.client import DONE, BatchClient, BatchClientError, endpoint_of
 
-_POLL_S = 1.0
 
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    batch = sub.add_parser(
-        "batch",
-        help="submit a JSONL file of requests to a gateway as a batch job (priority 2)",
-        description="OpenAI batch jobs on a servepilot gateway: they run at priority 2 on "
-        "the capacity interactive traffic leaves idle.",
-    )
+def register(sub: Commands) -> None:
+    help = "submit a JSONL file of requests to a gateway as a batch job (priority 2)"
+    batch = sub.add_parser("batch", help=help, description="OpenAI batch jobs on a servepilot "
+                           "gateway: they run at priority 2 on the capacity interactive traffic "
+                           "leaves idle.")  # fmt: skip
     bsub = batch.add_subparsers(dest="batch_command", metavar="ACTION", required=True)
     submit = bsub.add_parser(
-        "submit",
-        help="upload FILE and create its batch; --wait follows it to the end",
+        "submit", help="upload FILE and create its batch; --wait follows it to the end",
         description="Upload FILE (JSONL of {custom_id, method, url, body}) to the gateway's "
         "/v1/files and create a batch of it. With --wait, show its progress and, once it "
         "ends, write its output and error files beside FILE (NAME.output.jsonl, "
         "NAME.errors.jsonl). Exit status: 0 when every line succeeded, 1 otherwise.",
-    )
+    )  # fmt: skip
     submit.add_argument("file", type=Path, metavar="FILE.jsonl")
     submit.add_argument("--url", required=True, help="the gateway, e.g. http://127.0.0.1:8000")
     submit.add_argument("--window", default="24h",
@@ -70,14 +65,13 @@ def _follow(client: BatchClient, batch: dict[str, Any]) -> dict[str, Any]:
                TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn())  # fmt: skip
     with Progress(*columns, console=err_console) as bar:
         task = bar.add_task(batch["status"], total=None, failed=0)
-        while batch["status"] not in DONE:
-            time.sleep(_POLL_S)
-            batch = client.retrieve(batch["id"])
-            counts = batch["request_counts"]
-            done = counts["completed"] + counts["failed"]
-            bar.update(task, description=batch["status"], total=counts["total"] or None,
-                       completed=done, failed=counts["failed"])  # fmt: skip
-    return batch
+
+        def update(batch: dict[str, Any]) -> None:
+            n = batch["request_counts"]
+            bar.update(task, description=batch["status"], total=n["total"] or None,
+                       completed=n["completed"] + n["failed"], failed=n["failed"])  # fmt: skip
+
+        return client.follow(batch, update)
 
 
 def _finish(client: BatchClient, batch: dict[str, Any], path: Path) -> int:
@@ -86,10 +80,6 @@ def _finish(client: BatchClient, batch: dict[str, Any], path: Path) -> int:
                f"{counts['failed']} failed of {counts['total']}")  # fmt: skip
     for error in (batch.get("errors") or {}).get("data") or []:
         print_error(f"line {error.get('line')}: {error.get('message')}")
-    for key, suffix in (("output_file_id", "output"), ("error_file_id", "errors")):
-        if batch.get(key):
-            target = path.with_name(f"{path.stem}.{suffix}.jsonl")
-            target.write_bytes(client.content(batch[key]))
-            out_console.print(f"{suffix}: {target}")
-    ok = batch["status"] == "completed" and counts["failed"] == 0
-    return 0 if ok else 1
+    for suffix, target in client.save_files(batch, path):
+        out_console.print(f"{suffix}: {target}")
+    return 0 if batch["status"] == "completed" and counts["failed"] == 0 else 1

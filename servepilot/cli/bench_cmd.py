@@ -5,25 +5,23 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from servepilot.bench.chat_template import ChatFrame, measure_chat_frame
-from servepilot.bench.client import Target
 from servepilot.bench.compare import compare_results, render_comparison
-from servepilot.bench.console import run_warnings
+from servepilot.bench.flags import BenchFlags, bench_setup
 from servepilot.bench.outputs import check_out_dir, write_outputs
 from servepilot.bench.records import Endpoint
-from servepilot.bench.session import BenchOptions, BenchOutput, run_bench
-from servepilot.bench.target import served_model
-from servepilot.bench.tokenizer import Tokenizer, open_tokenizer
+from servepilot.bench.session import run_bench
 from servepilot.cli.console import out_console, print_step, print_warning
-from servepilot.cli.levels_view import bench_reporter, exit_code, level_bars, print_runs
+from servepilot.cli.levels_view import (
+    bench_reporter,
+    exit_code,
+    level_bars,
+    memory_sources,
+    print_runs,
+)
 from servepilot.cli.load_options import add_load_flags, add_workload_flags, levels_from_args
-from servepilot.cli.options import base_url
+from servepilot.cli.options import Commands, add_command, add_server_flags, record_of
 from servepilot.core import loop
-from servepilot.core.errors import ConfigError
 from servepilot.core.results import load_result
-from servepilot.core.slo import Slo, parse_slo
-from servepilot.core.units import parse_duration_s
-from servepilot.fleet.soak_memory import MemorySampler, soak_memory
 
 DESCRIPTION = """\
 Load-test an OpenAI-compatible endpoint (a vLLM server, a servepilot gateway, any other) and
@@ -39,11 +37,9 @@ level and stops by itself once throughput stops rising while latency keeps climb
 A request refused with 429 (or 503 with Retry-After) is counted as refused, and a closed-loop
 worker waits out its Retry-After before sending again: a server that sheds load is not flooded.
 
-Before the first request bench estimates the run's length: exact for --duration levels
-(levels x (duration + up to 30 s for the answers in flight)); for --requests levels, a range
-once the first answer is in, re-made after every level; a sweep's to its bound of levels. When
-stderr is not a terminal (a log file, CI), progress comes as plain lines, at most one every
-10 s while a level runs.
+Bench estimates the run's length before the first request (for --requests levels, a range
+once the first answer is in, re-made after every level). When stderr is not a terminal (a log
+file, CI), progress comes as plain lines, at most one every 10 s while a level runs.
 
 Prompts have exactly --input-tokens tokens as the server counts them (usage.prompt_tokens), cut
 with its own tokenizer; on chat the template's tokens, measured once, come off each message's
@@ -62,118 +58,59 @@ examples:
 """
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "bench",
-        help="load-test an OpenAI-compatible endpoint; find the sweet spot",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _target_flags(parser)
+def register(sub: Commands) -> None:
+    help = "load-test an OpenAI-compatible endpoint; find the sweet spot"
+    parser = add_command(sub, "bench", help, DESCRIPTION, _run)
+    target = parser.add_argument_group("target")
+    target.add_argument("--url", metavar="URL", help="base URL of the server, e.g. "
+                        "http://127.0.0.1:8000 (with or without /v1)")  # fmt: skip
+    add_server_flags(target, "the server's only model")
+    target.add_argument("--endpoint", choices=[e.value for e in Endpoint], default="chat",
+                        help="chat (/v1/chat/completions, default) or completions")  # fmt: skip
+    target.add_argument("--tokenizer", type=Path, metavar="PATH", help="a local Hugging Face "
+                        "tokenizer folder, for servers without vLLM's /tokenize")  # fmt: skip
+    target.add_argument("--metrics-url", metavar="URL",
+                        help="where to read the target's memory during --soak (default: "
+                             "URL/metrics); a servepilot fleet on this machine is also read "
+                             "per replica process and per GPU")  # fmt: skip
+    target.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                        help="per-request timeout in seconds (default 600)")  # fmt: skip
     add_load_flags(parser)
     add_workload_flags(parser)
     out = parser.add_argument_group("output")
     out.add_argument("--out", type=Path, metavar="DIR",
                      help="write results.json, requests.csv and report.html here")  # fmt: skip
-    parser.set_defaults(run=_run)
-
-    bench_sub = parser.add_subparsers(dest="bench_command", metavar="compare")
-    cmp = bench_sub.add_parser(
-        "compare",
-        help="print the differences between two results.json files, run by run",
+    cmp = parser.add_subparsers(dest="bench_command", metavar="compare").add_parser(
+        "compare", help="print the differences between two results.json files, run by run",
         description="Match the runs of two results (by load) and print the differences: "
         "throughput, TTFT, TPOT, ITL, E2E, goodput. Either side may be measured (bench) or "
         "simulated (sim).",
-    )
+    )  # fmt: skip
     cmp.add_argument("a", type=Path, metavar="A.json")
     cmp.add_argument("b", type=Path, metavar="B.json")
     cmp.set_defaults(run=compare)
 
 
-def _target_flags(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("target")
-    g.add_argument("--url", metavar="URL",
-                   help="base URL of the server, e.g. "
-                        "http://127.0.0.1:8000 (with or without /v1)")  # fmt: skip
-    g.add_argument("--model", metavar="NAME",
-                   help="model to ask for (default: the server's only model)")  # fmt: skip
-    g.add_argument("--endpoint", choices=[e.value for e in Endpoint], default="chat",
-                   help="chat (/v1/chat/completions, default) or completions")  # fmt: skip
-    g.add_argument("--api-key", metavar="KEY", help="sent as Authorization: Bearer KEY")
-    g.add_argument("--tokenizer", type=Path, metavar="PATH",
-                   help="a local Hugging Face tokenizer folder, "
-                        "for servers without vLLM's /tokenize")  # fmt: skip
-    g.add_argument("--metrics-url", metavar="URL",
-                   help="where to read the target's memory during --soak (default: "
-                        "URL/metrics); a servepilot fleet on this machine is also read "
-                        "per replica process and per GPU")  # fmt: skip
-    g.add_argument("--timeout", type=float, default=600.0, metavar="S",
-                   help="per-request timeout in seconds (default 600)")  # fmt: skip
-
-
 def _run(args: argparse.Namespace) -> int:
-    if args.url is None:
-        raise ConfigError("--url is required", hint="e.g. --url http://127.0.0.1:8000")
+    flags = record_of(BenchFlags, args)
     levels = levels_from_args(args)
     if args.out is not None:
         check_out_dir(args.out)
-    root = base_url(args.url, "--url")
-    model = args.model or served_model(root, args.api_key)
-    target = Target(base_url=root, model=model, endpoint=Endpoint(args.endpoint),
-                    api_key=args.api_key, timeout_s=args.timeout)  # fmt: skip
-    soak_s = parse_duration_s(args.soak, "--soak") if args.soak else None
-    if soak_s is not None and len(levels.loads) != 1:
-        raise ConfigError("--soak runs one load level: give one --concurrency or --rate value")
-    tokenizer = open_tokenizer(target.base_url, target.model, args.tokenizer)
-    opts = BenchOptions(
-        target=target, levels=levels, seed=args.seed,
-        slo=parse_slo(args.slo) if args.slo else Slo(),
-        soak_s=soak_s, window_s=_window_s(args, soak_s), processes=args.processes,
-        metrics_url=args.metrics_url, chat=_chat_frame(tokenizer, target),
-        memory_sources=_memory_sources(root) if soak_s is not None else None,
-    )  # fmt: skip
-    output = _run_with_progress(opts, tokenizer)
-    _report(output, args.out)
+    setup = bench_setup(flags, levels, memory_sources, _note)
+    with level_bars() as bars:
+        output = loop.run(run_bench(setup.options, setup.tokenizer, bench_reporter(bars)))
+    print_runs(output.result)
+    if args.out is not None:
+        write_outputs(args.out, output.result, output.records)
+        print_step(f"wrote {args.out}/results.json, requests.csv and report.html")
     return exit_code(output.result, measured=True)
 
 
-def _chat_frame(tokenizer: Tokenizer, target: Target) -> ChatFrame:
-    frame = measure_chat_frame(tokenizer, target.endpoint)
-    line = frame.describe(target.endpoint, tokenizer.name)
-    if line is not None:
-        (print_step if frame.known else print_warning)(line)
-    return frame
+def _note(line: str, known: bool) -> None:
+    (print_step if known else print_warning)(line)
 
 
 def compare(args: argparse.Namespace) -> int:
     comparison = compare_results(load_result(args.a), load_result(args.b))
     out_console.print(render_comparison(comparison, str(args.a), str(args.b)))
     return 0
-
-
-def _run_with_progress(opts: BenchOptions, tokenizer: Tokenizer) -> BenchOutput:
-    with level_bars() as bars:
-        return loop.run(run_bench(opts, tokenizer, bench_reporter(bars)))
-
-
-def _report(output: BenchOutput, out_dir: Path | None) -> None:
-    result = output.result
-    print_runs(result)
-    for run in result.runs:
-        for warning in run_warnings(run):
-            print_warning(warning)
-    if out_dir is not None:
-        write_outputs(out_dir, result, output.records)
-        print_step(f"wrote {out_dir}/results.json, requests.csv and report.html")
-
-
-def _memory_sources(root: str) -> MemorySampler | None:
-    memory = soak_memory(root)
-    print_step(memory.described)
-    return memory.sampler
-
-
-def _window_s(args: argparse.Namespace, soak_s: float | None) -> float:
-    if args.window:
-        return parse_duration_s(args.window, "--window")
-    return max(10.0, soak_s / 10) if soak_s else 30.0

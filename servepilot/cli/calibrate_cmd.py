@@ -15,7 +15,8 @@ from servepilot.bench.records import Endpoint
 from servepilot.calibrate.fit import coefficient_table, sample_table
 from servepilot.calibrate.run import Calibration, CalibrationRequest, calibrate
 from servepilot.cli.console import draw, err_console, out_console, print_step, print_warning
-from servepilot.cli.options import base_url
+from servepilot.cli.options import Commands, add_command, record_of
+from servepilot.core.urls import base_url
 
 # The fit's tables: the first column names the row, the others are numbers.
 _STYLE = {"box": box.SIMPLE_HEAD, "pad_edge": False, "header_style": "bold"}
@@ -42,14 +43,9 @@ example:
 """
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "calibrate",
-        help="fit the simulator's cost model to measurements of a real vLLM replica",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add = parser.add_argument
+def register(sub: Commands) -> None:
+    help = "fit the simulator's cost model to measurements of a real vLLM replica"
+    add = add_command(sub, "calibrate", help, DESCRIPTION, run).add_argument
     add("--url", required=True, metavar="URL", help="the vLLM replica, e.g. http://127.0.0.1:8000")
     add("--model", metavar="NAME", help="model to ask for (default: the server's only model)")
     add("--out", type=Path, default=Path("profile.json"), metavar="FILE",
@@ -68,17 +64,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add("--api-key", metavar="KEY", help="sent as Authorization: Bearer KEY")
     add("--seed", type=int, help="prompt seed (default: a new one, so no earlier prompt is cached)")
     add("--timeout", type=float, default=600.0, metavar="S", help="per-request timeout (s)")
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    request = CalibrationRequest(
-        base_url(args.url, "--url"), args.out, model=args.model,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_prompt_tokens=args.max_prompt_tokens, quick=args.quick,
-        endpoint=Endpoint(args.endpoint), api_key=args.api_key, seed=args.seed,
-        timeout_s=args.timeout,
-    )  # fmt: skip
+    url = base_url(args.url, "--url")
+    request = record_of(CalibrationRequest, args, url=url, endpoint=Endpoint(args.endpoint),
+                        timeout_s=args.timeout)  # fmt: skip
     calibrate(request, _View())
     print_step(f"wrote {args.out}")
     return 0

@@ -5,14 +5,12 @@ from __future__ import annotations
 import argparse
 
 from servepilot.cli.console import out_console
-from servepilot.cli.options import add_config_flag, config_from_args
+from servepilot.cli.options import Commands, add_config_flag, config_from_args
 from servepilot.core.annotated_yaml import render_yaml
-from servepilot.core.config import FleetConfig
-from servepilot.core.errors import ConfigError
-from servepilot.fleet.devices import replica_devices
+from servepilot.fleet.devices import resolved_lines
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Commands) -> None:
     parser = sub.add_parser(
         "config",
         help="print the effective fleet.yaml (defaults plus your file), with each field explained",
@@ -30,18 +28,3 @@ def run(args: argparse.Namespace) -> int:
     out_console.print(render_yaml(config), markup=False, soft_wrap=True)
     out_console.print("\n".join(resolved_lines(config)), markup=False, soft_wrap=True)
     return 0
-
-
-def resolved_lines(config: FleetConfig) -> list[str]:
-    """What `up` would resolve on this node, as YAML comments (the file stays valid)."""
-    device = config.hardware.device
-    eager = config.engine.enforce_eager_on(device)
-    why = "set" if config.engine.enforce_eager is not None else f"by device, {device.value}"
-    lines = ["# resolved on this node:", f"#   engine.enforce_eager: {str(eager).lower()} ({why})"]
-    try:
-        devices = replica_devices(config)
-    except ConfigError as exc:
-        return [*lines, f"#   GPUs: refused: {exc.message}"]
-    if devices is not None:
-        lines.append(f"#   GPUs per replica: {devices.describe()}")
-    return lines

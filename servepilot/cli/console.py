@@ -28,12 +28,26 @@ def print_error(message: object) -> None:
     err_console.print(Text("error: ", style="bold red") + Text(str(message)))
 
 
+def warning_text(message: str) -> Text:
+    return Text("warning: ", style="bold yellow") + Text(message)
+
+
 def print_warning(message: str) -> None:
-    err_console.print(Text("warning: ", style="bold yellow") + Text(message))
+    err_console.print(warning_text(message))
 
 
 def print_step(message: str) -> None:
     err_console.print(Text("• ", style="cyan") + Text(message))
+
+
+def print_marked(
+    mark: str, style: str, line: str, details: Iterable[str | Text] = (), indent: int = 2
+) -> None:
+    """A verdict line on stdout (`PASS  1. title`, `problem  rule: summary`), `mark` in
+    `style`, then its details indented, each on one line however long (a log is grepped)."""
+    out_console.print(Text(mark, style=style) + Text(line))
+    for detail in details:
+        out_console.print(Text(" " * indent) + detail, soft_wrap=True)
 
 
 def draw(table: TextTable, **options: Any) -> Table:

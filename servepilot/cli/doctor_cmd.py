@@ -9,12 +9,12 @@ from pathlib import Path
 
 from rich.text import Text
 
-from servepilot.cli.console import out_console, print_step, print_warning
-from servepilot.cli.fleet_target import FleetTarget, add_fleet_choice, find_fleet
-from servepilot.cli.options import add_config_flag
+from servepilot.cli.console import out_console, print_marked, print_step, print_warning
+from servepilot.cli.options import Commands, add_command, add_config_flag, add_fleet_choice
 from servepilot.core.config import load_config
 from servepilot.core.errors import FleetError
 from servepilot.fleet.ray.view import read_view
+from servepilot.fleet.target import FleetTarget, find_fleet
 from servepilot.observe.doctor import evidence as recorded
 from servepilot.observe.doctor.finding import Finding, Severity
 from servepilot.observe.doctor.gather import gather
@@ -45,20 +45,15 @@ examples:
 """
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "doctor",
-        help="diagnose a fleet: OOM, preemptions, high TTFT, P99 spikes, KV, shm, topology",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def register(sub: Commands) -> None:
+    help = "diagnose a fleet: OOM, preemptions, high TTFT, P99 spikes, KV, shm, topology"
+    parser = add_command(sub, "doctor", help, DESCRIPTION, run_doctor)
     add_config_flag(parser)
     add_fleet_choice(parser)
     parser.add_argument("--save", type=Path, metavar="DIR", help="record the evidence here")
     parser.add_argument("--from", dest="replay", type=Path, metavar="DIR",
                         help="diagnose evidence recorded with --save instead")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
-    parser.set_defaults(run=run_doctor)
 
 
 def run_doctor(args: argparse.Namespace) -> int:
@@ -107,11 +102,10 @@ _STYLE = {Severity.PROBLEM: "bold red", Severity.WARNING: "bold yellow", Severit
 def _print_findings(findings: tuple[Finding, ...], replicas: int) -> None:
     if not findings:
         out_console.print(f"no finding: {replicas} replicas and this machine look healthy")
-        return
-    for finding in findings:
-        head = Text(f"{finding.severity.value:<8}", style=_STYLE[finding.severity])
-        out_console.print(head + Text(f"{finding.rule}: {finding.summary}"))
-        out_console.print(Text(f"  evidence: {finding.evidence}"), soft_wrap=True)
-        out_console.print(Text(f"  fix: {finding.fix}"), soft_wrap=True)
-        if finding.knob is not None:
-            out_console.print(Text(f"  set {finding.knob}: {finding.value}", style="bold"))
+    for f in findings:
+        details: list[str | Text] = [f"evidence: {f.evidence}", f"fix: {f.fix}"]
+        if f.knob is not None:
+            details.append(Text(f"set {f.knob}: {f.value}", style="bold"))
+        print_marked(
+            f"{f.severity.value:<8}", _STYLE[f.severity], f"{f.rule}: {f.summary}", details
+        )

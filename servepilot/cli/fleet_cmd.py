@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from servepilot.cli.console import out_console, print_step, print_warning, simple_table
+from servepilot.cli.options import Commands
 from servepilot.fleet import control
 from servepilot.fleet.control import fleet_statuses, stop_fleets
 from servepilot.fleet.logs import GATEWAY, log_chunks
@@ -17,7 +18,7 @@ from servepilot.fleet.ray.view import (
 )
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Commands) -> None:
     status = sub.add_parser(
         "status",
         help="show the fleets `servepilot up` is running and the state of their replicas",

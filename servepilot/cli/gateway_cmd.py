@@ -6,78 +6,63 @@ import argparse
 from pathlib import Path
 
 from servepilot.cli.console import out_console, print_step
-from servepilot.cli.options import add_config_flag, base_url, config_from_args
+from servepilot.cli.options import Commands, add_command, add_config_flag, config_from_args
 from servepilot.core import accel
-from servepilot.core.config import FleetConfig, PolicyName
+from servepilot.core.config import PolicyName
 from servepilot.core.errors import ConfigError
-from servepilot.fleet.autoscale.start import in_cluster
+from servepilot.core.urls import base_url
+from servepilot.fleet.autoscale.start import cluster_autoscaler
 from servepilot.fleet.k8s.backend import KubernetesBackend
 from servepilot.fleet.membership import following
 from servepilot.fleet.serve import check_port_free, fleet_facts
 from servepilot.gateway import run_gateway
-from servepilot.gateway.serve import Alongside
 
 DESCRIPTION = """\
 Run servepilot's gateway in front of vLLM (or any OpenAI-compatible) servers that you started
-yourself. Each --replica is a base URL such as http://10.0.0.5:8000 (without /v1); in a
-Kubernetes pod, --discover k8s:SERVICE follows a Service's ready endpoints instead. The gateway
-checks each replica's /health, routes around those that fail, gives each replica at most
---capacity requests at once and queues the rest by priority (X-Priority: 0 interactive,
-1 default, 2 batch), and serves one endpoint: vLLM's OpenAI-compatible routes (chat,
-completions, responses, embeddings, score, rerank, pooling, audio, tokenizer; a request may
-leave out `model` when the replicas serve one). Every other setting (admission budgets, circuit
-breakers, hard and soft limits, API keys) comes from fleet.yaml's `gateway` section; see
-`servepilot config`; with -c, /metrics also has batch utilisation (engine.max_num_seqs) and
-cost per QPS (the hardware's price). With --access-log PATH, every request gets a JSON line in
-PATH (method, path, status, replica, class, sizes, TTFB/TTFT/E2E ms, error), written in the
-background (gateway.access_log sets sampling and buffering). In a cluster, --scale-deployment
-NAME runs fleet.yaml's autoscale section (policy step or predictive) in the gateway: it scales
-the Deployment NAME through its scale subresource, draining a pod before it goes. Ctrl-C (or
-SIGTERM) drains in-flight requests, writes the last access log lines, and stops.
+yourself (--replica URL), or in a Kubernetes pod in front of a Service's ready endpoints
+(--discover). The gateway checks each replica's /health, routes around those that fail, gives
+each replica at most --capacity requests at once and queues the rest by priority (X-Priority:
+0 interactive, 1 default, 2 batch), and serves one endpoint: vLLM's OpenAI-compatible routes
+(chat, completions, responses, embeddings, score, rerank, pooling, audio, tokenizer; a request
+may leave out `model` when the replicas serve one). Every other setting (admission budgets,
+circuit breakers, hard and soft limits, API keys) comes from fleet.yaml's `gateway` section
+(`servepilot config`); with -c, /metrics also has batch utilisation and cost per QPS. An
+access log line (--access-log) has method, path, status, replica, class, sizes, TTFB/TTFT/E2E
+ms and error. Ctrl-C (or SIGTERM) drains in-flight requests, writes the last access log
+lines, and stops.
 """
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "gateway",
-        help="run only the gateway, in front of replicas you already run",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def register(sub: Commands) -> None:
+    help = "run only the gateway, in front of replicas you already run"
+    parser = add_command(sub, "gateway", help, DESCRIPTION, run)
     add_config_flag(parser)
-    parser.add_argument(
-        "--replica", action="append", default=[], metavar="URL",
-        help="base URL of a replica; repeat for each",
-    )  # fmt: skip
-    parser.add_argument(
-        "--discover", metavar="k8s:SERVICE[.NS]",
+    add = parser.add_argument
+    add("--replica", action="append", default=[], metavar="URL",
+        help="base URL of a replica, e.g. http://10.0.0.5:8000 (without /v1); repeat for "
+        "each")  # fmt: skip
+    add("--discover", metavar="k8s:SERVICE[.NS]",
         help="in a Kubernetes pod: follow the ready endpoints of SERVICE (in namespace NS, "
         "default the pod's own) through its EndpointSlices; replicas join and leave as they "
-        "become ready, scale or go (the pod's service account needs list on endpointslices)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--scale-deployment", metavar="NAME",
-        help="with --discover and an enabled autoscale section in --config: autoscale the "
-        "replicas' Deployment NAME from the gateway (the service account needs get/patch on "
-        "deployments/scale and patch on pods; `servepilot k8s render` writes the Role)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--policy", choices=[p.value for p in PolicyName],
-        help="routing policy (default: gateway.policy from fleet.yaml, else hybrid)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--capacity", type=int, metavar="N",
+        "become ready, scale or go (the pod's service account needs list on "
+        "endpointslices)")  # fmt: skip
+    add("--scale-deployment", metavar="NAME",
+        help="with --discover and an enabled autoscale section (policy step or predictive) in "
+        "--config: autoscale the replicas' Deployment NAME from the gateway through its scale "
+        "subresource, draining a pod before it goes (the service account needs get/patch on "
+        "deployments/scale and patch on pods; `servepilot k8s render` writes the "
+        "Role)")  # fmt: skip
+    add("--policy", choices=[p.value for p in PolicyName],
+        help="routing policy (default: gateway.policy from fleet.yaml, else hybrid)")  # fmt: skip
+    add("--capacity", type=int, metavar="N",
         help="requests in flight per replica at most; more wait in the gateway's queue "
-        "(default: gateway.admission.replica_concurrency, 256)",
-    )  # fmt: skip
-    parser.add_argument("--port", type=int, metavar="P", help="port to listen on (default 8000)")
-    parser.add_argument("--host", metavar="ADDR", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument(
-        "--access-log", type=Path, metavar="PATH",
-        help="append one JSON line per request to PATH (default: gateway.access_log.path, "
-        "else none)",
-    )  # fmt: skip
-    parser.set_defaults(run=run)
+        "(default: gateway.admission.replica_concurrency, 256)")  # fmt: skip
+    add("--port", type=int, metavar="P", help="port to listen on (default 8000)")
+    add("--host", metavar="ADDR", help="address to listen on (default 127.0.0.1)")
+    add("--access-log", type=Path, metavar="PATH",
+        help="append one JSON line per request to PATH, written in the background (default: "
+        "gateway.access_log.path, else none; gateway.access_log sets sampling and "
+        "buffering)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,10 +77,12 @@ def run(args: argparse.Namespace) -> int:
     # With a fleet.yaml, its max_num_seqs and hardware price turn the batch and cost gauges on.
     facts = fleet_facts(fleet) if args.config is not None else None
     urls = [base_url(u, "--replica") for u in args.replica]
-    source = _source(args.discover, args.scale_deployment)
+    source = (
+        KubernetesBackend.discover(args.discover, args.scale_deployment) if args.discover else None
+    )
     if not urls and source is None:
         raise ConfigError("give at least one --replica URL, or --discover k8s:SERVICE")
-    alongside = _autoscaler(fleet, source, args.scale_deployment)
+    alongside = cluster_autoscaler(fleet, source, args.scale_deployment)
     check_port_free(config.host, config.port)
 
     upstreams = [*urls, *([args.discover] if source is not None else [])]
@@ -124,27 +111,3 @@ def run(args: argparse.Namespace) -> int:
     )
     print_step("stopped")
     return 0
-
-
-def _autoscaler(
-    fleet: FleetConfig, source: KubernetesBackend | None, deployment: str | None
-) -> Alongside | None:
-    if deployment is None:
-        return None
-    if source is None:
-        raise ConfigError("--scale-deployment: the gateway finds the pods with --discover k8s:SVC")
-    if not fleet.autoscale.enabled:
-        raise ConfigError(
-            "--scale-deployment: fleet.yaml's autoscale section is not enabled (--config)",
-            hint="autoscale: {enabled: true, policy: step, min_replicas: 2, max_replicas: 20}",
-        )
-    return lambda gateway: in_cluster(fleet, gateway, source)
-
-
-def _source(discover: str | None, deployment: str | None) -> KubernetesBackend | None:
-    if discover is None:
-        return None
-    try:
-        return KubernetesBackend.discover(discover, deployment)
-    except ValueError as exc:
-        raise ConfigError(f"--discover: {exc}") from None

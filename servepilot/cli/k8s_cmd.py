@@ -6,11 +6,11 @@ import argparse
 from pathlib import Path
 
 from servepilot.cli.console import out_console, print_step
-from servepilot.cli.options import add_config_flag, config_from_args
+from servepilot.cli.options import Commands, add_command, add_config_flag, config_from_args
 from servepilot.core.config import Autoscaler, FleetConfig, Runtime
-from servepilot.core.errors import ConfigError
 from servepilot.engine.cpu import cpu_flags
-from servepilot.fleet.k8s import FILE_NAMES, Monitoring, check, render
+from servepilot.fleet.k8s import Monitoring, check, render
+from servepilot.fleet.k8s.files import write_files
 from servepilot.observe import alert_rules, dashboard
 from servepilot.plan.planner import make_plan
 from servepilot.plan.request import PlanRequest
@@ -41,31 +41,23 @@ field to change.
 """
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    k8s = sub.add_parser(
-        "k8s", help="render the fleet as Kubernetes manifests",
-        description="Kubernetes: render the fleet as manifests.",
-    )  # fmt: skip
+def register(sub: Commands) -> None:
+    k8s = sub.add_parser("k8s", help="render the fleet as Kubernetes manifests",
+                         description="Kubernetes: render the fleet as manifests.")  # fmt: skip
     ksub = k8s.add_subparsers(dest="k8s_command", metavar="ACTION", required=True)
-    parser = ksub.add_parser(
-        "render", help="write manifests and a kustomization.yaml to --out",
-        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    help = "write manifests and a kustomization.yaml to --out"
+    parser = add_command(ksub, "render", help, DESCRIPTION, run)
     add_config_flag(parser)
-    parser.add_argument("--out", type=Path, required=True, metavar="DIR",
-                        help="folder to write the manifests to (created)")  # fmt: skip
-    parser.add_argument("--namespace", metavar="NS",
-                        help="namespace (default: kubernetes.namespace, servepilot)")  # fmt: skip
-    parser.add_argument(
-        "--autoscaler", choices=[a.value for a in Autoscaler],
+    add = parser.add_argument
+    add("--out", type=Path, required=True, metavar="DIR",
+        help="folder to write the manifests to (created)")  # fmt: skip
+    add("--namespace", metavar="NS", help="namespace (default: kubernetes.namespace, servepilot)")
+    add("--autoscaler", choices=[a.value for a in Autoscaler],
         help="hpa: autoscaling/v2 through prometheus-adapter; keda: a ScaledObject "
-        "(default: kubernetes.autoscaling.autoscaler, hpa)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--runtime", choices=[r.value for r in Runtime],
-        help="vllm: vLLM pods; ray: a KubeRay RayService (default: kubernetes.runtime, vllm)",
-    )  # fmt: skip
-    parser.set_defaults(run=run)
+        "(default: kubernetes.autoscaling.autoscaler, hpa)")  # fmt: skip
+    add("--runtime", choices=[r.value for r in Runtime],
+        help="vllm: vLLM pods; ray: a KubeRay RayService (default: kubernetes.runtime, "
+        "vllm)")  # fmt: skip
 
 
 def monitoring_of(config: FleetConfig) -> Monitoring:
@@ -85,14 +77,7 @@ def run(args: argparse.Namespace) -> int:
     plan = make_plan(PlanRequest.from_fleet(config, cpu_flags()))
     files = render(config, plan, monitoring_of(config))
     out: Path = args.out
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file, not a folder")
-    out.mkdir(parents=True, exist_ok=True)
-    for manifest in files:
-        (out / manifest.name).write_text(manifest.text(), encoding="utf-8")
-    written = {manifest.name for manifest in files}
-    for stale in sorted(set(FILE_NAMES) - written):
-        (out / stale).unlink(missing_ok=True)  # an earlier render's, for another runtime
+    write_files(files, out)
     for manifest in files:
         kinds = ", ".join(obj["kind"] for obj in manifest.objects)
         out_console.print(f"  {manifest.name}: {kinds}", markup=False)

@@ -5,8 +5,9 @@ run read the same way, as their results do."""
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from rich.console import Console, RenderableType
@@ -19,12 +20,14 @@ from servepilot.bench.console import (
     progress_counts,
     progress_left,
     render_runs_table,
+    run_warnings,
     sweet_spot_line,
 )
 from servepilot.bench.report.fmt import level_name
 from servepilot.bench.session import BenchReporter, LevelProgress
-from servepilot.cli.console import err_console, out_console
+from servepilot.cli.console import err_console, out_console, print_step, print_warning
 from servepilot.core.results import BenchResult, Load, Run
+from servepilot.fleet.soak_memory import MemorySampler, soak_memory
 
 
 class LevelBars:
@@ -133,16 +136,30 @@ def bench_reporter(bars: LevelBars | PlainLevels) -> BenchReporter:
     return BenchReporter(started, progress, bars.finish, bars.note)
 
 
-def print_runs(result: BenchResult) -> None:
-    """The run table and the sweet-spot line, on stdout."""
+def print_runs(result: BenchResult, stats: Sequence[str] = ()) -> None:
+    """The run table and the sweet-spot line on stdout; on stderr each run's `stats` line (the
+    simulator's), when given, and its warnings."""
     out_console.print(render_runs_table(result))
     if result.sweet_spot is not None:
         out_console.print(Text(sweet_spot_line(result)))
+    for run, line in itertools.zip_longest(result.runs, stats):
+        if line is not None:
+            print_step(f"{level_name(run.load)}: {line}")
+        for warning in run_warnings(run):
+            print_warning(warning)
 
 
 def exit_code(result: BenchResult, *, measured: bool) -> int:
     """bench's and sim's exit code for `result`, saying why when it is not 0."""
     code, why = ending(result, measured=measured)
     if why is not None:
-        err_console.print(Text("warning: ", style="yellow") + Text(why))
+        print_warning(why)
     return code
+
+
+def memory_sources(root: str) -> MemorySampler | None:
+    """A soak's memory sources beyond `root`'s /metrics: the replica processes and GPUs of the
+    fleet `up` runs here at `root`, if it does (said on stderr)."""
+    memory = soak_memory(root)
+    print_step(memory.described)
+    return memory.sampler

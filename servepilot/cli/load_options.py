@@ -1,17 +1,15 @@
-"""The load and workload flags that bench, sim and tune share, and how they parse."""
+"""The load and workload flags that bench, sim and tune share (load/flags.py parses them)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from servepilot.core.errors import ConfigError
-from servepilot.core.results import Load, LoadMode
-from servepilot.core.units import parse_duration_s
+from servepilot.cli.options import record_of
 from servepilot.load.arrivals import Arrival
-from servepilot.load.levels import LevelOptions, parse_levels
-from servepilot.load.sweep import SweepConfig
-from servepilot.load.workload import WorkloadKind, WorkloadSpec, parse_priority_mix
+from servepilot.load.flags import LoadFlags, WorkloadFlags
+from servepilot.load.levels import LevelOptions
+from servepilot.load.workload import WorkloadKind, WorkloadSpec
 
 
 def add_load_flags(parser: argparse.ArgumentParser, *, real_client: bool = True) -> None:
@@ -19,134 +17,77 @@ def add_load_flags(parser: argparse.ArgumentParser, *, real_client: bool = True)
     processes), so a command that simulates its clients does not list what it cannot do."""
     g = parser.add_argument_group("load")
     mode = g.add_mutually_exclusive_group()
-    mode.add_argument("--concurrency", metavar="N[,N...]",
-                      help="closed loop: requests in flight at "
-                           "all times; a list runs one level each")  # fmt: skip
+    mode.add_argument("--concurrency", metavar="N[,N...]", help="closed loop: requests in "
+                      "flight at all times; a list runs one level each")  # fmt: skip
     mode.add_argument("--rate", metavar="R[,R...]", help="open loop: requests per second")
-    g.add_argument("--sweep", action="store_true",
-                   help="raise the load level by level until throughput stops rising (concurrency "
-                        "1, 2, 4, ...; with --rate, from its first value)")  # fmt: skip
-    g.add_argument("--arrival", choices=[a.value for a in Arrival], default="poisson",
-                   help="open-loop arrivals (default poisson)")  # fmt: skip
-    g.add_argument("--burstiness", type=float, default=1.0, metavar="B",
-                   help="gamma arrivals: 1 is Poisson, "
-                        "below 1 burstier, above 1 smoother")  # fmt: skip
+    add = g.add_argument
+    add("--sweep", action="store_true", help="raise the load level by level until throughput "
+        "stops rising (concurrency 1, 2, 4, ...; with --rate, from its first value)")  # fmt: skip
+    add("--arrival", choices=[a.value for a in Arrival], default="poisson",
+        help="open-loop arrivals (default poisson)")  # fmt: skip
+    add("--burstiness", type=float, default=1.0, metavar="B",
+        help="gamma arrivals: 1 is Poisson, below 1 burstier, above 1 smoother")  # fmt: skip
     stop = g.add_mutually_exclusive_group()
-    stop.add_argument("--requests", type=int, metavar="N",
-                      help="requests per level (default: max(100, 5 "
-                           "x concurrency) or max(100, 30 x rate))")  # fmt: skip
+    stop.add_argument("--requests", type=int, metavar="N", help="requests per level (default: "
+                      "max(100, 5 x concurrency) or max(100, 30 x rate))")  # fmt: skip
     stop.add_argument("--duration", metavar="T", help="time per level instead (90s, 10m)")
-    g.add_argument("--warmup", type=int, default=0, metavar="N",
-                   help="requests sent first at each "
-                        "level and left out of the results")  # fmt: skip
-    g.add_argument("--slo", metavar="K=MS,...",
-                   help="<ttft|tpot|itl|e2e>_<p50|p90|p99|mean>_ms limits, as tune "
-                        "takes them; goodput counts the requests within every "
-                        "ttft/tpot/e2e p99 limit, the other limits are checked on "
-                        "each level's statistics (slo_met)")  # fmt: skip
+    add("--warmup", type=int, default=0, metavar="N",
+        help="requests sent first at each level and left out of the results")  # fmt: skip
+    add("--slo", metavar="K=MS,...",
+        help="<ttft|tpot|itl|e2e>_<p50|p90|p99|mean>_ms limits, as tune takes them; goodput "
+        "counts the requests within every ttft/tpot/e2e p99 limit, the other limits are "
+        "checked on each level's statistics (slo_met)")  # fmt: skip
     if not real_client:
         return
-    g.add_argument("--soak", metavar="T",
-                   help="one long run at one load level (e.g. 30m), reported in "
-                        "windows, with the target's memory growth per request")  # fmt: skip
-    g.add_argument("--window", metavar="T",
-                   help="soak window length (default: a "
-                        "tenth of the soak, at least 10s)")  # fmt: skip
-    g.add_argument("--processes", type=int, metavar="N",
-                   help="client processes (default: as many as the load needs)")  # fmt: skip
+    add("--soak", metavar="T", help="one long run at one load level (e.g. 30m), reported in "
+        "windows, with the target's memory growth per request")  # fmt: skip
+    add("--window", metavar="T", help="soak window length (default: a tenth of the soak, at "
+        "least 10s)")  # fmt: skip
+    add("--processes", type=int, metavar="N",
+        help="client processes (default: as many as the load needs)")  # fmt: skip
 
 
 def add_workload_flags(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("workload")
-    g.add_argument("--workload", choices=[k.value for k in WorkloadKind], default="random",
-                   help="random (default); mixed (short and long prompts); "
-                        "shared_prefix (N prefixes x suffixes); multi_turn (chat "
-                        "sessions whose history grows); trace (--trace FILE)")  # fmt: skip
-    g.add_argument("--input-tokens", type=int, default=256, metavar="N",
-                   help="prompt tokens as the server counts them, a chat template "
-                        "included (default 256)")  # fmt: skip
-    g.add_argument("--output-tokens", type=int, default=128, metavar="N",
-                   help="max_tokens of every request (default 128)")  # fmt: skip
-    g.add_argument("--long-fraction", type=float, default=0.2, metavar="F",
-                   help="mixed: share of long prompts (default 0.2)")  # fmt: skip
-    g.add_argument("--long-input-tokens", type=int, metavar="N",
-                   help="mixed: tokens of a long prompt (default 4 x --input-tokens)")  # fmt: skip
-    g.add_argument("--num-prefixes", type=int, default=8, metavar="N",
-                   help="shared_prefix: distinct prefixes (default 8)")  # fmt: skip
-    g.add_argument("--prefix-tokens", type=int, metavar="N",
-                   help="shared_prefix: tokens of each prefix "
-                        "(default 3/4 of --input-tokens)")  # fmt: skip
-    g.add_argument("--turns", type=int, default=4, metavar="N",
-                   help="multi_turn: turns per conversation (default 4); results then "
-                        "split TTFT into first turns and returning ones (turn 2 on)")  # fmt: skip
-    g.add_argument("--active-sessions", type=int, default=16, metavar="N",
-                   help="multi_turn: conversations interleaved at a time, each sending its "
-                        "next turn after the other N-1 sent theirs (default 16). Their "
-                        "histories, about N x turns x (input + output tokens), are what the "
-                        "server must keep between turns: above the GPU's KV tokens (plan's "
-                        "figure) returning turns miss the GPU cache, which a CPU tier "
-                        "(engine.kv_offload_gib) can catch")  # fmt: skip
-    g.add_argument("--trace", type=Path, metavar="FILE",
-                   help="trace: JSONL lines with timestamp, input_tokens, "
-                        "output_tokens, optional prefix_group and priority")  # fmt: skip
-    g.add_argument("--priority-mix", metavar="0=W,1=W,2=W",
-                   help="send X-Priority 0 (interactive), "
-                        "1 or 2 (batch) with these weights")  # fmt: skip
-    g.add_argument("--sessions", type=int, metavar="N",
-                   help="spread requests over N X-Session-Id values (not multi_turn, "
-                        "where each conversation is its own session: see "
-                        "--active-sessions)")  # fmt: skip
-    g.add_argument("--seed", type=int, default=0, help="workload and arrival seed (default 0)")
+    add = parser.add_argument_group("workload").add_argument
+    add("--workload", choices=[k.value for k in WorkloadKind], default="random",
+        help="random (default); mixed (short and long prompts); shared_prefix (N prefixes "
+        "x suffixes); multi_turn (chat sessions whose history grows); trace (--trace "
+        "FILE)")  # fmt: skip
+    add("--input-tokens", type=int, default=256, metavar="N", help="prompt tokens as the "
+        "server counts them, a chat template included (default 256)")  # fmt: skip
+    add("--output-tokens", type=int, default=128, metavar="N",
+        help="max_tokens of every request (default 128)")  # fmt: skip
+    add("--long-fraction", type=float, default=0.2, metavar="F",
+        help="mixed: share of long prompts (default 0.2)")  # fmt: skip
+    add("--long-input-tokens", type=int, metavar="N",
+        help="mixed: tokens of a long prompt (default 4 x --input-tokens)")  # fmt: skip
+    add("--num-prefixes", type=int, default=8, metavar="N",
+        help="shared_prefix: distinct prefixes (default 8)")  # fmt: skip
+    add("--prefix-tokens", type=int, metavar="N",
+        help="shared_prefix: tokens of each prefix (default 3/4 of --input-tokens)")  # fmt: skip
+    add("--turns", type=int, default=4, metavar="N", help="multi_turn: turns per conversation "
+        "(default 4); results then split TTFT into first turns and returning ones (turn 2 "
+        "on)")  # fmt: skip
+    add("--active-sessions", type=int, default=16, metavar="N",
+        help="multi_turn: conversations interleaved at a time, each sending its next turn "
+        "after the other N-1 sent theirs (default 16). Their histories, about N x turns x "
+        "(input + output tokens), are what the server must keep between turns: above the "
+        "GPU's KV tokens (plan's figure) returning turns miss the GPU cache, which a CPU tier "
+        "(engine.kv_offload_gib) can catch")  # fmt: skip
+    add("--trace", type=Path, metavar="FILE", help="trace: JSONL lines with timestamp, "
+        "input_tokens, output_tokens, optional prefix_group and priority")  # fmt: skip
+    add("--priority-mix", metavar="0=W,1=W,2=W",
+        help="send X-Priority 0 (interactive), 1 or 2 (batch) with these weights")  # fmt: skip
+    add("--sessions", type=int, metavar="N", help="spread requests over N X-Session-Id values "
+        "(not multi_turn, where each conversation is its own session: see "
+        "--active-sessions)")  # fmt: skip
+    add("--seed", type=int, default=0, help="workload and arrival seed (default 0)")
 
 
 def levels_from_args(args: argparse.Namespace) -> LevelOptions:
     """The levels bench and sim run, from the flags of add_load_flags and add_workload_flags."""
-    return LevelOptions(
-        workload=workload_from_args(args),
-        loads=loads_from_args(args),
-        sweep=sweep_from_args(args),
-        requests=args.requests,
-        duration_s=parse_duration_s(args.duration, "--duration") if args.duration else None,
-        warmup_requests=args.warmup,
-        arrival=Arrival(args.arrival),
-        burstiness=args.burstiness,
-    )
-
-
-def loads_from_args(args: argparse.Namespace) -> tuple[Load, ...]:
-    if args.rate:
-        return tuple(Load(mode=LoadMode.RATE, value=v) for v in parse_levels(args.rate, "--rate"))
-    if args.concurrency:
-        values = parse_levels(args.concurrency, "--concurrency")
-        if any(v != int(v) for v in values):
-            raise ConfigError(f"--concurrency {args.concurrency!r}: levels must be whole numbers")
-        return tuple(Load(mode=LoadMode.CONCURRENCY, value=v) for v in values)
-    return () if args.sweep else (Load(mode=LoadMode.CONCURRENCY, value=1),)
-
-
-def sweep_from_args(args: argparse.Namespace) -> SweepConfig | None:
-    if not args.sweep:
-        return None
-    if getattr(args, "soak", None):
-        raise ConfigError("--sweep and --soak do not go together: soak runs one load level")
-    mode = LoadMode.RATE if args.rate else LoadMode.CONCURRENCY
-    start = parse_levels(args.rate or args.concurrency or "1", "--rate")[0]
-    return SweepConfig(mode=mode, start=start)
+    return record_of(LoadFlags, args).levels(workload_from_args(args))
 
 
 def workload_from_args(args: argparse.Namespace) -> WorkloadSpec:
-    return WorkloadSpec(
-        kind=WorkloadKind(args.workload),
-        input_tokens=args.input_tokens,
-        output_tokens=args.output_tokens,
-        seed=args.seed,
-        long_fraction=args.long_fraction,
-        long_input_tokens=args.long_input_tokens,
-        num_prefixes=args.num_prefixes,
-        prefix_tokens=args.prefix_tokens,
-        turns=args.turns,
-        active_sessions=args.active_sessions,
-        trace_path=args.trace,
-        priority_mix=parse_priority_mix(args.priority_mix) if args.priority_mix else None,
-        sessions=args.sessions,
-    )
+    return record_of(WorkloadFlags, args).spec()

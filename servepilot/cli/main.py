@@ -28,6 +28,7 @@ from servepilot.cli import (
     warm_cmd,
 )
 from servepilot.cli.console import err_console, print_error
+from servepilot.cli.options import add_command
 from servepilot.core import completion
 from servepilot.core.config import EMBEDDED_MODEL
 from servepilot.core.errors import ConfigError, ServepilotError
@@ -43,42 +44,29 @@ machine's CPU. Write a fleet.yaml (see `servepilot config`) to use your own mode
 """
 
 
+COMMANDS = (plan_cmd, up_cmd, fleet_cmd, warm_cmd, gateway_cmd, bench_cmd, calibrate_cmd,
+            profile_cmd, sim_cmd, tune_cmd, k8s_cmd, top_cmd, doctor_cmd, accept_cmd,
+            models_cmd, batch_cmd, config_cmd, observe_cmd)  # fmt: skip
+"""In the order `servepilot --help` lists them, the serving loop's."""
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The whole command line, every subcommand and flag; building it starts nothing."""
+    raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
-        prog="servepilot",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="servepilot", description=DESCRIPTION, formatter_class=raw
     )
     parser.add_argument("--version", action="version", version=f"servepilot {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (
-        plan_cmd,
-        up_cmd,
-        fleet_cmd,
-        warm_cmd,
-        gateway_cmd,
-        bench_cmd,
-        calibrate_cmd,
-        profile_cmd,
-        sim_cmd,
-        tune_cmd,
-        k8s_cmd,
-        top_cmd,
-        doctor_cmd,
-        accept_cmd,
-        models_cmd,
-        batch_cmd,
-        config_cmd,
-        observe_cmd,
-    ):
+    for module in COMMANDS:
         module.register(sub)
-    shells = sub.add_parser(
-        "completion", help="print the shell completion script for bash or zsh",
-        description="Print a script that completes servepilot's commands, flags and known values. "
+    shells = add_command(
+        sub, "completion", "print the shell completion script for bash or zsh",
+        "Print a script that completes servepilot's commands, flags and known values.\n"
         "bash: `source <(servepilot completion bash)` in ~/.bashrc; zsh: the same in ~/.zshrc.",
+        lambda args: _print_completion(args.shell),
     )  # fmt: skip
     shells.add_argument("shell", choices=completion.SHELLS)
-    shells.set_defaults(run=lambda args: _print_completion(args.shell))
     return parser
 
 

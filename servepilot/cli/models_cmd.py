@@ -5,17 +5,17 @@ from __future__ import annotations
 import argparse
 
 from servepilot.cli.console import draw, out_console, print_step
+from servepilot.cli.options import Commands
 from servepilot.core.config import EMBEDDED_MODEL, ModelConfig
 from servepilot.engine.model_source import resolve_model
 from servepilot.plan.presets import preset_table
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Commands) -> None:
     models = sub.add_parser(
-        "models",
-        help="list the models servepilot knows; prepare the embedded one for serving",
+        "models", help="list the models servepilot knows; prepare the embedded one for serving",
         description="List the models servepilot knows, or prepare one for serving.",
-    )
+    )  # fmt: skip
     msub = models.add_subparsers(dest="models_command", metavar="ACTION", required=True)
     msub.add_parser(
         "list", help=f"the presets (--model NAME); {EMBEDDED_MODEL}, the embedded one, runs on vLLM"

@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-import yaml
-
 from servepilot.cli.console import out_console
-from servepilot.cli.options import add_config_flag, config_from_args
-from servepilot.core.errors import ConfigError
-from servepilot.observe import alert_rules, dashboard
+from servepilot.cli.options import Commands, add_config_flag, config_from_args
 from servepilot.observe.alerts import rules
+from servepilot.observe.files import DASHBOARD_FILE, RULES_FILE, write_files
 
-DASHBOARD_FILE = "servepilot-dashboard.json"
-RULES_FILE = "servepilot-alerts.yaml"
 DESCRIPTION = f"""\
 render: write {DASHBOARD_FILE} (import it in Grafana: Dashboards > New > Import, pick the
 Prometheus data source) and {RULES_FILE} (add it to prometheus.yml's rule_files). The
@@ -29,7 +23,7 @@ what to do.
 """
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Commands) -> None:
     parser = sub.add_parser(
         "observe", help="render the Grafana dashboard and Prometheus alert rules of a fleet",
         description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -44,13 +38,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run_render(args: argparse.Namespace) -> int:
     config = config_from_args(args, {})
-    out: Path = args.out
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / DASHBOARD_FILE).write_text(json.dumps(dashboard(config), indent=2) + "\n")
-        (out / RULES_FILE).write_text(yaml.safe_dump(alert_rules(config), sort_keys=False))
-    except OSError as exc:
-        raise ConfigError(f"--out {out}: {exc.strerror or exc}") from None
+    dashboard_path, rules_path = write_files(config, args.out)
     names = ", ".join(r.name for r in rules(config))
-    out_console.print(f"wrote {out / DASHBOARD_FILE}\nwrote {out / RULES_FILE} ({names})")
+    out_console.print(f"wrote {dashboard_path}\nwrote {rules_path} ({names})")
     return 0

@@ -1,22 +1,50 @@
-"""Flags shared by several commands, and how they override fleet.yaml."""
+"""How a command joins the parser, the flags several commands share, and how flags become
+fleet.yaml overrides and the typed records of the layers that parse them."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from servepilot.core.config import FleetConfig, load_config
-from servepilot.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    Record = TypeVar("Record", bound=DataclassInstance)
+
+
+Run = Callable[[argparse.Namespace], int]
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def add_command(
+    sub: Commands, name: str, help: str, description: str, run: Run | None = None
+) -> argparse.ArgumentParser:
+    """A subcommand whose `description` keeps its line breaks (lists, examples); `run` gets
+    the parsed flags and returns the exit code."""
+    parser = sub.add_parser(name, help=help, description=description,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    if run is not None:
+        parser.set_defaults(run=run)
+    return parser
 
 
 def add_config_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-c", "--config", type=Path, metavar="FLEET_YAML",
+                        help="fleet.yaml to read (default: none, every setting at "
+                             "its default)")  # fmt: skip
+
+
+def add_server_flags(parser: argparse._ActionsContainer, model_default: str) -> None:
+    """--model and --api-key, for a command that talks to an OpenAI-compatible server."""
     parser.add_argument(
-        "-c",
-        "--config",
-        type=Path,
-        metavar="FLEET_YAML",
-        help="fleet.yaml to read (default: none, every setting at its default)",
+        "--model", metavar="NAME", help=f"model to ask for (default: {model_default})"
     )
+    parser.add_argument("--api-key", metavar="KEY", help="sent as Authorization: Bearer KEY")
 
 
 def config_from_args(args: argparse.Namespace, flags: dict[str, str]) -> FleetConfig:
@@ -35,9 +63,18 @@ def config_from_args(args: argparse.Namespace, flags: dict[str, str]) -> FleetCo
     return config.with_overrides(given, names)
 
 
-def base_url(url: str, flag: str) -> str:
-    """A server's root URL from what a user typed (a trailing /v1 or / is dropped)."""
-    if not url.startswith(("http://", "https://")):
-        raise ConfigError(f"{flag} {url!r}: expected a URL such as http://127.0.0.1:8000")
-    url = url.rstrip("/")
-    return url.removesuffix("/v1")
+def record_of(cls: type[Record], args: argparse.Namespace, **given: Any) -> Record:
+    """The flags record `cls` (of the layer that parses them) from the parsed flags whose dests
+    are its field names; a field the command has no flag for keeps its default, `given` sets
+    the others."""
+    names = {f.name for f in dataclasses.fields(cls)} - given.keys()
+    return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)}, **given)
+
+
+def add_fleet_choice(parser: argparse.ArgumentParser) -> None:
+    """--url or --port, as `status`, `down` and `logs` pick a fleet by --port."""
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--url", metavar="URL",
+                       help="the gateway (default: the fleet `up` runs here)")  # fmt: skip
+    which.add_argument("--port", type=int, metavar="P",
+                       help="the fleet `up` runs here on this port")  # fmt: skip

@@ -8,20 +8,14 @@ from pathlib import Path
 
 from rich.text import Text
 
-from servepilot.cli.console import draw, out_console, print_step, print_warning
-from servepilot.cli.options import add_config_flag, config_from_args
-from servepilot.core.config import EngineConfig
-from servepilot.core.errors import ConfigError
-from servepilot.engine.args import vllm_command
+from servepilot.cli.console import draw, out_console, print_step, print_warning, warning_text
+from servepilot.cli.options import Commands, add_command, add_config_flag, config_from_args
 from servepilot.engine.cpu import cpu_flags
-from servepilot.engine.dummy_model import dummy_serving_folder
+from servepilot.engine.planned import PlannedLaunch, plan_launch
 from servepilot.fleet.devices import check_planned_fleet
 from servepilot.plan import report
-from servepilot.plan.checkpoint import checkpoint_for
-from servepilot.plan.export import fleet_config, fleet_yaml, plan_json
 from servepilot.plan.gpu_profile.source import read_step_source
 from servepilot.plan.launch import Launch
-from servepilot.plan.planner import Plan, make_plan
 from servepilot.plan.presets import preset_names
 from servepilot.plan.request import PlanRequest
 
@@ -61,53 +55,44 @@ examples:
 """
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "plan", help=HELP, description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+def register(sub: Commands) -> None:
+    parser = add_command(sub, "plan", HELP, DESCRIPTION, run)
     add_config_flag(parser)
-    what = parser.add_argument_group("model and hardware")
-    presets = ", ".join(preset_names())
-    what.add_argument("--model", metavar="NAME_OR_PATH",
-                      help=f"a preset ({presets}) or a local model folder")  # fmt: skip
-    what.add_argument("--accelerator", metavar="NAME",
-                      help="catalog name: cpu, a100-40, "
-                           "a100-80, h100, h200, b200, l40s")  # fmt: skip
-    what.add_argument("--count", type=int, metavar="N", help="accelerators per node")
-    what.add_argument("--nodes", type=int, metavar="N", help="number of nodes")
-    what.add_argument("--memory-gib", type=float, metavar="G",
-                      help="memory per accelerator in GiB "
-                           "(on CPU: the KV cache space)")  # fmt: skip
-    what.add_argument("--price", type=float, metavar="USD",
-                      help="price of one accelerator per hour")  # fmt: skip
-    what.add_argument("--catalog", metavar="YAML",
-                      help="accelerators to add to or override the shipped catalog")  # fmt: skip
-    knobs = parser.add_argument_group("precision and knobs")
-    knobs.add_argument("--weights-dtype", metavar="D",
-                       help="bf16, fp16, fp32, fp8, int8, fp4, awq, gptq (default: "
-                            "the checkpoint's; on CPU what `dtype: auto` runs)")  # fmt: skip
-    knobs.add_argument("--kv-dtype", metavar="D", help="auto, fp8, fp8_e4m3, fp8_e5m2, bf16")
-    knobs.add_argument("--max-model-len", type=int, metavar="L",
-                       help="longest prompt + output (default: from the traffic)")  # fmt: skip
-    traffic = parser.add_argument_group("traffic")
-    traffic.add_argument("--qps", type=float, metavar="Q", help="requests per second to sustain")
-    traffic.add_argument("--concurrency", type=int, metavar="N", help="requests in flight")
-    traffic.add_argument("--bursty", action="store_true", default=None,
-                         help="traffic comes in bursts: one node plus autoscaling when one "
-                              "node carries the sustained --qps")  # fmt: skip
-    traffic.add_argument("--input-tokens", type=int, metavar="N", help="mean prompt length")
-    traffic.add_argument("--output-tokens", type=int, metavar="N", help="mean output length")
-    traffic.add_argument("--profile", type=Path, metavar="PROFILE.json",
-                         help="step times for the throughput and latency estimates: "
-                              "measured by `servepilot calibrate`, or a GPU operator "
-                              "profile from `servepilot profile` (default: the roofline "
-                              "of the model on the accelerator)")  # fmt: skip
-    out = parser.add_argument_group("output")
-    out.add_argument("--json", action="store_true", help="print the plan as one JSON object")
-    out.add_argument("--out", type=Path, metavar="FLEET_YAML",
-                     help="write the planned fleet.yaml here (for `servepilot up -c`)")  # fmt: skip
-    parser.set_defaults(run=run)  # fmt: skip
+    what = parser.add_argument_group("model and hardware").add_argument
+    what("--model", metavar="NAME_OR_PATH",
+         help=f"a preset ({', '.join(preset_names())}) or a local model folder")  # fmt: skip
+    what("--accelerator", metavar="NAME",
+         help="catalog name: cpu, a100-40, a100-80, h100, h200, b200, l40s")  # fmt: skip
+    what("--count", type=int, metavar="N", help="accelerators per node")
+    what("--nodes", type=int, metavar="N", help="number of nodes")
+    what("--memory-gib", type=float, metavar="G",
+         help="memory per accelerator in GiB (on CPU: the KV cache space)")  # fmt: skip
+    what("--price", type=float, metavar="USD", help="price of one accelerator per hour")
+    what("--catalog", metavar="YAML",
+         help="accelerators to add to or override the shipped catalog")  # fmt: skip
+    knob = parser.add_argument_group("precision and knobs").add_argument
+    knob("--weights-dtype", metavar="D",
+         help="bf16, fp16, fp32, fp8, int8, fp4, awq, gptq (default: the checkpoint's; on CPU "
+              "what `dtype: auto` runs)")  # fmt: skip
+    knob("--kv-dtype", metavar="D", help="auto, fp8, fp8_e4m3, fp8_e5m2, bf16")
+    knob("--max-model-len", type=int, metavar="L",
+         help="longest prompt + output (default: from the traffic)")  # fmt: skip
+    traffic = parser.add_argument_group("traffic").add_argument
+    traffic("--qps", type=float, metavar="Q", help="requests per second to sustain")
+    traffic("--concurrency", type=int, metavar="N", help="requests in flight")
+    traffic("--bursty", action="store_true", default=None,
+            help="traffic comes in bursts: one node plus autoscaling when one node carries "
+                 "the sustained --qps")  # fmt: skip
+    traffic("--input-tokens", type=int, metavar="N", help="mean prompt length")
+    traffic("--output-tokens", type=int, metavar="N", help="mean output length")
+    traffic("--profile", type=Path, metavar="PROFILE.json",
+            help="step times for the throughput and latency estimates: measured by `servepilot "
+                 "calibrate`, or a GPU operator profile from `servepilot profile` (default: "
+                 "the roofline of the model on the accelerator)")  # fmt: skip
+    out = parser.add_argument_group("output").add_argument
+    out("--json", action="store_true", help="print the plan as one JSON object")
+    out("--out", type=Path, metavar="FLEET_YAML",
+        help="write the planned fleet.yaml here (for `servepilot up -c`)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -124,68 +109,24 @@ def run(args: argparse.Namespace) -> int:
     request = PlanRequest.from_fleet(config, cpu_flags(), args.weights_dtype, args.kv_dtype)
     if args.profile is not None:
         request = request.replace(cost_model=read_step_source(args.profile))
-    plan = make_plan(request)
-    # When nothing fits, the command and fleet.yaml are those of the ladder's first rung that
-    # does: an answer to act on rather than a config vLLM would refuse.
-    step = None if plan.fits else plan.first_fitting_step
-    runnable = plan if step is None else make_plan(step.request)
-    given = config.engine
-    launch = launch_of(runnable, given) if runnable.fits else None
-    # A rung at the original precision (more accelerators or nodes), offered beside the first.
-    wider = next((s for s in plan.ladder if s.fits and s.widens and s is not step), None)
-    also = None if wider is None else (wider.action, launch_of(make_plan(wider.request), given))
-    if args.out is not None and runnable.fits:
-        _write(args.out, fleet_yaml(runnable, given))
+    answer = plan_launch(request, config.engine)
+    fits = answer.runnable.fits
+    if args.out is not None and fits:
+        answer.write_fleet_yaml(args.out)
     if args.json:
-        data = plan_json(plan) | _launch_json(launch if plan.fits else None)
-        if step is not None:
-            data["suggested"] = {"action": step.action, "advice": plan_json(runnable)["advice"]}
-            data["suggested"] |= _launch_json(launch)
-        if also is not None:
-            data["alternative"] = {"action": also[0]} | _launch_json(also[1])
-        out_console.print_json(json.dumps(data), indent=2)
+        out_console.print_json(json.dumps(answer.as_json()), indent=2)
     else:
-        _render(plan, runnable, launch, step.action if step else None)
-        if also is not None:
-            _print_launch(f"{also[0]}:", also[1])
-    if args.out is not None:
-        if runnable.fits:
-            rung = f" (after: {step.action})" if step else ""
-            print_step(f"wrote {args.out}{rung}; start it with `servepilot up -c {args.out}`")
-        else:
-            print_warning(f"did not write {args.out}: nothing fits, even on the ladder")
-    return 0 if plan.fits else 1
+        _render(answer)
+    if args.out is not None and fits:
+        rung = f" (after: {answer.step.action})" if answer.step else ""
+        print_step(f"wrote {args.out}{rung}; start it with `servepilot up -c {args.out}`")
+    elif args.out is not None:
+        print_warning(f"did not write {args.out}: nothing fits, even on the ladder")
+    return 0 if answer.plan.fits else 1
 
 
-def launch_of(plan: Plan, given: EngineConfig | None = None) -> Launch:
-    """How to start `plan` as printed: the checkpoint it serves and its `vllm serve` line,
-    with the engine section `given` as planned (what `k8s render` runs too)."""
-    req = plan.request
-    checkpoint = checkpoint_for(req.model, req.model_ref, req.weights_dtype)
-    model = checkpoint.model
-    if req.dummy_weights:
-        # No checkpoint to download: the config's folder with a tokenizer, which `up` writes.
-        model = str(dummy_serving_folder(req.model_ref))
-    command = vllm_command(fleet_config(plan, given), model, req.model.name)
-    return Launch(command, nodes=plan.option.parallelism.pp, checkpoint=checkpoint)
-
-
-def _launch_json(launch: Launch | None) -> dict[str, object]:
-    if launch is None:
-        return {"vllm_command": None, "launch": None}
-    return {"vllm_command": launch.command, "launch": list(launch.steps)}
-
-
-def _write(path: Path, text: str) -> None:
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"--out {path}: cannot write it ({exc.strerror})") from None
-
-
-def _render(plan: Plan, runnable: Plan, launch: Launch | None, rung: str | None) -> None:
-    """`runnable`: `plan`, or the ladder's first rung that fits, whose advice, cost, estimates
-    and launch are printed (`rung` its action)."""
+def _render(answer: PlannedLaunch) -> None:
+    plan, runnable, launch = answer.plan, answer.runnable, answer.launch
     style = "bold green" if plan.fits else "bold red"
     out_console.print(Text(report.headline(plan) + " — ") + Text(report.verdict(plan), style=style))
     out_console.print(draw(report.memory_table(plan)))
@@ -198,22 +139,19 @@ def _render(plan: Plan, runnable: Plan, launch: Launch | None, rung: str | None)
         out_console.print(draw(report.knob_table(plan)))
     if plan.ladder:
         out_console.print(draw(report.ladder_table(plan)))
-    after = "" if rung is None else f'after "{rung}": '
+    after = "" if answer.step is None else f'after "{answer.step.action}": '
     out_console.print(after + report.advice_line(runnable))
-    warnings = list(runnable.advice.warnings)
-    if plan.request.cost_model is None and (
-        mismatch := plan.request.accelerator.host_mismatch(plan.request.weights_dtype, cpu_flags())
-    ):
-        warnings.append(mismatch)
-    for warning in warnings:
-        out_console.print(Text("warning: ", style="yellow") + Text(warning))
+    for warning in answer.warnings(cpu_flags()):
+        out_console.print(warning_text(warning))
     out_console.print(_cost(report.cost_line(runnable)))
     if runnable.estimates is not None:
         out_console.print(draw(report.estimates_table(runnable.estimates)))
     if launch is None:
         out_console.print(Text("command: none; nothing fits, even on the ladder", style="red"))
     else:
-        _print_launch(f"command {after}".rstrip() if rung else "command:", launch)
+        _print_launch(f"command {after}".rstrip() if after else "command:", launch)
+    if answer.alternative is not None:
+        _print_launch(f"{answer.alternative[0]}:", answer.alternative[1])
 
 
 def _print_launch(title: str, launch: Launch) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from servepilot.cli.console import err_console, out_console
+from servepilot.cli.console import err_console, out_console, print_error
+from servepilot.cli.options import Commands, add_command
 from servepilot.engine.gpu.profile import (
     PROFILE_DTYPES,
     PROFILER_FILE,
@@ -30,28 +31,21 @@ run the stand-alone profiler there (PyTorch and the standard library only):
 """
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "profile",
-        help="time a model's step operators on this GPU (a profile for sim/plan/tune)",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--model", required=True, metavar="MODEL",
-                        help="a preset (`servepilot models list`) or a config folder")  # fmt: skip
-    parser.add_argument("--dtype", default="bf16", choices=[d.value for d in PROFILE_DTYPES],
-                        help="weight format of the linear layers (default bf16)")  # fmt: skip
-    parser.add_argument("--tp", type=int, default=1, metavar="N",
-                        help="tensor-parallel size: shapes are one rank's (default 1)")  # fmt: skip
-    parser.add_argument("--out", type=Path, required=True, metavar="PROFILE.json",
-                        help="where to write the profile (the shapes: --shapes-only)")  # fmt: skip
-    parser.add_argument("--shapes-only", action="store_true",
-                        help=f"write the shapes to time, for {PROFILER_FILE.name} on "
-                             "another machine, and time nothing")  # fmt: skip
-    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
-                        help="cpu times the same operators on the CPU: a test of the "
-                             "tool, not a GPU profile (default cuda)")  # fmt: skip
-    parser.set_defaults(run=run)
+def register(sub: Commands) -> None:
+    help = "time a model's step operators on this GPU (a profile for sim/plan/tune)"
+    add = add_command(sub, "profile", help, DESCRIPTION, run).add_argument
+    add("--model", required=True, metavar="MODEL",
+        help="a preset (`servepilot models list`) or a config folder")  # fmt: skip
+    add("--dtype", default="bf16", choices=[d.value for d in PROFILE_DTYPES],
+        help="weight format of the linear layers (default bf16)")  # fmt: skip
+    add("--tp", type=int, default=1, metavar="N",
+        help="tensor-parallel size: shapes are one rank's (default 1)")  # fmt: skip
+    add("--out", type=Path, required=True, metavar="PROFILE.json",
+        help="where to write the profile (the shapes: --shapes-only)")  # fmt: skip
+    add("--shapes-only", action="store_true", help=f"write the shapes to time, for "
+        f"{PROFILER_FILE.name} on another machine, and time nothing")  # fmt: skip
+    add("--device", default="cuda", choices=("cuda", "cpu"), help="cpu times the same operators "
+        "on the CPU: a test of the tool, not a GPU profile (default cuda)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         profile = measure(shapes, device=args.device, log=err_console.print)
     except NoGpuError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
+        print_error(exc)
         return EXIT_NO_GPU
     write_json(profile, args.out)
     out_console.print(f"wrote {args.out}: {profile['gpu']}, {profile['elapsed_s']:.0f} s")

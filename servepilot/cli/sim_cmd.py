@@ -3,33 +3,30 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-from rich.text import Text
-
-from servepilot.bench.console import progress_counts, run_warnings
+from servepilot.bench.console import progress_counts
 from servepilot.bench.outputs import check_out_dir, write_results_json
-from servepilot.bench.report.fmt import level_name
-from servepilot.cli.console import print_step, print_warning
+from servepilot.cli.console import print_step, print_warning, warning_text
 from servepilot.cli.levels_view import exit_code, level_bars, print_runs
 from servepilot.cli.load_options import add_load_flags, add_workload_flags, levels_from_args
-from servepilot.cli.options import add_config_flag, config_from_args
-from servepilot.core.config import FleetConfig, PolicyName, ScalingPolicyName
-from servepilot.core.errors import ConfigError
+from servepilot.cli.options import (
+    Commands,
+    add_command,
+    add_config_flag,
+    config_from_args,
+    record_of,
+)
+from servepilot.core.config import PolicyName, ScalingPolicyName
 from servepilot.core.results import Load
-from servepilot.core.slo import Slo, parse_slo
-from servepilot.core.units import parse_duration_or_zero_s, parse_duration_s
 from servepilot.engine.cpu import cpu_flags
+from servepilot.load.flags import LoadFlags
 from servepilot.load.loadplan import LoadPlan
-from servepilot.scaling.policies import AutoscaleSetup
 from servepilot.sim.fleet import narration
-from servepilot.sim.fleet import setup as fleet_setup
-from servepilot.sim.fleet.network import parse_network
+from servepilot.sim.fleet.flags import SimFlags
 from servepilot.sim.fleet.records import Progress
 from servepilot.sim.fleet.session import SimOptions, SimOutput, simulate
-from servepilot.sim.fleet.simulator import FleetSpec
 
 # The seed's measurement: a new node loads DeepSeek-V4 from NVMe in 78 s.
 DEFAULT_COLD_START = "78s"
@@ -53,40 +50,23 @@ examples:
 """
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "sim",
-        help="simulate a fleet under load (routing, admission, vLLM scheduling); bench schema",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def register(sub: Commands) -> None:
+    help = "simulate a fleet under load (routing, admission, vLLM scheduling); bench schema"
+    parser = add_command(sub, "sim", help, DESCRIPTION, run)
     add_config_flag(parser)
-    _fleet_flags(parser)
-    add_load_flags(parser, real_client=False)
-    add_workload_flags(parser)
-    out = parser.add_argument_group("output")
-    out.add_argument("--out", type=Path, metavar="DIR", help="write results.json here")
-    parser.set_defaults(run=run)
-
-
-def _fleet_flags(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("simulated fleet")
-    add = g.add_argument
+    add = parser.add_argument_group("simulated fleet").add_argument
     add("--profile", type=Path, metavar="PROFILE.json", help="step times measured by "
         "`servepilot calibrate` or composed from a GPU profile of `servepilot profile` "
         "(default: the roofline estimate)")  # fmt: skip
     add("--replicas", type=int, metavar="N", help="replicas (default: replicas.count)")
     add("--policy", choices=[p.value for p in PolicyName],
         help="routing policy (default: gateway.policy)")  # fmt: skip
-    add(
-        "--network-ms",
-        metavar="K=MS,...",
+    add("--network-ms", metavar="K=MS,...",
         help="one-way delays in ms: client (client-gateway), same (gateway-replica on the "
         "gateway's node), cross (other nodes); a value or LOW-HIGH, e.g. "
         "client=1,same=0.05,cross=7.5-15 (default: client half the request overhead the "
         "profile measured, else 0; same 0; cross 15-30 ms, a measured cross-node "
-        "overhead, split each way)",
-    )
+        "overhead, split each way)")  # fmt: skip
     add("--replicas-per-node", type=int, metavar="N",
         help="replicas sharing a node (default: hardware.count / GPUs per replica x "
              "hardware.replicas_per_gpu)")  # fmt: skip
@@ -108,65 +88,30 @@ def _fleet_flags(parser: argparse.ArgumentParser) -> None:
     add("--replica-rps", type=float, metavar="R", help="predictive: req/s a replica serves "
         "within the SLO")  # fmt: skip
     add("--forecast-horizon", metavar="T", help="predictive (default: cold start + interval)")
-    add("--autoscale-interval", default="15s", metavar="T", help="how often to decide")  # fmt: skip
+    add("--autoscale-interval", default="15s", metavar="T", help="how often to decide")
+    add_load_flags(parser, real_client=False)
+    add_workload_flags(parser)
+    out = parser.add_argument_group("output")
+    out.add_argument("--out", type=Path, metavar="DIR", help="write results.json here")
 
 
 def run(args: argparse.Namespace) -> int:
-    _check_counts(args)
+    record_of(LoadFlags, args).check_counts()
     if args.out is not None:
         check_out_dir(args.out)
     config = config_from_args(args, {"replicas.count": "replicas", "gateway.policy": "policy"})
-    setup = fleet_setup.replica_setup(config, args.profile, cpu_flags())
-    spec = _spec(args, config, setup)
-    scaling = fleet_setup.autoscaler(args.autoscale, args.scaling_policy, args.autoscale_target,
-        args.replica_rps, args.forecast_horizon, spec)  # fmt: skip
-    if scaling is None and config.autoscale.enabled:  # fleet.yaml's, as `up` would run it
-        spec = dataclasses.replace(spec, autoscale_interval_s=config.autoscale.interval_s)
-        scaling = AutoscaleSetup.from_section(config.autoscale, spec.cold_start_s)
-    opts = SimOptions(
-        spec=spec,
-        levels=levels_from_args(args),
-        slo=_slo(args, config),
-        prompt_overhead_tokens=setup.prompt_overhead_tokens,
-        target=fleet_setup.target_section(config, setup, spec, args.profile, scaling),
-        autoscaler=scaling.build if scaling is not None else None,
-    )
-    for line in narration.describe(setup, spec):
+    setup, opts = record_of(SimFlags, args).options(config, levels_from_args(args), cpu_flags())
+    for line in narration.describe(setup, opts.spec):
         print_step(line)
     for note in setup.notes:
         print_warning(note)
     output = _run_with_progress(opts)
-    _report(output, args.out)
+    stats = map(narration.level_stats, output.result.runs, output.stats)
+    print_runs(output.result, list(stats))
+    if args.out is not None:
+        write_results_json(args.out, output.result)
+        print_step(f"wrote {args.out}/results.json (compare: servepilot bench compare)")
     return exit_code(output.result, measured=False)
-
-
-def _check_counts(args: argparse.Namespace) -> None:
-    if args.requests is not None and args.requests < 1:
-        raise ConfigError(f"--requests must be at least 1, got {args.requests}")
-    if args.warmup < 0:
-        raise ConfigError(f"--warmup must be at least 0, got {args.warmup}")
-
-
-def _spec(
-    args: argparse.Namespace, config: FleetConfig, setup: fleet_setup.ReplicaSetup
-) -> FleetSpec:
-    per_node = args.replicas_per_node or setup.replicas_per_node
-    if per_node < 1:
-        raise ConfigError(f"--replicas-per-node must be at least 1, got {per_node}")
-    scrape = args.scrape_interval
-    network = parse_network(args.network_ms, per_node, setup.request_overhead_s / 2)
-    return dataclasses.replace(
-        fleet_setup.fleet_spec(config, setup, network=network, seed=args.seed),
-        scrape_interval_s=parse_duration_s(scrape, "--scrape-interval") if scrape else None,
-        cold_start_s=parse_duration_or_zero_s(args.cold_start, "--cold-start"),
-        start_cold=args.start_cold,
-        autoscale_interval_s=parse_duration_s(args.autoscale_interval, "--autoscale-interval"),
-    )
-
-
-def _slo(args: argparse.Namespace, config: FleetConfig) -> Slo:
-    """--slo, or else fleet.yaml's slo section."""
-    return parse_slo(args.slo) if args.slo else config.slo
 
 
 def _run_with_progress(opts: SimOptions) -> SimOutput:
@@ -184,19 +129,4 @@ def _run_with_progress(opts: SimOptions) -> SimOutput:
 
             return progress
 
-        def note(message: str) -> None:
-            bars.note(Text("warning: ", style="bold yellow") + Text(message))
-
-        return simulate(opts, started, bars.finish, note)
-
-
-def _report(output: SimOutput, out_dir: Path | None) -> None:
-    result = output.result
-    print_runs(result)
-    for run, stats in zip(result.runs, output.stats, strict=True):
-        print_step(f"{level_name(run.load)}: {narration.level_stats(run, stats)}")
-        for warning in run_warnings(run):
-            print_warning(warning)
-    if out_dir is not None:
-        write_results_json(out_dir, result)
-        print_step(f"wrote {out_dir}/results.json (compare: servepilot bench compare)")
+        return simulate(opts, started, bars.finish, lambda line: bars.note(warning_text(line)))

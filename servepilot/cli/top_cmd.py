@@ -11,8 +11,9 @@ from rich.live import Live
 from rich.text import Text
 
 from servepilot.cli.console import draw, out_console
-from servepilot.cli.fleet_target import add_fleet_choice, find_fleet
+from servepilot.cli.options import Commands, add_command, add_fleet_choice
 from servepilot.core.errors import FleetError
+from servepilot.fleet.target import find_fleet
 from servepilot.observe.top.poll import poll
 from servepilot.observe.top.view import Screen, TopView
 
@@ -32,24 +33,17 @@ when several run). When stdout is not a terminal (piped, a log), top prints one 
 (percentiles since the gateway started) and exits.
 
 examples:
-  servepilot top
   servepilot top --url http://127.0.0.1:8000 --interval 2
-  servepilot top --port 8080
   servepilot top | tee snapshot.txt
 """
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "top",
-        help="a live view of a running fleet: replicas, queues by class, latency, sheds",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def register(sub: Commands) -> None:
+    help = "a live view of a running fleet: replicas, queues by class, latency, sheds"
+    parser = add_command(sub, "top", help, DESCRIPTION, run_top)
     add_fleet_choice(parser)
     parser.add_argument("--interval", type=float, default=1.0, metavar="S",
                         help="seconds between refreshes (default 1)")  # fmt: skip
-    parser.set_defaults(run=run_top)
 
 
 def run_top(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from servepilot.cli.console import out_console, print_step, print_warning, simple_table
 from servepilot.cli.load_options import add_workload_flags, workload_from_args
-from servepilot.cli.options import add_config_flag, config_from_args
+from servepilot.cli.options import Commands, add_command, add_config_flag, config_from_args
 from servepilot.core.config import EngineKind
 from servepilot.tune import narration
 from servepilot.tune.artifacts import fleet_command, tuned_fleet, write_artifacts
@@ -22,26 +22,23 @@ from servepilot.tune.summary import Summary, summarize_search
 
 DESCRIPTION = """\
 Search vLLM's knobs for the configuration that carries the most goodput (requests per second
-meeting every SLO) under your SLA, in few trials: one knob at a time, as an operator tunes by hand.
+meeting every SLO) under your SLA, in few trials, as an operator tunes by hand.
 
 The search starts from `servepilot plan`'s configuration for the fleet and the workload and
 moves one knob at a time (max_num_seqs, max_num_batched_tokens, max_model_len, the KV
 cache's memory and dtype, weight quantization, TP size against replica count), guided by
 what each trial's metrics say: preemptions or out of memory -> cut max_model_len, lower
 max_num_seqs, quantize; batch full with SLA slack -> raise the concurrency knobs; P99 rising
-while throughput is flat -> back off; an ITL or TPOT limit binds -> smaller prefill chunks
-(max_num_batched_tokens down to one prompt per step, then lower). Doubling steps first,
-then a bisection around the best; it stops when no neighbour improves the best by more than
-2%, or at --budget trials.
-A configuration the planner says will not fit is never launched.
+while throughput is flat -> back off; an ITL or TPOT limit binds -> smaller prefill chunks.
+Doubling steps first, then a bisection around the best, until no neighbour beats the best by
+--min-gain or --budget trials ran. A configuration the planner says will not fit is never
+launched.
 
 Each trial starts the replica(s) (`--engine vllm`: real vLLM servers, as `servepilot up`
-does; `--engine sim`: the simulator, in seconds), sweeps the load (concurrency 1, 2, 4, ...
-up to the SLA, then a bisection there) and records its goodput at the SLA. Trials go to
-OUT/trials.jsonl as they finish: running again with the same --out resumes.
-
-Writes to --out: fleet.yaml (the best configuration), vllm_command.txt, report.html and
-trials.jsonl; prints every trial and the gain over the default.
+does; `--engine sim`: the simulator, in seconds), sweeps the load up to the SLA and records
+its goodput there. Trials go to OUT/trials.jsonl as they finish, so the same --out resumes;
+the best configuration goes to OUT/fleet.yaml, and every trial and the gain over the default
+are printed.
 
 examples:
   servepilot tune --slo ttft_p99_ms=2000,tpot_p99_ms=100 --engine sim
@@ -50,51 +47,34 @@ examples:
 """
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "tune",
-        help="search the vLLM knobs for the most goodput under an SLA",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def register(sub: Commands) -> None:
+    help = "search the vLLM knobs for the most goodput under an SLA"
+    parser = add_command(sub, "tune", help, DESCRIPTION, run)
     add_config_flag(parser)
-    g = parser.add_argument_group("search")
-    g.add_argument("--slo", metavar="K=MS,...",
-                   help="the SLA: <ttft|tpot|itl|e2e>_<p50|p90|p99|mean>_ms "
-                        "limits, e.g. ttft_p99_ms=500,tpot_p99_ms=50 "
-                        "(default: fleet.yaml's slo section)")  # fmt: skip
-    g.add_argument("--engine", choices=[k.value for k in EngineKind],
-                   help="vllm: real replicas (default: engine.kind); "
-                        "sim: the simulator, in seconds")  # fmt: skip
-    g.add_argument("--budget", type=int, default=12, metavar="N", help="most trials (default 12)")
+    add = parser.add_argument_group("search").add_argument
+    add("--slo", metavar="K=MS,...", help="the SLA: <ttft|tpot|itl|e2e>_<p50|p90|p99|mean>_ms "
+        "limits, e.g. ttft_p99_ms=500,tpot_p99_ms=50 (default: fleet.yaml's slo "
+        "section)")  # fmt: skip
+    add("--engine", choices=[k.value for k in EngineKind], help="vllm: real replicas "
+        "(default: engine.kind); sim: the simulator, in seconds")  # fmt: skip
+    add("--budget", type=int, default=12, metavar="N", help="most trials (default 12)")
     knobs = ", ".join(k.value for k in Knob)
-    g.add_argument("--knobs", metavar="K,...",
-                   help=f"search only these knobs (default all): {knobs}")  # fmt: skip
-    g.add_argument("--min-gain", type=float, default=2.0, metavar="PCT",
-                   help="a trial must beat the best by more "
-                        "than this to replace it (default 2)")  # fmt: skip
-    g.add_argument("--profile", type=Path, metavar="PROFILE.json",
-                   help="sim: step times from `servepilot calibrate` or "
-                        "`servepilot profile` (default: the roofline estimate)")  # fmt: skip
-    _sweep_flags(parser)
+    add("--knobs", metavar="K,...", help=f"search only these knobs (default all): {knobs}")
+    add("--min-gain", type=float, default=2.0, metavar="PCT",
+        help="a trial must beat the best by more than this to replace it (default 2)")  # fmt: skip
+    add("--profile", type=Path, metavar="PROFILE.json", help="sim: step times from `servepilot "
+        "calibrate` or `servepilot profile` (default: the roofline estimate)")  # fmt: skip
+    add = parser.add_argument_group("load sweep of each trial").add_argument
+    add("--requests", type=int, metavar="N",
+        help="requests per load level (default: bench's, max(100, 5 x concurrency))")  # fmt: skip
+    add("--max-concurrency", type=int, default=256, metavar="N",
+        help="highest concurrency of the sweep (default 256)")  # fmt: skip
+    add("--refine-levels", type=int, default=2, metavar="N",
+        help="levels bisecting the load where the SLA breaks (default 2)")  # fmt: skip
     add_workload_flags(parser)
-    parser.add_argument(
-        "--out", type=Path, default=Path("runs/tune"), metavar="DIR",
-        help="where trials.jsonl, fleet.yaml, vllm_command.txt and report.html go "
-        "(default runs/tune); an existing trials.jsonl is resumed",
-    )  # fmt: skip
-    parser.set_defaults(run=run)
-
-
-def _sweep_flags(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("load sweep of each trial")
-    g.add_argument("--requests", type=int, metavar="N",
-                   help="requests per load level (default: "
-                        "bench's, max(100, 5 x concurrency))")  # fmt: skip
-    g.add_argument("--max-concurrency", type=int, default=256, metavar="N",
-                   help="highest concurrency of the sweep (default 256)")  # fmt: skip
-    g.add_argument("--refine-levels", type=int, default=2, metavar="N",
-                   help="levels bisecting the load where the SLA breaks (default 2)")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=Path("runs/tune"), metavar="DIR",
+                        help="where trials.jsonl, fleet.yaml, vllm_command.txt and report.html "
+                        "go (default runs/tune); an existing trials.jsonl is resumed")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from servepilot.cli.console import err_console, out_console, print_step, print_warning, simple_table
-from servepilot.cli.options import add_config_flag, config_from_args
+from servepilot.cli.options import Commands, add_command, add_config_flag, config_from_args
 from servepilot.core import loop
 from servepilot.core.config import EngineKind, ScalingPolicyName, parse_bounds
 from servepilot.fleet import up
@@ -41,38 +41,32 @@ when a node is lost; the gateway runs here and follows them (README, "Scaling ou
 `--autoscale MIN:MAX` (fleet.yaml's `autoscale` section) adds replicas when they are busy and
 removes idle ones, draining each first, by the `--scaling-policy` (README, "Autoscaling
 policies"); every decision goes to the gateway's log and /metrics, the changes to this output.
-On Ray an added replica is one more actor, in a placement group of its own; under `spread`
-on a node that holds no replica while one has room (else beside one, with a warning).
+On Ray an added replica is one more actor, in a placement group of its own.
 """
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "up", help=HELP, description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+def register(sub: Commands) -> None:
+    parser = add_command(sub, "up", HELP, DESCRIPTION, run)
     add_config_flag(parser)
-    parser.add_argument("--replicas", type=int, metavar="N", help="number of vLLM replicas")
-    parser.add_argument("--port", type=int, metavar="P", help="gateway port (default 8000)")
-    parser.add_argument(
-        "--model", metavar="SOURCE", help="`smollm2` or a local Hugging Face model folder"
+    add = parser.add_argument
+    add("--replicas", type=int, metavar="N", help="number of vLLM replicas")
+    add("--port", type=int, metavar="P", help="gateway port (default 8000)")
+    add("--model", metavar="SOURCE", help="`smollm2` or a local Hugging Face model folder")
+    add("--engine", choices=[k.value for k in EngineKind],
+        help="vllm (default) or sim: simulated replicas (engine.kind)")  # fmt: skip
+    add(
+        "--autoscale",
+        metavar="MIN:MAX",
+        help="scale between MIN and MAX replicas (local or on Ray)",
     )
-    parser.add_argument(
-        "--engine", choices=[k.value for k in EngineKind],
-        help="vllm (default) or sim: simulated replicas (engine.kind)",
-    )  # fmt: skip
-    parser.add_argument("--autoscale", metavar="MIN:MAX",
-                        help="scale between MIN and MAX replicas (local or on Ray)")  # fmt: skip
-    parser.add_argument("--scaling-policy", choices=[p.value for p in ScalingPolicyName],
-                        help="step (default): the +10%%/-5%% step rules; "
-                             "predictive; target")  # fmt: skip
-    parser.add_argument("--replica-rps", type=float, metavar="R",
-                        help="predictive: req/s one replica serves within the SLO")  # fmt: skip
-    parser.add_argument("--detach", action="store_true", help="run in the background, "
-                        "return once serving; `servepilot down` stops it")  # fmt: skip
+    add("--scaling-policy", choices=[p.value for p in ScalingPolicyName],
+        help="step (default): the +10%%/-5%% step rules; predictive; target")  # fmt: skip
+    add("--replica-rps", type=float, metavar="R",
+        help="predictive: req/s one replica serves within the SLO")  # fmt: skip
+    add("--detach", action="store_true",
+        help="run in the background, return once serving; `servepilot down` stops it")  # fmt: skip
     # Set by --detach for the `up` it starts: the run folder it made.
-    parser.add_argument("--detached-run-dir", type=Path, help=argparse.SUPPRESS)
-    parser.set_defaults(run=run)
+    add("--detached-run-dir", type=Path, help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:

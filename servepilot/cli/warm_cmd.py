@@ -6,9 +6,10 @@ import argparse
 import os
 
 from servepilot.cli.console import out_console
-from servepilot.cli.fleet_target import add_fleet_choice, find_fleet
+from servepilot.cli.options import Commands, add_command, add_fleet_choice
 from servepilot.core.errors import FleetError
 from servepilot.fleet.control import SleepAnswer, sleep_or_wake
+from servepilot.fleet.target import find_fleet
 
 SLEEP_DESCRIPTION = """\
 Put one replica of a running fleet to sleep (vLLM's sleep mode; the fleet runs with
@@ -17,9 +18,7 @@ engine.sleep_mode: true): the gateway stops routing to it, lets its requests in 
 (a wake takes about a second on a GPU), level 2 drops them. Prints the seconds the replica
 took. The last replica serving is never put to sleep.
 
-examples:
-  servepilot sleep r1
-  servepilot sleep r1 --port 8080 --level 2
+example: servepilot sleep r1 --port 8080 --level 2
 """
 
 WAKE_DESCRIPTION = """\
@@ -27,39 +26,25 @@ Wake a sleeping replica of a running fleet (one of replicas.asleep, or put to sl
 `servepilot sleep`); the gateway routes to it again once it says it is awake. Prints the
 seconds the replica took.
 
-examples:
-  servepilot wake r1
-  servepilot wake r1 --url http://127.0.0.1:8000
+example: servepilot wake r1 --url http://127.0.0.1:8000
 """
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    sleep = sub.add_parser(
-        "sleep",
-        help="put a replica of the running fleet to sleep (warm pool; `wake` brings it back)",
-        description=SLEEP_DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def register(sub: Commands) -> None:
+    help = "put a replica of the running fleet to sleep (warm pool; `wake` brings it back)"
+    sleep = add_command(sub, "sleep", help, SLEEP_DESCRIPTION, run_sleep)
     sleep.add_argument("--level", type=int, choices=(1, 2), default=1,
                        help="1: weights kept in host memory (default); 2: dropped")  # fmt: skip
     sleep.add_argument("--timeout", type=float, default=30.0, metavar="S",
                        help="seconds its requests in flight may take (default 30)")  # fmt: skip
-    sleep.set_defaults(run=run_sleep)
-    wake = sub.add_parser(
-        "wake",
-        help="wake a sleeping replica of the running fleet and route to it again",
-        description=WAKE_DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    wake.set_defaults(run=run_wake)
+    help = "wake a sleeping replica of the running fleet and route to it again"
+    wake = add_command(sub, "wake", help, WAKE_DESCRIPTION, run_wake)
     for parser in (sleep, wake):
         parser.add_argument("replica", metavar="REPLICA", help="its id, as `status` lists it")
         add_fleet_choice(parser)
-        parser.add_argument(
-            "--admin-key-env", metavar="VAR",
-            help="the variable holding the gateway's admin key (gateway.auth.admin_key_env), "
-            "when its admin routes need one",
-        )  # fmt: skip
+        parser.add_argument("--admin-key-env", metavar="VAR", help="the variable holding the "
+                            "gateway's admin key (gateway.auth.admin_key_env), when its admin "
+                            "routes need one")  # fmt: skip
 
 
 def run_sleep(args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@ the one answer `up` launches with and `config` shows."""
 from __future__ import annotations
 
 from servepilot.core.config import Device, EngineKind, FleetConfig
+from servepilot.core.errors import ConfigError
 from servepilot.engine.gpu.assign import DeviceAssignment, assign_devices
 from servepilot.engine.gpu.inventory import GpuInventory
 from servepilot.engine.gpu.probe import read_gpus
@@ -56,3 +57,19 @@ def check_planned_fleet(config: FleetConfig) -> None:
         return
     where = f"hardware.count x nodes ({hardware.count} x {hardware.nodes}) gives"
     check_gpu_fit(demand, hardware.count * hardware.nodes, where)
+
+
+def resolved_lines(config: FleetConfig) -> list[str]:
+    """What `up` would resolve on this node, as YAML comments (the file stays valid): the
+    device-dependent default enforce_eager, and each replica's GPUs."""
+    device = config.hardware.device
+    eager = config.engine.enforce_eager_on(device)
+    why = "set" if config.engine.enforce_eager is not None else f"by device, {device.value}"
+    lines = ["# resolved on this node:", f"#   engine.enforce_eager: {str(eager).lower()} ({why})"]
+    try:
+        devices = replica_devices(config)
+    except ConfigError as exc:
+        return [*lines, f"#   GPUs: refused: {exc.message}"]
+    if devices is not None:
+        lines.append(f"#   GPUs per replica: {devices.describe()}")
+    return lines

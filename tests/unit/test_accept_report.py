@@ -6,7 +6,7 @@ from pathlib import Path
 from servepilot.core.config import FleetConfig
 from servepilot.engine.startup_log import KvCapacity
 from servepilot.observe.accept.items import Measured, Smoke, checklist
-from servepilot.observe.accept.report import SCHEMA, write_report
+from servepilot.observe.accept.report import SCHEMA, reproduce_commands, write_report
 from servepilot.observe.accept.run import Acceptance
 
 
@@ -33,3 +33,9 @@ def test_a_failed_smoke_fails_the_report_and_its_evidence_is_escaped(tmp_path: P
     assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "servepilot accept --out x" in page
     assert not (tmp_path / "sweep").exists()
+
+
+def test_the_report_writes_down_the_up_and_accept_commands_quoted() -> None:
+    here = reproduce_commands(Path("my fleet.yaml"), 8080, ["accept", "--out", "a b"])
+    assert here == ["servepilot up -c 'my fleet.yaml' --port 8080", "servepilot accept --out 'a b'"]
+    assert reproduce_commands(None, None, ["accept"])[0] == "servepilot up"

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from servepilot.cli.config_cmd import resolved_lines
 from servepilot.cli.main import main
 from servepilot.core.config import Device, EngineConfig, parse_config
 from servepilot.core.errors import ConfigError
@@ -16,7 +15,7 @@ from servepilot.engine.args import ServerSpec, server_args, vllm_command
 from servepilot.engine.gpu.inventory import NO_GPU, GpuDevice, GpuInventory, GpuLink
 from servepilot.engine.model_source import ResolvedModel
 from servepilot.engine.simserver.args import SimModel
-from servepilot.fleet.devices import check_planned_fleet, replica_devices
+from servepilot.fleet.devices import check_planned_fleet, replica_devices, resolved_lines
 from servepilot.fleet.local import LocalReplicas
 
 GIB = 2**30

@@ -15,7 +15,9 @@ import pytest
 import yaml
 
 from servepilot.cli.main import main
+from servepilot.core.errors import ConfigError
 from servepilot.fleet.k8s import all_objects
+from servepilot.fleet.k8s.files import write_files
 from tests.unit.k8s_support import CRD_SCHEMAS, FLEETS, by_kind, fleet, rendered, validate
 
 VARIANTS = [
@@ -112,6 +114,13 @@ def test_kubectl_kustomize_renders_the_written_folder(name: str, tmp_path: Path)
     namespaced = [o for o in objects if o["kind"] not in ("Namespace", "PriorityClass")]
     assert {o["metadata"]["namespace"] for o in namespaced} == {"llm"}
     assert len(objects) == len(all_objects(rendered(fleet(FLEETS[name], namespace="llm"))))
+
+
+def test_a_render_into_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "k8s").write_text("mine")
+    with pytest.raises(ConfigError, match=r"--out .*k8s is a file, not a folder"):
+        write_files((), tmp_path / "k8s")
+    assert (tmp_path / "k8s").read_text() == "mine"
 
 
 def test_a_render_into_the_same_folder_leaves_no_file_of_the_previous_one(tmp_path: Path) -> None:

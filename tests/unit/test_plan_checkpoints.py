@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from servepilot.cli.main import main
-from servepilot.cli.plan_cmd import launch_of
 from servepilot.core.config import FleetConfig
 from servepilot.core.errors import ConfigError
+from servepilot.engine.planned import launch_of
 from servepilot.plan.checkpoint import checkpoint_for, needs_quantized_checkpoint
 from servepilot.plan.dtypes import WeightDtype
 from servepilot.plan.ladder import LadderStep

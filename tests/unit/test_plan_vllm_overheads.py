@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from servepilot.cli.plan_cmd import launch_of
 from servepilot.core.config import parse_config
 from servepilot.engine.dummy_model import dummy_dir
+from servepilot.engine.planned import launch_of
 from servepilot.plan.memory import capture_sizes, cuda_graph_bytes
 from servepilot.plan.parallel import Parallelism
 from servepilot.plan.planner import Plan, make_plan

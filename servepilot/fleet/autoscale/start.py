@@ -16,6 +16,7 @@ from servepilot.fleet.autoscale.view import GatewayView
 from servepilot.fleet.backend import ReplicaBackend, starting_ids
 from servepilot.fleet.k8s.backend import KubernetesBackend
 from servepilot.gateway import Gateway
+from servepilot.gateway.serve import Alongside
 from servepilot.scaling.policies import AutoscaleSetup
 
 
@@ -61,6 +62,23 @@ def start_autoscaler(
     gateway.metrics.registry.register(AutoscaleCollector(controller))
     controller.start()
     return controller
+
+
+def cluster_autoscaler(
+    config: FleetConfig, source: KubernetesBackend | None, deployment: str | None
+) -> Alongside | None:
+    """What `gateway --scale-deployment NAME` runs beside the gateway (None without the
+    flag); refused unless the gateway discovers its pods and fleet.yaml autoscales."""
+    if deployment is None:
+        return None
+    if source is None:
+        raise ConfigError("--scale-deployment: the gateway finds the pods with --discover k8s:SVC")
+    if not config.autoscale.enabled:
+        raise ConfigError(
+            "--scale-deployment: fleet.yaml's autoscale section is not enabled (--config)",
+            hint="autoscale: {enabled: true, policy: step, min_replicas: 2, max_replicas: 20}",
+        )
+    return lambda gateway: in_cluster(config, gateway, source)
 
 
 @contextlib.asynccontextmanager

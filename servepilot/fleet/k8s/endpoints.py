@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from servepilot.core.errors import ServepilotError
+from servepilot.core.errors import ConfigError, ServepilotError
 from servepilot.fleet.k8s.api import SERVICE_ACCOUNT_DIR, KubernetesApi, KubernetesApiError
 
 # The label the EndpointSlice controller puts on each slice of a Service.
@@ -45,10 +45,13 @@ class EndpointSource(Protocol):
 
 
 def parse_target(text: str) -> tuple[str, str | None]:
-    """`k8s:SERVICE` or `k8s:SERVICE.NAMESPACE` -> (service, namespace or None)."""
+    """`k8s:SERVICE` or `k8s:SERVICE.NAMESPACE` (the --discover flag) -> (service, namespace
+    or None)."""
     scheme, _, rest = text.partition(":")
     if scheme != "k8s" or not rest:
-        raise ValueError(f"expected k8s:SERVICE or k8s:SERVICE.NAMESPACE, got {text!r}")
+        raise ConfigError(
+            f"--discover: expected k8s:SERVICE or k8s:SERVICE.NAMESPACE, got {text!r}"
+        )
     service, _, namespace = rest.partition(".")
     return service, namespace or None
 

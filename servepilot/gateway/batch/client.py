@@ -4,9 +4,11 @@ JSONL file, create its batch, poll it, fetch its result files."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,30 @@ class BatchClient:
 
     def content(self, file_id: str) -> bytes:
         return self._call("GET", f"/v1/files/{file_id}/content")
+
+    def follow(
+        self,
+        batch: dict[str, Any],
+        on_update: Callable[[dict[str, Any]], None],
+        poll_s: float = 1.0,
+    ) -> dict[str, Any]:
+        """`batch` polled every `poll_s` until it ends (`on_update` gets each answer)."""
+        while batch["status"] not in DONE:
+            time.sleep(poll_s)
+            batch = self.retrieve(batch["id"])
+            on_update(batch)
+        return batch
+
+    def save_files(self, batch: dict[str, Any], path: Path) -> list[tuple[str, Path]]:
+        """An ended batch's output and error files, beside its input `path` (NAME.output.jsonl,
+        NAME.errors.jsonl): which were written, where."""
+        written = []
+        for key, suffix in (("output_file_id", "output"), ("error_file_id", "errors")):
+            if batch.get(key):
+                target = path.with_name(f"{path.stem}.{suffix}.jsonl")
+                target.write_bytes(self.content(batch[key]))
+                written.append((suffix, target))
+        return written
 
     def _json(
         self, method: str, path: str, body: bytes | None = None, ctype: str | None = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import json
+import shlex
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -49,6 +50,13 @@ def report_doc(acceptance: Acceptance, url: str, commands: Sequence[str]) -> dic
         "fleet_yaml": m.config.model_dump(mode="json"),
         "commands": list(commands),
     }
+
+
+def reproduce_commands(config: Path | None, port: int | None, argv: Sequence[str]) -> list[str]:
+    """The steps the report writes down: the `up` that runs the fleet (on `port` when it runs
+    here) and the accept command line `argv` (its arguments)."""
+    up = "servepilot up" + (f" -c {shlex.quote(str(config))}" if config else "")
+    return [up + (f" --port {port}" if port is not None else ""), "servepilot " + shlex.join(argv)]
 
 
 def write_report(

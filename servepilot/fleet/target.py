@@ -1,15 +1,14 @@
-"""Which running fleet `top`, `doctor` and `accept` look at: the one --url names, or the one
-`servepilot up` runs here on --port, else the only one `up` runs here (found by its record, as
-`status` finds it)."""
+"""Which running fleet `top`, `doctor`, `accept`, `sleep` and `wake` look at: the one --url
+names, or the one `servepilot up` runs here on --port, else the only one `up` runs here (found
+by its record, as `status` finds it)."""
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from servepilot.cli.options import base_url
 from servepilot.core.errors import FleetError
+from servepilot.core.urls import base_url
 from servepilot.fleet.control import no_fleet_on
 from servepilot.fleet.logs import replica_log_name
 from servepilot.fleet.state import FleetRecord, FleetState, read_records
@@ -32,15 +31,6 @@ class FleetTarget:
             if path.is_file():
                 logs[replica.replica_id] = path.read_text(encoding="utf-8", errors="replace")
         return logs
-
-
-def add_fleet_choice(parser: argparse.ArgumentParser) -> None:
-    """--url or --port, as `status`, `down` and `logs` pick a fleet by --port."""
-    which = parser.add_mutually_exclusive_group()
-    which.add_argument("--url", metavar="URL",
-                       help="the gateway (default: the fleet `up` runs here)")  # fmt: skip
-    which.add_argument("--port", type=int, metavar="P",
-                       help="the fleet `up` runs here on this port")  # fmt: skip
 
 
 def find_fleet(url: str | None, port: int | None = None) -> FleetTarget:

@@ -1,0 +1,71 @@
+"""`servepilot sim`'s fleet flags, as typed, and the simulation they set up with fleet.yaml.
+Each field is its flag's argparse dest (argparse holds the defaults, as --help states them)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from servepilot.core.config import FleetConfig
+from servepilot.core.errors import ConfigError
+from servepilot.core.slo import parse_slo
+from servepilot.core.units import parse_duration_or_zero_s, parse_duration_s
+from servepilot.load.levels import LevelOptions
+from servepilot.scaling.policies import AutoscaleSetup
+from servepilot.sim.fleet import setup as fleet_setup
+from servepilot.sim.fleet.network import parse_network
+from servepilot.sim.fleet.records import FleetSpec
+from servepilot.sim.fleet.session import SimOptions
+
+
+@dataclass(frozen=True, slots=True)
+class SimFlags:
+    profile: Path | None
+    replicas_per_node: int | None
+    network_ms: str | None
+    scrape_interval: str | None
+    cold_start: str
+    start_cold: bool
+    autoscale: str | None
+    scaling_policy: str
+    autoscale_target: float
+    replica_rps: float | None
+    forecast_horizon: str | None
+    autoscale_interval: str
+    slo: str | None
+    """--slo; None: fleet.yaml's slo section."""
+    seed: int
+
+    def spec(self, config: FleetConfig, setup: fleet_setup.ReplicaSetup) -> FleetSpec:
+        per_node = self.replicas_per_node or setup.replicas_per_node
+        if per_node < 1:
+            raise ConfigError(f"--replicas-per-node must be at least 1, got {per_node}")
+        scrape = self.scrape_interval
+        network = parse_network(self.network_ms, per_node, setup.request_overhead_s / 2)
+        return dataclasses.replace(
+            fleet_setup.fleet_spec(config, setup, network=network, seed=self.seed),
+            scrape_interval_s=parse_duration_s(scrape, "--scrape-interval") if scrape else None,
+            cold_start_s=parse_duration_or_zero_s(self.cold_start, "--cold-start"),
+            start_cold=self.start_cold,
+            autoscale_interval_s=parse_duration_s(self.autoscale_interval, "--autoscale-interval"),
+        )
+
+    def options(
+        self, config: FleetConfig, levels: LevelOptions, cpu_flags: frozenset[str]
+    ) -> tuple[fleet_setup.ReplicaSetup, SimOptions]:
+        """The replicas' setup (what narration describes) and the simulation to run."""
+        setup = fleet_setup.replica_setup(config, self.profile, cpu_flags)
+        spec = self.spec(config, setup)
+        scaling = fleet_setup.autoscaler(self.autoscale, self.scaling_policy,
+            self.autoscale_target, self.replica_rps, self.forecast_horizon, spec)  # fmt: skip
+        if scaling is None and config.autoscale.enabled:  # fleet.yaml's, as `up` would run it
+            spec = dataclasses.replace(spec, autoscale_interval_s=config.autoscale.interval_s)
+            scaling = AutoscaleSetup.from_section(config.autoscale, spec.cold_start_s)
+        return setup, SimOptions(
+            spec=spec, levels=levels,
+            slo=parse_slo(self.slo) if self.slo else config.slo,
+            prompt_overhead_tokens=setup.prompt_overhead_tokens,
+            target=fleet_setup.target_section(config, setup, spec, self.profile, scaling),
+            autoscaler=scaling.build if scaling is not None else None,
+        )  # fmt: skip
