@@ -72,10 +72,17 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
+# The docs site (mkdocs.yml, docs/) into site/ (ignored); --strict fails on a broken link or
+# anchor. Its reference pages (every command's --help, fleet.yaml's fields) are generated from
+# the code as it builds (docs/gen_ref.py), so they cannot drift from the flags.
+.PHONY: docs
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 # Everything runs with the gateway's data path compiled, as `make serve` runs it; then the
 # unit tests of the gateway and of routing once more in pure Python: what runs where `make
 # gateway-fast` could not build (no C compiler).
-test: model gateway-fast prometheus lint typecheck
+test: model gateway-fast prometheus lint typecheck docs
 	$(BIN)/pytest
 	SERVEPILOT_GATEWAY_PURE=1 $(BIN)/pytest -q tests/unit/test_gateway*.py tests/unit/test_http1*.py \
 		tests/unit/test_routing*.py tests/unit/test_admission*.py tests/unit/test_breaker.py \

@@ -1,7 +1,8 @@
 """What a new user follows leads somewhere: every relative link (and path) in the README and
-docs/ names a file of this repository, every mention of a README section in what servepilot
-prints names a heading the README has, and the first `make serve` says what it installs and
-how long that takes before it goes quiet."""
+docs/ names a file of this repository (or a reference page the docs build generates), every
+mention of a README section in what servepilot prints names a heading of the README or of a
+docs page (where that section moved), and the first `make serve` says what it installs and how
+long that takes before it goes quiet."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 import servepilot
 from servepilot.core.config import FleetConfig
+from tests.unit.test_docs_site import gen_ref
 from tests.unit.test_user_text_names_rules import REPO_ROOT, _descriptions, _printed_strings
 
 README = REPO_ROOT / "README.md"
@@ -43,6 +45,7 @@ def _anchor(heading: str) -> str:
 
 
 def test_every_relative_link_and_path_resolves_inside_the_repo() -> None:
+    generated = {(REPO_ROOT / "docs" / page).resolve() for page in gen_ref().PAGES}
     broken = []
     for doc in _documents():
         text = doc.read_text(encoding="utf-8")
@@ -52,7 +55,8 @@ def test_every_relative_link_and_path_resolves_inside_the_repo() -> None:
         for target in targets:
             path, _, anchor = target.partition("#")
             resolved = (doc.parent / path).resolve() if path else doc
-            inside = resolved.is_relative_to(REPO_ROOT) and resolved.exists()
+            exists = resolved.exists() or resolved in generated
+            inside = resolved.is_relative_to(REPO_ROOT) and exists
             if not inside or (not path and anchor not in anchors):
                 broken.append(f"{doc.relative_to(REPO_ROOT)}: {target}")
     assert broken == []
@@ -78,8 +82,8 @@ def _what_servepilot_prints() -> list[tuple[str, str]]:
     return [(where, text) for where, text in found if "README" in text]
 
 
-def test_every_readme_section_servepilot_names_is_a_readme_heading() -> None:
-    headings = _headings(README)
+def test_every_readme_section_servepilot_names_is_a_heading_of_the_docs() -> None:
+    headings = set().union(*(_headings(doc) for doc in _documents()))
     printed = _what_servepilot_prints()
     assert printed, "expected some text that cites a README section"
     # "the README's fleet.yaml reference" names no heading: cite one in quotes, or a command.
