@@ -14,6 +14,7 @@ from servepilot.core.units import parse_duration_s
 from servepilot.load.arrivals import Arrival
 from servepilot.load.levels import LevelOptions, parse_levels
 from servepilot.load.sweep import SweepConfig
+from servepilot.load.trace import trace_mean_rate_rps
 from servepilot.load.workload import WorkloadKind, WorkloadSpec, parse_priority_mix
 
 
@@ -69,14 +70,14 @@ class LoadFlags:
 
     def levels(self, workload: WorkloadSpec) -> LevelOptions:
         return LevelOptions(
-            workload=workload, loads=self.loads(), sweep=self.sweep_config(),
+            workload=workload, loads=self.loads(workload), sweep=self.sweep_config(),
             requests=self.requests,
             duration_s=parse_duration_s(self.duration, "--duration") if self.duration else None,
             warmup_requests=self.warmup, arrival=Arrival(self.arrival),
             burstiness=self.burstiness,
         )  # fmt: skip
 
-    def loads(self) -> tuple[Load, ...]:
+    def loads(self, workload: WorkloadSpec) -> tuple[Load, ...]:
         if self.rate:
             levels = parse_levels(self.rate, "--rate")
             return tuple(Load(mode=LoadMode.RATE, value=v) for v in levels)
@@ -87,7 +88,13 @@ class LoadFlags:
                     f"--concurrency {self.concurrency!r}: levels must be whole numbers"
                 )
             return tuple(Load(mode=LoadMode.CONCURRENCY, value=v) for v in values)
-        return () if self.sweep else (Load(mode=LoadMode.CONCURRENCY, value=1),)
+        if self.sweep:
+            return ()
+        if workload.kind is WorkloadKind.TRACE and workload.trace_path is not None:
+            # A trace is replayed at its own timestamps, which only an open loop does: the
+            # level is named by the trace's mean rate (a closed loop at 1 would ignore them).
+            return (Load(mode=LoadMode.RATE, value=trace_mean_rate_rps(workload.trace_path)),)
+        return (Load(mode=LoadMode.CONCURRENCY, value=1),)
 
     def sweep_config(self) -> SweepConfig | None:
         if not self.sweep:

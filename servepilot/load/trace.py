@@ -56,6 +56,14 @@ def load_trace(path: Path) -> list[TraceLine]:
     return lines
 
 
+def trace_mean_rate_rps(path: Path) -> float:
+    """Requests per second over the trace's span (1 where it has a single line or no span):
+    the name of the open-loop level that replays it."""
+    lines = load_trace(path)
+    span_s = lines[-1].timestamp_s - lines[0].timestamp_s if lines else 0.0
+    return round((len(lines) - 1) / span_s, 3) if span_s > 0 else 1.0
+
+
 def _parse_line(raw: str, where: str, line_no: int) -> TraceLine:
     try:
         record = json.loads(raw)

@@ -34,9 +34,11 @@ def _load(**given: object) -> LoadFlags:
 
 
 def test_levels_default_to_one_closed_loop_request_and_parse_lists() -> None:
-    assert _load().loads() == (Load(mode=LoadMode.CONCURRENCY, value=1),)
-    assert _load(rate="0.5,2").loads() == tuple(Load(mode=LoadMode.RATE, value=v) for v in (0.5, 2))
-    assert _load(sweep=True).loads() == ()
+    spec = WORKLOAD.spec()
+    assert _load().loads(spec) == (Load(mode=LoadMode.CONCURRENCY, value=1),)
+    rates = _load(rate="0.5,2").loads(spec)
+    assert rates == tuple(Load(mode=LoadMode.RATE, value=v) for v in (0.5, 2))
+    assert _load(sweep=True).loads(spec) == ()
     assert _load(sweep=True, rate="3").sweep_config() == SweepConfig(LoadMode.RATE, 3.0)
     levels = _load(concurrency="1,4", duration="90s").levels(WORKLOAD.spec())
     assert isinstance(levels, LevelOptions) and levels.duration_s == 90.0
@@ -122,3 +124,20 @@ def test_sim_flags_set_up_the_fleet_of_fleet_yaml(tmp_path: Path) -> None:
     assert given.autoscaler is not None and "autoscale" in given.target
     with pytest.raises(ConfigError, match="--replicas-per-node must be at least 1, got -1"):
         _sim(replicas_per_node=-1).options(config, levels, frozenset())
+
+
+def test_a_trace_without_a_load_flag_is_replayed_in_an_open_loop(tmp_path: Path) -> None:
+    """A trace's timestamps are kept only in an open loop; with no --rate or --concurrency,
+    bench used to run it as a closed loop of 1, one request after another (the GPU suite's
+    300-request trace at 20/s took 5 minutes instead of 15 s)."""
+    trace = tmp_path / "t.jsonl"
+    stamps = (0.0, 0.5, 1.0, 4.0)  # 3 gaps over 4 s: 0.75 requests/s
+    trace.write_text("".join(
+        f'{{"timestamp": {t}, "input_tokens": 40, "output_tokens": 8}}\n' for t in stamps
+    ))  # fmt: skip
+    fields = {n: getattr(WORKLOAD, n) for n in WorkloadFlags.__dataclass_fields__}
+    flags = WorkloadFlags(**(fields | {"workload": "trace", "trace": trace, "priority_mix": None}))
+    spec = flags.spec()
+    assert _load().loads(spec) == (Load(mode=LoadMode.RATE, value=0.75),)
+    # An asked closed loop is still what runs.
+    assert _load(concurrency="4").loads(spec) == (Load(mode=LoadMode.CONCURRENCY, value=4),)

@@ -1,0 +1,157 @@
+"""Judge `servepilot sim` against the GPU validation suite's measurements (gpu_sim_validate.py).
+
+For every measured case of a run folder (benchmarks/gpu_runs/<date>-sim-validate-<gpu>/), the
+same bench flags go to `servepilot sim` with the fleet vLLM really ran (its knobs read from the
+replica's startup log: max_num_seqs, max_num_batched_tokens, gpu_memory_utilization), on the
+accelerator the loan gave, with the operator profile measured there. Per case: TTFT p50, TPOT
+p50 and output throughput measured (first measurement), the floor (how far the second
+measurement moved), and the prediction's error; then the medians and p90s per set.
+
+    python benchmarks/gpu_sim_report.py benchmarks/gpu_runs/2026-12-05-sim-validate-h100 \\
+        --accelerator h100-80 [--write cases.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.gpu_sim_cases import PROFILES, RUNS, Run
+
+METRICS = ("ttft_p50_ms", "tpot_p50_ms", "output_tok_s")
+
+
+def figures(results: Path) -> dict[str, dict[str, float]]:
+    """Level value -> the three figures, from a bench or sim results.json."""
+    out = {}
+    for run in json.loads(results.read_text())["runs"]:
+        out[f"{run['load']['value']:g}"] = {
+            "ttft_p50_ms": run["ttft_ms"]["p50"],
+            "tpot_p50_ms": run["tpot_ms"]["p50"],
+            "output_tok_s": run["output_throughput"],
+        }
+    return out
+
+
+def vllm_knobs(config_dir: Path) -> dict[str, Any]:
+    """The engine arguments vLLM logged as non-default at start."""
+    for log in sorted(config_dir.glob("r0*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if "non-default args:" in line:
+                args = ast.literal_eval(line.split("non-default args:", 1)[1].strip())
+                keys = ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization")
+                return {k: args[k] for k in keys if k in args}
+    raise SystemExit(f"{config_dir}: no vLLM startup log with its arguments")
+
+
+def sim_fleet(config_dir: Path, accelerator: str) -> dict[str, Any]:
+    import yaml
+
+    fleet = yaml.safe_load((config_dir / "fleet.yaml").read_text())
+    fleet["hardware"]["accelerator"] = accelerator
+    fleet["engine"] = {**fleet["engine"], **vllm_knobs(config_dir)}
+    fleet["engine"].pop("env", None)
+    return fleet
+
+
+def predict(run: Run, rep1: Path, fleet: Path, profile: Path, out: Path) -> Path:
+    trace = rep1 / "trace.jsonl"
+    flags = run.bench_flags(trace if trace.exists() else None)
+    args = [sys.executable, "-m", "servepilot", "sim", "-c", str(fleet), "--profile",
+            str(profile), *flags, "--out", str(out)]  # fmt: skip
+    done = subprocess.run(args, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"sim failed for {run.config}/{run.name}: {done.stderr[-800:]}")
+    return out / "results.json"
+
+
+def _error(predicted: float, measured: float) -> float:
+    return (predicted - measured) / measured if measured else float("nan")
+
+
+def judge(folder: Path, accelerator: str) -> list[dict[str, Any]]:
+    rows = []
+    for config_dir in sorted(p for p in folder.iterdir() if (p / "fleet.yaml").exists()):
+        config = config_dir.name
+        model, dtype = PROFILES[config]
+        profile = folder / "profiles" / f"{accelerator.split('-')[0]}-{model}-{dtype}.json"
+        with tempfile.TemporaryDirectory() as tmp:
+            fleet = Path(tmp) / "fleet.yaml"
+            import yaml
+
+            fleet.write_text(yaml.safe_dump(sim_fleet(config_dir, accelerator)))
+            for run in (r for r in RUNS if r.config == config):
+                rep1 = config_dir / run.name / "rep1" / "results.json"
+                if not rep1.exists():
+                    continue
+                measured = figures(rep1)
+                rep2_path = config_dir / run.name / "rep2" / "results.json"
+                again = figures(rep2_path) if rep2_path.exists() else {}
+                sim_out = Path(tmp) / run.name
+                predicted = figures(predict(run, rep1.parent, fleet, profile, sim_out))
+                for level in run.levels:
+                    key = f"{float(level):g}"
+                    row: dict[str, Any] = {
+                        "case": f"{config}/{run.name}@{level}", "set": run.case_set(level),
+                        "measured": measured[key], "predicted": predicted[key],
+                    }  # fmt: skip
+                    if key in again:
+                        row["again"] = again[key]
+                    rows.append(row)
+    return rows
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'case':34s} {'set':5s} " + " ".join(f"{m:>22s}" for m in METRICS)]
+    for row in rows:
+        cells = []
+        for m in METRICS:
+            meas, pred = row["measured"][m], row["predicted"][m]
+            cells.append(f"{meas:9.1f} {pred:7.1f} {_error(pred, meas):+5.0%}")
+        lines.append(f"{row['case']:34s} {row['set'][:5]:5s} " + " ".join(cells))
+    lines.append("")
+    for which in ("calibration", "validation"):
+        chosen = [r for r in rows if r["set"] == which]
+        if not chosen:
+            continue
+        for m in METRICS:
+            errs = [abs(_error(r["predicted"][m], r["measured"][m])) for r in chosen]
+            floors = [abs(_error(r["again"][m], r["measured"][m])) for r in chosen if "again" in r]
+            floor = "no floor"
+            if floors:
+                floor = f"floor median {statistics.median(floors):.1%} ({len(floors)} cases)"
+            lines.append(f"{which:11s} {m:13s} n={len(errs):2d} median |err| "
+                         f"{statistics.median(errs):6.1%}  p90 {_pct(errs, 0.9):6.1%}  "
+                         + floor)  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--accelerator", required=True, help="the catalog name of the GPU used")
+    parser.add_argument("--write", type=Path, help="also write the cases as JSON here")
+    args = parser.parse_args()
+    rows = judge(args.folder, args.accelerator)
+    print(table(rows))
+    if args.write:
+        args.write.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
