@@ -25,10 +25,12 @@ CONFIG = parse_config(
 def test_describe_says_what_each_replica_is_and_where_its_step_times_come_from() -> None:
     setup = replica_setup(CONFIG, None, frozenset())
     spec = fleet_spec(CONFIG, setup, network=NetworkConfig(), seed=0)
-    # CUDA graphs (on by default on GPUs) take their memory out of the KV pool.
+    # CUDA graphs (on by default on GPUs) take their memory out of the KV pool. The budget is
+    # the KV cache's 439,680 tokens over 1,024 per request: vLLM's 1024 sequences on an H100
+    # (it was 256, a copy of vLLM's default that knew no GPU's memory).
     assert narration.describe(setup, spec) == (
         "2 x llama-3.1-8b: max_num_seqs 1024, max_num_batched_tokens 8,192, 27,480 KV blocks of "
-        "16 (439,680 tokens), gateway budget 256 per replica",
+        "16 (439,680 tokens), gateway budget 429 per replica",
         "step times: roofline (roofline: h100-80/llama-3.1-8b)",
     )  # no profile, so no word of a profile's prompt overhead
 
