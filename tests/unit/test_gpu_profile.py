@@ -11,7 +11,7 @@ import pytest
 
 from servepilot.cli.main import main
 from servepilot.core.errors import ConfigError
-from servepilot.plan.costmodel import StepShape
+from servepilot.plan.costmodel import StepShape, prefill_pairs
 from servepilot.plan.dtypes import WeightDtype
 from servepilot.plan.gpu_profile.compose import Operating, StepComposer, composer, linearize
 from servepilot.plan.gpu_profile.shapes import TOKEN_GRID, step_operators
@@ -159,6 +159,20 @@ def test_the_measured_h200_profile_linearizes_within_a_few_percent() -> None:
     # Decode alone is bound by reading 16 GB of weights: measured at ~3.4 TB/s, not 4.8.
     one = step.gpu_time_s(StepShape(0, 0, 1, 1024, 0))
     assert 4.2e-3 < one < 5.2e-3
+
+
+def test_a_long_prompts_chunks_are_fitted_when_the_replica_may_be_sent_one() -> None:
+    """Linearized around 512-token prompts alone, the fit's attention term came from chunks
+    where attention is launch-bound, and a 32,000-token prompt's four 8,192-token chunks
+    came out 4.4x the composition (on the H100: 9.3 s predicted, 1.26 s measured)."""
+    step = composer(load_gpu_profile(H200_LLAMA), load_preset("llama-3.1-8b"),
+                    get_accelerator("h200"), tp=1, where="t")  # fmt: skip
+    chunks = [StepShape(8192, 1, 0, 0, prefill_pairs(8192, k * 8192)) for k in range(4)]
+    composed = sum(step.step_time_s(c) for c in chunks)
+    short = linearize(step, Operating(512, 256, 256, 8192)).model
+    wide = linearize(step, Operating(512, 256, 256, 8192, max_context_tokens=33792)).model
+    assert sum(short.step_time_s(c) for c in chunks) > 2.5 * composed  # the old fit
+    assert sum(wide.step_time_s(c) for c in chunks) == pytest.approx(composed, rel=0.15)
 
 
 def test_sim_and_plan_take_a_gpu_profile(

@@ -121,6 +121,11 @@ class Operating:
     output_tokens: int
     max_num_seqs: int
     max_num_batched_tokens: int
+    max_context_tokens: int | None = None
+    """The longest prompt the replica may be sent (the simulator: max_model_len). Its
+    chunks, each attending to the ones before, are fitted too: a fit to the traffic's short
+    chunks alone, where attention is launch-bound, put a 32,000-token prompt's TTFT at 9.3 s
+    on an H100 that took 1.26 s."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,3 +161,6 @@ def _operating_steps(at: Operating) -> Iterator[StepShape]:
         yield StepShape(size, 1, 0, 0, prefill_pairs(size, 0))
         half = max(1, size // 2)
         yield StepShape(2 * half, 2, 0, 0, 2 * prefill_pairs(half, 0))
+    longest, full = at.max_context_tokens or 0, at.max_num_batched_tokens
+    for cached in range(0, max(0, longest - full) + 1, full) if longest > prompt else ():
+        yield StepShape(full, 1, 0, 0, prefill_pairs(full, cached))

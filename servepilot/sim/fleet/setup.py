@@ -209,6 +209,7 @@ def _gpu_cost(
         traffic.output_tokens,
         scheduler.max_num_seqs,
         scheduler.max_num_batched_tokens,
+        max_context_tokens=scheduler.max_model_len,
     )
     fitted = profile_cost_model(
         profile, request.model, request.accelerator, tp=tp, weights=request.weights_dtype, at=at
