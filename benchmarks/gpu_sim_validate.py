@@ -55,6 +55,17 @@ def measure(run: Run, folder: Path, url: str, deadline: float) -> dict[str, Any]
     return {"run": run.name, "exit": code, "s": round(took, 1)}
 
 
+def _scrape(gateway_url: str, path: Path) -> None:
+    from urllib.request import urlopen
+
+    try:
+        replica = json.loads(urlopen(f"{gateway_url}/admin/replicas", timeout=10).read())[0]
+        text = urlopen(f"{replica['url'].rstrip('/')}/metrics", timeout=10).read().decode()
+    except (OSError, ValueError, KeyError, IndexError) as exc:
+        text = f"# not read: {exc}\n"
+    path.write_text("\n".join(line for line in text.splitlines() if line.startswith("vllm:")))
+
+
 def serve_config(
     config: str, out: Path, deadline: float, profile: bool, reuse: bool
 ) -> dict[str, Any]:
