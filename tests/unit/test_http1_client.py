@@ -117,7 +117,8 @@ def run(scripts: list[Script], exchanges: int = 1) -> tuple[list[Recorder], Pool
 
 
 LENGTH = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello"
-CHUNKED = b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+CHUNKED_HEAD = b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n"
+CHUNKED = CHUNKED_HEAD + b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
 
 
 def test_content_length_and_chunked_answers_on_one_kept_alive_connection() -> None:
