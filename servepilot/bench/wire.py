@@ -64,6 +64,8 @@ class Connection:
         self.status = 0
         self.replica: str | None = None
         self.retry_after_s: float | None = None
+        self.used = False
+        """An exchange completed on it (a later one's connection is a reused one)."""
         self._sse = False
         self._body = b""
 
@@ -115,6 +117,7 @@ class Connection:
         else:
             self.scanner.finish(now)
             self._finish(*stream_verdict(self.scanner), now)
+        self.used = True
         if self.wire is not None:
             self.wire.finish()  # kept alive (back to the pool) or closed
 
@@ -123,7 +126,7 @@ class Connection:
         wire = self.wire
         if isinstance(exc, MalformedAnswer):
             self._finish("malformed_http", str(exc), now)
-        elif not answered and wire is not None and wire.received == 0 and wire.exchanges > 1:
+        elif not answered and self.used and wire is not None and wire.received == 0:
             self._finish(RETRY, "", now)
         elif not answered:
             self._finish("connection_closed", why(exc.__cause__, "closed before an answer"), now)

@@ -90,13 +90,9 @@ class ClientConnection(asyncio.Protocol):
         self._raw = False
         """The sink takes the reads as they came (`pass_through`)."""
         self._interim = False
-        self._until_close = False
-        """The answer's body ends where the connection does (no length, not chunked)."""
         self._reusable = False
         self._draining = False
         self._finished = False
-        self.exchanges = 0
-        """Exchanges started on this connection (above 1: it was reused)."""
         self.idle_since = 0.0
         self.closed = False
 
@@ -113,8 +109,6 @@ class ClientConnection(asyncio.Protocol):
             # Bytes nobody asked for: the connection's framing cannot be trusted any more.
             self.abort()
             return
-        if not self._answered:
-            self.received += len(data)
         body = self._body
         raw = self._raw
         if raw:
@@ -131,6 +125,7 @@ class ClientConnection(asyncio.Protocol):
             sink.on_read(self._read)
             return
         if not self._answered:
+            self.received += len(data)
             if self.received > MAX_HEAD_BYTES:
                 self._malformed(f"its head is larger than {MAX_HEAD_BYTES} bytes")
                 return
@@ -151,7 +146,7 @@ class ClientConnection(asyncio.Protocol):
         self._owner.forget(self)
         if self._sink is None:
             return
-        if self._until_close:
+        if self._answered and self._ends_with_close():
             self.on_message_complete()
             return
         why = f": {exc}" if exc else ""
@@ -187,21 +182,14 @@ class ClientConnection(asyncio.Protocol):
             self._headers = {}
             return
         self._answered = True
-        headers = self._headers
-        self._until_close = (
-            b"content-length" not in headers
-            and b"chunked" not in headers.get(b"transfer-encoding", b"")
-            and status not in (204, 304)
-        )
-        sink.on_head(status, headers)
+        sink.on_head(status, self._headers)
 
     def on_message_complete(self) -> None:
         if self._interim:
             self._interim = False
             return
         sink, self._sink = self._sink, None
-        self._until_close = False
-        self._reusable = self._parser.should_keep_alive() and not self.closed
+        self._reusable = self._parser.should_keep_alive()
         body = self._body
         if self._raw:
             data = self._read  # `pieces` stay for the sink to read
@@ -221,12 +209,10 @@ class ClientConnection(asyncio.Protocol):
         self._sink = sink
         self._body.clear()
         self._headers = {}
-        self._answered = self._interim = self._until_close = False
-        self._reusable = False
+        self._answered = self._reusable = False
         self._draining = self._finished = False
         self._split_head = self._raw = False
         self.received = 0
-        self.exchanges += 1
         self.transport.write(request)
 
     def pass_through(self) -> bool:
@@ -280,6 +266,16 @@ class ClientConnection(asyncio.Protocol):
         if self.transport is not None and not self.closed:
             self.transport.abort()
         self.closed = True
+
+    def _ends_with_close(self) -> bool:
+        """The answer's body is delimited by the connection's end (no length, not chunked):
+        decided when the connection ends, not per answer."""
+        headers = self._headers
+        return (
+            b"content-length" not in headers
+            and b"chunked" not in headers.get(b"transfer-encoding", b"")
+            and self._parser.get_status_code() not in (204, 304)
+        )
 
     def _malformed(self, why: str) -> None:
         self._fail(MalformedAnswer(f"the server sent a malformed HTTP answer: {why}"))
