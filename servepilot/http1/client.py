@@ -82,7 +82,8 @@ class ClientConnection(asyncio.Protocol):
         self._headers: dict[bytes, bytes] = {}
         self._answered = False
         self.received = 0
-        """Bytes of the current exchange's answer read so far (until its head has come)."""
+        """Bytes of the current answer read before its head was whole (counted only then):
+        while the head has not come, 0 means that nothing of the answer has."""
         self._read = b""
         """The read being parsed (after `pass_through`, less the head)."""
         self._split_head = False
