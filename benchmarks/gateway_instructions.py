@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 from servepilot.core import accel
 from servepilot.core.config import GatewayConfig
 from servepilot.gateway import Gateway
-from servepilot.gateway.upstream import UpstreamConnection
+from servepilot.http1.client import ClientConnection
 from servepilot.http1.connection import HttpConnection
 from tests.support.stub_server import StubConfig, ThreadedStub, _Answer, answer_events
 
@@ -91,7 +91,7 @@ class _UpstreamSocket(_Socket):
     dropped = 0
     """Connections the gateway dropped (none should be, before it stops)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, protocol: UpstreamConnection) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, protocol: ClientConnection) -> None:
         self._loop = loop
         self._protocol = protocol
 
@@ -152,7 +152,7 @@ def _fake_upstream(loop: asyncio.AbstractEventLoop) -> None:
         factory: Callable[[], asyncio.Protocol], *args: Any, **kwargs: Any
     ) -> tuple[asyncio.Transport, asyncio.Protocol]:
         protocol = factory()
-        assert isinstance(protocol, UpstreamConnection)
+        assert isinstance(protocol, ClientConnection)
         transport = _UpstreamSocket(loop, protocol)
         protocol.connection_made(transport)  # type: ignore[arg-type]
         return transport, protocol  # type: ignore[return-value]

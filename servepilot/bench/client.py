@@ -25,6 +25,7 @@ from servepilot.bench.records import Endpoint, RequestRecord, RequestSpec
 from servepilot.bench.sse import EventScanner, parse_usage
 from servepilot.bench.wire import RETRY, Answer, Connection, Pool
 from servepilot.core.errors import ConfigError
+from servepilot.http1.errors import Unreachable
 
 _PATHS = {Endpoint.CHAT: "/chat/completions", Endpoint.COMPLETIONS: "/completions"}
 
@@ -216,19 +217,18 @@ class Client:
         loop = asyncio.get_running_loop()
         if self._aborted is None:
             self._aborted = loop.create_future()
-        connecting = asyncio.ensure_future(self._pool.connect())
+        connecting = asyncio.ensure_future(self._pool.connect(deadline - loop.time()))
         done, _ = await asyncio.wait(
-            (connecting, self._aborted),
-            timeout=deadline - loop.time(),
-            return_when=asyncio.FIRST_COMPLETED,
+            (connecting, self._aborted), return_when=asyncio.FIRST_COMPLETED
         )
         now = time.perf_counter() - self.t0
-        if connecting not in done:
+        if connecting not in done:  # the run ended first
             connecting.cancel()
-            if self._stopped is not None:
-                return Answer(*self._stopped, [], None, None, now)
+            return Answer(*(self._stopped or ("cancelled", "")), [], None, None, now)
+        exc = connecting.exception()
+        if isinstance(exc, Unreachable) and exc.timed_out:
             return Answer("timeout", "could not connect within the timeout", [], None, None, now)
-        if (exc := connecting.exception()) is not None:
+        if exc is not None:
             detail = f"{self.target.base_url}: {exc or type(exc).__name__}"
             return Answer("connect_error", detail, [], None, None, now)
         return connecting.result()

@@ -89,6 +89,7 @@ GATEWAY = Group(
         "servepilot.http1.request",
         "servepilot.http1.connection",
         "servepilot.http1.server",
+        "servepilot.http1.client",
         "servepilot.gateway.upstream",
         "servepilot.gateway.relay",
         "servepilot.gateway.deadlines",

@@ -4,7 +4,9 @@
     ├── ConfigError                 fleet.yaml or a flag is wrong (names the field)
     ├── ModelSourceError            the model folder or package is missing or broken
     ├── EngineError                 a vLLM replica could not be started or talked to
-    │   └── EngineStartError        carries the log tail and the probable cause
+    │   ├── EngineStartError        carries the log tail and the probable cause
+    │   └── UpstreamFailed          an HTTP exchange failed (http1/errors.py: Unreachable,
+    │                               MalformedAnswer)
     └── FleetError                  up/down/status bookkeeping (state file, ports)
 
 Upstream errors (pydantic, OSError, aiohttp) are translated into these at the boundary

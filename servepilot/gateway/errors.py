@@ -22,11 +22,6 @@ _CLIENT_ERROR_TYPES = {401: AUTH, 403: AUTH, 429: OVERLOADED}
 _CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
 
-class UpstreamFailed(ConnectionError):
-    """The replica could not be reached, or the connection broke (a plain Python class:
-    mypyc compiles no subclass of a builtin exception but Exception)."""
-
-
 class GatewayError(Exception):
     """An error the gateway answers with, as an HTTP status and an OpenAI error body."""
 

@@ -24,7 +24,6 @@ from servepilot.gateway.errors import (
     INVALID_REQUEST,
     UPSTREAM,
     GatewayError,
-    UpstreamFailed,
     bad_request,
     replica_error,
     sse_error_event,
@@ -47,6 +46,7 @@ from servepilot.gateway.validation import (
     parse_multipart_request,
 )
 from servepilot.http1 import HttpRequest
+from servepilot.http1.errors import UpstreamFailed
 from servepilot.routing.base import RequestView, RoutingPolicy
 from servepilot.routing.prefix import prefix_hashes, prompt_text
 

@@ -9,11 +9,11 @@ A stream is complete when its last event, `data: [DONE]`, has been relayed, not 
 replica's chunked body ends: vLLM (uvicorn) writes that end separately, and the `openai` client
 closes its connection as soon as it has read `[DONE]`. So the client's stream is ended with the
 `[DONE]` event, in the same write, and `done` resolves there; the end of the replica's body is
-still read, to keep its connection for the next request (`UpstreamConnection.drain`).
+still read, to keep its connection for the next request (`ClientConnection.drain`).
 
 Passthrough: when the client speaks HTTP/1.1 and the replica's stream is chunked (vLLM's is),
 the replica's bytes already are the chunked body the client must get. They are then written
-as they were read (`UpstreamConnection.pass_through`, `HttpRequest.write_framed`): no
+as they were read (`ClientConnection.pass_through`, `HttpRequest.write_framed`): no
 re-framing, and per token one call into the relay, which writes to the socket itself. The
 parser still reads every byte; its pieces of body are what the relay looks at for `[DONE]`,
 the byte count and the tail, so that nothing but the chunk framing differs from a re-framed
@@ -29,9 +29,9 @@ from dataclasses import dataclass, replace
 
 from mypy_extensions import mypyc_attr
 
-from servepilot.gateway.errors import UpstreamFailed
-from servepilot.gateway.upstream import UpstreamConnection
 from servepilot.http1 import HttpRequest
+from servepilot.http1.client import ClientConnection
+from servepilot.http1.errors import UpstreamFailed
 
 _EVENT_STREAM = b"text/event-stream"
 _LAST_EVENT = b"data: [DONE]\n\n"
@@ -128,7 +128,7 @@ class Relay:
     def __init__(
         self,
         request: HttpRequest,
-        conn: UpstreamConnection,
+        conn: ClientConnection,
         replica_header: tuple[bytes, bytes],
         loop: asyncio.AbstractEventLoop,
     ) -> None:
@@ -282,12 +282,11 @@ class Relay:
         if not self.done.done():
             self.done.set_result(self._outcome())
 
-    def on_failure(self, exc: Exception, answered: bool) -> None:
+    def on_failure(self, exc: UpstreamFailed, answered: bool) -> None:
         if self.done.done():
             return
         self._cut_inside_chunk()
-        failure = exc if isinstance(exc, UpstreamFailed) else UpstreamFailed(str(exc))
-        self.done.set_result(self._outcome(failure, answered))
+        self.done.set_result(self._outcome(exc, answered))
 
     def expire(self) -> None:
         """The request timeout passed: abandon the exchange (never retried elsewhere: the

@@ -1,5 +1,5 @@
-"""The client's byte-level decoders (chunked framing, SSE events) against plain references,
-however the bytes are split across reads."""
+"""The client's decoding of a streamed answer (the client core's chunked framing, then the SSE
+events) against plain references, however the bytes are split across reads."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import random
 
 import pytest
 
-from servepilot.bench.framing import dechunk
 from servepilot.bench.records import Endpoint
 from servepilot.bench.sse import EventScanner
 from servepilot.bench.wire import Connection, Pool
+from servepilot.http1.client import ClientConnection
 from tests.unit.test_client import ROLE, USAGE, chat
 
 
@@ -36,7 +36,7 @@ def _stream(rng: random.Random, compact: bool) -> tuple[bytes, int]:
     return head + b"\r\n" + body + b"0\r\n\r\n", content
 
 
-class _Sink:
+class _Transport:
     def write(self, data: bytes) -> None:
         pass
 
@@ -48,11 +48,12 @@ def _feed(pieces: list[bytes]) -> tuple[str | None, int, bytes | None]:
     async def go() -> tuple[str | None, int, bytes | None]:
         pool = Pool("h", 1, None, lambda: EventScanner(Endpoint.CHAT), 0.0)
         conn = Connection(pool)
-        conn.transport = _Sink()  # type: ignore[assignment]
+        conn.wire = ClientConnection(conn)
+        conn.wire.connection_made(_Transport())  # type: ignore[arg-type]
         waiter = asyncio.get_running_loop().create_future()
         conn.start(b"", waiter, 1e18)
         for piece in pieces:
-            conn.data_received(piece)
+            conn.wire.data_received(piece)
         answer = waiter.result()
         return answer.error, len(answer.chunks), answer.usage
 
@@ -82,33 +83,3 @@ def test_decoding_does_not_depend_on_how_reads_split(
         # Every content event in one read shares its timestamp, but the count is exact.
         assert chunks == content
     assert not compact or sum(took) > 50  # the counting shortcut was taken (and agreed)
-
-
-def _reference_dechunk(data: bytes) -> tuple[bytes, bool] | None:
-    body, pos = b"", 0
-    while pos < len(data):
-        eol = data.find(b"\r\n", pos)
-        if eol < 0:
-            return None
-        size = int(data[pos:eol].split(b";")[0], 16)
-        if size == 0:
-            return (body, True) if data[eol:] == b"\r\n\r\n" else None
-        if data[eol + 2 + size : eol + 4 + size] != b"\r\n":
-            return None
-        body, pos = body + data[eol + 2 : eol + 2 + size], eol + 4 + size
-    return body, False
-
-
-def test_dechunk_fast_path_is_exact_or_declines() -> None:
-    assert dechunk(b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n") == (b"abcde", True)
-    assert dechunk(b"3\r\nabc\r\n") == (b"abc", False)
-    assert dechunk(b"5\r\na\r\nbc\r\n") == (b"a\r\nbc", False)
-    assert dechunk(b"3\r\nab") is None
-    rng = random.Random(2)
-    alphabet = [b"a", b"\r\n", b"0", b"\r", b"\n", b"5"]
-    for _ in range(3000):
-        pieces = [b"".join(rng.choices(alphabet, k=rng.randint(1, 4))) for _ in range(3)]
-        data = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces[: rng.randint(1, 3)])
-        data += rng.choice([b"", b"0\r\n\r\n"])
-        fast = dechunk(data)
-        assert fast is None or fast == _reference_dechunk(data), data

@@ -20,8 +20,8 @@ import pytest
 from servepilot.core import accel
 from servepilot.gateway.deadlines import Deadlines
 from servepilot.gateway.relay import Outcome, Relay
-from servepilot.gateway.upstream import UpstreamConnection
 from servepilot.gateway.validation import InferenceRequest
+from servepilot.http1.client import ClientConnection
 from servepilot.http1.request import HttpRequest
 from tests.support.stub_server import StubConfig, _Answer, answer_events
 from tests.unit.fake_upstream import FakeUpstream
@@ -69,9 +69,9 @@ class _Conn:
 
 
 class _Pool:
-    def put_back(self, conn: UpstreamConnection) -> None: ...
+    def put_back(self, conn: ClientConnection) -> None: ...
 
-    def forget(self, conn: UpstreamConnection) -> None: ...
+    def forget(self, conn: ClientConnection) -> None: ...
 
 
 class _CountingRelay(Relay):
@@ -83,7 +83,7 @@ class _CountingRelay(Relay):
 
 
 async def _relay(pieces: list[bytes]) -> tuple[_Conn, _CountingRelay]:
-    up = UpstreamConnection(_Pool())  # type: ignore[arg-type]
+    up = ClientConnection(_Pool())  # type: ignore[arg-type]
     up.connection_made(_Transport())  # type: ignore[arg-type]
     client = _Conn()
     request = HttpRequest(client, "POST", b"/v1/chat/completions", {}, b"{}", True)  # type: ignore[arg-type]
@@ -132,7 +132,7 @@ def test_the_events_of_a_read_cost_no_python_call_each() -> None:
 
     async def body() -> None:
         answer = _Answer("chat", StubConfig(chunks=CHUNKS))
-        up = UpstreamConnection(_Pool())  # type: ignore[arg-type]
+        up = ClientConnection(_Pool())  # type: ignore[arg-type]
         up.connection_made(_Transport())  # type: ignore[arg-type]
         request = HttpRequest(_Conn(), "POST", b"/v1/chat/completions", {}, b"{}", True)  # type: ignore[arg-type]
         relay = Relay(request, up, (b"x-servepilot-replica", b"r0"), asyncio.get_running_loop())
@@ -286,8 +286,8 @@ def test_deadlines_expire_on_time_in_start_order_and_never_an_ended_one() -> Non
 # --- passthrough: a chunked stream goes to an HTTP/1.1 client as the replica framed it ------
 
 
-def _start(client: _Conn) -> tuple[UpstreamConnection, Relay]:
-    up = UpstreamConnection(_Pool())  # type: ignore[arg-type]
+def _start(client: _Conn) -> tuple[ClientConnection, Relay]:
+    up = ClientConnection(_Pool())  # type: ignore[arg-type]
     up.connection_made(_Transport())  # type: ignore[arg-type]
     request = HttpRequest(client, "POST", b"/v1/chat/completions", {}, b"{}", True)  # type: ignore[arg-type]
     relay = Relay(request, up, (b"x-servepilot-replica", b"r0"), asyncio.get_running_loop())
