@@ -19,6 +19,7 @@ import pytest
 from tests.integration.fleetproc import Planned, RunningFleet, cli, running_fleet
 from tests.integration.fuzz_support import Crashes, Servers, running_servers, watching_crashes
 
+SLOW_TESTS = "SERVEPILOT_SLOW_TESTS"
 SHARED_FLEET = "vllm_fleet"
 STOPS_SHARED_FLEET = "stops_shared_fleet"
 _running: list[RunningFleet] = []  # the shared fleet while it runs, for the early stop
@@ -61,8 +62,13 @@ def vllm_replica_url(vllm_fleet: RunningFleet) -> str:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The shared fleet's tests as one block where its first test was, those that stop it
-    last."""
+    """Tests marked `slow` skip unless SERVEPILOT_SLOW_TESTS=1; the shared fleet's tests run
+    as one block where its first test was, those that stop it last."""
+    if os.environ.get(SLOW_TESTS) != "1":
+        for item in items:
+            if (slow := item.get_closest_marker("slow")) is not None:
+                why = slow.kwargs.get("reason", "slow by design")
+                item.add_marker(pytest.mark.skip(reason=f"{why}: {SLOW_TESTS}=1 runs it"))
     users = [item for item in items if SHARED_FLEET in _fixtures(item)]
     if not users:
         return
