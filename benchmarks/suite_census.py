@@ -1,6 +1,6 @@
 """How much the test suite checks, counted from its source: test functions, `assert`
-statements and `pytest.raises` blocks per folder of tests/, so that a change that makes the
-suite faster can show it checks as much as before.
+statements and `pytest.raises` blocks per folder of pytest's testpaths, so that a change that
+makes the suite faster can show it checks as much as before.
 
     python benchmarks/suite_census.py            # totals per folder
     python benchmarks/suite_census.py --files    # and per file
@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+TEST_FOLDERS = ("tests", "benchmarks/tests")
 
 
 def census(source: str) -> Counter[str]:
@@ -47,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files", action="store_true", help="print every file's counts too")
     args = parser.parse_args(argv)
     folders: dict[str, Counter[str]] = {}
-    for path in sorted((ROOT / "tests").rglob("*.py")):
+    paths = sorted({path for top in TEST_FOLDERS for path in (ROOT / top).rglob("*.py")})
+    for path in paths:
         counts = census(path.read_text())
         folder = str(path.parent.relative_to(ROOT))
         folders.setdefault(folder, Counter()).update(counts)
