@@ -68,6 +68,14 @@ class RunningFleet:
         self.proc.wait(timeout=30)
 
 
+@dataclass(frozen=True)
+class Planned:
+    """The fleet.yaml `servepilot plan` wrote, and its JSON answer."""
+
+    fleet_yaml: Path
+    plan: dict[str, Any]
+
+
 def start_fleet(
     state_dir: Path, replicas: int, extra: list[str] | None = None, until: str = "serving"
 ) -> RunningFleet:

@@ -12,7 +12,6 @@ import pytest
 
 from servepilot.core.config import ModelConfig
 from servepilot.engine.model_source import resolve_model
-from servepilot.engine.process import ReplicaInfo
 from tests.integration.fleetproc import wait_until
 from tests.integration.gatewayproc import GatewayProcess
 from tests.integration.test_batch_api import (
@@ -30,9 +29,9 @@ def served_name() -> str:
     return resolve_model(ModelConfig()).served_name
 
 
-def test_batch_on_vllm_then_cancel(vllm_replica: ReplicaInfo, tmp_path: Path) -> None:
+def test_batch_on_vllm_then_cancel(vllm_replica_url: str, tmp_path: Path) -> None:
     name = served_name()
-    with GatewayProcess([vllm_replica.url], tmp_path, gateway=batch_settings(tmp_path)) as gw:
+    with GatewayProcess([vllm_replica_url], tmp_path, gateway=batch_settings(tmp_path)) as gw:
         api = client(gw)
         content = jsonl(8, max_tokens=8).replace(b'"smollm2"', f'"{name}"'.encode())
         uploaded = api.files.create(file=("in.jsonl", io.BytesIO(content)), purpose="batch")
@@ -60,11 +59,11 @@ def _completed(api: openai.OpenAI, batch_id: str) -> int:
     return 0 if counts is None else counts.completed
 
 
-def test_kill_9_on_vllm_then_restart(vllm_replica: ReplicaInfo, tmp_path: Path) -> None:
+def test_kill_9_on_vllm_then_restart(vllm_replica_url: str, tmp_path: Path) -> None:
     name = served_name()
     settings = batch_settings(tmp_path, max_concurrency=4)
     content = jsonl(40, max_tokens=16).replace(b'"smollm2"', f'"{name}"'.encode())
-    gateway = GatewayProcess([vllm_replica.url], tmp_path, gateway=settings).start()
+    gateway = GatewayProcess([vllm_replica_url], tmp_path, gateway=settings).start()
     try:
         api = client(gateway)
         uploaded = api.files.create(file=("in.jsonl", io.BytesIO(content)), purpose="batch")
@@ -74,7 +73,7 @@ def test_kill_9_on_vllm_then_restart(vllm_replica: ReplicaInfo, tmp_path: Path) 
     finally:
         gateway.kill()
     time.sleep(0.5)
-    with GatewayProcess([vllm_replica.url], tmp_path, gateway=settings) as restarted:
+    with GatewayProcess([vllm_replica_url], tmp_path, gateway=settings) as restarted:
         api = client(restarted)
         done = wait_done(api, batch.id, timeout_s=600)
         assert done.status == "completed", done

@@ -15,18 +15,17 @@ import httpx
 import pytest
 
 from servepilot.core.results import SCHEMA, BenchResult
-from servepilot.engine.process import ReplicaInfo
 from tests.integration.fleetproc import cli, free_port, wait_until
 
 pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
-def gateway_url(vllm_replica: ReplicaInfo) -> Iterator[str]:
+def gateway_url(vllm_replica_url: str) -> Iterator[str]:
     """`servepilot gateway` in front of the shared replica, as `make serve` would put it."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "servepilot", "gateway", "--replica", vllm_replica.url,
+        [sys.executable, "-m", "servepilot", "gateway", "--replica", vllm_replica_url,
          "--port", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
@@ -77,10 +76,10 @@ def test_sweep_through_the_gateway_finds_a_sweet_spot(gateway_url: str, tmp_path
     assert "sweet spot" in result.stdout.lower()
 
 
-def test_rate_levels_with_an_slo(vllm_replica: ReplicaInfo, tmp_path: Path) -> None:
+def test_rate_levels_with_an_slo(vllm_replica_url: str, tmp_path: Path) -> None:
     out = tmp_path / "rate"
     result = cli(
-        ["bench", "--url", vllm_replica.url, "--endpoint", "completions", "--rate", "2,4",
+        ["bench", "--url", vllm_replica_url, "--endpoint", "completions", "--rate", "2,4",
          "--requests", "20", "--input-tokens", "32", "--output-tokens", "8",
          "--slo", "ttft_p99_ms=60000,tpot_p99_ms=60000", "--out", str(out)],
         dict(os.environ), timeout_s=600,

@@ -26,7 +26,6 @@ from servepilot.bench.workload import build_workload
 from servepilot.cli.main import main
 from servepilot.core.config import ModelConfig
 from servepilot.engine.model_source import resolve_model
-from servepilot.engine.process import ReplicaInfo
 from servepilot.load.workload import WorkloadKind, WorkloadSpec
 
 pytestmark = pytest.mark.vllm
@@ -59,9 +58,9 @@ def _prompt_tokens_billed(base: str, body: dict[str, Any], path: str) -> int:
 
 
 def test_server_built_prompts_are_exact_by_the_server_and_its_usage(
-    vllm_replica: ReplicaInfo,
+    vllm_replica_url: str,
 ) -> None:
-    base = vllm_replica.url
+    base = vllm_replica_url
     maker = PromptMaker(ServerTokenizer(base, MODEL), seed=11)
     rng = random.Random(11)
     for n_tokens in LENGTHS:
@@ -78,8 +77,8 @@ def test_server_built_prompts_are_exact_by_the_server_and_its_usage(
             assert billed == n_tokens + added
 
 
-def test_local_tokenizer_agrees_with_the_server(vllm_replica: ReplicaInfo) -> None:
-    base = vllm_replica.url
+def test_local_tokenizer_agrees_with_the_server(vllm_replica_url: str) -> None:
+    base = vllm_replica_url
     local = LocalTokenizer(resolve_model(ModelConfig()).path)
     prompts = PromptMaker(local, seed=3).make_prompts([1, 50, 700], random.Random(3))
     assert [_server_count(base, p, special=False) for p in prompts] == [1, 50, 700]
@@ -89,9 +88,9 @@ def test_local_tokenizer_agrees_with_the_server(vllm_replica: ReplicaInfo) -> No
 
 
 def test_chat_usage_is_the_last_message_plus_template_and_history(
-    vllm_replica: ReplicaInfo,
+    vllm_replica_url: str,
 ) -> None:
-    base = vllm_replica.url
+    base = vllm_replica_url
     spec = WorkloadSpec(kind=WorkloadKind.MULTI_TURN, input_tokens=40, output_tokens=16, turns=3)
     requests = build_workload(spec, ServerTokenizer(base, MODEL), 3)
     for request in requests:
@@ -105,10 +104,10 @@ def test_chat_usage_is_the_last_message_plus_template_and_history(
 
 
 def test_chat_prompts_of_256_tokens_are_256_by_vllms_usage(
-    vllm_replica: ReplicaInfo, tmp_path: Path
+    vllm_replica_url: str, tmp_path: Path
 ) -> None:
     """The issue's case: `--input-tokens 256` on chat was billed 286 (the template's 30)."""
-    base = vllm_replica.url
+    base = vllm_replica_url
     # The template is measured by vLLM's /tokenize with `messages`: SmolLM2's adds 30.
     assert measure_chat_frame(ServerTokenizer(base, MODEL), Endpoint.CHAT) == ChatFrame(30)
     out = tmp_path / "chat"
@@ -123,8 +122,8 @@ def test_chat_prompts_of_256_tokens_are_256_by_vllms_usage(
     assert result["runs"][0]["input_tokens_mean"] == 256
 
 
-def test_two_thousand_server_prompts_take_seconds(vllm_replica: ReplicaInfo) -> None:
-    server = ServerTokenizer(vllm_replica.url, MODEL)
+def test_two_thousand_server_prompts_take_seconds(vllm_replica_url: str) -> None:
+    server = ServerTokenizer(vllm_replica_url, MODEL)
     started = time.perf_counter()
     prompts = PromptMaker(server, seed=0).make_prompts([1000] * 2000, random.Random(0))
     elapsed_s = time.perf_counter() - started

