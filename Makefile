@@ -87,8 +87,11 @@ docs: $(STAMP)
 # SERVEPILOT_SLOW_TESTS=1 also runs the tests marked `slow` (see tests/integration/conftest.py).
 test: prometheus docs
 	$(MAKE) --no-print-directory -j2 model gateway-fast lint typecheck
-	$(BIN)/pytest
-	SERVEPILOT_GATEWAY_PURE=1 $(BIN)/pytest -q tests/unit/test_gateway*.py tests/unit/test_http1*.py \
+	@# Most tests wait on servers and child processes rather than compute: four run at a time
+	@# (pytest-xdist). The vLLM-CPU tests share one fleet that uses both cores: alone, after.
+	$(BIN)/pytest -n 4 -m "not vllm"
+	$(BIN)/pytest -m vllm
+	SERVEPILOT_GATEWAY_PURE=1 $(BIN)/pytest -q -n 4 tests/unit/test_gateway*.py tests/unit/test_http1*.py \
 		tests/unit/test_routing*.py tests/unit/test_admission*.py tests/unit/test_breaker.py \
 		tests/unit/test_limits.py tests/unit/test_ratelimit.py
 

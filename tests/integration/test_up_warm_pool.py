@@ -89,7 +89,8 @@ def test_up_holds_one_asleep_wake_spreads_and_sleep_takes_it_out(fleet: RunningF
     status = cli(["status", *port], fleet.env).stdout
     assert re.search(r"r1 .*asleep", status), status
     assert _record_asleep(fleet) == {"r0": False, "r1": True}
-    r1_url = _get(f"{fleet.url}/admin/replicas")[1]["url"]
+    # The gateway lists replicas in the order they joined (ready first, first listed).
+    r1_url = next(r["url"] for r in _get(f"{fleet.url}/admin/replicas") if r["id"] == "r1")
     assert _get(f"{r1_url}/is_sleeping") == {"is_sleeping": True}
     r1_generated = _metric(r1_url, "vllm:generation_tokens_total")
     assert _served_by(fleet, 4) == ["r0"] * 4
