@@ -82,7 +82,7 @@ def register(sub: Commands) -> None:
     add("--scaling-policy", choices=[p.value for p in ScalingPolicyName], default="target",
         help="target (default): HPA-like; step: the step rules, +10%% above 80%% utilisation, -5%% "
         "below 50%%; predictive: what a forecast plus its own error needs, never below step's "
-        "step up, given back once the forecast allows (README)")  # fmt: skip
+        "step up, given back once the forecast allows (docs/autoscale.md)")  # fmt: skip
     add("--autoscale-target", type=float, default=0.7, metavar="F",
         help="target's share of the concurrency budgets to aim at (default 0.7)")  # fmt: skip
     add("--replica-rps", type=float, metavar="R", help="predictive: req/s a replica serves "

@@ -36,10 +36,10 @@ scale; `--model` may then also be a preset (llama-3.1-8b, deepseek-v3, ...).
 
 `cluster.backend: ray` in fleet.yaml runs the replicas as Ray actors on a Ray cluster's nodes
 (`cluster.address: local` starts one on this machine), spread one per node, restarted by Ray
-when a node is lost; the gateway runs here and follows them (README, "Scaling out on Ray").
+when a node is lost; the gateway runs here and follows them (docs/ray.md, "Scaling out on Ray").
 
 `--autoscale MIN:MAX` (fleet.yaml's `autoscale` section) adds replicas when they are busy and
-removes idle ones, draining each first, by the `--scaling-policy` (README, "Autoscaling
+removes idle ones, draining each first, by the `--scaling-policy` (docs/autoscale.md, "Autoscaling
 policies"); every decision goes to the gateway's log and /metrics, the changes to this output.
 On Ray an added replica is one more actor, in a placement group of its own.
 """

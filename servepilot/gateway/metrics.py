@@ -3,7 +3,7 @@
 The hot path only bumps plain ints and bucket counts (a prometheus_client labelled child takes
 a lock per update, which every proxied request would pay for); everything is turned into
 metric families when /metrics is scraped, together with the state read from the pool, the
-dispatcher and the routing policy at that moment. The README lists every metric.
+dispatcher and the routing policy at that moment. docs/gateway.md lists every metric.
 """
 
 from __future__ import annotations

@@ -92,7 +92,12 @@ def start_fleet(
         )  # fmt: skip
     record_path = state_dir / "fleets" / f"{port}.json"
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while (record := _read_record(record_path)) is None or record["state"] != until:
+    # `starting` is written before the replicas are launched, then again with their pids.
+    while (
+        (record := _read_record(record_path)) is None
+        or record["state"] != until
+        or (until == "starting" and len(record["replicas"]) < replicas)
+    ):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             raise RuntimeError(f"servepilot up did not start:\n{output.read_text()[-4000:]}")

@@ -48,7 +48,7 @@ class AutoscaleConfig(_Section):
     policy: ScalingPolicyName = ScalingPolicyName.STEP
     """`step`: the step rules, +10% above 80% utilisation, -5% below 50%; `predictive`: what
     the forecast arrivals need (needs replica_rps), never below step's step up; `target`:
-    HPA-like (README, "Autoscaling policies")."""
+    HPA-like (docs/autoscale.md, "Autoscaling policies")."""
 
     interval_s: float = Field(default=5.0, gt=0)
     """How often the controller asks the policy (arrivals are counted every second)."""

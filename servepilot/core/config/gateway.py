@@ -215,7 +215,7 @@ class GatewayConfig(_Section):
 
     policy: PolicyName = PolicyName.HYBRID
     """Routing policy: round_robin, least_load, prefix_affinity, session, length_shard or
-    hybrid (length sharding + dynamic compensation + prefix affinity). See the README."""
+    hybrid (length sharding + dynamic compensation + prefix affinity). See docs/gateway.md."""
 
     health_interval_s: float = Field(default=2.0, gt=0)
     """How often each replica's /health is checked (and its /metrics scraped)."""

@@ -136,7 +136,7 @@ class KubernetesConfig(_Section):
     """runtime ray: image of the Ray head and workers (Ray with vLLM)."""
 
     gateway_image: str = "servepilot:latest"
-    """Image of the gateway: any image with servepilot installed (README: "Deploying on
+    """Image of the gateway: any image with servepilot installed (docs/kubernetes.md: "Deploying on
     Kubernetes" builds one)."""
 
     gpu_resource: str = "nvidia.com/gpu"

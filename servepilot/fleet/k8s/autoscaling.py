@@ -158,7 +158,7 @@ def hpa(target: Target) -> Manifest:
 
 def adapter_rules(target: Target) -> Manifest:
     """prometheus-adapter's external rule serving DEMAND_METRIC (merge it into the adapter's
-    config; README: "Deploying on Kubernetes")."""
+    config; docs/kubernetes.md)."""
     rule = {
         "seriesQuery": 'servepilot_in_flight_requests{namespace!="",service!=""}',
         "resources": {"overrides": {"namespace": {"resource": "namespace"}}},
