@@ -109,3 +109,10 @@ def test_tpot_is_read_under_its_removed_name_too() -> None:
     assert real.family(EngineMetric.TPOT) == "vllm:request_time_per_output_token_seconds"
     assert real.histogram(EngineMetric.TPOT).count == 2
     assert pytest.approx(0.0) != real.histogram(EngineMetric.TPOT).sum
+
+
+def test_replicas_come_by_id_whichever_joined_the_gateway_first() -> None:
+    """The gateway lists replicas in the order they became ready; a live look and a replay of
+    the same fleet (doctor --from) must not depend on it."""
+    admin = [{"id": rid, "url": f"http://h/{rid}", "healthy": True} for rid in ("r10", "r2", "r1")]
+    assert [r.replica_id for r in replica_states(admin)] == ["r1", "r2", "r10"]

@@ -12,7 +12,8 @@ from servepilot.core.config.hardware import Device
 from servepilot.core.config.section import Section as _Section
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
-"""vLLM's default --gpu-memory-utilization."""
+"""servepilot's --gpu-memory-utilization, which `up` always passes on a GPU: not vLLM's own
+default, which moves between versions (0.92 in vLLM 0.32; 0.22 logs 0.9 as non-default)."""
 
 
 class EngineKind(enum.StrEnum):

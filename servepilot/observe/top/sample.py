@@ -9,6 +9,7 @@ metric-name resolver, so a replica of old vLLM or under Ray reads the same.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -64,7 +65,10 @@ class FleetSample:
 
 
 def replica_states(admin: Sequence[Mapping[str, Any]]) -> tuple[ReplicaState, ...]:
-    """The rows of the gateway's /admin/replicas answer."""
+    """The rows of the gateway's /admin/replicas answer, by replica id (r2 before r10): the
+    gateway lists them in the order they joined, which a live look and a replay of the same
+    fleet must not depend on."""
+    rows = sorted(admin, key=lambda row: _natural(str(row.get("id"))))
     return tuple(
         ReplicaState(
             replica_id=str(row.get("id")),
@@ -76,8 +80,13 @@ def replica_states(admin: Sequence[Mapping[str, Any]]) -> tuple[ReplicaState, ..
             kv_cache_usage=float(row.get("kv_cache_usage") or 0.0),
             sleep=str(row.get("sleep", "awake")),
         )
-        for row in admin
+        for row in rows
     )
+
+
+def _natural(replica_id: str) -> tuple[tuple[int, str], ...]:
+    return tuple((int(part), "") if part.isdigit() else (-1, part)
+                 for part in re.split(r"(\d+)", replica_id))  # fmt: skip
 
 
 def fleet_sample(
