@@ -53,11 +53,11 @@ def vllm_knobs(config_dir: Path) -> dict[str, Any]:
     raise SystemExit(f"{config_dir}: no vLLM startup log with its arguments")
 
 
-def sim_fleet(config_dir: Path, accelerator: str) -> dict[str, Any]:
+def sim_fleet(config_dir: Path, accelerator: str | None) -> dict[str, Any]:
     import yaml
 
     fleet = yaml.safe_load((config_dir / "fleet.yaml").read_text())
-    fleet["hardware"]["accelerator"] = accelerator
+    fleet["hardware"]["accelerator"] = accelerator or fleet["hardware"]["accelerator"]
     fleet["engine"] = {**fleet["engine"], **vllm_knobs(config_dir)}
     fleet["engine"].pop("env", None)
     return fleet
@@ -78,17 +78,19 @@ def _error(predicted: float, measured: float) -> float:
     return (predicted - measured) / measured if measured else float("nan")
 
 
-def judge(folder: Path, accelerator: str) -> list[dict[str, Any]]:
+def judge(folder: Path, accelerator: str | None) -> list[dict[str, Any]]:
+    import yaml
+
     rows = []
     for config_dir in sorted(p for p in folder.iterdir() if (p / "fleet.yaml").exists()):
         config = config_dir.name
         model, dtype = PROFILES[config]
-        profile = folder / "profiles" / f"{accelerator.split('-')[0]}-{model}-{dtype}.json"
+        fleet_doc = sim_fleet(config_dir, accelerator)
+        gpu = fleet_doc["hardware"]["accelerator"].split("-")[0]
+        profile = folder / "profiles" / f"{gpu}-{model}-{dtype}.json"
         with tempfile.TemporaryDirectory() as tmp:
             fleet = Path(tmp) / "fleet.yaml"
-            import yaml
-
-            fleet.write_text(yaml.safe_dump(sim_fleet(config_dir, accelerator)))
+            fleet.write_text(yaml.safe_dump(fleet_doc))
             for run in (r for r in RUNS if r.config == config):
                 rep1 = config_dir / run.name / "rep1" / "results.json"
                 if not rep1.exists():
@@ -143,7 +145,11 @@ def table(rows: list[dict[str, Any]]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path)
-    parser.add_argument("--accelerator", required=True, help="the catalog name of the GPU used")
+    parser.add_argument(
+        "--accelerator",
+        help="the catalog name of the GPU the runs used "
+        "(default: the runs' fleet.yaml; the first runs wrote h200-141 on an H100)",
+    )
     parser.add_argument("--write", type=Path, help="also write the cases as JSON here")
     args = parser.parse_args()
     rows = judge(args.folder, args.accelerator)

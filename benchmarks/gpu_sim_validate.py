@@ -32,10 +32,29 @@ RUN_S_GUESS = 45.0
 it is left out."""
 
 
-def fleet_yaml(config: str) -> dict[str, Any]:
+CATALOG_NAMES = {"H200": "h200-141", "H100": "h100-80"}
+"""nvidia-smi's GPU name -> the catalog's entry: a loan may give either card."""
+
+
+def gpu_name() -> str:
+    import subprocess
+
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                         capture_output=True, text=True, check=False).stdout  # fmt: skip
+    return out.splitlines()[0].strip() if out.strip() else "unknown"
+
+
+def accelerator(name: str) -> str:
+    for key, entry in CATALOG_NAMES.items():
+        if key in name:
+            return entry
+    raise SystemExit(f"no catalog entry for the GPU {name!r}: add it to CATALOG_NAMES")
+
+
+def fleet_yaml(config: str, gpu: str) -> dict[str, Any]:
     case = CONFIGS[config]
     engine = {**case["engine"], "env": dict(GPU_ENV)}
-    hardware = {"device": "gpu", "accelerator": "h200-141", "count": 1}
+    hardware = {"device": "gpu", "accelerator": accelerator(gpu), "count": 1}
     return {"model": case["model"], "hardware": hardware, "engine": engine,
             "replicas": {"count": 1}, "gateway": {"port": PORT}}  # fmt: skip
 
@@ -78,8 +97,10 @@ def serve_config(
         model, dtype = PROFILES[config]
         sp(["profile", "--model", model, "--dtype", dtype, "--out",
             str(folder / "profile.json")], folder / "profile.txt", 300)  # fmt: skip
+    gpu = gpu_name()
+    (folder / "gpu.txt").write_text(gpu + "\n")
     fleet = folder / "fleet.yaml"
-    fleet.write_text(yaml.safe_dump(fleet_yaml(config), sort_keys=False))
+    fleet.write_text(yaml.safe_dump(fleet_yaml(config, gpu), sort_keys=False))
     sp(["plan", "-c", str(fleet), "--json"], folder / "plan.json", 120)
     # --reuse: the fleet an earlier call started (cut off by the call's limit) is still up.
     code, ready_s = (0, 0.0) if reuse else sp(["up", "-c", str(fleet), "--detach"],
