@@ -86,6 +86,13 @@ class CostModel:
     per_prefill_pair_s: float
     source: str
     """"roofline: <accelerator>/<model>" or "calibrated: <url> <date>"."""
+    token_table_s: tuple[float, ...] = ()
+    """Where a GPU operator profile times the step: seconds of the operators every token
+    of the step passes through (linears, norms, activations, MoE experts) at 0, 1, 2, ...
+    tokens, as measured; past its end, proportional to its last entry. No straight line
+    fits them: they read the weights at any size (a floor) and grow with the tokens only
+    past a knee, and a MoE layer's experts fill in as the tokens grow. Empty where the
+    linear terms carry them (the roofline, a CPU calibration)."""
 
     def step_time_s(self, shape: StepShape) -> float:
         # The replica simulator inlines this same expression, in this order, so both agree
@@ -97,7 +104,30 @@ class CostModel:
             + self.per_decode_seq_s * shape.decode_seqs
             + self.per_context_token_s * shape.context_tokens
             + self.per_prefill_pair_s * shape.prefill_pairs
+            + self.token_ops_s(shape.prefill_tokens + shape.decode_seqs)
         )
+
+    @classmethod
+    def of(cls, coefficients: dict[str, float], *, source: str) -> CostModel:
+        """The model of `COEFFICIENTS` by name (a profile's or the command line's)."""
+        base, prefill_token, prefill_seq, decode_seq, context, pair = (
+            coefficients[name] for name in COEFFICIENTS
+        )
+        return cls(base, prefill_token, prefill_seq, decode_seq, context, pair, source)
+
+    def token_ops_s(self, tokens: float) -> float:
+        """`token_table_s` at `tokens` (interpolated between whole tokens); 0 without one."""
+        table = self.token_table_s
+        if not table:
+            return 0.0
+        last = len(table) - 1
+        if tokens > last:
+            return table[last] * tokens / last
+        whole = int(tokens)
+        fraction = tokens - whole
+        if not fraction:
+            return table[whole]
+        return table[whole] + (table[whole + 1] - table[whole]) * fraction
 
     @property
     def coefficients(self) -> tuple[float, float, float, float, float, float]:

@@ -85,4 +85,4 @@ def _profile_from(document: Any, path: Path) -> CostModel:
                 f"{path}: coefficients.{name}: must be finite and >= 0, got {value!r}"
             )
         values[name] = float(value)
-    return CostModel(source=source, **values)
+    return CostModel.of(values, source=source)

@@ -159,10 +159,13 @@ def _capacity(cost: CostModel, load: ReplicaLoad) -> tuple[LoadPoint, Limit]:
     decoders = finishing * (output - 1)
     # A request's own prefill rides on a step that carries, besides it, the mean number of
     # other prefills (arrivals seen from a request are size-biased: one more than average).
+    tokens = finishing * prompt + decoders
     own_prefill_s = (
         cost.per_prefill_token_s * prompt
         + cost.per_prefill_seq_s
         + cost.per_prefill_pair_s * prefill_pairs(prompt, 0)
+        + cost.token_ops_s(tokens + prompt)
+        - cost.token_ops_s(tokens)
     )
     step_s = (
         cost.base_s
@@ -171,6 +174,7 @@ def _capacity(cost: CostModel, load: ReplicaLoad) -> tuple[LoadPoint, Limit]:
         + cost.per_decode_seq_s * decoders
         + cost.per_context_token_s * decoders * (prompt + output / 2)
         + cost.per_prefill_pair_s * finishing * prefill_pairs(prompt, 0)
+        + cost.token_ops_s(tokens)
     )
     return (
         LoadPoint(

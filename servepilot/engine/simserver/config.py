@@ -214,4 +214,4 @@ def _explicit_cost(step_ms: float | None, pairs: list[str]) -> CostModel:
         values[name] = value
     if not values["base_s"] > 0:
         raise ConfigError("--step-ms or --cost base_s=... must give every step a time above 0")
-    return CostModel(source="explicit: command line", **values)
+    return CostModel.of(values, source="explicit: command line")

@@ -23,7 +23,7 @@ error is returned with it.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from servepilot.core.errors import ConfigError
 from servepilot.plan.costmodel import (
@@ -50,6 +50,12 @@ class StepComposer:
     """TP all-reduce latency per step (catalogued)."""
     step_overhead_s: float = GPU_STEP_OVERHEAD_S
     seq_overhead_s: float = GPU_SEQ_OVERHEAD_S
+
+    def token_ops_s(self, tokens: int) -> float:
+        """The operators every token of a step passes through, at `tokens` tokens."""
+        return sum(
+            op.count * op.curve.at(tokens) for op in self.profile.token_ops if op.axis == "tokens"
+        )
 
     def gpu_time_s(self, shape: StepShape) -> float:
         """The measured operators alone."""
@@ -110,7 +116,13 @@ def composer(
             hint=f"profile it: servepilot profile --model {spec.name} --tp {tp}",
         )
     comm_token_s, comm_step_s = allreduce_costs(spec, accelerator, tp)
-    return StepComposer(profile, comm_token_s, comm_step_s)
+    if profile.step_overhead_s is None:
+        return StepComposer(profile, comm_token_s, comm_step_s)
+    return StepComposer(profile, comm_token_s, comm_step_s, profile.step_overhead_s)
+
+
+_TABLE_TOKENS = 65536
+"""Past this many tokens in a step the token operators are proportional (compute-bound)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,12 +149,23 @@ class Linearized:
 
 
 def linearize(step: StepComposer, at: Operating) -> Linearized:
-    """A linear `CostModel` fitted to `step` over the steps a replica runs at `at`."""
-    samples = [(shape, step.step_time_s(shape)) for shape in _operating_steps(at)]
-    source = f"{step.profile.source} (linearized)"
-    model = fit_cost_model(samples, source=source)
-    errors = sorted(abs(model.step_time_s(s) / t - 1) for s, t in samples)
+    """A `CostModel` of `step` for a replica at `at`: the token operators as measured (a
+    table by the step's tokens), the rest (attention, sampling, overheads) linear, fitted
+    over the steps such a replica runs."""
+    table = tuple(
+        step.token_ops_s(t) for t in range(min(at.max_num_batched_tokens, _TABLE_TOKENS) + 1)
+    )
+    steps = [(shape, step.step_time_s(shape)) for shape in _operating_steps(at)]
+    rest = [(s, t - table_s(table, s.prefill_tokens + s.decode_seqs)) for s, t in steps]
+    fitted = fit_cost_model(rest, source=f"{step.profile.source} (measured token operators)")
+    model = replace(fitted, token_table_s=table)
+    errors = sorted(abs(model.step_time_s(s) / t - 1) for s, t in steps)
     return Linearized(model, errors[len(errors) // 2], errors[-1])
+
+
+def table_s(table: tuple[float, ...], tokens: int) -> float:
+    last = len(table) - 1
+    return table[tokens] if tokens <= last else table[last] * tokens / last
 
 
 def _operating_steps(at: Operating) -> Iterator[StepShape]:
@@ -157,6 +180,13 @@ def _operating_steps(at: Operating) -> Iterator[StepShape]:
             if room > 0:
                 c = min(chunk, room)
                 yield StepShape(c, 1, b, b * context, prefill_pairs(c, 0))
+    # Bursts: a closed loop's start, an open loop past saturation: as many prompts as the
+    # token budget holds, beside the decoders.
+    for b in (0, *batches):
+        fit = (at.max_num_batched_tokens - b) // chunk
+        if fit > 1:
+            pairs = fit * prefill_pairs(chunk, 0)
+            yield StepShape(fit * chunk, fit, b, b * contexts[1], pairs)
     for size in sorted({chunk, max(1, chunk // 2), max(1, chunk // 4)}):
         yield StepShape(size, 1, 0, 0, prefill_pairs(size, 0))
         half = max(1, size // 2)

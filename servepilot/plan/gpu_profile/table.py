@@ -105,6 +105,9 @@ class GpuProfile:
     token_ops: tuple[TokenOp, ...]
     decode_attention: tuple[DecodeAttention, ...]
     prefill_attention: tuple[PrefillAttention, ...]
+    step_overhead_s: float | None = None
+    """vLLM's host time per step left over beside the GPU's (async scheduling hides most),
+    fitted from measured runs (`meta.step_overhead_ms`); None: the nominal figure."""
 
     @property
     def source(self) -> str:
@@ -144,6 +147,7 @@ def gpu_profile_from(document: Any, where: str) -> GpuProfile:
             token_ops=tokens,
             decode_attention=decode,
             prefill_attention=prefill,
+            step_overhead_s=_step_overhead_s(document.get("meta", {})),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(
@@ -193,3 +197,12 @@ def _decode(name: str, count: int, points: list[dict[str, Any]]) -> DecodeAttent
         _curve([p for p in points if int(p["batch"]) == b], "context", name) for b in batches
     )
     return DecodeAttention(name, count, tuple(batches), curves)
+
+
+def _step_overhead_s(meta: Any) -> float | None:
+    value = meta.get("step_overhead_ms") if isinstance(meta, dict) else None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ValueError(f"meta.step_overhead_ms: expected a number >= 0, got {value!r}")
+    return float(value) / 1000.0

@@ -41,6 +41,7 @@ class SchedulerCore:
         self._caching = config.enable_prefix_caching
         self._pool = BlockPool(config.num_blocks, config.block_size, caching=self._caching)
         self._coefficients = cost.coefficients
+        self._token_table = cost.token_table_s
         self._requests: dict[int, SimRequest] = {}
         self._waiting: deque[SimRequest] = deque()
         self._num_waiting = 0
@@ -101,6 +102,11 @@ class SchedulerCore:
             + per_context * context
             + per_pair * pairs
         )
+        table = self._token_table
+        if table:
+            tokens = prefill_tokens + decode_seqs
+            last = len(table) - 1
+            duration += table[tokens] if tokens <= last else table[last] * tokens / last
         end = now_s + duration
         self._decode_context += decode_seqs
         bucket = self._finishing.pop(self._step, None)
