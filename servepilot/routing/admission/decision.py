@@ -65,6 +65,9 @@ class AdmissionSnapshot:
     hard_limit_shed_share: float = 0.0
     """Share of P2 to shed for the hard limit: `HardLimit.current_shed_share()`, 0.0 when the
     limit is not crossed."""
+    fair_ahead: int = -1
+    """Queued requests that go before this one under tenant fair shares
+    (`AdmissionQueue.ahead_of`); -1: all of its class and the more urgent ones."""
 
     @classmethod
     def of(
@@ -125,8 +128,9 @@ class AdmissionController:
        has room, else 503 (429 "queue_full" when it is the room that is missing);
     2. P2 while degraded (SHED_BATCH or more): 429 "degraded";
     3. P2 while the hard limit is crossed: 429 "hard_limit" with probability shed share;
-    4. more free slots than requests queued ahead of it (its class and more urgent ones,
-       which would take the slots first): dispatch;
+    4. more free slots than requests queued ahead of it (the more urgent classes, and of its
+       own those its tenant's fair share lets go first, which would take the slots first):
+       dispatch;
     5. queue full (`max_queued`): 429 "queue_full";
     6. predicted wait (queued ahead / dispatch rate) over the class's budget: 429
        "queue_budget" (never while no rate is measured);
@@ -173,8 +177,10 @@ class AdmissionController:
         cap = self._degraded_max_tokens if cls_ == _P1 and level >= _CAP_TOKENS else None
         if snapshot.ready_replicas == 0:
             return self._cold_start(snapshot, cap)
-        p0, p1, p2 = snapshot.queued_by_class
-        ahead = p0 if cls_ == 0 else p0 + p1 if cls_ == 1 else p0 + p1 + p2
+        ahead = snapshot.fair_ahead
+        if ahead < 0:
+            p0, p1, p2 = snapshot.queued_by_class
+            ahead = p0 if cls_ == 0 else p0 + p1 if cls_ == 1 else p0 + p1 + p2
         rate = snapshot.dispatch_rate_per_s
         if cls_ == LOWEST_CLASS:
             if level >= DegradationLevel.SHED_BATCH:
