@@ -30,6 +30,7 @@ from servepilot.gateway.fleet_gauges import (
 )
 from servepilot.gateway.gpu_gauges import GpuGauges, gpu_families
 from servepilot.gateway.replica import ReplicaInfo
+from servepilot.gateway.tenant_metrics import TenantCounters
 from servepilot.routing.admission.decision import Reason
 from servepilot.routing.base import RoutingPolicy
 
@@ -142,6 +143,7 @@ class GatewayMetrics:
         self.upstream = _Counts()
         self.sheds = _Counts()
         self.queued = _Counts()
+        self.tenants = TenantCounters()
         self.retries = 0
         self.arrivals = 0
         """Generation requests that reached the gateway, ever (an autoscaler's arrival rate
@@ -171,6 +173,10 @@ class GatewayMetrics:
 
     def watch(self, dispatcher: _Watched) -> None:
         self._watched = dispatcher
+
+    def know_tenants(self, tenants: Iterable[str]) -> None:
+        """The tenants fleet.yaml names: the label values of the per-tenant series."""
+        self.tenants = TenantCounters(tenants)
 
     def watch_access_log(self, access_log: AccessLog | None) -> None:
         self._access_log = access_log
@@ -279,6 +285,8 @@ class _Collector:
                          "queue, by class.", ["class"], m.queue_wait)  # fmt: skip
         yield from _replica_state(m)
         yield from _dispatch_state(m)
+        watched = m._watched
+        yield from m.tenants.families(None if watched is None else watched.queue.depth_by_tenant())
         yield from _policy_stats(m)
         yield from _access_log_state(m)
         yield from _fleet_state(m)

@@ -39,7 +39,9 @@ class Queued(Protocol):
     def queued(self) -> bool: ...
 
     @property
-    def tenant(self) -> str: ...
+    def share(self) -> str:
+        """The tenant whose turns it waits for."""
+        ...
 
 
 Q = TypeVar("Q", bound=Queued)
@@ -121,10 +123,10 @@ class FairClass(Generic[Q]):
 
     def push(self, ticket: Q) -> None:
         self.order.items.append(ticket)
-        tenant = self._tenants.get(ticket.tenant)
+        tenant = self._tenants.get(ticket.share)
         if tenant is None:
-            tenant = _Tenant(ticket.tenant, self._quantum_of(ticket.tenant))
-            self._tenants[ticket.tenant] = tenant
+            tenant = _Tenant(ticket.share, self._quantum_of(ticket.share))
+            self._tenants[ticket.share] = tenant
             self._ring.append(tenant)
         tenant.fifo.items.append(ticket)
 
@@ -153,7 +155,7 @@ class FairClass(Generic[Q]):
             ring.rotate(-1)  # the turn passes (back to the same tenant if it is alone)
             current = ring[0]
             current.deficit += current.quantum
-        assert current.name == ticket.tenant, "take() must follow next()"
+        assert current.name == ticket.share, "take() must follow next()"
         current.deficit -= 1.0
         current.fifo.pop_head(ticket)
         self.order.left_middle()
@@ -164,7 +166,7 @@ class FairClass(Generic[Q]):
         """`ticket`, the one `oldest` returned, left unserved (past its budget; flagged no
         longer queued): its tenant's deficit stays."""
         self.order.pop_head(ticket)
-        tenant = self._tenants[ticket.tenant]
+        tenant = self._tenants[ticket.share]
         tenant.fifo.pop_head(ticket)  # the oldest of the class is its tenant's oldest
         if tenant.fifo.live() == 0:
             self._forget(tenant)
@@ -172,7 +174,7 @@ class FairClass(Generic[Q]):
     def removed(self, ticket: Q) -> None:
         """`ticket` (flagged no longer queued) left from anywhere: its client went away."""
         self.order.left_middle()
-        tenant = self._tenants[ticket.tenant]
+        tenant = self._tenants[ticket.share]
         tenant.fifo.left_middle()
         if tenant.fifo.live() == 0:
             self._forget(tenant)
@@ -213,7 +215,7 @@ class FairClass(Generic[Q]):
             started = False
         return out
 
-    def tenants(self) -> Iterator[tuple[str, int]]:
+    def shares(self) -> Iterator[tuple[str, int]]:
         """(tenant, requests waiting) of the tenants with requests waiting."""
         for tenant in self._ring:
             yield tenant.name, tenant.fifo.live()

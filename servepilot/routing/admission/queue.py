@@ -36,14 +36,17 @@ def check_priority(priority: int) -> int:
 class Ticket(Generic[T]):
     """The caller's handle on one queued request, to `AdmissionQueue.remove` it."""
 
-    __slots__ = ("_arrival_s", "_item", "_priority", "_queued", "_seq", "_tenant")
+    __slots__ = ("_arrival_s", "_item", "_priority", "_queued", "_seq", "_share", "_tenant")
 
-    def __init__(self, item: T, priority: int, arrival_s: float, seq: int, tenant: str) -> None:
+    def __init__(
+        self, item: T, priority: int, arrival_s: float, seq: int, tenant: str, share: str
+    ) -> None:
         self._item = item
         self._priority = priority
         self._arrival_s = arrival_s
         self._seq = seq
         self._tenant = tenant
+        self._share = share
         self._queued = True
 
     @property
@@ -60,8 +63,13 @@ class Ticket(Generic[T]):
 
     @property
     def tenant(self) -> str:
-        """Whose fair share it waits in (`SHARED_TENANT` while fair shares are off)."""
         return self._tenant
+
+    @property
+    def share(self) -> str:
+        """Whose fair share it waits in: its tenant, or `SHARED_TENANT` while fair shares are
+        off."""
+        return self._share
 
     @property
     def queued(self) -> bool:
@@ -125,7 +133,8 @@ class AdmissionQueue(Generic[T]):
         # back (it should not) is clamped rather than allowed to break that.
         arrival_s = max(now_s, self._last_push_s)
         self._last_push_s = arrival_s
-        ticket = Ticket(item, cls_, arrival_s, self._seq, tenant if self._fair else SHARED_TENANT)
+        share = tenant if self._fair else SHARED_TENANT
+        ticket = Ticket(item, cls_, arrival_s, self._seq, tenant, share)
         self._seq += 1
         self._classes[cls_].push(ticket)
         self._live[cls_] += 1
@@ -227,8 +236,13 @@ class AdmissionQueue(Generic[T]):
         """Requests waiting per tenant, all classes together (tenants with none are absent)."""
         out: dict[str, int] = {}
         for fair in self._classes:
-            for tenant, count in fair.tenants():
-                out[tenant] = out.get(tenant, 0) + count
+            if self._fair:
+                for tenant, count in fair.shares():
+                    out[tenant] = out.get(tenant, 0) + count
+            else:  # one share per class: count the tickets (a scrape's cost, not a request's)
+                for ticket in fair.order.items:
+                    if ticket.queued:
+                        out[ticket.tenant] = out.get(ticket.tenant, 0) + 1
         return out
 
     def oldest_wait_s(self, now_s: float) -> float:
