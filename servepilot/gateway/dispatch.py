@@ -166,7 +166,8 @@ class Dispatcher:
         if not candidates:
             return False
         grant = self._grant(waiter.view, candidates, waiter.cap, now_s, waiter.tenant)
-        self._metrics.observe_queue_wait(waiter.view.priority, now_s - waiter.view.arrival_s)
+        wait_s = now_s - waiter.view.arrival_s
+        self._metrics.observe_queue_wait(waiter.view.priority, waiter.tenant, wait_s)
         waiter.future.set_result(grant)
         return True
 

@@ -154,6 +154,7 @@ class GatewayMetrics:
         self.ttft = _Histograms()
         self.e2e = _Histograms()
         self.queue_wait = _Histograms()
+        self.tenant_wait = _Histograms()
         # At 0 from the start for every label value known upfront: a fleet that never shed or
         # queued still has the series its dashboard panels and alerts read.
         for cls_ in _CLASS:
@@ -207,8 +208,9 @@ class GatewayMetrics:
     def count_retry(self) -> None:
         self.retries += 1
 
-    def observe_queue_wait(self, priority: int, wait_s: float) -> None:
+    def observe_queue_wait(self, priority: int, tenant: str, wait_s: float) -> None:
         self.queue_wait.observe((_CLASS[priority],), wait_s)
+        self.tenant_wait.observe((self.tenants.label(tenant),), wait_s)
 
     def observe_outcome(self, replica_id: str, priority: int, outcome: Outcome | None) -> None:
         cls_ = _CLASS[priority]
@@ -283,6 +285,8 @@ class _Collector:
                          "inference).", ["route", "class"], m.e2e)  # fmt: skip
         yield _histogram("queue_wait_seconds", "Time a request waited in the gateway's "
                          "queue, by class.", ["class"], m.queue_wait)  # fmt: skip
+        yield _histogram("tenant_queue_wait_seconds", "Time a request waited in the "
+                         "gateway's queue, by tenant.", ["tenant"], m.tenant_wait)  # fmt: skip
         yield from _replica_state(m)
         yield from _dispatch_state(m)
         watched = m._watched

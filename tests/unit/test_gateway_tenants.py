@@ -90,6 +90,9 @@ def test_keys_tenants_take_turns_for_the_slot_and_metrics_count_them(
                 ("queued", "team-a"): 4, ("queued", "b"): 2, ("queued", OTHER): 0,
                 ("rejected", "team-a"): 0, ("rejected", "b"): 0, ("rejected", OTHER): 0,
             }  # fmt: skip
+            waits = "servepilot_tenant_queue_wait_seconds_count"
+            assert metrics.value(waits, {"tenant": "team-a"}) == 4
+            assert metrics.value(waits, {"tenant": "b"}) == 2
             await assert_all_counters_zero(gw, client, url)
 
     run(body())
