@@ -166,6 +166,22 @@ def test_removed_and_expired_requests_leave_no_tenant_behind() -> None:
     assert queue.depth() == 0 and queue.held() == 0
 
 
+def test_the_last_request_leaving_frees_what_served_ones_left_behind() -> None:
+    # b1 is served before a2, which arrived first (it stays behind in the arrival order);
+    # a2 leaving, by service or by expiry, leaves the class empty, and nothing held.
+    for leave in ("pop", "expire"):
+        queue = make_queue()
+        queue.push("a1", P1, now_s=0.0, tenant="a")
+        queue.push("a2", P1, now_s=1.0, tenant="a")
+        queue.push("b1", P1, now_s=2.0, tenant="b")
+        assert [queue.pop(2.0), queue.pop(2.0)] == ["a1", "b1"]
+        if leave == "pop":
+            assert queue.pop(2.0) == "a2"
+        else:
+            assert queue.expired(now_s=11.5) == ["a2"]
+        assert queue.held() == 0, leave
+
+
 def test_expiry_takes_the_oldest_of_the_class_whatever_its_tenant() -> None:
     queue = make_queue()
     queue.push("a1", P1, now_s=0.0, tenant="a")

@@ -75,6 +75,9 @@ class LazyFifo(Generic[Q]):
             items.popleft()
             self.dead -= 1
         items.popleft()
+        if self.dead and len(items) == self.dead:  # only removed entries are left
+            items.clear()
+            self.dead = 0
 
     def left_middle(self) -> None:
         """An entry left from somewhere other than the head."""
@@ -157,9 +160,14 @@ class FairClass(Generic[Q]):
             current.deficit += current.quantum
         assert current.name == ticket.share, "take() must follow next()"
         current.deficit -= 1.0
-        current.fifo.pop_head(ticket)
-        self.order.left_middle()
-        if current.fifo.live() == 0:
+        fifo = current.fifo
+        fifo.pop_head(ticket)
+        order = self.order
+        if order.items and order.items[0] is ticket:  # the oldest (always, with one tenant)
+            order.pop_head(ticket)
+        else:
+            order.left_middle()
+        if len(fifo.items) == fifo.dead:
             self._forget(current)
 
     def take_oldest(self, ticket: Q) -> None:

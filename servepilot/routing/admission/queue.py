@@ -264,7 +264,10 @@ class AdmissionQueue(Generic[T]):
         """The class served next (-1 when nothing waits)."""
         best = -1
         best_key: tuple[int, float, int] | None = None
+        live = self._live
         for cls_ in range(NUM_CLASSES):
+            if not live[cls_]:
+                continue
             head = self._classes[cls_].oldest()
             if head is None:
                 continue
