@@ -132,8 +132,9 @@ class AdmissionController:
        own those its tenant's fair share lets go first, which would take the slots first):
        dispatch;
     5. queue full (`max_queued`): 429 "queue_full";
-    6. predicted wait (queued ahead / dispatch rate) over the class's budget: 429
-       "queue_budget" (never while no rate is measured);
+    6. predicted wait (queued ahead, as in 4, / dispatch rate) over the class's budget: 429
+       "queue_budget" (never while no rate is measured): under fair shares the tenant that
+       floods the queue is the one that waits, and is shed;
     7. otherwise: queue.
 
     The queue-full rule comes after dispatch on purpose: a request that takes a free slot
