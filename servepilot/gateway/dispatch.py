@@ -209,7 +209,10 @@ class Dispatcher:
 
     async def _wait(self, waiter: _Waiter, wait_s: float | None) -> Grant:
         view = waiter.view
-        ticket = self.driver.enqueue(waiter, view.priority, self._clock(), waiter.tenant)
+        now = self._clock()
+        ticket = self.driver.enqueue(waiter, view.priority, now, waiter.tenant)
+        if self.driver.pushed_out:
+            self._refuse_pushed_out(now)
         self._metrics.count_queued(view.priority)
         self._metrics.tenants.count_queued(waiter.tenant)
         self._wake.set()
@@ -300,6 +303,19 @@ class Dispatcher:
             self._refused(Reason.QUEUE_BUDGET, waiter.view.priority, waiter.tenant)
             waiter.future.set_exception(
                 shed(_SHED_MESSAGES[Reason.QUEUE_BUDGET], Reason.QUEUE_BUDGET, retry)
+            )
+
+    def _refuse_pushed_out(self, now: float) -> None:
+        """429 for the waits a full queue pushed out to make room for a tenant under its
+        share."""
+        pushed, self.driver.pushed_out = self.driver.pushed_out, []
+        for waiter in pushed:
+            if waiter.future.done():
+                continue
+            retry = self.driver.queue_retry_after_s(now)
+            self._refused(Reason.QUEUE_FULL, waiter.view.priority, waiter.tenant)
+            waiter.future.set_exception(
+                shed(_SHED_MESSAGES[Reason.QUEUE_FULL], Reason.QUEUE_FULL, retry)
             )
 
     def _refuse_all(self, now: float) -> None:

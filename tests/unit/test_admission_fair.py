@@ -277,3 +277,49 @@ def test_config_refuses_a_weight_that_is_not_positive() -> None:
         AdmissionConfig(tenant_weights={"a": 0.0})
     with pytest.raises(ValueError, match="weights"):
         AdmissionQueue(1.0, BUDGETS, {"a": -1.0})
+
+
+# --- a full queue ---------------------------------------------------------------------------
+
+
+def test_a_full_queue_pushes_out_the_newest_of_the_tenant_most_over_its_share() -> None:
+    queue = make_queue({"a": 3.0})
+    flood(queue, "a", 4)
+    # Four places; a's share is 3 of them, b's 1: b has room, a's newest makes it.
+    victim = queue.victim_for("b", P1, max_queued=4)
+    assert victim is not None and victim.item == "a4"
+    assert queue.victim_for("a", P1, max_queued=4) is None  # a is over its share
+    queue.remove(victim)
+    queue.push("b1", P1, now_s=1.0, tenant="b")
+    assert queue.victim_for("b", P1, max_queued=4) is None  # b holds its share now
+    assert make_queue(fair=False).victim_for("b", P1, max_queued=0) is None
+
+
+def test_the_request_pushed_out_is_the_least_urgent_never_more_urgent_than_the_newcomer() -> None:
+    queue = make_queue()
+    for name, cls_ in [("a0", P0), ("a1", P1), ("a2", P2), ("a3", P1)]:
+        queue.push(name, cls_, now_s=0.0, tenant="a")
+    assert getattr(queue.victim_for("b", P1, max_queued=4), "item", None) == "a2"
+    assert getattr(queue.victim_for("b", P0, max_queued=4), "item", None) == "a2"
+    only_urgent = make_queue()
+    flood(only_urgent, "a", 2)
+    assert only_urgent.victim_for("b", P2, max_queued=2) is None  # a's are all P1
+
+
+def test_a_full_queue_queues_the_tenant_under_its_share_and_sheds_the_flood() -> None:
+    admission = AdmissionConfig(max_queued=2)
+    driver: AdmissionDriver[str] = AdmissionDriver(
+        GatewayConfig(admission=admission), random.Random(0)
+    )
+    driver.enqueue("a1", P1, 0.0, "a")
+    driver.enqueue("a2", P1, 0.0, "a")
+    for_a = driver.decide(P1, 0, 1, False, 1.0, tenant="a")
+    for_b = driver.decide(P1, 0, 1, False, 1.0, tenant="b")
+    assert (for_a.kind, for_a.reason) == (AdmitKind.SHED_429, Reason.QUEUE_FULL)
+    assert (for_b.kind, for_b.reason) == (AdmitKind.QUEUE, Reason.QUEUED)
+    driver.enqueue("b1", P1, 1.0, "b")
+    assert driver.pushed_out == ["a2"]
+    assert driver.queue.depth_by_tenant() == {"a": 1, "b": 1}
+    # During a cold start too (no replica ready, one starting).
+    cold = driver.decide(P1, 0, 0, True, 1.0, tenant="c")
+    assert (cold.kind, cold.reason) == (AdmitKind.QUEUE, Reason.COLD_START)

@@ -134,3 +134,37 @@ def test_a_tenant_fleet_yaml_does_not_name_is_counted_as_other() -> None:
     counters.count_rejected("zz")
     assert counters.admitted == {"a": 1, OTHER: 2}
     assert counters.rejected == {"a": 0, OTHER: 1}
+
+
+def test_a_full_queue_makes_room_for_a_tenant_under_its_share() -> None:
+    async def body() -> None:
+        upstream = await FakeUpstream("a", capacity=1).start()
+        upstream.hold_requests = True
+        async with (
+            gateway_in_front_of([upstream], auth=KEYS, admission={"max_queued": 2}) as (gw, url),
+            aiohttp.ClientSession() as client,
+        ):
+            replies: dict[str, asyncio.Task[Reply]] = {}
+            # a1 takes the slot, a2 and a3 fill the queue, a4 is refused: team-a holds it all.
+            for index, name in enumerate(["a1", "a2", "a3", "a4"]):
+                replies[name] = in_background(client, url, chat(name), headers=bearer("sk-a1"))
+                if index < 3:
+                    await eventually(
+                        reaches(lambda: upstream.holding + len(gw.dispatcher.queue), index + 1)
+                    )
+            assert (await replies["a4"]).error(429)["code"] == "queue_full"
+            # b has no place of its own: team-a's newest (a3) leaves for it.
+            replies["b1"] = in_background(client, url, chat("b1"), headers=bearer("sk-b"))
+            pushed = await replies["a3"]
+            assert pushed.error(429)["code"] == "queue_full"
+            assert "retry-after" in pushed.headers
+            upstream.release_all()
+            assert [(await replies[n]).status for n in ("a1", "a2", "b1")] == [200] * 3
+            assert [content_of(b) for b in upstream.received] == ["a1", "a2", "b1"]
+            metrics = await scrape(client, url)
+            rejected = "servepilot_tenant_rejected_total"
+            assert metrics.value(rejected, {"tenant": "team-a"}) == 2
+            assert metrics.value(rejected, {"tenant": "b"}) == 0
+            await assert_all_counters_zero(gw, client, url)
+
+    run(body())

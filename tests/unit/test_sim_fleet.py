@@ -445,3 +445,14 @@ def test_a_traces_tenants_reach_the_simulated_requests(tmp_path: Path) -> None:
     assert made == ["a", SHARED_TENANT, "b"]
     untagged = level_jobs(WorkloadSpec(kind=WorkloadKind.RANDOM), 3, 0)
     assert untagged.tenants is None
+
+
+def test_a_full_simulated_queue_makes_room_for_a_tenant_under_its_share() -> None:
+    # One slot, two places: a1 goes, a2 and a3 wait, a4 is refused (a holds every place);
+    # b1 has no place of its own, so a3 leaves for it (429).
+    jobs = [Job(100, 2, tenant="a")] * 4 + [Job(101, 2, tenant="b")]
+    order = _Prompts()
+    gateway = GatewayConfig(admission=AdmissionConfig(max_queued=2))
+    _, out = _run_open(_spec(capacity=1, gateway=gateway), jobs, iter([0.0] * 5), 5, policy=order)
+    assert order.prompts == [100, 100, 101]
+    assert out.run.errors == {"http_429": 2}

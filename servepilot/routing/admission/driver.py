@@ -97,6 +97,10 @@ class AdmissionDriver(Generic[T]):
         self.soft_limit = SoftLimit.from_config(config.protection)
         self.rate = RateMeter()
         self.kv_full_usage = admission.kv_full_usage
+        self._max_queued = admission.max_queued
+        self.pushed_out: list[T] = []
+        """Queued requests pushed out of a full queue to make room for a tenant under its
+        share (`enqueue`): the caller refuses them (429 "queue_full") and clears the list."""
         self._cold_start_wait_s = admission.cold_start_wait_s
         self._rng = rng
         self._no_replica = Admission(
@@ -136,14 +140,26 @@ class AdmissionDriver(Generic[T]):
         _SET_LEVEL(snapshot, self.soft_limit.level)
         _SET_SHARE(snapshot, share)
         queue = self.queue
-        _SET_AHEAD(snapshot, queue.ahead_of(priority, tenant) if len(queue) else 0)
+        queued = len(queue)
+        _SET_AHEAD(snapshot, queue.ahead_of(priority, tenant) if queued else 0)
+        room = queued >= self._max_queued and (
+            queue.victim_for(tenant, priority, self._max_queued) is not None
+        )
+        _SET_ROOM(snapshot, room)
         return self.controller.admit(priority, snapshot, now_s, self._rng)
 
     def enqueue(
         self, item: T, priority: int, now_s: float, tenant: str = SHARED_TENANT
     ) -> Ticket[T]:
-        """Queue a request the decision said to queue (or one that found no usable slot)."""
-        return self.queue.push(item, priority, now_s, tenant)
+        """Queue a request the decision said to queue (or one that found no usable slot); in
+        a full queue, another tenant's request may leave for it (`pushed_out`)."""
+        queue = self.queue
+        if len(queue) >= self._max_queued:
+            victim = queue.victim_for(tenant, priority, self._max_queued)
+            if victim is not None:
+                queue.remove(victim)
+                self.pushed_out.append(victim.item)
+        return queue.push(item, priority, now_s, tenant)
 
     def cold_wait_s(self, decision: Admission) -> float | None:
         """How long a queued request may wait for a replica before its 503: during a cold
@@ -227,8 +243,9 @@ _SNAPSHOT_FIELDS = (
     "degradation",
     "hard_limit_shed_share",
     "fair_ahead",
+    "fair_room",
 )
 assert tuple(f.name for f in fields(AdmissionSnapshot)) == _SNAPSHOT_FIELDS, "fields changed"
-(_SET_QUEUED, _SET_FREE, _SET_READY, _SET_RATE, _SET_LEVEL, _SET_SHARE, _SET_AHEAD) = (
+(_SET_QUEUED, _SET_FREE, _SET_READY, _SET_RATE, _SET_LEVEL, _SET_SHARE, _SET_AHEAD, _SET_ROOM) = (
     vars(AdmissionSnapshot)[name].__set__ for name in _SNAPSHOT_FIELDS
 )

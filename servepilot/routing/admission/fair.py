@@ -68,6 +68,13 @@ class LazyFifo(Generic[Q]):
     def live(self) -> int:
         return len(self.items) - self.dead
 
+    def newest(self) -> Q | None:
+        """The entry still queued that came last."""
+        for item in reversed(self.items):
+            if item.queued:
+                return item
+        return None
+
     def pop_head(self, item: Q) -> None:
         """Remove `item`, the first entry still queued until a moment ago."""
         items = self.items
@@ -222,6 +229,11 @@ class FairClass(Generic[Q]):
             index = (index + 1) % len(queues)
             started = False
         return out
+
+    def newest_of(self, tenant: str) -> Q | None:
+        """`tenant`'s request that came last (None when it has none waiting here)."""
+        mine = self._tenants.get(tenant)
+        return None if mine is None else mine.fifo.newest()
 
     def shares(self) -> Iterator[tuple[str, int]]:
         """(tenant, requests waiting) of the tenants with requests waiting."""

@@ -222,6 +222,32 @@ class AdmissionQueue(Generic[T]):
             return ahead + self._live[cls_]
         return ahead + self._classes[cls_].ahead_of(tenant)
 
+    def victim_for(self, tenant: str, priority: int, max_queued: int) -> Ticket[T] | None:
+        """The request a full queue of `max_queued` places pushes out to make room for a
+        new one of `tenant` and `priority`, when that tenant holds less than its weighted
+        share of the places (the tenants with requests waiting and it sharing them): the
+        newest of the least urgent class, never more urgent than the newcomer, of the
+        tenant most over its share. None: no room (or fair shares are off)."""
+        if not self._fair:
+            return None
+        held = self.depth_by_tenant()
+        held.setdefault(tenant, 0)
+        places_per_quantum = max_queued / sum(self._quantum(t) for t in held)
+        if held[tenant] >= places_per_quantum * self._quantum(tenant):
+            return None
+        victim: Ticket[T] | None = None
+        most = places_per_quantum
+        for other, count in held.items():
+            over = count / self._quantum(other)
+            if other == tenant or over <= most:
+                continue
+            for fair in reversed(self._classes[check_priority(priority) :]):
+                ticket = fair.newest_of(other)
+                if ticket is not None:
+                    victim, most = ticket, over
+                    break
+        return victim
+
     def depth(self) -> int:
         return self._depth
 

@@ -164,6 +164,11 @@ class SimGateway:
             self._refuse(request, decision.reason, "http_503", now_s)
             return
         request.ticket = self.driver.enqueue(request, priority, now_s, request.tenant)
+        if self.driver.pushed_out:
+            pushed, self.driver.pushed_out = self.driver.pushed_out, []
+            for victim in pushed:  # made room for a tenant under its share: 429
+                victim.ticket = None
+                self._refuse(victim, Reason.QUEUE_FULL, "http_429", now_s)
         self.queued += 1
         wait_s = self.driver.cold_wait_s(decision)
         self._outlet.queued(request, now_s, None if wait_s is None else now_s + wait_s)
