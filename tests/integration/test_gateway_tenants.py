@@ -155,7 +155,7 @@ def test_a_flooding_tenant_does_not_starve_another_of_the_same_class(
     # most 2 x FEW; it is answered SLOTS turns later. Behind the whole flood it waits about
     # FLOOD + FEW - SLOTS = 32 turns.
     assert fair.b_wait_turns <= 2 * FEW
-    assert _p(fair.b_e2e_turns, 0.9) <= 2 * FEW + SLOTS + 2
+    assert statistics.median(fair.b_e2e_turns) <= 2 * FEW + SLOTS
     assert fifo.b_wait_turns >= 20
     assert statistics.median(fifo.b_e2e_turns) >= 2 * statistics.median(fair.b_e2e_turns)
     # The gateway counted both tenants' admissions; nobody was refused.

@@ -232,7 +232,10 @@ class AdmissionQueue(Generic[T]):
             return None
         held = self.depth_by_tenant()
         held.setdefault(tenant, 0)
-        places_per_quantum = max_queued / sum(self._quantum(t) for t in held)
+        quanta = 0.0  # a float sum: compiled, sum() of floats would start from an int
+        for other in held:
+            quanta += self._quantum(other)
+        places_per_quantum = max_queued / quanta
         if held[tenant] >= places_per_quantum * self._quantum(tenant):
             return None
         victim: Ticket[T] | None = None
