@@ -212,7 +212,8 @@ class Dispatcher:
         now = self._clock()
         ticket = self.driver.enqueue(waiter, view.priority, now, waiter.tenant)
         if self.driver.pushed_out:
-            self._refuse_pushed_out(now)
+            pushed, self.driver.pushed_out = self.driver.pushed_out, []
+            self._refuse_queued(pushed, Reason.QUEUE_FULL, now)
         self._metrics.count_queued(view.priority)
         self._metrics.tenants.count_queued(waiter.tenant)
         self._wake.set()
@@ -271,7 +272,7 @@ class Dispatcher:
         waiting = sum(v.num_requests_waiting for v in views)
         starting = not views and self._pool.starting()
         report = self.driver.tick(now, self, FleetLoad(len(views), starting, mean_kv, waiting))
-        self._refuse_expired(report.expired, now)
+        self._refuse_queued(report.expired, Reason.QUEUE_BUDGET, now)
         if not views and not starting:
             self._refuse_all(now)  # nothing to wait for any more: the cold start failed
         routable = {view.replica_id for view in views}
@@ -294,29 +295,15 @@ class Dispatcher:
             )
             self._metrics.count_breaker(transition.name, transition.to_state)
 
-    def _refuse_expired(self, expired: list[_Waiter], now: float) -> None:
-        """429 for the waits past their class's queue budget."""
-        for waiter in expired:
+    def _refuse_queued(self, waiters: list[_Waiter], reason: Reason, now: float) -> None:
+        """429 for waits taken out of the queue: past their class's budget (`queue_budget`),
+        or pushed out of a full queue for a tenant under its share (`queue_full`)."""
+        for waiter in waiters:
             if waiter.future.done():
                 continue
             retry = self.driver.queue_retry_after_s(now)
-            self._refused(Reason.QUEUE_BUDGET, waiter.view.priority, waiter.tenant)
-            waiter.future.set_exception(
-                shed(_SHED_MESSAGES[Reason.QUEUE_BUDGET], Reason.QUEUE_BUDGET, retry)
-            )
-
-    def _refuse_pushed_out(self, now: float) -> None:
-        """429 for the waits a full queue pushed out to make room for a tenant under its
-        share."""
-        pushed, self.driver.pushed_out = self.driver.pushed_out, []
-        for waiter in pushed:
-            if waiter.future.done():
-                continue
-            retry = self.driver.queue_retry_after_s(now)
-            self._refused(Reason.QUEUE_FULL, waiter.view.priority, waiter.tenant)
-            waiter.future.set_exception(
-                shed(_SHED_MESSAGES[Reason.QUEUE_FULL], Reason.QUEUE_FULL, retry)
-            )
+            self._refused(reason, waiter.view.priority, waiter.tenant)
+            waiter.future.set_exception(shed(_SHED_MESSAGES[reason], reason, retry))
 
     def _refuse_all(self, now: float) -> None:
         """503 for every waiting request: no replica is ready and none is starting."""
