@@ -114,6 +114,7 @@ GATEWAY = Group(
         "servepilot.routing.admission.limits",
         "servepilot.routing.admission.breaker",
         "servepilot.routing.admission.decision",
+        "servepilot.routing.admission.fair",
         "servepilot.routing.admission.queue",
         "servepilot.routing.admission.driver",
     ),

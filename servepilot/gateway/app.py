@@ -28,7 +28,7 @@ from servepilot.gateway.access_log import (
 from servepilot.gateway.admin import AdminHandlers
 from servepilot.gateway.auth import Authenticator, Caller
 from servepilot.gateway.batch import BatchApi
-from servepilot.gateway.batch.exchange import Answer, send
+from servepilot.gateway.batch.exchange import BATCH_CALLER, Answer, send
 from servepilot.gateway.batch.metrics import BatchCollector
 from servepilot.gateway.batch.scheduler import FleetRoom
 from servepilot.gateway.dispatch import Dispatcher
@@ -79,6 +79,9 @@ class Gateway:
         )
         self.pool.on_remove(self.policy.forget)
         self.metrics = GatewayMetrics(self.pool, self.policy)
+        self.metrics.know_tenants(
+            [*self.auth.tenants(), *config.admission.tenant_weights, BATCH_CALLER.tenant]
+        )
         self.dispatcher = Dispatcher(config, self.pool, self.policy, self.metrics, clock, seed)
         self.metrics.watch(self.dispatcher)
         self.access_log = _access_log(config, access_log_path)

@@ -1,8 +1,8 @@
-"""API keys: who is calling, their class, their rate limit; and the admin key.
+"""API keys: who is calling, their class, their tenant, their rate limit; and the admin key.
 
 With no keys configured the gateway is open and every caller is `ANONYMOUS` (class P1, or
-what its X-Priority header asks). Keys are compared in constant time; the key itself never
-appears in logs or metrics, only its name.
+what its X-Priority header asks, and one tenant). Keys are compared in constant time; the key
+itself never appears in logs or metrics, only its name.
 """
 
 from __future__ import annotations
@@ -26,10 +26,13 @@ class Caller:
     """The class of its requests when they send no X-Priority header."""
     ceiling: Priority
     """The most urgent class an X-Priority header may ask for."""
+    tenant: str
+    """Whose fair share of the queue its requests count in (the key's `tenant`, else its
+    name)."""
 
 
 # Without keys nobody is accountable for a class, so the header decides (default P1).
-ANONYMOUS = Caller("anonymous", Priority.P1, ceiling=Priority.P0)
+ANONYMOUS = Caller("anonymous", Priority.P1, ceiling=Priority.P0, tenant="anonymous")
 _BEARER = "bearer "
 
 
@@ -44,7 +47,7 @@ class Authenticator:
             except ValueError as exc:
                 raise ConfigError(f"gateway.auth.keys: {exc}") from None
             bucket = TokenBucket(key.rate_per_s, key.burst) if key.rate_per_s else None
-            caller = Caller(key.name, key.priority, ceiling=key.priority)
+            caller = Caller(key.name, key.priority, ceiling=key.priority, tenant=key.tenant_id)
             self._keys.append((secret.encode(), caller, bucket))
         self._admin: bytes | None = None
         if config.admin_key_env is not None:
@@ -59,6 +62,12 @@ class Authenticator:
     @property
     def enabled(self) -> bool:
         return bool(self._keys)
+
+    def tenants(self) -> list[str]:
+        """The tenants of the configured callers (the anonymous one without keys)."""
+        if not self._keys:
+            return [ANONYMOUS.tenant]
+        return list(dict.fromkeys(caller.tenant for _, caller, _ in self._keys))
 
     def caller(self, authorization: str | None, now_s: float) -> Caller:
         """The caller presenting `authorization`; 401 for a missing or unknown key, 429 when

@@ -55,6 +55,7 @@ class _Waiter:
     exclude: frozenset[str]
     cap: int | None
     future: asyncio.Future[Grant]
+    tenant: str
 
 
 class Dispatcher:
@@ -89,28 +90,31 @@ class Dispatcher:
 
     # --- the request path -----------------------------------------------------------------
 
-    async def acquire(self, view: RequestView, exclude: set[str] | frozenset[str]) -> Grant:
-        """A slot for the request now, or after waiting in its class's queue; raises the
-        429/503 `GatewayError` when it is refused."""
+    async def acquire(
+        self, view: RequestView, exclude: set[str] | frozenset[str], tenant: str
+    ) -> Grant:
+        """A slot for `tenant`'s request now, or after waiting in its class's queue (in its
+        tenant's fair share); raises the 429/503 `GatewayError` when it is refused."""
         now = self._clock()
         ready = self._candidates(view.model, frozenset(), now)
         if exclude and not any(c.replica_id not in exclude for c in ready):
             raise _unreachable(exclude)
         starting = not ready and self._pool.starting()
         free = free_slots(ready, self._kv_full)
-        decision = self.driver.decide(view.priority, free, len(ready), starting, now)
+        decision = self.driver.decide(view.priority, free, len(ready), starting, now, tenant)
         if decision.kind is AdmitKind.DISPATCH:
             candidates = [c for c in ready if c.replica_id not in exclude and self._free(c)]
             if candidates:
-                return self._grant(view, candidates, decision.max_tokens_cap, now)
+                return self._grant(view, candidates, decision.max_tokens_cap, now, tenant)
         elif decision.kind is AdmitKind.SHED_429:
-            self._metrics.count_shed(decision.reason, view.priority)
+            self._refused(decision.reason, view.priority, tenant)
             raise shed(_SHED_MESSAGES[decision.reason], decision.reason, decision.retry_after_s)
         elif decision.kind is AdmitKind.UNAVAILABLE_503:
-            self._metrics.count_shed(decision.reason, view.priority)
+            self._refused(decision.reason, view.priority, tenant)
             raise no_ready_replica(decision.retry_after_s)
-        cold_wait_s = self.driver.cold_wait_s(decision)
-        return await self._wait(view, frozenset(exclude), decision.max_tokens_cap, cold_wait_s)
+        waiter = _Waiter(view, frozenset(exclude), decision.max_tokens_cap,
+                         asyncio.get_running_loop().create_future(), tenant)  # fmt: skip
+        return await self._wait(waiter, self.driver.cold_wait_s(decision))
 
     def acquire_tokenizer(self, view: RequestView, exclude: set[str] | frozenset[str]) -> Grant:
         """A replica for a /tokenize or /detokenize call, outside admission: these calls
@@ -161,8 +165,9 @@ class Dispatcher:
         candidates = [c for c in ready if self._free(c)]
         if not candidates:
             return False
-        grant = self._grant(waiter.view, candidates, waiter.cap, now_s)
-        self._metrics.observe_queue_wait(waiter.view.priority, now_s - waiter.view.arrival_s)
+        grant = self._grant(waiter.view, candidates, waiter.cap, now_s, waiter.tenant)
+        wait_s = now_s - waiter.view.arrival_s
+        self._metrics.observe_queue_wait(waiter.view.priority, waiter.tenant, wait_s)
         waiter.future.set_result(grant)
         return True
 
@@ -182,7 +187,12 @@ class Dispatcher:
         ]
 
     def _grant(
-        self, view: RequestView, candidates: list[ReplicaView], cap: int | None, now: float
+        self,
+        view: RequestView,
+        candidates: list[ReplicaView],
+        cap: int | None,
+        now: float,
+        tenant: str,
     ) -> Grant:
         chosen = self._policy.choose(view, candidates)
         # In half-open this claims the breaker's single probe; the policy only picked among
@@ -190,15 +200,22 @@ class Dispatcher:
         self.breakers.allow(chosen, now)
         replica = self._pool.acquire(chosen)
         self.driver.dispatched(now)
+        self._metrics.tenants.count_admitted(tenant)
         return Grant(replica, view.priority, cap)
 
-    async def _wait(
-        self, view: RequestView, exclude: frozenset[str], cap: int | None, wait_s: float | None
-    ) -> Grant:
-        loop = asyncio.get_running_loop()
-        waiter = _Waiter(view, exclude, cap, loop.create_future())
-        ticket = self.driver.enqueue(waiter, view.priority, self._clock())
+    def _refused(self, reason: Reason, priority: int, tenant: str) -> None:
+        self._metrics.count_shed(reason, priority)
+        self._metrics.tenants.count_rejected(tenant)
+
+    async def _wait(self, waiter: _Waiter, wait_s: float | None) -> Grant:
+        view = waiter.view
+        now = self._clock()
+        ticket = self.driver.enqueue(waiter, view.priority, now, waiter.tenant)
+        if self.driver.pushed_out:
+            pushed, self.driver.pushed_out = self.driver.pushed_out, []
+            self._refuse_queued(pushed, Reason.QUEUE_FULL, now)
         self._metrics.count_queued(view.priority)
+        self._metrics.tenants.count_queued(waiter.tenant)
         self._wake.set()
         try:
             if wait_s is None:
@@ -207,7 +224,7 @@ class Dispatcher:
                 return await waiter.future
         except TimeoutError:
             self._abandon(ticket, waiter)
-            self._metrics.count_shed(Reason.NO_REPLICA, view.priority)
+            self._refused(Reason.NO_REPLICA, view.priority, waiter.tenant)
             raise no_ready_replica(self._config.retry_after_s) from None
         except BaseException:
             self._abandon(ticket, waiter)
@@ -255,7 +272,7 @@ class Dispatcher:
         waiting = sum(v.num_requests_waiting for v in views)
         starting = not views and self._pool.starting()
         report = self.driver.tick(now, self, FleetLoad(len(views), starting, mean_kv, waiting))
-        self._refuse_expired(report.expired, now)
+        self._refuse_queued(report.expired, Reason.QUEUE_BUDGET, now)
         if not views and not starting:
             self._refuse_all(now)  # nothing to wait for any more: the cold start failed
         routable = {view.replica_id for view in views}
@@ -278,22 +295,21 @@ class Dispatcher:
             )
             self._metrics.count_breaker(transition.name, transition.to_state)
 
-    def _refuse_expired(self, expired: list[_Waiter], now: float) -> None:
-        """429 for the waits past their class's queue budget."""
-        for waiter in expired:
+    def _refuse_queued(self, waiters: list[_Waiter], reason: Reason, now: float) -> None:
+        """429 for waits taken out of the queue: past their class's budget (`queue_budget`),
+        or pushed out of a full queue for a tenant under its share (`queue_full`)."""
+        for waiter in waiters:
             if waiter.future.done():
                 continue
             retry = self.driver.queue_retry_after_s(now)
-            self._metrics.count_shed(Reason.QUEUE_BUDGET, waiter.view.priority)
-            waiter.future.set_exception(
-                shed(_SHED_MESSAGES[Reason.QUEUE_BUDGET], Reason.QUEUE_BUDGET, retry)
-            )
+            self._refused(reason, waiter.view.priority, waiter.tenant)
+            waiter.future.set_exception(shed(_SHED_MESSAGES[reason], reason, retry))
 
     def _refuse_all(self, now: float) -> None:
         """503 for every waiting request: no replica is ready and none is starting."""
         for waiter in self.queue.expired(float("inf")):
             if not waiter.future.done():
-                self._metrics.count_shed(Reason.NO_REPLICA, waiter.view.priority)
+                self._refused(Reason.NO_REPLICA, waiter.view.priority, waiter.tenant)
                 waiter.future.set_exception(no_ready_replica(self._config.retry_after_s))
 
     def _forget(self, replica_id: str) -> None:

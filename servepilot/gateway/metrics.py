@@ -30,6 +30,7 @@ from servepilot.gateway.fleet_gauges import (
 )
 from servepilot.gateway.gpu_gauges import GpuGauges, gpu_families
 from servepilot.gateway.replica import ReplicaInfo
+from servepilot.gateway.tenant_metrics import TenantCounters
 from servepilot.routing.admission.decision import Reason
 from servepilot.routing.base import RoutingPolicy
 
@@ -142,6 +143,7 @@ class GatewayMetrics:
         self.upstream = _Counts()
         self.sheds = _Counts()
         self.queued = _Counts()
+        self.tenants = TenantCounters()
         self.retries = 0
         self.arrivals = 0
         """Generation requests that reached the gateway, ever (an autoscaler's arrival rate
@@ -152,6 +154,7 @@ class GatewayMetrics:
         self.ttft = _Histograms()
         self.e2e = _Histograms()
         self.queue_wait = _Histograms()
+        self.tenant_wait = _Histograms()
         # At 0 from the start for every label value known upfront: a fleet that never shed or
         # queued still has the series its dashboard panels and alerts read.
         for cls_ in _CLASS:
@@ -171,6 +174,10 @@ class GatewayMetrics:
 
     def watch(self, dispatcher: _Watched) -> None:
         self._watched = dispatcher
+
+    def know_tenants(self, tenants: Iterable[str]) -> None:
+        """The tenants fleet.yaml names: the label values of the per-tenant series."""
+        self.tenants = TenantCounters(tenants)
 
     def watch_access_log(self, access_log: AccessLog | None) -> None:
         self._access_log = access_log
@@ -201,8 +208,9 @@ class GatewayMetrics:
     def count_retry(self) -> None:
         self.retries += 1
 
-    def observe_queue_wait(self, priority: int, wait_s: float) -> None:
+    def observe_queue_wait(self, priority: int, tenant: str, wait_s: float) -> None:
         self.queue_wait.observe((_CLASS[priority],), wait_s)
+        self.tenant_wait.observe((self.tenants.label(tenant),), wait_s)
 
     def observe_outcome(self, replica_id: str, priority: int, outcome: Outcome | None) -> None:
         cls_ = _CLASS[priority]
@@ -277,8 +285,12 @@ class _Collector:
                          "inference).", ["route", "class"], m.e2e)  # fmt: skip
         yield _histogram("queue_wait_seconds", "Time a request waited in the gateway's "
                          "queue, by class.", ["class"], m.queue_wait)  # fmt: skip
+        yield _histogram("tenant_queue_wait_seconds", "Time a request waited in the "
+                         "gateway's queue, by tenant.", ["tenant"], m.tenant_wait)  # fmt: skip
         yield from _replica_state(m)
         yield from _dispatch_state(m)
+        watched = m._watched
+        yield from m.tenants.families(None if watched is None else watched.queue.depth_by_tenant())
         yield from _policy_stats(m)
         yield from _access_log_state(m)
         yield from _fleet_state(m)

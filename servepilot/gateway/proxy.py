@@ -130,7 +130,7 @@ class Proxy:
         tried: set[str] = set()
         while True:
             if admitted:
-                grant = await self._dispatcher.acquire(view, tried)
+                grant = await self._dispatcher.acquire(view, tried, caller.tenant)
             else:
                 grant = self._dispatcher.acquire_tokenizer(view, tried)
             if grant.max_tokens_cap is not None and route.cap_fields:

@@ -56,6 +56,8 @@ class RequestShape:
     at_s: float | None = None
     priority: int | None = None
     session_id: str | None = None
+    tenant: str | None = None
+    """A trace's tenant (the simulated gateway's fair shares); None: the shared one."""
 
 
 def workload_shapes(spec: WorkloadSpec, count: int) -> list[RequestShape]:
@@ -203,7 +205,7 @@ def _trace(spec: WorkloadSpec, lines: Sequence[TraceLine]) -> list[RequestShape]
             i, line.input_tokens, line.output_tokens,
             prefix_group=line.prefix_group,
             prefix_tokens=0 if line.prefix_group is None else prefix_len[line.prefix_group],
-            at_s=line.timestamp_s - start_s, priority=line.priority,
+            at_s=line.timestamp_s - start_s, priority=line.priority, tenant=line.tenant,
         )
         for i, line in enumerate(lines)
     ]  # fmt: skip

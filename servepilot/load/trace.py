@@ -3,8 +3,10 @@
     {"timestamp": 12.5, "input_tokens": 900, "output_tokens": 120, "prefix_group": 3, "priority": 0}
 
 `timestamp` is in seconds (any origin; replay is relative to the first line) and must not go
-backwards; `prefix_group` (an integer >= 0) and `priority` (0, 1 or 2) are optional. Other fields
-are ignored, so traces exported by other tools can carry extra data. Blank lines are skipped.
+backwards; `prefix_group` (an integer >= 0), `priority` (0, 1 or 2) and `tenant` (a non-empty
+string: whose fair share of the gateway's queue the request counts in, in `sim`) are optional.
+Other fields are ignored, so traces exported by other tools can carry extra data. Blank lines
+are skipped.
 Every problem names the file, the line and the field.
 """
 
@@ -29,6 +31,7 @@ class TraceLine:
     output_tokens: int
     prefix_group: int | None = None
     priority: int | None = None
+    tenant: str | None = None
 
 
 def load_trace(path: Path) -> list[TraceLine]:
@@ -82,7 +85,17 @@ def _parse_line(raw: str, where: str, line_no: int) -> TraceLine:
         output_tokens=_int(record, "output_tokens", where, minimum=1),
         prefix_group=_optional_int(record, "prefix_group", where, minimum=0),
         priority=priority,
+        tenant=_optional_name(record, "tenant", where),
     )
+
+
+def _optional_name(record: dict[str, Any], field: str, where: str) -> str | None:
+    value = record.get(field)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}: field '{field}' must be a non-empty string, got {value!r}")
+    return value
 
 
 def _number(record: dict[str, Any], field: str, where: str) -> float:

@@ -29,7 +29,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -61,6 +61,29 @@ def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
         return exc.code, exc.read()
     except (OSError, TimeoutError):
         return 0, b""
+
+
+@contextlib.contextmanager
+def simulated_replica(folder: Path, model: str, step_ms: float) -> Iterator[str]:
+    """A simulated vLLM replica (servepilot/engine/simserver) whose steps take `step_ms`, on a
+    free port, logging to `folder`/server.log: its URL once healthy; stopped on exit."""
+    port = free_port()
+    with (folder / "server.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "servepilot.engine.simserver.server", "--model", model,
+             "--port", str(port), "--max-model-len", "2048", "--step-ms", str(step_ms)],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while http_get(f"{url}/health", 1.0)[0] != 200:
+            assert proc.poll() is None and time.monotonic() < deadline, "no healthy replica"
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 # --- Prometheus text ---------------------------------------------------------------------------

@@ -18,9 +18,8 @@ import httpx
 import openai
 import pytest
 
-from servepilot.engine.process import free_port
 from tests.integration.fleetproc import wait_until
-from tests.integration.gatewayproc import GatewayProcess, http_get
+from tests.integration.gatewayproc import GatewayProcess, simulated_replica
 
 MODEL = "smollm2"
 
@@ -28,21 +27,8 @@ MODEL = "smollm2"
 @pytest.fixture(scope="module")
 def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A simulated replica whose steps take 20 ms: a 16-token answer takes ~0.3 s."""
-    folder = tmp_path_factory.mktemp("replica")
-    port = free_port()
-    with (folder / "server.log").open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "servepilot.engine.simserver.server", "--model", MODEL,
-             "--port", str(port), "--max-model-len", "2048", "--step-ms", "20"],
-            stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        assert wait_until(lambda: http_get(f"{url}/health", 1.0)[0] == 200, 60)
+    with simulated_replica(tmp_path_factory.mktemp("replica"), MODEL, step_ms=20) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def batch_settings(folder: Path, **extra: Any) -> dict[str, Any]:

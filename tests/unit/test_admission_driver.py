@@ -100,7 +100,7 @@ def test_the_snapshot_it_decides_on_is_the_one_the_constructor_builds() -> None:
     driver.dispatched(0.0)
     driver.dispatched(0.5)
     driver.decide(P1, free_slots=3, ready_replicas=2, starting=False, now_s=1.0)
-    expected = AdmissionSnapshot((1, 0, 1), 3, 2, driver.rate.rate_per_s(1.0))
+    expected = AdmissionSnapshot((1, 0, 1), 3, 2, driver.rate.rate_per_s(1.0), fair_ahead=1)
     assert seen == [expected] and repr(seen[0]) == repr(expected)
 
 

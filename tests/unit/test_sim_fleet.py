@@ -8,9 +8,11 @@ routing as the gateway's own policy objects decide.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import random
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,15 +21,24 @@ from servepilot.core.config import AdmissionConfig, GatewayConfig, PolicyName
 from servepilot.core.results import Load, LoadMode
 from servepilot.core.slo import Slo
 from servepilot.load.loadplan import LoadPlan
+from servepilot.load.slots import Slot
+from servepilot.load.workload import WorkloadKind, WorkloadSpec
 from servepilot.plan.costmodel import CostModel
 from servepilot.routing import LeastLoad, PrefixAffinity, RoundRobin, make_policy
-from servepilot.routing.admission import AdmissionController, AdmissionQueue, free_slots
+from servepilot.routing.admission import (
+    SHARED_TENANT,
+    AdmissionController,
+    AdmissionQueue,
+    free_slots,
+)
 from servepilot.routing.base import ReplicaView, RequestView
 from servepilot.scaling.snapshot import FleetSnapshot, ScaleDecision, ScaleReason
 from servepilot.scaling.target_utilisation import TargetUtilisation
 from servepilot.sim import ReplicaModel, SchedulerConfig, SimRequest
 from servepilot.sim.fleet.collect import WeightedHistogram
 from servepilot.sim.fleet.network import Delay, NetworkConfig
+from servepilot.sim.fleet.requests import RequestFactory
+from servepilot.sim.fleet.session import level_jobs
 from servepilot.sim.fleet.simulator import FleetSim, FleetSpec, LevelOutcome
 from servepilot.sim.fleet.traffic import Job, JobTable
 
@@ -390,3 +401,58 @@ def test_weighted_histogram_bins_many_distinct_values_within_their_width(
     assert stats.p50 == pytest.approx(float(sorted(values)[2499] * 1000), rel=2e-4)
     assert stats.count == 5000
     assert not math.isnan(stats.p99 or math.nan)
+
+
+class _Prompts(_Order):
+    """Notes the prompt length of each request it routes (it tells the tenants apart here)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prompts: list[int] = []
+
+    def choose(self, request: RequestView, candidates: Sequence[ReplicaView]) -> str:
+        self.prompts.append(request.prompt_tokens)
+        return candidates[0].replica_id
+
+
+@pytest.mark.parametrize("fair", [True, False])
+def test_tenants_of_the_workload_take_fair_turns_at_the_simulated_gateway(fair: bool) -> None:
+    # a (prompts of 100 tokens) sends nine at once, b (101) three just behind: the first
+    # goes at once, then the queue serves a, b, a, b, a, b and the rest of a's, as the
+    # gateway's own queue would (test_admission_fair.py); without fair shares, a's all first.
+    jobs = [Job(100, 2, tenant="a")] * 9 + [Job(101, 2, tenant="b")] * 3
+    order = _Prompts()
+    gateway = GatewayConfig(admission=AdmissionConfig(fair_shares=fair))
+    _run_open(_spec(capacity=1, gateway=gateway), jobs, iter([0.0] * 12), 12, policy=order)
+    a, b = 100, 101
+    expected = [a, a, b, a, b, a, b, a, a, a, a, a] if fair else [a] * 9 + [b] * 3
+    assert order.prompts == expected
+
+
+def test_a_traces_tenants_reach_the_simulated_requests(tmp_path: Path) -> None:
+    lines = [
+        {"timestamp": 0.0, "input_tokens": 10, "output_tokens": 2, "tenant": "a"},
+        {"timestamp": 0.1, "input_tokens": 10, "output_tokens": 2},
+        {"timestamp": 0.2, "input_tokens": 10, "output_tokens": 2, "tenant": "b"},
+    ]
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    jobs = level_jobs(WorkloadSpec(kind=WorkloadKind.TRACE, trace_path=trace), 3, 0)
+    assert jobs.tenants == ["a", None, "b"]
+    assert [jobs.job(i).tenant for i in range(3)] == ["a", None, "b"]
+    factory = RequestFactory(jobs, GatewayConfig().routing, "m", uses_prefix=False)
+    made = [factory.make(Slot(i, float(i), False), 0.0).tenant for i in range(3)]
+    assert made == ["a", SHARED_TENANT, "b"]
+    untagged = level_jobs(WorkloadSpec(kind=WorkloadKind.RANDOM), 3, 0)
+    assert untagged.tenants is None
+
+
+def test_a_full_simulated_queue_makes_room_for_a_tenant_under_its_share() -> None:
+    # One slot, two places: a1 goes, a2 and a3 wait, a4 is refused (a holds every place);
+    # b1 has no place of its own, so a3 leaves for it (429).
+    jobs = [Job(100, 2, tenant="a")] * 4 + [Job(101, 2, tenant="b")]
+    order = _Prompts()
+    gateway = GatewayConfig(admission=AdmissionConfig(max_queued=2))
+    _, out = _run_open(_spec(capacity=1, gateway=gateway), jobs, iter([0.0] * 5), 5, policy=order)
+    assert order.prompts == [100, 100, 101]
+    assert out.run.errors == {"http_429": 2}

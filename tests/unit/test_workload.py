@@ -294,6 +294,8 @@ def test_trace_replays_lengths_times_groups_and_priorities(
         ('{"timestamp": 3, "input_tokens": 5, "output_tokens": -1}', r"'output_tokens' must be"),
         ('{"timestamp": 3, "input_tokens": 5, "output_tokens": 5, "priority": 3}', "'priority'"),
         ('{"timestamp": 3, "input_tokens": 5, "output_tokens": 5, "priority": "0"}', "'priority'"),
+        ('{"timestamp": 3, "input_tokens": 5, "output_tokens": 5, "tenant": ""}', "'tenant'"),
+        ('{"timestamp": 3, "input_tokens": 5, "output_tokens": 5, "tenant": 7}', "'tenant'"),
         (
             '{"timestamp": 3, "input_tokens": 5, "output_tokens": 5, "prefix_group": -1}',
             "'prefix_group' must be an integer >= 0",

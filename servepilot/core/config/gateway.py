@@ -101,10 +101,21 @@ class AdmissionConfig(_Section):
     cold_start_wait_s: float = Field(default=60.0, ge=0)
     """While no replica is ready (start-up, scale-up), requests wait this long before 503."""
 
+    fair_shares: bool = True
+    """Within a class, tenants (an API key's `tenant`, else the key itself) take weighted fair
+    turns at the queue, so one tenant's flood cannot starve another's requests of the same
+    class; false: one first-come-first-served queue per class."""
+
+    tenant_weights: dict[str, float] = Field(default_factory=dict)
+    """Fair-share weight per tenant (a tenant not named here weighs 1.0): with weights 3 and 1
+    and both tenants waiting, three requests of the first go for every one of the second."""
+
     @model_validator(mode="after")
     def _budgets_positive(self) -> AdmissionConfig:
         if any(budget <= 0 for budget in self.queue_budget_ms):
             raise ValueError("queue_budget_ms: every class's budget must be > 0")
+        if any(weight <= 0 for weight in self.tenant_weights.values()):
+            raise ValueError("tenant_weights: every weight must be > 0")
         return self
 
 
@@ -149,6 +160,10 @@ class ApiKey(_Section):
     priority: Priority = Priority.P1
     """Class of this key's requests (an X-Priority header may only lower it)."""
 
+    tenant: str | None = Field(default=None, min_length=1)
+    """Who the key's requests count for in the fair shares of the queue (keys of one team
+    share one tenant); unset: the key is its own tenant, named by its `name`."""
+
     rate_per_s: float | None = Field(default=None, gt=0)
     """Token-bucket rate limit in requests per second; None is unlimited."""
 
@@ -160,6 +175,11 @@ class ApiKey(_Section):
         if (self.key is None) == (self.key_env is None):
             raise ValueError(f"api key {self.name!r}: set exactly one of `key` or `key_env`")
         return self
+
+    @property
+    def tenant_id(self) -> str:
+        """The tenant its requests count for."""
+        return self.name if self.tenant is None else self.tenant
 
     def secret(self) -> str:
         """The bearer token (read from the environment for `key_env`)."""

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 InferenceRoute = Callable[[HttpRequest, Caller, Trail | None], Awaitable[None]]
 
-BATCH_CALLER = Caller("batch", Priority.P2, ceiling=Priority.P2)
+BATCH_CALLER = Caller("batch", Priority.P2, ceiling=Priority.P2, tenant="batch")
 _HEADERS = {"content-type": "application/json", "x-priority": "2"}
 
 

@@ -4,6 +4,7 @@ Nothing here does I/O, reads the clock (time comes in as `now_s`) or draws rando
 than from an injected `random.Random`:
 
 - `queue`: the per-class admission queue with aging and queue budgets;
+- `fair`: tenants' weighted fair shares inside a class (deficit round robin);
 - `decision`: dispatch, queue or refuse an arriving request;
 - `meter`: the dispatch rate the decision predicts queue waits from;
 - `breaker`: per-replica circuit breakers;
@@ -43,12 +44,13 @@ from servepilot.routing.admission.limits import (
     SoftLimit,
 )
 from servepilot.routing.admission.meter import RateMeter
-from servepilot.routing.admission.queue import AdmissionQueue, Ticket
+from servepilot.routing.admission.queue import SHARED_TENANT, AdmissionQueue, Ticket
 from servepilot.routing.admission.ratelimit import KeyLimiter, TokenBucket
 
 __all__ = [
     "BUSY_TICK_S",
     "IDLE_TICK_S",
+    "SHARED_TENANT",
     "Admission",
     "AdmissionController",
     "AdmissionDriver",

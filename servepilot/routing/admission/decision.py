@@ -65,6 +65,13 @@ class AdmissionSnapshot:
     hard_limit_shed_share: float = 0.0
     """Share of P2 to shed for the hard limit: `HardLimit.current_shed_share()`, 0.0 when the
     limit is not crossed."""
+    fair_ahead: int = -1
+    """Queued requests that go before this one under tenant fair shares
+    (`AdmissionQueue.ahead_of`); -1: all of its class and the more urgent ones."""
+    fair_room: bool = False
+    """When the queue is full: whether another tenant's request leaves to make room for
+    this one, its tenant holding less than its share of the places
+    (`AdmissionQueue.victim_for`)."""
 
     @classmethod
     def of(
@@ -125,11 +132,14 @@ class AdmissionController:
        has room, else 503 (429 "queue_full" when it is the room that is missing);
     2. P2 while degraded (SHED_BATCH or more): 429 "degraded";
     3. P2 while the hard limit is crossed: 429 "hard_limit" with probability shed share;
-    4. more free slots than requests queued ahead of it (its class and more urgent ones,
-       which would take the slots first): dispatch;
-    5. queue full (`max_queued`): 429 "queue_full";
-    6. predicted wait (queued ahead / dispatch rate) over the class's budget: 429
-       "queue_budget" (never while no rate is measured);
+    4. more free slots than requests queued ahead of it (the more urgent classes, and of its
+       own those its tenant's fair share lets go first, which would take the slots first):
+       dispatch;
+    5. queue full (`max_queued`), unless its tenant holds less than its fair share of the
+       places (another tenant's request is then pushed out for it): 429 "queue_full";
+    6. predicted wait (queued ahead, as in 4, / dispatch rate) over the class's budget: 429
+       "queue_budget" (never while no rate is measured): under fair shares the tenant that
+       floods the queue is the one that waits, and is shed;
     7. otherwise: queue.
 
     The queue-full rule comes after dispatch on purpose: a request that takes a free slot
@@ -173,8 +183,10 @@ class AdmissionController:
         cap = self._degraded_max_tokens if cls_ == _P1 and level >= _CAP_TOKENS else None
         if snapshot.ready_replicas == 0:
             return self._cold_start(snapshot, cap)
-        p0, p1, p2 = snapshot.queued_by_class
-        ahead = p0 if cls_ == 0 else p0 + p1 if cls_ == 1 else p0 + p1 + p2
+        ahead = snapshot.fair_ahead
+        if ahead < 0:
+            p0, p1, p2 = snapshot.queued_by_class
+            ahead = p0 if cls_ == 0 else p0 + p1 if cls_ == 1 else p0 + p1 + p2
         rate = snapshot.dispatch_rate_per_s
         if cls_ == LOWEST_CLASS:
             if level >= DegradationLevel.SHED_BATCH:
@@ -184,7 +196,7 @@ class AdmissionController:
                 return self._shed(Reason.HARD_LIMIT, ahead, rate)
         if snapshot.free_slots > ahead:
             return self._dispatch if cap is None else self._dispatch_capped
-        if snapshot.queued_total >= self._admission.max_queued:
+        if snapshot.queued_total >= self._admission.max_queued and not snapshot.fair_room:
             # Room appears as the whole queue moves, so the wait is that of the whole queue.
             return self._shed(Reason.QUEUE_FULL, snapshot.queued_total, rate)
         if rate > 0.0 and ahead / rate * 1000.0 > self._admission.queue_budget_ms[cls_]:
@@ -205,7 +217,7 @@ class AdmissionController:
             return Admission(
                 AdmitKind.UNAVAILABLE_503, Reason.NO_REPLICA, self._default_retry_after_s
             )
-        if snapshot.queued_total >= self._admission.max_queued:
+        if snapshot.queued_total >= self._admission.max_queued and not snapshot.fair_room:
             return self._shed(
                 Reason.QUEUE_FULL, snapshot.queued_total, snapshot.dispatch_rate_per_s
             )

@@ -26,7 +26,7 @@ from servepilot.routing.admission.decision import (
 )
 from servepilot.routing.admission.limits import DegradationEvent, HardLimit, SoftLimit
 from servepilot.routing.admission.meter import RateMeter
-from servepilot.routing.admission.queue import AdmissionQueue, Ticket
+from servepilot.routing.admission.queue import SHARED_TENANT, AdmissionQueue, Ticket
 
 T = TypeVar("T")
 T_contra = TypeVar("T_contra", contravariant=True)
@@ -97,6 +97,10 @@ class AdmissionDriver(Generic[T]):
         self.soft_limit = SoftLimit.from_config(config.protection)
         self.rate = RateMeter()
         self.kv_full_usage = admission.kv_full_usage
+        self._max_queued = admission.max_queued
+        self.pushed_out: list[T] = []
+        """Queued requests pushed out of a full queue to make room for a tenant under its
+        share (`enqueue`): the caller refuses them (429 "queue_full") and clears the list."""
         self._cold_start_wait_s = admission.cold_start_wait_s
         self._rng = rng
         self._no_replica = Admission(
@@ -109,9 +113,15 @@ class AdmissionDriver(Generic[T]):
     # ---- arrive ------------------------------------------------------------------------------
 
     def decide(
-        self, priority: int, free_slots: int, ready_replicas: int, starting: bool, now_s: float
+        self,
+        priority: int,
+        free_slots: int,
+        ready_replicas: int,
+        starting: bool,
+        now_s: float,
+        tenant: str = SHARED_TENANT,
     ) -> Admission:
-        """Dispatch, queue or refuse an arrival, given the replicas' free slots now.
+        """Dispatch, queue or refuse an arrival of `tenant`, given the replicas' free slots now.
 
         `starting` is read only when no replica is ready: with none on its way up either,
         waiting would only hide the outage (503), so cold-start buffering does not apply.
@@ -129,11 +139,27 @@ class AdmissionDriver(Generic[T]):
         _SET_RATE(snapshot, self.rate.rate_per_s(now_s))
         _SET_LEVEL(snapshot, self.soft_limit.level)
         _SET_SHARE(snapshot, share)
+        queue = self.queue
+        queued = len(queue)
+        _SET_AHEAD(snapshot, queue.ahead_of(priority, tenant) if queued else 0)
+        room = queued >= self._max_queued and (
+            queue.victim_for(tenant, priority, self._max_queued) is not None
+        )
+        _SET_ROOM(snapshot, room)
         return self.controller.admit(priority, snapshot, now_s, self._rng)
 
-    def enqueue(self, item: T, priority: int, now_s: float) -> Ticket[T]:
-        """Queue a request the decision said to queue (or one that found no usable slot)."""
-        return self.queue.push(item, priority, now_s)
+    def enqueue(
+        self, item: T, priority: int, now_s: float, tenant: str = SHARED_TENANT
+    ) -> Ticket[T]:
+        """Queue a request the decision said to queue (or one that found no usable slot); in
+        a full queue, another tenant's request may leave for it (`pushed_out`)."""
+        queue = self.queue
+        if len(queue) >= self._max_queued:
+            victim = queue.victim_for(tenant, priority, self._max_queued)
+            if victim is not None:
+                queue.remove(victim)
+                self.pushed_out.append(victim.item)
+        return queue.push(item, priority, now_s, tenant)
 
     def cold_wait_s(self, decision: Admission) -> float | None:
         """How long a queued request may wait for a replica before its 503: during a cold
@@ -216,8 +242,10 @@ _SNAPSHOT_FIELDS = (
     "dispatch_rate_per_s",
     "degradation",
     "hard_limit_shed_share",
+    "fair_ahead",
+    "fair_room",
 )
 assert tuple(f.name for f in fields(AdmissionSnapshot)) == _SNAPSHOT_FIELDS, "fields changed"
-(_SET_QUEUED, _SET_FREE, _SET_READY, _SET_RATE, _SET_LEVEL, _SET_SHARE) = (
+(_SET_QUEUED, _SET_FREE, _SET_READY, _SET_RATE, _SET_LEVEL, _SET_SHARE, _SET_AHEAD, _SET_ROOM) = (
     vars(AdmissionSnapshot)[name].__set__ for name in _SNAPSHOT_FIELDS
 )

@@ -23,7 +23,8 @@ Where the simulator differs, and why:
   `shed_share_per_tick`; it only matters for P2), not per request: between ticks it misses
   the last few milliseconds of samples.
 - Not driven: circuit breakers and retries (simulated replicas do not fail), API keys and
-  their rate limits, several models behind one gateway.
+  their rate limits, several models behind one gateway. Tenants come from the workload (a
+  trace's `tenant` field) instead of API keys; their fair shares are the driver's.
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ class SimGateway:
         """Dispatch, queue or refuse a request that just reached the gateway."""
         priority = request.priority
         decision = self.driver.decide(
-            priority, self.free_slots, self.ready, self.starting > 0, now_s
+            priority, self.free_slots, self.ready, self.starting > 0, now_s, request.tenant
         )
         kind = decision.kind
         cap = decision.max_tokens_cap
@@ -162,7 +163,12 @@ class SimGateway:
         elif kind is AdmitKind.UNAVAILABLE_503:
             self._refuse(request, decision.reason, "http_503", now_s)
             return
-        request.ticket = self.driver.enqueue(request, priority, now_s)
+        request.ticket = self.driver.enqueue(request, priority, now_s, request.tenant)
+        if self.driver.pushed_out:
+            pushed, self.driver.pushed_out = self.driver.pushed_out, []
+            for victim in pushed:  # made room for a tenant under its share: 429
+                victim.ticket = None
+                self._refuse(victim, Reason.QUEUE_FULL, "http_429", now_s)
         self.queued += 1
         wait_s = self.driver.cold_wait_s(decision)
         self._outlet.queued(request, now_s, None if wait_s is None else now_s + wait_s)

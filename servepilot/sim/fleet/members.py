@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from servepilot.routing.admission import Ticket
+from servepilot.routing.admission import SHARED_TENANT, Ticket
 from servepilot.routing.base import RequestView
 from servepilot.sim.engine.records import StepResult
 from servepilot.sim.engine.replica import ReplicaModel
@@ -29,6 +29,8 @@ class FleetRequest(SimRequest):
     """When the gateway sent it to `replica`."""
     ticket: Ticket[FleetRequest] | None = field(default=None, repr=False)
     """While it waits in the gateway's admission queue."""
+    tenant: str = SHARED_TENANT
+    """Whose fair share of the admission queue it counts in."""
 
     def __init__(
         self,
@@ -44,6 +46,7 @@ class FleetRequest(SimRequest):
         replica: FleetReplica | None = None,
         dispatched_s: float = 0.0,
         ticket: Ticket[FleetRequest] | None = None,
+        tenant: str = SHARED_TENANT,
     ) -> None:
         # Written out for the compiled build, as SimRequest's. Not super(): a slots
         # dataclass is a new class, which the zero-argument form does not know.
@@ -56,6 +59,7 @@ class FleetRequest(SimRequest):
         self.replica = replica
         self.dispatched_s = dispatched_s
         self.ticket = ticket
+        self.tenant = tenant
 
 
 class ReplicaState(enum.Enum):

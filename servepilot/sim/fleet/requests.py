@@ -14,6 +14,7 @@ from typing import Final
 
 from servepilot.core.config import RoutingConfig
 from servepilot.load.slots import Slot
+from servepilot.routing.admission import SHARED_TENANT
 from servepilot.routing.base import RequestView
 from servepilot.sim.fleet.liveview import REQUEST_VIEW_SETTERS
 from servepilot.sim.fleet.members import FleetRequest
@@ -54,6 +55,9 @@ class RequestFactory:
             None if group < 0 else group, prefix, priority,
         )  # fmt: skip
         request.warmup = slot.warmup
+        tenants = jobs.tenants
+        if tenants is not None:
+            request.tenant = tenants[index] or SHARED_TENANT
         sessions = jobs.sessions
         request.view = new_request_view(
             self._model,

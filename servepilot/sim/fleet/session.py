@@ -64,6 +64,7 @@ def level_jobs(workload: WorkloadSpec, count: int, overhead_tokens: int) -> JobT
             session_id=s.session_id,
             at_s=s.at_s,
             routed_tokens=s.input_tokens + s.history_tokens,
+            tenant=s.tenant,
         )
         for s in shapes
     )

@@ -34,6 +34,8 @@ class Job:
     routed_tokens: int | None = None
     """What the gateway estimates the prompt at (it sees the text, not the template);
     None: `prompt_tokens`."""
+    tenant: str | None = None
+    """Whose fair share of the gateway's queue it counts in; None: the shared one."""
 
 
 class JobTable:
@@ -47,6 +49,7 @@ class JobTable:
         self.priority = array("b")
         self.routed = array("l")
         sessions: list[str | None] = []
+        tenants: list[str | None] = []
         times: list[float | None] = []
         for job in jobs:
             if job.prompt_tokens < 1 or job.output_tokens < 1:
@@ -60,9 +63,13 @@ class JobTable:
                 job.prompt_tokens if job.routed_tokens is None else job.routed_tokens
             )
             sessions.append(job.session_id)
+            tenants.append(job.tenant)
             times.append(job.at_s)
         self.sessions: list[str | None] | None = (
             sessions if any(s is not None for s in sessions) else None
+        )
+        self.tenants: list[str | None] | None = (
+            tenants if any(t is not None for t in tenants) else None
         )
         self.at_s: list[float] | None = replay_times(times)
 
@@ -80,4 +87,5 @@ class JobTable:
             session_id=None if self.sessions is None else self.sessions[index],
             at_s=None if self.at_s is None else self.at_s[index],
             routed_tokens=self.routed[index],
+            tenant=None if self.tenants is None else self.tenants[index],
         )
