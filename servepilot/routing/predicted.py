@@ -13,8 +13,12 @@ TTFT = the queue ahead + this prompt's uncached tokens prefilled in the engine's
 beside the running batch; TPOT = one decode step of the batch with this request in it. The
 request's class (P0, P1, P2) gives its targets (`RoutingConfig.ttft_target_ms`,
 `tpot_target_ms`). Replicas predicted to meet both come first; among them (or among all,
-when none does) the lowest normalised cost ttft/ttft_target + tpot/tpot_target wins, so a
-tight class weighs its tight metric more. Exact ties go to a seeded random choice.
+when none does) the one with the most headroom wins: the lowest sum of the predictions as
+shares of their targets, so a class's tight target weighs its metric more. The prefill
+counts twice in it: once as this request's wait, once as the wait it puts on the requests
+that will queue behind it there. Without that second count the choice is greedy for this
+one request and spreads each prefix over the fleet, recomputing what another replica holds
+and pushing other prefixes out of its cache. Exact ties go to a seeded random choice.
 
 The queue ahead is the policy's own account of the prefill work it has sent each replica
 (a replica is busy with it until the predicted end of its last prefill), floored by vLLM's
@@ -76,8 +80,10 @@ class Prediction:
     ttft_s: float
     tpot_s: float
     meets_targets: bool
+    """Both predictions within the request's class targets."""
     cost: float
-    """ttft / ttft_target + tpot / tpot_target: lower is better."""
+    """(TTFT + the prefill once more) / TTFT target + TPOT / TPOT target (module doc): lower
+    is better."""
 
 
 class PredictedLatency:
@@ -166,7 +172,8 @@ class PredictedLatency:
                 int(mean_prompt), 0, batch, context
             )
             queue_s = max(queue_s, waiting_s)
-        ttft_s = queue_s + model.prefill_s(prompt - cached, cached, batch, context)
+        prefill_s = model.prefill_s(prompt - cached, cached, batch, context)
+        ttft_s = queue_s + prefill_s
         tpot_s = model.decode_step_s(batch + 1, context + prompt)
         return Prediction(
             replica_id=view.replica_id,
@@ -175,7 +182,7 @@ class PredictedLatency:
             ttft_s=ttft_s,
             tpot_s=tpot_s,
             meets_targets=ttft_s <= ttft_target_s and tpot_s <= tpot_target_s,
-            cost=ttft_s / ttft_target_s + tpot_s / tpot_target_s,
+            cost=(ttft_s + prefill_s) / ttft_target_s + tpot_s / tpot_target_s,
         )
 
     def _sent(self, request: RequestView, chosen: Prediction) -> None:
@@ -210,3 +217,4 @@ def _best(predictions: Sequence[Prediction], rng: random.Random) -> Prediction:
             if rng.randrange(ties) == 0:
                 best = candidate
     return best
+

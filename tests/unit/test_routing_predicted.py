@@ -19,7 +19,7 @@ from servepilot.routing.prefix_table import GuessedPrefixIndex
 # 10 ms a step, 1 ms a prefill token, 2 ms a decoding sequence: easy to add up by hand.
 SIMPLE = CostModel(0.010, 0.001, 0.0, 0.002, 0.0, 0.0, source="test")
 MODEL = StepLatency(SIMPLE, max_num_batched_tokens=512)
-CONFIG = RoutingConfig()  # P1 targets: TTFT 5 s, TPOT 200 ms
+CONFIG = RoutingConfig()  # P1 targets: TTFT 2 s, TPOT 200 ms
 
 
 class Cached:
@@ -60,9 +60,11 @@ def test_a_cached_prefix_beats_an_idle_replica_by_hand() -> None:
     # r1: 1,000 new tokens in 2 steps of 512: 2 x 10 + 1,000 = 1,020 ms; decode 12 ms.
     assert by_id["r1"].ttft_s == pytest.approx(1.020)
     assert by_id["r1"].tpot_s == pytest.approx(0.012)
-    # Costs: 0.246/5 + 0.016/0.2 = 0.1292 against 1.02/5 + 0.012/0.2 = 0.264.
-    assert by_id["r0"].cost == pytest.approx(0.1292)
-    assert by_id["r1"].cost == pytest.approx(0.264)
+    # Both meet the P1 targets. Costs, (TTFT + the prefill again) / 2 s + TPOT / 200 ms:
+    # 0.492 / 2 + 0.016 / 0.2 = 0.326 against 2.04 / 2 + 0.012 / 0.2 = 1.08.
+    assert by_id["r0"].meets_targets and by_id["r1"].meets_targets
+    assert by_id["r0"].cost == pytest.approx(0.326)
+    assert by_id["r1"].cost == pytest.approx(1.08)
     assert chooser.choose(request(), views) == "r0"
 
 
@@ -76,7 +78,7 @@ def test_a_long_queue_outweighs_the_cached_prefix_by_hand() -> None:
     chooser = policy(Cached({"r0": 768}), Clock(100.0))
     by_id = {p.replica_id: p for p in chooser.predict(request(), views)}
     assert by_id["r0"].queue_s == pytest.approx(5 * 1.028)
-    assert by_id["r0"].ttft_s == pytest.approx(5 * 1.028 + 0.246)  # past the 5 s target
+    assert by_id["r0"].ttft_s == pytest.approx(5 * 1.028 + 0.246)  # past the 2 s target
     assert not by_id["r0"].meets_targets
     assert by_id["r1"].meets_targets
     assert chooser.choose(request(), views) == "r1"
@@ -95,6 +97,24 @@ def test_the_prefill_it_sent_is_the_queue_of_the_next_request() -> None:
     assert r0.ttft_s == pytest.approx(0.146 + 0.248)
     clock.now_s = 200.0  # long done: no queue left
     assert chooser.predict(request(), views)[0].queue_s == 0.0
+
+
+def test_it_waits_for_the_cached_replica_rather_than_recompute_the_prefix() -> None:
+    chooser = policy(Cached({"r0": 768}), Clock(0.0))
+    # A long prompt first: 932 new tokens on r0 in 2 steps beside 2 decoding (20 + 932 +
+    # 8 = 960 ms) against 1,700 in 4 steps on r1 (1,740 ms).
+    views = [ReplicaView("r0", in_flight=2), ReplicaView("r1", in_flight=0)]
+    assert chooser.choose(request(1700), views) == "r0"
+    # Then 1,000 tokens: r0's first token after 960 + 248 = 1,208 ms is later than r1's
+    # 1,020 ms, but r1 would compute 1,000 tokens where r0 computes 232. Costs: (1.208 +
+    # 0.248) / 2 + 0.018 / 0.2 = 0.818 against (1.02 + 1.02) / 2 + 0.012 / 0.2 = 1.08.
+    views = [ReplicaView("r0", in_flight=3), ReplicaView("r1", in_flight=0)]
+    by_id = {p.replica_id: p for p in chooser.predict(request(), views)}
+    assert by_id["r0"].ttft_s == pytest.approx(1.208)
+    assert by_id["r1"].ttft_s == pytest.approx(1.020)
+    assert by_id["r0"].cost == pytest.approx(0.818)
+    assert by_id["r1"].cost == pytest.approx(1.08)
+    assert chooser.choose(request(), views) == "r0"
 
 
 def test_the_class_targets_decide_between_fast_first_token_and_fast_decoding() -> None:

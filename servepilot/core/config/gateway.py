@@ -76,8 +76,9 @@ class RoutingConfig(_Section):
     chars_per_token: float = Field(default=4.0, gt=0)
     """Estimate of prompt tokens from its length in characters (routing does not tokenize)."""
 
-    ttft_target_ms: tuple[float, float, float] = (1_000.0, 5_000.0, 30_000.0)
-    """predicted_latency: the time to first token P0, P1, P2 requests are routed to meet."""
+    ttft_target_ms: tuple[float, float, float] = (1_000.0, 2_000.0, 30_000.0)
+    """predicted_latency: the time to first token P0, P1, P2 requests are routed to meet; with
+    tpot_target_ms, it also sets how much a millisecond of one weighs against the other."""
 
     tpot_target_ms: tuple[float, float, float] = (100.0, 200.0, 1_000.0)
     """predicted_latency: the time per output token P0, P1, P2 requests are routed to meet."""
