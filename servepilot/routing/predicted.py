@@ -217,4 +217,3 @@ def _best(predictions: Sequence[Prediction], rng: random.Random) -> Prediction:
             if rng.randrange(ties) == 0:
                 best = candidate
     return best
-
