@@ -20,8 +20,8 @@ from servepilot.plan.step_latency import StepLatency
 from servepilot.routing import PredictedLatency
 from servepilot.sim.fleet.setup import fleet_step_model, replica_setup
 from tests.unit.fake_upstream import FakeUpstream
-from tests.unit.gateway_support import call, run, scrape
-from tests.unit.test_gateway_routing import SYSTEM_A, SYSTEM_B, shared_prefix_chat, stats
+from tests.unit.gateway_support import gateway_in_front_of, run, scrape
+from tests.unit.test_gateway_routing import stats, two_families
 
 # 1 ms a step and a microsecond a token: the predicted prefills are over before the next
 # request comes, so only the cached prefix tells the replicas apart.
@@ -44,31 +44,19 @@ def test_the_gateway_builds_it_by_name_on_its_own_clock() -> None:
 def test_each_shared_prefix_stays_where_it_is_cached() -> None:
     async def body() -> None:
         upstreams = [await FakeUpstream(name).start() for name in ("a", "b", "c")]
-        gateway = Gateway(CONFIG, seed=0, step_model=lambda _: FAST)
-        for upstream in upstreams:
-            await gateway.pool.add(upstream.name, upstream.url)
-        port = await gateway.start("127.0.0.1", 0)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            async with aiohttp.ClientSession() as client:
-                picked: dict[str, set[str]] = {"A": set(), "B": set()}
-                for index in range(8):
-                    for family, system in (("A", SYSTEM_A), ("B", SYSTEM_B)):
-                        doc = shared_prefix_chat(system, f"question {index}?")
-                        reply = await call(client, url, doc)
-                        assert reply.status == 200
-                        picked[family].add(reply.replica)
-                assert len(picked["A"]) == 1 and len(picked["B"]) == 1, picked
-                counters = stats(await scrape(client, url), "predicted_latency")
-                assert counters["predicted_decisions"] == 16
-                # All but the first of each family (8 alike each) found its whole prompt
-                # cached, the last token aside (vLLM computes it again).
-                prompts = counters["predicted_prompt_tokens"]
-                assert counters["predicted_cached_tokens"] == 7 / 8 * prompts - 14
-        finally:
-            await gateway.stop(drain_timeout_s=1.0)
-            for upstream in upstreams:
-                await upstream.stop()
+        async with (
+            gateway_in_front_of(upstreams, policy=PolicyName.PREDICTED_LATENCY,
+                                step_model=lambda _: FAST) as (_, url),
+            aiohttp.ClientSession() as client,
+        ):  # fmt: skip
+            picked = await two_families(client, url, rounds=8)
+            assert len(picked["A"]) == 1 and len(picked["B"]) == 1, picked
+            counters = stats(await scrape(client, url), "predicted_latency")
+            assert counters["predicted_decisions"] == 16
+            # All but the first of each family (8 alike each) found its whole prompt cached,
+            # the last token aside (vLLM computes it again).
+            prompts = counters["predicted_prompt_tokens"]
+            assert counters["predicted_cached_tokens"] == 7 / 8 * prompts - 14
 
     run(body())
 
