@@ -120,7 +120,17 @@ class PredictedLatency:
 
     def predict(self, request: RequestView, candidates: Sequence[ReplicaView]) -> list[Prediction]:
         """Every candidate's prediction for `request` now (changes nothing)."""
+        return self._predictions(request, candidates, self._clock())
+
+    def choose(self, request: RequestView, candidates: Sequence[ReplicaView]) -> str:
         now = self._clock()
+        best = _best(self._predictions(request, candidates, now), self._rng)
+        self._sent(request, best, now)
+        return best.replica_id
+
+    def _predictions(
+        self, request: RequestView, candidates: Sequence[ReplicaView], now: float
+    ) -> list[Prediction]:
         cached = self._index.cached_tokens(request)
         klass = min(max(request.priority, 0), len(self._ttft_target_s) - 1)
         ttft_target, tpot_target = self._ttft_target_s[klass], self._tpot_target_s[klass]
@@ -130,12 +140,6 @@ class PredictedLatency:
                           ttft_target, tpot_target)
             for view in candidates
         ]  # fmt: skip
-
-    def choose(self, request: RequestView, candidates: Sequence[ReplicaView]) -> str:
-        predictions = self.predict(request, candidates)
-        best = _best(predictions, self._rng)
-        self._sent(request, best)
-        return best.replica_id
 
     def forget(self, replica_id: str) -> None:
         self._busy_until_s.pop(replica_id, None)
@@ -185,10 +189,10 @@ class PredictedLatency:
             cost=(ttft_s + prefill_s) / ttft_target_s + tpot_s / tpot_target_s,
         )
 
-    def _sent(self, request: RequestView, chosen: Prediction) -> None:
+    def _sent(self, request: RequestView, chosen: Prediction, now: float) -> None:
         """Book the chosen replica's prefill and learn from the request."""
         rid = chosen.replica_id
-        self._busy_until_s[rid] = self._clock() + chosen.ttft_s
+        self._busy_until_s[rid] = now + chosen.ttft_s
         prompt = request.prompt_tokens
         if self._decisions == 0:
             self._mean_prompt_tokens = float(prompt)
