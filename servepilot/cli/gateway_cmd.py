@@ -7,6 +7,7 @@ from pathlib import Path
 
 from servepilot.cli.console import out_console, print_step
 from servepilot.cli.options import Commands, add_command, add_config_flag, config_from_args
+from servepilot.cli.up_cmd import predicted_step_model
 from servepilot.core import accel
 from servepilot.core.config import PolicyName
 from servepilot.core.errors import ConfigError
@@ -108,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         members=None if source is None else lambda gw: following(source, gw.membership),
         facts=facts,
         alongside=alongside,
+        step_model=predicted_step_model(fleet),
     )
     print_step("stopped")
     return 0

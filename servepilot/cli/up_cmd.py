@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 from servepilot.cli.console import err_console, out_console, print_step, print_warning, simple_table
 from servepilot.cli.options import Commands, add_command, add_config_flag, config_from_args
 from servepilot.core import loop
-from servepilot.core.config import EngineKind, ScalingPolicyName, parse_bounds
+from servepilot.core.config import (
+    EngineKind,
+    FleetConfig,
+    PolicyName,
+    ScalingPolicyName,
+    parse_bounds,
+)
+from servepilot.engine.cpu import cpu_flags
 from servepilot.fleet import up
 from servepilot.fleet.detach import start_detached
 from servepilot.fleet.up import UpReporter, UpStarted, run_up
+from servepilot.routing import StepTimeModel
+from servepilot.sim.fleet.setup import fleet_step_model
 
 HELP = "start vLLM (or simulated) replicas and the gateway in front of them; Ctrl-C stops"
 DESCRIPTION = """\
@@ -102,11 +112,20 @@ def run(args: argparse.Namespace) -> int:
     reporter = UpReporter(step=print_step, serving=serving, warn=print_warning)
     spinner.start()
     try:
-        loop.run(run_up(config, reporter, args.detached_run_dir))
+        loop.run(run_up(config, reporter, args.detached_run_dir, predicted_step_model(config)))
     finally:
         spinner.stop()
     print_step(up.stamped("stopped"))
     return 0
+
+
+def predicted_step_model(config: FleetConfig) -> Callable[[str], StepTimeModel] | None:
+    """Each replica's step times for the predicted_latency policy (None for the others):
+    what `servepilot sim` steps a replica of the same fleet.yaml by."""
+    if config.gateway.policy is not PolicyName.PREDICTED_LATENCY:
+        return None
+    model = fleet_step_model(config, cpu_flags())
+    return lambda _replica_id: model
 
 
 def _serving(started: UpStarted) -> None:

@@ -81,7 +81,14 @@ SIM = Group(
         "servepilot.sim.fleet.gateway",
         "servepilot.sim.fleet.simulator",
     ),
-    ("sim/**/*.py", "routing/**/*.py", "load/*.py", "core/**/*.py", "plan/costmodel.py"),
+    (
+        "sim/**/*.py",
+        "routing/**/*.py",
+        "load/*.py",
+        "core/**/*.py",
+        "plan/costmodel.py",
+        "plan/step_latency.py",
+    ),
 )
 GATEWAY = Group(
     "gateway",
@@ -106,6 +113,7 @@ GATEWAY = Group(
         "servepilot.routing.hybrid",
         "servepilot.routing.prefix",
         "servepilot.routing.prefix_affinity",
+        "servepilot.routing.prefix_table",
         "servepilot.routing.session",
         "servepilot.routing.length_shard",
         "servepilot.routing.admission.budget",

@@ -17,6 +17,7 @@ from servepilot.fleet.backend import ReplicaBackend
 from servepilot.gateway import FleetFacts, Gateway
 from servepilot.plan.hardware import get_accelerator, load_catalog
 from servepilot.plan.request import fleet_vllm_defaults
+from servepilot.routing import StepTimeModel
 from servepilot.routing.admission.budget import max_num_seqs, replica_capacity
 
 
@@ -119,13 +120,19 @@ async def start_gateway(
     run_access_log: Path | None = None,
     facts: FleetFacts | None = None,
     members: Callable[[Gateway], Awaitable[None]] | None = None,
+    step_model: Callable[[str], StepTimeModel] | None = None,
 ) -> ServedGateway:
     """Start the gateway in front of `replicas`; returns where it listens. Its access log goes
     to gateway.access_log.path when set, else to `run_access_log`. With `facts`, it exports
     batch utilisation and cost per QPS. `members(gateway)` runs before it listens (`up` feeds
-    its membership from the backend's watch), so /ready is right from the first request."""
+    its membership from the backend's watch), so /ready is right from the first request.
+    `step_model(replica_id)`: each replica's step times, for the predicted_latency policy."""
     configured = config.access_log.path
-    gateway = Gateway(config, access_log_path=Path(configured) if configured else run_access_log)
+    gateway = Gateway(
+        config,
+        access_log_path=Path(configured) if configured else run_access_log,
+        step_model=step_model,
+    )
     if facts is not None:
         gateway.metrics.know_fleet(facts)
     await asyncio.gather(*(gateway.pool.add(r.replica_id, r.url, r.capacity) for r in replicas))

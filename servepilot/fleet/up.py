@@ -58,6 +58,7 @@ from servepilot.fleet.serve import (
 from servepilot.fleet.state import ReplicaRecord, check_no_fleet, remove_record
 from servepilot.fleet.warm_pool import put_to_sleep, record_rows, replicas_to_sleep
 from servepilot.gateway import Gateway
+from servepilot.routing import StepTimeModel
 
 # Draining waits this long for in-flight requests when `up` is told to stop.
 DRAIN_TIMEOUT_S = 30.0
@@ -159,10 +160,14 @@ def stamped(message: str) -> str:
 
 
 async def run_up(
-    config: FleetConfig, report: UpReporter, detached_run_dir: Path | None = None
+    config: FleetConfig,
+    report: UpReporter,
+    detached_run_dir: Path | None = None,
+    step_model: Callable[[str], StepTimeModel] | None = None,
 ) -> None:
     """Serve until SIGINT or SIGTERM, then drain and stop everything. `detached_run_dir`:
-    this is the process `up --detach` started, in the run folder it made (detach.py)."""
+    this is the process `up --detach` started, in the run folder it made (detach.py).
+    `step_model(replica_id)`: each replica's step times, for the predicted_latency policy."""
     check_autoscale(config)
     check_warm_pool(config)
     launched = launched_fleet(config)
@@ -177,7 +182,8 @@ async def run_up(
     run_dir = detached_run_dir or new_run_dir()
     try:
         async with prepare(config, report, run_dir) as launch:
-            await _serve_fleet(config, launch, report, run_dir, detached_run_dir is not None)
+            detached = detached_run_dir is not None
+            await _serve_fleet(config, launch, report, run_dir, detached, step_model)
     finally:
         remove_record(gw.port)
 
@@ -244,7 +250,12 @@ def _ray_fleet(config: FleetConfig) -> Prepare:
 
 
 async def _serve_fleet(
-    config: FleetConfig, launch: FleetLaunch, report: UpReporter, run_dir: Path, detached: bool
+    config: FleetConfig,
+    launch: FleetLaunch,
+    report: UpReporter,
+    run_dir: Path,
+    detached: bool,
+    step_model: Callable[[str], StepTimeModel] | None,
 ) -> None:
     """The one serve lifecycle: launch, wait ready, serve, supervise, stop in order."""
     gw = config.gateway
@@ -255,7 +266,7 @@ async def _serve_fleet(
     infos = await until_stopped(_bring_up(launch, starting, report), stop)
     if infos is not None:
         with gateway_log(run_dir):
-            await _serve(config, launch, infos, stop, report, run_dir, detached)
+            await _serve(config, launch, infos, stop, report, run_dir, detached, step_model)
 
 
 async def _bring_up(
@@ -297,6 +308,7 @@ async def _serve(
     report: UpReporter,
     run_dir: Path,
     detached: bool,
+    step_model: Callable[[str], StepTimeModel] | None,
 ) -> None:
     """Start the gateway in front of the ready replicas and serve until told to stop."""
     backend = launch.backend
@@ -311,7 +323,7 @@ async def _serve(
 
     try:
         served = await start_gateway(config.gateway, [], launch.access_log,
-                                     fleet_facts(config), members)  # fmt: skip
+                                     fleet_facts(config), members, step_model)  # fmt: skip
         if served.port != config.gateway.port:  # port 0: the OS picked one
             remove_record(config.gateway.port)
         pool = served.gateway.pool

@@ -45,7 +45,7 @@ from servepilot.gateway.proxy import Proxy
 from servepilot.gateway.routes import PROXIED
 from servepilot.gateway.warm import WarmPool
 from servepilot.http1 import HttpRequest, HttpServer, Limits, Rejected, UploadLimit
-from servepilot.routing import make_policy
+from servepilot.routing import StepTimeModel, make_policy
 from servepilot.routing.base import RoutingPolicy
 
 log = logging.getLogger(__name__)
@@ -68,14 +68,20 @@ class Gateway:
         seed: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         access_log_path: Path | None = None,
+        step_model: Callable[[str], StepTimeModel] | None = None,
     ) -> None:
         """`access_log_path` (else `config.access_log.path`) is where the access log goes,
-        when it is enabled; with neither, there is none."""
+        when it is enabled; with neither, there is none. `step_model(replica_id)`: each
+        replica's step times, which the predicted_latency policy needs."""
         self.config = config
         self.auth = Authenticator(config.auth)
         self.pool = ReplicaPool(config)
         self.policy = (
-            policy if policy is not None else make_policy(config.policy, config.routing, seed)
+            policy
+            if policy is not None
+            else make_policy(
+                config.policy, config.routing, seed, clock=clock, step_model=step_model
+            )
         )
         self.pool.on_remove(self.policy.forget)
         self.metrics = GatewayMetrics(self.pool, self.policy)

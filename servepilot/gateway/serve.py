@@ -14,6 +14,7 @@ from servepilot.core import loop
 from servepilot.core.config import GatewayConfig
 from servepilot.gateway.app import Gateway
 from servepilot.gateway.fleet_gauges import FleetFacts
+from servepilot.routing import StepTimeModel
 from servepilot.routing.base import RoutingPolicy
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ def run_gateway(
     members: Alongside | None = None,
     facts: FleetFacts | None = None,
     alongside: Alongside | None = None,
+    step_model: Callable[[str], StepTimeModel] | None = None,
 ) -> None:
     """Serve `replicas` ((replica_id, url) pairs) and those `members` feeds in, until
     SIGINT/SIGTERM, then drain and stop. With `facts`, /metrics has the batch utilisation and
@@ -53,6 +55,7 @@ def run_gateway(
             members=members,
             facts=facts,
             alongside=alongside,
+            step_model=step_model,
         )
     )
 
@@ -69,6 +72,7 @@ async def serve(
     members: Alongside | None = None,
     facts: FleetFacts | None = None,
     alongside: Alongside | None = None,
+    step_model: Callable[[str], StepTimeModel] | None = None,
 ) -> None:
     """Start a gateway in front of `replicas` (running ones), and of the replicas `members`
     feeds in as they come and go, and serve until `stop` is set (by default: until SIGINT or
@@ -76,7 +80,7 @@ async def serve(
     once it listens; both are left, `alongside` first, before the gateway stops, so that no
     replica joins a gateway that is stopping."""
     stop = stop if stop is not None else _stop_on_signals()
-    gateway = Gateway(config, policy, access_log_path=access_log_path)
+    gateway = Gateway(config, policy, access_log_path=access_log_path, step_model=step_model)
     if facts is not None:
         gateway.metrics.know_fleet(facts)
     try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
 from mypy_extensions import mypyc_attr
@@ -12,14 +11,15 @@ from servepilot.core.config import RoutingConfig
 from servepilot.routing.base import ReplicaView, RequestView
 from servepilot.routing.bounded_load import load_bound, replica_load
 from servepilot.routing.least_load import LeastLoad
+from servepilot.routing.prefix_table import PrefixTable
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class PrefixAffinity:
     """Cache-aware routing on an approximate, gateway-side map of each replica's prefix cache.
 
-    A bounded LRU table maps each chained block hash (`routing.prefix`) to the replica that
-    most recently received that block; that replica probably still holds it in its vLLM prefix
+    A `PrefixTable` maps each chained block hash (`routing.prefix`) to the replica that most
+    recently received that block; that replica probably still holds it in its vLLM prefix
     cache. A request goes to the replica holding its longest prefix, unless that replica is not
     a candidate or is above the bounded-load line (`bounded_load`), in which case the next
     longest holder is tried, and then power-of-two least load. The chosen replica is then
@@ -36,10 +36,9 @@ class PrefixAffinity:
         self, config: RoutingConfig, rng: random.Random, *, table_blocks: int | None = None
     ) -> None:
         self._epsilon = config.balance_epsilon
-        self._table_blocks = max(
-            1, config.prefix_table_blocks if table_blocks is None else table_blocks
+        self._table = PrefixTable(
+            config.prefix_table_blocks if table_blocks is None else table_blocks
         )
-        self._table: OrderedDict[int, str] = OrderedDict()
         self._fallback = LeastLoad(rng)
         self._blocks_total = 0
         self._blocks_matched = 0
@@ -48,7 +47,7 @@ class PrefixAffinity:
         hashes = request.prefix_hashes
         if not hashes:
             return self._fallback.choose(request, candidates)
-        held = self._holders(hashes)
+        held = self._table.holders(hashes)
         chosen, overloaded = self._affine(held, candidates)
         if chosen is None:
             # The overloaded holders are above the line by definition, so at least one
@@ -57,13 +56,11 @@ class PrefixAffinity:
             chosen = self._fallback.choose(request, spill or candidates)
         self._blocks_total += len(hashes)
         self._blocks_matched += held.get(chosen, 0)
-        self._record(hashes, chosen)
+        self._table.record(hashes, chosen)
         return chosen
 
     def forget(self, replica_id: str) -> None:
-        stale = [block for block, owner in self._table.items() if owner == replica_id]
-        for block in stale:
-            del self._table[block]
+        self._table.forget(replica_id)
 
     def stats(self) -> Mapping[str, float]:
         return {
@@ -71,20 +68,6 @@ class PrefixAffinity:
             "prefix_blocks_matched": float(self._blocks_matched),
             "prefix_table_blocks": float(len(self._table)),
         }
-
-    def _holders(self, hashes: tuple[int, ...]) -> dict[str, int]:
-        """Each replica holding part of the prefix -> blocks it holds, longest holder first.
-
-        Walking from the last block down finds the longest match even when the LRU has evicted
-        some shorter block in between: a chained hash found at block i implies blocks 0..i.
-        """
-        held: dict[str, int] = {}
-        lookup = self._table.get
-        for index in range(len(hashes) - 1, -1, -1):
-            owner = lookup(hashes[index])
-            if owner is not None and owner not in held:
-                held[owner] = index + 1
-        return held
 
     def _affine(
         self, held: Mapping[str, int], candidates: Sequence[ReplicaView]
@@ -103,13 +86,3 @@ class PrefixAffinity:
                 return owner, overloaded
             overloaded.add(owner)
         return None, overloaded
-
-    def _record(self, hashes: tuple[int, ...], replica_id: str) -> None:
-        table = self._table
-        # Last block first, so the leading blocks end up most recently used and the deepest
-        # ones are evicted first, as vLLM frees a request's blocks tail first.
-        for block in reversed(hashes):
-            table[block] = replica_id
-            table.move_to_end(block)
-        while len(table) > self._table_blocks:
-            table.popitem(last=False)

@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from servepilot.core.config import GatewayConfig, PolicyName
 from servepilot.gateway import Gateway
+from servepilot.routing import StepTimeModel
 from tests.unit.fake_upstream import FakeUpstream
 
 HEADER = "X-Servepilot-Replica"
@@ -116,6 +117,7 @@ async def gateway_in_front_of(
     *,
     clock: Callable[[], float] | None = None,
     seed: int | None = 0,
+    step_model: Callable[[str], StepTimeModel] | None = None,
     **overrides: Any,
 ) -> AsyncIterator[tuple[Gateway, str]]:
     """A started gateway (round robin unless overridden) with the upstreams registered.
@@ -131,7 +133,9 @@ async def gateway_in_front_of(
     }
     config = GatewayConfig(**settings)
     gateway = (
-        Gateway(config, seed=seed) if clock is None else Gateway(config, seed=seed, clock=clock)
+        Gateway(config, seed=seed, step_model=step_model)
+        if clock is None
+        else Gateway(config, seed=seed, clock=clock, step_model=step_model)
     )
     for upstream in upstreams:
         await gateway.pool.add(

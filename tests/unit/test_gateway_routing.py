@@ -52,6 +52,17 @@ def hashes_of(body: dict[str, Any]) -> tuple[int, ...]:
     return prefix_hashes(prompt_text(body, BLOCK * 64), BLOCK, 64)
 
 
+async def two_families(client: aiohttp.ClientSession, url: str, rounds: int) -> dict[str, set[str]]:
+    """Send `rounds` questions of each system prompt, alternating; the replicas each went to."""
+    picked: dict[str, set[str]] = {"A": set(), "B": set()}
+    for index in range(rounds):
+        for family, system in (("A", SYSTEM_A), ("B", SYSTEM_B)):
+            reply = await call(client, url, shared_prefix_chat(system, f"question {index}?"))
+            assert reply.status == 200
+            picked[family].add(reply.replica)
+    return picked
+
+
 def shared_blocks(system: str) -> int:
     """Prefix blocks of a `shared_prefix_chat`, checking that no question changes them."""
     hashes = hashes_of(shared_prefix_chat(system, "question 0?"))
@@ -128,13 +139,7 @@ def test_prefix_affinity_keeps_a_shared_prefix_on_one_replica_and_estimates_hits
             gateway_in_front_of(upstreams, policy="prefix_affinity") as (_, url),
             aiohttp.ClientSession() as client,
         ):
-            picked: dict[str, set[str]] = {"A": set(), "B": set()}
-            for index in range(10):
-                for family, system in (("A", SYSTEM_A), ("B", SYSTEM_B)):
-                    doc = shared_prefix_chat(system, f"question {index}?")
-                    reply = await call(client, url, doc)
-                    assert reply.status == 200
-                    picked[family].add(reply.replica)
+            picked = await two_families(client, url, rounds=10)
             assert len(picked["A"]) == 1 and len(picked["B"]) == 1, picked
             blocks_a, blocks_b = shared_blocks(SYSTEM_A), shared_blocks(SYSTEM_B)
             metrics = await scrape(client, url)

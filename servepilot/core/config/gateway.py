@@ -24,6 +24,7 @@ class PolicyName(enum.StrEnum):
     SESSION = "session"
     LENGTH_SHARD = "length_shard"
     HYBRID = "hybrid"
+    PREDICTED_LATENCY = "predicted_latency"
 
 
 class Priority(enum.IntEnum):
@@ -74,6 +75,25 @@ class RoutingConfig(_Section):
 
     chars_per_token: float = Field(default=4.0, gt=0)
     """Estimate of prompt tokens from its length in characters (routing does not tokenize)."""
+
+    ttft_target_ms: tuple[float, float, float] = (1_000.0, 2_000.0, 30_000.0)
+    """predicted_latency: the time to first token P0, P1, P2 requests are routed to meet; with
+    tpot_target_ms, it also sets how much a millisecond of one weighs against the other."""
+
+    tpot_target_ms: tuple[float, float, float] = (100.0, 200.0, 1_000.0)
+    """predicted_latency: the time per output token P0, P1, P2 requests are routed to meet."""
+
+    step_profile: str | None = None
+    """predicted_latency under `up`: the replicas' step times, a profile from `servepilot
+    calibrate` (servepilot.costmodel/v1) or `servepilot profile` (a GPU's operators). None:
+    engine.sim_profile for simulated replicas, else the roofline of the model on
+    hardware.accelerator."""
+
+    @model_validator(mode="after")
+    def _targets_positive(self) -> RoutingConfig:
+        if any(ms <= 0 for ms in self.ttft_target_ms + self.tpot_target_ms):
+            raise ValueError("ttft_target_ms, tpot_target_ms: every class's target must be > 0")
+        return self
 
 
 class AdmissionConfig(_Section):
@@ -234,8 +254,10 @@ class GatewayConfig(_Section):
     """Port the gateway listens on (0 picks a free one)."""
 
     policy: PolicyName = PolicyName.HYBRID
-    """Routing policy: round_robin, least_load, prefix_affinity, session, length_shard or
-    hybrid (length sharding + dynamic compensation + prefix affinity). See docs/gateway.md."""
+    """Routing policy: round_robin, least_load, prefix_affinity, session, length_shard,
+    hybrid (length sharding + dynamic compensation + prefix affinity) or predicted_latency
+    (each replica's predicted TTFT and TPOT against the request's class targets, from its
+    step-time model). See docs/gateway.md."""
 
     health_interval_s: float = Field(default=2.0, gt=0)
     """How often each replica's /health is checked (and its /metrics scraped)."""

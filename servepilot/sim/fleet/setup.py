@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servepilot.core.config import FleetConfig, ScalingPolicyName, parse_bounds
+from servepilot.core.config import EngineKind, FleetConfig, ScalingPolicyName, parse_bounds
 from servepilot.core.errors import ConfigError
 from servepilot.core.units import parse_duration_s
 from servepilot.plan.costmodel import COEFFICIENTS, CostModel, roofline_cost_model
@@ -28,6 +28,7 @@ from servepilot.plan.gpu_profile.table import GpuProfile
 from servepilot.plan.hardware import AcceleratorKind
 from servepilot.plan.kv import KvCacheShape
 from servepilot.plan.request import PlanRequest, fleet_vllm_defaults
+from servepilot.plan.step_latency import StepLatency
 from servepilot.routing.admission.budget import replica_capacity
 from servepilot.scaling.policies import AutoscaleSetup
 from servepilot.sim.engine.records import SchedulerConfig
@@ -125,6 +126,18 @@ def replica_setup(
         notes=tuple(notes),
         from_profile=profile is not None,
     )
+
+
+def fleet_step_model(config: FleetConfig, cpu_flags: frozenset[str]) -> StepLatency:
+    """The step times predicted_latency routes the fleet `up` launches by: the ones a
+    simulated replica of the same fleet.yaml steps with, from gateway.routing.step_profile
+    (else engine.sim_profile for simulated replicas, else the roofline)."""
+    routing, engine = config.gateway.routing, config.engine
+    profile = routing.step_profile
+    if profile is None and engine.kind is EngineKind.SIM:
+        profile = engine.sim_profile
+    setup = replica_setup(config, Path(profile) if profile else None, cpu_flags)
+    return StepLatency(setup.cost, setup.scheduler.max_num_batched_tokens)
 
 
 def fleet_spec(

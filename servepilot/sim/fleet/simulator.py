@@ -36,6 +36,7 @@ from servepilot.core.errors import ConfigError
 from servepilot.core.slo import Slo
 from servepilot.load.loadplan import LoadPlan
 from servepilot.load.slots import ClosedSlots, Slot, open_slots
+from servepilot.plan.step_latency import StepLatency
 from servepilot.routing import make_policy
 from servepilot.routing.admission import BUSY_TICK_S
 from servepilot.routing.base import RoutingPolicy
@@ -81,7 +82,14 @@ class FleetSim:
         accel.notice_once(accel.SIM, "servepilot sim")
         self.spec = spec
         gw = spec.gateway
-        self.policy = policy or make_policy(gw.policy, gw.routing, seed=spec.seed)
+        step_model = StepLatency(spec.cost, spec.scheduler.max_num_batched_tokens)
+        self.policy = policy or make_policy(
+            gw.policy,
+            gw.routing,
+            seed=spec.seed,
+            clock=self._now,
+            step_model=lambda _: step_model,
+        )
         self.gateway = SimGateway(gw, self.policy, self, random.Random(f"{spec.seed}/admit"))
         self.autoscale = AutoscaleHook(autoscaler) if autoscaler is not None else None
         self._hop_rng = random.Random(f"{spec.seed}/network")
@@ -110,6 +118,10 @@ class FleetSim:
         self._tick_due = 0.0
         for _ in range(spec.replicas):
             self.launch(ready=not spec.start_cold, now_s=0.0)
+
+    def _now(self) -> float:
+        """The simulated clock, for policies that read it (predicted_latency)."""
+        return self.now_s
 
     # ---- replicas ------------------------------------------------------------------------
 
