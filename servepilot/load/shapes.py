@@ -86,7 +86,16 @@ def workload_shapes(spec: WorkloadSpec, count: int) -> list[RequestShape]:
         case WorkloadKind.TRACE:
             assert spec.trace_path is not None  # checked by WorkloadSpec
             shapes = _trace(spec, load_trace(spec.trace_path)[:count])
+        case WorkloadKind.AGENTIC:
+            raise agentic_has_no_list()
     return label_requests(spec, shapes)
+
+
+def agentic_has_no_list() -> ConfigError:
+    return ConfigError(
+        "the agentic workload is no list of requests: each turn waits for the answer before "
+        "it (load.sessions schedules them)"
+    )
 
 
 def check_count(count: int) -> None:
