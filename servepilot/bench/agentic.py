@@ -3,10 +3,10 @@ whole conversation so far, the answers as the server gave them, so a turn goes o
 the previous answer arrived (and the turn's wait: `load.sessions`).
 
 Texts are cut before the level (the tokenizer may be the server's, over HTTP): the shared
-system prompts, and pools of user messages and tool results, each sized as the workload asks
-(the chat template's tokens off each message, as bench's other workloads). A session's first
-message starts with its session id, so two sessions never share more than their system
-prompt. Tool results go as user messages: a `tool` message needs an assistant `tool_calls`
+system prompts, and pools of user messages and tool results, each sized so that the server
+counts what the workload asks (the chat template's tokens off each message). A session's
+first message starts with its session id (a few tokens more than asked), so two sessions
+never share more than their system prompt. Tool results go as user messages: a `tool` message needs an assistant `tool_calls`
 before it, which a generated answer does not have. On completions the prompt is the texts
 joined. Every request carries its session in X-Session-Id.
 
@@ -56,27 +56,50 @@ class AgenticTexts:
 def make_texts(
     spec: WorkloadSpec, tokenizer: Tokenizer, *, chat_template_tokens: int = 0
 ) -> AgenticTexts:
-    """The level's texts, each message `chat_template_tokens` shorter than its count."""
+    """The level's texts. On chat (`chat_template_tokens` > 0: what the template adds to a
+    one-message request) each is shorter by what the template adds to that message inside a
+    conversation (`_message_overheads`), so the server counts the workload's sizes."""
     agentic = spec.agentic
-    maker = PromptMaker(tokenizer, seed=spec.seed)
-    rng = random.Random(f"{spec.seed}/prompts")
+    system_over, user_over = _message_overheads(tokenizer, chat_template_tokens)
     sizes = {
-        "--system-prompt-tokens": agentic.system_prompt_tokens,
-        "--input-tokens": spec.input_tokens,
-        "--tool-tokens": agentic.tool_tokens,
+        "--system-prompt-tokens": (agentic.system_prompt_tokens, system_over),
+        "--input-tokens": (spec.input_tokens, user_over),
+        "--tool-tokens": (agentic.tool_tokens, user_over),
     }
-    for flag, tokens in sizes.items():
-        if tokens <= chat_template_tokens:
+    for flag, (tokens, over) in sizes.items():
+        if tokens <= over:
             raise ConfigError(
                 f"{flag} ({tokens}) leaves no room for a message: the chat template takes "
-                f"{chat_template_tokens} tokens of it",
+                f"{over} tokens of it",
                 hint=f"raise {flag}, or send --endpoint completions (no template)",
             )
-    system, user, tool = (tokens - chat_template_tokens for tokens in sizes.values())
+    system, user, tool = (tokens - over for tokens, over in sizes.values())
+    maker = PromptMaker(tokenizer, seed=spec.seed)
+    rng = random.Random(f"{spec.seed}/prompts")
     texts = maker.make_prompts([system] * agentic.system_prompts + [user, tool] * POOL, rng)
     rest = texts[agentic.system_prompts :]
     return AgenticTexts(tuple(texts[: agentic.system_prompts]), tuple(rest[::2]),
                         tuple(rest[1::2]))  # fmt: skip
+
+
+_PROBE = ("The system says this.", "The user says that.")
+
+
+def _message_overheads(tokenizer: Tokenizer, chat_template_tokens: int) -> tuple[int, int]:
+    """(system, user) message: what the template adds to each. The system message carries the
+    generation prompt; a later message only its role markers. A template may add a default
+    system prompt to a request without one (SmolLM2's does), which the one-message figure
+    includes and a conversation with its own system prompt does not. Without the template
+    (a server tokenizer that cannot render it) the one-message figure stands for both."""
+    if chat_template_tokens == 0:
+        return 0, 0
+    system, user = ({"role": role, "content": text}
+                    for role, text in zip(("system", "user"), _PROBE, strict=True))  # fmt: skip
+    alone, both = tokenizer.count_chat([system]), tokenizer.count_chat([system, user])
+    if alone is None or both is None:
+        return chat_template_tokens, chat_template_tokens
+    system_text, user_text = (len(ids) for ids in tokenizer.encode_batch(_PROBE))
+    return alone - system_text, both - alone - user_text
 
 
 class _Conversation:
