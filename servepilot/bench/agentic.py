@@ -6,9 +6,10 @@ Texts are cut before the level (the tokenizer may be the server's, over HTTP): t
 system prompts, and pools of user messages and tool results, each sized so that the server
 counts what the workload asks (the chat template's tokens off each message). A session's
 first message starts with its session id (a few tokens more than asked), so two sessions
-never share more than their system prompt. Tool results go as user messages: a `tool` message needs an assistant `tool_calls`
-before it, which a generated answer does not have. On completions the prompt is the texts
-joined. Every request carries its session in X-Session-Id.
+never share more than their system prompt. Tool results go as user messages: a `tool`
+message needs an assistant `tool_calls` before it, which a generated answer does not have.
+On completions the prompt is the texts joined. Every request carries its session in
+X-Session-Id.
 
 One client process runs the level: its sessions depend on their answers, not on a schedule
 that processes could share out in advance.

@@ -105,7 +105,7 @@ def _stream(*contents: str) -> bytes:
 
 def test_the_scanner_keeps_the_answer_only_when_asked() -> None:
     keeping = EventScanner(Endpoint.CHAT, keep_text=True)
-    keeping.feed(_stream("Hel", "lo \\\"you\\\"", "!"), 1.0)
+    keeping.feed(_stream("Hel", 'lo \\"you\\"', "!"), 1.0)
     assert keeping.text == 'Hello "you"!' and len(keeping.chunks) == 3 and keeping.done
     keeping.reset()
     assert keeping.text == ""

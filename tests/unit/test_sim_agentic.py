@@ -59,8 +59,9 @@ def test_one_session_waits_for_each_answer_and_its_prompt_grows_by_it() -> None:
     feed, outcome = _run(_fleet(1), workload, plan)
     script = session_script(workload, 0)
     assert outcome.run.completed == 4
-    assert list(feed.jobs.prompt) == [script.prompt_tokens(t) + OVERHEAD for t in range(4)]
-    assert list(feed.jobs.prompt)[1] == list(feed.jobs.prompt)[0] + 8 + script.turns[1].new_tokens
+    prompts = list(feed.jobs.prompt)
+    assert prompts == [script.prompt_tokens(t) + OVERHEAD for t in range(4)]
+    assert prompts[1] - prompts[0] == 8 + script.turns[1].new_tokens
     waits = sum(t.wait_s for t in script.turns)
     # The session's time is its waits plus four answers, each well under a second here.
     assert waits < outcome.stats.sim_s < waits + 4 * 1.0
