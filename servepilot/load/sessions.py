@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 from servepilot.load.loadplan import LoadPlan
 from servepilot.load.shapes import session_id
+from servepilot.load.slots import ClosedSlots
 from servepilot.load.workload import WorkloadSpec
 
 
@@ -99,20 +100,28 @@ class SessionLoop:
     """The turns of one level (module docstring); times are the caller's clock."""
 
     def __init__(self, plan: LoadPlan, spec: WorkloadSpec) -> None:
-        self._plan = plan
         self._spec = spec
+        self._turns = ClosedSlots(plan, 1)
+        """Counts the turns (warm-up, quota, duration) as the closed loop counts requests."""
         self.scripts: dict[int, SessionScript] = {}
         """The live sessions' scripts."""
         self.started = 0
-        self.position = 0
-        """Turns handed out, warm-up ones included."""
-        self.measured = 0
-        self.stopped = False
+        self.peak_live = 0
+
+    @property
+    def measured(self) -> int:
+        return self._turns.measured
+
+    @property
+    def stopped(self) -> bool:
         """The level's measured turns are all handed out: nothing more starts."""
-        self.end_s: float | None = None
+        return self._turns.stopped
+
+    @property
+    def end_s(self) -> float | None:
         """A duration-bound level hands out no turn due at or after this (known from its first
         measured turn on)."""
-        self.peak_live = 0
+        return self._turns.end_s
 
     def start(self, now_s: float) -> TurnSlot | None:
         """A new session's first turn, sent at `now_s`; None once the level sends no more."""
@@ -140,18 +149,5 @@ class SessionLoop:
 
     def _take(self, send_s: float) -> bool | None:
         """Count one turn due at `send_s`: whether it is warm-up; None when the level is over."""
-        if self.stopped:
-            return None
-        plan = self._plan
-        warm = self.position < plan.warmup_requests or send_s < plan.warmup_s
-        if not warm:
-            if self.end_s is None and plan.duration_s is not None:
-                self.end_s = send_s + plan.duration_s
-            if plan.max_requests is not None and self.measured >= plan.max_requests:
-                self.stopped = True
-                return None
-            if self.end_s is not None and send_s >= self.end_s:
-                return None
-            self.measured += 1
-        self.position += 1
-        return warm
+        slot = self._turns.next(send_s)
+        return None if slot is None else slot.warmup

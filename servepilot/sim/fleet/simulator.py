@@ -267,7 +267,7 @@ class FleetSim:
         assert feed is not None and self._plan is not None
         slot, over = feed.after(request.request_id, client_s, ok)
         if slot is not None:
-            self._send_turn(slot)
+            self._send(slot, feed.loop.end_s)
         elif over and self._plan.closed:
             self._start_session(client_s)
 
@@ -278,15 +278,7 @@ class FleetSim:
         if slot is None:
             self._sending = False
             return
-        self._send_turn(slot)
-
-    def _send_turn(self, slot: Slot) -> None:
-        assert self._feed is not None
-        end_s = self._feed.loop.end_s
-        if end_s is not None and self._deadline == math.inf:
-            self._deadline = end_s + self._grace_s
-        self._sends_due += 1
-        self._push(slot.send_s + self._cg, SEND, slot)
+        self._send(slot, feed.loop.end_s)
 
     def _next_closed(self, client_s: float) -> None:
         closed = self._closed
@@ -295,10 +287,15 @@ class FleetSim:
         if slot is None:
             self._sending = False
             return
-        if closed.end_s is not None and self._deadline == math.inf:
-            self._deadline = closed.end_s + self._grace_s
+        self._send(slot, closed.end_s)
+
+    def _send(self, slot: Slot, end_s: float | None) -> None:
+        """A client sends `slot` when it is due; `end_s`: when a duration-bound level stops
+        sending (None while unknown)."""
+        if end_s is not None and self._deadline == math.inf:
+            self._deadline = end_s + self._grace_s
         self._sends_due += 1
-        self._push(client_s + self._cg, SEND, slot)
+        self._push(slot.send_s + self._cg, SEND, slot)
 
     def _arrive(self, slot: Slot, now_s: float) -> None:
         assert self._factory is not None
