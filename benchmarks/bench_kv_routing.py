@@ -16,6 +16,10 @@ results of 160, answers of 16): ~12k tokens of context live at a time. Behind ro
 every replica sees every session and holds a part of each; a router that keeps each session
 on one replica needs about half of it per replica, which about fits.
 
+The same policies then run in `servepilot sim` (the fleet.yaml of the measured replicas) at
+--sim-replicas (default 16 and 64) with as many sessions and turns per replica, to check
+that the simulator orders the policies as the measurement does.
+
 The table: TTFT p50 (ms), throughput (requests/s and output tokens/s), goodput (requests/s
 within the TTFT SLO), the replicas' prefix cache hit rate (vLLM's counters, warm-up included)
 and the first replica's share of prompt tokens. Policies other than today's are named as
@@ -29,10 +33,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +52,21 @@ from bench_routing import (
     pct,
     reset_caches,
     scrape,
+    spawn,
     start_router,
     stop,
+    tail,
     vllm_replicas,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
 Row = dict[str, Any]
+
+
+@dataclass
+class KvBench(Bench):
+    sims: list[Row] = field(default_factory=list)
+    """The simulated runs."""
 
 
 def workload(args: argparse.Namespace) -> dict[str, object]:
@@ -134,6 +148,69 @@ def run_all(b: Bench, policies: list[str]) -> None:
                   flush=True)  # fmt: skip
 
 
+def calibrate(b: KvBench) -> Path:
+    """A quick step-time profile of the first replica (idle now) for the simulator."""
+    profile: Path = b.args.out / "profile.json"
+    argv = [SERVEPILOT, "calibrate", "--url", b.replicas[0], "--quick", "--out", str(profile),
+            "--max-prompt-tokens", "2048"]  # fmt: skip
+    print(f"calibrating {b.replicas[0]} for the simulator (about 2 minutes)", flush=True)
+    if spawn(argv, b.args.out / "calibrate.log").wait() != 0:
+        raise SystemExit(f"servepilot calibrate failed:\n{tail(b.args.out / 'calibrate.log')}")
+    return profile
+
+
+def simulate(b: KvBench, policies: list[str], profile: Path | None) -> None:
+    """Each policy in the simulator at each of --sim-replicas, scaled from the measured fleet
+    (two replicas): sessions and turns per replica kept. Step times from `profile` (else the
+    planner's roofline, which on a CPU is rough)."""
+    from servepilot.core.config import PolicyName
+
+    known = {p.value for p in PolicyName}
+    for replicas in b.args.sim_replicas:
+        for policy in policies:
+            if policy not in known:
+                print(f"sim: {policy} is not a servepilot policy: left out", flush=True)
+                continue
+            run_dir = b.args.out / f"sim-{replicas}-{policy}"
+            scale = replicas / len(b.replicas)
+            flags = {**workload(b.args), "--concurrency": round(b.args.sessions * scale),
+                     "--requests": round(b.args.requests * scale),
+                     "--warmup": round(b.args.warmup * scale)}  # fmt: skip
+            argv = [SERVEPILOT, "sim", "-c", str(b.args.out / "fleet.yaml"), "--replicas",
+                    str(replicas), "--policy", policy, "--out", str(run_dir)]  # fmt: skip
+            argv += [str(item) for pair in flags.items() for item in pair]
+            argv += ["--profile", str(profile)] if profile is not None else []
+            run_dir.mkdir(parents=True)
+            proc = spawn(argv, run_dir / "sim.log")
+            if proc.wait() != 0:
+                raise SystemExit(f"servepilot sim failed:\n{tail(run_dir / 'sim.log')}")
+            run = json.loads((run_dir / "results.json").read_text())["runs"][0]
+            b.sims.append({"policy": policy, "replicas": replicas,
+                           "ttft_p50": run["ttft_ms"]["p50"], "rps": run["request_throughput"],
+                           "goodput": run["goodput_rps"]})  # fmt: skip
+
+
+def sim_table(b: KvBench, policies: list[str]) -> str:
+    """The simulated runs' TTFT p50 next to the measured one, and whether they order the
+    policies the same way (lowest TTFT p50 first)."""
+    measured = {p: statistics.median(r["ttft_p50"] for r in b.rows if r["policy"] == p)
+                for p in policies if any(r["policy"] == p for r in b.rows)}  # fmt: skip
+    lines = []
+    for replicas in b.args.sim_replicas:
+        simulated = {s["policy"]: s for s in b.sims if s["replicas"] == replicas}
+        if not simulated:
+            continue
+        lines.append(f"sim, {replicas} replicas: " + ", ".join(
+            f"{p} TTFT p50 {s['ttft_p50'] or 0:.0f} ms, {s['rps']:.2f} req/s, goodput "
+            f"{s['goodput']:.2f} req/s" for p, s in simulated.items()))  # fmt: skip
+        both = [p for p in measured if p in simulated]
+        by_sim = sorted(both, key=lambda p: simulated[p]["ttft_p50"] or math.inf)
+        by_real = sorted(both, key=lambda p: measured[p] or math.inf)
+        same = "the same as" if by_sim == by_real else "NOT the same as"
+        lines.append(f"  order {' < '.join(by_sim)}: {same} measured ({' < '.join(by_real)})")
+    return "\n".join(lines)
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
@@ -162,6 +239,11 @@ def parse_args() -> argparse.Namespace:
     add("--max-model-len", type=int, default=4096)
     add("--startup-timeout", type=float, default=900.0, help="seconds for the replicas")
     add("--gateway-config", type=Path, help="fleet.yaml for the servepilot gateways")
+    add("--sim-replicas", type=lambda s: [int(v) for v in s.split(",") if v], default=[16, 64],
+        help="replica counts to simulate the policies at, after the measured runs (empty: "
+        "none)")  # fmt: skip
+    add("--sim-profile", type=Path, help="step-time profile for the simulator (default: "
+        "calibrate the first replica after the measured runs, quickly)")  # fmt: skip
     add("--out", type=Path,
         default=ROOT / "out" / "bench-kv-routing" / time.strftime("%Y%m%d-%H%M%S"))  # fmt: skip
     return p.parse_args()
@@ -169,7 +251,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    b = Bench(args)
+    b = KvBench(args)
     if not TOKENIZER.is_dir():
         raise SystemExit(f"{TOKENIZER} is missing: run `make model` first")
     for exe in (SERVEPILOT, ROUTER) if "cache_aware" in args.policies else (SERVEPILOT,):
@@ -183,14 +265,17 @@ def main() -> None:
         b.replicas = vllm_replicas(b)
         print(f"replicas {' '.join(b.replicas)}", flush=True)
         run_all(b, args.policies)
+        if args.sim_replicas:
+            simulate(b, args.policies, args.sim_profile or calibrate(b))
     finally:
         for proc in reversed(b.procs):
             stop(proc, 120.0)  # `up`: drain, then its replicas' own stop grace
         if b.rows:  # also after a failure: the runs that finished
             settings = {k: str(v) for k, v in vars(args).items()}
-            summary = {"settings": settings, "runs": b.rows}
+            summary = {"settings": settings, "runs": b.rows, "simulated": b.sims}
             (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
-            print(f"{table(b, args.policies)}\nresults: {args.out}/NN-policy/, summary.json")
+            print(f"{table(b, args.policies)}\n{sim_table(b, args.policies)}\n"
+                  f"results: {args.out}/NN-policy/, sim-N-policy/, summary.json")  # fmt: skip
 
 
 if __name__ == "__main__":

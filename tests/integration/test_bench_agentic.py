@@ -13,12 +13,13 @@ import pytest
 
 from servepilot.bench.tokenizer import LocalTokenizer
 from servepilot.cli.main import main
-from servepilot.core.config import ModelConfig
+from servepilot.core.config import GatewayConfig, ModelConfig, PolicyName
 from servepilot.engine.model_source import resolve_model
 from servepilot.engine.simserver.tokens import filler_text
 from servepilot.load.agentic import AgenticSpec
 from servepilot.load.sessions import session_script
 from servepilot.load.workload import WorkloadKind, WorkloadSpec
+from tests.integration.threaded_gateway import ThreadedGateway, Upstream
 from tests.unit.sim_support import BASE_ARGS, COST_FLAGS, ThreadedSim
 
 ANSWER = 24
@@ -81,3 +82,25 @@ def test_an_open_loop_starts_sessions_at_its_rate_and_reports_them(
     assert run["completed"] == 12 and run["failed"] == 0
     assert result["workload"]["kind"] == "agentic"
     assert result["workload"]["return_gap_s"] == 0.3
+
+
+@pytest.mark.parametrize(("policy", "kept"), [("session", True), ("round_robin", False)])
+def test_the_session_id_lets_the_gateway_keep_a_session_on_one_replica(
+    policy: str, kept: bool, tmp_path: Path
+) -> None:
+    with (
+        ThreadedSim([*BASE_ARGS, *COST_FLAGS]) as a,
+        ThreadedSim([*BASE_ARGS, *COST_FLAGS]) as b,
+        ThreadedGateway(
+            GatewayConfig(port=0, policy=PolicyName(policy)),
+            [Upstream("sim-0", a.url), Upstream("sim-1", b.url)],
+        ) as gateway,
+    ):
+        code = main(["bench", "--url", gateway.url, *FLAGS, "--return-fraction", "0",
+                     "--concurrency", "1", "--requests", "9", "--out", str(tmp_path)])  # fmt: skip
+    assert code == 0
+    with (tmp_path / "requests.csv").open() as handle:
+        rows = sorted(csv.DictReader(handle), key=lambda row: int(row["index"]))
+    # One session at a time, three turns each: where each session's turns went.
+    placed = [{row["replica"] for row in rows[s : s + 3]} for s in (0, 3, 6)]
+    assert all(len(replicas) == 1 for replicas in placed) is kept, placed
