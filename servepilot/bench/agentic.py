@@ -215,6 +215,11 @@ async def run_agentic(
 ) -> LoadOutcome:
     """Run one level of sessions (`plan.load`: sessions live at a time, or started a second).
     Never raises for anything the server does; a failed turn ends its session."""
+    if plan.processes not in (None, 1):
+        raise ConfigError(
+            f"--processes {plan.processes}: the agentic workload runs in one client process "
+            "(each turn waits for the answer before it)"
+        )
     raise_fd_limit()
     client = Client(target, keep_text=True)
     sessions = _Sessions(client, plan, spec, texts)

@@ -93,8 +93,9 @@ def workload_shapes(spec: WorkloadSpec, count: int) -> list[RequestShape]:
 
 def agentic_has_no_list() -> ConfigError:
     return ConfigError(
-        "the agentic workload is no list of requests: each turn waits for the answer before "
-        "it (load.sessions schedules them)"
+        "--workload agentic is no list of requests made in advance (each turn carries the "
+        "answer before it): `bench` and `sim` send it session by session, this command "
+        "cannot"
     )
 
 

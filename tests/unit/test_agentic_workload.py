@@ -137,7 +137,7 @@ def test_the_spec_refuses_what_makes_no_sense_and_describes_itself() -> None:
         AgenticSpec(system_prompts=0)
     with pytest.raises(ConfigError, match="--sessions does not apply"):
         WorkloadSpec(kind=WorkloadKind.AGENTIC, sessions=4)
-    with pytest.raises(ConfigError, match="no list of requests"):
+    with pytest.raises(ConfigError, match="session by session"):
         workload_shapes(_spec(), 10)
     described = describe(_spec(think_s=2.5))
     assert described["kind"] == "agentic" and described["think_s"] == 2.5
