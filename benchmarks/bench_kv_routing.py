@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import bench_routing
 from bench_client import TOKENIZER
 from bench_routing import (
-    ROUTER,
     SERVEPILOT,
     Bench,
     bench,
@@ -127,6 +127,11 @@ def table(b: Bench, policies: list[str]) -> str:
             continue
         lines.append(f"target {p}: TTFT p50 {ours / rr - 1:+.0%} vs round_robin (<= -40%), "
                      f"{ours / today - 1:+.0%} vs prefix_affinity (<= -15%)")  # fmt: skip
+    if (router := med("cache_aware", "goodput")) is not None and router > 0:
+        for p in policies:
+            if p != "cache_aware" and (ours := med(p, "goodput")) is not None:
+                lines.append(f"target {p}: goodput x{ours / router:.2f} vllm-router's "
+                             "cache_aware (>= 1)")  # fmt: skip
     if failed := sum(r["failed"] for r in b.rows):
         lines.append(f"WARNING: {failed} requests failed (see each run's bench.log)")
     return "\n".join(lines)
@@ -244,6 +249,8 @@ def parse_args() -> argparse.Namespace:
         "none)")  # fmt: skip
     add("--sim-profile", type=Path, help="step-time profile for the simulator (default: "
         "calibrate the first replica after the measured runs, quickly)")  # fmt: skip
+    add("--router", type=Path, default=Path(bench_routing.ROUTER),
+        help="the vllm-router executable (for cache_aware)")  # fmt: skip
     add("--out", type=Path,
         default=ROOT / "out" / "bench-kv-routing" / time.strftime("%Y%m%d-%H%M%S"))  # fmt: skip
     return p.parse_args()
@@ -254,7 +261,8 @@ def main() -> None:
     b = KvBench(args)
     if not TOKENIZER.is_dir():
         raise SystemExit(f"{TOKENIZER} is missing: run `make model` first")
-    for exe in (SERVEPILOT, ROUTER) if "cache_aware" in args.policies else (SERVEPILOT,):
+    bench_routing.ROUTER = str(args.router)  # what its start_router runs for cache_aware
+    for exe in (SERVEPILOT, args.router) if "cache_aware" in args.policies else (SERVEPILOT,):
         if not Path(exe).exists():
             raise SystemExit(
                 f"{exe} is missing: run with the venv's python (make bench-kv-routing)"
