@@ -18,7 +18,8 @@ on one replica needs about half of it per replica, which about fits.
 
 The same policies then run in `servepilot sim` (the fleet.yaml of the measured replicas) at
 --sim-replicas (default 16 and 64) with as many sessions and turns per replica, to check
-that the simulator orders the policies as the measurement does.
+that the simulator orders the policies as the measurement does; step times from a quick
+`servepilot calibrate` of the first replica after the measured runs, or --sim-profile.
 
 The table: TTFT p50 (ms), throughput (requests/s and output tokens/s), goodput (requests/s
 within the TTFT SLO), the replicas' prefix cache hit rate (vLLM's counters, warm-up included)
@@ -27,6 +28,8 @@ and the first replica's share of prompt tokens. Policies other than today's are 
 rotates the order each round; the table shows medians.
 
     python benchmarks/bench_kv_routing.py [--policies round_robin,prefix_affinity] [--rounds 1]
+    python benchmarks/bench_kv_routing.py --policies round_robin,prefix_affinity,cache_aware \
+        --router PATH/vllm-router     # make bench-kv-routing installs it in the venv
 """
 
 from __future__ import annotations
