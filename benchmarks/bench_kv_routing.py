@@ -64,6 +64,8 @@ from bench_routing import (
 
 ROOT = Path(__file__).resolve().parent.parent
 Row = dict[str, Any]
+BASELINES = ("round_robin", "prefix_affinity", "cache_aware")
+"""What the issue's targets compare a new policy with: today's policies and vllm-router's."""
 
 
 @dataclass
@@ -123,18 +125,16 @@ def table(b: Bench, policies: list[str]) -> str:
             f"{med(p, 'goodput') or 0:>9.2f} {pct(med(p, 'attainment')):>7} "
             f"{pct(med(p, 'vllm_hit')):>8} {pct(med(p, 'r0_share')):>8}"
         )
+    # The issue's targets, for each policy that is not a baseline.
     rr, today = med("round_robin", "ttft_p50"), med("prefix_affinity", "ttft_p50")
-    for p in policies:
-        ours = med(p, "ttft_p50")
-        if p in ("round_robin", "prefix_affinity") or ours is None or not rr or not today:
-            continue
-        lines.append(f"target {p}: TTFT p50 {ours / rr - 1:+.0%} vs round_robin (<= -40%), "
-                     f"{ours / today - 1:+.0%} vs prefix_affinity (<= -15%)")  # fmt: skip
-    if (router := med("cache_aware", "goodput")) is not None and router > 0:
-        for p in policies:
-            if p != "cache_aware" and (ours := med(p, "goodput")) is not None:
-                lines.append(f"target {p}: goodput x{ours / router:.2f} vllm-router's "
-                             "cache_aware (>= 1)")  # fmt: skip
+    router = med("cache_aware", "goodput")
+    for p in (p for p in policies if p not in BASELINES):
+        if (ours := med(p, "ttft_p50")) is not None and rr and today:
+            lines.append(f"target {p}: TTFT p50 {ours / rr - 1:+.0%} vs round_robin (<= -40%), "
+                         f"{ours / today - 1:+.0%} vs prefix_affinity (<= -15%)")  # fmt: skip
+        if (good := med(p, "goodput")) is not None and router:
+            lines.append(f"target {p}: goodput x{good / router:.2f} vllm-router's cache_aware "
+                         "(>= 1)")  # fmt: skip
     if failed := sum(r["failed"] for r in b.rows):
         lines.append(f"WARNING: {failed} requests failed (see each run's bench.log)")
     return "\n".join(lines)
