@@ -6,7 +6,7 @@ STAMP := $(VENV)/.servepilot-installed
 ARGS ?=
 
 .PHONY: install model prometheus serve down status test lint typecheck unit bench-client \
-	bench-gateway bench-routing bench-plan bench-profile bench-sim bench-sim-validate \
+	bench-gateway bench-routing bench-kv-routing bench-plan bench-profile bench-sim bench-sim-validate \
 	bench-tune bench-autoscale bench-ray bench-batch clean
 
 install: $(STAMP) gateway-fast
@@ -122,6 +122,12 @@ bench-ray: $(STAMP)
 bench-routing: model
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/bench_routing.py $(ARGS)
+
+# Routing policies side by side on two vLLM-CPU replicas under KV pressure, with the agentic
+# multi-turn workload (ARGS="--policies round_robin,prefix_affinity,cache_aware" etc.).
+bench-kv-routing: model
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python benchmarks/bench_kv_routing.py $(ARGS)
 
 # servepilot plan's KV capacity and max concurrency on CPU next to what vLLM-CPU reports for
 # the same settings, one real replica per case; fails past 1% error (ARGS="--skip-plan" etc.).

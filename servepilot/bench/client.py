@@ -80,7 +80,7 @@ class Client:
     counts in that request's latency, as it would for a user.
     """
 
-    def __init__(self, target: Target, *, t0: float | None = None) -> None:
+    def __init__(self, target: Target, *, t0: float | None = None, keep_text: bool = False) -> None:
         self.target = target
         self.no_usage = 0
         """Successful answers whose stream carried no usage (token counts then unknown)."""
@@ -92,7 +92,12 @@ class Client:
         sweep_s = min(1.0, target.timeout_s / 20)
         endpoint = target.endpoint
         self._pool = Pool(
-            url.hostname or "", port, tls, lambda: EventScanner(endpoint), t0, sweep_s
+            url.hostname or "",
+            port,
+            tls,
+            lambda: EventScanner(endpoint, keep_text=keep_text),
+            t0,
+            sweep_s,
         )
         self._head = _head_prefix(target, url.hostname or "", url.port)
         self._aborted: asyncio.Future[None] | None = None
@@ -152,6 +157,18 @@ class Client:
         warmup: bool = False,
     ) -> RequestRecord:
         """Send `spec` (as `prepared` by `prepare`, when given) and wait for the whole answer."""
+        record, _ = await self.converse(spec, prepared, intended_s=intended_s, warmup=warmup)
+        return record
+
+    async def converse(
+        self,
+        spec: RequestSpec,
+        prepared: bytes | None = None,
+        *,
+        intended_s: float | None = None,
+        warmup: bool = False,
+    ) -> tuple[RequestRecord, str]:
+        """`send`, with the answer's text (empty unless the client was made to `keep_text`)."""
         sent = time.perf_counter() - self.t0
         try:
             answer = await self._exchange(self.prepare(spec) if prepared is None else prepared)
@@ -160,7 +177,8 @@ class Client:
         except Exception as exc:  # a bug of ours must cost one request, not the run
             now = time.perf_counter() - self.t0
             answer = Answer("client_error", f"{type(exc).__name__}: {exc}", [], None, None, now)
-        return self._record(spec, answer, sent, sent if intended_s is None else intended_s, warmup)
+        intended = sent if intended_s is None else intended_s
+        return self._record(spec, answer, sent, intended, warmup), answer.text
 
     def _record(
         self, spec: RequestSpec, answer: Answer, sent: float, intended: float, warmup: bool

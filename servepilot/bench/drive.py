@@ -181,19 +181,30 @@ class Driver:
     async def _until_end(
         self, tasks: Sequence[asyncio.Future[None]], stopped: Callable[[], float | None]
     ) -> None:
-        """Wait for `tasks`. A duration-bound run gives the requests still in flight when it
-        stopped sending `grace_s` to finish, then ends them as `cancelled_at_end`."""
-        pending = set(tasks)
-        while pending:
-            stop_s = stopped() if self.plan.duration_s is not None else None
-            timeout = None if stop_s is None else stop_s + self.plan.grace_s - self.clock()
-            if timeout is not None and timeout <= 0:
-                self.client.abort_all("cancelled_at_end", "the run ended before the answer did")
-                timeout = None
-            elif stop_s is None and self.plan.duration_s is not None:
-                timeout = 0.05  # the closed loop has not stopped yet: look again soon
-            done, pending = await asyncio.wait(
-                pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-            for task in done:
-                task.result()  # a bug in a worker should surface, not vanish
+        await until_end(self.client, self.plan, self.clock, tasks, stopped)
+
+
+async def until_end(
+    client: Client,
+    plan: LoadPlan,
+    clock: Callable[[], float],
+    tasks: Sequence[asyncio.Future[None]],
+    stopped: Callable[[], float | None],
+) -> None:
+    """Wait for `tasks`. A duration-bound run gives the requests still in flight when it
+    stopped sending (`stopped()`, None while it sends) `grace_s` to finish, then ends them as
+    `cancelled_at_end`."""
+    pending = set(tasks)
+    while pending:
+        stop_s = stopped() if plan.duration_s is not None else None
+        timeout = None if stop_s is None else stop_s + plan.grace_s - clock()
+        if timeout is not None and timeout <= 0:
+            client.abort_all("cancelled_at_end", "the run ended before the answer did")
+            timeout = None
+        elif stop_s is None and plan.duration_s is not None:
+            timeout = 0.05  # the closed loop has not stopped yet: look again soon
+        done, pending = await asyncio.wait(
+            pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        for task in done:
+            task.result()  # a bug in a worker should surface, not vanish

@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+from servepilot.bench.agentic import AgenticTexts, make_texts, run_agentic
 from servepilot.bench.chat_template import ChatFrame, count_gap_note
 from servepilot.bench.client import Target
 from servepilot.bench.console import estimate_line
+from servepilot.bench.drive import ProgressFn
 from servepilot.bench.metrics import summarize
 from servepilot.bench.records import RequestRecord, RequestSpec
 from servepilot.bench.runlength import (
@@ -42,7 +44,7 @@ from servepilot.core.slo import Slo
 from servepilot.load.levels import LevelOptions, pool_size
 from servepilot.load.loadplan import LoadPlan
 from servepilot.load.sweep import sweet_spot
-from servepilot.load.workload import describe
+from servepilot.load.workload import WorkloadKind, WorkloadSpec, describe
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,16 +201,11 @@ async def _run_levels(
         load = step.load
         plan = _plan(opts, load)
         started_s = time.perf_counter()
-        workload = await asyncio.to_thread(
-            functools.partial(build_workload, chat_template_tokens=opts.chat.overhead_tokens),
-            levels.level_workload(len(runs)),
-            tokenizer,
-            pool_size(plan),
-        )
+        workload, send = await _level_load(opts, plan, levels.level_workload(len(runs)), tokenizer)
         report.level_started(load, plan.max_requests, plan.duration_s)
         memory: list[MemorySample] = []
         try:
-            outcome = await _run_level(opts, plan, workload, report, clock, memory)
+            outcome = await _run_level(opts, plan, send, report, clock, memory)
         except LoadInterrupted as cut:
             if opts.soak_s is not None:
                 _keep_finished_windows(opts, load, cut, memory, (runs, records), report)
@@ -219,6 +216,37 @@ async def _run_levels(
         report.level_done(run)
         clock.level_done(run, len(outcome.records), time.perf_counter() - started_s)
     return step.reason
+
+
+Send = Callable[[ProgressFn], Awaitable[LoadOutcome]]
+"""Runs a level's load, reporting progress."""
+
+
+async def _level_load(
+    opts: BenchOptions, plan: LoadPlan, spec: WorkloadSpec, tokenizer: Tokenizer
+) -> tuple[Sequence[RequestSpec], Send]:
+    """The level's requests (made here, in a thread: the tokenizer may block) and what sends
+    them. The agentic workload has no list: each turn carries the answer before it."""
+    chat_tokens = opts.chat.overhead_tokens
+    if spec.kind is WorkloadKind.AGENTIC:
+        make = functools.partial(make_texts, chat_template_tokens=chat_tokens)
+        texts = await asyncio.to_thread(make, spec, tokenizer)
+        return (), functools.partial(_send_agentic, opts.target, plan, spec, texts)
+    make_list = functools.partial(build_workload, chat_template_tokens=chat_tokens)
+    workload = await asyncio.to_thread(make_list, spec, tokenizer, pool_size(plan))
+    return workload, functools.partial(_send_list, opts.target, plan, workload)
+
+
+async def _send_list(
+    target: Target, plan: LoadPlan, workload: Sequence[RequestSpec], progress: ProgressFn
+) -> LoadOutcome:
+    return await run_load(target, plan, workload, on_progress=progress)
+
+
+async def _send_agentic(
+    target: Target, plan: LoadPlan, spec: WorkloadSpec, texts: AgenticTexts, progress: ProgressFn
+) -> LoadOutcome:
+    return await run_agentic(target, plan, spec, texts, on_progress=progress)
 
 
 def _level_done(
@@ -283,7 +311,7 @@ def _level_run(opts: BenchOptions, load: Load, outcome: LoadOutcome) -> Run:
 async def _run_level(
     opts: BenchOptions,
     plan: LoadPlan,
-    workload: Sequence[RequestSpec],
+    send: Send,
     report: BenchReporter,
     clock: RunClock,
     memory: list[MemorySample],
@@ -300,11 +328,11 @@ async def _run_level(
         )
 
     if opts.soak_s is None:
-        return await run_load(opts.target, plan, workload, on_progress=progress)
+        return await send(progress)
     url = _metrics_url(opts)
     sampler = asyncio.ensure_future(sample_every(url, opts.memory_sources, opts.window_s, memory))
     try:
-        outcome = await run_load(opts.target, plan, workload, on_progress=progress)
+        outcome = await send(progress)
     except BaseException:
         sampler.cancel()
         # Not cancel_and_wait: under a cancellation it raises a plain CancelledError, which

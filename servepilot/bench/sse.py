@@ -42,15 +42,19 @@ class EventScanner:
     After the body ended, `chunks` holds the arrival time of every event that carried
     generated content, `usage` the raw last event with a usage object, and `error` a short
     reason when the stream was not a well-formed OpenAI stream (then `detail` says why).
+    With `keep_text` (a chat client that sends the answer back: the agentic workload), every
+    content event is parsed after all and `text` is the answer.
     """
 
     __slots__ = (
-        "_buf", "_key", "_keys", "_sep", "chunks", "detail", "done", "error", "events", "usage",
+        "_buf", "_key", "_keys", "_parts", "_sep", "chunks", "detail", "done", "error", "events",
+        "keep_text", "usage",
     )  # fmt: skip
 
-    def __init__(self, endpoint: Endpoint) -> None:
+    def __init__(self, endpoint: Endpoint, *, keep_text: bool = False) -> None:
         self._keys = _CHAT_KEYS if endpoint is Endpoint.CHAT else _COMPLETION_KEYS
         self._key = self._keys[0]
+        self.keep_text = keep_text
         self.reset()
 
     def reset(self) -> None:
@@ -62,6 +66,12 @@ class EventScanner:
         self.detail = ""
         self.done = False
         self.events = 0
+        self._parts: list[str] = []
+
+    @property
+    def text(self) -> str:
+        """The answer's text (with `keep_text`; else empty)."""
+        return "".join(self._parts)
 
     def feed(self, data: bytes, now: float) -> None:
         """Body bytes that arrived at `now`: every complete event in them is classified."""
@@ -78,7 +88,7 @@ class EventScanner:
         end = last + len(sep)
         if end < len(data):
             self._buf = data[end:]
-        if sep == b"\n\n" and self._bulk(data, end, now):
+        if sep == b"\n\n" and not self.keep_text and self._bulk(data, end, now):
             return
         start = 0
         while start < end:
@@ -178,6 +188,8 @@ class EventScanner:
             return
         if self._has_content(data, choices, end):
             self.chunks.append(now)
+            if self.keep_text:
+                self._parts.append(_answer_text(data[at:end]))
         usage = data.find(b'"usage"', choices, end)
         if usage >= 0:
             value = _value_at(data, usage + 7, end)
@@ -235,6 +247,17 @@ class EventScanner:
     def _fail(self, reason: str, detail: str) -> None:
         if self.error is None:
             self.error, self.detail = reason, detail
+
+
+def _answer_text(event: bytes) -> str:
+    """The generated text of one chunk: choices[0].delta.content (chat) or choices[0].text;
+    reasoning is not part of the answer a client sends back."""
+    try:
+        choice = json.loads(event)["choices"][0]
+        text = choice["delta"].get("content") if "delta" in choice else choice.get("text")
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return ""
+    return text if isinstance(text, str) else ""
 
 
 def _skip_blanks(data: bytes, at: int, end: int) -> int:

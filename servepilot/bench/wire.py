@@ -49,6 +49,8 @@ class Answer:
     done_s: float
     retry_after_s: float | None = None
     """A refusal's (429, 503) Retry-After in seconds, when it gave one."""
+    text: str = ""
+    """The answer's text, when the scanner keeps it (`EventScanner.keep_text`)."""
 
 
 class Connection:
@@ -149,6 +151,8 @@ class Connection:
         scanner = self.scanner
         answer = Answer(error, detail, scanner.chunks, scanner.usage, self.replica, now)
         answer.retry_after_s = self.retry_after_s
+        if scanner.keep_text:
+            answer.text = scanner.text
         waiter.set_result(answer)
         if error is not None and self.wire is not None:
             self.wire.abort()  # the rest of a failed answer is not worth reading

@@ -21,6 +21,7 @@ from servepilot.bench.records import RequestSpec
 from servepilot.bench.tokenizer import Tokenizer
 from servepilot.core.errors import ConfigError
 from servepilot.load.shapes import (
+    agentic_has_no_list,
     check_count,
     label_requests,
     layout_stream,
@@ -59,6 +60,8 @@ def build_workload(
             assert spec.trace_path is not None  # checked by WorkloadSpec
             lines = load_trace(spec.trace_path)[:count]
             requests = _trace(spec, maker, rng, lines, sized)
+        case WorkloadKind.AGENTIC:
+            raise agentic_has_no_list()  # bench.agentic sends it
     return label_requests(spec, requests)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from servepilot.cli.options import record_of
 from servepilot.load.arrivals import Arrival
-from servepilot.load.flags import LoadFlags, WorkloadFlags
+from servepilot.load.flags import AGENTIC_DEFAULTS, LoadFlags, WorkloadFlags
 from servepilot.load.levels import LevelOptions
 from servepilot.load.workload import WorkloadKind, WorkloadSpec
 
@@ -51,8 +51,9 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument_group("workload").add_argument
     add("--workload", choices=[k.value for k in WorkloadKind], default="random",
         help="random (default); mixed (short and long prompts); shared_prefix (N prefixes "
-        "x suffixes); multi_turn (chat sessions whose history grows); trace (--trace "
-        "FILE)")  # fmt: skip
+        "x suffixes); multi_turn (chat sessions whose history grows); agentic (agent "
+        "sessions: each turn sends the conversation so far, the real answers included, after "
+        "a wait; see the agentic flags); trace (--trace FILE)")  # fmt: skip
     add("--input-tokens", type=int, default=256, metavar="N", help="prompt tokens as the "
         "server counts them, a chat template included (default 256)")  # fmt: skip
     add("--output-tokens", type=int, default=128, metavar="N",
@@ -65,7 +66,8 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
         help="shared_prefix: distinct prefixes (default 8)")  # fmt: skip
     add("--prefix-tokens", type=int, metavar="N",
         help="shared_prefix: tokens of each prefix (default 3/4 of --input-tokens)")  # fmt: skip
-    add("--turns", type=int, default=4, metavar="N", help="multi_turn: turns per conversation "
+    add("--turns", type=int, default=4, metavar="N", help="multi_turn, agentic: turns per "
+        "conversation "
         "(default 4); results then split TTFT into first turns and returning ones (turn 2 "
         "on)")  # fmt: skip
     add("--active-sessions", type=int, default=16, metavar="N",
@@ -82,6 +84,76 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
         "(not multi_turn, where each conversation is its own session: see "
         "--active-sessions)")  # fmt: skip
     add("--seed", type=int, default=0, help="workload and arrival seed (default 0)")
+    _add_agentic_flags(parser)
+
+
+def _add_agentic_flags(parser: argparse.ArgumentParser) -> None:
+    d = AGENTIC_DEFAULTS
+    add = parser.add_argument_group(
+        "agentic workload",
+        "Sessions of an agent and its user. Turn 1 sends a system prompt (one of a few shared "
+        "ones) and a user message; every later turn sends the conversation so far, the "
+        "previous answer included, plus a tool's result or the user's next message. The load "
+        "counts sessions: --concurrency N keeps N sessions live (a new one starts when one "
+        "ends), --rate R starts R sessions a second; --requests counts turns. A failed turn "
+        "ends its session.",
+    ).add_argument
+    add(
+        "--system-prompts",
+        type=int,
+        default=d.system_prompts,
+        metavar="N",
+        help=f"distinct system prompts the sessions share (default {d.system_prompts})",
+    )
+    add(
+        "--system-prompt-tokens",
+        type=int,
+        default=d.system_prompt_tokens,
+        metavar="N",
+        help=f"tokens of each system prompt (default {d.system_prompt_tokens})",
+    )
+    add(
+        "--tool-fraction",
+        type=float,
+        default=d.tool_fraction,
+        metavar="F",
+        help="share of the turns after the first that carry a tool's result rather than a "
+        f"user message (default {d.tool_fraction})",
+    )
+    add(
+        "--tool-tokens",
+        type=int,
+        default=d.tool_tokens,
+        metavar="N",
+        help=f"tokens of a tool's result (default {d.tool_tokens})",
+    )
+    add(
+        "--think-time",
+        type=float,
+        default=d.think_s,
+        metavar="S",
+        help="mean seconds (exponential) between an answer and the user's next message "
+        f"(default {d.think_s:g})",
+    )
+    add(
+        "--tool-time",
+        type=float,
+        default=d.tool_s,
+        metavar="S",
+        help="mean seconds (exponential) between an answer and the tool's result "
+        f"(default {d.tool_s:g})",
+    )
+    add(
+        "--return-fraction",
+        type=float,
+        default=d.return_fraction,
+        metavar="F",
+        help="share of the sessions that leave once, between two turns, and come back "
+        f"(default {d.return_fraction})",
+    )
+    add("--return-gap", type=float, default=d.return_gap_s, metavar="S",
+        help="seconds such a session stays away: by then other sessions may have evicted "
+        f"its context from the KV cache (default {d.return_gap_s:g})")  # fmt: skip
 
 
 def levels_from_args(args: argparse.Namespace) -> LevelOptions:

@@ -7,15 +7,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Load, LoadMode
 from servepilot.core.units import parse_duration_s
+from servepilot.load.agentic import AgenticSpec
 from servepilot.load.arrivals import Arrival
 from servepilot.load.levels import LevelOptions, parse_levels
 from servepilot.load.sweep import SweepConfig
 from servepilot.load.trace import trace_mean_rate_rps
 from servepilot.load.workload import WorkloadKind, WorkloadSpec, parse_priority_mix
+
+AGENTIC_DEFAULTS: Final = AgenticSpec()
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,9 +37,23 @@ class WorkloadFlags:
     trace: Path | None
     priority_mix: str | None
     sessions: int | None
+    system_prompts: int = AGENTIC_DEFAULTS.system_prompts
+    system_prompt_tokens: int = AGENTIC_DEFAULTS.system_prompt_tokens
+    tool_fraction: float = AGENTIC_DEFAULTS.tool_fraction
+    tool_tokens: int = AGENTIC_DEFAULTS.tool_tokens
+    think_time: float = AGENTIC_DEFAULTS.think_s
+    tool_time: float = AGENTIC_DEFAULTS.tool_s
+    return_fraction: float = AGENTIC_DEFAULTS.return_fraction
+    return_gap: float = AGENTIC_DEFAULTS.return_gap_s
 
     def spec(self) -> WorkloadSpec:
         mix = self.priority_mix
+        agentic = AgenticSpec(
+            system_prompts=self.system_prompts, system_prompt_tokens=self.system_prompt_tokens,
+            tool_fraction=self.tool_fraction, tool_tokens=self.tool_tokens,
+            think_s=self.think_time, tool_s=self.tool_time,
+            return_fraction=self.return_fraction, return_gap_s=self.return_gap,
+        )  # fmt: skip
         return WorkloadSpec(
             kind=WorkloadKind(self.workload), input_tokens=self.input_tokens,
             output_tokens=self.output_tokens, seed=self.seed, long_fraction=self.long_fraction,
@@ -43,6 +61,7 @@ class WorkloadFlags:
             prefix_tokens=self.prefix_tokens, turns=self.turns,
             active_sessions=self.active_sessions, trace_path=self.trace,
             priority_mix=parse_priority_mix(mix) if mix else None, sessions=self.sessions,
+            agentic=agentic,
         )  # fmt: skip
 
 

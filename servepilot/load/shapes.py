@@ -88,7 +88,17 @@ def workload_shapes(spec: WorkloadSpec, count: int) -> list[RequestShape]:
         case WorkloadKind.TRACE:
             assert spec.trace_path is not None  # checked by WorkloadSpec
             shapes = _trace(spec, load_trace(spec.trace_path)[:count])
+        case WorkloadKind.AGENTIC:
+            raise agentic_has_no_list()
     return label_requests(spec, shapes)
+
+
+def agentic_has_no_list() -> ConfigError:
+    return ConfigError(
+        "--workload agentic is no list of requests made in advance (each turn carries the "
+        "answer before it): `bench` and `sim` send it session by session, this command "
+        "cannot"
+    )
 
 
 def check_count(count: int) -> None:

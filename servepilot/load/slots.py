@@ -66,7 +66,8 @@ def open_slots(
 
 class ClosedSlots:
     """The closed loop's slots of process `part`: each worker takes the next when its answer
-    is in; the clock (`now_s`) decides warm-up by time and the end."""
+    is in; the clock (`now_s`) decides warm-up by time and the end. `load.sessions` counts
+    the agentic workload's turns with it too."""
 
     __slots__ = ("_count", "_parts", "_plan", "end_s", "measured", "position", "quota", "stopped")
 
@@ -94,10 +95,13 @@ class ClosedSlots:
             if self.end_s is None and plan.duration_s is not None:
                 self.end_s = now_s + plan.duration_s
             quota = self.quota
-            if (quota is not None and self.measured >= quota) or (
-                self.end_s is not None and now_s >= self.end_s
-            ):
+            if quota is not None and self.measured >= quota:
                 self.stopped = True
+                return None
+            if self.end_s is not None and now_s >= self.end_s:
+                # Not `stopped`: a caller whose times are not in order (agentic sessions ask
+                # for a turn due a wait after its answer: load.sessions) may still ask for one
+                # due earlier. Workers asking at their own `now` never do.
                 return None
             self.measured += 1
         slot = _new_slot(Slot, (self.position % self._count, now_s, warm))

@@ -11,6 +11,10 @@ the same seeded streams. Kinds:
 - multi_turn: conversations of `turns` turns; each turn carries the earlier ones (user prompt,
   then a synthetic assistant reply of `output_tokens` tokens) as history, so the history is a
   prefix the server can cache. `active_sessions` conversations are interleaved turn by turn.
+- agentic: sessions of an agent and its user (see agentic.py): shared system prompts, a
+  context that grows by the previous answer and a new user or tool message each turn, waits
+  between an answer and the next turn, sessions that leave and come back. The load level
+  counts sessions: `concurrency` of them live at a time, or `rate` new ones a second.
 - trace: replay of a JSONL trace (see trace.py) at its timestamps.
 """
 
@@ -19,11 +23,12 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from servepilot.core.errors import ConfigError
+from servepilot.load.agentic import AgenticSpec
 from servepilot.load.trace import PRIORITIES
 
 
@@ -32,6 +37,7 @@ class WorkloadKind(enum.StrEnum):
     MIXED = "mixed"
     SHARED_PREFIX = "shared_prefix"
     MULTI_TURN = "multi_turn"
+    AGENTIC = "agentic"
     TRACE = "trace"
 
 
@@ -41,7 +47,8 @@ class WorkloadSpec:
 
     kind: WorkloadKind = WorkloadKind.RANDOM
     input_tokens: int = 512
-    """--input-tokens: prompt length (shared_prefix: prefix included; multi_turn: per turn)."""
+    """--input-tokens: prompt length (shared_prefix: prefix included; multi_turn: per turn;
+    agentic: each user message)."""
     output_tokens: int = 128
     """--output-tokens: max_tokens of every request, and the length of synthetic replies."""
     seed: int = 0
@@ -55,7 +62,7 @@ class WorkloadSpec:
     prefix_tokens: int | None = None
     """--prefix-tokens (shared_prefix, trace prefix groups); None means 3/4 of input_tokens."""
     turns: int = 4
-    """--turns (multi_turn): turns per conversation."""
+    """--turns (multi_turn, agentic): turns per conversation."""
     active_sessions: int = 16
     """--active-sessions (multi_turn): conversations interleaved at a time."""
     trace_path: Path | None = None
@@ -65,6 +72,8 @@ class WorkloadSpec:
     sessions: int | None = None
     """--sessions: spread requests over this many X-Session-Id values (not multi_turn,
     where every conversation is its own session)."""
+    agentic: AgenticSpec = field(default_factory=AgenticSpec)
+    """The agentic workload's own flags."""
 
     def __post_init__(self) -> None:
         _at_least(self.input_tokens, 1, "--input-tokens")
@@ -90,9 +99,9 @@ class WorkloadSpec:
             _check_priority_mix(self.priority_mix)
         if self.sessions is not None:
             _at_least(self.sessions, 1, "--sessions")
-            if self.kind is WorkloadKind.MULTI_TURN:
+            if self.kind in (WorkloadKind.MULTI_TURN, WorkloadKind.AGENTIC):
                 raise ConfigError(
-                    "--sessions does not apply to --workload multi_turn: "
+                    f"--sessions does not apply to --workload {self.kind}: "
                     "every conversation is its own session"
                 )
 
@@ -119,6 +128,8 @@ def describe(spec: WorkloadSpec) -> dict[str, Any]:
             out |= {"num_prefixes": spec.num_prefixes, "prefix_tokens": spec.shared_prefix_tokens}
         case WorkloadKind.MULTI_TURN:
             out |= {"turns": spec.turns, "active_sessions": spec.active_sessions}
+        case WorkloadKind.AGENTIC:
+            out |= {"turns": spec.turns, **spec.agentic.describe()}
         case WorkloadKind.TRACE:
             out |= {"trace": str(spec.trace_path), "prefix_tokens": spec.shared_prefix_tokens}
         case WorkloadKind.RANDOM:

@@ -21,8 +21,9 @@ from servepilot.load.loadplan import LoadPlan
 from servepilot.load.shapes import workload_shapes
 from servepilot.load.slots import send_times
 from servepilot.load.sweep import sweet_spot
-from servepilot.load.workload import WorkloadSpec, describe
+from servepilot.load.workload import WorkloadKind, WorkloadSpec, describe
 from servepilot.scaling.snapshot import AutoscalePolicy
+from servepilot.sim.fleet.agentic import SessionFeed
 from servepilot.sim.fleet.records import FleetSpec, FleetStats, LevelOutcome, Progress
 from servepilot.sim.fleet.simulator import FleetSim
 from servepilot.sim.fleet.traffic import Job, JobTable
@@ -83,9 +84,15 @@ def run_level(
     note: Callable[[str], None] | None = None,
 ) -> LevelOutcome:
     plan = level_plan(opts, load)
-    jobs = level_jobs(
-        opts.levels.level_workload(index), pool_size(plan), opts.prompt_overhead_tokens
-    )
+    workload = opts.levels.level_workload(index)
+    autoscaler = opts.autoscaler() if opts.autoscaler is not None else None
+    sim = FleetSim(opts.spec, autoscaler=autoscaler)
+    if workload.kind is WorkloadKind.AGENTIC:
+        feed = SessionFeed(plan, workload, opts.prompt_overhead_tokens)
+        offsets = None if plan.closed else send_times(plan, None)
+        return sim.run(plan, feed.jobs, opts.slo, offsets=offsets, progress=progress,
+                       sessions=feed)  # fmt: skip
+    jobs = level_jobs(workload, pool_size(plan), opts.prompt_overhead_tokens)
     longest = opts.spec.scheduler.max_model_len
     too_long = sum(1 for p, o in zip(jobs.prompt, jobs.output, strict=True) if p + o > longest)
     if too_long and note is not None:
@@ -93,8 +100,6 @@ def run_level(
             f"{too_long:,} of the level's {len(jobs):,} requests are longer than max_model_len "
             f"({longest:,} tokens): vLLM answers them 400, and so does the simulation"
         )
-    autoscaler = opts.autoscaler() if opts.autoscaler is not None else None
-    sim = FleetSim(opts.spec, autoscaler=autoscaler)
     return sim.run(plan, jobs, opts.slo, offsets=level_offsets(plan, jobs), progress=progress)
 
 

@@ -42,6 +42,7 @@ from servepilot.routing.admission import BUSY_TICK_S
 from servepilot.routing.base import RoutingPolicy
 from servepilot.scaling.snapshot import AutoscalePolicy
 from servepilot.sim.engine.replica import ReplicaModel
+from servepilot.sim.fleet.agentic import SessionFeed
 from servepilot.sim.fleet.autoscale import AutoscaleHook
 from servepilot.sim.fleet.collect import RunCollector
 from servepilot.sim.fleet.gateway import SimGateway
@@ -108,6 +109,8 @@ class FleetSim:
         self._sends_due = 0
         """Closed loop: sends on their way to the gateway (SEND events not yet handled)."""
         self._closed: ClosedSlots | None = None
+        self._feed: SessionFeed | None = None
+        """The agentic workload: sessions whose turns follow their answers."""
         self._open: Iterator[Slot] | None = None
         self._plan: LoadPlan | None = None
         self._grace_s = 0.0
@@ -246,6 +249,8 @@ class FleetSim:
         del self._live[request.request_id]
         if self._closed is not None:
             self._next_closed(end_s)
+        elif self._feed is not None:
+            self._next_turn(request, end_s, True)
 
     def _release(self, request: FleetRequest, now_s: float) -> None:
         replica = request.replica
@@ -264,6 +269,28 @@ class FleetSim:
         del self._live[request.request_id]
         if self._closed is not None:
             self._next_closed(end_s)
+        elif self._feed is not None:
+            self._next_turn(request, end_s, False)
+
+    def _next_turn(self, request: FleetRequest, client_s: float, ok: bool) -> None:
+        """The session's next turn, due its wait after the answer reached the client; when
+        the session is over, a closed loop starts the next one."""
+        feed = self._feed
+        assert feed is not None and self._plan is not None
+        slot, over = feed.after(request.request_id, client_s, ok)
+        if slot is not None:
+            self._send(slot, feed.loop.end_s)
+        elif over and self._plan.closed:
+            self._start_session(client_s)
+
+    def _start_session(self, client_s: float) -> None:
+        feed = self._feed
+        assert feed is not None
+        slot = feed.start(client_s)
+        if slot is None:
+            self._sending = False
+            return
+        self._send(slot, feed.loop.end_s)
 
     def _next_closed(self, client_s: float) -> None:
         closed = self._closed
@@ -272,16 +299,23 @@ class FleetSim:
         if slot is None:
             self._sending = False
             return
-        if closed.end_s is not None and self._deadline == math.inf:
-            self._deadline = closed.end_s + self._grace_s
+        self._send(slot, closed.end_s)
+
+    def _send(self, slot: Slot, end_s: float | None) -> None:
+        """A client sends `slot` when it is due; `end_s`: when a duration-bound level stops
+        sending (None while unknown)."""
+        if end_s is not None and self._deadline == math.inf:
+            self._deadline = end_s + self._grace_s
         self._sends_due += 1
-        self._push(client_s + self._cg, SEND, slot)
+        self._push(slot.send_s + self._cg, SEND, slot)
 
     def _arrive(self, slot: Slot, now_s: float) -> None:
         assert self._factory is not None
         request = self._factory.make(slot, now_s)
         live = self._live
         live[request.request_id] = request
+        if self._feed is not None:
+            self._feed.sent(request.request_id, slot.request)
         # Warm-up requests count, as in bench: they load the fleet as much as measured ones.
         if len(live) > self._peak_in_flight:
             self._peak_in_flight = len(live)
@@ -299,9 +333,14 @@ class FleetSim:
         *,
         offsets: Iterator[float] | None = None,
         progress: Callable[[Progress], None] | None = None,
+        sessions: SessionFeed | None = None,
     ) -> LevelOutcome:
-        """Simulate one level. `offsets`: the open loop's send times (`load.slots.send_times`)."""
-        if not len(jobs):
+        """Simulate one level. `offsets`: the open loop's send times (`load.slots.send_times`);
+        with `sessions` (the agentic workload, whose `jobs` they make as turns are due), the
+        times new sessions start."""
+        if sessions is not None:
+            jobs = sessions.jobs
+        elif not len(jobs):
             raise ConfigError("the workload has no requests")
         if plan.closed == (offsets is not None):
             raise ConfigError("open loop needs arrival offsets; closed loop takes none")
@@ -315,7 +354,15 @@ class FleetSim:
             jobs, self.spec.gateway.routing, self.spec.model_name, self.policy.uses_prefix
         )
         self._start_timers()
-        if plan.closed:
+        if sessions is not None:
+            self._feed = sessions
+            if plan.closed:
+                for _ in range(int(plan.load.value)):
+                    self._start_session(0.0)
+            else:
+                assert offsets is not None
+                self._open = _session_starts(sessions, offsets)
+        elif plan.closed:
             self._closed = ClosedSlots(plan, len(jobs))
             for _ in range(int(plan.load.value)):
                 self._next_closed(0.0)
@@ -330,6 +377,11 @@ class FleetSim:
             events = self._loop(progress)
             self._cancel_outstanding()
             run = self._collector.run(plan.load, self._peak_in_flight)
+            if sessions is not None and plan.closed:
+                # Sessions wait between turns: the level ran at its load when that many were
+                # live (as bench counts it).
+                reached = sessions.loop.peak_live >= plan.load.value
+                run = run.model_copy(update={"load_reached": reached})
         finally:
             if collecting:
                 gc.enable()
@@ -348,7 +400,7 @@ class FleetSim:
         cg = self._cg
         open_s = slot.send_s + cg if slot is not None else math.inf
         if slot is None:
-            self._sending = self._closed is not None and self._sending
+            self._sending = (self._closed or self._feed) is not None and self._sending
         live = self._live
         events = 0
         # A worker told "no more slots" ends the closed loop's sending, but others' sends may
@@ -432,3 +484,13 @@ class FleetSim:
             replica_s=self.replica_seconds(self.now_s),
             scale_events=len(self.autoscale.events) if self.autoscale is not None else None,
         )  # fmt: skip
+
+
+def _session_starts(feed: SessionFeed, offsets: Iterator[float]) -> Iterator[Slot]:
+    """The open loop's sends: a new session's first turn at each arrival, until the level's
+    turns are all handed out. Later turns go by the events of their answers."""
+    for offset in offsets:
+        slot = feed.start(offset)
+        if slot is None:
+            return
+        yield slot

@@ -52,16 +52,7 @@ class JobTable:
         tenants: list[str | None] = []
         times: list[float | None] = []
         for job in jobs:
-            if job.prompt_tokens < 1 or job.output_tokens < 1:
-                raise ConfigError("every request needs at least one prompt and one output token")
-            self.prompt.append(job.prompt_tokens)
-            self.output.append(job.output_tokens)
-            self.group.append(NO_GROUP if job.prefix_group is None else job.prefix_group)
-            self.prefix.append(job.prefix_tokens)
-            self.priority.append(job.priority)
-            self.routed.append(
-                job.prompt_tokens if job.routed_tokens is None else job.routed_tokens
-            )
+            self._append(job)
             sessions.append(job.session_id)
             tenants.append(job.tenant)
             times.append(job.at_s)
@@ -72,6 +63,26 @@ class JobTable:
             tenants if any(t is not None for t in tenants) else None
         )
         self.at_s: list[float] | None = replay_times(times)
+
+    def _append(self, job: Job) -> int:
+        if job.prompt_tokens < 1 or job.output_tokens < 1:
+            raise ConfigError("every request needs at least one prompt and one output token")
+        self.prompt.append(job.prompt_tokens)
+        self.output.append(job.output_tokens)
+        self.group.append(NO_GROUP if job.prefix_group is None else job.prefix_group)
+        self.prefix.append(job.prefix_tokens)
+        self.priority.append(job.priority)
+        self.routed.append(job.prompt_tokens if job.routed_tokens is None else job.routed_tokens)
+        return len(self.prompt) - 1
+
+    def add(self, job: Job) -> int:
+        """One more job, made while the run goes (a session's next turn); its index. Jobs
+        added so are neither replayed (no `at_s`) nor without a session."""
+        index = self._append(job)
+        if self.sessions is None:
+            self.sessions = [None] * index
+        self.sessions.append(job.session_id)
+        return index
 
     def __len__(self) -> int:
         return len(self.prompt)

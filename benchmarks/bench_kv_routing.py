@@ -1,0 +1,293 @@
+"""Routing policies under KV pressure with the multi-turn agentic workload, side by side.
+
+`servepilot up` starts two vLLM-CPU replicas (one core each: what this 2-core machine holds)
+with prefix caching and a small KV cache. Each run puts a fresh `servepilot gateway --policy P`
+(or `vllm-router --policy cache_aware`) in front of the replicas' own URLs and `servepilot
+bench --workload agentic` sends the same sessions through it (same seed; the replicas'
+prefix caches emptied before each run): sessions that share a few system prompts, whose
+context grows by the real answers turn after turn, tool turns after short waits, user turns
+after longer ones, and sessions that come back after a long gap.
+
+Sizing: vLLM-CPU keeps 23,040 bytes of KV per token of SmolLM2-135M in bfloat16 (46,080 in
+float32, on a CPU without native bfloat16: there the same --kv-cache-gib holds half), so
+--kv-cache-gib 0.15 is ~7,000 tokens a replica. 10 live sessions of 8 turns reach ~1,700
+tokens each by their last turn (4 shared system prompts of 512, user messages of 96, tool
+results of 160, answers of 16): ~12k tokens of context live at a time. Behind round_robin
+every replica sees every session and holds a part of each; a router that keeps each session
+on one replica needs about half of it per replica, which about fits.
+
+The same policies then run in `servepilot sim` (the fleet.yaml of the measured replicas) at
+--sim-replicas (default 16 and 64) with as many sessions and turns per replica, to check
+that the simulator orders the policies as the measurement does; step times from a quick
+`servepilot calibrate` of the first replica after the measured runs, or --sim-profile.
+
+The table: TTFT p50 (ms), throughput (requests/s and output tokens/s), goodput (requests/s
+within the TTFT SLO), the replicas' prefix cache hit rate (vLLM's counters, warm-up included)
+and the first replica's share of prompt tokens. Policies other than today's are named as
+`servepilot gateway --policy` takes them, so new ones join with --policies. --rounds N
+rotates the order each round; the table shows medians.
+
+    python benchmarks/bench_kv_routing.py [--policies round_robin,prefix_affinity] [--rounds 1]
+    python benchmarks/bench_kv_routing.py --policies round_robin,prefix_affinity,cache_aware \
+        --router PATH/vllm-router     # make bench-kv-routing installs it in the venv
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import signal
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import bench_routing
+from bench_client import TOKENIZER
+from bench_routing import (
+    SERVEPILOT,
+    Bench,
+    bench,
+    cache_stats,
+    pct,
+    reset_caches,
+    scrape,
+    spawn,
+    start_router,
+    stop,
+    tail,
+    vllm_replicas,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+Row = dict[str, Any]
+BASELINES = ("round_robin", "prefix_affinity", "cache_aware")
+"""What the issue's targets compare a new policy with: today's policies and vllm-router's."""
+
+
+@dataclass
+class KvBench(Bench):
+    sims: list[Row] = field(default_factory=list)
+    """The simulated runs."""
+
+
+def workload(args: argparse.Namespace) -> dict[str, object]:
+    return {
+        "--workload": "agentic", "--concurrency": args.sessions, "--turns": args.turns,
+        "--requests": args.requests, "--warmup": args.warmup,
+        "--input-tokens": args.input_tokens, "--output-tokens": args.output_tokens,
+        "--system-prompts": args.system_prompts,
+        "--system-prompt-tokens": args.system_prompt_tokens, "--tool-tokens": args.tool_tokens,
+        "--think-time": args.think_time, "--tool-time": args.tool_time,
+        "--return-fraction": args.return_fraction, "--return-gap": args.return_gap,
+        "--seed": args.seed, "--slo": f"ttft_p99_ms={args.slo_ttft_ms}",
+    }  # fmt: skip
+
+
+def one_run(policy: str, b: Bench, run_dir: Path) -> Row:
+    run_dir.mkdir(parents=True)
+    running = len(b.procs)
+    try:
+        url = start_router(policy, b, run_dir)
+        before = [scrape(r) for r in b.replicas]
+        run = bench(url, b.model, workload(b.args), run_dir)
+        after = [scrape(r) for r in b.replicas]
+    finally:
+        while len(b.procs) > running:  # this run's router only
+            stop(b.procs.pop())
+    hit, share = cache_stats(before, after)
+    return {
+        "policy": policy, "dir": str(run_dir), "ttft_p50": run["ttft_ms"]["p50"],
+        "ttft_p50_returning": (run.get("ttft_ms_returning") or {}).get("p50"),
+        "rps": run["request_throughput"], "out_tps": run["output_throughput"],
+        "goodput": run["goodput_rps"], "attainment": run["slo_attainment"],
+        "failed": run["failed"], "vllm_hit": hit, "r0_share": share,
+    }  # fmt: skip
+
+
+def table(b: Bench, policies: list[str]) -> str:
+    def med(policy: str, key: str) -> float | None:
+        values = [r[key] for r in b.rows if r["policy"] == policy and r[key] is not None]
+        return statistics.median(values) if values else None
+
+    lines = [
+        f"TTFT SLO {b.args.slo_ttft_ms:.0f} ms; medians over {b.args.rounds} round(s)",
+        f"{'policy':<18} {'TTFT p50':>8} {'p50 ret':>8} {'req/s':>6} {'out tok/s':>9} "
+        f"{'goodput/s':>9} {'SLO met':>7} {'vLLM hit':>8} {'r0 share':>8}",
+    ]
+    for p in (p for p in policies if any(r["policy"] == p for r in b.rows)):
+        lines.append(
+            f"{p:<18} {med(p, 'ttft_p50') or 0:>8.0f} {med(p, 'ttft_p50_returning') or 0:>8.0f} "
+            f"{med(p, 'rps') or 0:>6.2f} {med(p, 'out_tps') or 0:>9.1f} "
+            f"{med(p, 'goodput') or 0:>9.2f} {pct(med(p, 'attainment')):>7} "
+            f"{pct(med(p, 'vllm_hit')):>8} {pct(med(p, 'r0_share')):>8}"
+        )
+    # The issue's targets, for each policy that is not a baseline.
+    rr, today = med("round_robin", "ttft_p50"), med("prefix_affinity", "ttft_p50")
+    router = med("cache_aware", "goodput")
+    for p in (p for p in policies if p not in BASELINES):
+        if (ours := med(p, "ttft_p50")) is not None and rr and today:
+            lines.append(f"target {p}: TTFT p50 {ours / rr - 1:+.0%} vs round_robin (<= -40%), "
+                         f"{ours / today - 1:+.0%} vs prefix_affinity (<= -15%)")  # fmt: skip
+        if (good := med(p, "goodput")) is not None and router:
+            lines.append(f"target {p}: goodput x{good / router:.2f} vllm-router's cache_aware "
+                         "(>= 1)")  # fmt: skip
+    if failed := sum(r["failed"] for r in b.rows):
+        lines.append(f"WARNING: {failed} requests failed (see each run's bench.log)")
+    return "\n".join(lines)
+
+
+def run_all(b: Bench, policies: list[str]) -> None:
+    total = b.args.rounds * len(policies)
+    for round_ in range(b.args.rounds):
+        shift = round_ % len(policies)  # rotate, so no policy always runs first or last
+        for policy in policies[shift:] + policies[:shift]:
+            if not reset_caches(b.replicas):
+                print("WARNING: prefix caches not reset: this run may start warm")
+            started, index = time.monotonic(), len(b.rows) + 1
+            row = one_run(policy, b, b.args.out / f"{index:02d}-{policy}")
+            b.rows.append(row)
+            print(f"run {index}/{total} {policy}: TTFT p50 {row['ttft_p50'] or 0:.0f} ms, "
+                  f"{row['rps']:.2f} req/s, goodput {row['goodput']:.2f} req/s, vLLM hit "
+                  f"{pct(row['vllm_hit'])} ({time.monotonic() - started:.0f} s)",
+                  flush=True)  # fmt: skip
+
+
+def calibrate(b: KvBench) -> Path:
+    """A quick step-time profile of the first replica (idle now) for the simulator."""
+    profile: Path = b.args.out / "profile.json"
+    argv = [SERVEPILOT, "calibrate", "--url", b.replicas[0], "--quick", "--out", str(profile),
+            "--max-prompt-tokens", "2048"]  # fmt: skip
+    print(f"calibrating {b.replicas[0]} for the simulator (about 2 minutes)", flush=True)
+    if spawn(argv, b.args.out / "calibrate.log").wait() != 0:
+        raise SystemExit(f"servepilot calibrate failed:\n{tail(b.args.out / 'calibrate.log')}")
+    return profile
+
+
+def simulate(b: KvBench, policies: list[str], profile: Path | None) -> None:
+    """Each policy in the simulator at each of --sim-replicas, scaled from the measured fleet
+    (two replicas): sessions and turns per replica kept. Step times from `profile` (else the
+    planner's roofline, which on a CPU is rough)."""
+    from servepilot.core.config import PolicyName
+
+    known = {p.value for p in PolicyName}
+    for replicas in b.args.sim_replicas:
+        for policy in policies:
+            if policy not in known:
+                print(f"sim: {policy} is not a servepilot policy: left out", flush=True)
+                continue
+            run_dir = b.args.out / f"sim-{replicas}-{policy}"
+            scale = replicas / len(b.replicas)
+            flags = {**workload(b.args), "--concurrency": round(b.args.sessions * scale),
+                     "--requests": round(b.args.requests * scale),
+                     "--warmup": round(b.args.warmup * scale)}  # fmt: skip
+            argv = [SERVEPILOT, "sim", "-c", str(b.args.out / "fleet.yaml"), "--replicas",
+                    str(replicas), "--policy", policy, "--out", str(run_dir)]  # fmt: skip
+            argv += [str(item) for pair in flags.items() for item in pair]
+            argv += ["--profile", str(profile)] if profile is not None else []
+            run_dir.mkdir(parents=True)
+            proc = spawn(argv, run_dir / "sim.log")
+            if proc.wait() != 0:
+                raise SystemExit(f"servepilot sim failed:\n{tail(run_dir / 'sim.log')}")
+            run = json.loads((run_dir / "results.json").read_text())["runs"][0]
+            b.sims.append({"policy": policy, "replicas": replicas,
+                           "ttft_p50": run["ttft_ms"]["p50"], "rps": run["request_throughput"],
+                           "goodput": run["goodput_rps"]})  # fmt: skip
+
+
+def sim_table(b: KvBench, policies: list[str]) -> str:
+    """The simulated runs' TTFT p50 next to the measured one, and whether they order the
+    policies the same way (lowest TTFT p50 first)."""
+    measured = {p: statistics.median(r["ttft_p50"] for r in b.rows if r["policy"] == p)
+                for p in policies if any(r["policy"] == p for r in b.rows)}  # fmt: skip
+    lines = []
+    for replicas in b.args.sim_replicas:
+        simulated = {s["policy"]: s for s in b.sims if s["replicas"] == replicas}
+        if not simulated:
+            continue
+        lines.append(f"sim, {replicas} replicas: " + ", ".join(
+            f"{p} TTFT p50 {s['ttft_p50'] or 0:.0f} ms, {s['rps']:.2f} req/s, goodput "
+            f"{s['goodput']:.2f} req/s" for p, s in simulated.items()))  # fmt: skip
+        both = [p for p in measured if p in simulated]
+        by_sim = sorted(both, key=lambda p: simulated[p]["ttft_p50"] or math.inf)
+        by_real = sorted(both, key=lambda p: measured[p] or math.inf)
+        same = "the same as" if by_sim == by_real else "NOT the same as"
+        lines.append(f"  order {' < '.join(by_sim)}: {same} measured ({' < '.join(by_real)})")
+    return "\n".join(lines)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    add = p.add_argument
+    add("--policies", type=lambda s: s.split(","), default=["round_robin", "prefix_affinity"],
+        help="comma-separated `servepilot gateway --policy` names; cache_aware is "
+        "vllm-router's")  # fmt: skip
+    add("--rounds", type=int, default=1, help="rounds over the policies")
+    add("--sessions", type=int, default=10, help="sessions live at a time (closed loop)")
+    add("--turns", type=int, default=8, help="turns per session")
+    add("--requests", type=int, default=120, help="measured turns per run")
+    add("--warmup", type=int, default=10, help="unmeasured turns first")
+    add("--input-tokens", type=int, default=96, help="tokens of a user message")
+    add("--output-tokens", type=int, default=16, help="tokens of an answer")
+    add("--system-prompts", type=int, default=4)
+    add("--system-prompt-tokens", type=int, default=512)
+    add("--tool-tokens", type=int, default=160, help="tokens of a tool's result")
+    add("--think-time", type=float, default=1.0, help="mean s before a user's turn")
+    add("--tool-time", type=float, default=0.3, help="mean s before a tool's turn")
+    add("--return-fraction", type=float, default=0.25)
+    add("--return-gap", type=float, default=20.0, help="s a returning session stays away")
+    add("--slo-ttft-ms", type=float, default=2000.0, help="per-request TTFT limit (goodput)")
+    add("--seed", type=int, default=0, help="the sessions' seed (the same in every run)")
+    add("--kv-cache-gib", type=float, default=0.15, help="KV cache per replica")
+    add("--max-model-len", type=int, default=4096)
+    add("--startup-timeout", type=float, default=900.0, help="seconds for the replicas")
+    add("--gateway-config", type=Path, help="fleet.yaml for the servepilot gateways")
+    add("--sim-replicas", type=lambda s: [int(v) for v in s.split(",") if v], default=[16, 64],
+        help="replica counts to simulate the policies at, after the measured runs (empty: "
+        "none)")  # fmt: skip
+    add("--sim-profile", type=Path, help="step-time profile for the simulator (default: "
+        "calibrate the first replica after the measured runs, quickly)")  # fmt: skip
+    add("--router", type=Path, default=Path(bench_routing.ROUTER),
+        help="the vllm-router executable (for cache_aware)")  # fmt: skip
+    add("--out", type=Path,
+        default=ROOT / "out" / "bench-kv-routing" / time.strftime("%Y%m%d-%H%M%S"))  # fmt: skip
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    b = KvBench(args)
+    if not TOKENIZER.is_dir():
+        raise SystemExit(f"{TOKENIZER} is missing: run `make model` first")
+    bench_routing.ROUTER = str(args.router)  # what its start_router runs for cache_aware
+    for exe in (SERVEPILOT, args.router) if "cache_aware" in args.policies else (SERVEPILOT,):
+        if not Path(exe).exists():
+            raise SystemExit(
+                f"{exe} is missing: run with the venv's python (make bench-kv-routing)"
+            )
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops the children
+    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        b.replicas = vllm_replicas(b)
+        print(f"replicas {' '.join(b.replicas)}", flush=True)
+        run_all(b, args.policies)
+        if args.sim_replicas:
+            simulate(b, args.policies, args.sim_profile or calibrate(b))
+    finally:
+        for proc in reversed(b.procs):
+            stop(proc, 120.0)  # `up`: drain, then its replicas' own stop grace
+        if b.rows:  # also after a failure: the runs that finished
+            settings = {k: str(v) for k, v in vars(args).items()}
+            summary = {"settings": settings, "runs": b.rows, "simulated": b.sims}
+            (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
+            print(f"{table(b, args.policies)}\n{sim_table(b, args.policies)}\n"
+                  f"results: {args.out}/NN-policy/, sim-N-policy/, summary.json")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
