@@ -25,7 +25,8 @@ class StepLatency:
         """The steps that prefill `new_tokens` after `cached_tokens`, in chunks of what the
         step budget leaves beside `decode_seqs` decoding sequences (one token each).
 
-        The cost model is linear in the step's shape, so the chunks add up in closed form:
+        The cost model's linear terms add up over the chunks in closed form (its measured
+        token operators, where it has them, are looked up per step):
         each step pays the base, one prefill sequence and the decode batch; the chunks
         together compute every new token and the whole prompt's attention pairs (the sum of
         the chunks' pairs is the unchunked prompt's); the k-th chunk also reads the k
@@ -41,7 +42,14 @@ class StepLatency:
             + chunk * steps * (steps - 1) // 2,
             prefill_pairs=prefill_pairs(new, cached_tokens),
         )
-        return self.cost.step_time_s(shape) + (steps - 1) * self.cost.base_s
+        total = self.cost.step_time_s(shape) + (steps - 1) * self.cost.base_s
+        if self.cost.token_table_s:
+            # The measured token operators are not linear: each step's tokens look it up.
+            last = new - chunk * (steps - 1)
+            per_step = (steps - 1) * self.cost.token_ops_s(chunk + decode_seqs)
+            per_step += self.cost.token_ops_s(last + decode_seqs)
+            total += per_step - self.cost.token_ops_s(new + decode_seqs * steps)
+        return total
 
     def decode_step_s(self, decode_seqs: int, context_tokens: int) -> float:
         return self.cost.step_time_s(StepShape(0, 0, decode_seqs, context_tokens, 0))
