@@ -166,15 +166,15 @@ def test_guessed_index_counts_tokens_at_the_routing_estimate() -> None:
     assert index.cached_tokens(RequestView(model="m", prefix_hashes=(7, 8, 9))) == {"r3": 128}
 
 
-# A GPU profile's token operators: a floor of 3 ms up to 200 tokens, then 20 us a token.
-TABLE = tuple(max(3e-3, 2e-5 * t) for t in range(257))
+# A GPU profile's token operators, to the step budget: a floor of 3 ms up to 300 tokens.
+TABLE = tuple(max(3e-3, 1e-5 * t) for t in range(257))
 
 
 @pytest.mark.parametrize("table", [(), TABLE], ids=["linear", "token table"])
 def test_a_chunked_prefill_is_its_chunks_stepped_one_by_one(table: tuple[float, ...]) -> None:
     cost = CostModel(0.004, 2e-4, 3e-4, 5e-4, 1e-6, 1e-9, source="test", token_table_s=table)
     model = StepLatency(cost, max_num_batched_tokens=256)
-    new, cached, decode, context = 1000, 300, 6, 4000
+    new, cached, decode, context = 1100, 300, 6, 4000  # four full chunks and a short one
     chunk, done, stepped = 256 - decode, 0, 0.0
     while done < new:
         size = min(chunk, new - done)
