@@ -61,9 +61,10 @@ SUBCOMMANDS = ["plan", "up", "status", "down", "logs", "sleep", "wake", "gateway
     [
         ("servepilot ", [*SUBCOMMANDS, "-h", "--help", "--version"]),
         ("servepilot bench --con", ["--concurrency"]),
-        ("servepilot sim --policy pre", ["prefix_affinity"]),
+        ("servepilot sim --policy pre", ["prefix_affinity", "predicted_latency"]),
         ("servepilot gateway --policy ",
-         ["round_robin", "least_load", "prefix_affinity", "session", "length_shard", "hybrid"]),
+         ["round_robin", "least_load", "prefix_affinity", "session", "length_shard", "hybrid",
+          "predicted_latency"]),
         ("servepilot up --engine ", ["vllm", "sim"]),
         ("servepilot up --model llama-3.1-", ["llama-3.1-70b", "llama-3.1-8b"]),
         ("servepilot plan --accelerator h", ["h100-80", "h200-141"]),
@@ -99,7 +100,7 @@ def test_zsh_offers_the_same_candidates(scripts: dict[str, Path]) -> None:
     # offers them all), so the words offered are those of the command reached.
     offered = _complete("zsh", scripts["zsh"], "servepilot sim --policy ")
     assert offered == ["round_robin", "least_load", "prefix_affinity", "session",
-                       "length_shard", "hybrid"]  # fmt: skip
+                       "length_shard", "hybrid", "predicted_latency"]  # fmt: skip
     assert "--concurrency" in _complete("zsh", scripts["zsh"], "servepilot bench --model sim --")
     assert _complete("zsh", scripts["zsh"], "servepilot models l") == [
         "list",
