@@ -62,7 +62,9 @@ def replica_command(
     return launch_command(config.engine, spec, config.hardware.device, cores)
 
 
-def kv_events_ports(config: FleetConfig, model: ResolvedModel | SimModel, host: str) -> KvEventsPorts | None:
+def kv_events_ports(
+    config: FleetConfig, model: ResolvedModel | SimModel, host: str
+) -> KvEventsPorts | None:
     """Two free ports for a vLLM replica's KV events (engine.kv_events); None for none."""
     if isinstance(model, SimModel) or not config.engine.kv_events:
         return None

@@ -26,6 +26,7 @@ from typing import Any
 import msgspec
 import zmq
 import zmq.asyncio
+from yarl import URL
 
 from servepilot.routing.kv_index import (
     AllBlocksCleared,
@@ -131,7 +132,7 @@ class KvEventFeed:
         try:
             await self._probe()
             while True:
-                if await sub.poll(self._quiet_probe_s * 1000) == 0:
+                if not await sub.poll(self._quiet_probe_s * 1000):
                     await self._probe()
                     continue
                 _topic, seq_bytes, payload = await sub.recv_multipart()
@@ -189,7 +190,7 @@ class KvEventFeed:
         try:
             await dealer.send_multipart((b"", start_seq.to_bytes(8, "big")))
             while True:
-                if await dealer.poll(self._replay_timeout_s * 1000) == 0:
+                if not await dealer.poll(self._replay_timeout_s * 1000):
                     return None
                 frames = await dealer.recv_multipart()
                 _empty, _topic, seq_bytes, payload = frames
@@ -202,16 +203,21 @@ class KvEventFeed:
 
 class KvEventFeeds:
     """Every replica's feed, owned by the gateway: started as replicas join, stopped as they
-    leave, all stopped (before the index is dropped) when the gateway stops."""
+    leave, all stopped (before the ZMQ context ends) when the gateway stops."""
 
     def __init__(self, index: KvIndex) -> None:
         self.index = index
         self._context: zmq.asyncio.Context | None = None
         self._feeds: dict[str, KvEventFeed] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
 
     def subscribe(self, replica_id: str, endpoint: KvEventsEndpoint) -> None:
+        """Follow the replica's events (again: a replica back at new ports is followed
+        there, from nothing)."""
         if replica_id in self._feeds:
-            return
+            if self._feeds[replica_id].endpoint == endpoint:
+                return
+            self.unsubscribe(replica_id)
         if self._context is None:
             self._context = zmq.asyncio.Context()
         self.index.detach(replica_id, f"KV events from {replica_id} not received yet")
@@ -219,18 +225,38 @@ class KvEventFeeds:
         self._feeds[replica_id] = feed
         feed.start()
 
-    async def unsubscribe(self, replica_id: str) -> None:
+    def unsubscribe(self, replica_id: str) -> None:
+        """Stop following the replica and forget its blocks (it left the pool)."""
         feed = self._feeds.pop(replica_id, None)
         if feed is not None:
-            await feed.stop()
+            stopping = asyncio.ensure_future(feed.stop())
+            self._stopping.add(stopping)
+            stopping.add_done_callback(self._stopping.discard)
         self.index.forget(replica_id)
 
     def feed(self, replica_id: str) -> KvEventFeed | None:
         return self._feeds.get(replica_id)
 
+    def describe(self, replica_id: str) -> dict[str, str]:
+        """The admin API's account of the replica's prefix cache: exact or guessed, and why."""
+        why = self.index.why_not_exact(replica_id)
+        if why is None:
+            return {"prefix_index": "exact"}
+        return {"prefix_index": "guessed", "prefix_index_why": why}
+
     async def close(self) -> None:
         for replica_id in list(self._feeds):
-            await self.unsubscribe(replica_id)
+            self.unsubscribe(replica_id)
+        if self._stopping:
+            await asyncio.gather(*self._stopping)
         if self._context is not None:
             self._context.term()
             self._context = None
+
+
+def endpoint_on(url: str, publish_port: int, replay_port: int) -> KvEventsEndpoint:
+    """The endpoints of a replica serving at `url` that publishes on those ports."""
+    host = URL(url).host or "127.0.0.1"
+    if ":" in host:  # an IPv6 address goes in brackets in a ZMQ endpoint too
+        host = f"[{host}]"
+    return KvEventsEndpoint(f"tcp://{host}:{publish_port}", f"tcp://{host}:{replay_port}")

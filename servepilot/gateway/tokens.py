@@ -19,8 +19,11 @@ import json
 import re
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from servepilot.routing.kv_index import BlockHashing, prompt_block_hashes
 
 
 class PieceCache:
@@ -123,3 +126,26 @@ class PromptTokenizer:
     def whole_ids(self, text: str) -> list[int]:
         """The text tokenised whole, without the piece cache (what the cache must equal)."""
         return list(self._encode_piece(text, add_special_tokens=False).ids)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptKeys:
+    """What the exact index needs of a prompt: its length and its blocks' hashes."""
+
+    tokens: int
+    block_hashes: tuple[bytes, ...]
+
+
+class PromptBlocks:
+    """A request body's token count and vLLM block hashes, by the tokenizer and hashing the
+    replicas use."""
+
+    def __init__(self, tokenizer: PromptTokenizer, hashing: BlockHashing) -> None:
+        self.tokenizer = tokenizer
+        self.hashing = hashing
+
+    def keys(self, doc: Mapping[str, Any]) -> PromptKeys | None:
+        ids = self.tokenizer.body_ids(doc)
+        if ids is None:
+            return None
+        return PromptKeys(len(ids), tuple(prompt_block_hashes(ids, self.hashing)))

@@ -7,6 +7,7 @@ import random
 from servepilot.core.config import PolicyName, RoutingConfig
 from servepilot.routing.base import ReplicaView, RequestView, RoutingPolicy
 from servepilot.routing.hybrid import Hybrid
+from servepilot.routing.kv_index import KvIndex
 from servepilot.routing.least_load import LeastLoad
 from servepilot.routing.length_shard import LengthShard
 from servepilot.routing.prefix import prefix_hashes, prompt_text
@@ -31,11 +32,16 @@ __all__ = [
 
 
 def make_policy(
-    name: PolicyName, config: RoutingConfig | None = None, seed: int | None = None
+    name: PolicyName,
+    config: RoutingConfig | None = None,
+    seed: int | None = None,
+    *,
+    kv_index: KvIndex | None = None,
 ) -> RoutingPolicy:
     """The policy called `name`, tuned by `config` (defaults when None).
 
-    `seed` fixes the random choices of randomised policies; pass it by keyword.
+    `seed` fixes the random choices of randomised policies; pass it by keyword. `kv_index`:
+    the exact index the prefix-aware policies consult for replicas whose KV events flow.
     """
     # PolicyName() also accepts the plain string, and refuses an unknown one with ValueError.
     policy = PolicyName(name)
@@ -46,9 +52,9 @@ def make_policy(
     if policy is PolicyName.LEAST_LOAD:
         return LeastLoad(rng)
     if policy is PolicyName.PREFIX_AFFINITY:
-        return PrefixAffinity(knobs, rng)
+        return PrefixAffinity(knobs, rng, kv_index=kv_index)
     if policy is PolicyName.SESSION:
         return SessionAffinity(knobs, rng)
     if policy is PolicyName.LENGTH_SHARD:
         return LengthShard(knobs, rng)
-    return Hybrid(knobs, rng)
+    return Hybrid(knobs, rng, kv_index)

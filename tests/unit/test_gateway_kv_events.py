@@ -19,9 +19,7 @@ HASHING = BlockHashing(block_size=4)
 
 
 def _endpoint() -> KvEventsEndpoint:
-    return KvEventsEndpoint(
-        f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-    )
+    return KvEventsEndpoint(f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}")
 
 
 def _publisher(endpoint: KvEventsEndpoint) -> Any:
