@@ -47,13 +47,13 @@ class RequestView:
     prefix_hashes: tuple[int, ...] = ()
     """Chained hashes of the prompt's leading blocks (see `routing.prefix`); filled only for
     policies whose `uses_prefix` is true."""
-    kv_block_hashes: tuple[bytes, ...] = ()
-    """The prompt's block hashes as vLLM computes them (`routing.kv_index`), for the exact
-    index; filled only when the gateway tokenises prompts."""
     session_id: str | None = None
     priority: int = Priority.P1
     arrival_s: float = 0.0
     """The gateway's (or the simulator's) clock when the request arrived."""
+    kv_block_hashes: tuple[bytes, ...] = ()
+    """The prompt's block hashes as vLLM computes them (`routing.kv_index`), for the exact
+    index; filled only when the gateway tokenises prompts."""
 
 
 class RoutingPolicy(Protocol):
