@@ -7,11 +7,16 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import pytest
 
+from servepilot.engine.model_source import embedded_model_dir
 from servepilot.engine.process import free_port
 from servepilot.gateway.kv_events import KvEventFeeds, KvEventsEndpoint
+from servepilot.gateway.tokens import PromptTokenizer
 from servepilot.routing.kv_index import BlockHashing, KvIndex, external_hash, prompt_block_hashes
+from tests.unit.fake_upstream import FakeUpstream
+from tests.unit.gateway_support import chat, gateway_in_front_of
 
 kv_events = pytest.importorskip("vllm.distributed.kv_events")
 
@@ -149,3 +154,61 @@ def test_a_replica_that_publishes_nothing_is_guessed_with_a_reason() -> None:
             await feeds.close()
 
     _run(body)
+
+
+def test_the_gateway_routes_a_prompt_to_the_replica_whose_events_say_it_holds_it() -> None:
+    """End to end in the gateway: its tokenizer, the exact index fed by a real publisher, the
+    routing, and /admin/replicas telling exact from guessed."""
+    folder = embedded_model_dir()
+    if not (folder / "tokenizer.json").exists():
+        pytest.skip("the embedded model is not converted here (servepilot models pull)")
+
+    async def body() -> None:
+        a, b = FakeUpstream("a"), FakeUpstream("b")
+        await a.start()
+        await b.start()
+        endpoint = _endpoint()
+        publisher = _publisher(endpoint)
+        hashing = BlockHashing(block_size=16)
+        settings = {"tokenizer": str(folder), "block_size": 16}
+        async with (
+            gateway_in_front_of([], policy="prefix_affinity", kv_index=settings) as (gw, url),
+            aiohttp.ClientSession() as client,
+        ):
+            await gw.membership.join("a", a.url, kv_events=_ports(endpoint))
+            await gw.membership.join("b", b.url, kv_events=(free_port(), free_port()))
+            request = chat("a question long enough to fill a few blocks " * 8)
+            tokens = PromptTokenizer(folder).body_ids(request)
+            assert tokens is not None
+            digests = prompt_block_hashes(tokens, hashing)
+            stored = kv_events.BlockStored(
+                block_hashes=[external_hash(d) for d in digests],
+                parent_block_hash=None,
+                token_ids=tokens[: 16 * len(digests)],
+                block_size=16,
+                lora_id=None,
+                medium="GPU",
+                lora_name=None,
+            )
+            publisher.publish(kv_events.KVEventBatch(ts=1.0, events=[stored]))
+            index = gw.kv_feeds.index if gw.kv_feeds is not None else None
+            assert index is not None
+            await _eventually(lambda: index.cached_prefix_tokens("a", digests) > 0)
+            for _ in range(4):
+                async with client.post(f"{url}/v1/chat/completions", json=request) as resp:
+                    assert resp.status == 200
+                    assert resp.headers["X-Servepilot-Replica"] == "a"
+            async with client.get(f"{url}/admin/replicas") as resp:
+                listed = {r["id"]: r for r in await resp.json()}
+            assert listed["a"]["prefix_index"] == "exact"
+            assert listed["b"]["prefix_index"] == "guessed"
+            await _eventually(
+                lambda: index.why_not_exact("b") == "KV events are not flowing from b"
+            )
+        publisher.shutdown()
+
+    _run(body)
+
+
+def _ports(endpoint: KvEventsEndpoint) -> tuple[int, int]:
+    return int(endpoint.publish.rsplit(":", 1)[1]), int(endpoint.replay.rsplit(":", 1)[1])
