@@ -124,6 +124,21 @@ class KvEventFeed:
                 await task
 
     async def _run(self) -> None:
+        """Follow the stream; after a failure (a malformed message), start again from a new
+        socket a little later, the replica guessed meanwhile."""
+        while True:
+            try:
+                await self._follow()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a malformed message costs exactness, not the gateway
+                log.warning("KV events from %s failed: %s", self.replica_id, exc)
+                self._index.detach(
+                    self.replica_id, f"KV events from {self.replica_id} failed: {exc}"
+                )
+            await asyncio.sleep(self._quiet_probe_s)
+
+    async def _follow(self) -> None:
         sub = self._context.socket(zmq.SUB)
         sub.setsockopt(zmq.RCVHWM, _RECV_HWM)
         sub.setsockopt(zmq.LINGER, 0)
@@ -135,13 +150,10 @@ class KvEventFeed:
                 if not await sub.poll(self._quiet_probe_s * 1000):
                     await self._probe()
                     continue
-                _topic, seq_bytes, payload = await sub.recv_multipart()
-                await self._live(decode_batch(seq_bytes, payload))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a malformed message must cost exactness, not the gateway
-            log.warning("KV events from %s stopped: %s", self.replica_id, exc)
-            self._index.detach(self.replica_id, f"KV events from {self.replica_id} failed: {exc}")
+                frames = await sub.recv_multipart()
+                if len(frames) != 3:
+                    raise ValueError(f"a message of {len(frames)} frames, not 3")
+                await self._live(decode_batch(frames[1], frames[2]))
         finally:
             sub.close(linger=0)
 
@@ -193,7 +205,11 @@ class KvEventFeed:
                 if not await dealer.poll(self._replay_timeout_s * 1000):
                     return None
                 frames = await dealer.recv_multipart()
-                _empty, _topic, seq_bytes, payload = frames
+                if len(frames) != 4:
+                    # Not vLLM's replay: with nothing listening on the port, a TCP connect to
+                    # it from that same port can meet itself, and the request comes back.
+                    return None
+                seq_bytes, payload = frames[2], frames[3]
                 if int.from_bytes(seq_bytes, "big", signed=True) == _END_SEQ:
                     return batches
                 batches.append(decode_batch(seq_bytes, payload))
@@ -239,10 +255,16 @@ class KvEventFeeds:
 
     def describe(self, replica_id: str) -> dict[str, str]:
         """The admin API's account of the replica's prefix cache: exact or guessed, and why."""
+        feed = self._feeds.get(replica_id)
+        doc = (
+            {}
+            if feed is None
+            else {"kv_events": feed.endpoint.publish, "kv_replay": feed.endpoint.replay}
+        )
         why = self.index.why_not_exact(replica_id)
         if why is None:
-            return {"prefix_index": "exact"}
-        return {"prefix_index": "guessed", "prefix_index_why": why}
+            return doc | {"prefix_index": "exact"}
+        return doc | {"prefix_index": "guessed", "prefix_index_why": why}
 
     async def close(self) -> None:
         for replica_id in list(self._feeds):

@@ -4,6 +4,7 @@ predicts a repeated prompt finds cached are the tokens vLLM reports it reused.""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import urllib.request
@@ -11,13 +12,15 @@ from typing import Any
 
 import pytest
 
+from servepilot.core.config import GatewayConfig, PolicyName
+from servepilot.engine.model_source import embedded_model_dir
+from servepilot.gateway import Gateway
 from tests.integration.fleetproc import RunningFleet
 from tests.integration.gatewayproc import scrape
 
 pytestmark = pytest.mark.vllm
 
 MODEL = "smollm2"
-PREDICTED = "servepilot_routing_stat"
 VLLM_HITS = "vllm:prefix_cache_hits_total"
 
 
@@ -54,20 +57,50 @@ def test_every_replica_is_exact(vllm_fleet: RunningFleet) -> None:
     assert [r.get("prefix_index") for r in listed] == ["exact"] * len(listed), listed
 
 
+def _port(endpoint: str) -> int:
+    return int(endpoint.rsplit(":", 1)[1])
+
+
 def test_predicted_cached_tokens_match_what_vllm_reused(vllm_fleet: RunningFleet) -> None:
-    urls = {r["replica_id"]: r["url"] for r in vllm_fleet.record["replicas"]}
-    # About 1,500 tokens, new to the fleet: 11 full 128-token blocks reusable on a repeat.
-    prompt = f"{time.time_ns()} " + " ".join(f"item {i} is {i * 7 % 13};" for i in range(300))
-    first = _chat(vllm_fleet.url, prompt)
-    time.sleep(1.0)  # the replica's BlockStored events reach the gateway
-    predicted_before = scrape(vllm_fleet.url).value(PREDICTED, stat="exact_cached_tokens_predicted")
-    hits_before = scrape(urls[first]).value(VLLM_HITS)
-    second = _chat(vllm_fleet.url, prompt)
-    predicted = (
-        scrape(vllm_fleet.url).value(PREDICTED, stat="exact_cached_tokens_predicted")
-        - predicted_before
+    """A gateway of its own (prefix_affinity: the shared fleet's hybrid policy may send a
+    repeat to the other length group) follows the fleet's replicas' KV events."""
+    listed = _replicas(vllm_fleet.url)
+    urls = {r["id"]: r["url"] for r in listed}
+    config = GatewayConfig(
+        port=0,
+        policy=PolicyName.PREFIX_AFFINITY,
+        kv_index={"tokenizer": str(embedded_model_dir()), "block_size": 128},
     )
+    # About 1,500 tokens, new to the fleet: 11 full 128-token blocks reusable on a repeat.
+    prompt = f"{time.time_ns()} " + " ".join(f"item {i} is {i * 7 % 13};" for i in range(200))
+
+    async def body() -> tuple[float, float, str, str]:
+        gateway = Gateway(config)
+        for replica in listed:
+            ports = (_port(replica["kv_events"]), _port(replica["kv_replay"]))
+            await gateway.membership.join(replica["id"], replica["url"], kv_events=ports)
+        port = await gateway.start("127.0.0.1", 0)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            index = gateway.kv_feeds.index if gateway.kv_feeds is not None else None
+            assert index is not None
+            for _ in range(100):
+                if all(index.is_exact(rid) for rid in urls):
+                    break
+                await asyncio.sleep(0.1)
+            first = await asyncio.to_thread(_chat, url, prompt)
+            await asyncio.sleep(1.0)  # the replica's BlockStored events reach the gateway
+            stat = "exact_cached_tokens_predicted"
+            predicted_before = gateway.policy.stats()[stat]
+            hits_before = scrape(urls[first]).value(VLLM_HITS)
+            second = await asyncio.to_thread(_chat, url, prompt)
+            predicted = gateway.policy.stats()[stat] - predicted_before
+            reused = scrape(urls[second]).value(VLLM_HITS) - hits_before
+            return predicted, reused, first, second
+        finally:
+            await gateway.stop(5.0)
+
+    predicted, reused, first, second = asyncio.run(body())
     assert second == first  # where its prefix is
-    reused = scrape(urls[second]).value(VLLM_HITS) - hits_before
     assert reused >= 1024, reused
     assert abs(predicted - reused) <= 0.05 * reused, (predicted, reused)
