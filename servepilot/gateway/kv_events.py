@@ -71,7 +71,8 @@ def _events(raw_events: Sequence[Any]) -> list[KvEvent]:
     for raw in raw_events:
         kind = raw.get("type") if isinstance(raw, dict) else None
         if kind == "BlockStored":
-            if raw.get("lora_name") or raw.get("extra_keys"):
+            extra_keys = raw.get("extra_keys") or ()
+            if raw.get("lora_name") or any(keys is not None for keys in extra_keys):
                 continue  # hashed with keys a plain prompt's hashes never carry
             events.append(
                 BlockStored(

@@ -8,13 +8,20 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 
 from servepilot.engine.model_source import embedded_model_dir
 from servepilot.engine.process import free_port
-from servepilot.gateway.kv_events import KvEventFeeds, KvEventsEndpoint
+from servepilot.gateway.kv_events import KvEventFeeds, KvEventsEndpoint, decode_batch
 from servepilot.gateway.tokens import PromptTokenizer
-from servepilot.routing.kv_index import BlockHashing, KvIndex, external_hash, prompt_block_hashes
+from servepilot.routing.kv_index import (
+    BlockHashing,
+    BlockStored,
+    KvIndex,
+    external_hash,
+    prompt_block_hashes,
+)
 from tests.unit.fake_upstream import FakeUpstream
 from tests.unit.gateway_support import chat, gateway_in_front_of
 
@@ -46,6 +53,8 @@ def _store(publisher: Any, tokens: list[int], ts: float) -> list[bytes]:
         lora_id=None,
         medium="GPU",
         lora_name=None,
+        extra_keys=[None] * len(digests),  # as vLLM 0.32 sends them: one per block
+        group_idx=0,
     )
     publisher.publish(kv_events.KVEventBatch(ts=ts, events=[event]))
     return digests
@@ -189,6 +198,7 @@ def test_the_gateway_routes_a_prompt_to_the_replica_whose_events_say_it_holds_it
                 lora_id=None,
                 medium="GPU",
                 lora_name=None,
+                extra_keys=[None] * len(digests),
             )
             publisher.publish(kv_events.KVEventBatch(ts=1.0, events=[stored]))
             index = gw.kv_feeds.index if gw.kv_feeds is not None else None
@@ -212,3 +222,15 @@ def test_the_gateway_routes_a_prompt_to_the_replica_whose_events_say_it_holds_it
 
 def _ports(endpoint: KvEventsEndpoint) -> tuple[int, int]:
     return int(endpoint.publish.rsplit(":", 1)[1]), int(endpoint.replay.rsplit(":", 1)[1])
+
+
+def test_blocks_hashed_with_extra_keys_are_not_indexed() -> None:
+    """A LoRA's or a multimodal prompt's blocks hash keys a plain prompt never has."""
+    plain = {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None,
+             "token_ids": [1, 2, 3, 4], "block_size": 4, "extra_keys": [None]}  # fmt: skip
+    salted = plain | {"block_hashes": [2], "extra_keys": [("salt",)]}
+    lora = plain | {"block_hashes": [3], "lora_name": "adapter"}
+    payload = msgspec.msgpack.encode([1.0, [plain, salted, lora], None])
+    batch = decode_batch((7).to_bytes(8, "big"), payload)
+    assert batch.seq == 7
+    assert [e.block_hashes for e in batch.events if isinstance(e, BlockStored)] == [(1,)]
