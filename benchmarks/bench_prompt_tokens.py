@@ -30,7 +30,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
 from servepilot.bench.corpus import corpus_paragraphs  # noqa: E402
-from servepilot.core.config import RoutingConfig  # noqa: E402
 from servepilot.engine.model_source import embedded_model_dir  # noqa: E402
 from servepilot.gateway.tokens import PromptBlocks, PromptTokenizer  # noqa: E402
 from servepilot.routing.kv_index import BlockHashing, prompt_block_hashes  # noqa: E402
@@ -39,26 +38,22 @@ from servepilot.routing.prefix import prefix_hashes, prompt_text  # noqa: E402
 TURN_WORDS = 380  # about 500 tokens of the corpus's prose
 
 
-def session(tokenizer: PromptTokenizer, tokens: int, requests: int) -> list[dict[str, Any]]:
-    """The bodies of the session's turns, the last `requests` of them at `tokens` or more."""
-    words = iter(" ".join(corpus_paragraphs(35)).split())
+def session(
+    tokenizer: PromptTokenizer, tokens: int, requests: int
+) -> list[tuple[dict[str, Any], int]]:
+    """The session's turns (body, prompt tokens), until `requests` of them hold `tokens`."""
+    words = (word for paragraph in corpus_paragraphs(35) for word in paragraph.split())
     messages: list[dict[str, str]] = [{"role": "system", "content": _take(words, 200)}]
-    bodies: list[dict[str, Any]] = []
-    while True:
+    turns: list[tuple[dict[str, Any], int]] = []
+    long_enough = 0
+    while long_enough < requests:
         messages = [*messages, {"role": "user", "content": _take(words, TURN_WORDS)}]
         body = {"model": "m", "messages": messages}
-        bodies.append(body)
         size = len(tokenizer.body_ids(body) or [])
-        if size >= tokens and len([b for b in bodies if _size(b) >= tokens]) >= requests:
-            return bodies
+        turns.append((body, size))
+        long_enough += size >= tokens
         messages = [*messages, {"role": "assistant", "content": _take(words, TURN_WORDS)}]
-
-
-_sizes: dict[int, int] = {}
-
-
-def _size(body: dict[str, Any]) -> int:
-    return _sizes.get(id(body), 0)
+    return turns
 
 
 def _take(words: Any, count: int) -> str:
@@ -74,6 +69,12 @@ def cpu_per_request_ms(keys: Callable[[dict[str, Any]], object], bodies: list[An
     return statistics.median(samples)
 
 
+def _approximate(body: dict[str, Any]) -> object:
+    """The text hashing every prefix-aware request pays today (RoutingConfig's defaults:
+    64 blocks of 256 characters)."""
+    return prefix_hashes(prompt_text(body, 256 * 64), 256, 64)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=32_768)
@@ -82,50 +83,46 @@ def main() -> None:
     args = parser.parse_args()
     folder = embedded_model_dir()
     hashing = BlockHashing(args.block_size)
-    probe = PromptTokenizer(folder)
-    bodies = session(probe, args.tokens, args.requests)
-    for body in bodies:
-        _sizes[id(body)] = len(probe.body_ids(body) or [])
-    measured = [b for b in bodies if _size(b) >= args.tokens][: args.requests]
-    warmup = bodies[: bodies.index(measured[0])]
-    print(f"{len(measured)} requests of {_size(measured[0]):,}-{_size(measured[-1]):,} tokens "
-          f"(turn {len(warmup) + 1} on), block size {args.block_size}")  # fmt: skip
+    turns = session(PromptTokenizer(folder), args.tokens, args.requests)
+    first = next(i for i, (_, size) in enumerate(turns) if size >= args.tokens)
+    warmup = [body for body, _ in turns[:first]]
+    measured = [body for body, _ in turns[first:]]
+    sizes = [size for _, size in turns[first:]]
+    print(f"{len(measured)} requests of {sizes[0]:,}-{sizes[-1]:,} tokens (turns "
+          f"{first + 1}-{len(turns)} of one session), block size {args.block_size}")  # fmt: skip
 
-    whole_tok = PromptTokenizer(folder, cache_chars=0)
-    whole = PromptBlocks(whole_tok, hashing)
+    whole = PromptTokenizer(folder, cache_chars=0)
 
     def whole_keys(body: dict[str, Any]) -> object:
-        text = whole_tok._tok.apply_chat_template(
-            body["messages"], tokenize=False, add_generation_prompt=True
-        )
-        return prompt_block_hashes(whole_tok.whole_ids(text), hashing)
+        return prompt_block_hashes(whole.whole_ids(_rendered(whole, body)), hashing)
 
     pieces = PromptBlocks(PromptTokenizer(folder), hashing)
     for body in warmup:  # the session's earlier turns went through this gateway
         pieces.keys(body)
-    ids = [pieces.tokenizer.body_ids(b) or [] for b in measured]
+    ids = {id(body): pieces.tokenizer.body_ids(body) or [] for body in measured}
     rows = {
         "whole (no reuse)": cpu_per_request_ms(whole_keys, measured),
         "pieces (reuse)": cpu_per_request_ms(pieces.keys, measured),
         "  of which template": cpu_per_request_ms(
-            lambda b: pieces.tokenizer._tok.apply_chat_template(
-                b["messages"], tokenize=False, add_generation_prompt=True
-            ),
-            measured,
+            lambda body: _rendered(pieces.tokenizer, body), measured
         ),
-        "  of which token ids (cached)": cpu_per_request_ms(pieces.tokenizer.body_ids, measured),
+        "  of which template + ids": cpu_per_request_ms(pieces.tokenizer.body_ids, measured),
         "  of which block hashes": cpu_per_request_ms(
-            lambda b: prompt_block_hashes(ids[measured.index(b)], hashing), measured
+            lambda body: prompt_block_hashes(ids[id(body)], hashing), measured
         ),
-        "approximate index today": cpu_per_request_ms(
-            lambda b: prefix_hashes(prompt_text(b, 256 * 64), 256, 64), measured
-        ),
+        "approximate index today": cpu_per_request_ms(_approximate, measured),
     }
-    _ = RoutingConfig  # the approximate index's defaults: 64 blocks of 256 characters
     for name, ms in rows.items():
         print(f"{name:32s} {ms:8.2f} ms CPU per request")
     cache = pieces.tokenizer.pieces
     print(f"piece cache: {cache.hits} hits, {cache.misses} misses")
+
+
+def _rendered(tokenizer: PromptTokenizer, body: dict[str, Any]) -> str:
+    text: str = tokenizer.hf.apply_chat_template(
+        body["messages"], tokenize=False, add_generation_prompt=True
+    )
+    return text
 
 
 if __name__ == "__main__":

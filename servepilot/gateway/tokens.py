@@ -80,6 +80,11 @@ class PromptTokenizer:
     def pieces(self) -> PieceCache:
         return self._pieces
 
+    @property
+    def hf(self) -> Any:
+        """The Hugging Face tokenizer itself (its chat template)."""
+        return self._tok
+
     def body_ids(self, doc: Mapping[str, Any]) -> list[int] | None:
         """The prompt's ids for a chat or completions body; None for what it cannot render
         (multimodal parts, a list of prompts, a template error)."""
