@@ -131,10 +131,10 @@ def server_args(
     args += _toggle("enable-prefix-caching", engine.enable_prefix_caching)
     if engine.enforce_eager_on(device):
         args.append("--enforce-eager")
-    if engine.sleep_mode:
-        args.append("--enable-sleep-mode")
     if spec.kv_events is not None and engine.kv_events:
         args += ["--kv-events-config", spec.kv_events.config_json()]
+    if engine.sleep_mode:
+        args.append("--enable-sleep-mode")
     args += list(engine.extra_args)
     return args
 
