@@ -38,7 +38,7 @@ from servepilot.gateway.errors import (
     no_ready_replica,
     server_error_body,
 )
-from servepilot.gateway.kv_events import KvEventFeeds
+from servepilot.gateway.kv_events import KvEventFeeds, KvIndexCollector
 from servepilot.gateway.membership import Membership
 from servepilot.gateway.metrics import GatewayMetrics
 from servepilot.gateway.pool import ReplicaPool
@@ -94,6 +94,8 @@ class Gateway:
         self.metrics.watch(self.dispatcher)
         self.access_log = _access_log(config, access_log_path)
         self.metrics.watch_access_log(self.access_log)
+        if self.kv_feeds is not None:
+            self.metrics.registry.register(KvIndexCollector(self.kv_feeds))
         proxy = Proxy(config, self.pool, self.policy, self.dispatcher, self.metrics, tokens)
         self.warm = WarmPool(self.pool)
         self.membership = Membership(self.pool, self.kv_feeds)

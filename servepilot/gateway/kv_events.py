@@ -19,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import zmq
 import zmq.asyncio
+from prometheus_client.core import GaugeMetricFamily, Metric
 from yarl import URL
 
 from servepilot.routing.kv_index import (
@@ -254,6 +255,9 @@ class KvEventFeeds:
     def feed(self, replica_id: str) -> KvEventFeed | None:
         return self._feeds.get(replica_id)
 
+    def replica_ids(self) -> list[str]:
+        return sorted(self._feeds)
+
     def describe(self, replica_id: str) -> dict[str, str]:
         """The admin API's account of the replica's prefix cache: exact or guessed, and why."""
         feed = self._feeds.get(replica_id)
@@ -283,3 +287,30 @@ def endpoint_on(url: str, publish_port: int, replay_port: int) -> KvEventsEndpoi
     if ":" in host:  # an IPv6 address goes in brackets in a ZMQ endpoint too
         host = f"[{host}]"
     return KvEventsEndpoint(f"tcp://{host}:{publish_port}", f"tcp://{host}:{replay_port}")
+
+
+class KvIndexCollector:
+    """`servepilot_prefix_index_exact{replica}`: 1 where the replica's KV events flow, 0 where
+    its prefix cache is guessed (what `doctor` reads); the blocks each holds, by the index."""
+
+    def __init__(self, feeds: KvEventFeeds) -> None:
+        self._feeds = feeds
+
+    def collect(self) -> Iterator[Metric]:
+        index = self._feeds.index
+        exact = GaugeMetricFamily(
+            "servepilot_prefix_index_exact",
+            "1 where the replica's KV events flow (its prefix cache is known), 0 where it is "
+            "guessed from what was sent there",
+            labels=["replica"],
+        )
+        blocks = GaugeMetricFamily(
+            "servepilot_prefix_index_blocks",
+            "KV blocks the replica holds, by its KV events",
+            labels=["replica"],
+        )
+        for replica_id in self._feeds.replica_ids():
+            exact.add_metric([replica_id], float(index.is_exact(replica_id)))
+            blocks.add_metric([replica_id], float(index.blocks_held(replica_id)))
+        yield exact
+        yield blocks

@@ -215,6 +215,10 @@ def test_the_gateway_routes_a_prompt_to_the_replica_whose_events_say_it_holds_it
             await _eventually(
                 lambda: index.why_not_exact("b") == "KV events are not flowing from b"
             )
+            async with client.get(f"{url}/metrics") as resp:
+                page = await resp.text()
+            assert 'servepilot_prefix_index_exact{replica="a"} 1.0' in page
+            assert 'servepilot_prefix_index_exact{replica="b"} 0.0' in page
         publisher.shutdown()
 
     _run(body)
