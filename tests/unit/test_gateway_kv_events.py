@@ -4,7 +4,8 @@ replay on connect, catching up after a pause, a restarted replica, a silent one.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -72,12 +73,23 @@ def _run(body: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(body())
 
 
+@contextlib.asynccontextmanager
+async def _followed() -> AsyncIterator[tuple[KvEventsEndpoint, list[Any], KvEventFeeds]]:
+    """A publisher as vLLM runs it (its list: a test may restart it) and the gateway's feeds."""
+    endpoint = _endpoint()
+    publishers = [_publisher(endpoint)]
+    feeds = KvEventFeeds(KvIndex(HASHING))
+    try:
+        yield endpoint, publishers, feeds
+    finally:
+        await feeds.close()
+        for publisher in publishers:
+            publisher.shutdown()
+
+
 def test_events_before_and_after_subscribing_reach_the_index() -> None:
     async def body() -> None:
-        endpoint = _endpoint()
-        publisher = _publisher(endpoint)
-        feeds = KvEventFeeds(KvIndex(HASHING))
-        try:
+        async with _followed() as (endpoint, (publisher,), feeds):
             early = _store(publisher, [1, 2, 3, 4, 5, 6, 7, 8], ts=1.0)
             await asyncio.sleep(0.3)  # published to nobody: only the replay has it
             feeds.subscribe("r1", endpoint)
@@ -86,20 +98,14 @@ def test_events_before_and_after_subscribing_reach_the_index() -> None:
             assert index.is_exact("r1")
             late = _store(publisher, [9, 9, 9, 9], ts=2.0)
             await _eventually(lambda: index.cached_prefix_tokens("r1", late) == 4)
-        finally:
-            await feeds.close()
-            publisher.shutdown()
 
     _run(body)
 
 
 def test_a_feed_that_reconnects_catches_up_from_the_replay() -> None:
     async def body() -> None:
-        endpoint = _endpoint()
-        publisher = _publisher(endpoint)
-        index = KvIndex(HASHING)
-        feeds = KvEventFeeds(index)
-        try:
+        async with _followed() as (endpoint, (publisher,), feeds):
+            index = feeds.index
             feeds.subscribe("r1", endpoint)
             first = _store(publisher, [1, 1, 1, 1], ts=1.0)
             await _eventually(lambda: index.cached_prefix_tokens("r1", first) == 4)
@@ -112,20 +118,15 @@ def test_a_feed_that_reconnects_catches_up_from_the_replay() -> None:
             await _eventually(lambda: index.cached_prefix_tokens("r1", missed) == 4)
             assert index.cached_prefix_tokens("r1", first) == 4
             assert feed.resyncs == 0
-        finally:
-            await feeds.close()
-            publisher.shutdown()
 
     _run(body)
 
 
 def test_a_restarted_replica_is_rebuilt_from_its_new_publisher() -> None:
     async def body() -> None:
-        endpoint = _endpoint()
-        publisher = _publisher(endpoint)
-        index = KvIndex(HASHING)
-        feeds = KvEventFeeds(index)
-        try:
+        async with _followed() as (endpoint, publishers, feeds):
+            index = feeds.index
+            publisher = publishers[0]
             feeds.subscribe("r1", endpoint)
             old = _store(publisher, [1, 1, 1, 1], ts=1.0)
             _store(publisher, [3, 3, 3, 3], ts=1.5)
@@ -135,15 +136,13 @@ def test_a_restarted_replica_is_rebuilt_from_its_new_publisher() -> None:
             await feed.stop()
             publisher.shutdown()
             publisher = _publisher(endpoint)  # the same endpoints, counting from 0 again
+            publishers.append(publisher)
             new = _store(publisher, [2, 2, 2, 2], ts=3.0)
             await asyncio.sleep(0.3)
             feed.start()
             await _eventually(lambda: index.cached_prefix_tokens("r1", new) == 4)
             assert index.cached_prefix_tokens("r1", old) == 0
             assert feed.resyncs == 1
-        finally:
-            await feeds.close()
-            publisher.shutdown()
 
     _run(body)
 
