@@ -223,8 +223,11 @@ class KvEventFeeds:
     """Every replica's feed, owned by the gateway: started as replicas join, stopped as they
     leave, all stopped (before the ZMQ context ends) when the gateway stops."""
 
-    def __init__(self, index: KvIndex) -> None:
+    def __init__(self, index: KvIndex, *, quiet_probe_s: float = 5.0) -> None:
+        """`quiet_probe_s`: how long a feed's stream may be silent before its replay socket
+        is asked whether the replica is still there (and what it missed)."""
         self.index = index
+        self._quiet_probe_s = quiet_probe_s
         self._context: zmq.asyncio.Context | None = None
         self._feeds: dict[str, KvEventFeed] = {}
         self._stopping: set[asyncio.Task[None]] = set()
@@ -239,7 +242,9 @@ class KvEventFeeds:
         if self._context is None:
             self._context = zmq.asyncio.Context()
         self.index.detach(replica_id, f"KV events from {replica_id} not received yet")
-        feed = KvEventFeed(replica_id, endpoint, self.index, self._context)
+        feed = KvEventFeed(
+            replica_id, endpoint, self.index, self._context, quiet_probe_s=self._quiet_probe_s
+        )
         self._feeds[replica_id] = feed
         feed.start()
 

@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 import msgspec
 import pytest
+import zmq
 
 from servepilot.engine.model_source import embedded_model_dir
 from servepilot.engine.process import free_port
@@ -44,6 +45,17 @@ def _publisher(endpoint: KvEventsEndpoint) -> Any:
     )
 
 
+async def _rebound(endpoint: KvEventsEndpoint) -> Any:
+    """A new publisher on the endpoints of one just shut down, once they are free (a busy
+    machine may take a moment to let them go)."""
+    for _ in range(50):
+        try:
+            return _publisher(endpoint)
+        except zmq.ZMQError:
+            await asyncio.sleep(0.1)
+    return _publisher(endpoint)
+
+
 def _store(publisher: Any, tokens: list[int], ts: float) -> list[bytes]:
     digests = prompt_block_hashes([*tokens, 0], HASHING)
     event = kv_events.BlockStored(
@@ -61,7 +73,7 @@ def _store(publisher: Any, tokens: list[int], ts: float) -> list[bytes]:
     return digests
 
 
-async def _eventually(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
+async def _eventually(check: Callable[[], bool], timeout_s: float = 20.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not check():
         if asyncio.get_running_loop().time() > deadline:
@@ -78,7 +90,8 @@ async def _followed() -> AsyncIterator[tuple[KvEventsEndpoint, list[Any], KvEven
     """A publisher as vLLM runs it (its list: a test may restart it) and the gateway's feeds."""
     endpoint = _endpoint()
     publishers = [_publisher(endpoint)]
-    feeds = KvEventFeeds(KvIndex(HASHING))
+    # Quiet spells probed often: a batch a busy machine's sockets lose is found sooner.
+    feeds = KvEventFeeds(KvIndex(HASHING), quiet_probe_s=0.5)
     try:
         yield endpoint, publishers, feeds
     finally:
@@ -135,7 +148,7 @@ def test_a_restarted_replica_is_rebuilt_from_its_new_publisher() -> None:
             assert feed is not None
             await feed.stop()
             publisher.shutdown()
-            publisher = _publisher(endpoint)  # the same endpoints, counting from 0 again
+            publisher = await _rebound(endpoint)  # the same endpoints, counting from 0 again
             publishers.append(publisher)
             new = _store(publisher, [2, 2, 2, 2], ts=3.0)
             await asyncio.sleep(0.3)
