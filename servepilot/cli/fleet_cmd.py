@@ -74,6 +74,8 @@ def run_status(args: argparse.Namespace) -> int:
         if st.replicas:
             rows = map(control.replica_cells, st.replicas)
             out_console.print(simple_table("", control.REPLICA_COLUMNS, rows, no_wrap=True))
+            for line in control.guessed_lines(st.replicas):
+                out_console.print(line, soft_wrap=True)
         if st.alive and (cluster := read_view(st.record.port)) is not None:
             _print_cluster(cluster)
     return 0

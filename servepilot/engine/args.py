@@ -6,6 +6,7 @@ and `tune` print and launch exactly the same command.
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 
@@ -27,6 +28,31 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 SLEEP_ENDPOINTS_ENV = "VLLM_SERVER_DEV_MODE"
 
 
+KV_EVENTS_PORT = 5557
+"""vLLM's own default port for the KV event publisher; the replay socket takes the next."""
+
+
+@dataclass(frozen=True, slots=True)
+class KvEventsPorts:
+    """Where one replica publishes its KV events (ZMQ PUB) and replays them (ROUTER)."""
+
+    publish: int = KV_EVENTS_PORT
+    replay: int = KV_EVENTS_PORT + 1
+
+    def config_json(self) -> str:
+        """vLLM's `--kv-events-config`: bound on every interface, as the gateway may be on
+        another host."""
+        return json.dumps(
+            {
+                "enable_kv_cache_events": True,
+                "publisher": "zmq",
+                "endpoint": f"tcp://*:{self.publish}",
+                "replay_endpoint": f"tcp://*:{self.replay}",
+            },
+            separators=(",", ":"),
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class ServerSpec:
     """Where one replica serves which model."""
@@ -37,6 +63,8 @@ class ServerSpec:
     port: int
     dummy_weights: bool = False
     """Random weights from the config alone (model.weights: dummy)."""
+    kv_events: KvEventsPorts | None = None
+    """Publish KV cache events there (engine.kv_events); None: publish none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +131,8 @@ def server_args(
     args += _toggle("enable-prefix-caching", engine.enable_prefix_caching)
     if engine.enforce_eager_on(device):
         args.append("--enforce-eager")
+    if spec.kv_events is not None and engine.kv_events:
+        args += ["--kv-events-config", spec.kv_events.config_json()]
     if engine.sleep_mode:
         args.append("--enable-sleep-mode")
     args += list(engine.extra_args)
@@ -156,7 +186,9 @@ def serve_argv(
     """One replica's server argv serving `model` as it is (a folder or a hub repository) on
     0.0.0.0:`port`: what `vllm_command` prints and the Kubernetes containers run."""
     dummy = config.model.weights is Weights.DUMMY
-    spec = ServerSpec(model, served_name, host="0.0.0.0", port=port, dummy_weights=dummy)
+    spec = ServerSpec(
+        model, served_name, "0.0.0.0", port, dummy_weights=dummy, kv_events=KvEventsPorts()
+    )
     device = config.hardware.device
     engine = config.engine.model_copy(update={"kind": EngineKind.VLLM})
     if device is Device.CPU:

@@ -21,7 +21,7 @@ from pathlib import Path
 import aiohttp
 
 from servepilot.core.errors import EngineStartError
-from servepilot.engine.args import LaunchCommand
+from servepilot.engine.args import KvEventsPorts, LaunchCommand
 from servepilot.engine.smoke import SmokeFailure, smoke_generation
 from servepilot.engine.startup_log import (
     GpuStartup,
@@ -60,12 +60,22 @@ class ReplicaInfo:
     startup_s: float
     gpu: GpuStartup | None = None
     """What a GPU replica's log said about loading (weights, CUDA graphs, KV per GPU)."""
+    kv_events: KvEventsPorts | None = None
+    """Where it publishes its KV cache events; None: it publishes none."""
 
 
 class ReplicaProcess:
     """Owns one replica's process from start to stop."""
 
-    def __init__(self, replica_id: str, command: LaunchCommand, url: str, log_path: Path) -> None:
+    def __init__(
+        self,
+        replica_id: str,
+        command: LaunchCommand,
+        url: str,
+        log_path: Path,
+        kv_events: KvEventsPorts | None = None,
+    ) -> None:
+        self.kv_events = kv_events
         self.replica_id = replica_id
         self.command = command
         self.url = url
@@ -122,6 +132,7 @@ class ReplicaProcess:
             kv=parse_kv_capacity(log),
             startup_s=time.monotonic() - self._started_at,
             gpu=gpu if gpu.found else None,
+            kv_events=self.kv_events,
         )
 
     async def _smoke(self) -> None:

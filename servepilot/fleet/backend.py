@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from servepilot.engine.args import KvEventsPorts
 from servepilot.engine.process import ReplicaInfo
 
 
@@ -57,6 +58,8 @@ class Joined:
     url: str
     capacity: int | None = None
     """Requests in flight at most (None: the gateway's default)."""
+    kv_events: KvEventsPorts | None = None
+    """Where on the replica's host its KV events are published (None: nowhere)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,7 +52,9 @@ def fleet_statuses(port: int | None = None) -> list[FleetStatus]:
 _SLEEP_CALL_TIMEOUT_S = 330.0
 
 # What `status` shows of a fleet (the CLI draws it): a line, then a row a replica.
-REPLICA_COLUMNS = ("id", "url", "healthy", "in flight", "running", "waiting", "KV usage")
+REPLICA_COLUMNS = (
+    "id", "url", "healthy", "in flight", "running", "waiting", "KV usage", "prefix cache",
+)  # fmt: skip
 
 
 def status_line(status: FleetStatus) -> str:
@@ -113,7 +115,17 @@ def replica_cells(replica: dict[str, Any]) -> tuple[str, ...]:
         str(replica.get("running")),
         str(replica.get("waiting")),
         f"{100 * float(replica.get('kv_cache_usage') or 0):.0f}%",
+        str(replica.get("prefix_index", "-")),
     )
+
+
+def guessed_lines(replicas: tuple[dict[str, Any], ...]) -> list[str]:
+    """Why each replica's prefix cache is guessed rather than known from its KV events."""
+    return [
+        f"{r.get('id')}: prefix cache guessed: {r['prefix_index_why']}"
+        for r in replicas
+        if r.get("prefix_index") == "guessed" and r.get("prefix_index_why")
+    ]
 
 
 def health_cell(replica: dict[str, Any]) -> str:

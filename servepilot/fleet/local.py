@@ -13,7 +13,13 @@ from pathlib import Path
 
 from servepilot.core.config import FleetConfig
 from servepilot.core.errors import EngineStartError
-from servepilot.engine.args import LaunchCommand, ServerSpec, launch_command, split_cores
+from servepilot.engine.args import (
+    KvEventsPorts,
+    LaunchCommand,
+    ServerSpec,
+    launch_command,
+    split_cores,
+)
 from servepilot.engine.gpu.inventory import GpuInventory
 from servepilot.engine.model_source import ResolvedModel
 from servepilot.engine.process import ReplicaInfo, ReplicaProcess, free_port
@@ -44,13 +50,25 @@ def replica_command(
     host: str,
     port: int,
     cores: tuple[int, ...],
+    kv_events: KvEventsPorts | None = None,
 ) -> LaunchCommand:
     """One replica's server command: vLLM's, or the simulated replica's (`engine.kind: sim`);
     the Ray backend's actors start theirs with it too."""
     if isinstance(model, SimModel):
         return sim_launch_command(config, model, host, port)
-    spec = ServerSpec(str(model.path), model.served_name, host, port, dummy_weights=model.dummy)
+    spec = ServerSpec(
+        str(model.path), model.served_name, host, port, model.dummy, kv_events=kv_events
+    )
     return launch_command(config.engine, spec, config.hardware.device, cores)
+
+
+def kv_events_ports(
+    config: FleetConfig, model: ResolvedModel | SimModel, host: str
+) -> KvEventsPorts | None:
+    """Two free ports for a vLLM replica's KV events (engine.kv_events); None for none."""
+    if isinstance(model, SimModel) or not config.engine.kv_events:
+        return None
+    return KvEventsPorts(free_port(host), free_port(host))
 
 
 class LocalReplicas:
@@ -92,11 +110,13 @@ class LocalReplicas:
         replica_id = f"r{index}"
         slot = self._free_slot()
         self._slot_of[replica_id] = slot
+        kv_events = kv_events_ports(self.config, self.model, host)
         return ReplicaProcess(
             replica_id=replica_id,
-            command=self._command(host, port, slot),
+            command=self._command(host, port, slot, kv_events),
             url=f"http://{host}:{port}",
             log_path=self.run_dir / replica_log_name(replica_id),
+            kv_events=kv_events,
         )
 
     def _free_slot(self) -> int:
@@ -113,9 +133,12 @@ class LocalReplicas:
             self.processes.append(self._process(index))
         return self.processes
 
-    def _command(self, host: str, port: int, slot: int) -> LaunchCommand:
+    def _command(
+        self, host: str, port: int, slot: int, kv_events: KvEventsPorts | None
+    ) -> LaunchCommand:
         slots = self.core_slots()
-        command = replica_command(self.config, self.model, host, port, slots[slot % len(slots)])
+        cores = slots[slot % len(slots)]
+        command = replica_command(self.config, self.model, host, port, cores, kv_events)
         if self.devices is None:
             return command
         # Before the user's engine.env, which may still set its own.
@@ -311,7 +334,7 @@ class LocalBackend:
         self._publish(self._joined(info))
 
     def _joined(self, info: ReplicaInfo) -> Joined:
-        return Joined(info.replica_id, info.url, self._capacity(info))
+        return Joined(info.replica_id, info.url, self._capacity(info), info.kv_events)
 
     async def stop(self, replica_id: str) -> None:
         await self._waits.cancel(replica_id)

@@ -81,7 +81,9 @@ class MembershipFeed:
             await self.apply(event)
 
     async def _join(self, event: Joined) -> None:
-        if not await self._membership.join(event.replica_id, event.url, event.capacity):
+        ports = event.kv_events
+        kv_events = None if ports is None else (ports.publish, ports.replay)
+        if not await self._membership.join(event.replica_id, event.url, event.capacity, kv_events):
             self._joined.discard(event.replica_id)
             return
         log.info("replica %s joined the gateway (%s)", event.replica_id, event.url)

@@ -58,12 +58,30 @@ class FleetLaunch:
     supervise: Callable[[ServedGateway, asyncio.Event], Awaitable[None]] | None = None
     """Runs while the fleet serves, until the stop event (Ray: `status`'s cluster view);
     by default the lifecycle only waits for the stop event."""
+    tokenizer: str | None = None
+    """The served model's folder, whose tokenizer the gateway's exact prefix index needs;
+    None: gateway.kv_index.tokenizer as configured."""
 
 
 def replica_budget(config: FleetConfig, info: ReplicaInfo) -> int:
     """A ready replica's concurrency budget at the gateway, from the KV capacity it logged."""
     kv = info.kv.kv_capacity_tokens if info.kv else None
     return replica_capacity(config, fleet_vllm_defaults(config), kv)
+
+
+def kv_index_settings(config: FleetConfig, tokenizer: str | None) -> GatewayConfig:
+    """The gateway's config with its exact prefix index set to the fleet's replicas: their
+    block size (the configured one, else vLLM's default on the device) and the model's
+    tokenizer, unless the user named one. Replicas that publish no KV events are guessed."""
+    settings = config.gateway.kv_index
+    if not config.engine.kv_events:
+        return config.gateway
+    block_size = config.engine.block_size or fleet_vllm_defaults(config).block_size_tokens
+    update = {"block_size": block_size, "tokenizer": settings.tokenizer or tokenizer}
+    seed = config.engine.env.get("PYTHONHASHSEED")
+    if seed is not None:
+        update["hash_seed"] = seed
+    return config.gateway.model_copy(update={"kv_index": settings.model_copy(update=update)})
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -52,6 +52,7 @@ from servepilot.fleet.serve import (
     ServedGateway,
     check_port_free,
     fleet_facts,
+    kv_index_settings,
     replica_budget,
     start_gateway,
 )
@@ -223,6 +224,7 @@ async def _local_fleet(
         access_log=run_dir / ACCESS_LOG,
         stop_line="draining the gateway and stopping the replicas",
         after_start=deferred,
+        tokenizer=None if isinstance(model, SimModel) else str(model.path),
     )
 
 
@@ -322,7 +324,8 @@ async def _serve(
         await feed.start()
 
     try:
-        served = await start_gateway(config.gateway, [], launch.access_log,
+        gateway_config = kv_index_settings(config, launch.tokenizer)
+        served = await start_gateway(gateway_config, [], launch.access_log,
                                      fleet_facts(config), members, step_model)  # fmt: skip
         if served.port != config.gateway.port:  # port 0: the OS picked one
             remove_record(config.gateway.port)

@@ -15,8 +15,9 @@ from urllib.parse import parse_qs
 
 from servepilot.core.errors import EngineError
 from servepilot.gateway.errors import INVALID_REQUEST, UPSTREAM, GatewayError, bad_request
+from servepilot.gateway.kv_events import KvEventFeeds, endpoint_on
 from servepilot.gateway.pool import DuplicateReplica, ReplicaNotFound, ReplicaPool
-from servepilot.gateway.replica import normalize_url
+from servepilot.gateway.replica import ReplicaInfo, normalize_url
 from servepilot.gateway.warm import SleepConflict, WarmPool
 from servepilot.http1 import HttpRequest
 
@@ -27,9 +28,12 @@ _MAX_ADMIN_BODY_BYTES = 64 * 1024
 
 
 class AdminHandlers:
-    def __init__(self, pool: ReplicaPool, warm: WarmPool) -> None:
+    def __init__(
+        self, pool: ReplicaPool, warm: WarmPool, kv_feeds: KvEventFeeds | None = None
+    ) -> None:
         self._pool = pool
         self._warm = warm
+        self._kv_feeds = kv_feeds
 
     async def replica_route(self, request: HttpRequest, rest: str) -> None:
         """`/admin/replicas/{rest}`: DELETE {id}, POST {id}/sleep or {id}/wake."""
@@ -59,7 +63,15 @@ class AdminHandlers:
         _respond(request, 200, done.to_json())
 
     async def list_replicas(self, request: HttpRequest) -> None:
-        _respond(request, 200, [info.to_json() for info in self._pool.replicas()])
+        _respond(request, 200, [self._describe(info) for info in self._pool.replicas()])
+
+    def _describe(self, info: ReplicaInfo) -> dict[str, Any]:
+        """The replica's record; with an index, whether its prefix cache is known or guessed
+        (and why guessed: "KV events are not flowing from r2")."""
+        doc = info.to_json()
+        if self._kv_feeds is not None:
+            doc |= self._kv_feeds.describe(info.replica_id)
+        return doc
 
     async def add_replica(self, request: HttpRequest) -> None:
         if len(request.body) > _MAX_ADMIN_BODY_BYTES:
@@ -75,7 +87,9 @@ class AdminHandlers:
             )
         except DuplicateReplica as exc:
             raise GatewayError(409, str(exc), error_type=INVALID_REQUEST, code="conflict") from None
-        _respond(request, 201, info.to_json())
+        if added.kv_events is not None and self._kv_feeds is not None:
+            self._kv_feeds.subscribe(info.replica_id, endpoint_on(info.url, *added.kv_events))
+        _respond(request, 201, self._describe(info))
 
     async def remove_replica(self, request: HttpRequest, replica_id: str) -> None:
         timeout_s = _parse_timeout(parse_qs(request.query).get("timeout_s", [None])[-1])
@@ -132,6 +146,7 @@ class _NewReplica:
     capacity: int | None
     group: str | None
     starting: bool
+    kv_events: tuple[int, int] | None
 
 
 def _parse_add(body: bytes) -> _NewReplica:
@@ -160,7 +175,22 @@ def _parse_add(body: bytes) -> _NewReplica:
     starting = doc.get("starting", False)
     if not isinstance(starting, bool):
         raise bad_request("`starting` must be true (still loading: requests wait for it) or false")
-    return _NewReplica(replica_id, _normalized(url), capacity, group, starting)
+    kv_events = _parse_kv_events(doc.get("kv_events"))
+    return _NewReplica(replica_id, _normalized(url), capacity, group, starting, kv_events)
+
+
+def _parse_kv_events(raw: Any) -> tuple[int, int] | None:
+    """`{"publish": PORT, "replay": PORT}`: where on the replica's host vLLM publishes its KV
+    events (--kv-events-config) and replays them."""
+    if raw is None:
+        return None
+    ports: list[int] = []
+    for key in ("publish", "replay"):
+        port = raw.get(key) if isinstance(raw, dict) else None
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+            raise bad_request('`kv_events` must be {"publish": PORT, "replay": PORT}')
+        ports.append(port)
+    return ports[0], ports[1]
 
 
 def _normalized(url: str) -> str:

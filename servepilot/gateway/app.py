@@ -18,7 +18,7 @@ from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from servepilot.core.config import GatewayConfig
+from servepilot.core.config import GatewayConfig, PolicyName
 from servepilot.gateway.access_log import (
     CLIENT_CLOSED_STATUS,
     CLIENT_DISCONNECTED,
@@ -38,20 +38,24 @@ from servepilot.gateway.errors import (
     no_ready_replica,
     server_error_body,
 )
+from servepilot.gateway.kv_events import KvEventFeeds, KvIndexCollector
 from servepilot.gateway.membership import Membership
 from servepilot.gateway.metrics import GatewayMetrics
 from servepilot.gateway.pool import ReplicaPool
 from servepilot.gateway.proxy import Proxy
 from servepilot.gateway.routes import PROXIED
+from servepilot.gateway.tokens import PromptBlocks, PromptTokenizer
 from servepilot.gateway.warm import WarmPool
 from servepilot.http1 import HttpRequest, HttpServer, Limits, Rejected, UploadLimit
 from servepilot.routing import StepTimeModel, make_policy
 from servepilot.routing.base import RoutingPolicy
+from servepilot.routing.kv_index import BlockHashing, KvIndex
 
 log = logging.getLogger(__name__)
 
 _HEALTH_BODY = json.dumps({"status": "ok"}).encode()
 _ADMIN_PREFIX = "/admin/replicas/"
+_PREFIX_POLICIES = (PolicyName.PREFIX_AFFINITY, PolicyName.HYBRID)
 
 Route = Callable[[HttpRequest], Awaitable[None]]
 InferenceRoute = Callable[[HttpRequest, Caller, Trail | None], Awaitable[None]]
@@ -76,14 +80,24 @@ class Gateway:
         self.config = config
         self.auth = Authenticator(config.auth)
         self.pool = ReplicaPool(config)
+        self.kv_feeds, tokens = _kv_index(config)
+        """Where replicas publish KV events, the exact index they keep; None without one."""
+        kv_index = self.kv_feeds.index if self.kv_feeds is not None else None
         self.policy = (
             policy
             if policy is not None
             else make_policy(
-                config.policy, config.routing, seed, clock=clock, step_model=step_model
+                config.policy,
+                config.routing,
+                seed,
+                clock=clock,
+                step_model=step_model,
+                kv_index=kv_index,
             )
         )
         self.pool.on_remove(self.policy.forget)
+        if self.kv_feeds is not None:
+            self.pool.on_remove(self.kv_feeds.unsubscribe)
         self.metrics = GatewayMetrics(self.pool, self.policy)
         self.metrics.know_tenants(
             [*self.auth.tenants(), *config.admission.tenant_weights, BATCH_CALLER.tenant]
@@ -92,11 +106,13 @@ class Gateway:
         self.metrics.watch(self.dispatcher)
         self.access_log = _access_log(config, access_log_path)
         self.metrics.watch_access_log(self.access_log)
-        proxy = Proxy(config, self.pool, self.policy, self.dispatcher, self.metrics)
+        if self.kv_feeds is not None:
+            self.metrics.registry.register(KvIndexCollector(self.kv_feeds))
+        proxy = Proxy(config, self.pool, self.policy, self.dispatcher, self.metrics, tokens)
         self.warm = WarmPool(self.pool)
-        self.membership = Membership(self.pool)
+        self.membership = Membership(self.pool, self.kv_feeds)
         """Where replicas join and leave, whoever runs them."""
-        admin = AdminHandlers(self.pool, self.warm)
+        admin = AdminHandlers(self.pool, self.warm, self.kv_feeds)
         self._inference: dict[str, InferenceRoute] = {
             route.path: functools.partial(proxy.forward, route) for route in PROXIED
         }
@@ -167,6 +183,8 @@ class Gateway:
             if self.access_log is not None:
                 await self.access_log.close()  # every request has ended: its line is in
         await self.dispatcher.stop()
+        if self.kv_feeds is not None:
+            await self.kv_feeds.close()
         await self.pool.close()
 
     # --- routing of HTTP requests -----------------------------------------------------------
@@ -311,6 +329,22 @@ class Gateway:
             raise no_ready_replica(self.config.retry_after_s)
         body = {"object": "list", "data": self.pool.model_cards()}
         request.respond(200, json.dumps(body).encode())
+
+
+def _kv_index(config: GatewayConfig) -> tuple[KvEventFeeds | None, PromptBlocks | None]:
+    """The exact prefix index and the tokenizer it needs, when the config names the model's
+    tokenizer and the policy looks at prefixes; else neither (prefixes are guessed)."""
+    settings = config.kv_index
+    if settings.tokenizer is None or config.policy not in _PREFIX_POLICIES:
+        return None, None
+    try:
+        tokenizer = PromptTokenizer(settings.tokenizer, settings.token_cache_chars)
+    except (OSError, ValueError, ImportError) as exc:
+        log.warning("no exact prefix index: cannot load the tokenizer %s (%s)",
+                    settings.tokenizer, exc)  # fmt: skip
+        return None, None
+    hashing = BlockHashing(settings.block_size, settings.hash_seed)
+    return KvEventFeeds(KvIndex(hashing)), PromptBlocks(tokenizer, hashing)
 
 
 def _access_log(config: GatewayConfig, path: Path | None) -> AccessLog | None:

@@ -11,23 +11,34 @@ from __future__ import annotations
 import contextlib
 import logging
 
+from servepilot.gateway.kv_events import KvEventFeeds, endpoint_on
 from servepilot.gateway.pool import DuplicateReplica, ReplicaNotFound, ReplicaPool
 
 log = logging.getLogger(__name__)
 
 
 class Membership:
-    def __init__(self, pool: ReplicaPool) -> None:
+    def __init__(self, pool: ReplicaPool, kv_feeds: KvEventFeeds | None = None) -> None:
         self._pool = pool
+        self._kv_feeds = kv_feeds
 
-    async def join(self, replica_id: str, url: str, capacity: int | None = None) -> bool:
+    async def join(
+        self,
+        replica_id: str,
+        url: str,
+        capacity: int | None = None,
+        kv_events: tuple[int, int] | None = None,
+    ) -> bool:
         """Add the replica (probed before it gets traffic); False, logged, if the pool has
-        one by that id already (added by hand?)."""
+        one by that id already (added by hand?). `kv_events`: the ports on its host where it
+        publishes its KV events and replays them, followed when the gateway keeps an index."""
         try:
             await self._pool.add(replica_id, url, capacity)
         except DuplicateReplica:
             log.warning("replica %s (%s) is already in the pool (added by hand?)", replica_id, url)
             return False
+        if kv_events is not None and self._kv_feeds is not None:
+            self._kv_feeds.subscribe(replica_id, endpoint_on(url, *kv_events))
         return True
 
     async def leave(self, replica_id: str, drain_timeout_s: float) -> None:

@@ -40,6 +40,7 @@ from servepilot.gateway.routes import (
     ApiRoute,
     not_served_message,
 )
+from servepilot.gateway.tokens import PromptBlocks
 from servepilot.gateway.validation import (
     InferenceRequest,
     parse_inference_request,
@@ -69,8 +70,10 @@ class Proxy:
         policy: RoutingPolicy,
         dispatcher: Dispatcher,
         metrics: GatewayMetrics,
+        prompt_blocks: PromptBlocks | None = None,
     ) -> None:
         self._config = config
+        self._prompt_blocks = prompt_blocks
         self._pool = pool
         self._policy = policy
         self._dispatcher = dispatcher
@@ -194,14 +197,20 @@ class Proxy:
         priority = _priority(request.headers.get("x-priority"), caller)
         routing = self._config.routing
         hashes: tuple[int, ...] = ()
+        keys = None
         if admitted and self._policy.uses_prefix:
             block, blocks = routing.prefix_block_chars, routing.prefix_max_blocks
             hashes = prefix_hashes(prompt_text(parsed.doc, block * blocks), block, blocks)
+            if self._prompt_blocks is not None:
+                keys = self._prompt_blocks.keys(parsed.doc)
         return RequestView(
             model=model,
             prompt_chars=parsed.prompt_chars,
-            prompt_tokens=int(parsed.prompt_chars / routing.chars_per_token),
+            prompt_tokens=(
+                int(parsed.prompt_chars / routing.chars_per_token) if keys is None else keys.tokens
+            ),
             prefix_hashes=hashes,
+            kv_block_hashes=() if keys is None else keys.block_hashes,
             session_id=request.headers.get("x-session-id"),
             priority=priority,
             arrival_s=self._dispatcher.now_s(),

@@ -9,6 +9,7 @@ from servepilot.core.config import PolicyName, RoutingConfig
 from servepilot.core.errors import ConfigError
 from servepilot.routing.base import ReplicaView, RequestView, RoutingPolicy
 from servepilot.routing.hybrid import Hybrid
+from servepilot.routing.kv_index import KvIndex
 from servepilot.routing.least_load import LeastLoad
 from servepilot.routing.length_shard import LengthShard
 from servepilot.routing.predicted import PredictedLatency, PrefixIndex, StepTimeModel
@@ -44,12 +45,15 @@ def make_policy(
     clock: Callable[[], float] | None = None,
     step_model: Callable[[str], StepTimeModel] | None = None,
     index: PrefixIndex | None = None,
+    kv_index: KvIndex | None = None,
 ) -> RoutingPolicy:
     """The policy called `name`, tuned by `config` (defaults when None).
 
     `seed` fixes the random choices of randomised policies; pass it by keyword.
     predicted_latency also needs the `clock` its caller's request times come from and each
     replica's `step_model`; `index` (else the gateway's guess) says what each one caches.
+    `kv_index`: the exact index the prefix-aware policies consult for replicas whose KV
+    events flow.
     """
     # PolicyName() also accepts the plain string, and refuses an unknown one with ValueError.
     policy = PolicyName(name)
@@ -60,7 +64,7 @@ def make_policy(
     if policy is PolicyName.LEAST_LOAD:
         return LeastLoad(rng)
     if policy is PolicyName.PREFIX_AFFINITY:
-        return PrefixAffinity(knobs, rng)
+        return PrefixAffinity(knobs, rng, kv_index=kv_index)
     if policy is PolicyName.SESSION:
         return SessionAffinity(knobs, rng)
     if policy is PolicyName.LENGTH_SHARD:
@@ -72,5 +76,5 @@ def make_policy(
                 hint="run it under `servepilot up` or `servepilot sim`, which derive it from "
                 "the fleet's profile (gateway.routing.step_profile) or its roofline",
             )
-        return PredictedLatency(knobs, rng, clock, step_model, index)
-    return Hybrid(knobs, rng)
+        return PredictedLatency(knobs, rng, clock, step_model, index, kv_index)
+    return Hybrid(knobs, rng, kv_index)

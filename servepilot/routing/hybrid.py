@@ -7,6 +7,7 @@ import random
 from mypy_extensions import mypyc_attr
 
 from servepilot.core.config import RoutingConfig
+from servepilot.routing.kv_index import KvIndex
 from servepilot.routing.length_shard import LengthShard
 from servepilot.routing.prefix_affinity import PrefixAffinity
 
@@ -23,10 +24,12 @@ class Hybrid(LengthShard):
 
     name = "hybrid"
 
-    def __init__(self, config: RoutingConfig, rng: random.Random) -> None:
+    def __init__(
+        self, config: RoutingConfig, rng: random.Random, kv_index: KvIndex | None = None
+    ) -> None:
         table_blocks = max(1, config.prefix_table_blocks // 2)
         super().__init__(
             config,
             rng,
-            inner=lambda: PrefixAffinity(config, rng, table_blocks=table_blocks),
+            inner=lambda: PrefixAffinity(config, rng, table_blocks=table_blocks, kv_index=kv_index),
         )

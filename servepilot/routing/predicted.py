@@ -39,6 +39,7 @@ from typing import Protocol
 
 from servepilot.core.config import RoutingConfig
 from servepilot.routing.base import ReplicaView, RequestView
+from servepilot.routing.kv_index import KvIndex
 from servepilot.routing.prefix_table import GuessedPrefixIndex
 
 _MEAN_WEIGHT = 1.0 / 64
@@ -99,9 +100,11 @@ class PredictedLatency:
         clock: Callable[[], float],
         step_model: Callable[[str], StepTimeModel],
         index: PrefixIndex | None = None,
+        kv_index: KvIndex | None = None,
     ) -> None:
         """`step_model(replica_id)`: that replica's model. `index`: None guesses from what
-        this policy sent (`GuessedPrefixIndex`)."""
+        this policy sent (`GuessedPrefixIndex`), exact for the replicas of `kv_index` whose
+        KV events flow."""
         self._ttft_target_s = tuple(ms / 1000 for ms in config.ttft_target_ms)
         self._tpot_target_s = tuple(ms / 1000 for ms in config.tpot_target_ms)
         self._rng = rng
@@ -109,7 +112,7 @@ class PredictedLatency:
         self._step_model = step_model
         self._guessed: GuessedPrefixIndex | None = None
         if index is None:
-            index = self._guessed = GuessedPrefixIndex(config)
+            index = self._guessed = GuessedPrefixIndex(config, kv_index)
         self._index = index
         self._busy_until_s: dict[str, float] = {}
         self._mean_prompt_tokens = 0.0

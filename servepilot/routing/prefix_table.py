@@ -14,6 +14,7 @@ from mypy_extensions import mypyc_attr
 
 from servepilot.core.config import RoutingConfig
 from servepilot.routing.base import RequestView
+from servepilot.routing.kv_index import KvIndex
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -67,14 +68,26 @@ class GuessedPrefixIndex:
     records every decision; an exact index fed by the replicas' KV events needs no such help.
     """
 
-    def __init__(self, config: RoutingConfig) -> None:
+    def __init__(self, config: RoutingConfig, kv_index: KvIndex | None = None) -> None:
         self.table = PrefixTable(config.prefix_table_blocks)
         self._tokens_per_block = config.prefix_block_chars / config.chars_per_token
+        self._kv_index = kv_index
 
     def cached_tokens(self, request: RequestView) -> dict[str, int]:
+        """Tokens of this request each replica holds: exact where the replica's KV events
+        flow (`kv_index`), else the table's guess."""
         per_block = self._tokens_per_block
         held = self.table.holders(request.prefix_hashes)
-        return {replica_id: int(blocks * per_block) for replica_id, blocks in held.items()}
+        tokens = {replica_id: int(blocks * per_block) for replica_id, blocks in held.items()}
+        index, blocks = self._kv_index, request.kv_block_hashes
+        if index is not None and blocks:
+            for replica_id in index.exact_replicas():
+                exact = index.cached_prefix_tokens(replica_id, blocks)
+                if exact:
+                    tokens[replica_id] = exact
+                else:
+                    tokens.pop(replica_id, None)
+        return tokens
 
     def record(self, request: RequestView, replica_id: str) -> None:
         self.table.record(request.prefix_hashes, replica_id)

@@ -1,5 +1,8 @@
+import json
+
 from servepilot.core.config import Device, EngineConfig, FleetConfig
 from servepilot.engine.args import (
+    KvEventsPorts,
     ServerSpec,
     launch_command,
     server_args,
@@ -113,3 +116,22 @@ def test_vllm_command_is_the_module_form_on_cpu_and_vllm_serve_on_gpus() -> None
     assert command.endswith("--distributed-executor-backend ray")
     one_node = gpu.with_overrides({"engine.pipeline_parallel_size": 1, "hardware.nodes": 1})
     assert "ray" not in vllm_command(one_node, "m", "llama")
+
+
+def test_a_replica_with_kv_event_ports_publishes_there() -> None:
+    spec = ServerSpec("/models/m", "m", "127.0.0.1", 8123, kv_events=KvEventsPorts(7001, 7002))
+    config = json.loads(_flag(server_args(EngineConfig(), spec, Device.CPU), "--kv-events-config"))
+    assert config == {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": "tcp://*:7001",
+        "replay_endpoint": "tcp://*:7002",
+    }
+    quiet = server_args(EngineConfig(kv_events=False), spec, Device.CPU)
+    assert "--kv-events-config" not in quiet
+    assert "--kv-events-config" not in server_args(EngineConfig(), SPEC, Device.CPU)
+
+
+def test_printed_and_kubernetes_commands_publish_on_vllms_default_ports() -> None:
+    command = vllm_command(FleetConfig(), "/models/m", "m")
+    assert "tcp://*:5557" in command and "tcp://*:5558" in command

@@ -47,10 +47,23 @@ def test_status_rows_read_the_gateways_replica_answer() -> None:
         "waiting": 1,
         "kv_cache_usage": 0.456,
     }
-    assert control.replica_cells(healthy) == ("r0", "http://h:1", "yes", "3", "2", "1", "46%")
+    assert control.replica_cells(healthy) == (
+        "r0", "http://h:1", "yes", "3", "2", "1", "46%", "-",
+    )  # fmt: skip
     unknown = control.replica_cells({"id": "r1", "healthy": False})
-    assert unknown == ("r1", "None", "NO", "None", "None", "None", "0%")
+    assert unknown == ("r1", "None", "NO", "None", "None", "None", "0%", "-")
     assert len(unknown) == len(control.REPLICA_COLUMNS)
+
+
+def test_status_says_which_replicas_prefix_caches_are_known_and_why_others_are_guessed() -> None:
+    exact = {"id": "r0", "prefix_index": "exact"}
+    guessed = {"id": "r2", "prefix_index": "guessed",
+               "prefix_index_why": "KV events are not flowing from r2"}  # fmt: skip
+    assert control.replica_cells(exact)[-1] == "exact"
+    assert control.replica_cells(guessed)[-1] == "guessed"
+    assert control.guessed_lines((exact, guessed)) == [
+        "r2: prefix cache guessed: KV events are not flowing from r2"
+    ]
 
 
 def test_up_rows_and_ready_line_say_what_the_replica_reported() -> None:

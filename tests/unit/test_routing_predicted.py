@@ -14,6 +14,14 @@ from servepilot.plan.costmodel import CostModel, StepShape, prefill_pairs
 from servepilot.plan.step_latency import StepLatency
 from servepilot.routing import PredictedLatency, make_policy
 from servepilot.routing.base import ReplicaView, RequestView
+from servepilot.routing.kv_index import (
+    Applied,
+    BlockHashing,
+    BlockStored,
+    KvIndex,
+    external_hash,
+    prompt_block_hashes,
+)
 from servepilot.routing.prefix_table import GuessedPrefixIndex
 
 # 10 ms a step, 1 ms a prefill token, 2 ms a decoding sequence: easy to add up by hand.
@@ -195,3 +203,24 @@ def test_make_policy_needs_the_step_model() -> None:
         PolicyName.PREDICTED_LATENCY, CONFIG, seed=1, clock=Clock(0.0), step_model=lambda _: MODEL
     )
     assert made.name == "predicted_latency"
+
+
+def test_replicas_whose_kv_events_flow_are_counted_exactly_the_rest_guessed() -> None:
+    """r1 publishes its KV events and holds the first two of this prompt's three blocks; r2
+    publishes and holds none of them (though the gateway once sent it the prefix); r3 does
+    not publish, so the gateway's guess stands for it."""
+    hashing = BlockHashing(block_size=4)
+    prompt = list(range(12))
+    blocks = prompt_block_hashes([*prompt, 0], hashing)[:3]
+    exact = KvIndex(hashing)
+    for replica in ("r1", "r2"):
+        exact.attach(replica)
+    stored = BlockStored(tuple(external_hash(d) for d in blocks[:2]), None, tuple(prompt[:8]),
+                         4, "GPU")  # fmt: skip
+    assert exact.apply("r1", 0, [stored]) is Applied.OK
+    index = GuessedPrefixIndex(RoutingConfig(), exact)
+    sent = RequestView(model="m", prefix_hashes=(7, 8))
+    index.record(sent, "r2")
+    index.record(sent, "r3")
+    request = RequestView(model="m", prefix_hashes=(7, 8, 9), kv_block_hashes=tuple(blocks))
+    assert index.cached_tokens(request) == {"r1": 8, "r3": 128}

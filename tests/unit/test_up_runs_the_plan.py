@@ -14,6 +14,7 @@ import yaml
 
 from servepilot.cli.main import main
 from servepilot.core.config import FleetConfig, load_config
+from servepilot.engine.args import KvEventsPorts
 from servepilot.engine.model_source import ResolvedModel
 from servepilot.fleet.detach import write_fleet_yaml
 from servepilot.fleet.launched import launched_fleet
@@ -51,7 +52,9 @@ def test_a_replica_runs_the_command_plan_prints(
     launched = launched_fleet(FleetConfig.model_validate(FLEETS[name]))
     assert launched.note is None
     model = ResolvedModel(tmp_path, printed["--served-model-name"], dummy=name != "embedded")
-    command = replica_command(launched.config, model, "127.0.0.1", 8001, (0,))
+    # Its KV events go to ports of its own, as its HTTP does; plan prints vLLM's defaults.
+    ports = KvEventsPorts()
+    command = replica_command(launched.config, model, "127.0.0.1", 8001, (0,), ports)
     assert _options(command.argv) == printed
     assert "--max-num-seqs" in printed and "--max-num-batched-tokens" in printed
 

@@ -108,6 +108,11 @@ class EngineConfig(_Section):
     enable_prefix_caching: bool | None = None
     """--enable-prefix-caching / --no-enable-prefix-caching. None keeps vLLM's default."""
 
+    kv_events: bool = True
+    """--kv-events-config: each replica publishes its KV cache events (blocks stored and
+    removed) over ZMQ on ports of its own, so the gateway knows exactly which prompt prefixes
+    it holds. False: the gateway guesses from what it sent where."""
+
     extra_args: tuple[str, ...] = ()
     """More vLLM server arguments, passed as they are, after the ones above."""
 

@@ -96,6 +96,27 @@ class RoutingConfig(_Section):
         return self
 
 
+class KvIndexConfig(_Section):
+    tokenizer: str | None = None
+    """A Hugging Face folder with the served model's tokenizer: the gateway tokenises each
+    prompt with it to look it up in the exact index its replicas' KV events keep. None (or
+    a replica that publishes no events): prefix affinity guesses from the prompt's text.
+    `up` sets it to the model's folder."""
+
+    block_size: int = Field(default=16, ge=1)
+    """Tokens per KV block of the replicas (vLLM's --block-size: 16 on GPUs, 128 on CPU by
+    default); `up` sets it from the fleet. A replica whose events carry another size is
+    guessed."""
+
+    hash_seed: str = "vllm-none-hash"
+    """The seed of vLLM's first block hash: the replicas' PYTHONHASHSEED if they have one,
+    else vLLM's fixed default."""
+
+    token_cache_chars: int = Field(default=4_000_000, ge=0)
+    """Characters of prompt segments whose tokens the gateway keeps, so a conversation's
+    earlier turns are not tokenised again (least recently used forgotten first)."""
+
+
 class AdmissionConfig(_Section):
     replica_concurrency: int = Field(default=256, ge=1)
     """Requests in flight per replica at most when its budget is not known from the fleet
@@ -294,3 +315,6 @@ class GatewayConfig(_Section):
 
     batch: BatchConfig = Field(default_factory=BatchConfig)
     """The OpenAI Files and Batch API: its store, file limit and concurrency."""
+
+    kv_index: KvIndexConfig = Field(default_factory=KvIndexConfig)
+    """The exact index of the replicas' prefix caches, from their KV events."""

@@ -16,6 +16,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 from servepilot.core.errors import ConfigError
+from servepilot.engine.args import KvEventsPorts
 from servepilot.engine.process import ReplicaInfo
 from servepilot.fleet.backend import Joined, Left, Replica, ReplicaEvent, ReplicaState, Synced
 from servepilot.fleet.k8s.endpoints import (
@@ -125,7 +126,10 @@ class KubernetesBackend:
             Left(rid, self._drain_timeout_s, "its endpoint is gone or not ready")
             for rid in sorted(self._ready.keys() - ready.keys())
         )
-        joined = tuple(Joined(rid, e.url) for rid, e in sorted(ready.items())
+        # Rendered pods publish on vLLM's default ports (engine.args.serve_argv); a pod that
+        # publishes nothing is found out by the gateway, which then guesses its prefixes.
+        events = KvEventsPorts()
+        joined = tuple(Joined(rid, e.url, kv_events=events) for rid, e in sorted(ready.items())
                        if rid not in self._ready)  # fmt: skip
         self._ready = ready
         return left + joined

@@ -31,7 +31,7 @@ from servepilot.engine.args import split_cores
 from servepilot.engine.model_source import ResolvedModel, resolve_model
 from servepilot.engine.process import ReplicaInfo, ReplicaProcess, free_port
 from servepilot.engine.simserver.args import SimModel, sim_model
-from servepilot.fleet.local import replica_command
+from servepilot.fleet.local import kv_events_ports, replica_command
 from servepilot.fleet.logs import replica_log_name
 
 # How often the actor looks at its server process once it serves.
@@ -166,12 +166,14 @@ def _start_server(spec: ActorSpec, host: str, gpu_ids: str) -> tuple[ReplicaProc
         model = resolve_model(config.model)
     port = free_port(host)
     cores = split_cores(os.cpu_count() or 1, 1, config.engine.cpu_threads)[0]
-    command = replica_command(config, model, host, port, cores)
+    kv_events = kv_events_ports(config, model, host)
+    command = replica_command(config, model, host, port, cores, kv_events)
     if gpu_ids:
         command = dataclasses.replace(command, env={**command.env, "CUDA_VISIBLE_DEVICES": gpu_ids})
     log_path = Path(spec.run_dir) / replica_log_name(spec.replica_id)
     _keep_previous(log_path)
-    process = ReplicaProcess(spec.replica_id, command, f"http://{host}:{port}", log_path)
+    url = f"http://{host}:{port}"
+    process = ReplicaProcess(spec.replica_id, command, url, log_path, kv_events)
     process.start()
     return process, model.served_name
 

@@ -97,7 +97,8 @@ class RayBackend:
     def _joined(self, replica_id: str, answer: ActorReady) -> Joined:
         assert answer.info is not None
         config = self.replicas.config
-        return Joined(replica_id, answer.info.url, replica_budget(config, answer.info))
+        info = answer.info
+        return Joined(replica_id, info.url, replica_budget(config, info), info.kv_events)
 
     def publish(self, event: ReplicaEvent) -> None:
         for queue in self._queues:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from servepilot.observe.doctor.env_rules import cpu_features, placement_groups, shm_size
 from servepilot.observe.doctor.evidence import Evidence
 from servepilot.observe.doctor.finding import Finding, Severity
+from servepilot.observe.doctor.kv_rules import kv_events_flow
 from servepilot.observe.doctor.latency_rules import high_ttft, low_batch_utilisation, p99_spikes
 from servepilot.observe.doctor.memory_rules import kv_near_full, oom, preemptions
 from servepilot.observe.doctor.metric_names import metric_names
@@ -23,6 +24,7 @@ RULES: tuple[Rule, ...] = (
     p99_spikes,
     low_batch_utilisation,
     metric_names,
+    kv_events_flow,
     shm_size,
     cpu_features,
     gpu_topology,

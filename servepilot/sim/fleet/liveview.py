@@ -49,5 +49,5 @@ SET_IN_FLIGHT = vars(ReplicaView)["in_flight"].__set__
 REQUEST_VIEW_SETTERS = _setters(
     RequestView,
     ("model", "prompt_chars", "prompt_tokens", "prefix_hashes", "session_id", "priority",
-     "arrival_s"),
+     "arrival_s", "kv_block_hashes"),
 )  # fmt: skip

@@ -109,4 +109,5 @@ def new_request_view(
     _SET[4](view, session_id)
     _SET[5](view, priority)
     _SET[6](view, arrival_s)
+    _SET[7](view, ())  # the simulated gateway does not tokenise
     return view

@@ -1,0 +1,129 @@
+"""The gateway's CPU per request to key a prompt for the exact prefix index, at 32k tokens.
+
+A multi-turn session (one system prompt, user and assistant turns of about 500 tokens each)
+grows until its rendered prompt holds --tokens tokens; the last --requests turns are keyed as
+the gateway keys them (`gateway.tokens.PromptBlocks`: the chat template, token ids, vLLM's
+block hashes) in three ways, each on a fresh tokenizer that has seen the session's earlier
+turns as the gateway would have:
+
+- whole: every prompt tokenised whole (no reuse),
+- pieces: the pieces between special tokens taken from the cache, only new turns tokenised,
+- and the parts of the pieces path alone (template rendering, tokenisation, block hashing),
+  beside the approximate index's text hashing that runs today (`routing.prefix`).
+
+CPU time is the process's (time.process_time), per request, median over the requests.
+
+    python benchmarks/bench_prompt_tokens.py [--tokens 32768] [--requests 10] [--block-size 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script from a checkout
+
+from servepilot.bench.corpus import corpus_paragraphs  # noqa: E402
+from servepilot.engine.model_source import embedded_model_dir  # noqa: E402
+from servepilot.gateway.tokens import PromptBlocks, PromptTokenizer  # noqa: E402
+from servepilot.routing.kv_index import BlockHashing, prompt_block_hashes  # noqa: E402
+from servepilot.routing.prefix import prefix_hashes, prompt_text  # noqa: E402
+
+TURN_WORDS = 380  # about 500 tokens of the corpus's prose
+
+
+def session(
+    tokenizer: PromptTokenizer, tokens: int, requests: int
+) -> list[tuple[dict[str, Any], int]]:
+    """The session's turns (body, prompt tokens), until `requests` of them hold `tokens`."""
+    words = (word for paragraph in corpus_paragraphs(35) for word in paragraph.split())
+    messages: list[dict[str, str]] = [{"role": "system", "content": _take(words, 200)}]
+    turns: list[tuple[dict[str, Any], int]] = []
+    long_enough = 0
+    while long_enough < requests:
+        messages = [*messages, {"role": "user", "content": _take(words, TURN_WORDS)}]
+        body = {"model": "m", "messages": messages}
+        size = len(tokenizer.body_ids(body) or [])
+        turns.append((body, size))
+        long_enough += size >= tokens
+        messages = [*messages, {"role": "assistant", "content": _take(words, TURN_WORDS)}]
+    return turns
+
+
+def _take(words: Any, count: int) -> str:
+    return " ".join(next(words) for _ in range(count))
+
+
+def cpu_per_request_ms(keys: Callable[[dict[str, Any]], object], bodies: list[Any]) -> float:
+    samples = []
+    for body in bodies:
+        start = time.process_time()
+        keys(body)
+        samples.append((time.process_time() - start) * 1000)
+    return statistics.median(samples)
+
+
+def _approximate(body: dict[str, Any]) -> object:
+    """The text hashing every prefix-aware request pays today (RoutingConfig's defaults:
+    64 blocks of 256 characters)."""
+    return prefix_hashes(prompt_text(body, 256 * 64), 256, 64)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=32_768)
+    parser.add_argument("--requests", type=int, default=10)
+    parser.add_argument("--block-size", type=int, default=128)
+    args = parser.parse_args()
+    folder = embedded_model_dir()
+    hashing = BlockHashing(args.block_size)
+    turns = session(PromptTokenizer(folder), args.tokens, args.requests)
+    first = next(i for i, (_, size) in enumerate(turns) if size >= args.tokens)
+    warmup = [body for body, _ in turns[:first]]
+    measured = [body for body, _ in turns[first:]]
+    sizes = [size for _, size in turns[first:]]
+    print(f"{len(measured)} requests of {sizes[0]:,}-{sizes[-1]:,} tokens (turns "
+          f"{first + 1}-{len(turns)} of one session), block size {args.block_size}")  # fmt: skip
+
+    whole = PromptTokenizer(folder, cache_chars=0)
+
+    def whole_keys(body: dict[str, Any]) -> object:
+        return prompt_block_hashes(whole.whole_ids(_rendered(whole, body)), hashing)
+
+    pieces = PromptBlocks(PromptTokenizer(folder), hashing)
+    for body in warmup:  # the session's earlier turns went through this gateway
+        pieces.keys(body)
+    ids = {id(body): pieces.tokenizer.body_ids(body) or [] for body in measured}
+    rows = {
+        "whole (no reuse)": cpu_per_request_ms(whole_keys, measured),
+        "pieces (reuse)": cpu_per_request_ms(pieces.keys, measured),
+        "  of which template": cpu_per_request_ms(
+            lambda body: _rendered(pieces.tokenizer, body), measured
+        ),
+        "  of which template + ids": cpu_per_request_ms(pieces.tokenizer.body_ids, measured),
+        "  of which block hashes": cpu_per_request_ms(
+            lambda body: prompt_block_hashes(ids[id(body)], hashing), measured
+        ),
+        "approximate index today": cpu_per_request_ms(_approximate, measured),
+    }
+    for name, ms in rows.items():
+        print(f"{name:32s} {ms:8.2f} ms CPU per request")
+    cache = pieces.tokenizer.pieces
+    print(f"piece cache: {cache.hits} hits, {cache.misses} misses")
+
+
+def _rendered(tokenizer: PromptTokenizer, body: dict[str, Any]) -> str:
+    text: str = tokenizer.hf.apply_chat_template(
+        body["messages"], tokenize=False, add_generation_prompt=True
+    )
+    return text
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""The gateway's tokenizer edge: a prompt's token ids, as vLLM will see them, computed once.
+
+The exact prefix index (routing.kv_index) is keyed by token ids. Chat prompts are rendered by
+the model's chat template (as vLLM renders them) and tokenised without adding special tokens;
+completion prompts are tokenised with them; token-id prompts are taken as they are.
+
+A conversation's turns repeat its history, so tokenising every prompt whole would cost the
+gateway one full tokenisation per turn. Special tokens (a chat template's `<|im_start|>` and
+`<|im_end|>`) are split out of the text before the rest is tokenised, so the pieces between
+them tokenise on their own to the same ids as inside the whole text; a bounded LRU keeps each
+piece's ids, and a new turn tokenises only the pieces it has not seen. Tokenizers whose added
+tokens strip the whitespace around them, or whose normaliser could move those boundaries, are
+tokenised whole instead.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from servepilot.routing.kv_index import BlockHashing, prompt_block_hashes
+
+
+class PieceCache:
+    """Token ids of text pieces, least recently used forgotten first, bounded in characters."""
+
+    def __init__(self, max_chars: int) -> None:
+        self._max_chars = max_chars
+        self._chars = 0
+        self._ids: OrderedDict[str, list[int]] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, piece: str) -> list[int] | None:
+        ids = self._ids.get(piece)
+        if ids is not None:
+            self._ids.move_to_end(piece)
+            self.hits += 1
+        return ids
+
+    def put(self, piece: str, ids: list[int]) -> None:
+        self.misses += 1
+        if len(piece) > self._max_chars:
+            return
+        self._ids[piece] = ids
+        self._chars += len(piece)
+        while self._chars > self._max_chars:
+            old, _ = self._ids.popitem(last=False)
+            self._chars -= len(old)
+
+
+class PromptTokenizer:
+    """Token ids of request bodies by the served model's tokenizer (a Hugging Face folder)."""
+
+    def __init__(self, folder: str | Path, cache_chars: int = 4_000_000) -> None:
+        from transformers import AutoTokenizer  # heavy: only gateways with an index load it
+
+        self._tok: Any = AutoTokenizer.from_pretrained(str(folder))
+        backend = self._tok.backend_tokenizer
+        self._encode_piece = backend.encode
+        spec = json.loads(backend.to_str())
+        added = spec.get("added_tokens") or []
+        self._special = {t["content"]: int(t["id"]) for t in added}
+        splittable = spec.get("normalizer") is None and not any(
+            t.get("lstrip") or t.get("rstrip") for t in added
+        )
+        self._split: re.Pattern[str] | None = None
+        if splittable and self._special:
+            # Longest first, so a token that contains another is matched whole.
+            names = sorted(self._special, key=len, reverse=True)
+            self._split = re.compile("(" + "|".join(map(re.escape, names)) + ")")
+        self._pieces = PieceCache(cache_chars)
+
+    @property
+    def pieces(self) -> PieceCache:
+        return self._pieces
+
+    @property
+    def hf(self) -> Any:
+        """The Hugging Face tokenizer itself (its chat template)."""
+        return self._tok
+
+    def body_ids(self, doc: Mapping[str, Any]) -> list[int] | None:
+        """The prompt's ids for a chat or completions body; None for what it cannot render
+        (multimodal parts, a list of prompts, a template error)."""
+        messages = doc.get("messages")
+        try:
+            if isinstance(messages, list):
+                return self.chat_ids(messages, doc.get("tools"))
+            prompt = doc.get("prompt")
+            if isinstance(prompt, str):
+                return self.text_ids(prompt, add_special_tokens=True)
+            if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+                return list(prompt)
+        except Exception:  # a body the template refuses costs exactness, never the request
+            return None
+        return None
+
+    def chat_ids(self, messages: Sequence[Any], tools: Any = None) -> list[int] | None:
+        if any(not isinstance(m.get("content", ""), str | None) for m in messages):
+            return None  # multimodal parts: vLLM's placeholders are not ours to render
+        text: str = self._tok.apply_chat_template(
+            list(messages), tools=tools, tokenize=False, add_generation_prompt=True
+        )
+        return self.text_ids(text, add_special_tokens=False)
+
+    def text_ids(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        if add_special_tokens or self._split is None:
+            return list(self._encode_piece(text, add_special_tokens=add_special_tokens).ids)
+        ids: list[int] = []
+        special = self._special
+        for piece in self._split.split(text):
+            if not piece:
+                continue
+            token = special.get(piece)
+            if token is not None:
+                ids.append(token)
+                continue
+            cached = self._pieces.get(piece)
+            if cached is None:
+                cached = list(self._encode_piece(piece, add_special_tokens=False).ids)
+                self._pieces.put(piece, cached)
+            ids.extend(cached)
+        return ids
+
+    def whole_ids(self, text: str) -> list[int]:
+        """The text tokenised whole, without the piece cache (what the cache must equal)."""
+        return list(self._encode_piece(text, add_special_tokens=False).ids)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptKeys:
+    """What the exact index needs of a prompt: its length and its blocks' hashes."""
+
+    tokens: int
+    block_hashes: tuple[bytes, ...]
+
+
+class PromptBlocks:
+    """A request body's token count and vLLM block hashes, by the tokenizer and hashing the
+    replicas use."""
+
+    def __init__(self, tokenizer: PromptTokenizer, hashing: BlockHashing) -> None:
+        self.tokenizer = tokenizer
+        self.hashing = hashing
+
+    def keys(self, doc: Mapping[str, Any]) -> PromptKeys | None:
+        ids = self.tokenizer.body_ids(doc)
+        if ids is None:
+            return None
+        return PromptKeys(len(ids), tuple(prompt_block_hashes(ids, self.hashing)))
