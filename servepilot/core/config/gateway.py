@@ -109,7 +109,7 @@ class KvIndexConfig(_Section):
     guessed."""
 
     hash_seed: str = "vllm-none-hash"
-    """The seed of vLLM's first block hash: the replicas' PYTHONHASHSEED if they have one,
+    """The hash seed of vLLM's first block hash: the replicas' PYTHONHASHSEED if they have one,
     else vLLM's fixed default."""
 
     token_cache_chars: int = Field(default=4_000_000, ge=0)
