@@ -13,7 +13,7 @@ import pytest
 
 from servepilot.core.config import EngineKind, parse_config
 from servepilot.core.errors import ConfigError, EngineStartError
-from servepilot.engine.args import LaunchCommand
+from servepilot.engine.args import KvEventsPorts, LaunchCommand
 from servepilot.engine.gpu.assign import assign_devices
 from servepilot.engine.gpu.inventory import NO_GPU, GpuDevice, GpuInventory, GpuLink
 from servepilot.engine.model_source import ResolvedModel
@@ -164,7 +164,9 @@ class SimulatedOnSharedGpus(LocalReplicas):
     """The GPU fleet's replicas, each a real server that answers as vLLM does (a simulated
     replica) in place of vLLM, which this machine cannot run."""
 
-    def _command(self, host: str, port: int, slot: int) -> LaunchCommand:
+    def _command(
+        self, host: str, port: int, slot: int, kv_events: KvEventsPorts | None
+    ) -> LaunchCommand:
         return sim_launch_command(SIM, sim_model(SIM.model), host, port)
 
 
