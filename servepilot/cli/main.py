@@ -3,30 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
 from servepilot import __version__
-from servepilot.cli import (
-    accept_cmd,
-    batch_cmd,
-    bench_cmd,
-    calibrate_cmd,
-    config_cmd,
-    doctor_cmd,
-    fleet_cmd,
-    gateway_cmd,
-    k8s_cmd,
-    models_cmd,
-    observe_cmd,
-    plan_cmd,
-    profile_cmd,
-    sim_cmd,
-    top_cmd,
-    tune_cmd,
-    up_cmd,
-    warm_cmd,
-)
 from servepilot.cli.console import err_console, print_error
 from servepilot.cli.options import add_command
 from servepilot.core import completion
@@ -44,22 +25,31 @@ machine's CPU. Write a fleet.yaml (see `servepilot config`) to use your own mode
 """
 
 
-COMMANDS = (plan_cmd, up_cmd, fleet_cmd, warm_cmd, gateway_cmd, bench_cmd, calibrate_cmd,
-            profile_cmd, sim_cmd, tune_cmd, k8s_cmd, top_cmd, doctor_cmd, accept_cmd,
-            models_cmd, batch_cmd, config_cmd, observe_cmd)  # fmt: skip
-"""In the order `servepilot --help` lists them, the serving loop's."""
+COMMANDS = {"plan": "plan_cmd", "up": "up_cmd", "status": "fleet_cmd", "down": "fleet_cmd",
+            "logs": "fleet_cmd", "sleep": "warm_cmd", "wake": "warm_cmd",
+            "gateway": "gateway_cmd", "bench": "bench_cmd", "calibrate": "calibrate_cmd",
+            "profile": "profile_cmd", "sim": "sim_cmd", "tune": "tune_cmd", "k8s": "k8s_cmd",
+            "top": "top_cmd", "doctor": "doctor_cmd", "accept": "accept_cmd",
+            "models": "models_cmd", "batch": "batch_cmd", "config": "config_cmd",
+            "observe": "observe_cmd"}  # fmt: skip
+"""Each command's module in servepilot.cli, in the order `servepilot --help` lists them, the
+serving loop's. A module is imported only when its parser is built: all of them take most of
+a second, and a command line that names one command builds that command's parser alone."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The whole command line, every subcommand and flag; building it starts nothing."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line, every subcommand and flag, or with `command` (a key of
+    COMMANDS) that command's alone (with its module's other commands); building it starts
+    nothing."""
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
         prog="servepilot", description=DESCRIPTION, formatter_class=raw
     )
     parser.add_argument("--version", action="version", version=f"servepilot {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in COMMANDS:
-        module.register(sub)
+    names = COMMANDS.values() if command is None else [COMMANDS[command]]
+    for name in dict.fromkeys(names):
+        importlib.import_module(f"servepilot.cli.{name}").register(sub)
     shells = add_command(
         sub, "completion", "print the shell completion script for bash or zsh",
         "Print a script that completes servepilot's commands, flags and known values.\n"
@@ -77,8 +67,10 @@ def _print_completion(shell: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv) or ["--help"])
+    words = list(sys.argv[1:] if argv is None else argv) or ["--help"]
+    # --help, --version and a mistyped command need every command's parser.
+    parser = build_parser(words[0] if words[0] in COMMANDS else None)
+    args = parser.parse_args(words)
     try:
         code: int = args.run(args)
         return code
