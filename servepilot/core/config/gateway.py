@@ -246,6 +246,17 @@ class AccessLogConfig(_Section):
     (servepilot_access_log_dropped_total): a slow disk never slows the requests."""
 
 
+class ContinuationConfig(_Section):
+    enabled: bool = True
+    """When a replica fails after it began streaming an answer (connection reset, end of
+    the body before the last event, a stall, taken out of rotation), send the rest of the
+    generation to another healthy replica and keep relaying it as the same answer. A
+    request opts out with the header `X-Servepilot-Continue: 0`."""
+
+    max_continuations: int = Field(default=2, ge=0)
+    """Continuations of one request at most; past them the stream ends with an error event."""
+
+
 class GatewayConfig(_Section):
     host: str = "127.0.0.1"
     """Address the gateway listens on."""
@@ -294,3 +305,6 @@ class GatewayConfig(_Section):
 
     batch: BatchConfig = Field(default_factory=BatchConfig)
     """The OpenAI Files and Batch API: its store, file limit and concurrency."""
+
+    continuation: ContinuationConfig = Field(default_factory=ContinuationConfig)
+    """Streams continued on another replica when theirs fails mid-answer."""
