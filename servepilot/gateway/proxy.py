@@ -165,7 +165,9 @@ class Proxy:
                 if record is not None:
                     record.clear()
                 continue
-            if record is not None and outcome.streamed and outcome.failure is not None:
+            # A stream past the request timeout has had all the time it may take.
+            broke = outcome.streamed and outcome.failure is not None and not outcome.timed_out
+            if record is not None and broke:
                 broken = Broken(request, view, caller.tenant, parsed.doc,
                                 route.path == CHAT_PATH, record, grant.replica.replica_id,
                                 outcome)  # fmt: skip

@@ -56,8 +56,6 @@ Attempt = Callable[[Replica, bytes, Callable[[ClientConnection], Relay]], Awaita
 
 def failure_kind(outcome: Outcome) -> Failure:
     failure = outcome.failure
-    if outcome.timed_out:
-        return Failure.STALL
     return Failure.RESET if failure is not None and failure.__cause__ else Failure.EOF
 
 
