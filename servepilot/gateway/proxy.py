@@ -294,6 +294,9 @@ class Proxy:
                 relay = relay_of(conn)
             conn.send(replica.request_head(path, len(body), extra, content_type) + body, relay)
             self._deadlines.add(relay, loop)
+            watched = record is not None or relay_of is not None
+            if watched:  # a stream that may be continued: a stall or a sick replica ends it
+                self._continuer.watchdog.add(relay, replica, loop)
             try:
                 outcome = await relay.done
             except asyncio.CancelledError:
@@ -302,6 +305,8 @@ class Proxy:
                 raise
             finally:
                 self._deadlines.discard(relay)
+                if watched:
+                    self._continuer.watchdog.discard(relay)
                 conn.finish()
             if outcome.timed_out:
                 self._metrics.count_error("upstream_timeout")

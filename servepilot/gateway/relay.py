@@ -306,6 +306,19 @@ class Relay:
         failure = UpstreamFailed("no complete answer within the request timeout")
         self.done.set_result(replace(self._outcome(failure, answered=True), timed_out=True))
 
+    def abandon(self, failure: UpstreamFailed) -> None:
+        """Give up on the replica mid-answer (it stalled, or left the rotation): the
+        stream may go on elsewhere (gateway/continuation)."""
+        if self.done.done():
+            return
+        self._conn.abort()
+        self._cut_inside_chunk()
+        self.done.set_result(self._outcome(failure, answered=True))
+
+    def progress(self) -> int:
+        """Body bytes relayed so far; -1 before the first chunk."""
+        return -1 if self._first_chunk_s is None else self._relayed
+
     def _cut_inside_chunk(self) -> None:
         """A stream passed through that stops where a read ended inside a chunk: the client
         could not read an error event written after it, so its connection is cut (its

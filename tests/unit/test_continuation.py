@@ -61,10 +61,10 @@ def test_a_transcript_cut_inside_an_event_is_not_whole() -> None:
 def test_the_rest_of_a_completion_is_asked_with_the_text_appended_and_fewer_tokens() -> None:
     sent = read_transcript(_text(" a") + _text(" b") + _text(" c"), chat=False)
     doc = {"model": "m", "prompt": "x:", "max_tokens": 10, "seed": 7, "temperature": 0.0,
-           "stream": True, "echo": True}  # fmt: skip
+           "stream": True}  # fmt: skip
     body = continuation_body(doc, sent, chat=False)
     assert body["prompt"] == "x: a b c" and body["max_tokens"] == 7
-    assert (body["seed"], body["temperature"], body["echo"]) == (7, 0.0, False)
+    assert (body["seed"], body["temperature"]) == (7, 0.0)
     assert body["stream_options"] == {"include_usage": True}
     assert doc["prompt"] == "x:"  # the original is left as it was
 
@@ -78,9 +78,17 @@ def test_the_rest_of_a_chat_continues_the_partial_assistant_message() -> None:
     assert body["max_completion_tokens"] == 3
 
 
-def test_a_token_id_prompt_is_not_continuable() -> None:
+@pytest.mark.parametrize("doc", [{"prompt": [1, 2, 3]}, {"prompt": "x", "echo": True}])
+def test_a_token_id_prompt_or_an_echoed_one_is_not_continuable(doc: dict[str, Any]) -> None:
     with pytest.raises(NotContinuable):
-        continuation_body({"prompt": [1, 2, 3]}, read_transcript(b"", chat=False), chat=False)
+        continuation_body(doc, read_transcript(_text(" a"), chat=False), chat=False)
+
+
+def test_a_chat_cut_before_its_first_token_is_asked_again_as_it_was() -> None:
+    doc = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+    body = continuation_body(doc, read_transcript(_chat("", role=True), chat=True), chat=True)
+    assert body["messages"] == doc["messages"] and "continue_final_message" not in body
+    assert body["max_tokens"] == 5
 
 
 def _sent(tokens: int = 3, finish: str | None = None, whole: bool = True) -> Transcript:

@@ -6,9 +6,12 @@ so which replica gets each request is known in advance.
 
 from __future__ import annotations
 
+import asyncio
 import json
+from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.unit.fake_upstream import FakeUpstream
 from tests.unit.gateway_support import (
@@ -305,5 +308,42 @@ def test_a_replica_dying_mid_stream_hands_the_rest_of_the_answer_to_another() ->
             assert metrics.value("servepilot_stream_continuations_total", {"reason": "eof"}) == 1
             assert not any(name == "servepilot_request_errors_total" for name, _ in metrics.samples)
             assert gw.pool.total_in_flight() == 0
+
+    run(body())
+
+
+@pytest.mark.parametrize(
+    ("reason", "settings"),
+    [
+        # a hangs after its first token: found stalled after 0.2 s of nothing.
+        ("stall", {"continuation": {"stall_timeout_s": 0.2}}),
+        # a hangs and fails its health checks: out of rotation long before a stall.
+        ("out_of_rotation", {"health_interval_s": 0.05}),
+    ],
+)
+def test_a_replica_that_hangs_mid_stream_hands_the_rest_to_another(
+    reason: str, settings: dict[str, Any]
+) -> None:
+    async def body() -> None:
+        a, b = await FakeUpstream("a").start(), await FakeUpstream("b").start()
+        a.gate = asyncio.Event()  # never set: a's second chunk never comes
+        async with (
+            gateway_in_front_of([a, b], **{"health_interval_s": 30, **settings}) as (gw, url),
+            aiohttp.ClientSession() as client,
+        ):
+            async with client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT) as resp:
+                assert resp.headers["X-Servepilot-Replica"] == "a"
+                first = await read_event(resp)
+                if reason == "out_of_rotation":
+                    a.health_status = 500
+                raw = first + await asyncio.wait_for(resp.content.read(), 10)
+            events = [e for e in raw.split(b"\n\n") if e]
+            docs = [json.loads(e.removeprefix(b"data: ")) for e in events[:-1]]
+            assert [d["choices"][0]["delta"]["content"] for d in docs] == ["one", "one", "two"]
+            assert events[-1] == b"data: [DONE]"
+            metrics = await scrape(client, url)
+            assert metrics.value("servepilot_stream_continuations_total", {"reason": reason}) == 1
+            assert gw.pool.total_in_flight() == 0
+        a.gate.set()
 
     run(body())

@@ -256,6 +256,12 @@ class ContinuationConfig(_Section):
     max_continuations: int = Field(default=2, ge=0)
     """Continuations of one request at most; past them the stream ends with an error event."""
 
+    stall_timeout_s: float = Field(default=30.0, gt=0)
+    """A stream that has relayed its first token and then gets nothing from its replica for
+    this long is given up on that replica and continued elsewhere (found within a second
+    more). A replica taken out of rotation (failed health checks) has its streams continued
+    elsewhere too."""
+
 
 class GatewayConfig(_Section):
     host: str = "127.0.0.1"

@@ -32,6 +32,7 @@ from servepilot.gateway.continuation.transcript import (
     read_transcript,
     usage_asked,
 )
+from servepilot.gateway.continuation.watchdog import StreamBroken, Watchdog
 from servepilot.gateway.dispatch import Dispatcher
 from servepilot.gateway.errors import GatewayError
 from servepilot.gateway.metrics import GatewayMetrics
@@ -56,6 +57,8 @@ Attempt = Callable[[Replica, bytes, Callable[[ClientConnection], Relay]], Awaita
 
 def failure_kind(outcome: Outcome) -> Failure:
     failure = outcome.failure
+    if isinstance(failure, StreamBroken):
+        return failure.kind
     return Failure.RESET if failure is not None and failure.__cause__ else Failure.EOF
 
 
@@ -88,6 +91,7 @@ class Continuer:
         self._pool = pool
         self._dispatcher = dispatcher
         self._metrics = metrics
+        self.watchdog = Watchdog(config.stall_timeout_s)
 
     def records(self, request: HttpRequest, path: str, stream: bool) -> bool:
         """Whether the stream's bytes are kept (it may be continued)."""

@@ -5,6 +5,7 @@ stream (the replica refused the continuation) is collected whole, as the base re
 from __future__ import annotations
 
 import asyncio
+import time
 
 from servepilot.gateway.continuation.splice import Splicer
 from servepilot.gateway.relay import Relay
@@ -41,6 +42,8 @@ class ContinuationRelay(Relay):
         request = self._request
         if not request.connected or request.stream_ended:
             return
+        if self._first_chunk_s is None:  # from here a silence is a stall (watchdog)
+            self._first_chunk_s = time.perf_counter()
         out = self.splicer.feed(data)
         if self.splicer.done:
             self._finish_stream(out)

@@ -108,17 +108,19 @@ def continuation_body(doc: dict[str, Any], sent: Transcript, *, chat: bool) -> d
         messages = body.get("messages")
         if not isinstance(messages, list):
             raise NotContinuable("the request has no list of messages")
-        body["messages"] = [*messages, {"role": "assistant", "content": sent.text}]
-        body["continue_final_message"] = True
-        body["add_generation_prompt"] = False
+        if sent.text:  # else nothing generated reached the client: the messages as they were
+            body["messages"] = [*messages, {"role": "assistant", "content": sent.text}]
+            body["continue_final_message"] = True
+            body["add_generation_prompt"] = False
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if not isinstance(prompt, str):
             raise NotContinuable("the prompt is not one string (token ids or a batch)")
+        if body.get("echo"):  # the text sent starts with the prompt: not the generation
+            raise NotContinuable("the request asked for its prompt echoed")
         body["prompt"] = prompt + sent.text
-        body["echo"] = False  # the prompt went out with the first part, if it was asked
     for name in ("max_tokens", "max_completion_tokens"):
         value = body.get(name)
         if isinstance(value, int) and not isinstance(value, bool):
