@@ -88,6 +88,7 @@ class Continuer:
         metrics: GatewayMetrics,
     ) -> None:
         self._config = config
+        self._enabled = config.enabled
         self._pool = pool
         self._dispatcher = dispatcher
         self._metrics = metrics
@@ -95,12 +96,10 @@ class Continuer:
 
     def records(self, request: HttpRequest, path: str, stream: bool) -> bool:
         """Whether the stream's bytes are kept (it may be continued)."""
-        return (
-            stream
-            and self._config.enabled
-            and path in CONTINUED_PATHS
-            and request.headers.get(OPT_OUT_HEADER, "1").strip() not in ("0", "false", "off")
-        )
+        if not stream or not self._enabled or path not in CONTINUED_PATHS:
+            return False
+        opt_out = request.headers.get(OPT_OUT_HEADER)
+        return opt_out is None or opt_out.strip() not in ("0", "false", "off")
 
     async def carry_on(self, broken: Broken, attempt: Attempt) -> Outcome:
         """Continue until the answer ends; the last outcome (a failure: the proxy ends the

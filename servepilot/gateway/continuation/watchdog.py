@@ -14,7 +14,6 @@ The hot path pays nothing: a tick reads the byte count the relay keeps anyway.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from typing import Protocol
 
 from servepilot.gateway.continuation.policy import Failure
@@ -47,11 +46,9 @@ class Health(Protocol):
     def replica_id(self) -> str: ...
 
 
-@dataclass(slots=True)
-class _Seen:
-    replica: Health
-    progress: int
-    since_s: float
+_Seen = tuple[Health, int, float]
+"""The replica, the bytes relayed when last seen to change, and when (a tuple: one is made
+per streamed request, and a tuple is the cheapest record to make)."""
 
 
 class Watchdog:
@@ -68,7 +65,9 @@ class Watchdog:
         return len(self._seen)
 
     def add(self, item: Watched, replica: Health, loop: asyncio.AbstractEventLoop) -> None:
-        self._seen[item] = _Seen(replica, item.progress(), loop.time())
+        # Once per streamed request: no call into the relay (nothing is relayed yet) and
+        # the clock read at the first tick that sees progress.
+        self._seen[item] = (replica, -1, 0.0)
         if self._timer is None:
             self._loop = loop
             self._timer = loop.call_later(self._tick_s, self._tick)
@@ -81,26 +80,26 @@ class Watchdog:
         assert loop is not None
         self._timer = None
         now_s = loop.time()
-        for item, seen in list(self._seen.items()):
-            failure = self._check(item, seen, now_s)
+        seen = self._seen
+        for item, (replica, last, since_s) in list(seen.items()):
+            progress = item.progress()
+            if progress < 0:
+                continue  # before the first token: the proxy's retry and timeout cover it
+            if progress != last:
+                seen[item] = (replica, progress, now_s)
+                since_s = now_s
+            failure = self._check(replica, now_s - since_s)
             if failure is not None:
-                del self._seen[item]
+                del seen[item]
                 item.abandon(failure)
-        if self._seen:
+        if seen:
             self._timer = loop.call_later(self._tick_s, self._tick)
 
-    def _check(self, item: Watched, seen: _Seen, now_s: float) -> StreamBroken | None:
-        replica_id = seen.replica.replica_id
-        progress = item.progress()
-        if progress < 0:
-            return None  # before the first token: the proxy's retry and timeout cover it
-        if not seen.replica.healthy:
-            return StreamBroken(Failure.OUT_OF_ROTATION,
-                                f"replica {replica_id} was taken out of rotation")  # fmt: skip
-        if progress != seen.progress:
-            seen.progress, seen.since_s = progress, now_s
-            return None
-        quiet_s = now_s - seen.since_s
+    def _check(self, replica: Health, quiet_s: float) -> StreamBroken | None:
+        if not replica.healthy:
+            message = f"replica {replica.replica_id} was taken out of rotation"
+            return StreamBroken(Failure.OUT_OF_ROTATION, message)
         if quiet_s < self._stall_s:
             return None
-        return StreamBroken(Failure.STALL, f"replica {replica_id} sent nothing for {quiet_s:.1f} s")
+        message = f"replica {replica.replica_id} sent nothing for {quiet_s:.1f} s"
+        return StreamBroken(Failure.STALL, message)
