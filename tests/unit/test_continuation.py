@@ -78,8 +78,12 @@ def test_the_rest_of_a_chat_continues_the_partial_assistant_message() -> None:
     assert body["max_completion_tokens"] == 3
 
 
-@pytest.mark.parametrize("doc", [{"prompt": [1, 2, 3]}, {"prompt": "x", "echo": True}])
-def test_a_token_id_prompt_or_an_echoed_one_is_not_continuable(doc: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "doc", [{"prompt": [1, 2, 3]}, {"prompt": "x", "echo": True}, {"prompt": "x", "n": 2}]
+)
+def test_token_ids_an_echoed_prompt_or_several_choices_are_not_continuable(
+    doc: dict[str, Any],
+) -> None:
     with pytest.raises(NotContinuable):
         continuation_body(doc, read_transcript(_text(" a"), chat=False), chat=False)
 

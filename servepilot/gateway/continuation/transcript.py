@@ -104,6 +104,8 @@ def continuation_body(doc: dict[str, Any], sent: Transcript, *, chat: bool) -> d
     were. Usage is always asked for (the edge sums it, and drops it when the client did not
     ask)."""
     body = dict(doc)
+    if body.get("n") not in (None, 1):  # the transcript follows choice 0 only
+        raise NotContinuable("the request asked for several choices (n > 1)")
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list):
