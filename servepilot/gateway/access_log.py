@@ -44,12 +44,15 @@ class Trail:
     """What the proxy learns of one request on its way, for its line (mutable, one owner)."""
 
     __slots__ = (
-        "bytes_out", "error", "model", "priority", "prompt_chars", "replica", "stream", "tail",
+        "bytes_out", "error", "model", "priority", "prompt_chars", "replica", "replicas", "stream",
+        "tail",
         "ttfb_s", "ttft_s",
     )  # fmt: skip
 
     def __init__(self) -> None:
         self.replica: str | None = None
+        self.replicas: tuple[str, ...] | None = None
+        """Every replica a continued stream went through, in order (None: not continued)."""
         self.priority: int | None = None
         self.model: str | None = None
         self.stream: bool | None = None
@@ -208,6 +211,8 @@ def line(entry: _Entry) -> str:
         "bytes_out": trail.bytes_out,
         "error": error,
     }
+    if trail.replicas is not None:  # a continued stream: every replica it went through
+        doc["replicas"] = list(trail.replicas)
     return _ENCODE(doc) + "\n"
 
 

@@ -145,6 +145,7 @@ class GatewayMetrics:
         self.queued = _Counts()
         self.tenants = TenantCounters()
         self.retries = 0
+        self.continuations = _Counts()
         self.arrivals = 0
         """Generation requests that reached the gateway, ever (an autoscaler's arrival rate
         reads its increase; the hot path pays one increment)."""
@@ -208,6 +209,9 @@ class GatewayMetrics:
     def count_retry(self) -> None:
         self.retries += 1
 
+    def count_continuation(self, reason: str) -> None:
+        self.continuations.add((reason,))
+
     def observe_queue_wait(self, priority: int, tenant: str, wait_s: float) -> None:
         self.queue_wait.observe((_CLASS[priority],), wait_s)
         self.tenant_wait.observe((self.tenants.label(tenant),), wait_s)
@@ -270,6 +274,9 @@ class _Collector:
                                       "replica after a failure before any answer.")  # fmt: skip
         retries.add_metric([], m.retries)
         yield retries
+        yield _counter("stream_continuations", "Streams sent on to another replica after "
+                       "theirs failed mid-answer, by how it failed (reset, eof, stall, "
+                       "out_of_rotation).", ["reason"], m.continuations)  # fmt: skip
         yield _counter("breaker_transitions", "Circuit breaker state changes, by replica and "
                        "new state.", ["replica", "state"], m.breaker_moves)  # fmt: skip
         yield _counter("degradation_steps", "Soft-limit degradation steps, by new level "

@@ -14,10 +14,13 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 from servepilot.core.config import GatewayConfig
 from servepilot.gateway.access_log import Trail
 from servepilot.gateway.auth import Caller
+from servepilot.gateway.continuation.edge import CHAT_PATH, Broken, Continuer
 from servepilot.gateway.deadlines import Deadlines
 from servepilot.gateway.dispatch import Dispatcher, Grant
 from servepilot.gateway.errors import (
@@ -47,6 +50,7 @@ from servepilot.gateway.validation import (
     parse_multipart_request,
 )
 from servepilot.http1 import HttpRequest
+from servepilot.http1.client import ClientConnection
 from servepilot.http1.errors import UpstreamFailed
 from servepilot.routing.base import RequestView, RoutingPolicy
 from servepilot.routing.prefix import prefix_hashes, prompt_text
@@ -78,6 +82,7 @@ class Proxy:
         self._policy = policy
         self._dispatcher = dispatcher
         self._metrics = metrics
+        self._continuer = Continuer(config.continuation, pool, dispatcher, metrics)
         self._loop: asyncio.AbstractEventLoop | None = None
         # One timer for every request's timeout, not one per request.
         self._deadlines = Deadlines(config.request_timeout_s)
@@ -131,6 +136,9 @@ class Proxy:
         extra = self._extra_headers(request)
         body = request.body
         tried: set[str] = set()
+        record: list[bytes] | None = (
+            [] if self._continuer.records(request, route.path, parsed.stream) else None
+        )
         while True:
             if admitted:
                 grant = await self._dispatcher.acquire(view, tried, caller.tenant)
@@ -140,7 +148,15 @@ class Proxy:
                 body = _capped(parsed, grant.max_tokens_cap, body, route.cap_fields)
             try:
                 outcome = await self._attempt(
-                    request, grant.replica, route.path, body, extra, content_type, trail, started
+                    request,
+                    grant.replica,
+                    route.path,
+                    body,
+                    extra,
+                    content_type,
+                    trail,
+                    started,
+                    record,
                 )
             except BaseException:  # the client left (cancelled): the slot is abandoned
                 self._dispatcher.release(grant, None)
@@ -149,7 +165,16 @@ class Proxy:
             if outcome.failure is not None and outcome.retryable:
                 tried.add(grant.replica.replica_id)
                 self._metrics.count_retry()
+                if record is not None:
+                    record.clear()
                 continue
+            # A stream past the request timeout has had all the time it may take.
+            broke = outcome.streamed and outcome.failure is not None and not outcome.timed_out
+            if record is not None and broke:
+                broken = Broken(request, view, caller.tenant, parsed.doc,
+                                route.path == CHAT_PATH, record, grant.replica.replica_id,
+                                outcome)  # fmt: skip
+                outcome = await self._continue(broken, extra, trail, started, route.path)
             first = outcome.first_chunk_at
             ttft_s = None if first is None else first - started
             latency = self._latency.get(route.path)
@@ -224,6 +249,27 @@ class Proxy:
                 extra += f"{name}: {headers[name]}\r\n".encode("latin-1")
         return extra
 
+    async def _continue(
+        self, broken: Broken, extra: bytes, trail: Trail | None, started: float, path: str
+    ) -> Outcome:
+        """A stream broken after its first token goes on elsewhere (gateway/continuation)."""
+        request = broken.request
+
+        def attempt(
+            replica: Replica, body: bytes, relay_of: Callable[[ClientConnection], Relay]
+        ) -> Awaitable[Outcome]:
+            return self._attempt(request, replica, path, body, extra, None, trail, started,
+                                 None, relay_of)  # fmt: skip
+
+        last = await self._continuer.carry_on(broken, attempt)
+        first = broken.outcome
+        # One answer: its first byte and token came with the first part, its bytes are all.
+        outcome = replace(last, ttfb_s=first.ttfb_s, first_chunk_at=first.first_chunk_at,
+                          streamed_bytes=first.streamed_bytes + last.streamed_bytes)  # fmt: skip
+        if trail is not None and len(broken.used) > 1:
+            trail.replicas = tuple(broken.used)
+        return outcome
+
     async def _attempt(
         self,
         request: HttpRequest,
@@ -234,6 +280,8 @@ class Proxy:
         content_type: bytes | None,
         trail: Trail | None,
         started: float,
+        record: list[bytes] | None = None,
+        relay_of: Callable[[ClientConnection], Relay] | None = None,
     ) -> Outcome:
         """One try on one replica; a stale keep-alive connection is replaced once. A client
         that leaves meanwhile still gets, in its line, what it was sent of the answer."""
@@ -249,9 +297,15 @@ class Proxy:
                     self._metrics.count_error("upstream_connect")
                     log.warning("replica %s unreachable: %s", replica.replica_id, exc)
                     return Outcome(status=0, streamed=False, failure=exc, retryable=True)
-            relay = Relay(request, conn, replica.header, loop)
+            if relay_of is None:
+                relay = Relay(request, conn, replica.header, loop, record)
+            else:
+                relay = relay_of(conn)
             conn.send(replica.request_head(path, len(body), extra, content_type) + body, relay)
             self._deadlines.add(relay, loop)
+            watched = record is not None or relay_of is not None
+            if watched:  # a stream that may be continued: a stall or a sick replica ends it
+                self._continuer.watchdog.add(relay, replica, loop)
             try:
                 outcome = await relay.done
             except asyncio.CancelledError:
@@ -260,6 +314,8 @@ class Proxy:
                 raise
             finally:
                 self._deadlines.discard(relay)
+                if watched:
+                    self._continuer.watchdog.discard(relay)
                 conn.finish()
             if outcome.timed_out:
                 self._metrics.count_error("upstream_timeout")

@@ -121,8 +121,8 @@ class Relay:
 
     __slots__ = (
         "_client", "_conn", "_content_type", "_first_chunk_s", "_head_s", "_last", "_parts",
-        "_pieces", "_previous", "_raw", "_relayed", "_replica_header", "_request", "_send",
-        "_sent_s", "_status", "_streaming", "_written", "done",
+        "_pieces", "_previous", "_raw", "_record", "_relayed", "_replica_header", "_request",
+        "_send", "_sent_s", "_status", "_streaming", "_written", "done",
     )  # fmt: skip
 
     def __init__(
@@ -131,8 +131,12 @@ class Relay:
         conn: ClientConnection,
         replica_header: tuple[bytes, bytes],
         loop: asyncio.AbstractEventLoop,
+        record: list[bytes] | None = None,
     ) -> None:
+        """`record`: where to keep the stream's body as sent (for continuing it elsewhere
+        should the replica fail: gateway/continuation)."""
         self._request = request
+        self._record = record
         self._conn = conn
         self._replica_header = replica_header
         self._status = 0
@@ -187,6 +191,8 @@ class Relay:
                 return
             self._relayed += len(last) if len(pieces) == 1 else sum(map(len, pieces))
             self._previous = last
+            if self._record is not None:
+                self._record.extend(pieces)
         self._written = data
         send = self._send
         if send is None:  # the held-back head leaves with the first bytes
@@ -221,6 +227,8 @@ class Relay:
             return
         self._relayed += len(data)
         self._previous = data
+        if self._record is not None:
+            self._record.append(data)
         if request.write_chunk(data):
             self._slow_client()
 
@@ -297,6 +305,19 @@ class Relay:
         self._cut_inside_chunk()
         failure = UpstreamFailed("no complete answer within the request timeout")
         self.done.set_result(replace(self._outcome(failure, answered=True), timed_out=True))
+
+    def abandon(self, failure: UpstreamFailed) -> None:
+        """Give up on the replica mid-answer (it stalled, or left the rotation): the
+        stream may go on elsewhere (gateway/continuation)."""
+        if self.done.done():
+            return
+        self._conn.abort()
+        self._cut_inside_chunk()
+        self.done.set_result(self._outcome(failure, answered=True))
+
+    def progress(self) -> int:
+        """Body bytes relayed so far; -1 before the first chunk."""
+        return -1 if self._first_chunk_s is None else self._relayed
 
     def _cut_inside_chunk(self) -> None:
         """A stream passed through that stops where a read ended inside a chunk: the client

@@ -64,14 +64,18 @@ def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
 
 
 @contextlib.contextmanager
-def simulated_replica(folder: Path, model: str, step_ms: float) -> Iterator[str]:
+def simulated_replica(
+    folder: Path, model: str, step_ms: float, extra: Sequence[str] = ()
+) -> Iterator[str]:
     """A simulated vLLM replica (servepilot/engine/simserver) whose steps take `step_ms`, on a
-    free port, logging to `folder`/server.log: its URL once healthy; stopped on exit."""
+    free port, logging to `folder`/server.log: its URL once healthy; stopped on exit. `extra`:
+    more of its flags."""
     port = free_port()
     with (folder / "server.log").open("wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "servepilot.engine.simserver.server", "--model", model,
-             "--port", str(port), "--max-model-len", "2048", "--step-ms", str(step_ms)],
+             "--port", str(port), "--max-model-len", "2048", "--step-ms", str(step_ms),
+             *extra],
             stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"

@@ -88,21 +88,18 @@ def test_replica_killed_under_load_every_request_ends_once(
 
         results = asyncio.run(drive())
         kinds = Counter(r.kind for r in results)
-        bad = [r for r in results if r.kind not in ("complete", "interrupted")]
+        # Streams the kill broke mid-answer went on from the survivor (stream continuation):
+        # every request is one whole answer.
+        bad = [r for r in results if r.kind != "complete"]
         assert not bad, f"{kinds}; first: {bad[:3]}"
-        # Nobody got two endings, or a stream continued after its error.
-        assert all(r.dones <= 1 for r in results)
-        interrupted = [r for r in results if r.kind == "interrupted"]
-        complete = [r for r in results if r.kind == "complete"]
-        assert interrupted, "the kill hit no stream in flight: the test proved nothing"
-        assert all(r.replica == dead for r in interrupted), interrupted[:3]
-        assert all(r.error["code"] == "upstream_interrupted" for r in interrupted)
+        assert all(r.dones == 1 for r in results)
+        complete = results
         # Whatever was sent after the kill was served, whole, by the survivor.
         after = [r for r in results if r.sent_s > killed_at[0] + 0.01]
         assert after and all(r.kind == "complete" and r.replica == alive for r in after)
         on_alive = sum(1 for r in complete if r.replica == alive)
         on_dead = sum(1 for r in complete if r.replica == dead)
-        assert on_alive + on_dead + len(interrupted) == KILL_REQUESTS
+        assert on_alive + on_dead == KILL_REQUESTS
 
         # The gateway's books, once its last releases have run.
         metrics = gw.settled_metrics()
@@ -117,15 +114,18 @@ def test_replica_killed_under_load_every_request_ends_once(
             if s[0] == "servepilot_upstream_requests_total"
         }
         retries = metrics.value("servepilot_retries_total")
-        assert upstream.get((alive, "ok"), 0) == on_alive
-        assert upstream.get((dead, "ok"), 0) == on_dead
-        assert upstream.get((dead, "interrupted"), 0) == len(interrupted)
+        continued = metrics.value("servepilot_stream_continuations_total")
+        assert continued >= 1, "the kill hit no stream in flight: the test proved nothing"
+        # The continued streams began on the dead replica and ended on the survivor.
+        assert upstream.get((alive, "ok"), 0) == on_alive + continued
+        assert upstream.get((dead, "ok"), 0) == on_dead - continued
+        assert upstream.get((dead, "interrupted"), 0) == continued
         assert upstream.get((dead, "failed"), 0) == retries
         assert {k for k, v in upstream.items() if v and k[0] == alive} == {(alive, "ok")}
-        # The survivor received exactly the requests answered from it: a request that had
-        # started streaming from the victim was never sent again.
-        assert survivor.requests() == on_alive
-        assert victim_count_before_kill[0] <= on_dead + len(interrupted) + retries
+        # The survivor received exactly the requests answered from it and the continuations
+        # of those broken on the victim.
+        assert survivor.requests() == on_alive + continued
+        assert victim_count_before_kill[0] <= on_dead + retries
         assert (
             metrics.value("servepilot_requests_total", route="/v1/chat/completions")
             == metrics.value("servepilot_requests_total", route="/v1/chat/completions", code="200")
@@ -152,7 +152,7 @@ def test_replica_killed_under_load_every_request_ends_once(
         assert gw.metrics().value("servepilot_in_flight_requests") == 0
         print(
             f"\nkill -9 ({'retry path' if protection else 'default breaker'}): {kinds}, "
-            f"{on_alive} on the survivor, {on_dead} whole from the victim, "
-            f"{len(interrupted)} cut with an SSE error, {retries:.0f} retried"
+            f"{on_alive} on the survivor, {on_dead} from the victim ({continued:.0f} of them "
+            f"continued on the survivor), {retries:.0f} retried"
         )
         assert gw.stop() == 0, gw.log()

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -173,17 +174,18 @@ class _StubProtocol(asyncio.Protocol):
             length = _content_length(head)
             if len(buf) < end + 4 + length:
                 break
+            body = buf[end + 4 : end + 4 + length]
             buf = buf[end + 4 + length :]
-            self._answer(head)
+            self._answer(head, body)
         self.buf = buf
 
-    def _answer(self, head: bytes) -> None:
+    def _answer(self, head: bytes, body: bytes) -> None:
         assert self.transport is not None
         path = head[head.find(b" ") + 1 : head.find(b" HTTP/")]
         if path.endswith(b"/chat/completions"):
-            self.server.stream(self.transport, self.server.chat)
+            self.server.stream(self.transport, self.server.chat, body)
         elif path.endswith(b"/completions"):
-            self.server.stream(self.transport, self.server.completions)
+            self.server.stream(self.transport, self.server.completions, body)
         elif path.endswith(b"/models"):
             self.transport.write(_MODELS)
         elif path == b"/health":
@@ -192,6 +194,9 @@ class _StubProtocol(asyncio.Protocol):
             self.transport.write(self.server.metrics())
         else:
             self.transport.write(_NOT_FOUND)
+
+
+_MAX_TOKENS = re.compile(rb'"max_tokens":\s*(\d+)')
 
 
 def _content_length(head: bytes) -> int:
@@ -233,7 +238,7 @@ class StubServer:
         )
         return _plain(b"200 OK", text.encode(), b"text/plain; version=0.0.4")
 
-    def stream(self, transport: asyncio.Transport, answer: _Answer) -> None:
+    def stream(self, transport: asyncio.Transport, answer: _Answer, body: bytes = b"") -> None:
         stats, config = self.stats, self.config
         if config.stall_at_request == stats.requests:
             time.sleep(config.stall_s)  # deliberately blocks the loop: the whole server stalls
@@ -247,7 +252,11 @@ class StubServer:
         stats.in_flight += 1
         stats.max_in_flight = max(stats.max_in_flight, stats.in_flight)
         transport.write(answer.first)
-        self._later(transport, answer, config.chunks)
+        # A streamed answer paced token by token stops at the request's max_tokens, as an
+        # engine's does (a gateway continuing a broken stream asks for fewer).
+        asked = _MAX_TOKENS.search(body)
+        chunks = min(config.chunks, int(asked.group(1))) if asked else config.chunks
+        self._later(transport, answer, max(chunks, 1))
 
     def _later(self, transport: asyncio.Transport, answer: _Answer, left: int) -> None:
         def step() -> None:

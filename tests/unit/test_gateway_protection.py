@@ -6,9 +6,12 @@ so which replica gets each request is known in advance.
 
 from __future__ import annotations
 
+import asyncio
 import json
+from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.unit.fake_upstream import FakeUpstream
 from tests.unit.gateway_support import (
@@ -177,12 +180,13 @@ def test_a_refused_connection_is_retried_on_another_replica_and_counted() -> Non
     run(body())
 
 
-def test_a_replica_dying_mid_stream_ends_it_with_an_error_event_and_no_retry() -> None:
+def test_a_replica_dying_mid_stream_with_continuation_off_ends_it_with_an_error_event() -> None:
     async def body() -> None:
         a, b = await FakeUpstream("a").start(), await FakeUpstream("b").start()
         a.die_mid_stream = True
+        off = {"enabled": False}
         async with (
-            gateway_in_front_of([a, b], health_interval_s=30) as (gw, url),
+            gateway_in_front_of([a, b], health_interval_s=30, continuation=off) as (gw, url),
             aiohttp.ClientSession() as client,
         ):
             async with client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT) as resp:
@@ -193,7 +197,7 @@ def test_a_replica_dying_mid_stream_ends_it_with_an_error_event_and_no_retry() -
             assert json.loads(event.removeprefix(b"data: "))["error"]["code"] == (
                 "upstream_interrupted"
             )
-            assert b.received == []  # the answer had started: never sent elsewhere
+            assert b.received == []  # the answer had started: never sent elsewhere (off)
             metrics = await scrape(client, url)
             assert metrics.value("servepilot_retries_total") == 0
             interrupted = {"replica": "a", "class": "1", "result": "interrupted"}
@@ -276,5 +280,70 @@ def test_the_hard_limit_stops_judging_a_replica_that_left_rotation() -> None:
             # Only the fast replica serves now: nothing is slow any more.
             await eventually(not_crossed, timeout_s=1.5)
             assert (await call(client, url, headers={"X-Priority": "2"})).status == 200
+
+    run(body())
+
+
+def test_a_replica_dying_mid_stream_hands_the_rest_of_the_answer_to_another() -> None:
+    async def body() -> None:
+        a, b = await FakeUpstream("a").start(), await FakeUpstream("b").start()
+        a.die_mid_stream = True
+        async with (
+            gateway_in_front_of([a, b], health_interval_s=30) as (gw, url),
+            aiohttp.ClientSession() as client,
+        ):
+            async with client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT) as resp:
+                assert resp.status == 200 and resp.headers["X-Servepilot-Replica"] == "a"
+                raw = await resp.content.read()
+            events = [e for e in raw.split(b"\n\n") if e]
+            assert events[-1] == b"data: [DONE]" and raw.count(b"[DONE]") == 1
+            docs = [json.loads(e.removeprefix(b"data: ")) for e in events[:-1]]
+            # a's "one", then b's answer to the chat continued from "one".
+            assert [d["choices"][0]["delta"]["content"] for d in docs] == ["one", "one", "two"]
+            (asked,) = b.received
+            assert asked["messages"][-1] == {"role": "assistant", "content": "one"}
+            assert asked["continue_final_message"] is True
+            assert asked["add_generation_prompt"] is False
+            metrics = await scrape(client, url)
+            assert metrics.value("servepilot_stream_continuations_total", {"reason": "eof"}) == 1
+            assert not any(name == "servepilot_request_errors_total" for name, _ in metrics.samples)
+            assert gw.pool.total_in_flight() == 0
+
+    run(body())
+
+
+@pytest.mark.parametrize(
+    ("reason", "settings"),
+    [
+        # a hangs after its first token: found stalled after 0.2 s of nothing.
+        ("stall", {"continuation": {"stall_timeout_s": 0.2}}),
+        # a hangs and fails its health checks: out of rotation long before a stall.
+        ("out_of_rotation", {"health_interval_s": 0.05}),
+    ],
+)
+def test_a_replica_that_hangs_mid_stream_hands_the_rest_to_another(
+    reason: str, settings: dict[str, Any]
+) -> None:
+    async def body() -> None:
+        a, b = await FakeUpstream("a").start(), await FakeUpstream("b").start()
+        a.gate = asyncio.Event()  # never set: a's second chunk never comes
+        async with (
+            gateway_in_front_of([a, b], **{"health_interval_s": 30, **settings}) as (gw, url),
+            aiohttp.ClientSession() as client,
+        ):
+            async with client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT) as resp:
+                assert resp.headers["X-Servepilot-Replica"] == "a"
+                first = await read_event(resp)
+                if reason == "out_of_rotation":
+                    a.health_status = 500
+                raw = first + await asyncio.wait_for(resp.content.read(), 10)
+            events = [e for e in raw.split(b"\n\n") if e]
+            docs = [json.loads(e.removeprefix(b"data: ")) for e in events[:-1]]
+            assert [d["choices"][0]["delta"]["content"] for d in docs] == ["one", "one", "two"]
+            assert events[-1] == b"data: [DONE]"
+            metrics = await scrape(client, url)
+            assert metrics.value("servepilot_stream_continuations_total", {"reason": reason}) == 1
+            assert gw.pool.total_in_flight() == 0
+        a.gate.set()
 
     run(body())

@@ -267,6 +267,23 @@ class AccessLogConfig(_Section):
     (servepilot_access_log_dropped_total): a slow disk never slows the requests."""
 
 
+class ContinuationConfig(_Section):
+    enabled: bool = True
+    """When a replica fails after it began streaming an answer (connection reset, end of
+    the body before the last event, a stall, taken out of rotation), send the rest of the
+    generation to another healthy replica and keep relaying it as the same answer. A
+    request opts out with the header `X-Servepilot-Continue: 0`."""
+
+    max_continuations: int = Field(default=2, ge=0)
+    """Continuations of one request at most; past them the stream ends with an error event."""
+
+    stall_timeout_s: float = Field(default=30.0, gt=0)
+    """A stream that has relayed its first token and then gets nothing from its replica for
+    this long is given up on that replica and continued elsewhere (found within two seconds
+    more: the watchdog ticks every second). A replica taken out of rotation (failed health
+    checks) has its streams continued elsewhere too."""
+
+
 class GatewayConfig(_Section):
     host: str = "127.0.0.1"
     """Address the gateway listens on."""
@@ -318,3 +335,6 @@ class GatewayConfig(_Section):
 
     kv_index: KvIndexConfig = Field(default_factory=KvIndexConfig)
     """The exact index of the replicas' prefix caches, from their KV events."""
+
+    continuation: ContinuationConfig = Field(default_factory=ContinuationConfig)
+    """Streams continued on another replica when theirs fails mid-answer."""

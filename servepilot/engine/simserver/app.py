@@ -63,8 +63,11 @@ class SimApp:
         served_name: str,
         max_model_len: int,
         sleep: SleepTimes | None = None,
+        drop_streams_after_tokens: int | None = None,
     ) -> None:
-        """`sleep`: with --enable-sleep-mode, the sleep routes and what they take."""
+        """`sleep`: with --enable-sleep-mode, the sleep routes and what they take.
+        `drop_streams_after_tokens`: a fault for tests (--drop-streams-after-tokens)."""
+        self.drop_after = drop_streams_after_tokens
         self.engine = engine
         self.tokenizer = tokenizer
         self.served_name = served_name
@@ -144,7 +147,7 @@ class SimApp:
             # The head leaves at once, as vLLM's does, not with the first token.
             request.start_stream(200, _SSE)
             request.flush_head()
-            sink = StreamSink(request, answer, answered)
+            sink = StreamSink(request, answer, answered, self.drop_after)
         request_id = self.engine.submit(
             job.prompt_ids, job.output_tokens, sink, arrived_at=request.received_at
         )

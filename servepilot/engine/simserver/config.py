@@ -88,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--wake-s", type=float, default=0.8,
                      help="how long waking the weights takes (default 0.8)")  # fmt: skip
     sim.add_argument(
+        "--drop-streams-after-tokens", type=int, metavar="K",
+        help="a fault for tests: cut the connection of every streamed answer after its K-th "
+        "token, as a replica that dies mid-answer does (default: never)",
+    )  # fmt: skip
+    sim.add_argument(
         "--drain-timeout-s", type=float, default=30.0,
         help="on SIGTERM, how long requests in flight may take to finish",
     )  # fmt: skip

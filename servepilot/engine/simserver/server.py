@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             served_name=setup.served_name,
             max_model_len=setup.scheduler.max_model_len,
             sleep=sleep_times(args),
+            drop_streams_after_tokens=args.drop_streams_after_tokens,
         )
         return await serve(app, args.host, args.port, args.drain_timeout_s)
 

@@ -33,12 +33,22 @@ class EventFormat(Protocol):
 class StreamSink:
     """Writes each token's SSE event, holding back what a slow client cannot take yet."""
 
-    __slots__ = ("_answered", "_finished", "_format", "_made", "_request", "_sent", "_waiting")
+    __slots__ = (
+        "_answered", "_drop_after", "_finished", "_format", "_made", "_request", "_sent",
+        "_waiting",
+    )  # fmt: skip
 
     def __init__(
-        self, request: HttpRequest, fmt: EventFormat, answered: asyncio.Future[None]
+        self,
+        request: HttpRequest,
+        fmt: EventFormat,
+        answered: asyncio.Future[None],
+        drop_after: int | None = None,
     ) -> None:
+        """`drop_after`: cut the connection once this many tokens are written (a replica
+        dying mid-answer, for tests)."""
         self._request = request
+        self._drop_after = drop_after
         self._format = fmt
         self._answered = answered
         self._made = 0
@@ -55,6 +65,8 @@ class StreamSink:
         if index == self._sent and request.connected and not request.write_paused:
             self._sent = self._made  # the usual case: this token's event, at once
             request.write_chunk(self._format.token(index))
+            if self._made == self._drop_after:
+                request.connection.abort()  # the handler is cancelled: the request leaves
         else:
             self._send()
 

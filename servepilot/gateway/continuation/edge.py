@@ -1,0 +1,203 @@
+"""The I/O of a continuation: read what was sent, ask the policy, send the rest elsewhere.
+
+The proxy hands over a stream whose replica failed after the first relayed token; this goes
+on from another replica (through the dispatcher, so admission and routing still apply) until
+the answer ends, the policy gives up, or the client leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from servepilot.core.config.gateway import ContinuationConfig
+from servepilot.gateway.continuation.policy import (
+    Candidate,
+    Continue,
+    Failure,
+    Finish,
+    Situation,
+    decide,
+)
+from servepilot.gateway.continuation.relay import ContinuationRelay
+from servepilot.gateway.continuation.splice import Splicer
+from servepilot.gateway.continuation.transcript import (
+    NotContinuable,
+    Transcript,
+    continuation_body,
+    read_transcript,
+    usage_asked,
+)
+from servepilot.gateway.continuation.watchdog import StreamBroken, Watchdog
+from servepilot.gateway.dispatch import Dispatcher
+from servepilot.gateway.errors import GatewayError
+from servepilot.gateway.metrics import GatewayMetrics
+from servepilot.gateway.pool import ReplicaPool
+from servepilot.gateway.relay import Outcome, Relay
+from servepilot.gateway.replica import Replica
+from servepilot.http1 import HttpRequest
+from servepilot.http1.client import ClientConnection
+from servepilot.http1.errors import UpstreamFailed
+from servepilot.routing.base import RequestView
+
+log = logging.getLogger(__name__)
+
+OPT_OUT_HEADER = "x-servepilot-continue"
+CHAT_PATH = "/v1/chat/completions"
+CONTINUED_PATHS = (CHAT_PATH, "/v1/completions")
+_DONE_EVENT = b"data: [DONE]\n\n"
+
+Attempt = Callable[[Replica, bytes, Callable[[ClientConnection], Relay]], Awaitable[Outcome]]
+"""One try on one replica with the body given, through the relay made for its connection."""
+
+
+def failure_kind(outcome: Outcome) -> Failure:
+    failure = outcome.failure
+    if isinstance(failure, StreamBroken):
+        return failure.kind
+    return Failure.RESET if failure is not None and failure.__cause__ else Failure.EOF
+
+
+@dataclass(slots=True)
+class Broken:
+    """A stream broken after its first token, as the proxy hands it over."""
+
+    request: HttpRequest
+    view: RequestView
+    tenant: str
+    doc: dict[str, Any]
+    chat: bool
+    relayed: list[bytes]
+    replica_id: str
+    outcome: Outcome
+    used: list[str] = field(default_factory=list)
+
+
+class Continuer:
+    """Continues broken streams (one per gateway)."""
+
+    def __init__(
+        self,
+        config: ContinuationConfig,
+        pool: ReplicaPool,
+        dispatcher: Dispatcher,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self._config = config
+        self._enabled = config.enabled
+        self._pool = pool
+        self._dispatcher = dispatcher
+        self._metrics = metrics
+        self.watchdog = Watchdog(config.stall_timeout_s)
+
+    def records(self, request: HttpRequest, path: str, stream: bool) -> bool:
+        """Whether the stream's bytes are kept (it may be continued)."""
+        if not stream or not self._enabled or path not in CONTINUED_PATHS:
+            return False
+        opt_out = request.headers.get(OPT_OUT_HEADER)
+        return opt_out is None or opt_out.strip() not in ("0", "false", "off")
+
+    async def carry_on(self, broken: Broken, attempt: Attempt) -> Outcome:
+        """Continue until the answer ends; the last outcome (a failure: the proxy ends the
+        stream with its error event). `broken.used` lists the replicas it went through."""
+        request, outcome = broken.request, broken.outcome
+        sent = read_transcript(b"".join(broken.relayed), chat=broken.chat)
+        broken.used.append(broken.replica_id)
+        continuations = 0
+        while outcome.failure is not None and outcome.streamed and request.connected:
+            kind = failure_kind(outcome)
+            decision = decide(self._situation(broken, sent, kind, continuations),
+                              self._config, self._candidates(broken.view.model))  # fmt: skip
+            if isinstance(decision, Finish):
+                request.end_stream(_DONE_EVENT)
+                return replace(outcome, failure=None)
+            if not isinstance(decision, Continue):
+                why = f"{outcome.failure}; not continued: {decision.message}"
+                return replace(outcome, failure=UpstreamFailed(why))
+            self._metrics.count_continuation(str(kind))
+            continuations += 1
+            splicer = Splicer(sent, usage_asked(broken.doc))
+            try:
+                outcome = await self._send_rest(broken, decision, splicer, attempt)
+            except _CannotStart as exc:
+                return replace(outcome, failure=UpstreamFailed(f"{outcome.failure}; {exc}"))
+            sent = splicer.transcript()
+        return outcome
+
+    async def _send_rest(
+        self, broken: Broken, decision: Continue, splicer: Splicer, attempt: Attempt
+    ) -> Outcome:
+        body = json.dumps(continuation_body(broken.doc, splicer.sent, chat=broken.chat))
+        allowed = set(decision.replica_ids)
+        known = (info.replica_id for info in self._pool.replicas())
+        exclude = {rid for rid in known if rid not in allowed}
+        try:
+            grant = await self._dispatcher.acquire(broken.view, exclude, broken.tenant)
+        except GatewayError as exc:
+            raise _CannotStart(f"no replica took the continuation: {exc.message}") from None
+        replica = grant.replica
+        broken.used.append(replica.replica_id)
+        log.info("continuing a stream on replica %s after %d tokens (replicas so far: %s)",
+                 replica.replica_id, splicer.sent.tokens, ",".join(broken.used))  # fmt: skip
+        request, loop = broken.request, asyncio.get_running_loop()
+
+        def relay_of(conn: ClientConnection) -> Relay:
+            return ContinuationRelay(request, conn, replica.header, loop, splicer)
+
+        try:
+            outcome = await attempt(replica, body.encode(), relay_of)
+        except BaseException:
+            self._dispatcher.release(grant, None)
+            raise
+        self._dispatcher.release(grant, outcome)
+        if outcome.failure is None and not outcome.streamed:
+            # The replica refused the continuation (a 4xx/5xx): say so in the stream.
+            excerpt = outcome.body[:300].decode("utf-8", "replace")
+            raise _CannotStart(f"replica {replica.replica_id} refused the continuation: "
+                               f"HTTP {outcome.status}: {excerpt}")  # fmt: skip
+        if outcome.failure is not None and not outcome.streamed:
+            raise _CannotStart(f"replica {replica.replica_id} failed: {outcome.failure}")
+        return outcome
+
+    def _situation(
+        self, broken: Broken, sent: Transcript, kind: Failure, continuations: int
+    ) -> Situation:
+        try:
+            continuation_body(broken.doc, sent, chat=broken.chat)
+            continuable = True
+        except NotContinuable:
+            continuable = False
+        return Situation(
+            failure=kind,
+            continuations=continuations,
+            opted_out=False,
+            sent=sent,
+            continuable=continuable,
+            context_tokens=broken.view.prompt_tokens + sent.tokens,
+            used=frozenset(broken.used),
+        )
+
+    def _candidates(self, model: str) -> list[Candidate]:
+        pool = self._pool
+        return [
+            Candidate(info.replica_id, info.serving, _model_len(pool.live(info.replica_id), model))
+            for info in pool.replicas()
+            if not model or not info.models or model in info.models
+        ]
+
+
+def _model_len(replica: Replica, model: str) -> int | None:
+    for card in replica.model_cards:
+        if isinstance(card, dict) and card.get("id") == model:
+            value = card.get("max_model_len")
+            return value if isinstance(value, int) else None
+    return None
+
+
+class _CannotStart(Exception):
+    """The continuation failed before any of its events reached the client: the stream is
+    still open, and the proxy ends it with an error event."""

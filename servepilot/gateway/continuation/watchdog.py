@@ -1,0 +1,105 @@
+"""Streams whose replica went quiet or left the rotation, found on one timer.
+
+A replica that hangs (SIGSTOP, a wedged engine) keeps its connection open: nothing fails, the
+stream just stops. A replica the pool took out of rotation (failed health checks) may still
+trickle tokens, or never send another. Either way the stream is given up on that replica
+(`Relay.abandon`), and the proxy continues it elsewhere.
+
+One timer for every watched stream, ticking at most every second (health is checked every
+few seconds anyway); a stream is stalled when the bytes it relayed have not changed for
+`stall_timeout_s` since the first token (before it, a long prefill or a queue is not a stall).
+The hot path pays nothing: a tick reads the byte count the relay keeps anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from servepilot.gateway.continuation.policy import Failure
+from servepilot.http1.errors import UpstreamFailed
+
+_MAX_TICK_S = 1.0
+
+
+class StreamBroken(UpstreamFailed):
+    """The gateway gave up on a replica mid-answer (`kind`: why)."""
+
+    def __init__(self, kind: Failure, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class Watched(Protocol):
+    def progress(self) -> int:
+        """Body bytes relayed so far; -1 before the first chunk."""
+        ...
+
+    def abandon(self, failure: UpstreamFailed) -> None: ...
+
+
+class Health(Protocol):
+    @property
+    def healthy(self) -> bool: ...
+
+    @property
+    def replica_id(self) -> str: ...
+
+
+_Seen = tuple[Health, int, float]
+"""The replica, the bytes relayed when last seen to change, and when (a tuple: one is made
+per streamed request, and a tuple is the cheapest record to make)."""
+
+
+class Watchdog:
+    """`add` a stream when its exchange starts, `discard` it when it ends."""
+
+    def __init__(self, stall_timeout_s: float) -> None:
+        self._stall_s = stall_timeout_s
+        self._tick_s = min(stall_timeout_s / 2, _MAX_TICK_S)
+        self._seen: dict[Watched, _Seen] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def add(self, item: Watched, replica: Health, loop: asyncio.AbstractEventLoop) -> None:
+        # Once per streamed request: no call into the relay (nothing is relayed yet) and
+        # the clock read at the first tick that sees progress.
+        self._seen[item] = (replica, -1, 0.0)
+        if self._timer is None:
+            self._loop = loop
+            self._timer = loop.call_later(self._tick_s, self._tick)
+
+    def discard(self, item: Watched) -> None:
+        self._seen.pop(item, None)
+
+    def _tick(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        self._timer = None
+        now_s = loop.time()
+        seen = self._seen
+        for item, (replica, last, since_s) in list(seen.items()):
+            progress = item.progress()
+            if progress < 0:
+                continue  # before the first token: the proxy's retry and timeout cover it
+            if progress != last:
+                seen[item] = (replica, progress, now_s)
+                since_s = now_s
+            failure = self._check(replica, now_s - since_s)
+            if failure is not None:
+                del seen[item]
+                item.abandon(failure)
+        if seen:
+            self._timer = loop.call_later(self._tick_s, self._tick)
+
+    def _check(self, replica: Health, quiet_s: float) -> StreamBroken | None:
+        if not replica.healthy:
+            message = f"replica {replica.replica_id} was taken out of rotation"
+            return StreamBroken(Failure.OUT_OF_ROTATION, message)
+        if quiet_s < self._stall_s:
+            return None
+        message = f"replica {replica.replica_id} sent nothing for {quiet_s:.1f} s"
+        return StreamBroken(Failure.STALL, message)
