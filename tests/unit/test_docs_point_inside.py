@@ -109,6 +109,11 @@ def test_the_install_says_what_it_installs_and_how_long_before_the_long_pip_step
         ["make", "-n", "-B", "-C", str(REPO_ROOT), ".venv/.servepilot-installed"],
         capture_output=True, text=True, check=True, timeout=60,
     ).stdout.replace("\\\n", " ").splitlines()  # fmt: skip
-    long_step = next(i for i, line in enumerate(recipe) if "pip install" in line and " -e " in line)
+    # The long step: the editable install, through uv (.ci/install.py) or pip.
+    long_step = next(
+        i
+        for i, line in enumerate(recipe)
+        if ("pip install" in line or "install.py" in line) and " -e " in line
+    )
     said = [line for line in recipe[:long_step] if line.startswith("echo ")]
     assert any("vLLM" in line and re.search(r"\d+ minutes", line) for line in said), recipe
