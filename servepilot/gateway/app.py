@@ -81,6 +81,7 @@ class Gateway:
         self.auth = Authenticator(config.auth)
         self.pool = ReplicaPool(config)
         self.kv_feeds, tokens = _kv_index(config)
+        self._prompt_blocks = tokens
         """Where replicas publish KV events, the exact index they keep; None without one."""
         kv_index = self.kv_feeds.index if self.kv_feeds is not None else None
         self.policy = (
@@ -185,6 +186,8 @@ class Gateway:
         await self.dispatcher.stop()
         if self.kv_feeds is not None:
             await self.kv_feeds.close()
+        if self._prompt_blocks is not None:
+            self._prompt_blocks.close()
         await self.pool.close()
 
     # --- routing of HTTP requests -----------------------------------------------------------

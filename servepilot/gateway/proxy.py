@@ -43,7 +43,7 @@ from servepilot.gateway.routes import (
     ApiRoute,
     not_served_message,
 )
-from servepilot.gateway.tokens import PromptBlocks
+from servepilot.gateway.tokens import PromptBlocks, PromptKeys
 from servepilot.gateway.validation import (
     InferenceRequest,
     parse_inference_request,
@@ -129,7 +129,10 @@ class Proxy:
         started = time.perf_counter()
         admitted = route.admitted
         self._metrics.arrivals += admitted
-        view = self._view(request, caller, parsed, model, admitted)
+        keys = None
+        if admitted and self._prompt_blocks is not None and self._policy.uses_prefix:
+            keys = await self._prompt_blocks.keys_async(parsed.doc)
+        view = self._view(request, caller, parsed, model, admitted, keys)
         if trail is not None:
             trail.model, trail.stream = model or None, parsed.stream
             trail.prompt_chars, trail.priority = parsed.prompt_chars, view.priority
@@ -215,6 +218,7 @@ class Proxy:
         parsed: InferenceRequest,
         model: str,
         admitted: bool,
+        keys: PromptKeys | None,
     ) -> RequestView:
         """What routing and admission know of the request. Calls outside admission (the
         tokenizer's) leave nothing in a replica's prefix cache, so they carry no prefix
@@ -222,12 +226,9 @@ class Proxy:
         priority = _priority(request.headers.get("x-priority"), caller)
         routing = self._config.routing
         hashes: tuple[int, ...] = ()
-        keys = None
         if admitted and self._policy.uses_prefix:
             block, blocks = routing.prefix_block_chars, routing.prefix_max_blocks
             hashes = prefix_hashes(prompt_text(parsed.doc, block * blocks), block, blocks)
-            if self._prompt_blocks is not None:
-                keys = self._prompt_blocks.keys(parsed.doc)
         return RequestView(
             model=model,
             prompt_chars=parsed.prompt_chars,

@@ -16,7 +16,7 @@ import zmq
 from servepilot.engine.model_source import embedded_model_dir
 from servepilot.engine.process import free_port
 from servepilot.gateway.kv_events import KvEventFeeds, KvEventsEndpoint, decode_batch
-from servepilot.gateway.tokens import PromptTokenizer
+from servepilot.gateway.tokens import PromptBlocks, PromptTokenizer
 from servepilot.routing.kv_index import (
     BlockHashing,
     BlockStored,
@@ -250,3 +250,44 @@ def test_blocks_hashed_with_extra_keys_are_not_indexed() -> None:
     batch = decode_batch((7).to_bytes(8, "big"), payload)
     assert batch.seq == 7
     assert [e.block_hashes for e in batch.events if isinstance(e, BlockStored)] == [(1,)]
+
+
+def test_a_long_prompt_is_tokenised_off_the_event_loop() -> None:
+    """A new 32k-token prompt takes the tokenizer about 125 ms here; on the event loop it
+    would stall every stream the gateway relays meanwhile. A ticker beside it keeps ticking,
+    and the keys are those tokenising on the caller's thread gives."""
+    folder = embedded_model_dir()
+    if not (folder / "tokenizer.json").exists():
+        pytest.skip("the embedded model is not converted here (servepilot models pull)")
+    blocks = PromptBlocks(PromptTokenizer(folder), BlockHashing(block_size=16))
+    words = " ".join(f"word{i} and some more text" for i in range(6000))
+    request = chat(words)
+
+    async def body() -> tuple[int, Any]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.001)
+                ticks += 1
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0.01)
+        before = ticks
+        keys = await blocks.keys_async(request)
+        during = ticks - before
+        task.cancel()
+        return during, keys
+
+    try:
+        during, keys = asyncio.run(body())
+    finally:
+        blocks.close()
+    fresh = PromptBlocks(PromptTokenizer(folder), BlockHashing(block_size=16))
+    try:
+        assert keys == fresh.keys(request)
+    finally:
+        fresh.close()
+    assert keys is not None and keys.tokens > 30_000
+    assert during >= 5  # on the loop it would be 0: the ticker cannot run meanwhile
