@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import select
+import queue
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -130,14 +131,20 @@ def test_servepilot_gateway_says_at_start_whether_its_data_path_is_compiled() ->
             "--replica", "http://127.0.0.1:9"]  # fmt: skip
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
+    # A thread reads the lines: select() on the pipe cannot see a line the reader's buffer
+    # already holds (both lines often come in one read), and would wait for nothing.
+    arrived: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [arrived.put(line) for line in proc.stdout or ()],
+                     daemon=True).start()  # fmt: skip
     lines: list[str] = []
     try:
         # Up to the data path's line, which follows the start line (a warning about the
         # unreachable replica may come first under load).
         while not any(line.startswith("gateway data path") for line in lines) and len(lines) < 10:
-            if not select.select([proc.stdout], [], [], 90)[0]:
+            try:
+                lines.append(arrived.get(timeout=90))
+            except queue.Empty:
                 break
-            lines.append(proc.stdout.readline())
     finally:
         proc.terminate()
         proc.wait(30)
