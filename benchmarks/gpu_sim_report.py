@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -56,7 +57,11 @@ def vllm_knobs(config_dir: Path) -> dict[str, Any]:
     for log in sorted(config_dir.glob("r0*.log")):
         for line in log.read_text(errors="replace").splitlines():
             if "non-default args:" in line:
-                args = ast.literal_eval(line.split("non-default args:", 1)[1].strip())
+                text = line.split("non-default args:", 1)[1].strip()
+                # Config objects (kv_events_config=KVEventsConfig(...)) are no literals and
+                # carry none of the knobs read here.
+                text = re.sub(r"[A-Za-z_]\w*\((?:[^()]|\([^()]*\))*\)", "None", text)
+                args = ast.literal_eval(text)
                 keys = ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization")
                 return {k: args[k] for k in keys if k in args}
     raise SystemExit(f"{config_dir}: no vLLM startup log with its arguments")
@@ -65,7 +70,7 @@ def vllm_knobs(config_dir: Path) -> dict[str, Any]:
 def sim_fleet(config_dir: Path, accelerator: str | None) -> dict[str, Any]:
     import yaml
 
-    fleet = yaml.safe_load((config_dir / "fleet.yaml").read_text())
+    fleet: dict[str, Any] = yaml.safe_load((config_dir / "fleet.yaml").read_text())
     fleet["hardware"]["accelerator"] = accelerator or fleet["hardware"]["accelerator"]
     fleet["engine"] = {**fleet["engine"], **vllm_knobs(config_dir)}
     fleet["engine"].pop("env", None)
@@ -81,6 +86,12 @@ def predict(run: Run, rep1: Path, fleet: Path, profile: Path, out: Path) -> Path
     if done.returncode != 0:
         raise SystemExit(f"sim failed for {run.config}/{run.name}: {done.stderr[-800:]}")
     return out / "results.json"
+
+
+def workload(run: Run, level: str) -> dict[str, Any]:
+    """What a case sent: bench's flags, its level, and the seeded trace where it replays one."""
+    mode = "rate" if run.name.startswith("open") or run.trace is not None else "concurrency"
+    return {"bench_flags": list(run.flags), mode: float(level), "trace": run.trace}
 
 
 def _error(predicted: float, measured: float) -> float:
@@ -113,6 +124,7 @@ def judge(folder: Path, accelerator: str | None) -> list[dict[str, Any]]:
                     key = f"{float(level):g}"
                     row: dict[str, Any] = {
                         "case": f"{config}/{run.name}@{level}", "set": run.case_set(level),
+                        "workload": workload(run, level),
                         "measured": measured[key], "predicted": predicted[key],
                     }  # fmt: skip
                     if key in again:
