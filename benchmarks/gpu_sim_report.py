@@ -27,6 +27,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.gpu_sim_cases import PROFILES, RUNS, Run
+from servepilot.core.results import Run as BenchRun
+from servepilot.core.results import load_result
+from servepilot.load.sweep import sweet_spot
 
 METRICS = ("ttft_p50_ms", "tpot_p50_ms", "output_tok_s")
 
@@ -98,7 +101,15 @@ def _error(predicted: float, measured: float) -> float:
     return (predicted - measured) / measured if measured else float("nan")
 
 
-def judge(folder: Path, accelerator: str | None) -> list[dict[str, Any]]:
+Ladders = dict[str, tuple[list[BenchRun], list[BenchRun]]]
+"""Per config, the closed loops of LADDER_RUNS: (measured runs, predicted runs)."""
+
+
+def judge(
+    folder: Path, accelerator: str | None, ladders: Ladders | None = None
+) -> list[dict[str, Any]]:
+    """Every measured case against its prediction; `ladders`, when given, collects the closed
+    loops of LADDER_RUNS (measured and predicted) for `sweet_spots`."""
     import yaml
 
     rows = []
@@ -119,7 +130,12 @@ def judge(folder: Path, accelerator: str | None) -> list[dict[str, Any]]:
                 measured = figures(reps[-1])
                 again = figures(reps[0]) if len(reps) > 1 else {}
                 sim_out = Path(tmp) / run.name
-                predicted = figures(predict(run, rep1.parent, fleet, profile, sim_out))
+                sim_result = predict(run, rep1.parent, fleet, profile, sim_out)
+                predicted = figures(sim_result)
+                if ladders is not None and run.name in LADDER_RUNS:
+                    ladders.setdefault(config, ([], []))
+                    ladders[config][0].extend(load_result(reps[-1]).runs)
+                    ladders[config][1].extend(load_result(sim_result).runs)
                 for level in run.levels:
                     key = f"{float(level):g}"
                     row: dict[str, Any] = {
@@ -187,6 +203,45 @@ def _host_gap(folder: Path, config: str, metric: str, meta: dict[str, float]) ->
         return figures(reps[-1])["1"][metric] - figures(out)["1"][metric]
 
 
+LADDER_RUNS = ("closed-short", "closed-mid", "closed-high")
+"""One workload (1,000-token prompts, 200-token answers) at concurrency 1, 4, 16, 64, 256, 512:
+the ladder a sweet spot is read from."""
+
+SWEET_SLOS = ((1000.0, 40.0), (3000.0, 60.0))
+"""(TTFT p99, TPOT p99) limits in ms: an interactive SLO and a looser one. Within an SLO:
+every request served (no 429) and both p99s at most these."""
+
+
+def within_slo(run: BenchRun, slo: tuple[float, float]) -> bool:
+    ttft, tpot = run.ttft_ms.p99, run.tpot_ms.p99
+    return (run.failed == 0 and ttft is not None and tpot is not None
+            and ttft <= slo[0] and tpot <= slo[1])  # fmt: skip
+
+
+def sweet_concurrency(runs: list[BenchRun], slo: tuple[float, float]) -> float | None:
+    """Where throughput stops growing within the SLO: bench's sweet spot (the first level at
+    90% of the peak throughput) over the levels within it."""
+    spot = sweet_spot([r for r in runs if within_slo(r, slo)], slo_set=False)
+    return None if spot is None else spot.load.value
+
+
+def sweet_spots(ladders: Ladders) -> list[dict[str, Any]]:
+    """Per config and SLO: the measured and the simulated sweet spot, and how many ladder steps
+    apart they are."""
+    rows = []
+    for config, (measured, predicted) in sorted(ladders.items()):
+        ladder = sorted({r.load.value for r in measured})
+        for slo in SWEET_SLOS:
+            meas, pred = sweet_concurrency(measured, slo), sweet_concurrency(predicted, slo)
+            steps = None
+            if meas is not None and pred is not None and pred in ladder:
+                steps = abs(ladder.index(pred) - ladder.index(meas))
+            rows.append({"config": config, "ttft_p99_ms": slo[0], "tpot_p99_ms": slo[1],
+                         "ladder": ladder, "measured": meas, "predicted": pred,
+                         "steps_apart": steps})  # fmt: skip
+    return rows
+
+
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -235,10 +290,18 @@ def main() -> int:
     args = parser.parse_args()
     if args.fit_host:
         print(f"host time: {fit_host(args.folder)}")
-    rows = judge(args.folder, args.accelerator)
+    ladders: Ladders = {}
+    rows = judge(args.folder, args.accelerator, ladders)
     print(table(rows))
+    spots = sweet_spots(ladders)
+    print("\nsweet spot (concurrency within the SLO: p99s at most these, no request refused)")
+    for spot in spots:
+        print(f"  {spot['config']:18s} TTFT {spot['ttft_p99_ms']:5.0f} ms TPOT "
+              f"{spot['tpot_p99_ms']:3.0f} ms: measured {spot['measured']}  simulated "
+              f"{spot['predicted']}  steps apart {spot['steps_apart']}")  # fmt: skip
     if args.write:
         args.write.write_text(json.dumps(rows, indent=1))
+        args.write.with_name("sweet_spots.json").write_text(json.dumps(spots, indent=1))
     return 0
 
 

@@ -32,3 +32,19 @@ def test_a_case_names_its_workload() -> None:
         "concurrency": 64.0,
         "trace": None,
     }
+
+
+def test_the_sweet_spot_is_where_throughput_stops_growing_within_the_slo() -> None:
+    from benchmarks.gpu_sim_report import LADDER_RUNS, sweet_concurrency
+    from servepilot.core.results import load_result
+
+    folder = Path(__file__).parents[1] / "gpu_runs/2026-12-05-sim-validate-h100/qwen2.5-32b"
+    runs = [
+        r for name in LADDER_RUNS for r in load_result(folder / name / "rep2/results.json").runs
+    ]
+    assert sorted(r.load.value for r in runs) == [1, 4, 16, 64, 256, 512]
+    # Interactive: 16 requests at once already wait over a second for a first token (p50
+    # 1,124 ms), so of 1 and 4, 4 gives the most (101 tok/s against 40).
+    assert sweet_concurrency(runs, (1000.0, 40.0)) == 4.0
+    # Looser: 64 has requests refused by the gateway (16 of 64): 16 is the last within it.
+    assert sweet_concurrency(runs, (3000.0, 60.0)) == 16.0
