@@ -456,3 +456,25 @@ def test_a_full_simulated_queue_makes_room_for_a_tenant_under_its_share() -> Non
     _, out = _run_open(_spec(capacity=1, gateway=gateway), jobs, iter([0.0] * 5), 5, policy=order)
     assert order.prompts == [100, 100, 101]
     assert out.run.errors == {"http_429": 2}
+
+
+# ---- vLLM's engine loop with async scheduling ---------------------------------------------
+
+
+def test_async_scheduling_admits_a_request_two_steps_after_it_arrives_mid_step() -> None:
+    """vLLM schedules step k+1 when step k starts (EngineCore.step_with_batch_queue): a
+    request reaching the engine during step k waits for step k+2, one step more than a
+    synchronous engine makes it wait."""
+    first = _alone(1000, 20)
+    arrive_s = first[0] / 2  # during the long request's prefill step
+    ttft_ms = {}
+    for async_scheduling in (False, True):
+        spec = _spec(scheduler=_scheduler(async_scheduling=async_scheduling))
+        _, out = _run_open(spec, [Job(1000, 20), Job(100, 1)], iter([0.0, arrive_s]), 2)
+        assert out.run.completed == 2
+        # The mean of the two: the long request's own TTFT is its prefill step either way.
+        ttft_ms[async_scheduling] = 2 * out.run.ttft_ms.mean - first[0] * 1000
+    # The extra step is the long request's first decode step, alone (its context one token
+    # longer in the step after: per_context_token_s).
+    extra_ms = ttft_ms[True] - ttft_ms[False]
+    assert extra_ms == pytest.approx((first[1] + 1e-6) * 1000, abs=1e-6)

@@ -69,6 +69,10 @@ class SchedulerCore:
         self.preempted_prefix_queries = 0
         self.preempted_prefix_hits = 0
 
+    @property
+    def async_scheduling(self) -> bool:
+        return self._async
+
     # ---- the step ----------------------------------------------------------------------
 
     def step(self, now_s: float) -> StepResult | None:

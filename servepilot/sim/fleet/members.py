@@ -79,6 +79,7 @@ class FleetReplica:
 
     __slots__ = (
         "capacity",
+        "deferred",
         "dispatched",
         "engine_ready",
         "hop",
@@ -128,6 +129,10 @@ class FleetReplica:
         self.kv_usage = 0.0
         self.result: StepResult | None = None
         """The step in progress (its outputs are due at its end); None when idle."""
+        self.deferred: list[FleetRequest] = []
+        """With async scheduling: requests that reached the engine during the step in
+        progress. vLLM scheduled the next step when this one started, so they wait for the
+        one after it (`FleetSimulator._step_end`)."""
         self.slots = 0
         """Its share of the admission snapshot's free slots, as last counted."""
         self.view = LiveView(self.replica_id, 0, capacity=capacity)

@@ -201,6 +201,12 @@ class FleetSim:
     def _deliver(self, request: FleetRequest, now_s: float) -> None:
         replica = request.replica
         assert replica is not None
+        if replica.result is not None and replica.model.async_scheduling:
+            replica.deferred.append(request)
+            return
+        self._admit(replica, request, now_s)
+
+    def _admit(self, replica: FleetReplica, request: FleetRequest, now_s: float) -> None:
         try:
             replica.model.add(request)
         except ValueError:  # vLLM's 400: longer than max_model_len
@@ -230,6 +236,12 @@ class FleetSim:
         for request in result.finished:
             self._finished(request, now_s)  # type: ignore[arg-type]
         self._step(replica, now_s)
+        # vLLM's engine loop with async scheduling (EngineCore.step_with_batch_queue) had
+        # already scheduled the step starting now when the last one started: what arrived
+        # during the last one is scheduled with the step after, or now if the engine idles.
+        late, replica.deferred = replica.deferred, []
+        for request in late:
+            self._admit(replica, request, now_s)
 
     def _finished(self, request: FleetRequest, now_s: float) -> None:
         replica = request.replica
