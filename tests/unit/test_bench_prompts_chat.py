@@ -29,11 +29,6 @@ from servepilot.load.workload import WorkloadKind, WorkloadSpec
 SMOLLM2_TEMPLATE_TOKENS = 30
 
 
-@pytest.fixture(scope="module")
-def tok() -> LocalTokenizer:
-    return LocalTokenizer(resolve_model(ModelConfig()).path)
-
-
 def _templated(tok: LocalTokenizer, request: RequestSpec) -> int:
     """What the chat endpoint counts for `request` (usage.prompt_tokens)."""
     messages = [{"role": role, "content": text} for role, text in request.history]
