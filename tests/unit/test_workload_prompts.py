@@ -22,7 +22,6 @@ from servepilot.bench.tokenizer import LocalTokenizer, ServerTokenizer, open_tok
 from servepilot.core.errors import ConfigError
 from tests.unit.tokenizer_support import token_counts
 
-
 # --- exact prompts -------------------------------------------------------------------------
 
 
