@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import random
 import re
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from aiohttp import web
 from servepilot.bench.prompts import MAX_SLICES, PromptMaker
 from servepilot.bench.tokenizer import LocalTokenizer, ServerTokenizer, open_tokenizer
 from servepilot.core.errors import ConfigError
+from tests.unit.http_thread import serving_app
 from tests.unit.tokenizer_support import token_counts
 
 # --- exact prompts -------------------------------------------------------------------------
@@ -118,25 +118,8 @@ def fake_vllm(tok: LocalTokenizer) -> Iterator[str]:
     app = web.Application()
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)
-    yield from _serve(app)
-
-
-def _serve(app: web.Application) -> Iterator[str]:
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app)
-    loop.run_until_complete(runner.setup())
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    loop.run_until_complete(site.start())
-    port = runner.addresses[0][1]
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        loop.close()
+    with serving_app(app) as url:
+        yield url
 
 
 def test_server_tokenizer_builds_exact_prompts(tok: LocalTokenizer, fake_vllm: str) -> None:
@@ -159,7 +142,7 @@ def test_server_tokenizer_works_inside_a_running_event_loop(fake_vllm: str) -> N
     ("status", "body"), [(404, "{}"), (500, "{}"), (200, '{"oops": 1}'), (200, "not json")]
 )
 def test_a_target_without_tokenize_points_to_the_tokenizer_flag(status: int, body: str) -> None:
-    for url in _serve(_answering(body, status)):
+    with serving_app(_answering(body, status)) as url:
         with pytest.raises(ConfigError, match="--url: POST") as caught:
             ServerTokenizer(url, "m").encode("hi")
         assert "--tokenizer PATH" in str(caught.value)
