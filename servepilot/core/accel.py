@@ -102,6 +102,7 @@ GATEWAY = Group(
         "servepilot.gateway.deadlines",
         "servepilot.gateway.dispatch",
         "servepilot.gateway.proxy",
+        "servepilot.gateway.series",
         "servepilot.gateway.metrics",
         "servepilot.gateway.validation",
         "servepilot.gateway.replica",

@@ -12,9 +12,10 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import Metric
 
 from servepilot.gateway.replica import ReplicaInfo, SleepState
+from servepilot.gateway.series import gauge
 
 INFERENCE_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
 QPS_WINDOW_S = 300.0
@@ -68,7 +69,7 @@ def answered(requests: Mapping[tuple[str, ...], int]) -> int:
 
 
 def batch_families(facts: FleetFacts, replicas: Sequence[ReplicaInfo]) -> Iterator[Metric]:
-    per_replica = _gauge(
+    per_replica = gauge(
         "batch_utilization",
         "vLLM's requests running / max_num_seqs, per replica (0..1): below 0.7 for 5 minutes "
         "the batch is underfilled.",
@@ -79,7 +80,7 @@ def batch_families(facts: FleetFacts, replicas: Sequence[ReplicaInfo]) -> Iterat
     yield per_replica
     live = [r for r in replicas if r.serving]
     if live:
-        fleet = _gauge(
+        fleet = gauge(
             "fleet_batch_utilization", "Requests running over the ready replicas' max_num_seqs."
         )
         fleet.add_metric([], sum(r.running for r in live) / (facts.max_num_seqs * len(live)))
@@ -88,8 +89,8 @@ def batch_families(facts: FleetFacts, replicas: Sequence[ReplicaInfo]) -> Iterat
 
 def asleep_family(replicas: Sequence[ReplicaInfo]) -> Metric:
     """The warm pool: replicas held asleep (not routed to, not counted as ready)."""
-    asleep = _gauge("replicas_asleep", "Replicas held asleep (vLLM's sleep mode): a warm pool "
-                    "that wakes in about a second, not routed to.")  # fmt: skip
+    asleep = gauge("replicas_asleep", "Replicas held asleep (vLLM's sleep mode): a warm pool "
+                   "that wakes in about a second, not routed to.")  # fmt: skip
     asleep.add_metric([], float(sum(1 for r in replicas if r.sleep is SleepState.ASLEEP)))
     return asleep
 
@@ -100,26 +101,22 @@ def cost_families(
     if facts.replica_usd_per_hour is None:
         return
     usd_per_hour = facts.replica_usd_per_hour * sum(1 for r in replicas if not r.draining)
-    hourly = _gauge(
+    hourly = gauge(
         "fleet_cost_usd_per_hour", "What the fleet's replicas cost per hour (hardware catalog)."
     )
     hourly.add_metric([], usd_per_hour)
     yield hourly
     if qps is None:
         return
-    sustained = _gauge("sustained_qps", "Inference requests answered per second, last 5 min.")
+    sustained = gauge("sustained_qps", "Inference requests answered per second, last 5 min.")
     sustained.add_metric([], qps)
     yield sustained
     if qps > 0:
         # Undefined without traffic (an idle fleet is the batch utilisation alert's case).
-        per_qps = _gauge(
+        per_qps = gauge(
             "cost_usd_per_qps_hour",
             "Fleet dollars per hour / sustained requests per second: what one QPS costs per "
             "hour (the alert's line is 0.1).",
         )
         per_qps.add_metric([], usd_per_hour / qps)
         yield per_qps
-
-
-def _gauge(name: str, doc: str, labels: Sequence[str] = ()) -> GaugeMetricFamily:
-    return GaugeMetricFamily(f"servepilot_{name}", doc, labels=list(labels))

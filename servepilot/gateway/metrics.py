@@ -1,24 +1,17 @@
 """The gateway's Prometheus metrics (all prefixed `servepilot_`), one registry per Gateway.
 
-The hot path only bumps plain ints and bucket counts (a prometheus_client labelled child takes
-a lock per update, which every proxied request would pay for); everything is turned into
+The hot path only bumps plain ints and bucket counts (`series`); everything is turned into
 metric families when /metrics is scraped, together with the state read from the pool, the
 dispatcher and the routing policy at that moment. docs/gateway.md lists every metric.
 """
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.metrics_core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
 
 from servepilot.gateway.fleet_gauges import (
     FleetFacts,
@@ -30,7 +23,8 @@ from servepilot.gateway.fleet_gauges import (
 )
 from servepilot.gateway.gpu_gauges import GpuGauges, gpu_families
 from servepilot.gateway.replica import ReplicaInfo
-from servepilot.gateway.tenant_metrics import TenantCounters
+from servepilot.gateway.series import Counts, Histogram, Histograms, counter, gauge, histogram
+from servepilot.gateway.tenant_metrics import TenantMetrics
 from servepilot.routing.admission.decision import Reason
 from servepilot.routing.base import RoutingPolicy
 
@@ -39,8 +33,6 @@ if TYPE_CHECKING:
     from servepilot.gateway.relay import Outcome
     from servepilot.routing.admission import AdmissionQueue, BreakerBoard, HardLimit, SoftLimit
 
-# From a cached short answer (ms) to a long queued prefill (minutes).
-LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _BREAKER_VALUE = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
 
 
@@ -51,45 +43,6 @@ class _Watched(Protocol):
     breakers: BreakerBoard
     hard_limit: HardLimit
     soft_limit: SoftLimit
-
-
-class Histogram:
-    """Bucket counts and a sum: one bisect and two additions per observation."""
-
-    __slots__ = ("bounds", "counts", "total")
-
-    def __init__(self, bounds: Sequence[float] = LATENCY_BUCKETS_S) -> None:
-        self.bounds = tuple(bounds)
-        self.counts = [0] * (len(self.bounds) + 1)
-        self.total = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.total += value
-
-    def buckets(self) -> list[tuple[str, float]]:
-        out, running = [], 0
-        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
-            running += count
-            out.append(("+Inf" if bound == float("inf") else repr(bound), float(running)))
-        return out
-
-
-class _Counts(dict[tuple[str, ...], int]):
-    def add(self, key: tuple[str, ...], amount: int = 1) -> None:
-        self[key] = self.get(key, 0) + amount
-
-
-class _Histograms(dict[tuple[str, ...], Histogram]):
-    def observe(self, key: tuple[str, ...], value: float) -> None:
-        self.series(key).observe(value)
-
-    def series(self, key: tuple[str, ...]) -> Histogram:
-        """The histogram of the label values `key` (a new series on first use)."""
-        histogram = self.get(key)
-        if histogram is None:
-            histogram = self[key] = Histogram()
-        return histogram
 
 
 _CLASS = ("0", "1", "2")
@@ -105,7 +58,7 @@ class RouteLatency:
 
     __slots__ = ("_e2e", "_e2e_of", "_route", "_ttft", "_ttft_of")
 
-    def __init__(self, route: str, ttft: _Histograms, e2e: _Histograms) -> None:
+    def __init__(self, route: str, ttft: Histograms, e2e: Histograms) -> None:
         self._route = route
         self._ttft = ttft
         self._e2e = e2e
@@ -138,24 +91,23 @@ class GatewayMetrics:
         self._policy = policy
         self._watched: _Watched | None = None
         self._access_log: AccessLog | None = None
-        self.requests = _Counts()
-        self.errors = _Counts()
-        self.upstream = _Counts()
-        self.sheds = _Counts()
-        self.queued = _Counts()
-        self.tenants = TenantCounters()
+        self.requests = Counts()
+        self.errors = Counts()
+        self.upstream = Counts()
+        self.sheds = Counts()
+        self.queued = Counts()
+        self.tenants = TenantMetrics()
         self.retries = 0
-        self.continuations = _Counts()
+        self.continuations = Counts()
         self.arrivals = 0
         """Generation requests that reached the gateway, ever (an autoscaler's arrival rate
         reads its increase; the hot path pays one increment)."""
-        self.breaker_moves = _Counts()
-        self.degradation_steps = _Counts()
-        self.ttfb = _Histograms()
-        self.ttft = _Histograms()
-        self.e2e = _Histograms()
-        self.queue_wait = _Histograms()
-        self.tenant_wait = _Histograms()
+        self.breaker_moves = Counts()
+        self.degradation_steps = Counts()
+        self.ttfb = Histograms()
+        self.ttft = Histograms()
+        self.e2e = Histograms()
+        self.queue_wait = Histograms()
         # At 0 from the start for every label value known upfront: a fleet that never shed or
         # queued still has the series its dashboard panels and alerts read.
         for cls_ in _CLASS:
@@ -178,7 +130,7 @@ class GatewayMetrics:
 
     def know_tenants(self, tenants: Iterable[str]) -> None:
         """The tenants fleet.yaml names: the label values of the per-tenant series."""
-        self.tenants = TenantCounters(tenants)
+        self.tenants = TenantMetrics(tenants)
 
     def watch_access_log(self, access_log: AccessLog | None) -> None:
         self._access_log = access_log
@@ -214,7 +166,7 @@ class GatewayMetrics:
 
     def observe_queue_wait(self, priority: int, tenant: str, wait_s: float) -> None:
         self.queue_wait.observe((_CLASS[priority],), wait_s)
-        self.tenant_wait.observe((self.tenants.label(tenant),), wait_s)
+        self.tenants.observe_wait(tenant, wait_s)
 
     def observe_outcome(self, replica_id: str, priority: int, outcome: Outcome | None) -> None:
         cls_ = _CLASS[priority]
@@ -260,40 +212,38 @@ class _Collector:
 
     def collect(self) -> Iterator[Metric]:
         m = self._m
-        yield _counter("requests", "Requests answered, by route and HTTP status.",
-                       ["route", "code"], m.requests)  # fmt: skip
-        yield _counter("request_errors", "Requests that failed in or behind the gateway, by "
-                       "reason.", ["reason"], m.errors)  # fmt: skip
-        yield _counter("upstream_requests", "Requests sent to a replica, by replica, class "
-                       "and result.", ["replica", "class", "result"], m.upstream)  # fmt: skip
-        yield _counter("shed", "Requests refused with 429/503 by admission, by reason and "
-                       "class.", ["reason", "class"], m.sheds)  # fmt: skip
-        yield _counter("queued", "Requests that waited in the gateway's queue, by class.",
-                       ["class"], m.queued)  # fmt: skip
+        yield counter("requests", "Requests answered, by route and HTTP status.",
+                      ["route", "code"], m.requests)  # fmt: skip
+        yield counter("request_errors", "Requests that failed in or behind the gateway, by "
+                      "reason.", ["reason"], m.errors)  # fmt: skip
+        yield counter("upstream_requests", "Requests sent to a replica, by replica, class "
+                      "and result.", ["replica", "class", "result"], m.upstream)  # fmt: skip
+        yield counter("shed", "Requests refused with 429/503 by admission, by reason and "
+                      "class.", ["reason", "class"], m.sheds)  # fmt: skip
+        yield counter("queued", "Requests that waited in the gateway's queue, by class.",
+                      ["class"], m.queued)  # fmt: skip
         retries = CounterMetricFamily("servepilot_retries", "Requests sent to another "
                                       "replica after a failure before any answer.")  # fmt: skip
         retries.add_metric([], m.retries)
         yield retries
-        yield _counter("stream_continuations", "Streams sent on to another replica after "
-                       "theirs failed mid-answer, by how it failed (reset, eof, stall, "
-                       "out_of_rotation).", ["reason"], m.continuations)  # fmt: skip
-        yield _counter("breaker_transitions", "Circuit breaker state changes, by replica and "
-                       "new state.", ["replica", "state"], m.breaker_moves)  # fmt: skip
-        yield _counter("degradation_steps", "Soft-limit degradation steps, by new level "
-                       "(0 normal, 1 shed P2, 2 cap P1 max_tokens).", ["level"],
-                       m.degradation_steps)  # fmt: skip
-        yield _histogram("upstream_ttfb_seconds", "Time from sending a request to a replica "
-                         "to its response head.", ["replica"], m.ttfb)  # fmt: skip
-        yield _histogram("ttft_seconds", "Time to first streamed chunk at the gateway, queue "
-                         "wait included, by inference route and class.", ["route", "class"],
-                         m.ttft)  # fmt: skip
-        yield _histogram("e2e_seconds", "Time from arrival to the end of the answer at the "
-                         "gateway, by inference route and class (tokenizer calls are not "
-                         "inference).", ["route", "class"], m.e2e)  # fmt: skip
-        yield _histogram("queue_wait_seconds", "Time a request waited in the gateway's "
-                         "queue, by class.", ["class"], m.queue_wait)  # fmt: skip
-        yield _histogram("tenant_queue_wait_seconds", "Time a request waited in the "
-                         "gateway's queue, by tenant.", ["tenant"], m.tenant_wait)  # fmt: skip
+        yield counter("stream_continuations", "Streams sent on to another replica after "
+                      "theirs failed mid-answer, by how it failed (reset, eof, stall, "
+                      "out_of_rotation).", ["reason"], m.continuations)  # fmt: skip
+        yield counter("breaker_transitions", "Circuit breaker state changes, by replica and "
+                      "new state.", ["replica", "state"], m.breaker_moves)  # fmt: skip
+        yield counter("degradation_steps", "Soft-limit degradation steps, by new level "
+                      "(0 normal, 1 shed P2, 2 cap P1 max_tokens).", ["level"],
+                      m.degradation_steps)  # fmt: skip
+        yield histogram("upstream_ttfb_seconds", "Time from sending a request to a replica "
+                        "to its response head.", ["replica"], m.ttfb)  # fmt: skip
+        yield histogram("ttft_seconds", "Time to first streamed chunk at the gateway, queue "
+                        "wait included, by inference route and class.", ["route", "class"],
+                        m.ttft)  # fmt: skip
+        yield histogram("e2e_seconds", "Time from arrival to the end of the answer at the "
+                        "gateway, by inference route and class (tokenizer calls are not "
+                        "inference).", ["route", "class"], m.e2e)  # fmt: skip
+        yield histogram("queue_wait_seconds", "Time a request waited in the gateway's "
+                        "queue, by class.", ["class"], m.queue_wait)  # fmt: skip
         yield from _replica_state(m)
         yield from _dispatch_state(m)
         watched = m._watched
@@ -302,26 +252,6 @@ class _Collector:
         yield from _access_log_state(m)
         yield from _fleet_state(m)
         yield from gpu_families(m.gpus)
-
-
-def _counter(name: str, doc: str, labels: list[str], counts: _Counts) -> CounterMetricFamily:
-    family = CounterMetricFamily(f"servepilot_{name}", doc, labels=labels)
-    for key, count in list(counts.items()):
-        family.add_metric(list(key), count)
-    return family
-
-
-def _histogram(
-    name: str, doc: str, labels: list[str], histograms: _Histograms
-) -> HistogramMetricFamily:
-    family = HistogramMetricFamily(f"servepilot_{name}", doc, labels=labels)
-    for key, histogram in list(histograms.items()):
-        family.add_metric(list(key), histogram.buckets(), histogram.total)
-    return family
-
-
-def _gauge(name: str, doc: str, labels: Sequence[str] = ()) -> GaugeMetricFamily:
-    return GaugeMetricFamily(f"servepilot_{name}", doc, labels=list(labels))
 
 
 def _replica_state(m: GatewayMetrics) -> Iterator[Metric]:
@@ -333,7 +263,7 @@ def _replica_state(m: GatewayMetrics) -> Iterator[Metric]:
         "replica_num_requests_waiting": "vllm:num_requests_waiting at the last scrape.",
         "replica_kv_cache_usage": "vllm:kv_cache_usage_perc at the last scrape (0..1).",
     }
-    families = {name: _gauge(name, doc, ["replica"]) for name, doc in rows.items()}
+    families = {name: gauge(name, doc, ["replica"]) for name, doc in rows.items()}
     for info in m._pool.replicas():
         values = (info.in_flight, 1.0 if info.healthy else 0.0, info.capacity, info.running,
                   info.waiting, info.kv_cache_usage)  # fmt: skip
@@ -347,21 +277,21 @@ def _dispatch_state(m: GatewayMetrics) -> Iterator[Metric]:
     watched = m._watched
     if watched is None:
         return
-    depth = _gauge("queue_depth", "Requests waiting in the gateway's queue, by class.", ["class"])
+    depth = gauge("queue_depth", "Requests waiting in the gateway's queue, by class.", ["class"])
     for cls_, count in zip(_CLASS, watched.queue.depth_by_class(), strict=True):
         depth.add_metric([cls_], count)
     yield depth
-    breaker = _gauge("breaker_state", "Circuit breaker per replica: 0 closed, 1 half-open, "
-                     "2 open.", ["replica"])  # fmt: skip
+    breaker = gauge("breaker_state", "Circuit breaker per replica: 0 closed, 1 half-open, "
+                    "2 open.", ["replica"])  # fmt: skip
     for rid, state in watched.breakers.states().items():
         breaker.add_metric([rid], _BREAKER_VALUE.get(str(state), 0.0))
     yield breaker
-    level = _gauge("degradation_level", "Soft-limit degradation: 0 normal, 1 P2 shed, 2 P1 "
-                   "max_tokens capped too.")  # fmt: skip
+    level = gauge("degradation_level", "Soft-limit degradation: 0 normal, 1 P2 shed, 2 P1 "
+                  "max_tokens capped too.")  # fmt: skip
     level.add_metric([], float(watched.soft_limit.level))
     yield level
-    hard = _gauge("hard_limit_crossed", "1 while a replica's median upstream time to first "
-                  "byte is over the hard limit (a share of P2 is shed).")  # fmt: skip
+    hard = gauge("hard_limit_crossed", "1 while a replica's median upstream time to first "
+                 "byte is over the hard limit (a share of P2 is shed).")  # fmt: skip
     hard.add_metric([], 1.0 if watched.hard_limit.crossed() else 0.0)
     yield hard
 
@@ -370,15 +300,15 @@ def _policy_stats(m: GatewayMetrics) -> Iterator[Metric]:
     stats = m._policy.stats()
     if not stats:
         return
-    family = _gauge("routing_stat", "Counters of the routing policy (prefix blocks looked up "
-                    "and matched, session hits, shard moves...).", ["policy", "stat"])  # fmt: skip
+    family = gauge("routing_stat", "Counters of the routing policy (prefix blocks looked up "
+                   "and matched, session hits, shard moves...).", ["policy", "stat"])  # fmt: skip
     for name, value in stats.items():
         family.add_metric([m._policy.name, name], float(value))
     yield family
     total = stats.get("prefix_blocks_total")
     if total:
-        rate = _gauge("prefix_hit_rate_estimate", "Share of prompt prefix blocks routed to "
-                      "the replica that most likely holds them in its prefix cache.")  # fmt: skip
+        rate = gauge("prefix_hit_rate_estimate", "Share of prompt prefix blocks routed to "
+                     "the replica that most likely holds them in its prefix cache.")  # fmt: skip
         rate.add_metric([], float(stats.get("prefix_blocks_matched", 0.0)) / total)
         yield rate
 
@@ -396,8 +326,8 @@ def _access_log_state(m: GatewayMetrics) -> Iterator[Metric]:
     for reason, count in access.dropped.items():
         dropped.add_metric([reason], count)
     yield dropped
-    buffered = _gauge("access_log_buffered", "Access log lines held in memory, waiting for "
-                      "the writer.")  # fmt: skip
+    buffered = gauge("access_log_buffered", "Access log lines held in memory, waiting for "
+                     "the writer.")  # fmt: skip
     buffered.add_metric([], float(access.buffered))
     yield buffered
 

@@ -151,7 +151,6 @@ def plan_json(plan: Plan) -> dict[str, Any]:
     which owns the rendering of engine flags."""
     req = plan.request
     option = plan.option
-    mem = option.memory
     return {
         "schema": SCHEMA,
         "fits": plan.fits,
@@ -176,16 +175,8 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "kv_cpu_tokens": option.kv_cpu_tokens,
         "kv_offload": _kv_offload(plan),
         "max_concurrency": round(option.max_concurrency, 2),
-        "weights_bytes_per_device": mem.weights_bytes,
-        "memory_per_device": {
-            "total_bytes": mem.total_bytes,
-            "usable_bytes": mem.usable_bytes,
-            "weights_bytes": mem.weights_bytes,
-            "activation_bytes": mem.activation_bytes,
-            "runtime_bytes": mem.runtime_bytes,
-            "kv_bytes": mem.kv_bytes,
-            "headroom_bytes": mem.headroom_bytes,
-        },
+        "weights_bytes_per_device": option.memory.weights_bytes,
+        "memory_per_device": _memory(option),
         "shortfall_bytes": plan.shortfall_bytes,
         "layout": _layout(option, plan.assessment.reason),
         "alternatives": [
@@ -197,32 +188,54 @@ def plan_json(plan: Plan) -> dict[str, Any]:
             name: {"value": knob.value, "reason": knob.reason}
             for name, knob in plan.knobs.as_dict().items()
         },
-        "ladder": [
-            {
-                "action": step.action,
-                "fits": step.fits,
-                "layout": step.layout,
-                "weights_bytes_per_device": step.weights_per_rank_bytes,
-                "kv_capacity_tokens": step.kv_capacity_tokens,
-                "max_concurrency": round(step.max_concurrency, 2),
-            }
-            for step in plan.ladder
-        ],
+        "ladder": _ladder(plan),
         "advice": {
             "deployment": plan.advice.deployment.value,
             "reasons": list(plan.advice.reasons),
             "warnings": list(plan.advice.warnings),
         },
-        "cost": {
-            "usd_per_hour": round(plan.cost.usd_per_hour, 4),
-            "nodes_for_target": plan.cost.nodes_for_target,
-            "usd_per_hour_for_target": _round(plan.cost.usd_per_hour_for_target),
-            "usd_per_qps": _round(plan.cost.usd_per_qps),
-            "usd_per_million_output_tokens": _round(plan.cost.usd_per_million_output_tokens),
-            "over_qps_line": plan.cost.over_qps_line,
-            "basis": plan.cost.basis,
-        },
+        "cost": _cost(plan),
         "estimates": _estimates(plan.estimates),
+    }
+
+
+def _memory(option: Option) -> dict[str, int]:
+    mem = option.memory
+    return {
+        "total_bytes": mem.total_bytes,
+        "usable_bytes": mem.usable_bytes,
+        "weights_bytes": mem.weights_bytes,
+        "activation_bytes": mem.activation_bytes,
+        "runtime_bytes": mem.runtime_bytes,
+        "kv_bytes": mem.kv_bytes,
+        "headroom_bytes": mem.headroom_bytes,
+    }
+
+
+def _ladder(plan: Plan) -> list[dict[str, Any]]:
+    return [
+        {
+            "action": step.action,
+            "fits": step.fits,
+            "layout": step.layout,
+            "weights_bytes_per_device": step.weights_per_rank_bytes,
+            "kv_capacity_tokens": step.kv_capacity_tokens,
+            "max_concurrency": round(step.max_concurrency, 2),
+        }
+        for step in plan.ladder
+    ]
+
+
+def _cost(plan: Plan) -> dict[str, Any]:
+    cost = plan.cost
+    return {
+        "usd_per_hour": round(cost.usd_per_hour, 4),
+        "nodes_for_target": cost.nodes_for_target,
+        "usd_per_hour_for_target": _round(cost.usd_per_hour_for_target),
+        "usd_per_qps": _round(cost.usd_per_qps),
+        "usd_per_million_output_tokens": _round(cost.usd_per_million_output_tokens),
+        "over_qps_line": cost.over_qps_line,
+        "basis": cost.basis,
     }
 
 

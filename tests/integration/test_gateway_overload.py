@@ -40,7 +40,7 @@ CAPACITY = 4
 P2_BUDGET_MS = 250.0
 OVERLOAD_S = 8.0
 # Without API keys every caller is class P1 and X-Priority may only lower it (see
-# tests/unit/test_gateway_admission.py::test_an_open_gateway_lets_x_priority_ask_for_p0), so
+# tests/unit/test_gateway_admission_order.py::test_an_open_gateway_lets_x_priority_ask_for_p0), so
 # the traffic comes with a P0 key, which X-Priority: 2 lowers to batch.
 URGENT_KEY = "sk-urgent"
 

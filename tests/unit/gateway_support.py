@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import pytest
 from multidict import CIMultiDict
 from prometheus_client.parser import text_string_to_metric_families
 
+from servepilot.core import accel
 from servepilot.core.config import GatewayConfig, PolicyName
 from servepilot.gateway import Gateway
 from servepilot.routing import StepTimeModel
@@ -22,6 +24,10 @@ from tests.unit.fake_upstream import FakeUpstream
 HEADER = "X-Servepilot-Replica"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 STREAM_CHAT = {**CHAT, "stream": True}
+PYTHON_FRAMES = pytest.mark.skipif(
+    accel.compiled(accel.GATEWAY),
+    reason="counts Python frames of the data path: compiled (make gateway-fast), it has none",
+)
 VLLM_METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -46,6 +52,11 @@ vllm:e2e_request_latency_seconds_sum{model_name="m"} 0.5
 # A P0 key, which X-Priority may lower to any class (`as_class`): some tests that mix classes
 # send them with it, so that the API-key path is exercised too.
 URGENT_KEY: dict[str, Any] = {"keys": [{"name": "ops", "key": "sk-ops", "priority": 0}]}
+
+
+def priority(cls_: int) -> dict[str, str]:
+    """Headers asking for class `cls_` (without API keys the header decides)."""
+    return {"X-Priority": str(cls_)}
 
 
 def as_class(cls_: int) -> dict[str, str]:

@@ -14,9 +14,7 @@ from servepilot.bench.agentic import POOL, AgenticTexts, _Conversation, make_tex
 from servepilot.bench.records import Endpoint
 from servepilot.bench.sse import EventScanner
 from servepilot.bench.tokenizer import LocalTokenizer
-from servepilot.core.config import ModelConfig
 from servepilot.core.errors import ConfigError
-from servepilot.engine.model_source import resolve_model
 from servepilot.load.agentic import AgenticSpec
 from servepilot.load.sessions import session_script
 from servepilot.load.workload import WorkloadKind, WorkloadSpec
@@ -27,11 +25,6 @@ SPEC = WorkloadSpec(
     agentic=AgenticSpec(system_prompts=3, system_prompt_tokens=200, tool_tokens=50,
                         tool_fraction=0.5),
 )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def tok() -> LocalTokenizer:
-    return LocalTokenizer(resolve_model(ModelConfig()).path)
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,9 @@ to one user message (a default system prompt, role markers and the generation pr
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
-import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -25,13 +23,9 @@ from servepilot.core.config import ModelConfig
 from servepilot.core.errors import ConfigError
 from servepilot.engine.model_source import resolve_model
 from servepilot.load.workload import WorkloadKind, WorkloadSpec
+from tests.unit.http_thread import serving_app
 
 SMOLLM2_TEMPLATE_TOKENS = 30
-
-
-@pytest.fixture(scope="module")
-def tok() -> LocalTokenizer:
-    return LocalTokenizer(resolve_model(ModelConfig()).path)
 
 
 def _templated(tok: LocalTokenizer, request: RequestSpec) -> int:
@@ -228,29 +222,12 @@ def _tokenize_server(chat_status: int) -> web.Application:
     return app
 
 
-def _serve(app: web.Application) -> Iterator[str]:
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app)
-    loop.run_until_complete(runner.setup())
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    loop.run_until_complete(site.start())
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        loop.close()
-
-
 def test_the_servers_tokenize_counts_the_template_or_says_it_cannot() -> None:
-    for url in _serve(_tokenize_server(200)):
+    with serving_app(_tokenize_server(200)) as url:
         server = ServerTokenizer(url, "m")
         assert measure_chat_frame(server, Endpoint.CHAT) == ChatFrame(4)
     # A server whose /tokenize refuses `messages` (400): the counts exclude the template.
-    for url in _serve(_tokenize_server(400)):
+    with serving_app(_tokenize_server(400)) as url:
         server = ServerTokenizer(url, "m")
         assert server.count_chat([{"role": "user", "content": "a b"}]) is None
         assert measure_chat_frame(server, Endpoint.CHAT) == ChatFrame(0, known=False)

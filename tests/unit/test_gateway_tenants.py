@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from servepilot.gateway.tenant_metrics import OTHER, TenantCounters
+from servepilot.gateway.tenant_metrics import OTHER, TenantMetrics
 from tests.unit.fake_upstream import FakeUpstream
 from tests.unit.gateway_support import (
     Reply,
@@ -128,7 +128,7 @@ def test_refusals_count_for_the_tenant_and_labels_stay_bounded() -> None:
 
 
 def test_a_tenant_fleet_yaml_does_not_name_is_counted_as_other() -> None:
-    counters = TenantCounters(["a"])
+    counters = TenantMetrics(["a"])
     for tenant in ("a", "zz", "yy"):
         counters.count_admitted(tenant)
     counters.count_rejected("zz")

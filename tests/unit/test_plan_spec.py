@@ -1,8 +1,8 @@
-"""Model specs: presets, config.json parsing, parameter counts against published figures."""
+"""Model specs: presets, their shapes and parameter counts against published figures (local
+files and bad input: test_plan_spec_input.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 from importlib import resources
 from pathlib import Path
@@ -10,42 +10,11 @@ from typing import Any
 
 import pytest
 
-from servepilot.core.errors import ConfigError
 from servepilot.plan.dtypes import WeightDtype
-from servepilot.plan.hf_config import spec_from_hf_config
 from servepilot.plan.params import comparable_to_stated
-from servepilot.plan.presets import load_model, load_preset, preset_names
+from servepilot.plan.presets import load_model, preset_names
 from servepilot.plan.spec import AttentionKind, IndexerShape, MlaShape, ModelSpec, MoeShape
-
-# The parameter totals the model cards state (what the presets must carry).
-STATED = {
-    "deepseek-v3": 671_000_000_000,  # README_WEIGHTS.md: main model, embedding and head included
-    "deepseek-v3.2": 685_000_000_000,  # model card, MTP module included
-    "deepseek-v4-flash": 284_000_000_000,  # model card: 284B total / 13B active
-    "deepseek-v2-lite": 15_700_000_000,  # model card: 15.7B total / 2.4B active
-    "llama-3.1-8b": 8_030_000_000,
-    "llama-3.1-70b": 70_600_000_000,
-    "qwen3-32b": 32_800_000_000,
-    "qwen2.5-32b": 32_500_000_000,  # model card: 32.5B (counted: 32.76B, within 1%)
-    "smollm2": 135_000_000,
-}
-
-
-def _preset_config(name: str) -> dict[str, Any]:
-    file = resources.files("servepilot.plan").joinpath("presets", f"{name}.json")
-    config: dict[str, Any] = json.loads(file.read_text(encoding="utf-8"))["config"]
-    return config
-
-
-def _spec(config: dict[str, Any]) -> ModelSpec:
-    return spec_from_hf_config(config, name="test-model", source="/models/test-model")
-
-
-def _error(config: Any) -> str:
-    with pytest.raises(ConfigError) as info:
-        spec_from_hf_config(config, name="test-model", source="/models/test-model")
-    return str(info.value)
-
+from tests.unit.plan_spec_support import STATED, compressed_tensors, preset_config, spec_from
 
 # --- presets -------------------------------------------------------------------------------
 
@@ -107,7 +76,7 @@ def test_smollm2_preset_is_the_embedded_models_config() -> None:
     converted = Path.home() / ".cache/servepilot/models/smollm2-135m-instruct/config.json"
     if not converted.is_file():
         pytest.skip("the embedded model has not been converted on this machine")
-    assert _preset_config("smollm2") == json.loads(converted.read_text(encoding="utf-8"))
+    assert preset_config("smollm2") == json.loads(converted.read_text(encoding="utf-8"))
 
 
 # --- shapes --------------------------------------------------------------------------------
@@ -291,7 +260,7 @@ def test_deepseek_v2_lite_direct_q_projection() -> None:
         "v_head_dim": 128,
         "vocab_size": 102400,
     }
-    spec = _spec(config)
+    spec = spec_from(config)
     assert spec.mla is not None and spec.mla.q_lora_rank is None
     assert spec.params is not None and spec.params.total == 15_706_484_224
     assert spec.checkpoint_dtype is WeightDtype.BF16
@@ -311,35 +280,23 @@ def test_mistral_sliding_window_and_count() -> None:
         "torch_dtype": "bfloat16",
         "vocab_size": 32000,
     }
-    spec = _spec(config)
+    spec = spec_from(config)
     assert spec.sliding_window == 4096
     assert spec.params is not None
     assert spec.params.total == pytest.approx(7.24e9, rel=0.001)
 
 
 def test_qwen_sliding_window_only_when_used() -> None:
-    config = _preset_config("qwen3-32b") | {"sliding_window": 4096}
-    assert _spec(config).sliding_window is None
-    assert _spec(config | {"use_sliding_window": True}).sliding_window == 4096
+    config = preset_config("qwen3-32b") | {"sliding_window": 4096}
+    assert spec_from(config).sliding_window is None
+    assert spec_from(config | {"use_sliding_window": True}).sliding_window == 4096
 
 
 def test_head_dim_and_kv_heads_default_like_transformers() -> None:
-    config = _preset_config("llama-3.1-8b")
+    config = preset_config("llama-3.1-8b")
     del config["num_key_value_heads"]
-    spec = _spec(config)
+    spec = spec_from(config)
     assert (spec.num_kv_heads, spec.head_dim) == (32, 4096 // 32)
-
-
-def _compressed_tensors(bits: int, kind: str) -> dict[str, Any]:
-    weights = {"num_bits": bits, "type": kind, "strategy": "channel", "symmetric": True}
-    group = {"targets": ["Linear"], "weights": weights, "input_activations": None}
-    return {"quant_method": "compressed-tensors", "format": "int-quantized",
-            "config_groups": {"group_0": group}}  # fmt: skip
-
-
-_MIXED_BITS = _compressed_tensors(8, "int") | {
-    "config_groups": {"g": {"weights": {"num_bits": {"mlp.experts": 4}, "type": "int"}}}
-}
 
 
 @pytest.mark.parametrize(
@@ -350,172 +307,22 @@ _MIXED_BITS = _compressed_tensors(8, "int") | {
         ({"quant_method": "gptq", "bits": 4}, WeightDtype.GPTQ),
         ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, WeightDtype.FP4),
         # llm-compressor's W8A8 (RedHatAI's *.w8a8 checkpoints), as vLLM reads it
-        (_compressed_tensors(8, "int"), WeightDtype.INT8),
-        (_compressed_tensors(8, "float"), WeightDtype.FP8),
-        (_compressed_tensors(4, "float"), WeightDtype.FP4),
-        (_compressed_tensors(4, "int"), WeightDtype.GPTQ),
+        (compressed_tensors(8, "int"), WeightDtype.INT8),
+        (compressed_tensors(8, "float"), WeightDtype.FP8),
+        (compressed_tensors(4, "float"), WeightDtype.FP4),
+        (compressed_tensors(4, "int"), WeightDtype.GPTQ),
     ],
 )
 def test_checkpoint_dtype_from_quantization_config(
     quantization: dict[str, Any], dtype: WeightDtype
 ) -> None:
-    config = _preset_config("llama-3.1-8b") | {"quantization_config": quantization}
-    assert _spec(config).checkpoint_dtype is dtype
+    config = preset_config("llama-3.1-8b") | {"quantization_config": quantization}
+    assert spec_from(config).checkpoint_dtype is dtype
 
 
 def test_checkpoint_dtype_from_torch_dtype_or_dtype() -> None:
-    config = _preset_config("llama-3.1-8b")
-    assert _spec(config | {"torch_dtype": "float16"}).checkpoint_dtype is WeightDtype.FP16
+    config = preset_config("llama-3.1-8b")
+    assert spec_from(config | {"torch_dtype": "float16"}).checkpoint_dtype is WeightDtype.FP16
     del config["torch_dtype"]
-    assert _spec(config | {"dtype": "float32"}).checkpoint_dtype is WeightDtype.FP32
-    assert _spec(config).checkpoint_dtype is WeightDtype.BF16
-
-
-# --- local files ---------------------------------------------------------------------------
-
-
-def _write_config(folder: Path, config: Any) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    file = folder / "config.json"
-    file.write_text(json.dumps(config), encoding="utf-8")
-    return file
-
-
-def test_local_folder_with_config_json(tmp_path: Path) -> None:
-    folder = tmp_path / "my-llama"
-    file = _write_config(folder, _preset_config("llama-3.1-8b"))
-    spec = load_model(str(folder))
-    assert spec.name == "my-llama"
-    assert spec.source == str(file.resolve())
-    assert spec.params is not None and spec.params.total == 8_030_261_248
-    assert spec.stated_params_total is None
-
-
-def test_local_config_json_file(tmp_path: Path) -> None:
-    file = _write_config(tmp_path / "v3", _preset_config("deepseek-v3"))
-    assert load_model(str(file)).name == "v3"
-    other = tmp_path / "deepseek.json"
-    other.write_text(file.read_text(encoding="utf-8"), encoding="utf-8")
-    spec = load_model(str(other))
-    assert spec.name == "deepseek"
-    assert spec.attention is AttentionKind.MLA
-
-
-# --- bad input: always a ConfigError naming the field ---------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("preset", "field"),
-    [
-        ("llama-3.1-8b", "num_hidden_layers"),
-        ("llama-3.1-8b", "hidden_size"),
-        ("llama-3.1-8b", "num_attention_heads"),
-        ("llama-3.1-8b", "intermediate_size"),
-        ("llama-3.1-8b", "vocab_size"),
-        ("llama-3.1-8b", "max_position_embeddings"),
-        ("deepseek-v3", "kv_lora_rank"),
-        ("deepseek-v3", "qk_rope_head_dim"),
-        ("deepseek-v3", "v_head_dim"),
-        ("deepseek-v3", "moe_intermediate_size"),
-        ("deepseek-v3", "num_experts_per_tok"),
-        ("deepseek-v3.2", "index_topk"),
-        ("deepseek-v4-flash", "head_dim"),
-        ("deepseek-v4-flash", "o_lora_rank"),
-        ("deepseek-v4-flash", "hc_mult"),
-        ("deepseek-v4-flash", "sliding_window"),
-        ("deepseek-v4-flash", "compress_ratios"),
-        ("deepseek-v4-flash", "n_routed_experts"),
-    ],
-)
-def test_missing_required_field_is_named(preset: str, field: str) -> None:
-    config = _preset_config(preset)
-    del config[field]
-    message = _error(config)
-    assert "test-model (/models/test-model)" in message
-    assert f"no `{field}`" in message
-    assert f"add {field}" in message
-
-
-def test_unknown_architecture() -> None:
-    message = _error({"architectures": ["BertForMaskedLM"], "hidden_size": 768})
-    assert "BertForMaskedLM" in message
-    assert "pass a config.json of a decoder-only transformer" in message
-
-
-def test_missing_architectures() -> None:
-    message = _error({"model_type": "llama", "hidden_size": 4096})
-    assert "`architectures`" in message and "decoder-only transformer" in message
-
-
-@pytest.mark.parametrize(
-    ("changes", "field"),
-    [
-        ({"hidden_size": "4096"}, "hidden_size"),
-        ({"num_hidden_layers": 0}, "num_hidden_layers"),
-        ({"num_hidden_layers": True}, "num_hidden_layers"),
-        ({"num_key_value_heads": 5}, "num_key_value_heads"),
-        ({"tie_word_embeddings": "no"}, "tie_word_embeddings"),
-        ({"torch_dtype": "float8"}, "torch_dtype"),
-        ({"quantization_config": {"quant_method": "bitsandbytes"}}, "quant_method"),
-        # per-layer bits: more than one format, which one number cannot size
-        ({"quantization_config": _MIXED_BITS}, "quant_method"),
-    ],
-)
-def test_bad_values_are_named(changes: dict[str, Any], field: str) -> None:
-    message = _error(_preset_config("llama-3.1-8b") | changes)
-    assert field in message
-
-
-def test_v4_compress_ratios_shorter_than_the_layers() -> None:
-    config = _preset_config("deepseek-v4-flash") | {"compress_ratios": [0, 0, 4]}
-    message = _error(config)
-    assert "compress_ratios" in message and "43" in message
-
-
-def test_config_that_is_not_an_object() -> None:
-    assert "JSON object" in _error([1, 2, 3])
-
-
-@pytest.mark.parametrize("name", sorted(STATED))
-def test_no_single_field_change_escapes_as_another_exception(name: str) -> None:
-    """Drop or garble each field of a real config in turn: the result is a spec or a
-    ConfigError, never a KeyError/TypeError traceback."""
-    config = _preset_config(name)
-    for key in config:
-        for variant in (
-            {k: v for k, v in config.items() if k != key},
-            config | {key: "garbled"},
-            config | {key: None},
-            config | {key: -1},
-        ):
-            with contextlib.suppress(ConfigError):
-                _spec(variant)
-
-
-def test_folder_without_config_json(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError) as info:
-        load_model(str(tmp_path))
-    assert f"{tmp_path} has no config.json" in str(info.value)
-
-
-def test_unreadable_json_names_the_file(tmp_path: Path) -> None:
-    file = tmp_path / "config.json"
-    file.write_text("{ not json", encoding="utf-8")
-    with pytest.raises(ConfigError) as info:
-        load_model(str(tmp_path))
-    assert str(file) in str(info.value) and "not valid JSON" in str(info.value)
-
-
-def test_unknown_name_lists_presets_and_mentions_local_folders() -> None:
-    with pytest.raises(ConfigError) as info:
-        load_model("no-such-model-xyz")
-    message = str(info.value)
-    assert "'no-such-model-xyz'" in message
-    assert all(name in message for name in STATED)
-    assert "local Hugging Face model folder" in message
-
-
-def test_unknown_preset() -> None:
-    with pytest.raises(ConfigError) as info:
-        load_preset("gpt-5")
-    assert "unknown preset 'gpt-5'" in str(info.value)
+    assert spec_from(config | {"dtype": "float32"}).checkpoint_dtype is WeightDtype.FP32
+    assert spec_from(config).checkpoint_dtype is WeightDtype.BF16

@@ -8,15 +8,8 @@ import pytest
 
 from servepilot.bench.tokenizer import LocalTokenizer
 from servepilot.bench.workload import build_workload
-from servepilot.core.config import ModelConfig
-from servepilot.engine.model_source import resolve_model
 from servepilot.load.shapes import workload_shapes
 from servepilot.load.workload import WorkloadKind, WorkloadSpec
-
-
-@pytest.fixture(scope="module")
-def tok() -> LocalTokenizer:
-    return LocalTokenizer(resolve_model(ModelConfig()).path)
 
 
 def _trace(tmp_path: Path) -> Path:

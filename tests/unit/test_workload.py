@@ -1,120 +1,27 @@
-"""Workloads and exact-length prompts, checked with the embedded model's real tokenizer.
+"""Workloads: their kinds, traces and specs, checked with the embedded model's real tokenizer
+(its exact-length prompts: test_workload_prompts.py).
 
-The tokenizer is SmolLM2's, loaded from the converted model folder (`make model`); the
-server-tokenizer path is exercised against a small fake /tokenize server backed by it.
+The tokenizer is SmolLM2's, loaded from the converted model folder (`make model`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import itertools
 import json
-import random
-import re
-import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 
-from servepilot.bench.prompts import MAX_SLICES, PromptMaker
 from servepilot.bench.records import RequestSpec
-from servepilot.bench.tokenizer import LocalTokenizer, ServerTokenizer, open_tokenizer
+from servepilot.bench.tokenizer import LocalTokenizer
 from servepilot.bench.workload import build_workload
-from servepilot.core.config import ModelConfig
 from servepilot.core.errors import ConfigError
-from servepilot.engine.model_source import resolve_model
 from servepilot.load.trace import load_trace
 from servepilot.load.workload import WorkloadKind, WorkloadSpec, describe, parse_priority_mix
-
-
-@pytest.fixture(scope="module")
-def tok() -> LocalTokenizer:
-    return LocalTokenizer(resolve_model(ModelConfig()).path)
-
-
-def _counts(tok: LocalTokenizer, texts: Sequence[str]) -> list[int]:
-    return [len(ids) for ids in tok.encode_batch(texts)]
-
-
-# --- exact prompts -------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("n_tokens", "how_many"), [(1, 200), (7, 200), (128, 200), (1000, 60)])
-def test_prompts_have_exactly_the_asked_token_count(
-    tok: LocalTokenizer, n_tokens: int, how_many: int
-) -> None:
-    prompts = PromptMaker(tok, seed=1).make_prompts([n_tokens] * how_many, random.Random(2))
-    assert _counts(tok, prompts) == [n_tokens] * how_many
-    assert all(p == p.strip() for p in prompts)
-    # Random slices: almost all distinct (a 1-token prompt has few possible texts).
-    assert len(set(prompts)) > how_many // 2
-
-
-def test_long_prompts_are_exact_and_grow_the_corpus(tok: LocalTokenizer) -> None:
-    maker = PromptMaker(tok, seed=3, min_corpus_tokens=2_000)
-    prompts = maker.make_prompts([4000] * 10 + [1, 2, 3], random.Random(0))
-    assert _counts(tok, prompts) == [4000] * 10 + [1, 2, 3]
-
-
-def test_prefixed_prompts_keep_the_prefix_tokens(tok: LocalTokenizer) -> None:
-    maker = PromptMaker(tok, seed=4)
-    rng = random.Random(4)
-    prefix = maker.make_prompt(50, rng)
-    prompts = maker.make_prompts([30] * 40 + [0], rng, prefixes=[prefix] * 41)
-    prefix_ids = tok.encode(prefix)
-    for prompt in prompts[:40]:
-        ids = tok.encode(prompt)
-        assert len(ids) == 80
-        assert ids[:50] == prefix_ids
-    assert prompts[40] == prefix
-
-
-def test_same_seed_same_prompts_other_seed_other(tok: LocalTokenizer) -> None:
-    def make(corpus_seed: int, rng_seed: int) -> list[str]:
-        return PromptMaker(tok, seed=corpus_seed).make_prompts([64] * 30, random.Random(rng_seed))
-
-    assert make(5, 6) == make(5, 6)
-    assert set(make(5, 6)).isdisjoint(make(7, 6))
-    assert set(make(5, 6)).isdisjoint(make(5, 8))
-
-
-def test_zero_or_negative_length_is_refused(tok: LocalTokenizer) -> None:
-    maker = PromptMaker(tok, seed=0)
-    for n in (0, -3):
-        with pytest.raises(ConfigError, match="--input-tokens must be at least 1"):
-            maker.make_prompt(n, random.Random(0))
-
-
-class _EvenOnly:
-    """A tokenizer that pads every encoding to an even length: no 5-token text exists."""
-
-    name = "even-only"
-
-    def encode(self, text: str) -> list[int]:
-        return self.encode_batch([text])[0]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.decode_batch([ids])[0]
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [[ord(c) for c in text] + [0] * (len(text) % 2) for text in texts]
-
-    def decode_batch(self, ids: Sequence[Sequence[int]]) -> list[str]:
-        return ["".join(chr(i) for i in one if i) for one in ids]
-
-    def count_chat(self, messages: Sequence[Mapping[str, str]]) -> int | None:
-        return None
-
-
-def test_a_tokenizer_that_never_fits_gives_up_with_a_clear_error() -> None:
-    maker = PromptMaker(_EvenOnly(), seed=0, min_corpus_tokens=1_000)
-    with pytest.raises(ConfigError, match=f"exactly 5 tokens .* even-only after {MAX_SLICES}"):
-        maker.make_prompt(5, random.Random(0))
-
+from tests.unit.tokenizer_support import token_counts
 
 # --- workload kinds ------------------------------------------------------------------------
 
@@ -123,7 +30,7 @@ def test_random_workload(tok: LocalTokenizer) -> None:
     spec = WorkloadSpec(input_tokens=100, output_tokens=20, seed=1)
     requests = build_workload(spec, tok, 50)
     assert [r.index for r in requests] == list(range(50))
-    assert _counts(tok, [r.prompt for r in requests]) == [100] * 50
+    assert token_counts(tok, [r.prompt for r in requests]) == [100] * 50
     assert {(r.input_tokens, r.max_tokens) for r in requests} == {(100, 20)}
     assert all(r.at_s is None and r.priority is None and r.session_id is None for r in requests)
 
@@ -142,7 +49,7 @@ def test_mixed_has_exactly_the_long_share_at_seeded_places(tok: LocalTokenizer) 
     requests = build_workload(spec, tok, 200)
     lengths = [r.input_tokens for r in requests]
     assert collections.Counter(lengths) == {30: 160, 120: 40}
-    assert _counts(tok, [r.prompt for r in requests]) == lengths
+    assert token_counts(tok, [r.prompt for r in requests]) == lengths
     # Spread out, not all at the end.
     assert 0 < lengths.index(120) < 50
     custom = WorkloadSpec(
@@ -202,7 +109,7 @@ def test_multi_turn_histories_grow_turn_by_turn(tok: LocalTokenizer) -> None:
         roles = [role for role, _ in r.history]
         assert roles == ["user", "assistant"] * (len(r.history) // 2)
         replies = [text for role, text in r.history if role == "assistant"]
-        assert _counts(tok, replies) == [12] * len(replies)
+        assert token_counts(tok, replies) == [12] * len(replies)
 
 
 def test_multi_turn_interleaves_waves_of_active_sessions(tok: LocalTokenizer) -> None:
@@ -266,7 +173,7 @@ def test_trace_replays_lengths_times_groups_and_priorities(
     requests = build_workload(_trace_spec(path, prefix_tokens=32), tok, 100)
     assert [r.at_s for r in requests] == [0.0, 0.5, 2.25, 2.25]
     assert [r.input_tokens for r in requests] == [50, 20, 40, 8]
-    assert _counts(tok, [r.prompt for r in requests]) == [50, 20, 40, 8]
+    assert token_counts(tok, [r.prompt for r in requests]) == [50, 20, 40, 8]
     assert [r.max_tokens for r in requests] == [7, 3, 9, 1]
     assert [r.priority for r in requests] == [None, 0, 2, None]
     assert [r.prefix_group for r in requests] == [1, None, 1, 2]
@@ -381,94 +288,3 @@ def test_describe_is_json_and_names_what_shaped_each_kind(tmp_path: Path) -> Non
     assert described[WorkloadKind.MULTI_TURN]["turns"] == 6
     assert described[WorkloadKind.TRACE]["trace"].endswith("t.jsonl")
     assert "input_tokens" not in described[WorkloadKind.TRACE]
-
-
-# --- the server tokenizer, against a fake vLLM /tokenize -----------------------------------
-
-
-@pytest.fixture
-def fake_vllm(tok: LocalTokenizer) -> Iterator[str]:
-    """A /tokenize + /detokenize server shaped like vLLM's, on a thread of its own."""
-
-    async def tokenize(request: web.Request) -> web.Response:
-        body = await request.json()
-        assert body["add_special_tokens"] is False and body["model"] == "smollm2"
-        ids = tok.encode(body["prompt"])
-        return web.json_response({"tokens": ids, "count": len(ids), "max_model_len": 8192})
-
-    async def detokenize(request: web.Request) -> web.Response:
-        body = await request.json()
-        return web.json_response({"prompt": tok.decode(body["tokens"])})
-
-    app = web.Application()
-    app.router.add_post("/tokenize", tokenize)
-    app.router.add_post("/detokenize", detokenize)
-    yield from _serve(app)
-
-
-def _serve(app: web.Application) -> Iterator[str]:
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app)
-    loop.run_until_complete(runner.setup())
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    loop.run_until_complete(site.start())
-    port = runner.addresses[0][1]
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        loop.close()
-
-
-def test_server_tokenizer_builds_exact_prompts(tok: LocalTokenizer, fake_vllm: str) -> None:
-    server = ServerTokenizer(fake_vllm + "/v1/", "smollm2")
-    assert server.name == f"{fake_vllm}/tokenize (smollm2)"
-    prompts = PromptMaker(server, seed=1).make_prompts([100] * 30, random.Random(1))
-    assert _counts(tok, prompts) == [100] * 30
-    # Same tokenizer, same seed: the same prompts as with the local copy.
-    assert prompts == PromptMaker(tok, seed=1).make_prompts([100] * 30, random.Random(1))
-
-
-def test_server_tokenizer_works_inside_a_running_event_loop(fake_vllm: str) -> None:
-    async def inside() -> list[int]:
-        return ServerTokenizer(fake_vllm, "smollm2").encode("hello world")
-
-    assert len(asyncio.run(inside())) == 2
-
-
-@pytest.mark.parametrize(
-    ("status", "body"), [(404, "{}"), (500, "{}"), (200, '{"oops": 1}'), (200, "not json")]
-)
-def test_a_target_without_tokenize_points_to_the_tokenizer_flag(status: int, body: str) -> None:
-    for url in _serve(_answering(body, status)):
-        with pytest.raises(ConfigError, match="--url: POST") as caught:
-            ServerTokenizer(url, "m").encode("hi")
-        assert "--tokenizer PATH" in str(caught.value)
-
-
-def _answering(body: str, status: int) -> web.Application:
-    async def handler(request: web.Request) -> web.Response:
-        return web.Response(text=body, status=status, content_type="application/json")
-
-    app = web.Application()
-    app.router.add_post("/tokenize", handler)
-    return app
-
-
-def test_unreachable_target_is_a_config_error() -> None:
-    with pytest.raises(
-        ConfigError, match=re.escape("--url: cannot connect to http://127.0.0.1:9/tokenize")
-    ):
-        ServerTokenizer("http://127.0.0.1:9", "m", timeout_s=5).encode("hi")
-
-
-def test_open_tokenizer_picks_local_when_a_path_is_given(tmp_path: Path) -> None:
-    assert isinstance(open_tokenizer("http://x", "m", None), ServerTokenizer)
-    with pytest.raises(ConfigError, match=r"--tokenizer .*no such folder"):
-        open_tokenizer("http://x", "m", tmp_path / "absent")
-    with pytest.raises(ConfigError, match=r"--tokenizer .*cannot load a tokenizer"):
-        open_tokenizer("http://x", "m", tmp_path)

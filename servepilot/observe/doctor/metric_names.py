@@ -51,45 +51,47 @@ def _page_findings(replica_id: str, page: Scrape | None) -> list[Finding]:
                 fix="upgrade vLLM (0.11 or later) or read the names it exports",
             )
         )
-    family = page.family(EngineMetric.KV_CACHE_USAGE) or ""
-    if family.startswith("ray_"):
-        found.append(
-            Finding(
-                "metric_names",
-                Severity.INFO,
-                "vLLM's metrics come through Ray's exporter as ray_vllm_*",
-                evidence=f"{replica_id}: {family}",
-                fix="query ray_vllm_* (a vllm:* query finds nothing); set "
-                "RAY_EXPORT_COUNTER_AS_GAUGE=0 so counters are not exported "
-                "twice",
-            )
-        )
-    elif family in REMOVED:
-        found.append(
-            Finding(
-                "metric_names",
-                Severity.WARNING,
-                "old vLLM: it exports names that current dashboards no longer read",
-                evidence=f"{replica_id}: {family}",
-                fix="upgrade vLLM to 0.11 or later (vllm:kv_cache_usage_perc, "
-                "vllm:prefix_cache_*), or make dashboards read both names",
-            )
-        )
-    elif family:
-        found.append(
-            Finding(
-                "metric_names",
-                Severity.INFO,
-                "vllm:gpu_cache_usage_perc and gpu_prefix_cache_* are gone: tools "
-                "still reading them show 0",
-                evidence=f"{replica_id}: {family}, no {REMOVED[0]}",
-                fix="point dashboards, alerts and routers at "
-                "vllm:kv_cache_usage_perc and vllm:prefix_cache_*_total; TPOT is "
-                "vllm:request_time_per_output_token_seconds (the old name is "
-                "gone since 0.13)",
-            )
-        )
+    naming = _naming_finding(replica_id, page.family(EngineMetric.KV_CACHE_USAGE) or "")
+    if naming is not None:
+        found.append(naming)
     return found
+
+
+def _naming_finding(replica_id: str, family: str) -> Finding | None:
+    """Which naming the KV cache usage comes in (`family`: "" when it is absent): Ray's
+    exporter's, an old vLLM's, or today's (whose dropped names other tools may still read)."""
+    if family.startswith("ray_"):
+        return Finding(
+            "metric_names",
+            Severity.INFO,
+            "vLLM's metrics come through Ray's exporter as ray_vllm_*",
+            evidence=f"{replica_id}: {family}",
+            fix="query ray_vllm_* (a vllm:* query finds nothing); set "
+            "RAY_EXPORT_COUNTER_AS_GAUGE=0 so counters are not exported "
+            "twice",
+        )
+    if family in REMOVED:
+        return Finding(
+            "metric_names",
+            Severity.WARNING,
+            "old vLLM: it exports names that current dashboards no longer read",
+            evidence=f"{replica_id}: {family}",
+            fix="upgrade vLLM to 0.11 or later (vllm:kv_cache_usage_perc, "
+            "vllm:prefix_cache_*), or make dashboards read both names",
+        )
+    if family:
+        return Finding(
+            "metric_names",
+            Severity.INFO,
+            "vllm:gpu_cache_usage_perc and gpu_prefix_cache_* are gone: tools "
+            "still reading them show 0",
+            evidence=f"{replica_id}: {family}, no {REMOVED[0]}",
+            fix="point dashboards, alerts and routers at "
+            "vllm:kv_cache_usage_perc and vllm:prefix_cache_*_total; TPOT is "
+            "vllm:request_time_per_output_token_seconds (the old name is "
+            "gone since 0.13)",
+        )
+    return None
 
 
 def _once(findings: list[Finding]) -> list[Finding]:
