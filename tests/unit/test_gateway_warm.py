@@ -79,3 +79,34 @@ def test_sleep_drains_waits_for_the_replica_and_a_failure_leaves_it_serving(
 ) -> None:
     sleepy, plain = replicas
     asyncio.run(asyncio.wait_for(_scenario(sleepy.url, plain.url), 30))
+
+
+async def _parking(sleepy_url: str, plain_url: str) -> None:
+    gateway = Gateway(GatewayConfig(port=0))
+    gateway.warm.parks = True
+    await gateway.pool.add("a", sleepy_url)
+    await gateway.pool.add("b", plain_url)
+    try:
+        # `b` has no sleep mode: parked all the same, after its request in flight finished.
+        held = gateway.pool.acquire("b")
+        parking = asyncio.create_task(gateway.warm.sleep("b", 1, drain_timeout_s=10))
+        await asyncio.sleep(0.1)
+        assert gateway.pool.get("b").sleep is SleepState.FALLING_ASLEEP and not parking.done()
+        gateway.pool.release(held)
+        parked = await parking
+        assert (parked.sleep, parked.drained, parked.took_s) == (SleepState.PARKED, True, 0.0)
+        assert _routable(gateway) == ["a"] and gateway.pool.get("b").sleep.held
+        await gateway.pool.check_all()  # parked, still healthy: not down
+        assert gateway.pool.get("b").healthy
+        woken = await gateway.warm.wake("b")
+        assert (woken.sleep, woken.took_s) == (SleepState.AWAKE, 0.0)
+        assert _routable(gateway) == ["a", "b"]
+    finally:
+        await gateway.pool.close()
+
+
+def test_a_pool_without_sleep_mode_parks_and_unparks_at_once(
+    replicas: tuple[ThreadedSim, ThreadedSim],
+) -> None:
+    sleepy, plain = replicas
+    asyncio.run(asyncio.wait_for(_parking(sleepy.url, plain.url), 30))

@@ -7,7 +7,13 @@ from typing import Any
 
 import pytest
 
-from servepilot.core.config import Device, EngineConfig, check_warm_pool, parse_config
+from servepilot.core.config import (
+    Device,
+    EngineConfig,
+    check_warm_pool,
+    parse_config,
+    pool_parks,
+)
 from servepilot.core.errors import ConfigError
 from servepilot.engine.args import ServerSpec, launch_command, server_args, vllm_command
 from servepilot.engine.simserver.args import sim_launch_command, sim_model
@@ -41,12 +47,19 @@ def test_the_configuration_rules_name_the_fields() -> None:
         "replicas.asleep (2) must be below replicas.count (2): at least one replica serves"
     )  # fmt: skip
     assert _problem({"hardware": gpu, "replicas": {"count": 2, "asleep": 1}}) == (
-        "replicas.asleep > 0 needs engine.sleep_mode: true (vLLM's --enable-sleep-mode)"
+        "replicas.asleep > 0 needs engine.sleep_mode: true (vLLM's --enable-sleep-mode); "
+        "only on hardware.device: cpu are replicas parked without it"
     )
     cpu = _problem({"engine": {"sleep_mode": True}})
     assert cpu is not None and cpu.startswith("engine.sleep_mode needs hardware.device: gpu")
+    # A warm pool under the autoscaler (its pool target), asleep on a GPU, parked on CPU.
     scaled = {**ok, "autoscale": {"enabled": True}}
-    assert _problem(scaled) == "replicas.asleep cannot be combined with autoscale.enabled yet"
+    assert _problem(scaled) is None
+    assert not pool_parks(parse_config(scaled, origin="fleet.yaml"))
+    parked = parse_config({"replicas": {"count": 2, "asleep": 1}}, origin="fleet.yaml")
+    assert _problem({"replicas": {"count": 2, "asleep": 1}}) is None and pool_parks(parked)
+    on_ray = {"replicas": {"count": 2, "asleep": 1}, "cluster": {"backend": "ray"}}
+    assert (_problem(on_ray) or "").startswith("replicas.asleep needs cluster.backend: local")
     with pytest.raises(ConfigError, match=r"replicas\.asleep"):
         parse_config({"replicas": {"asleep": -1}}, origin="fleet.yaml")
 
