@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 
 from servepilot.core.errors import EngineError
-from servepilot.fleet.backend import Replica
+from servepilot.fleet.backend import Replica, ReplicaState
 from servepilot.fleet.state import ReplicaRecord
 from servepilot.gateway.pool import ReplicaPool
 from servepilot.gateway.replica import SleepState
@@ -32,7 +32,7 @@ def record_rows(replicas: Sequence[Replica], pool: ReplicaPool) -> tuple[Replica
     asleep = {r.replica_id for r in pool.replicas() if r.sleep.held}
     return tuple(ReplicaRecord(r.replica_id, r.url, r.pid, r.log_path,
                                asleep=r.replica_id in asleep)
-                 for r in replicas if r.url)  # fmt: skip
+                 for r in replicas if r.url and r.state is not ReplicaState.FAILED)  # fmt: skip
 
 
 def asleep_line(done: Transition) -> str:

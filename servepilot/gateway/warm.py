@@ -71,8 +71,8 @@ class WarmPool:
 
     async def sleep(self, replica_id: str, level: int, drain_timeout_s: float) -> Transition:
         """Take the replica out of rotation, let its requests finish, put it to sleep (or
-        park it: `parks`). ReplicaNotFound, SleepConflict, EngineError (it is left as it says it is: back in
-        rotation unless it sleeps after all)."""
+        park it: `parks`). ReplicaNotFound, SleepConflict, EngineError (it is left as it
+        says it is: back in rotation unless it sleeps after all)."""
         replica = self._pool.live(replica_id)
         self._check_can_sleep(replica)
         replica.sleep = SleepState.FALLING_ASLEEP

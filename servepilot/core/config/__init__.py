@@ -75,9 +75,9 @@ __all__ = [
     "VolumeKind",
     "Weights",
     "check_warm_pool",
-    "pool_parks",
     "load_config",
     "parse_bounds",
     "parse_config",
+    "pool_parks",
     "shared_memory_utilization",
 ]

@@ -62,3 +62,41 @@ class AutoscaleCollector:
         )
         unstopped.add_metric([], len(c.unstopped))
         yield unstopped
+        yield from _pool_families(c)
+
+
+def _pool_families(c: AutoscaleController) -> Iterator[Metric]:
+    """The warm pool and the starts: replicas held apart from those serving."""
+    pool = GaugeMetricFamily(
+        "servepilot_autoscale_pool_replicas",
+        "The warm pool at the autoscaler's last decision, apart from the replicas serving: "
+        "held (asleep: weights in host memory, GPU memory freed; or parked: running, all "
+        "memory held) and on the way (a refill's cold start, or one falling asleep).",
+        labels=["state"],
+    )
+    pool.add_metric(["held"], c.last_pool.asleep)
+    pool.add_metric(["on_the_way"], c.last_pool.refilling)
+    yield pool
+    target = GaugeMetricFamily(
+        "servepilot_autoscale_pool_target_replicas",
+        "Replicas the autoscaler keeps in the warm pool (replicas.asleep).",
+    )
+    target.add_metric([], c.pool_target)
+    yield target
+    starts = CounterMetricFamily(
+        "servepilot_autoscale_replica_starts",
+        "How the autoscaler added capacity: woken from the warm pool, or launched cold (to "
+        "serve or to refill the pool); and launches that failed to start.",
+        labels=["how"],
+    )
+    starts.add_metric(["wake"], c.wakes)
+    starts.add_metric(["cold"], c.cold_starts)
+    starts.add_metric(["failed"], c.starts.failed)
+    yield starts
+    held = GaugeMetricFamily(
+        "servepilot_autoscale_cold_starts_held",
+        "1 when cold starts are held: a replica failed to start, and so did its replacement "
+        "(see `status` and the replicas' logs); wakes from the warm pool go on.",
+    )
+    held.add_metric([], 1 if c.starts.held else 0)
+    yield held
