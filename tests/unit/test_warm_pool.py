@@ -111,3 +111,19 @@ def test_only_an_awake_healthy_replica_serves_and_status_says_asleep() -> None:
     assert control.replica_cells(row)[2] == "asleep"
     assert control.replica_cells(_info(SleepState.AWAKE).to_json())[2] == "yes"
     assert control.replica_cells({"id": "r0", "healthy": False})[2] == "NO"  # an older gateway
+
+
+def test_status_counts_the_pool_apart_and_says_what_it_holds() -> None:
+    assert asleep_line(Transition("r1", SleepState.PARKED, 0.0)) == (
+        "replica r1 parked (warm pool: `servepilot wake r1` puts it in rotation)"
+    )
+    parked = _info(SleepState.PARKED).to_json()
+    assert control.replica_cells(parked)[2] == "parked"
+    rows = (_info(SleepState.AWAKE).to_json(), parked, _info(SleepState.ASLEEP).to_json(),
+            _info(SleepState.AWAKE, healthy=False).to_json())  # fmt: skip
+    assert control.pool_line(rows) == (
+        "\nreplicas: 1 serving; warm pool: 1 asleep (weights in host memory, GPU memory freed; "
+        "wakes in about a second); 1 parked (loaded and running, all its memory held; back in "
+        "rotation at once)"
+    )
+    assert control.pool_line(rows[:1]) == ""
