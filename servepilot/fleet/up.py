@@ -345,7 +345,8 @@ async def _serve(
         if config.autoscale.enabled:
             cold_start_s = max(i.startup_s for i in infos)
             autoscaler = start_autoscaler(config, served.gateway, backend, cold_start_s,
-                                          record.on_decision(report.step))  # fmt: skip
+                                          record.on_decision(report.step),
+                                          config.replicas.asleep)  # fmt: skip
         await (launch.supervise or _until_stopped)(served, stop)
     finally:
         if autoscaler is not None:

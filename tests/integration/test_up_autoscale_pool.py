@@ -3,7 +3,8 @@ where there is no sleep mode): a load ramp sent with the official `openai` clien
 r1 (no cold start on the ramp's path), the pool is refilled behind it (r2 starts cold and is
 parked once it serves), the load ends and the fleet goes back down to one replica serving
 with one in the pool, without a failed request. Simulated replicas run in every suite; the
-vLLM-CPU variant is marked `vllm`."""
+vLLM-CPU variant is marked `vllm`, the one on a local Ray cluster (simulated replicas as
+actors, the pool parked through their URLs) `ray` and `slow`."""
 
 from __future__ import annotations
 
@@ -87,15 +88,26 @@ class Ramp:
         self._pool.shutdown()
 
 
-@pytest.fixture(params=["sim", pytest.param("vllm", marks=pytest.mark.vllm)])
+ON_RAY = pytest.param("ray", marks=[
+    pytest.mark.ray, pytest.mark.slow(reason="a minute on its own Ray cluster; the same "
+                                      "controller and gateway run in the sim variant"),
+])  # fmt: skip
+
+
+@pytest.fixture(params=["sim", pytest.param("vllm", marks=pytest.mark.vllm), ON_RAY])
 def pooled_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RunningFleet]:
-    fleet_yaml = tmp_path / "fleet.yaml"
-    fleet_yaml.write_text(yaml.safe_dump({
-        "engine": ENGINES[request.param],
+    doc: dict[str, Any] = {
+        "engine": ENGINES["vllm" if request.param == "vllm" else "sim"],
         "replicas": {"asleep": 1},
         "gateway": {"health_interval_s": 0.5},
         "autoscale": RULES,
-    }))  # fmt: skip
+    }
+    if request.param == "ray":
+        cluster = request.getfixturevalue("cluster")
+        doc["cluster"] = {"backend": "ray", "address": cluster.address, "placement_timeout_s": 30}
+        doc["model"] = {"source": "llama-3.1-8b"}  # as test_ray_autoscale.py: a preset's config
+    fleet_yaml = tmp_path / "fleet.yaml"
+    fleet_yaml.write_text(yaml.safe_dump(doc))
     extra = ["-c", str(fleet_yaml), "--autoscale", "1:2"]
     with running_fleet(tmp_path / "state", 2, extra) as fleet:
         yield fleet

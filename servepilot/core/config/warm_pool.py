@@ -9,7 +9,6 @@ of rotation, back at once, holding all its memory."""
 
 from __future__ import annotations
 
-from servepilot.core.config.cluster import ClusterBackend
 from servepilot.core.config.engine import EngineKind
 from servepilot.core.config.fleet import FleetConfig
 from servepilot.core.config.hardware import Device
@@ -47,10 +46,5 @@ def _warm_pool_problem(config: FleetConfig) -> str | None:
         return (
             "engine.sleep_mode needs hardware.device: gpu (vLLM's sleep mode is CUDA-only); "
             "engine.kind: sim models it on CPU; without it, replicas.asleep parks replicas"
-        )
-    if asleep > 0 and config.cluster.backend is not ClusterBackend.LOCAL:
-        return (
-            "replicas.asleep needs cluster.backend: local (Ray and Kubernetes replicas are not "
-            "put to sleep or parked yet)"
         )
     return None

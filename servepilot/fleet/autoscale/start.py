@@ -46,8 +46,10 @@ def start_autoscaler(
     backend: ReplicaBackend,
     cold_start_s: float,
     on_decision: Callable[[Decision], None] | None = None,
+    pool_target: int = 0,
 ) -> AutoscaleController:
-    """The running controller (stop it with `await controller.stop()` before the gateway)."""
+    """The running controller (stop it with `await controller.stop()` before the gateway);
+    `pool_target`: its warm pool (`up`'s replicas.asleep; none in a cluster)."""
     scaling = config.autoscale
     controller = AutoscaleController(
         AutoscaleSetup.from_section(config.autoscale, cold_start_s).build(),
@@ -58,7 +60,7 @@ def start_autoscaler(
         # The local and Ray backends give up at the startup budget themselves; this catches
         # what they cannot see (a Kubernetes pod that never gets scheduled).
         startup_timeout_s=config.engine.startup_timeout_s + 2 * scaling.interval_s,
-        pool_target=config.replicas.asleep,
+        pool_target=pool_target,
         on_decision=on_decision,
     )
     gateway.metrics.registry.register(AutoscaleCollector(controller))
