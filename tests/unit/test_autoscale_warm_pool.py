@@ -149,3 +149,25 @@ def test_a_start_that_gets_ready_clears_the_failures_in_a_row() -> None:
 
     asyncio.run(run())
     assert backend.journal == ["add r1", "remove r1", "add r2", "add r3"]
+
+
+def test_a_pool_above_its_target_is_stopped_and_without_one_sleepers_are_left_alone() -> None:
+    controller, fleet, backend, _ = rig(Scripted(1), {"r0": 0}, pool_target=1)
+    fleet.held = ["p1", "p2"]
+    decision = asyncio.run(controller.tick())
+    assert decision.pool == "2 of 1 held; drop asleep 1"
+    assert backend.journal == ["remove p2"]
+
+    # No pool (K 0): replicas put to sleep by hand stay asleep, and are woken first.
+    controller, fleet, backend, _ = rig(Scripted(1), {"r0": 0})
+    fleet.held = ["p1"]
+    assert asyncio.run(controller.tick()).direction == "hold"
+    assert backend.journal == []
+    controller.policy = Scripted(2)
+
+    async def grow() -> None:
+        await controller.tick()
+        await controller.removals_done()
+
+    asyncio.run(grow())
+    assert backend.journal == ["wake p1"]
