@@ -51,7 +51,10 @@ when a node is lost; the gateway runs here and follows them (docs/ray.md, "Scali
 `--autoscale MIN:MAX` (fleet.yaml's `autoscale` section) adds replicas when they are busy and
 removes idle ones, draining each first, by the `--scaling-policy` (docs/autoscale.md, "Autoscaling
 policies"); every decision goes to the gateway's log and /metrics, the changes to this output.
-On Ray an added replica is one more actor, in a placement group of its own.
+On Ray an added replica is one more actor, in a placement group of its own. With
+fleet.yaml's `replicas.asleep: K` it keeps a warm pool of K replicas behind those serving:
+woken before any cold start, refilled behind; asleep with engine.sleep_mode (GPU), *parked* on
+CPU (loaded, running, out of rotation; docs/autoscale.md, "A warm pool under the autoscaler").
 """
 
 

@@ -18,6 +18,10 @@ engine.sleep_mode: true): the gateway stops routing to it, lets its requests in 
 (a wake takes about a second on a GPU), level 2 drops them. Prints the seconds the replica
 took. The last replica serving is never put to sleep.
 
+On a fleet with replicas.asleep whose engine has no sleep mode (vLLM on hardware.device:
+cpu), the replica is parked instead: out of rotation, still loaded and running (it frees
+nothing), back in rotation at once on `wake`.
+
 example: servepilot sleep r1 --port 8080 --level 2
 """
 
@@ -51,7 +55,8 @@ def run_sleep(args: argparse.Namespace) -> int:
     query = f"level={args.level}&timeout_s={args.timeout:g}"
     answer = _call(args, "sleep", query)
     drained = "" if answer.drained else "; requests still in flight were aborted"
-    out_console.print(f"replica {answer.replica_id} asleep in {answer.took_s:.2f} s{drained}")
+    state = "parked" if answer.sleep == "parked" else f"asleep in {answer.took_s:.2f} s"
+    out_console.print(f"replica {answer.replica_id} {state}{drained}")
     return 0
 
 

@@ -67,8 +67,25 @@ def status_line(status: FleetStatus) -> str:
         state = "serving"
     return (
         f"fleet on port {rec.port}: {state}, endpoint {rec.gateway_url}/v1, pid {rec.pid}\n"
-        f"logs: {rec.run_dir}" + _autoscale_line(rec)
+        f"logs: {rec.run_dir}" + _autoscale_line(rec) + pool_line(status.replicas)
     )
+
+
+_HOLDS = {
+    "asleep": "weights in host memory, GPU memory freed; wakes in about a second",
+    "parked": "loaded and running, all its memory held; back in rotation at once",
+}
+
+
+def pool_line(replicas: tuple[dict[str, Any], ...]) -> str:
+    """The warm pool counted apart from the replicas serving ('' without one)."""
+    states = [str(r.get("sleep", "awake")) for r in replicas]
+    held = {state: states.count(state) for state in _HOLDS if state in states}
+    if not held:
+        return ""
+    serving = sum(1 for r in replicas if r.get("sleep", "awake") == "awake" and r.get("healthy"))
+    pool = "; ".join(f"{n} {state} ({_HOLDS[state]})" for state, n in held.items())
+    return f"\nreplicas: {serving} serving; warm pool: {pool}"
 
 
 def _autoscale_line(rec: FleetRecord) -> str:

@@ -270,8 +270,8 @@ class LocalBackend:
     """`cluster.backend: local` as a `ReplicaBackend`: replicas are child processes of this
     one (`LocalReplicas`). Its watch says `Joined` once a replica is ready and `Lost` once its
     process exits (looked for every `poll_s`); a replica added later (the autoscaler's) joins
-    the same way, and one that fails to start is logged and stopped (the controller sees one
-    fewer and decides again)."""
+    the same way, and one that fails to start is logged, stopped and listed as failed until
+    `stop` forgets it (the controller counts it, and replaces it once)."""
 
     def __init__(
         self,
@@ -286,6 +286,7 @@ class LocalBackend:
         self._launched = False
         self._ready: dict[str, ReplicaInfo] = {}
         self._exited: dict[str, int] = {}
+        self._failed: dict[str, Replica] = {}
         self._waits = StartWaits()
         self._watchers: list[asyncio.Queue[ReplicaEvent]] = []
 
@@ -317,6 +318,7 @@ class LocalBackend:
             log.warning("autoscale: replica %s did not start: %s", rid, exc)
             self._waits.discard(rid)
             await self.replicas.stop_one(rid)
+            self._failed[rid] = Replica(rid, proc.url, ReplicaState.FAILED, 0, str(proc.log_path))
             return
         self._waits.discard(rid)
         self._became_ready(info)
@@ -337,6 +339,7 @@ class LocalBackend:
         return Joined(info.replica_id, info.url, self._capacity(info), info.kv_events)
 
     async def stop(self, replica_id: str) -> None:
+        self._failed.pop(replica_id, None)
         await self._waits.cancel(replica_id)
         was_ready = self._ready.pop(replica_id, None) is not None
         await self.replicas.stop_one(replica_id)
@@ -355,7 +358,7 @@ class LocalBackend:
         return tuple(
             Replica(p.replica_id, p.url, self._state(p.replica_id), p.pid or 0, str(p.log_path))
             for p in self.replicas.processes
-        )
+        ) + tuple(self._failed.values())
 
     def _state(self, replica_id: str) -> ReplicaState:
         if replica_id in self._exited:

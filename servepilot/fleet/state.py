@@ -35,7 +35,8 @@ class ReplicaRecord:
     log_path: str
     ready: bool = True
     asleep: bool = False
-    """Held asleep by the gateway (replicas.asleep, `servepilot sleep`): not routed to."""
+    """Held in the warm pool by the gateway, asleep or parked (replicas.asleep, `servepilot
+    sleep`): not routed to."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ serve lifecycle, the same for both.
 
 Order of start: the backend prepared (the model resolved, or the Ray cluster joined) -> fleet
 record (`starting`) -> replicas launched -> replicas ready -> gateway, its membership fed from
-the backend's watch -> warm pool's sleepers -> fleet record (`serving`) -> with
+the backend's watch -> warm pool's sleepers (or parked replicas) -> fleet record (`serving`) -> with
 `autoscale.enabled`, the autoscaler (its replicas join through the same watch).
 Order of stop, the reverse: autoscaler -> record -> membership feed -> gateway (drain
 in-flight work) -> replicas. Stopped while starting: the replicas are stopped, then the record
@@ -33,6 +33,7 @@ from servepilot.core.config import (
     GatewayConfig,
     Weights,
     check_warm_pool,
+    pool_parks,
 )
 from servepilot.core.errors import FleetError
 from servepilot.core.loop import cancel_and_wait
@@ -330,7 +331,8 @@ async def _serve(
         if served.port != config.gateway.port:  # port 0: the OS picked one
             remove_record(config.gateway.port)
         pool = served.gateway.pool
-        if backend.sleep_mode:
+        served.gateway.warm.parks = pool_parks(config)
+        if backend.sleep_mode or served.gateway.warm.parks:
             sleepers = replicas_to_sleep([i.replica_id for i in infos], config.replicas.asleep)
             await put_to_sleep(served.gateway.warm, sleepers, report.step, report.warn)
         # Announced first, then recorded: a script (or test) that waits for the record's
@@ -343,7 +345,8 @@ async def _serve(
         if config.autoscale.enabled:
             cold_start_s = max(i.startup_s for i in infos)
             autoscaler = start_autoscaler(config, served.gateway, backend, cold_start_s,
-                                          record.on_decision(report.step))  # fmt: skip
+                                          record.on_decision(report.step),
+                                          config.replicas.asleep)  # fmt: skip
         await (launch.supervise or _until_stopped)(served, stop)
     finally:
         if autoscaler is not None:

@@ -1,5 +1,7 @@
 """`up`'s warm pool: once every replica is ready, `replicas.asleep` of them go to sleep (vLLM's
-sleep mode), held in host memory until `servepilot wake` brings one into rotation."""
+sleep mode), held in host memory until `servepilot wake` (or the autoscaler) brings one into
+rotation; where the engine has no sleep mode (vLLM on CPU) they are parked instead: loaded,
+running, out of rotation."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 
 from servepilot.core.errors import EngineError
-from servepilot.fleet.backend import Replica
+from servepilot.fleet.backend import Replica, ReplicaState
 from servepilot.fleet.state import ReplicaRecord
 from servepilot.gateway.pool import ReplicaPool
 from servepilot.gateway.replica import SleepState
@@ -27,18 +29,16 @@ def replicas_to_sleep(replica_ids: Sequence[str], asleep: int) -> tuple[str, ...
 def record_rows(replicas: Sequence[Replica], pool: ReplicaPool) -> tuple[ReplicaRecord, ...]:
     """The fleet record's replicas (those whose server's URL is known: a Ray replica not yet
     placed has none), those the gateway holds asleep marked so."""
-    asleep = {r.replica_id for r in pool.replicas() if r.sleep is SleepState.ASLEEP}
+    asleep = {r.replica_id for r in pool.replicas() if r.sleep.held}
     return tuple(ReplicaRecord(r.replica_id, r.url, r.pid, r.log_path,
                                asleep=r.replica_id in asleep)
-                 for r in replicas if r.url)  # fmt: skip
+                 for r in replicas if r.url and r.state is not ReplicaState.FAILED)  # fmt: skip
 
 
 def asleep_line(done: Transition) -> str:
     rid = done.replica_id
-    return (
-        f"replica {rid} asleep in {done.took_s:.1f} s (warm pool: `servepilot wake {rid}` "
-        "puts it in rotation)"
-    )
+    how = "parked" if done.sleep is SleepState.PARKED else f"asleep in {done.took_s:.1f} s"
+    return f"replica {rid} {how} (warm pool: `servepilot wake {rid}` puts it in rotation)"
 
 
 async def put_to_sleep(

@@ -87,12 +87,18 @@ def batch_families(facts: FleetFacts, replicas: Sequence[ReplicaInfo]) -> Iterat
         yield fleet
 
 
-def asleep_family(replicas: Sequence[ReplicaInfo]) -> Metric:
-    """The warm pool: replicas held asleep (not routed to, not counted as ready)."""
+def pool_families(replicas: Sequence[ReplicaInfo]) -> Iterator[Metric]:
+    """The warm pool: replicas held asleep or parked (not routed to, not counted as ready)."""
     asleep = gauge("replicas_asleep", "Replicas held asleep (vLLM's sleep mode): a warm pool "
-                   "that wakes in about a second, not routed to.")  # fmt: skip
+                   "that wakes in about a second, not routed to; each holds its weights in "
+                   "host memory, its GPU memory freed.")  # fmt: skip
     asleep.add_metric([], float(sum(1 for r in replicas if r.sleep is SleepState.ASLEEP)))
-    return asleep
+    yield asleep
+    parked = gauge("replicas_parked", "Replicas parked (no sleep mode: vLLM on CPU): loaded "
+                   "and running, not routed to; back in rotation at once; each holds all "
+                   "its memory.")  # fmt: skip
+    parked.add_metric([], float(sum(1 for r in replicas if r.sleep is SleepState.PARKED)))
+    yield parked
 
 
 def cost_families(
@@ -106,6 +112,14 @@ def cost_families(
     )
     hourly.add_metric([], usd_per_hour)
     yield hourly
+    pool = gauge(
+        "warm_pool_cost_usd_per_hour",
+        "The part of fleet_cost_usd_per_hour held by the warm pool (replicas asleep or "
+        "parked, serving nothing): a sleeping replica frees its GPU memory but keeps its GPU "
+        "(billed all the same unless something else uses it) and its weights in host memory.",
+    )
+    pool.add_metric([], facts.replica_usd_per_hour * sum(1 for r in replicas if r.sleep.held))
+    yield pool
     if qps is None:
         return
     sustained = gauge("sustained_qps", "Inference requests answered per second, last 5 min.")

@@ -17,9 +17,9 @@ from servepilot.gateway.fleet_gauges import (
     FleetFacts,
     QpsWindow,
     answered,
-    asleep_family,
     batch_families,
     cost_families,
+    pool_families,
 )
 from servepilot.gateway.gpu_gauges import GpuGauges, gpu_families
 from servepilot.gateway.replica import ReplicaInfo
@@ -270,7 +270,7 @@ def _replica_state(m: GatewayMetrics) -> Iterator[Metric]:
         for family, value in zip(families.values(), values, strict=True):
             family.add_metric([info.replica_id], float(value))
     yield from families.values()
-    yield asleep_family(m._pool.replicas())
+    yield from pool_families(m._pool.replicas())
 
 
 def _dispatch_state(m: GatewayMetrics) -> Iterator[Metric]:

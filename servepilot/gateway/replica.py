@@ -16,15 +16,25 @@ from servepilot.gateway.upstream import HostPool
 
 
 class SleepState(enum.StrEnum):
-    """Whether a replica serves or is held asleep (vLLM's sleep mode): only an awake one is
-    routed to; the others are on their way, or a warm pool that wakes in about a second."""
+    """Whether a replica serves or is held in the warm pool: only an awake one is routed to;
+    the others are on their way, or a pool that wakes in about a second (asleep) or at once
+    (parked)."""
 
     AWAKE = "awake"
     FALLING_ASLEEP = "falling asleep"
-    """Taken out of rotation: its requests finish, then it is told to sleep."""
+    """Taken out of rotation: its requests finish, then it is told to sleep (or parked)."""
     ASLEEP = "asleep"
+    """vLLM's sleep mode: its weights in host memory, its GPU memory freed."""
+    PARKED = "parked"
+    """Running and loaded, not routed to (where the engine has no sleep mode: vLLM on CPU);
+    it holds all its memory, and is back in rotation at once."""
     WAKING = "waking"
     """Told to wake; back in rotation once it says it is awake."""
+
+    @property
+    def held(self) -> bool:
+        """In the warm pool, ready to be woken."""
+        return self in (SleepState.ASLEEP, SleepState.PARKED)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,10 @@ Sleep: the replica leaves rotation first (falling asleep), its requests in fligh
 once GET /is_sleeping says so. Wake: POST /wake_up; it is back in rotation once GET
 /is_sleeping says it is awake. Each state changes only on the replica's word, so a request is
 never sent to a replica that sleeps; a failure puts it back where it was and says why.
+
+Parking, where the engine has no sleep mode (vLLM on CPU): the same drain, then the replica
+is only kept out of rotation (`parked`), still loaded and running; waking it puts it back at
+once. `up` turns it on (`WarmPool.parks`) for a pool whose replicas cannot sleep.
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ class WarmPool:
     def __init__(self, pool: ReplicaPool) -> None:
         self._pool = pool
         self._listeners: list[Callable[[ReplicaInfo], None]] = []
+        self.parks = False
+        """Park instead of sleeping: the replicas have no sleep mode (vLLM on CPU)."""
 
     def on_change(self, listener: Callable[[ReplicaInfo], None]) -> None:
         """Call `listener(the replica's new state)` after each change (`up` rewrites the
@@ -64,14 +70,16 @@ class WarmPool:
         self._listeners.append(listener)
 
     async def sleep(self, replica_id: str, level: int, drain_timeout_s: float) -> Transition:
-        """Take the replica out of rotation, let its requests finish, put it to sleep.
-        ReplicaNotFound, SleepConflict, EngineError (it is left as it says it is: back in
-        rotation unless it sleeps after all)."""
+        """Take the replica out of rotation, let its requests finish, put it to sleep (or
+        park it: `parks`). ReplicaNotFound, SleepConflict, EngineError (it is left as it
+        says it is: back in rotation unless it sleeps after all)."""
         replica = self._pool.live(replica_id)
         self._check_can_sleep(replica)
         replica.sleep = SleepState.FALLING_ASLEEP
         try:
             drained = await wait_until(lambda: replica.in_flight == 0, drain_timeout_s)
+            if self.parks:
+                return self._changed(replica, SleepState.PARKED, 0.0, drained)
             took_s = await self._call(replica, f"/sleep?level={level}", sleeping=True)
         except EngineError:
             await self._settle(replica, SleepState.AWAKE)
@@ -85,6 +93,8 @@ class WarmPool:
         """Wake the replica; in rotation once it says it is awake. ReplicaNotFound,
         SleepConflict, EngineError (it stays asleep then, unless it says it is awake)."""
         replica = self._pool.live(replica_id)
+        if replica.sleep is SleepState.PARKED:
+            return self._changed(replica, SleepState.AWAKE, 0.0, True)
         if replica.sleep is not SleepState.ASLEEP:
             raise SleepConflict(f"replica {replica_id} is {replica.sleep.value}, not asleep")
         replica.sleep = SleepState.WAKING

@@ -1,14 +1,15 @@
 """The autoscaler controller's seams, faked for its tests: an injected clock, a gateway view with
-ready replicas and a journal, a backend that starts and stops replicas by name, a policy
-that answers what the test says, and `rig` to put them together."""
+ready replicas, a warm pool and a journal, a backend that starts and stops replicas by name, a
+policy that answers what the test says, and `rig` to put them together."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 
 from servepilot.engine.process import ReplicaInfo
 from servepilot.fleet.autoscale.controller import AutoscaleController
+from servepilot.fleet.autoscale.view import PoolView
 from servepilot.fleet.backend import Replica, ReplicaEvent, ReplicaState
 from servepilot.scaling.snapshot import (
     AutoscalePolicy,
@@ -28,21 +29,55 @@ class Clock:
 
 
 class FakeFleet:
-    """The gateway: ready replicas with an in-flight count each (budget 4), and a journal."""
+    """The gateway: ready replicas with an in-flight count each (budget 4), replicas held in
+    its warm pool, and a journal. A sleep or wake is instant (parking), or waits for
+    `wake_gate` while the replica says it is waking."""
 
     def __init__(self, backend: FakeBackend, in_flight: dict[str, int]) -> None:
         self.backend = backend
         self.in_flight = dict(in_flight)
+        self.held: list[str] = []
+        self.waking: set[str] = set()
         self.journal = backend.journal
         self.drain_gate: asyncio.Event | None = None
+        self.wake_gate: asyncio.Event | None = None
 
     def count_arrivals(self, now_s: float) -> None:
         self.journal.append("count arrivals")
 
-    def snapshot(self, now_s: float) -> FleetSnapshot:
-        ready = [ReplicaSample(r, True, n, n, 0, 0.0, 1.0, 4) for r, n in self.in_flight.items()]
-        starting = [ReplicaSample(r, False, 0, 0, 0, 0.0, 0.0, 4) for r in self.backend.pending]
-        return FleetSnapshot(now_s, tuple(ready + starting))
+    def snapshot(
+        self, now_s: float, starting: Collection[str], leave_out: Collection[str] = ()
+    ) -> FleetSnapshot:
+        ready = [ReplicaSample(r, True, n, n, 0, 0.0, 1.0, 4) for r, n in self.in_flight.items()
+                 if r not in leave_out]  # fmt: skip
+        on_way = [*sorted(self.waking), *starting]
+        starting_ = [ReplicaSample(r, False, 0, 0, 0, 0.0, 0.0, 4) for r in on_way]
+        return FleetSnapshot(now_s, tuple(ready + starting_))
+
+    def pool(self) -> PoolView:
+        return PoolView(tuple(self.held), frozenset(), frozenset(self.waking),
+                        frozenset(self.in_flight))  # fmt: skip
+
+    async def sleep(self, replica_id: str, drain_timeout_s: float) -> None:
+        self.journal.append(f"sleep {replica_id}")
+        del self.in_flight[replica_id]
+        self.held.append(replica_id)
+
+    async def wake(self, replica_id: str) -> float:
+        self.journal.append(f"wake {replica_id}")
+        self.held.remove(replica_id)
+        self.waking.add(replica_id)
+        if self.wake_gate is not None:
+            await self.wake_gate.wait()
+        self.waking.discard(replica_id)
+        self.in_flight[replica_id] = 0
+        return 0.0
+
+    def joined(self, replica_id: str) -> None:
+        """A replica the backend started now serves."""
+        self.backend.pending.remove(replica_id)
+        self.backend.ready.add(replica_id)
+        self.in_flight[replica_id] = 0
 
     async def drain(self, replica_id: str, timeout_s: float) -> bool:
         self.journal.append(f"drain {replica_id} within {timeout_s:g} s")
@@ -66,6 +101,8 @@ class FakeBackend:
         self.next_id = 1
         self.fail_adds = 0
         self.first: frozenset[str] = frozenset()
+        self.ready: set[str] = set()
+        self.failed: list[str] = []
 
     @property
     def sleep_mode(self) -> bool:
@@ -73,9 +110,15 @@ class FakeBackend:
 
     def list(self) -> tuple[Replica, ...]:
         starting = tuple(Replica(r, "", ReplicaState.STARTING) for r in self.pending)
-        first = tuple(Replica(r, "http://x", ReplicaState.READY, remove_first=True)
-                      for r in sorted(self.first))  # fmt: skip
-        return starting + first
+        first = tuple(Replica(r, "http://x", ReplicaState.READY, remove_first=r in self.first)
+                      for r in sorted(self.first | self.ready))  # fmt: skip
+        failed = tuple(Replica(r, "", ReplicaState.FAILED) for r in self.failed)
+        return starting + first + failed
+
+    def fail(self, replica_id: str) -> None:
+        """A replica still starting did not start."""
+        self.pending.remove(replica_id)
+        self.failed.append(replica_id)
 
     async def start(self, count: int = 1) -> tuple[str, ...]:
         if self.fail_adds:
@@ -91,8 +134,10 @@ class FakeBackend:
         return []
 
     async def stop(self, replica_id: str) -> None:
-        if replica_id in self.pending:
-            self.pending.remove(replica_id)
+        for kept in (self.pending, self.failed):
+            if replica_id in kept:
+                kept.remove(replica_id)
+        self.ready.discard(replica_id)
         self.journal.append(f"remove {replica_id}")
 
     async def stop_all(self) -> None:
@@ -119,7 +164,7 @@ class Scripted:
 
 
 def rig(
-    policy: AutoscalePolicy, in_flight: dict[str, int]
+    policy: AutoscalePolicy, in_flight: dict[str, int], pool_target: int = 0
 ) -> tuple[AutoscaleController, FakeFleet, FakeBackend, Clock]:
     backend = FakeBackend()
     fleet = FakeFleet(backend, in_flight)
@@ -131,6 +176,7 @@ def rig(
         interval_s=5.0,
         drain_timeout_s=7.0,
         startup_timeout_s=60.0,
+        pool_target=pool_target,
         clock=clock,
     )
     return controller, fleet, backend, clock

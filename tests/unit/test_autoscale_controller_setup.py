@@ -24,10 +24,11 @@ from servepilot.fleet import control
 from servepilot.fleet.autoscale.controller import Decision
 from servepilot.fleet.autoscale.metrics import AutoscaleCollector
 from servepilot.fleet.autoscale.start import check_autoscale, initial_replicas
-from servepilot.fleet.autoscale.view import GatewayView, fleet_snapshot
+from servepilot.fleet.autoscale.view import GatewayView, fleet_snapshot, pool_view
 from servepilot.fleet.local import LocalReplicas
 from servepilot.fleet.state import AutoscaleRecord, FleetRecord, read_records, write_record
 from servepilot.gateway import ReplicaInfo
+from servepilot.gateway.replica import SleepState
 from servepilot.scaling.policies import AutoscaleSetup
 from servepilot.scaling.predictive import PredictivePolicy
 from servepilot.scaling.snapshot import ScaleReason
@@ -111,9 +112,26 @@ def test_the_policy_gets_the_sections_timings_and_the_measured_cold_start() -> N
     assert built.sizing.horizon_s == 45.0  # 40 s measured cold start + a 5 s tick
 
 
-def _info(rid: str, *, draining: bool = False, scraped_at_s: float | None = 95.0) -> ReplicaInfo:
+def _info(rid: str, *, draining: bool = False, scraped_at_s: float | None = 95.0,
+          sleep: SleepState = SleepState.AWAKE) -> ReplicaInfo:  # fmt: skip
     return ReplicaInfo(rid, f"http://h/{rid}", True, draining, 3, 0, 2, 1, 0.4, ("m",), 8, None,
-                       scraped_at_s)  # fmt: skip
+                       scraped_at_s, sleep)  # fmt: skip
+
+
+def test_the_warm_pool_is_no_capacity_and_a_waking_replica_is_capacity_on_its_way() -> None:
+    infos = [_info("r0"), _info("r1", sleep=SleepState.ASLEEP),
+             _info("r2", sleep=SleepState.PARKED), _info("r3", sleep=SleepState.WAKING),
+             _info("r4", sleep=SleepState.FALLING_ASLEEP), _info("r5")]  # fmt: skip
+    # r5 is a refill that joined (left out until it sleeps); r6 a refill still starting.
+    snap = fleet_snapshot(infos, ("r6", "r7"), (0, 0, 0), (), 100.0, 256, {"r5", "r6"})
+    assert [(r.replica_id, r.ready) for r in snap.replicas] == [
+        ("r0", True), ("r3", False), ("r7", False),
+    ]  # fmt: skip
+    assert snap.replicas[1].budget == 8  # a waking replica keeps its own budget
+    pool = pool_view(infos)
+    assert pool.held == ("r1", "r2")
+    assert (pool.waking, pool.falling_asleep) == ({"r3"}, {"r4"})
+    assert pool.serving == {"r0", "r5"}
 
 
 def test_the_snapshot_counts_draining_apart_and_starting_once() -> None:
@@ -169,7 +187,7 @@ def test_the_gateway_view_reads_the_live_gateway_and_counts_its_arrivals() -> No
         upstream.metrics_text = VLLM_METRICS
         await upstream.start()
         async with gateway_in_front_of([upstream]) as (gw, url), aiohttp.ClientSession() as client:
-            view = GatewayView(gw, lambda: ("r9",))
+            view = GatewayView(gw)
             for _ in range(3):
                 async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
                     assert resp.status == 200
@@ -181,7 +199,7 @@ def test_the_gateway_view_reads_the_live_gateway_and_counts_its_arrivals() -> No
             async with client.post(f"{url}/v1/completions", json=completion) as resp:
                 assert resp.status == 200
             view.count_arrivals(t0_s + 1)
-            snap = view.snapshot(t0_s + 2)
+            snap = view.snapshot(t0_s + 2, ("r9",))
         assert snap.arrivals_per_s[-2:] == (3.0, 1.0)
         a, starting = snap.replicas
         assert (a.replica_id, a.ready, a.running, a.waiting, a.kv_usage) == ("a", True, 5, 4, 0.5)

@@ -5,7 +5,8 @@ that cannot sleep is left serving with the reason."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -30,13 +31,22 @@ def _routable(gateway: Gateway) -> list[str]:
     return sorted(v.replica_id for v in gateway.pool.snapshot())
 
 
-async def _scenario(sleepy_url: str, plain_url: str) -> None:
+@contextlib.asynccontextmanager
+async def _gateway(sleepy_url: str, plain_url: str) -> AsyncIterator[Gateway]:
+    """A gateway in front of `a` (with sleep mode) and `b` (without)."""
     gateway = Gateway(GatewayConfig(port=0))
-    heard: list[ReplicaInfo] = []
-    gateway.warm.on_change(heard.append)
     await gateway.pool.add("a", sleepy_url)
     await gateway.pool.add("b", plain_url)
     try:
+        yield gateway
+    finally:
+        await gateway.pool.close()
+
+
+async def _scenario(sleepy_url: str, plain_url: str) -> None:
+    heard: list[ReplicaInfo] = []
+    async with _gateway(sleepy_url, plain_url) as gateway:
+        gateway.warm.on_change(heard.append)
         # A request in flight on `a`: the sleep takes it out of rotation at once, then waits.
         held = gateway.pool.acquire("a")
         sleeping = asyncio.create_task(gateway.warm.sleep("a", 1, drain_timeout_s=10))
@@ -70,8 +80,6 @@ async def _scenario(sleepy_url: str, plain_url: str) -> None:
             ("a", SleepState.AWAKE),
             ("b", SleepState.AWAKE),
         ]
-    finally:
-        await gateway.pool.close()
 
 
 def test_sleep_drains_waits_for_the_replica_and_a_failure_leaves_it_serving(
@@ -79,3 +87,29 @@ def test_sleep_drains_waits_for_the_replica_and_a_failure_leaves_it_serving(
 ) -> None:
     sleepy, plain = replicas
     asyncio.run(asyncio.wait_for(_scenario(sleepy.url, plain.url), 30))
+
+
+async def _parking(sleepy_url: str, plain_url: str) -> None:
+    async with _gateway(sleepy_url, plain_url) as gateway:
+        gateway.warm.parks = True
+        # `b` has no sleep mode: parked all the same, after its request in flight finished.
+        held = gateway.pool.acquire("b")
+        parking = asyncio.create_task(gateway.warm.sleep("b", 1, drain_timeout_s=10))
+        await asyncio.sleep(0.1)
+        assert gateway.pool.get("b").sleep is SleepState.FALLING_ASLEEP and not parking.done()
+        gateway.pool.release(held)
+        parked = await parking
+        assert (parked.sleep, parked.drained, parked.took_s) == (SleepState.PARKED, True, 0.0)
+        assert _routable(gateway) == ["a"] and gateway.pool.get("b").sleep.held
+        await gateway.pool.check_all()  # parked, still healthy: not down
+        assert gateway.pool.get("b").healthy
+        woken = await gateway.warm.wake("b")
+        assert (woken.sleep, woken.took_s) == (SleepState.AWAKE, 0.0)
+        assert _routable(gateway) == ["a", "b"]
+
+
+def test_a_pool_without_sleep_mode_parks_and_unparks_at_once(
+    replicas: tuple[ThreadedSim, ThreadedSim],
+) -> None:
+    sleepy, plain = replicas
+    asyncio.run(asyncio.wait_for(_parking(sleepy.url, plain.url), 30))

@@ -86,6 +86,12 @@ def test_a_sleeping_replica_is_shown_asleep_not_healthy() -> None:
     screen = view.screen("http://gw")
     assert screen.headline.startswith("http://gw: 1 of 2 replicas healthy, 1 asleep · ")
     assert screen.replicas.rows[1][:2] == ("r1", "asleep")
+    parked = [ADMIN[0], {**ADMIN[1], "healthy": True, "sleep": "parked"}]
+    view.add(fleet_sample(6.0, scrape(gateway_page(90, 10, 0)), replica_states(parked),
+                          {"r0": scrape(replica_page(50))}))  # fmt: skip
+    screen = view.screen("http://gw")
+    assert screen.headline.startswith("http://gw: 1 of 2 replicas healthy, 1 parked · ")
+    assert screen.replicas.rows[1][:2] == ("r1", "parked")
 
 
 def test_one_sample_counts_since_the_gateway_started() -> None:

@@ -7,7 +7,13 @@ from typing import Any
 
 import pytest
 
-from servepilot.core.config import Device, EngineConfig, check_warm_pool, parse_config
+from servepilot.core.config import (
+    Device,
+    EngineConfig,
+    check_warm_pool,
+    parse_config,
+    pool_parks,
+)
 from servepilot.core.errors import ConfigError
 from servepilot.engine.args import ServerSpec, launch_command, server_args, vllm_command
 from servepilot.engine.simserver.args import sim_launch_command, sim_model
@@ -41,12 +47,19 @@ def test_the_configuration_rules_name_the_fields() -> None:
         "replicas.asleep (2) must be below replicas.count (2): at least one replica serves"
     )  # fmt: skip
     assert _problem({"hardware": gpu, "replicas": {"count": 2, "asleep": 1}}) == (
-        "replicas.asleep > 0 needs engine.sleep_mode: true (vLLM's --enable-sleep-mode)"
+        "replicas.asleep > 0 needs engine.sleep_mode: true (vLLM's --enable-sleep-mode); "
+        "only on hardware.device: cpu are replicas parked without it"
     )
     cpu = _problem({"engine": {"sleep_mode": True}})
     assert cpu is not None and cpu.startswith("engine.sleep_mode needs hardware.device: gpu")
+    # A warm pool under the autoscaler (its pool target), asleep on a GPU, parked on CPU.
     scaled = {**ok, "autoscale": {"enabled": True}}
-    assert _problem(scaled) == "replicas.asleep cannot be combined with autoscale.enabled yet"
+    assert _problem(scaled) is None
+    assert not pool_parks(parse_config(scaled, origin="fleet.yaml"))
+    parked = parse_config({"replicas": {"count": 2, "asleep": 1}}, origin="fleet.yaml")
+    assert _problem({"replicas": {"count": 2, "asleep": 1}}) is None and pool_parks(parked)
+    # On Ray too: the gateway sleeps, wakes or parks a replica through its own URL.
+    assert _problem({"replicas": {"count": 2, "asleep": 1}, "cluster": {"backend": "ray"}}) is None
     with pytest.raises(ConfigError, match=r"replicas\.asleep"):
         parse_config({"replicas": {"asleep": -1}}, origin="fleet.yaml")
 
@@ -98,3 +111,19 @@ def test_only_an_awake_healthy_replica_serves_and_status_says_asleep() -> None:
     assert control.replica_cells(row)[2] == "asleep"
     assert control.replica_cells(_info(SleepState.AWAKE).to_json())[2] == "yes"
     assert control.replica_cells({"id": "r0", "healthy": False})[2] == "NO"  # an older gateway
+
+
+def test_status_counts_the_pool_apart_and_says_what_it_holds() -> None:
+    assert asleep_line(Transition("r1", SleepState.PARKED, 0.0)) == (
+        "replica r1 parked (warm pool: `servepilot wake r1` puts it in rotation)"
+    )
+    parked = _info(SleepState.PARKED).to_json()
+    assert control.replica_cells(parked)[2] == "parked"
+    rows = (_info(SleepState.AWAKE).to_json(), parked, _info(SleepState.ASLEEP).to_json(),
+            _info(SleepState.AWAKE, healthy=False).to_json())  # fmt: skip
+    assert control.pool_line(rows) == (
+        "\nreplicas: 1 serving; warm pool: 1 asleep (weights in host memory, GPU memory freed; "
+        "wakes in about a second); 1 parked (loaded and running, all its memory held; back in "
+        "rotation at once)"
+    )
+    assert control.pool_line(rows[:1]) == ""

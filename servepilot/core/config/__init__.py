@@ -37,7 +37,7 @@ from servepilot.core.config.kubernetes import (
 from servepilot.core.config.model import EMBEDDED_MODEL, ModelConfig, Weights
 from servepilot.core.config.replicas import ReplicasConfig
 from servepilot.core.config.traffic import TrafficConfig
-from servepilot.core.config.warm_pool import check_warm_pool
+from servepilot.core.config.warm_pool import check_warm_pool, pool_parks
 
 __all__ = [
     "DEFAULT_GPU_MEMORY_UTILIZATION",
@@ -78,5 +78,6 @@ __all__ = [
     "load_config",
     "parse_bounds",
     "parse_config",
+    "pool_parks",
     "shared_memory_utilization",
 ]

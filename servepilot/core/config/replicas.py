@@ -18,4 +18,10 @@ class ReplicasConfig(_Section):
     """How many of the `count` replicas `up` puts to sleep once all are ready: a warm pool
     that holds the model in host memory and serves nothing until woken (`servepilot wake
     r1`, about a second on a GPU). Below `count`, so at least one serves; needs
-    engine.sleep_mode: true."""
+    engine.sleep_mode: true, except on hardware.device: cpu, where vLLM has no sleep mode and
+    the pool's replicas are *parked* instead (loaded and running, holding all their memory,
+    out of rotation; back in rotation at once). With autoscale.enabled it is the pool the
+    autoscaler keeps: it wakes (or un-parks) pool replicas before it starts any cold, puts
+    replicas to sleep into the pool before it stops any, and refills the pool behind a
+    wake (a cold start, then to sleep); autoscale.min_replicas/max_replicas bound the
+    replicas serving, the pool comes on top."""

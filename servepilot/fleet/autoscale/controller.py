@@ -8,7 +8,15 @@ one sharing a node), then the newest ready ones, each drained at the gateway
 (no new requests; those in flight finish, up to `drain_timeout_s`) before the backend stops
 it. While a removal drains, the controller keeps deciding (the policies' windows need every
 tick) but changes nothing. A backend that fails is logged and counted; the next tick decides
-afresh and tries again.
+afresh and tries again. A replica that fails to start is replaced once; if that fails too,
+cold starts are held and reported (`starts.StartTracker`).
+
+With a warm pool (`pool_target` replicas asleep or parked: fleet.yaml's replicas.asleep), the
+policy's count becomes actions through `scaling.warm_pool.plan_pool`: up wakes pool replicas
+before it starts any cold (a waking one counts as capacity on its way), down puts replicas to
+sleep into the pool (drained first) while it is short, and stops the rest; a pool short of its
+target is refilled by cold starts that are put to sleep once they serve (left out of the
+policy's snapshot until then).
 
 Its one task is owned: `start` makes it, `stop` ends it, then the removals under way, then the
 backend's waits for starting replicas, in that order, without waiting on any drain.
@@ -19,12 +27,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Collection
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable, Collection, Coroutine
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 from servepilot.core.loop import cancel_all_and_wait, cancel_and_wait
-from servepilot.fleet.backend import ReplicaBackend, remove_first_ids, starting_ids
+from servepilot.fleet.autoscale.starts import StartTracker
+from servepilot.fleet.autoscale.view import PoolView
+from servepilot.fleet.backend import ReplicaBackend, ReplicaState, remove_first_ids
 from servepilot.scaling.snapshot import (
     AutoscalePolicy,
     FleetSnapshot,
@@ -32,6 +42,7 @@ from servepilot.scaling.snapshot import (
     ScaleDecision,
     ScaleReason,
 )
+from servepilot.scaling.warm_pool import PoolCounts, PoolPlan, plan_pool
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +55,17 @@ class FleetView(Protocol):
 
     def count_arrivals(self, now_s: float) -> None: ...
 
-    def snapshot(self, now_s: float) -> FleetSnapshot: ...
+    def snapshot(
+        self, now_s: float, starting: Collection[str], leave_out: Collection[str] = ()
+    ) -> FleetSnapshot: ...
+
+    def pool(self) -> PoolView: ...
 
     async def drain(self, replica_id: str, timeout_s: float) -> bool: ...
+
+    async def sleep(self, replica_id: str, drain_timeout_s: float) -> None: ...
+
+    async def wake(self, replica_id: str) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +79,10 @@ class Decision:
     desired: int
     reason: ScaleReason
     detail: str
+    pool: str = ""
+    """The warm pool, where there is one: replicas held, and what this tick does with it."""
+    note: str = ""
+    """What the controller holds back, and why (cold starts after failures)."""
 
     @property
     def direction(self) -> str:
@@ -72,7 +95,9 @@ class Decision:
             f"{self.current} replicas" if self.direction == "hold"
             else f"{self.current} -> {self.desired} replicas"
         )  # fmt: skip
-        return f"autoscale: {change} ({self.reason.value}: {self.detail})"
+        pool = f"; warm pool: {self.pool}" if self.pool else ""
+        note = f"; {self.note}" if self.note else ""
+        return f"autoscale: {change} ({self.reason.value}: {self.detail}){pool}{note}"
 
 
 class AutoscaleController:
@@ -85,32 +110,46 @@ class AutoscaleController:
         interval_s: float,
         drain_timeout_s: float,
         startup_timeout_s: float,
+        pool_target: int = 0,
         clock: Callable[[], float] = time.monotonic,
         on_decision: Callable[[Decision], None] | None = None,
     ) -> None:
         """`clock`: the policy's time (the gateway's: time.monotonic); `on_decision` hears
         every decision after it is logged and counted (`up` reports changes);
-        `startup_timeout_s`: how long a replica may stay starting before it is given up."""
+        `startup_timeout_s`: how long a replica may stay starting before it is given up;
+        `pool_target`: replicas kept asleep or parked (0: no warm pool; replicas put to
+        sleep by hand are then left alone, and woken first when the fleet grows)."""
         self.policy = policy
         self._backend = backend
         self._fleet = fleet
         self.interval_s = interval_s
         self._drain_timeout_s = drain_timeout_s
         self._startup_timeout_s = startup_timeout_s
+        self.pool_target = pool_target
         self._clock = clock
         self._on_decision = on_decision
         self.last: Decision | None = None
+        self.last_pool = PoolCounts(0, 0)
+        """The fleet at the last decision: serving or on their way, held, refilling."""
         self.decisions: dict[tuple[str, str], int] = {}
         """Decisions taken, by (direction, reason)."""
         self.errors = 0
-        """Changes the backend (or a drain) failed to make."""
+        """Changes the backend (or a drain, sleep or wake) failed to make."""
         self.gave_up = 0
         """Replicas removed because they were still starting past startup_timeout_s."""
-        self._starting_since: dict[str, float] = {}
+        self.wakes = 0
+        """Pool replicas woken (or un-parked) into rotation."""
+        self.cold_starts = 0
+        """Replicas launched (to serve, or to refill the pool)."""
+        self.starts = StartTracker()
+        self.refilling: set[str] = set()
+        """Launched for the pool: put to sleep once they serve, no capacity meanwhile."""
         self.unstopped: set[str] = set()
         """Replicas drained and dropped from the gateway whose stop failed: they serve
         nothing and still cost, so every tick stops them again until the backend does."""
         self._removals: set[asyncio.Task[None]] = set()
+        self._changes: dict[str, asyncio.Task[None]] = {}
+        """Wakes, and refills being put to sleep, by replica (they do not hold a tick back)."""
         self._task: asyncio.Task[None] | None = None
 
     # --- the loop -----------------------------------------------------------------------
@@ -120,13 +159,14 @@ class AutoscaleController:
             self._task = asyncio.create_task(self._run(), name="autoscaler")
 
     async def stop(self) -> None:
-        """The loop, then the removals under way (their replicas are left draining: the
-        gateway's own drain on stop covers them), then the backend's waits."""
+        """The loop, then the removals and pool changes under way (their replicas are left
+        as they are: the gateway's own drain on stop covers them), then the backend's waits."""
         task, self._task = self._task, None
         if task is not None:
             await cancel_and_wait(task)
-        await cancel_all_and_wait(list(self._removals))
+        await cancel_all_and_wait([*self._removals, *self._changes.values()])
         self._removals.clear()
+        self._changes.clear()
         await self._backend.close()
 
     async def _run(self) -> None:
@@ -148,19 +188,35 @@ class AutoscaleController:
         """Ask the policy, record the answer, apply it (unless a removal still drains)."""
         now_s = self._clock()
         await self._stop_unstopped()
-        await self._give_up_stuck(now_s)
-        snapshot = self._fleet.snapshot(now_s)
+        starting = await self._follow_starts(now_s)
+        pool = self._fleet.pool()
+        self._settle_refills(pool)
+        snapshot = self._fleet.snapshot(now_s, starting, frozenset(self.refilling))
         answer: ScaleDecision = self.policy.decide(snapshot, now_s)
         have = snapshot.provisioned
-        decision = Decision(time.time(), have, max(0, answer.replicas), answer.reason,
-                            answer.detail)  # fmt: skip
+        desired = max(0, answer.replicas)
+        counts = PoolCounts(have, len(pool.held), len(self.refilling | pool.falling_asleep))
+        plan = plan_pool(counts, desired, self.pool_target)
+        if self.pool_target == 0:
+            plan = replace(plan, drop_asleep=0)
+        self.last_pool = counts
+        decision = Decision(time.time(), have, desired, answer.reason, answer.detail,
+                            self._pool_text(counts, plan), self.starts.held_line())  # fmt: skip
         self._record(decision)
-        if decision.desired != have:
+        if not plan.idle:
             if self.removing:
                 log.info("autoscale: a removal is still draining; no change this tick")
             else:
-                await self._scale_to(decision.desired, snapshot)
+                await self._apply(plan, snapshot, pool)
         return decision
+
+    def _pool_text(self, counts: PoolCounts, plan: PoolPlan) -> str:
+        if not (self.pool_target or counts.asleep or counts.refilling):
+            return ""
+        text = f"{counts.asleep} of {self.pool_target} held"
+        if counts.refilling:
+            text += f", {counts.refilling} on the way"
+        return text if plan.idle else f"{text}; {plan.describe()}"
 
     async def _stop_unstopped(self) -> None:
         for rid in sorted(self.unstopped):
@@ -172,36 +228,61 @@ class AutoscaleController:
             self.unstopped.discard(rid)
             log.info("autoscale: replica %s removed (at a retry)", rid)
 
-    async def _give_up_stuck(self, now_s: float) -> None:
-        """A replica that never gets ready (a pod that cannot be scheduled, an image that does
-        not pull) would otherwise count as starting for ever, and the step rules take no step
-        while one starts: the fleet would stop scaling. Past the startup budget it is removed
-        and the policy decides again without it."""
-        starting = starting_ids(self._backend)
-        since = {rid: self._starting_since.get(rid, now_s) for rid in starting}
-        self._starting_since = since
-        for rid, first_seen_s in list(since.items()):
-            if now_s - first_seen_s <= self._startup_timeout_s:
-                continue
+    async def _follow_starts(self, now_s: float) -> list[str]:
+        """The replicas starting to serve (refills left out), after forgetting those that
+        failed and giving up those stuck. A replica that never gets ready (a pod that cannot
+        be scheduled, an image that does not pull) would otherwise count as starting for
+        ever, and the step rules take no step while one starts: past the startup budget it
+        is removed and the policy decides again without it."""
+        listed = {r.replica_id: r.state for r in self._backend.list()}
+        for rid in self.starts.update(listed, now_s):
+            self.refilling.discard(rid)
+            log.warning("autoscale: replica %s did not start (%d in a row)%s", rid,
+                        self.starts.in_a_row,
+                        "; cold starts held" if self.starts.held else "; replacing it")  # fmt: skip
+            await self._forget(rid)
+        for rid in self.starts.stuck(now_s, self._startup_timeout_s):
             log.warning("autoscale: replica %s still not ready after %g s "
                         "(engine.startup_timeout_s); removing it", rid,
                         self._startup_timeout_s)  # fmt: skip
-            try:
-                await self._backend.stop(rid)
-            except Exception as exc:  # any backend failure: tried again at the next tick
-                self._failed(f"stop {rid}", exc)
-                continue
-            self.gave_up += 1
-            del self._starting_since[rid]
+            if await self._forget(rid):
+                self.gave_up += 1
+                self.starts.gave_up(rid)
+                self.refilling.discard(rid)
+                listed.pop(rid, None)
+        return [rid for rid, state in listed.items()
+                if state is ReplicaState.STARTING and rid not in self.refilling]  # fmt: skip
+
+    async def _forget(self, rid: str) -> bool:
+        try:
+            await self._backend.stop(rid)
+        except Exception as exc:  # any backend failure: tried again at the next tick
+            self._failed(f"stop {rid}", exc)
+            return False
+        return True
+
+    def _settle_refills(self, pool: PoolView) -> None:
+        """Put each refill that now serves to sleep (it joined the gateway as any replica)."""
+        for rid in sorted(self.refilling & pool.serving):
+            self._spawn(rid, self._refill_to_sleep(rid))
+
+    async def _refill_to_sleep(self, rid: str) -> None:
+        try:
+            await self._fleet.sleep(rid, self._drain_timeout_s)
+            log.info("autoscale: replica %s ready and put in the warm pool", rid)
+        except Exception as exc:  # it serves then: capacity the next tick sees
+            self._failed(f"put {rid} in the warm pool", exc)
+        finally:
+            self.refilling.discard(rid)
 
     @property
     def removing(self) -> int:
-        """Removals under way (draining, then stopping)."""
+        """Removals under way (draining, then stopping or sleeping)."""
         return sum(1 for t in self._removals if not t.done())
 
     async def removals_done(self) -> None:
-        """Wait until the removals under way have finished (drained and stopped)."""
-        await asyncio.gather(*self._removals)
+        """Wait until the removals and pool changes under way have finished."""
+        await asyncio.gather(*self._removals, *self._changes.values())
 
     def _record(self, decision: Decision) -> None:
         self.last = decision
@@ -211,24 +292,82 @@ class AutoscaleController:
         if self._on_decision is not None:
             self._on_decision(decision)
 
-    async def _scale_to(self, desired: int, snapshot: FleetSnapshot) -> None:
-        have = snapshot.provisioned
-        for _ in range(desired - have):
+    async def _apply(self, plan: PoolPlan, snapshot: FleetSnapshot, pool: PoolView) -> None:
+        for rid in pool.held[: plan.wake]:
+            self._spawn(rid, self._wake(rid))
+        await self._launch(plan.start, refill=False)
+        await self._launch(plan.refill, refill=True)
+        self._shrink(snapshot, pool, plan.sleep, plan.stop)
+        for rid in pool.held[len(pool.held) - plan.drop_asleep :]:
+            if await self._forget(rid):
+                log.info("autoscale: replica %s stopped (the warm pool is above its target)",
+                         rid)  # fmt: skip
+
+    async def _wake(self, rid: str) -> None:
+        try:
+            took_s = await self._fleet.wake(rid)
+        except Exception as exc:  # it stays in the pool; the next tick decides again
+            self._failed(f"wake {rid}", exc)
+            return
+        self.wakes += 1
+        log.info("autoscale: replica %s woken from the warm pool in %.2f s", rid, took_s)
+
+    async def _launch(self, count: int, *, refill: bool) -> None:
+        for _ in range(count):
+            if self.starts.held:
+                log.warning("autoscale: no cold start: %s", self.starts.held_line())
+                return
             try:
                 (added,) = await self._backend.start(1)
             except Exception as exc:  # any backend failure: the next tick decides again
                 self._failed("add a replica", exc)
                 return
-            self._starting_since[added] = self._clock()
-            log.info("autoscale: replica %s launched", added)
+            self.cold_starts += 1
+            self.starts.launched(added, self._clock())
+            if refill:
+                self.refilling.add(added)
+            log.info("autoscale: replica %s launched%s", added,
+                     " to refill the warm pool" if refill else "")  # fmt: skip
+
+    def _shrink(self, snapshot: FleetSnapshot, pool: PoolView, sleep: int, stop: int) -> None:
+        """Newest first; into the pool while it is short (one still starting becomes a
+        refill: its cold start is half paid), the rest stopped. One waking is left be."""
         order = removal_order(snapshot, remove_first_ids(self._backend))
-        for replica in order[: max(0, have - desired)]:
-            task = asyncio.create_task(self._remove(replica), name=f"remove {replica.replica_id}")
+        for replica in [r for r in order if r.replica_id not in pool.waking][: sleep + stop]:
+            into_pool = sleep > 0
+            sleep -= into_pool
+            if into_pool and not replica.ready:
+                self.refilling.add(replica.replica_id)
+                continue
+            task = asyncio.create_task(self._remove(replica, into_pool),
+                                       name=f"remove {replica.replica_id}")  # fmt: skip
             self._removals.add(task)
             task.add_done_callback(self._removals.discard)
 
-    async def _remove(self, replica: ReplicaSample) -> None:
+    def _spawn(self, rid: str, change: Coroutine[Any, Any, None]) -> None:
+        """One change at a time per replica."""
+        if rid in self._changes:
+            change.close()
+            return
+        task = asyncio.create_task(change, name=f"pool {rid}")
+        self._changes[rid] = task
+
+        def done(finished: asyncio.Task[None]) -> None:
+            if self._changes.get(rid) is finished:
+                del self._changes[rid]
+
+        task.add_done_callback(done)
+
+    async def _remove(self, replica: ReplicaSample, into_pool: bool) -> None:
         rid = replica.replica_id
+        if into_pool:
+            try:
+                await self._fleet.sleep(rid, self._drain_timeout_s)
+            except Exception as exc:  # it serves again; the next tick decides again
+                self._failed(f"put {rid} in the warm pool", exc)
+                return
+            log.info("autoscale: replica %s put in the warm pool", rid)
+            return
         if replica.ready:
             try:
                 if not await self._fleet.drain(rid, self._drain_timeout_s):
@@ -236,6 +375,8 @@ class AutoscaleController:
                                 "stopping it", rid, self._drain_timeout_s)  # fmt: skip
             except Exception as exc:  # e.g. it left the gateway meanwhile: stop it anyway
                 self._failed(f"drain {rid}", exc)
+        else:
+            self.starts.withdraw([rid])
         try:
             await self._backend.stop(rid)
         except Exception as exc:

@@ -13,7 +13,7 @@ from servepilot.core.errors import ConfigError
 from servepilot.fleet.autoscale.controller import AutoscaleController, Decision
 from servepilot.fleet.autoscale.metrics import AutoscaleCollector
 from servepilot.fleet.autoscale.view import GatewayView
-from servepilot.fleet.backend import ReplicaBackend, starting_ids
+from servepilot.fleet.backend import ReplicaBackend
 from servepilot.fleet.k8s.backend import KubernetesBackend
 from servepilot.gateway import Gateway
 from servepilot.gateway.serve import Alongside
@@ -31,12 +31,13 @@ def check_autoscale(config: FleetConfig) -> None:
 
 
 def initial_replicas(config: FleetConfig) -> int:
-    """replicas.count, moved inside the autoscaling bounds when the fleet autoscales."""
-    count = config.replicas.count
+    """replicas.count, its serving part (without the replicas.asleep of the warm pool) moved
+    inside the autoscaling bounds when the fleet autoscales."""
+    count, pool = config.replicas.count, config.replicas.asleep
     scaling = config.autoscale
     if not scaling.enabled:
         return count
-    return min(scaling.max_replicas, max(scaling.min_replicas, count))
+    return min(scaling.max_replicas, max(scaling.min_replicas, count - pool)) + pool
 
 
 def start_autoscaler(
@@ -45,18 +46,21 @@ def start_autoscaler(
     backend: ReplicaBackend,
     cold_start_s: float,
     on_decision: Callable[[Decision], None] | None = None,
+    pool_target: int = 0,
 ) -> AutoscaleController:
-    """The running controller (stop it with `await controller.stop()` before the gateway)."""
+    """The running controller (stop it with `await controller.stop()` before the gateway);
+    `pool_target`: its warm pool (`up`'s replicas.asleep; none in a cluster)."""
     scaling = config.autoscale
     controller = AutoscaleController(
         AutoscaleSetup.from_section(config.autoscale, cold_start_s).build(),
         backend,
-        GatewayView(gateway, lambda: starting_ids(backend)),
+        GatewayView(gateway),
         interval_s=scaling.interval_s,
         drain_timeout_s=scaling.drain_timeout_s,
         # The local and Ray backends give up at the startup budget themselves; this catches
         # what they cannot see (a Kubernetes pod that never gets scheduled).
         startup_timeout_s=config.engine.startup_timeout_s + 2 * scaling.interval_s,
+        pool_target=pool_target,
         on_decision=on_decision,
     )
     gateway.metrics.registry.register(AutoscaleCollector(controller))

@@ -37,7 +37,8 @@ class RayBackend:
 
     @property
     def sleep_mode(self) -> bool:
-        return False  # Ray replicas are not put to sleep (core.warm_pool refuses it)
+        # The gateway sleeps and wakes them through their own URLs, as it does local ones.
+        return self.replicas.config.engine.sleep_mode
 
     async def start(self, count: int = 1) -> tuple[str, ...]:
         if not self._launched:

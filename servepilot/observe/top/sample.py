@@ -37,7 +37,7 @@ class ReplicaState:
     kv_cache_usage: float
     """0..1."""
     sleep: str = "awake"
-    """The warm pool's state (awake, asleep, waking, falling asleep)."""
+    """The warm pool's state (awake, asleep, parked, waking, falling asleep)."""
     preemptions_total: float | None = None
     """vLLM's counter since the replica started; None when its page was not read."""
 

@@ -82,11 +82,11 @@ def _recent(newest: Histogram, baseline: Histogram | None) -> Histogram:
 
 def headline(url: str, sample: FleetSample, tpot: Percentiles, label: str) -> str:
     healthy = sum(1 for r in sample.replicas if r.healthy and r.sleep == "awake")
-    asleep = sum(1 for r in sample.replicas if r.sleep == "asleep")
+    pool = "".join(f", {n} {state}" for state in ("asleep", "parked")
+                   if (n := sum(1 for r in sample.replicas if r.sleep == state)))  # fmt: skip
     in_flight = sum(r.in_flight for r in sample.replicas)
     parts = [
-        f"{url}: {healthy} of {len(sample.replicas)} replicas healthy"
-        + (f", {asleep} asleep" if asleep else ""),
+        f"{url}: {healthy} of {len(sample.replicas)} replicas healthy{pool}",
         f"{in_flight} in flight",
         f"TPOT p50 {fmt_ms(tpot.p50_ms)}, p99 {fmt_ms(tpot.p99_ms)} ({label})",
     ]
