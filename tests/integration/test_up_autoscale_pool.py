@@ -3,7 +3,7 @@ where there is no sleep mode): a load ramp sent with the official `openai` clien
 r1 (no cold start on the ramp's path), the pool is refilled behind it (r2 starts cold and is
 parked once it serves), the load ends and the fleet goes back down to one replica serving
 with one in the pool, without a failed request. Simulated replicas run in every suite; the
-vLLM-CPU variant is marked `vllm`, the one on a local Ray cluster (simulated replicas as
+vLLM-CPU variant is marked `vllm` and `slow` (SERVEPILOT_SLOW_TESTS=1), the one on a local Ray cluster (simulated replicas as
 actors, the pool parked through their URLs) `ray` and `slow`."""
 
 from __future__ import annotations
@@ -94,7 +94,14 @@ ON_RAY = pytest.param("ray", marks=[
 ])  # fmt: skip
 
 
-@pytest.fixture(params=["sim", pytest.param("vllm", marks=pytest.mark.vllm), ON_RAY])
+ON_VLLM = pytest.param("vllm", marks=[
+    pytest.mark.vllm, pytest.mark.slow(reason="three vLLM-CPU replicas of its own (a refill "
+                                       "starts cold under the ramp's load: minutes); the same "
+                                       "controller and gateway run in the sim variant"),
+])  # fmt: skip
+
+
+@pytest.fixture(params=["sim", ON_VLLM, ON_RAY])
 def pooled_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RunningFleet]:
     doc: dict[str, Any] = {
         "engine": ENGINES["vllm" if request.param == "vllm" else "sim"],
