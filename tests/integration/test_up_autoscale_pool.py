@@ -3,8 +3,9 @@ where there is no sleep mode): a load ramp sent with the official `openai` clien
 r1 (no cold start on the ramp's path), the pool is refilled behind it (r2 starts cold and is
 parked once it serves), the load ends and the fleet goes back down to one replica serving
 with one in the pool, without a failed request. Simulated replicas run in every suite; the
-vLLM-CPU variant is marked `vllm` and `slow` (SERVEPILOT_SLOW_TESTS=1), the one on a local Ray cluster (simulated replicas as
-actors, the pool parked through their URLs) `ray` and `slow`."""
+vLLM-CPU variant is marked `vllm` and `slow` (SERVEPILOT_SLOW_TESTS=1), the one on a local
+Ray cluster (simulated replicas as actors, the pool parked through their URLs) `ray` and
+`slow`."""
 
 from __future__ import annotations
 
