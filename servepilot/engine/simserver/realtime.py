@@ -77,6 +77,10 @@ class RealtimeEngine:
         self._woken_by = 0.0
         """Arrival of the request that woke the idle engine (the model's clock)."""
         self._last_end = 0.0
+        self._stepping = False
+        """A step is in progress (planned, its end not yet reached)."""
+        self._deferred: list[SimRequest] = []
+        """With async scheduling: requests that arrived during the step in progress."""
         self._task: asyncio.Task[None] | None = None
         self.steps_late = 0
         """Steps whose start had to jump to the present (the host fell behind)."""
@@ -135,7 +139,12 @@ class RealtimeEngine:
             prefix_group=group,
             prefix_tokens=prefix,
         )
-        self.model.add(request)
+        if self._stepping and self.model.async_scheduling:
+            # vLLM planned the next step when this one started: see `_run`.
+            self.model.validate(request)
+            self._deferred.append(request)
+        else:
+            self.model.add(request)
         self._live[request_id] = _Live(sink, len(prompt_ids), request.arrival_s)
         if not self._wake.is_set():
             self._woken_by = arrival
@@ -160,6 +169,7 @@ class RealtimeEngine:
         last_end: float | None = None  # None: the engine was idle before this step
         while True:
             if model.idle:
+                self._stepping = False
                 last_end = None
                 self._wake.clear()
                 await self._wake.wait()
@@ -173,9 +183,18 @@ class RealtimeEngine:
                 start = now
                 self.steps_late += 1
             result = model.step(start)
+            # With async scheduling what arrived during the last step waits for the step
+            # after this one (vLLM's EngineCore.step_with_batch_queue): it joins the model now,
+            # with this step already planned.
+            late, self._deferred = self._deferred, []
+            for request in late:
+                if request.request_id in self._live:  # not aborted meanwhile
+                    model.add(request)
             if result is None:
+                self._stepping = False
                 last_end = None
                 continue
+            self._stepping = True
             # Read right after step(): which requests this step gives a token to.
             got_token = model.last_step_token_ids(result)
             self._last_end = result.end_s

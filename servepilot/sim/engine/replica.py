@@ -88,6 +88,17 @@ class ReplicaModel(SchedulerCore):
 
     def add(self, request: SimRequest) -> None:
         """Queue a request; ValueError for what vLLM's server refuses (400) or a reused one."""
+        self.validate(request)
+        request._num_tokens = request.prompt_tokens
+        if self._caching and request.prefix_group is not None:
+            request._prefix_blocks = request.prefix_tokens // self._bs
+        self._requests[request.request_id] = request
+        self._waiting.append(request)
+        self._num_waiting += 1
+
+    def validate(self, request: SimRequest) -> None:
+        """ValueError for what `add` would refuse, without adding it (a request the engine
+        takes a step later is refused as it arrives, as vLLM's server does)."""
         prompt = request.prompt_tokens
         if (
             prompt < 1
@@ -98,12 +109,6 @@ class ReplicaModel(SchedulerCore):
             or request.request_id in self._requests
         ):
             self._reject(request)
-        request._num_tokens = prompt
-        if self._caching and request.prefix_group is not None:
-            request._prefix_blocks = request.prefix_tokens // self._bs
-        self._requests[request.request_id] = request
-        self._waiting.append(request)
-        self._num_waiting += 1
 
     def _reject(self, request: SimRequest) -> None:
         name = f"request {request.request_id}"

@@ -201,19 +201,20 @@ class FleetSim:
     def _deliver(self, request: FleetRequest, now_s: float) -> None:
         replica = request.replica
         assert replica is not None
+        try:
+            replica.model.validate(request)
+        except ValueError:  # vLLM's 400: longer than max_model_len
+            back = replica.hop.draw()
+            self._push(now_s + back, RELEASE, request)
+            self._failed(request, now_s + back + self._cg, "http_400")
+            return
         if replica.result is not None and replica.model.async_scheduling:
             replica.deferred.append(request)
             return
         self._admit(replica, request, now_s)
 
     def _admit(self, replica: FleetReplica, request: FleetRequest, now_s: float) -> None:
-        try:
-            replica.model.add(request)
-        except ValueError:  # vLLM's 400: longer than max_model_len
-            back = replica.hop.draw()
-            self._push(now_s + back, RELEASE, request)
-            self._failed(request, now_s + back + self._cg, "http_400")
-            return
+        replica.model.add(request)
         if replica.result is None:
             self._step(replica, now_s)
 
