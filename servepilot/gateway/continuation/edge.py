@@ -12,7 +12,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from servepilot.core.config.gateway import ContinuationConfig
 from servepilot.gateway.continuation.policy import (
@@ -51,8 +51,17 @@ CHAT_PATH = "/v1/chat/completions"
 CONTINUED_PATHS = (CHAT_PATH, "/v1/completions")
 _DONE_EVENT = b"data: [DONE]\n\n"
 
-Attempt = Callable[[Replica, bytes, Callable[[ClientConnection], Relay]], Awaitable[Outcome]]
-"""One try on one replica with the body given, through the relay made for its connection."""
+
+class Relaying(Protocol):
+    """Makes the relay of each attempt (on each connection tried)."""
+
+    def relay(
+        self, conn: ClientConnection, replica: Replica, loop: asyncio.AbstractEventLoop
+    ) -> Relay: ...
+
+
+Attempt = Callable[[Replica, bytes, Relaying], Awaitable[Outcome]]
+"""One try on one replica with the body given, through the relays made for it."""
 
 
 def failure_kind(outcome: Outcome) -> Failure:
@@ -143,13 +152,8 @@ class Continuer:
         broken.used.append(replica.replica_id)
         log.info("continuing a stream on replica %s after %d tokens (replicas so far: %s)",
                  replica.replica_id, splicer.sent.tokens, ",".join(broken.used))  # fmt: skip
-        request, loop = broken.request, asyncio.get_running_loop()
-
-        def relay_of(conn: ClientConnection) -> Relay:
-            return ContinuationRelay(request, conn, replica.header, loop, splicer)
-
         try:
-            outcome = await attempt(replica, body.encode(), relay_of)
+            outcome = await attempt(replica, body.encode(), _Rest(broken.request, splicer))
         except BaseException:
             self._dispatcher.release(grant, None)
             raise
@@ -196,6 +200,17 @@ def _model_len(replica: Replica, model: str) -> int | None:
             value = card.get("max_model_len")
             return value if isinstance(value, int) else None
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Rest:
+    request: HttpRequest
+    splicer: Splicer
+
+    def relay(
+        self, conn: ClientConnection, replica: Replica, loop: asyncio.AbstractEventLoop
+    ) -> Relay:
+        return ContinuationRelay(self.request, conn, replica.header, loop, self.splicer)
 
 
 class _CannotStart(Exception):
