@@ -22,7 +22,7 @@ from servepilot.gateway.access_log import Trail
 from servepilot.gateway.answer import deliver
 from servepilot.gateway.auth import Caller
 from servepilot.gateway.continuation.edge import Continuer, Relaying
-from servepilot.gateway.continuation.guard import Guard
+from servepilot.gateway.continuation.guard import guard_for
 from servepilot.gateway.deadlines import Deadlines
 from servepilot.gateway.dispatch import Dispatcher
 from servepilot.gateway.errors import (
@@ -133,11 +133,7 @@ class Proxy:
         extra = self._extra_headers(request)
         body = request.body
         tried: set[str] = set()
-        guard = (
-            Guard(self._continuer, request, route.path, parsed.doc)
-            if self._continuer.records(request, route.path, parsed.stream)
-            else None
-        )
+        guard = guard_for(self._continuer, request, route.path, parsed.doc, parsed.stream)
         while True:
             if admitted:
                 grant = await self._dispatcher.acquire(view, tried, caller.tenant)
@@ -147,8 +143,9 @@ class Proxy:
                 body = _capped(parsed, grant.max_tokens_cap, body, route.cap_fields)
             replica = grant.replica
             try:
+                sent = body if guard is None else guard.body(body)
                 outcome = await self._attempt(request, route.path, extra, content_type, trail,
-                                              started, replica, body, guard)  # fmt: skip
+                                              started, replica, sent, guard)  # fmt: skip
             except BaseException:  # the client left (cancelled): the slot is abandoned
                 self._dispatcher.release(grant, None)
                 raise
@@ -157,7 +154,7 @@ class Proxy:
                 tried.add(replica.replica_id)
                 self._metrics.count_retry()
                 continue
-            if guard is not None and outcome.failure is not None:
+            if guard is not None and (guard.whole or outcome.failure is not None):
                 attempt = partial(self._attempt, request, route.path, extra, None, trail, started)
                 outcome = await guard.settle(outcome, view, caller.tenant, replica.replica_id,
                                              attempt, trail)  # fmt: skip

@@ -83,6 +83,8 @@ class Broken:
     relayed: list[bytes]
     replica_id: str
     outcome: Outcome
+    whole: bool = False
+    """A non-streamed answer: the parts are kept in `relayed`, none is sent to the client."""
     used: list[str] = field(default_factory=list)
 
 
@@ -98,14 +100,15 @@ class Continuer:
     ) -> None:
         self._config = config
         self._enabled = config.enabled
+        self.whole_answers = config.whole_answers
         self._pool = pool
         self._dispatcher = dispatcher
         self._metrics = metrics
         self.watchdog = Watchdog(config.stall_timeout_s)
 
-    def records(self, request: HttpRequest, path: str, stream: bool) -> bool:
-        """Whether the stream's bytes are kept (it may be continued)."""
-        if not stream or not self._enabled or path not in CONTINUED_PATHS:
+    def covers(self, request: HttpRequest, path: str) -> bool:
+        """Whether answers on `path` may be continued (the request did not opt out)."""
+        if not self._enabled or path not in CONTINUED_PATHS:
             return False
         opt_out = request.headers.get(OPT_OUT_HEADER)
         return opt_out is None or opt_out.strip() not in ("0", "false", "off")
@@ -122,14 +125,15 @@ class Continuer:
             decision = decide(self._situation(broken, sent, kind, continuations),
                               self._config, self._candidates(broken.view.model))  # fmt: skip
             if isinstance(decision, Finish):
-                request.end_stream(_DONE_EVENT)
+                if not broken.whole:
+                    request.end_stream(_DONE_EVENT)
                 return replace(outcome, failure=None)
             if not isinstance(decision, Continue):
                 why = f"{outcome.failure}; not continued: {decision.message}"
                 return replace(outcome, failure=UpstreamFailed(why))
             self._metrics.count_continuation(str(kind))
             continuations += 1
-            splicer = Splicer(sent, usage_asked(broken.doc))
+            splicer = Splicer(sent, broken.whole or usage_asked(broken.doc))
             try:
                 outcome = await self._send_rest(broken, decision, splicer, attempt)
             except _CannotStart as exc:
@@ -153,7 +157,8 @@ class Continuer:
         log.info("continuing a stream on replica %s after %d tokens (replicas so far: %s)",
                  replica.replica_id, splicer.sent.tokens, ",".join(broken.used))  # fmt: skip
         try:
-            outcome = await attempt(replica, body.encode(), _Rest(broken.request, splicer))
+            kept = broken.relayed if broken.whole else None
+            outcome = await attempt(replica, body.encode(), _Rest(broken.request, splicer, kept))
         except BaseException:
             self._dispatcher.release(grant, None)
             raise
@@ -206,11 +211,13 @@ def _model_len(replica: Replica, model: str) -> int | None:
 class _Rest:
     request: HttpRequest
     splicer: Splicer
+    kept: list[bytes] | None
 
     def relay(
         self, conn: ClientConnection, replica: Replica, loop: asyncio.AbstractEventLoop
     ) -> Relay:
-        return ContinuationRelay(self.request, conn, replica.header, loop, self.splicer)
+        return ContinuationRelay(self.request, conn, replica.header, loop, self.splicer,
+                                 self.kept)  # fmt: skip
 
 
 class _CannotStart(Exception):
