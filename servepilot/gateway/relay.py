@@ -308,12 +308,13 @@ class Relay:
 
     def abandon(self, failure: UpstreamFailed) -> None:
         """Give up on the replica mid-answer (it stalled, or left the rotation): the
-        stream may go on elsewhere (gateway/continuation)."""
+        stream may go on elsewhere (gateway/continuation); one it had not answered at all
+        may be retried elsewhere."""
         if self.done.done():
             return
         self._conn.abort()
         self._cut_inside_chunk()
-        self.done.set_result(self._outcome(failure, answered=True))
+        self.done.set_result(self._outcome(failure, answered=self._status != 0))
 
     def progress(self) -> int:
         """Body bytes relayed so far; -1 before the first chunk."""

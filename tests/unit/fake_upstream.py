@@ -61,6 +61,7 @@ class FakeUpstream:
         self.reply_body: bytes | None = None  # with reply_status: these bytes, as they are
         self.reply_delay_s = 0.0
         self.gate: asyncio.Event | None = None  # chunk 2 waits for it when set
+        self.first_gate: asyncio.Event | None = None  # chunk 1 (after the head) waits for it
         # When set, the end of a streamed body waits for it after `data: [DONE]` has gone out,
         # as vLLM's does (uvicorn writes it separately): a client may close in between.
         self.end_gate: asyncio.Event | None = None
@@ -189,6 +190,8 @@ class FakeUpstream:
     async def _stream(self, request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
+        if self.first_gate is not None:
+            await self.first_gate.wait()
         await response.write(sse({"choices": [{"delta": {"content": "one"}}]}))
         if self.gate is not None:
             await self.gate.wait()
