@@ -69,6 +69,7 @@ class FakeUpstream:
         self.split_done = False  # `data: [DONE]` in two writes, cut inside its `[DONE]`
         self.peers: set[tuple[str, int]] = set()  # the client ends of generation requests
         self.die_mid_stream = False
+        self.error_mid_stream = False  # vLLM's error event after chunk 1, then the body's end
         self.usage: dict[str, int] | None = None  # a non-streamed answer's `usage`, when set
         self.endless_stream = False
         self.stream_aborted = asyncio.Event()
@@ -195,6 +196,13 @@ class FakeUpstream:
         await response.write(sse({"choices": [{"delta": {"content": "one"}}]}))
         if self.gate is not None:
             await self.gate.wait()
+        if self.error_mid_stream:
+            await asyncio.sleep(0.05)  # a read of its own: chunk 1 reaches the client
+            error = {"object": "error", "message": "EngineCore encountered an issue.",
+                     "type": "InternalServerError", "param": None, "code": 500}  # fmt: skip
+            await response.write(sse({"error": error}))
+            await response.write_eof()
+            return response
         if self.die_mid_stream:
             assert request.transport is not None
             request.transport.close()

@@ -232,3 +232,12 @@ def test_only_plain_requests_are_asked_as_a_stream(
     doc: dict[str, Any], chat: bool, plain_: bool
 ) -> None:
     assert plain(doc, chat=chat) is plain_
+
+
+def test_an_error_event_in_the_rest_is_not_passed_on_and_stops_the_part() -> None:
+    splicer = Splicer(_sent(3), usage_asked=False)
+    error = _event({"error": {"message": "EngineCore encountered an issue.", "code": 500}})
+    out = splicer.feed(_text(" d", answer_id="cmpl-B") + error + _text(" e", answer_id="cmpl-B"))
+    assert [json.loads(e[6:])["choices"][0]["text"] for e in out.split(b"\n\n") if e] == [" d"]
+    assert splicer.error is not None and "EngineCore" in splicer.error and not splicer.done
+    assert splicer.transcript().text == " a b c d"

@@ -4,6 +4,7 @@ the replica as a stream, answered whole. Fake replicas stream "one", then "two".
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import aiohttp
@@ -93,5 +94,49 @@ def test_other_non_streamed_requests_go_to_the_replica_as_they_came(
             answer = await _answer(client, url, doc)
             assert answer["choices"][0]["message"]["content"] == "hello from a"
             assert a.received == [doc]
+
+    run(body())
+
+
+@pytest.mark.parametrize("opted_out", [False, True], ids=["continued", "opted-out"])
+def test_a_replica_whose_engine_fails_mid_stream_hands_the_rest_to_another(
+    opted_out: bool,
+) -> None:
+    async def body() -> None:
+        a, b = await FakeUpstream("a").start(), await FakeUpstream("b").start()
+        a.error_mid_stream = True  # "one", then vLLM's error event and the end of the body
+        headers = {"X-Servepilot-Continue": "0"} if opted_out else {}
+        async with (
+            gateway_in_front_of([a, b], health_interval_s=30) as (_, url),
+            aiohttp.ClientSession() as client,
+        ):
+            doc = {**CHAT, "stream": True}
+            async with client.post(f"{url}/v1/chat/completions", json=doc,
+                                   headers=headers) as resp:  # fmt: skip
+                raw = await resp.content.read()
+            events = [json.loads(e.removeprefix(b"data: ")) for e in raw.split(b"\n\n")
+                      if e and e != b"data: [DONE]"]  # fmt: skip
+            if opted_out:  # the replica's error event, as before
+                assert "error" in events[-1] and b"[DONE]" not in raw and not b.received
+                return
+            assert [e["choices"][0]["delta"]["content"] for e in events] == ["one", "one", "two"]
+            assert raw.endswith(b"data: [DONE]\n\n")
+            metrics = await scrape(client, url)
+            labels = {"reason": "error_event"}
+            assert metrics.value("servepilot_stream_continuations_total", labels) == 1
+
+    run(body())
+
+
+def test_a_non_streamed_answer_whose_engine_fails_is_continued_too() -> None:
+    async def body() -> None:
+        a, b = await FakeUpstream("a").start(), await FakeUpstream("b").start()
+        a.error_mid_stream = True
+        async with (
+            gateway_in_front_of([a, b], health_interval_s=30, **WHOLE) as (_, url),
+            aiohttp.ClientSession() as client,
+        ):
+            answer = await _answer(client, url, CHAT)
+            assert answer["choices"][0]["message"]["content"] == "oneonetwo"
 
     run(body())

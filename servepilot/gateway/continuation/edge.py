@@ -37,7 +37,7 @@ from servepilot.gateway.dispatch import Dispatcher
 from servepilot.gateway.errors import GatewayError
 from servepilot.gateway.metrics import GatewayMetrics
 from servepilot.gateway.pool import ReplicaPool
-from servepilot.gateway.relay import Outcome, Relay
+from servepilot.gateway.relay import Outcome, Relay, ReplicaErrorEvent
 from servepilot.gateway.replica import Replica
 from servepilot.http1 import HttpRequest
 from servepilot.http1.client import ClientConnection
@@ -68,6 +68,8 @@ def failure_kind(outcome: Outcome) -> Failure:
     failure = outcome.failure
     if isinstance(failure, StreamBroken):
         return failure.kind
+    if isinstance(failure, ReplicaErrorEvent):
+        return Failure.ERROR_EVENT
     return Failure.RESET if failure is not None and failure.__cause__ else Failure.EOF
 
 

@@ -15,7 +15,7 @@ import asyncio
 import time
 
 from servepilot.gateway.continuation.splice import Splicer
-from servepilot.gateway.relay import Relay
+from servepilot.gateway.relay import ERROR_EVENT, Relay
 from servepilot.http1 import HttpRequest
 from servepilot.http1.client import ClientConnection
 from servepilot.http1.errors import UpstreamFailed
@@ -68,6 +68,8 @@ class ContinuationRelay(Relay):
                 self._kept.append(out)
             elif request.write_chunk(out):
                 self._slow_client()
+        if self.splicer.error is not None:
+            self._engine_failed(self.splicer.error.encode())
 
     def on_end(self, data: bytes) -> None:
         if not self._streaming:
@@ -76,6 +78,12 @@ class ContinuationRelay(Relay):
         out = self.splicer.feed(data) if data else b""
         if self.splicer.done:
             self._finish_stream(out)
+        elif self.splicer.error is not None:
+            if out and self._kept is not None:
+                self._kept.append(out)
+            elif out and self._request.connected:
+                self._request.write_chunk(out)
+            self._engine_failed(self.splicer.error.encode())
         elif not self.done.done():
             # The body ended without [DONE]: what came is relayed, the rest is the proxy's.
             if out and self._request.connected:
@@ -126,6 +134,9 @@ class CollectingRelay(Relay):
             return
         if self._first_chunk_s is None:  # from here a silence is a stall (watchdog)
             self._first_chunk_s = time.perf_counter()
+        if data.startswith(ERROR_EVENT):
+            self._engine_failed(data)
+            return
         self._kept.append(data)
         self._relayed += len(data)
         # [DONE] may be split between reads: the last two are enough to see it.
@@ -139,6 +150,9 @@ class CollectingRelay(Relay):
     def on_end(self, data: bytes) -> None:
         if not self._streaming:
             super().on_end(data)
+            return
+        if (at := data.find(ERROR_EVENT)) >= 0:
+            self._engine_failed(data[at:])
             return
         if data:
             self._kept.append(data)
