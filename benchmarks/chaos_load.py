@@ -16,6 +16,9 @@ A stream is
   [DONE] (a token relayed twice, or a seam the client sees);
 - cut: it failed while the gateway itself was down (killed, restarting): the client's to
   retry, and it is sent again;
+- refused: the gateway answered 502 or 503 before any token (no replica ready: both down,
+  or the only one up failing its checks under load); sent again, as the `openai` client's
+  own retries would;
 - failed: anything else (an error event, an exception, tokens missing).
 """
 
@@ -85,6 +88,8 @@ class Stream:
     ended_s: float = 0.0
     cut: bool = False
     """It failed while the gateway was down (set by the load, which sends it again)."""
+    refused: bool = False
+    """The gateway refused it (502/503) before any token (the load sends it again)."""
 
     @property
     def ttft_s(self) -> float | None:
@@ -99,6 +104,8 @@ class Stream:
     def verdict(self, max_tokens: int) -> str:
         if self.cut:
             return "cut"
+        if self.refused:
+            return "refused"
         events, usage = len(self.token_s), self.completion_tokens
         if len(self.finishes) > 1 or self.dones > 1 or (usage is not None and events > usage):
             return "duplicated"
@@ -163,7 +170,7 @@ class Load:
                     stream = self._one(client, tee, index)
                     with self._lock:
                         self.sent.append(stream)
-                    if not stream.cut:
+                    if not (stream.cut or stream.refused):
                         break
                     time.sleep(0.5)  # the client's retry of a stream its gateway dropped
 
@@ -185,6 +192,9 @@ class Load:
             stream.replica = tee.headers.get("x-servepilot-replica")
             for chunk in chunks:
                 _read(stream, chunk, chat)
+        except openai.APIStatusError as exc:
+            stream.error = f"{type(exc).__name__}: {exc}"[:300]
+            stream.refused = exc.status_code in (502, 503) and not stream.token_s
         except (openai.OpenAIError, httpx.HTTPError) as exc:
             stream.error = f"{type(exc).__name__}: {exc}"[:300]
         stream.ended_s = time.monotonic()

@@ -47,6 +47,7 @@ def test_an_error_a_short_answer_or_a_seam_is_a_failure_and_a_dead_gateways_a_cu
     assert _stream(ids={"cmpl-A", "cmpl-B"}).verdict(MAX) == "failed"
     assert _stream(dones=0).verdict(MAX) == "failed"
     assert _stream(error="APIConnectionError", cut=True).verdict(MAX) == "cut"
+    assert _stream(error="InternalServerError: 503", refused=True).verdict(MAX) == "refused"
 
 
 def test_ttft_tpot_and_their_p99() -> None:
