@@ -42,10 +42,8 @@ class ContinuationRelay(Relay):
         self._kept = kept
 
     def on_head(self, status: int, headers: dict[bytes, bytes]) -> None:
+        _note_head(self, status, headers)
         self._head_s = self._sent_s  # the client had its head long ago
-        self._status = status
-        self._content_type = headers.get(b"content-type", b"application/json")
-        self._streaming = status == 200 and self._content_type.startswith(_EVENT_STREAM)
 
     def on_read(self, data: bytes) -> None:
         if not self._streaming:
@@ -121,10 +119,7 @@ class CollectingRelay(Relay):
         self._kept = kept
 
     def on_head(self, status: int, headers: dict[bytes, bytes]) -> None:
-        self._head_s = time.perf_counter()
-        self._status = status
-        self._content_type = headers.get(b"content-type", b"application/json")
-        self._streaming = status == 200 and self._content_type.startswith(_EVENT_STREAM)
+        _note_head(self, status, headers)
 
     def on_read(self, data: bytes) -> None:
         if not self._streaming:
@@ -161,3 +156,12 @@ class CollectingRelay(Relay):
             ended = b"".join(self._kept[-2:]).endswith(_LAST_EVENT)
             failure = None if ended else UpstreamFailed("the answer ended before its last event")
             self.done.set_result(self._outcome(failure))
+
+
+def _note_head(relay: Relay, status: int, headers: dict[bytes, bytes]) -> None:
+    """What the base relay notes of the head, less starting the client's stream (already
+    started, or none to start)."""
+    relay._head_s = time.perf_counter()
+    relay._status = status
+    relay._content_type = headers.get(b"content-type", b"application/json")
+    relay._streaming = status == 200 and relay._content_type.startswith(_EVENT_STREAM)
