@@ -6,8 +6,9 @@ replica restarted is the same URL to the gateway) behind one `servepilot gateway
 with the default 5 s timeout: a hung replica is out of rotation in ~12 s). chaos_load.py sends
 --streams streams, --concurrency at a time, through the official `openai` client, and checks
 each. Meanwhile --faults faults are injected on a schedule drawn from --seed, spread over the
-run (the k-th once about k/(faults+1) of the streams have started; the load goes on past
---streams until the last fault is over), kinds in turn:
+run (the k-th once about k/(faults+1) of the streams have started, and its replica has
+streams in flight; the load goes on past --streams until the last fault is over), kinds in
+turn:
 
 - kill:    kill -9 of a replica's process group; the replica is started again once the
            gateway has routed around it;
@@ -24,9 +25,9 @@ lines naming several replicas), failed, duplicated, refused and cut (both sent a
 chaos_load.py). The cost of a fault: TTFT and TPOT p99 of streams that overlapped a fault
 (from its start until it was over, plus 5 s) against the others. A hung replica's in-flight
 streams: the longest silence after the SIGSTOP of those mid-answer (a token had come),
-against the issue's bound (the stall deadline plus one TTFT, the quiet streams' p50, plus
-the watchdog's tick of 1 s); of those still waiting for their first token, given up on once
-the replica is out of rotation, reported beside it.
+against the issue's bound (the stall deadline plus one TTFT, the quiet streams' p50; the
+watchdog finds a stall up to 2 s late); of those still waiting for their first token, given
+up on once the replica is out of rotation, reported beside it.
 
     python benchmarks/bench_chaos.py [--streams 200] [--faults 4] [--seed 1] [--replicas 2]
     python benchmarks/bench_chaos.py --engine sim      # simulated replicas: a smoke test
@@ -71,8 +72,10 @@ KINDS = ("kill", "hang", "restart", "gateway")
 SETTLE_S = 5.0
 """A fault's window lasts this long after it is over (streams queued behind it)."""
 READY_TIMEOUT_S = 600.0
-_WATCHDOG_TICK_S = 1.0
-"""The gateway finds a stall on a timer of this period (continuation/watchdog.py)."""
+BUSY_TIMEOUT_S = 60.0
+"""How long a replica fault waits for its replica to have streams in flight."""
+_WATCHDOG_LATE_S = 2.0
+"""The gateway's watchdog ticks every second: it finds a stall up to two ticks late."""
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,15 @@ class Gateway:
             self.proc.terminate()
             self.proc.wait(30)
 
+    def busy(self, replica_id: str) -> bool:
+        """Whether the gateway has requests in flight on the replica (GET /admin/replicas)."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/admin/replicas", timeout=2) as answer:
+                replicas = json.loads(answer.read())
+        except (OSError, ValueError):
+            return False
+        return any(r["id"] == replica_id and r["in_flight"] > 0 for r in replicas)
+
     def continued(self) -> int:
         """Requests continued on another replica, from every incarnation's access log."""
         count = 0
@@ -220,8 +232,15 @@ class Chaos:
         self.gateway_restart: dict[str, float] = {}
 
     def inject(self, fault: Fault, load: Load) -> Window:
-        i, start = fault.replica, time.monotonic()
+        i = fault.replica
         name = f"r{i}"
+        if fault.kind != "gateway":
+            # A replica just back (a fault before) may not be serving yet: a fault on an
+            # idle replica would cost no stream, and prove nothing.
+            deadline = time.monotonic() + BUSY_TIMEOUT_S
+            while not self.gateway.busy(name) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        start = time.monotonic()
         if fault.kind == "kill":
             self.replicas.killed(i)
             time.sleep(2.0)  # the gateway routes around it before it is back
@@ -321,7 +340,7 @@ class Chaos:
         return {
             "mid_answer": len(mid),
             "max_silence_s": max(mid, default=0.0),
-            "bound_s": self.args.stall_timeout_s + _WATCHDOG_TICK_S + ttft,
+            "bound_s": self.args.stall_timeout_s + ttft,
             "waiting": len(waiting),
             "waiting_max_silence_s": max(waiting, default=0.0),
         }
@@ -407,11 +426,13 @@ def table(r: dict[str, Any]) -> str:
         f"TPOT p99 quiet / faulted: {ms(r['tpot_p99_ms'])} ms",
     ]
     if (hang := r["hang"]) is not None:
-        verdict = "within" if hang["max_silence_s"] <= hang["bound_s"] else "OVER"
+        over = hang["max_silence_s"] - hang["bound_s"]
+        verdict = "within" if over <= 0 else f"{over:.1f} s over"
         lines.append(
             f"hang: {hang['mid_answer']} streams mid-answer on the stopped replica, longest "
-            f"silence {hang['max_silence_s']:.1f} s ({verdict} the bound {hang['bound_s']:.1f} "
-            f"s: stall deadline + tick + TTFT p50); {hang['waiting']} waiting for their first "
+            f"silence {hang['max_silence_s']:.1f} s ({verdict} the issue's bound "
+            f"{hang['bound_s']:.1f} s, stall deadline + TTFT p50; the watchdog finds a stall "
+            f"up to {_WATCHDOG_LATE_S:.0f} s late); {hang['waiting']} waiting for their first "
             f"token, longest silence {hang['waiting_max_silence_s']:.1f} s"
         )
     if restart := r["gateway_restart"]:
