@@ -62,6 +62,7 @@ class FakeUpstream:
         self.reply_delay_s = 0.0
         self.gate: asyncio.Event | None = None  # chunk 2 waits for it when set
         self.first_gate: asyncio.Event | None = None  # chunk 1 (after the head) waits for it
+        self.first_text = "one"  # the content of a stream's first event
         # When set, the end of a streamed body waits for it after `data: [DONE]` has gone out,
         # as vLLM's does (uvicorn writes it separately): a client may close in between.
         self.end_gate: asyncio.Event | None = None
@@ -193,7 +194,7 @@ class FakeUpstream:
         await response.prepare(request)
         if self.first_gate is not None:
             await self.first_gate.wait()
-        await response.write(sse({"choices": [{"delta": {"content": "one"}}]}))
+        await response.write(sse({"choices": [{"delta": {"content": self.first_text}}]}))
         if self.gate is not None:
             await self.gate.wait()
         if self.error_mid_stream:

@@ -140,3 +140,22 @@ def test_a_non_streamed_answer_whose_engine_fails_is_continued_too() -> None:
             assert answer["choices"][0]["message"]["content"] == "oneonetwo"
 
     run(body())
+
+
+def test_tokens_merged_into_one_event_are_counted_by_the_next_replicas_tokenizer() -> None:
+    async def body() -> None:
+        a, b = await FakeUpstream("a").start(), await FakeUpstream("b").start()
+        a.die_mid_stream = True
+        a.first_text = "one two three"  # three tokens in one event (the fake: a word each)
+        async with (
+            gateway_in_front_of([a, b], health_interval_s=30) as (_, url),
+            aiohttp.ClientSession() as client,
+        ):
+            doc = {**CHAT, "stream": True, "max_tokens": 10}
+            async with client.post(f"{url}/v1/chat/completions", json=doc) as resp:
+                assert resp.status == 200
+                await resp.content.read()
+            (rest,) = b.received
+            assert rest["max_tokens"] == 7 and b.tokenized == 1
+
+    run(body())

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from servepilot.core.config.gateway import ContinuationConfig
+from servepilot.gateway.continuation.count import tokens_in
 from servepilot.gateway.continuation.policy import (
     Candidate,
     Continue,
@@ -135,18 +136,16 @@ class Continuer:
                 return replace(outcome, failure=UpstreamFailed(why))
             self._metrics.count_continuation(str(kind))
             continuations += 1
-            splicer = Splicer(sent, broken.whole or usage_asked(broken.doc))
             try:
-                outcome = await self._send_rest(broken, decision, splicer, attempt)
+                outcome, splicer = await self._send_rest(broken, decision, sent, attempt)
             except _CannotStart as exc:
                 return replace(outcome, failure=UpstreamFailed(f"{outcome.failure}; {exc}"))
             sent = splicer.transcript()
         return outcome
 
     async def _send_rest(
-        self, broken: Broken, decision: Continue, splicer: Splicer, attempt: Attempt
-    ) -> Outcome:
-        body = json.dumps(continuation_body(broken.doc, splicer.sent, chat=broken.chat))
+        self, broken: Broken, decision: Continue, sent: Transcript, attempt: Attempt
+    ) -> tuple[Outcome, Splicer]:
         allowed = set(decision.replica_ids)
         known = (info.replica_id for info in self._pool.replicas())
         exclude = {rid for rid in known if rid not in allowed}
@@ -156,9 +155,15 @@ class Continuer:
             raise _CannotStart(f"no replica took the continuation: {exc.message}") from None
         replica = grant.replica
         broken.used.append(replica.replica_id)
-        log.info("continuing a stream on replica %s after %d tokens (replicas so far: %s)",
-                 replica.replica_id, splicer.sent.tokens, ",".join(broken.used))  # fmt: skip
         try:
+            if sent.text:
+                counted = await tokens_in(replica, broken.view.model, sent.text)
+                if counted is not None and counted > sent.tokens:  # events held merged tokens
+                    sent = replace(sent, tokens=counted)
+            splicer = Splicer(sent, broken.whole or usage_asked(broken.doc))
+            body = json.dumps(continuation_body(broken.doc, sent, chat=broken.chat))
+            log.info("continuing a stream on replica %s after %d tokens (replicas so far: %s)",
+                     replica.replica_id, sent.tokens, ",".join(broken.used))  # fmt: skip
             kept = broken.relayed if broken.whole else None
             outcome = await attempt(replica, body.encode(), _Rest(broken.request, splicer, kept))
         except BaseException:
@@ -172,7 +177,7 @@ class Continuer:
                                f"HTTP {outcome.status}: {excerpt}")  # fmt: skip
         if outcome.failure is not None and not outcome.streamed:
             raise _CannotStart(f"replica {replica.replica_id} failed: {outcome.failure}")
-        return outcome
+        return outcome, splicer
 
     def _situation(
         self, broken: Broken, sent: Transcript, kind: Failure, continuations: int
