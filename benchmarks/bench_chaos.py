@@ -6,9 +6,9 @@ replica restarted is the same URL to the gateway) behind one `servepilot gateway
 with the default 5 s timeout: a hung replica is out of rotation in ~12 s). chaos_load.py sends
 --streams streams, --concurrency at a time, through the official `openai` client, and checks
 each. Meanwhile --faults faults are injected on a schedule drawn from --seed, spread over the
-run (the k-th once about k/(faults+1) of the streams have started, and its replica has
-streams in flight; the load goes on past --streams until the last fault is over), kinds in
-turn:
+run (the k-th once about k/(faults+1) of the streams have started, and a stream is
+mid-answer on its replica; the load goes on past --streams until the last fault is over),
+kinds in turn:
 
 - kill:    kill -9 of a replica's process group; the replica is started again once the
            gateway has routed around it;
@@ -73,7 +73,7 @@ SETTLE_S = 5.0
 """A fault's window lasts this long after it is over (streams queued behind it)."""
 READY_TIMEOUT_S = 600.0
 BUSY_TIMEOUT_S = 60.0
-"""How long a replica fault waits for its replica to have streams in flight."""
+"""How long a replica fault waits for a stream mid-answer on its replica."""
 _WATCHDOG_LATE_S = 2.0
 """The gateway's watchdog ticks every second: it finds a stall up to two ticks late."""
 
@@ -195,15 +195,6 @@ class Gateway:
             self.proc.terminate()
             self.proc.wait(30)
 
-    def busy(self, replica_id: str) -> bool:
-        """Whether the gateway has requests in flight on the replica (GET /admin/replicas)."""
-        try:
-            with urllib.request.urlopen(f"{self.url}/admin/replicas", timeout=2) as answer:
-                replicas = json.loads(answer.read())
-        except (OSError, ValueError):
-            return False
-        return any(r["id"] == replica_id and r["in_flight"] > 0 for r in replicas)
-
     def continued(self) -> int:
         """Requests continued on another replica, from every incarnation's access log."""
         count = 0
@@ -236,10 +227,11 @@ class Chaos:
         name = f"r{i}"
         if fault.kind != "gateway":
             # A replica just back (a fault before) may not be serving yet: a fault on an
-            # idle replica would cost no stream, and prove nothing.
+            # idle replica would cost no stream, and prove nothing. So it waits for a
+            # stream mid-answer there.
             deadline = time.monotonic() + BUSY_TIMEOUT_S
-            while not self.gateway.busy(name) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            while not load.mid_answer(name) and time.monotonic() < deadline:
+                time.sleep(0.02)
         start = time.monotonic()
         if fault.kind == "kill":
             self.replicas.killed(i)

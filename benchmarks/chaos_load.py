@@ -131,6 +131,8 @@ class Load:
     going: Callable[[], bool]
     """Whether to go on past `streams` (faults still to come)."""
     sent: list[Stream] = field(default_factory=list)
+    active: dict[int, Stream] = field(default_factory=dict)
+    """The streams being read now, by worker."""
     _next: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -141,7 +143,8 @@ class Load:
 
     def start(self) -> None:
         for n in range(self.concurrency):
-            thread = threading.Thread(target=self._worker, name=f"load-{n}", daemon=True)
+            thread = threading.Thread(target=self._worker, args=(n,), name=f"load-{n}",
+                                      daemon=True)  # fmt: skip
             thread.start()
             self._threads.append(thread)
 
@@ -152,6 +155,10 @@ class Load:
     def done(self) -> bool:
         return not any(t.is_alive() for t in self._threads)
 
+    def mid_answer(self, replica: str) -> bool:
+        """Whether a stream on `replica` is being read now, its first token come."""
+        return any(s.replica == replica and s.token_s for s in list(self.active.values()))
+
     def _take(self) -> int | None:
         with self._lock:
             if self._next >= self.streams and not self.going():
@@ -159,7 +166,7 @@ class Load:
             self._next += 1
             return self._next - 1
 
-    def _worker(self) -> None:
+    def _worker(self, worker: int) -> None:
         tee = Tee()
         timeout = httpx.Timeout(300.0, connect=5.0)
         with httpx.Client(transport=tee, timeout=timeout) as http:
@@ -167,16 +174,16 @@ class Load:
                                    http_client=http)  # fmt: skip
             while (index := self._take()) is not None:
                 while True:
-                    stream = self._one(client, tee, index)
+                    stream = self._one(client, tee, index, worker)
                     with self._lock:
                         self.sent.append(stream)
                     if not (stream.cut or stream.refused):
                         break
                     time.sleep(0.5)  # the client's retry of a stream its gateway dropped
 
-    def _one(self, client: openai.OpenAI, tee: Tee, index: int) -> Stream:
+    def _one(self, client: openai.OpenAI, tee: Tee, index: int, worker: int) -> Stream:
         chat = index % 2 == 1
-        stream = Stream(index, chat, time.monotonic())
+        stream = self.active[worker] = Stream(index, chat, time.monotonic())
         prompt = f"Write a few lines about {TOPICS[index % len(TOPICS)]} (note {index}):"
         common: dict[str, Any] = {
             "model": MODEL, "max_tokens": self.max_tokens, "temperature": 0.0, "seed": index,
@@ -198,6 +205,7 @@ class Load:
         except (openai.OpenAIError, httpx.HTTPError) as exc:
             stream.error = f"{type(exc).__name__}: {exc}"[:300]
         stream.ended_s = time.monotonic()
+        del self.active[worker]
         stream.dones = bytes(tee.raw).count(b"data: [DONE]")
         if stream.error is not None and self.gateway_down():
             stream.cut = True
