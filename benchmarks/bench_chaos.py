@@ -26,8 +26,8 @@ chaos_load.py). The cost of a fault: TTFT and TPOT p99 of streams that overlappe
 (from its start until it was over, plus 5 s) against the others. A hung replica's in-flight
 streams: the longest silence after the SIGSTOP of those mid-answer (a token had come),
 against the issue's bound (the stall deadline plus one TTFT, the quiet streams' p50; the
-watchdog finds a stall up to 2 s late); of those still waiting for their first token, given
-up on once the replica is out of rotation, reported beside it.
+watchdog finds a stall up to 0.5 s late); of those still waiting for their first token,
+given up on once the replica is out of rotation, reported beside it.
 
     python benchmarks/bench_chaos.py [--streams 200] [--faults 4] [--seed 1] [--replicas 2]
     python benchmarks/bench_chaos.py --engine sim      # simulated replicas: a smoke test
@@ -74,8 +74,8 @@ SETTLE_S = 5.0
 READY_TIMEOUT_S = 600.0
 BUSY_TIMEOUT_S = 60.0
 """How long a replica fault waits for a stream mid-answer on its replica."""
-_WATCHDOG_LATE_S = 2.0
-"""The gateway's watchdog ticks every second: it finds a stall up to two ticks late."""
+_WATCHDOG_LATE_S = 0.5
+"""The gateway's watchdog ticks every quarter second: it finds a stall up to two ticks late."""
 
 
 @dataclass(frozen=True)
@@ -424,7 +424,7 @@ def table(r: dict[str, Any]) -> str:
             f"hang: {hang['mid_answer']} streams mid-answer on the stopped replica, longest "
             f"silence {hang['max_silence_s']:.1f} s ({verdict} the issue's bound "
             f"{hang['bound_s']:.1f} s, stall deadline + TTFT p50; the watchdog finds a stall "
-            f"up to {_WATCHDOG_LATE_S:.0f} s late); {hang['waiting']} waiting for their first "
+            f"up to {_WATCHDOG_LATE_S:.1f} s late); {hang['waiting']} waiting for their first "
             f"token, longest silence {hang['waiting_max_silence_s']:.1f} s"
         )
     if restart := r["gateway_restart"]:

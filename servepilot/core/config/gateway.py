@@ -287,9 +287,9 @@ class ContinuationConfig(_Section):
 
     stall_timeout_s: float = Field(default=30.0, gt=0)
     """A stream that has relayed its first token and then gets nothing from its replica for
-    this long is given up on that replica and continued elsewhere (found within two seconds
-    more: the watchdog ticks every second). A replica taken out of rotation (failed health
-    checks) has its streams continued elsewhere too."""
+    this long is given up on that replica and continued elsewhere (found within half a
+    second more: the watchdog ticks every quarter second). A replica taken out of rotation
+    (failed health checks) has its streams continued elsewhere too."""
 
 
 class GatewayConfig(_Section):

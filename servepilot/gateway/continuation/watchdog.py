@@ -5,8 +5,10 @@ stream just stops. A replica the pool took out of rotation (failed health checks
 trickle tokens, or never send another. Either way the stream is given up on that replica
 (`Relay.abandon`), and the proxy continues it elsewhere.
 
-One timer for every watched stream, ticking at most every second (health is checked every
-few seconds anyway); a stream is stalled when the bytes it relayed have not changed for
+One timer for every watched stream, ticking at most every quarter second (a stall is found
+up to two ticks late: its last byte is seen at the next tick, its deadline at the tick after
+it; a hung replica's streams should go on within the stall deadline and one TTFT, and a tick
+reads one integer per stream); a stream is stalled when the bytes it relayed have not changed for
 `stall_timeout_s` since the first token (before it, a long prefill or a queue is not a stall,
 but a replica out of rotation is given up on all the same: a request it had not answered at
 all is retried elsewhere, one whose head had come is continued from its start).
@@ -21,7 +23,7 @@ from typing import Protocol
 from servepilot.gateway.continuation.policy import Failure
 from servepilot.http1.errors import UpstreamFailed
 
-_MAX_TICK_S = 1.0
+_MAX_TICK_S = 0.25
 
 
 class StreamBroken(UpstreamFailed):
