@@ -419,7 +419,7 @@ def table(r: dict[str, Any]) -> str:
     ]
     if (hang := r["hang"]) is not None:
         over = hang["max_silence_s"] - hang["bound_s"]
-        verdict = "within" if over <= 0 else f"{over:.1f} s over"
+        verdict = "within" if over <= 0 else f"{over:.2f} s over"
         lines.append(
             f"hang: {hang['mid_answer']} streams mid-answer on the stopped replica, longest "
             f"silence {hang['max_silence_s']:.1f} s ({verdict} the issue's bound "
