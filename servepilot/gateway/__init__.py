@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from servepilot.gateway.answer import REPLICA_HEADER
 from servepilot.gateway.app import Gateway
 from servepilot.gateway.fleet_gauges import FleetFacts
 from servepilot.gateway.pool import ReplicaNotFound, ReplicaPool
-from servepilot.gateway.proxy import REPLICA_HEADER
 from servepilot.gateway.replica import ReplicaInfo
 from servepilot.gateway.serve import run_gateway, serve
 

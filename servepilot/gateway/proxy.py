@@ -3,9 +3,10 @@
 Kept lean on purpose (it is benchmarked for CPU time per request against vllm-router): the
 body is parsed once, forwarded as the original bytes, and the answer is relayed from the
 upstream connection's callbacks (see `relay`). A request whose replica fails before the first
-byte of the answer is retried on another replica; one that fails mid-stream ends with an SSE
-error event; a client that disconnects cancels the handler, which drops the upstream
-connection and so aborts the generation.
+byte of the answer is retried on another replica; one that fails after its first token is
+continued on another (gateway/continuation: the guard of the request makes its relays); a
+client that disconnects cancels the handler, which drops the upstream connection and so
+aborts the generation. How the last attempt becomes the client's answer: `answer`.
 """
 
 from __future__ import annotations
@@ -14,22 +15,20 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from functools import partial
 
 from servepilot.core.config import GatewayConfig
 from servepilot.gateway.access_log import Trail
+from servepilot.gateway.answer import deliver
 from servepilot.gateway.auth import Caller
-from servepilot.gateway.continuation.edge import CHAT_PATH, Broken, Continuer
+from servepilot.gateway.continuation.edge import Continuer, Relaying
+from servepilot.gateway.continuation.guard import guard_for
 from servepilot.gateway.deadlines import Deadlines
-from servepilot.gateway.dispatch import Dispatcher, Grant
+from servepilot.gateway.dispatch import Dispatcher
 from servepilot.gateway.errors import (
     INVALID_REQUEST,
-    UPSTREAM,
     GatewayError,
     bad_request,
-    replica_error,
-    sse_error_event,
 )
 from servepilot.gateway.metrics import GatewayMetrics, RouteLatency
 from servepilot.gateway.pool import ReplicaPool
@@ -41,7 +40,6 @@ from servepilot.gateway.routes import (
     TOKENIZE,
     TOKENIZE_CHAT,
     ApiRoute,
-    not_served_message,
 )
 from servepilot.gateway.tokens import PromptBlocks, PromptKeys
 from servepilot.gateway.validation import (
@@ -50,18 +48,14 @@ from servepilot.gateway.validation import (
     parse_multipart_request,
 )
 from servepilot.http1 import HttpRequest
-from servepilot.http1.client import ClientConnection
 from servepilot.http1.errors import UpstreamFailed
 from servepilot.routing.base import RequestView, RoutingPolicy
 from servepilot.routing.prefix import prefix_hashes, prompt_text
 
 log = logging.getLogger(__name__)
 
-REPLICA_HEADER = "X-Servepilot-Replica"
-_REPLICA_HEADER_B = b"x-servepilot-replica"
 # Request headers the engine may act on; everything else (Host, hop-by-hop, cookies) stays.
 _FORWARDED_HEADERS = ("accept", "x-request-id", "traceparent")
-_EXCERPT_CHARS = 300
 
 
 class Proxy:
@@ -139,9 +133,7 @@ class Proxy:
         extra = self._extra_headers(request)
         body = request.body
         tried: set[str] = set()
-        record: list[bytes] | None = (
-            [] if self._continuer.records(request, route.path, parsed.stream) else None
-        )
+        guard = guard_for(self._continuer, request, route.path, parsed.doc, parsed.stream)
         while True:
             if admitted:
                 grant = await self._dispatcher.acquire(view, tried, caller.tenant)
@@ -149,43 +141,31 @@ class Proxy:
                 grant = self._dispatcher.acquire_tokenizer(view, tried)
             if grant.max_tokens_cap is not None and route.cap_fields:
                 body = _capped(parsed, grant.max_tokens_cap, body, route.cap_fields)
+            replica = grant.replica
             try:
-                outcome = await self._attempt(
-                    request,
-                    grant.replica,
-                    route.path,
-                    body,
-                    extra,
-                    content_type,
-                    trail,
-                    started,
-                    record,
-                )
+                sent = body if guard is None else guard.body(body)
+                outcome = await self._attempt(request, route.path, extra, content_type, trail,
+                                              started, replica, sent, guard)  # fmt: skip
             except BaseException:  # the client left (cancelled): the slot is abandoned
                 self._dispatcher.release(grant, None)
                 raise
             self._dispatcher.release(grant, outcome)
             if outcome.failure is not None and outcome.retryable:
-                tried.add(grant.replica.replica_id)
+                tried.add(replica.replica_id)
                 self._metrics.count_retry()
-                if record is not None:
-                    record.clear()
                 continue
-            # A stream past the request timeout has had all the time it may take.
-            broke = outcome.streamed and outcome.failure is not None and not outcome.timed_out
-            if record is not None and broke:
-                broken = Broken(request, view, caller.tenant, parsed.doc,
-                                route.path == CHAT_PATH, record, grant.replica.replica_id,
-                                outcome)  # fmt: skip
-                outcome = await self._continue(broken, extra, trail, started, route.path)
+            if guard is not None and (guard.whole or outcome.failure is not None):
+                attempt = partial(self._attempt, request, route.path, extra, None, trail, started)
+                outcome = await guard.settle(outcome, view, caller.tenant, replica.replica_id,
+                                             attempt, trail)  # fmt: skip
             first = outcome.first_chunk_at
             ttft_s = None if first is None else first - started
             latency = self._latency.get(route.path)
             if latency is not None:
                 latency.observe(view.priority, ttft_s, time.perf_counter() - started)
             if trail is not None:
-                _follow(trail, grant.replica.replica_id, outcome, started)
-            self._finish(request, grant, outcome, route, model)
+                _follow(trail, replica.replica_id, outcome, started)
+            deliver(request, replica, outcome, route, model, self._metrics)
             return
 
     def _model(self, asked: str | None) -> str:
@@ -250,39 +230,17 @@ class Proxy:
                 extra += f"{name}: {headers[name]}\r\n".encode("latin-1")
         return extra
 
-    async def _continue(
-        self, broken: Broken, extra: bytes, trail: Trail | None, started: float, path: str
-    ) -> Outcome:
-        """A stream broken after its first token goes on elsewhere (gateway/continuation)."""
-        request = broken.request
-
-        def attempt(
-            replica: Replica, body: bytes, relay_of: Callable[[ClientConnection], Relay]
-        ) -> Awaitable[Outcome]:
-            return self._attempt(request, replica, path, body, extra, None, trail, started,
-                                 None, relay_of)  # fmt: skip
-
-        last = await self._continuer.carry_on(broken, attempt)
-        first = broken.outcome
-        # One answer: its first byte and token came with the first part, its bytes are all.
-        outcome = replace(last, ttfb_s=first.ttfb_s, first_chunk_at=first.first_chunk_at,
-                          streamed_bytes=first.streamed_bytes + last.streamed_bytes)  # fmt: skip
-        if trail is not None and len(broken.used) > 1:
-            trail.replicas = tuple(broken.used)
-        return outcome
-
     async def _attempt(
         self,
         request: HttpRequest,
-        replica: Replica,
         path: str,
-        body: bytes,
         extra: bytes,
         content_type: bytes | None,
         trail: Trail | None,
         started: float,
-        record: list[bytes] | None = None,
-        relay_of: Callable[[ClientConnection], Relay] | None = None,
+        replica: Replica,
+        body: bytes,
+        guard: Relaying | None,
     ) -> Outcome:
         """One try on one replica; a stale keep-alive connection is replaced once. A client
         that leaves meanwhile still gets, in its line, what it was sent of the answer."""
@@ -298,14 +256,13 @@ class Proxy:
                     self._metrics.count_error("upstream_connect")
                     log.warning("replica %s unreachable: %s", replica.replica_id, exc)
                     return Outcome(status=0, streamed=False, failure=exc, retryable=True)
-            if relay_of is None:
-                relay = Relay(request, conn, replica.header, loop, record)
-            else:
-                relay = relay_of(conn)
+            if guard is None:
+                relay = Relay(request, conn, replica.header, loop)
+            else:  # a stream that may be continued: a stall or a sick replica ends it
+                relay = guard.relay(conn, replica, loop)
             conn.send(replica.request_head(path, len(body), extra, content_type) + body, relay)
             self._deadlines.add(relay, loop)
-            watched = record is not None or relay_of is not None
-            if watched:  # a stream that may be continued: a stall or a sick replica ends it
+            if guard is not None:
                 self._continuer.watchdog.add(relay, replica, loop)
             try:
                 outcome = await relay.done
@@ -315,7 +272,7 @@ class Proxy:
                 raise
             finally:
                 self._deadlines.discard(relay)
-                if watched:
+                if guard is not None:
                     self._continuer.watchdog.discard(relay)
                 conn.finish()
             if outcome.timed_out:
@@ -325,53 +282,6 @@ class Proxy:
             if not (reused and outcome.failure is not None and outcome.retryable):
                 return outcome
         return outcome
-
-    def _finish(
-        self, request: HttpRequest, grant: Grant, outcome: Outcome, route: ApiRoute, model: str
-    ) -> None:
-        replica_id = grant.replica.replica_id
-        if outcome.timed_out and not outcome.streamed:
-            raise _timeout(replica_id)
-        if outcome.failure is not None:  # after the head: only the stream can tell
-            self._metrics.count_error("upstream_interrupted")
-            message = f"replica {replica_id} stopped in the middle of the answer: {outcome.failure}"
-            if outcome.streamed:
-                if request.connected:
-                    request.end_stream(sse_error_event(message, code="upstream_interrupted"))
-                return
-            raise _upstream_failed(replica_id, message)
-        if outcome.streamed:
-            if request.connected:
-                request.end_stream()
-            return
-        status = outcome.status
-        if status >= 500:
-            self._metrics.count_error("upstream_5xx")
-            excerpt = outcome.body[:_EXCERPT_CHARS].decode("utf-8", "replace")
-            raise _upstream_failed(replica_id, f"it answered HTTP {status}: {excerpt}")
-        if status >= 400:
-            raise _refused(status, outcome.body, route, model, replica_id)
-        request.respond(status, outcome.body, outcome.content_type, (grant.replica.header,))
-
-
-def _refused(
-    status: int, body: bytes, route: ApiRoute, model: str, replica_id: str
-) -> GatewayError:
-    """A replica's 4xx as the gateway's error: vLLM's own in the gateway's shape, any other
-    answer quoted in a message of the gateway's."""
-    headers = {REPLICA_HEADER: replica_id}
-    own = replica_error(status, body, headers)
-    if own is not None:
-        return own
-    answer = body[:_EXCERPT_CHARS].decode("utf-8", "replace")
-    if status == 404:  # not vLLM's own 404 (an unknown model): the replica lacks the route
-        message, code = not_served_message(route, model, replica_id, answer), "not_found"
-    else:
-        message, code = (
-            f"replica {replica_id} answered HTTP {status}: {answer}",
-            "upstream_client_error",
-        )
-    return GatewayError(status, message, error_type=INVALID_REQUEST, code=code, headers=headers)
 
 
 def _follow(trail: Trail, replica_id: str, outcome: Outcome, started: float) -> None:
@@ -409,26 +319,6 @@ def _capped(parsed: InferenceRequest, cap: int, body: bytes, fields: tuple[str, 
             doc[name] = cap
             changed = True
     return json.dumps(doc).encode() if changed else body
-
-
-def _timeout(replica_id: str) -> GatewayError:
-    return GatewayError(
-        504,
-        f"replica {replica_id} did not answer in time",
-        error_type=UPSTREAM,
-        code="upstream_timeout",
-        headers={REPLICA_HEADER: replica_id},
-    )
-
-
-def _upstream_failed(replica_id: str, why: str) -> GatewayError:
-    return GatewayError(
-        502,
-        f"replica {replica_id} failed: {why}",
-        error_type=UPSTREAM,
-        code="upstream_error",
-        headers={REPLICA_HEADER: replica_id},
-    )
 
 
 def _tokenize_field(body: bytes) -> str:

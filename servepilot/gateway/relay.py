@@ -36,6 +36,8 @@ from servepilot.http1.errors import UpstreamFailed
 _EVENT_STREAM = b"text/event-stream"
 _LAST_EVENT = b"data: [DONE]\n\n"
 _LAST_LEN = len(_LAST_EVENT)
+ERROR_EVENT = b'data: {"error"'
+"""How vLLM's error event starts (its engine failed mid-answer: the stream ends with it)."""
 _CHUNKED_END = b"\r\n0\r\n\r\n"
 """What ends a chunked body after the data of its last chunk: that chunk's CRLF, then the
 last chunk (size 0) and the empty trailer."""
@@ -111,6 +113,10 @@ class Outcome:
         self.first_chunk_at = first_chunk_at
         self.streamed_bytes = streamed_bytes
         self.tail = tail
+
+
+class ReplicaErrorEvent(UpstreamFailed):
+    """A replica ended a stream with an error event (its engine failed mid-answer)."""
 
 
 # Compiled (core/accel.py), a class is closed to Python subclasses unless it says otherwise;
@@ -189,10 +195,14 @@ class Relay:
             if last.endswith(_LAST_EVENT) or (len(last) < _LAST_LEN and self._ends_stream(last)):
                 self._complete(data)
                 return
+            record = self._record
+            if record is not None and last.startswith(ERROR_EVENT):
+                self._engine_failed(last)  # a stream that may be continued is, instead
+                return
             self._relayed += len(last) if len(pieces) == 1 else sum(map(len, pieces))
             self._previous = last
-            if self._record is not None:
-                self._record.extend(pieces)
+            if record is not None:
+                record.extend(pieces)
         self._written = data
         send = self._send
         if send is None:  # the held-back head leaves with the first bytes
@@ -225,6 +235,9 @@ class Relay:
         if data.endswith(_LAST_EVENT) or (len(data) < _LAST_LEN and self._ends_stream(data)):
             self._complete(data)
             return
+        if self._record is not None and data.startswith(ERROR_EVENT):
+            self._engine_failed(data)
+            return
         self._relayed += len(data)
         self._previous = data
         if self._record is not None:
@@ -240,6 +253,12 @@ class Relay:
 
     def on_end(self, data: bytes) -> None:
         request = self._request
+        if self._record is not None and self._streaming:
+            last = b"".join(self._pieces) if self._raw else data
+            at = last.find(ERROR_EVENT)
+            if at >= 0:  # the error event came with the end of the body
+                self._engine_failed(last[at:])
+                return
         if self._raw:
             pieces = self._pieces
             if pieces and self._first_chunk_s is None:
@@ -308,11 +327,23 @@ class Relay:
 
     def abandon(self, failure: UpstreamFailed) -> None:
         """Give up on the replica mid-answer (it stalled, or left the rotation): the
-        stream may go on elsewhere (gateway/continuation)."""
+        stream may go on elsewhere (gateway/continuation); one it had not answered at all
+        may be retried elsewhere."""
         if self.done.done():
             return
         self._conn.abort()
         self._cut_inside_chunk()
+        self.done.set_result(self._outcome(failure, answered=self._status != 0))
+
+    def _engine_failed(self, event: bytes) -> None:
+        """The replica's error event, mid-answer: not relayed, the stream is given up on it
+        (the proxy continues it elsewhere)."""
+        if self.done.done():
+            return
+        self._conn.abort()
+        self._cut_inside_chunk()
+        said = event[len(b"data: ") : 300].decode("utf-8", "replace").strip()
+        failure = ReplicaErrorEvent(f"the replica sent an error event: {said}")
         self.done.set_result(self._outcome(failure, answered=True))
 
     def progress(self) -> int:

@@ -57,7 +57,7 @@ def test_one_session_at_a_time_waits_for_each_answer_and_sends_it_back(
     assert [int(row["turn"]) for row in rows] == [0, 1, 2] * 3
     tokenizer = LocalTokenizer(resolve_model(ModelConfig()).path)
     answer_tokens = len(tokenizer.encode(filler_text(ANSWER)))
-    assert answer_tokens == 50
+    assert answer_tokens == ANSWER  # each filler word is one token
     for session in range(3):
         script = session_script(SPEC, session)
         turns = rows[3 * session : 3 * session + 3]
@@ -66,7 +66,7 @@ def test_one_session_at_a_time_waits_for_each_answer_and_sends_it_back(
             assert float(after["intended_s"]) >= answered_s + turn.wait_s - 0.002
             # The next prompt holds this one, the answer as the replica streamed it (its
             # filler words re-tokenized) with the assistant's role markers, and the new
-            # message; without the answer it would be 50 tokens shorter.
+            # message; without the answer it would be ANSWER tokens shorter.
             grown = int(after["input_tokens"]) - int(before["input_tokens"])
             assert 0 <= grown - turn.new_tokens - answer_tokens <= 8, (session, grown)
 

@@ -33,7 +33,14 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
         simulated_replica(folder / "healthy", MODEL, 5.0) as healthy,
         simulated_replica(folder / "dying", MODEL, 5.0, dying) as dies,
         GatewayProcess(
-            [healthy, dies], folder / "gw", extra=["--access-log", str(folder / "access.log")]
+            [healthy, dies],
+            folder / "gw",
+            # The dying replica's breaker never opens: it keeps getting its turn.
+            gateway={
+                "continuation": {"whole_answers": True},
+                "protection": {"breaker_failures": 1000},
+            },
+            extra=["--access-log", str(folder / "access.log")],
         ) as gw,
     ):
         yield gw
@@ -86,6 +93,35 @@ def test_a_stream_cut_after_five_tokens_reads_as_one_answer(
         )
     counted = gateway.metrics().value("servepilot_stream_continuations_total")
     assert counted >= 1
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+def test_a_non_streamed_answer_cut_after_five_tokens_comes_whole(
+    gateway: GatewayProcess, chat: bool
+) -> None:
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="none", max_retries=0)
+    before = gateway.metrics().value("servepilot_stream_continuations_total")
+    for _ in range(2):  # one of the two on the dying replica
+        if chat:
+            answer = client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "tell me"}],
+                max_tokens=MAX_TOKENS,
+            )  # fmt: skip
+            (choice,) = answer.choices
+            text = choice.message.content
+        else:
+            whole = client.completions.create(model=MODEL, prompt="hi", max_tokens=MAX_TOKENS)
+            (done,) = whole.choices
+            text, answer = done.text, whole  # type: ignore[assignment]
+        assert answer.choices[0].finish_reason == "length"
+        assert answer.usage is not None and answer.usage.completion_tokens == MAX_TOKENS
+        assert answer.usage.total_tokens == answer.usage.prompt_tokens + MAX_TOKENS
+        assert text in (
+            filler_text(MAX_TOKENS),
+            filler_text(DIES_AFTER) + filler_text(MAX_TOKENS - DIES_AFTER),
+        )
+    # A continuation takes a turn of the round robin too: one or both were on the dying one.
+    assert gateway.metrics().value("servepilot_stream_continuations_total") >= before + 1
 
 
 def test_a_request_that_opts_out_ends_with_the_error_event(gateway: GatewayProcess) -> None:

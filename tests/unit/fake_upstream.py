@@ -61,6 +61,8 @@ class FakeUpstream:
         self.reply_body: bytes | None = None  # with reply_status: these bytes, as they are
         self.reply_delay_s = 0.0
         self.gate: asyncio.Event | None = None  # chunk 2 waits for it when set
+        self.first_gate: asyncio.Event | None = None  # chunk 1 (after the head) waits for it
+        self.first_text = "one"  # the content of a stream's first event
         # When set, the end of a streamed body waits for it after `data: [DONE]` has gone out,
         # as vLLM's does (uvicorn writes it separately): a client may close in between.
         self.end_gate: asyncio.Event | None = None
@@ -68,6 +70,7 @@ class FakeUpstream:
         self.split_done = False  # `data: [DONE]` in two writes, cut inside its `[DONE]`
         self.peers: set[tuple[str, int]] = set()  # the client ends of generation requests
         self.die_mid_stream = False
+        self.error_mid_stream = False  # vLLM's error event after chunk 1, then the body's end
         self.usage: dict[str, int] | None = None  # a non-streamed answer's `usage`, when set
         self.endless_stream = False
         self.stream_aborted = asyncio.Event()
@@ -189,9 +192,18 @@ class FakeUpstream:
     async def _stream(self, request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        await response.write(sse({"choices": [{"delta": {"content": "one"}}]}))
+        if self.first_gate is not None:
+            await self.first_gate.wait()
+        await response.write(sse({"choices": [{"delta": {"content": self.first_text}}]}))
         if self.gate is not None:
             await self.gate.wait()
+        if self.error_mid_stream:
+            await asyncio.sleep(0.05)  # a read of its own: chunk 1 reaches the client
+            error = {"object": "error", "message": "EngineCore encountered an issue.",
+                     "type": "InternalServerError", "param": None, "code": 500}  # fmt: skip
+            await response.write(sse({"error": error}))
+            await response.write_eof()
+            return response
         if self.die_mid_stream:
             assert request.transport is not None
             request.transport.close()

@@ -26,6 +26,7 @@ from servepilot.gateway.continuation.transcript import (
     continuation_body,
     read_transcript,
 )
+from servepilot.gateway.continuation.whole import assemble, plain, whole_events
 
 
 def _event(doc: dict[str, Any]) -> bytes:
@@ -175,3 +176,68 @@ def test_an_answer_whose_finish_reason_was_sent_only_needs_its_end() -> None:
 def test_a_replica_of_unknown_model_length_is_a_candidate() -> None:
     replicas = [Candidate("r0", True), Candidate("r1", True)]
     assert decide(_situation(context_tokens=10**6), CONFIG, replicas) == Continue(("r1",))
+
+
+def test_a_whole_answer_is_made_of_every_part_with_the_first_id_and_the_summed_usage() -> None:
+    first = _chat("", role=True) + _chat("Hel") + _chat("lo")
+    # The continuation as the splicer passed it on: the first part's id, usage summed.
+    sent = read_transcript(first, chat=True)
+    splicer = Splicer(sent, usage_asked=True)
+    usage = {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}
+    rest = splicer.feed(
+        _chat("", role=True)
+        + _chat(" wor")
+        + _chat("ld", finish="length")
+        + _event({"id": "chatcmpl-B", "choices": [], "usage": usage})
+        + b"data: [DONE]\n\n"
+    )
+    answer = json.loads(assemble(first + rest, chat=True))
+    assert (answer["id"], answer["object"], answer["created"]) == (
+        "chatcmpl-A", "chat.completion", 100)  # fmt: skip
+    (choice,) = answer["choices"]
+    assert choice["message"] == {"role": "assistant", "content": "Hello world", "tool_calls": []}
+    assert choice["finish_reason"] == "length"
+    # 9 prompt tokens of the continuation = 7 of the original prompt + the 2 sent.
+    assert answer["usage"] == {"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11}
+
+
+def test_a_whole_completion_takes_each_events_text() -> None:
+    answer = json.loads(assemble(_text(" a") + _text(" b", finish="stop"), chat=False))
+    assert answer["object"] == "text_completion" and answer["usage"] is None
+    assert answer["choices"] == [
+        {"index": 0, "text": " a b", "logprobs": None, "finish_reason": "stop", "stop_reason": None}
+    ]
+
+
+def test_a_part_cut_inside_an_event_goes_on_after_its_last_whole_event() -> None:
+    assert whole_events(_text(" a") + _text(" b")[:-4]) == _text(" a")
+    assert whole_events(b"data: {") == b""
+
+
+@pytest.mark.parametrize(
+    ("doc", "chat", "plain_"),
+    [
+        ({"messages": [], "max_tokens": 3, "seed": 1}, True, True),
+        ({"prompt": "x"}, False, True),
+        ({"prompt": ["x"]}, False, True),
+        ({"prompt": [1, 2]}, False, False),
+        ({"prompt": "x", "echo": True}, False, False),
+        ({"prompt": "x", "logprobs": 0}, False, False),
+        ({"messages": [], "logprobs": False}, True, True),
+        ({"messages": [], "tools": []}, True, False),
+        ({"messages": [], "n": 2}, True, False),
+    ],
+)
+def test_only_plain_requests_are_asked_as_a_stream(
+    doc: dict[str, Any], chat: bool, plain_: bool
+) -> None:
+    assert plain(doc, chat=chat) is plain_
+
+
+def test_an_error_event_in_the_rest_is_not_passed_on_and_stops_the_part() -> None:
+    splicer = Splicer(_sent(3), usage_asked=False)
+    error = _event({"error": {"message": "EngineCore encountered an issue.", "code": 500}})
+    out = splicer.feed(_text(" d", answer_id="cmpl-B") + error + _text(" e", answer_id="cmpl-B"))
+    assert [json.loads(e[6:])["choices"][0]["text"] for e in out.split(b"\n\n") if e] == [" d"]
+    assert splicer.error is not None and "EngineCore" in splicer.error and not splicer.done
+    assert splicer.transcript().text == " a b c d"

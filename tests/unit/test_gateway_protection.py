@@ -347,3 +347,34 @@ def test_a_replica_that_hangs_mid_stream_hands_the_rest_to_another(
         a.gate.set()
 
     run(body())
+
+
+@pytest.mark.parametrize("answered_head", [False, True], ids=["before-head", "after-head"])
+def test_a_stream_waiting_for_its_first_token_on_a_replica_out_of_rotation_goes_elsewhere(
+    answered_head: bool,
+) -> None:
+    async def body() -> None:
+        a, b = await FakeUpstream("a").start(), await FakeUpstream("b").start()
+        if answered_head:
+            a.first_gate = asyncio.Event()  # never set: a's head came, its first token never
+        else:
+            a.reply_delay_s = 60.0  # a hangs before its head
+        async with (
+            gateway_in_front_of([a, b], health_interval_s=0.05) as (gw, url),
+            aiohttp.ClientSession() as client,
+        ):
+            sent = asyncio.ensure_future(client.post(f"{url}/v1/chat/completions",
+                                                     json=STREAM_CHAT))  # fmt: skip
+            await eventually(until(lambda: len(a.received) == 1))
+            a.health_status = 500
+            async with await sent as resp:
+                raw = await asyncio.wait_for(resp.content.read(), 10)
+            events = [e for e in raw.split(b"\n\n") if e]
+            docs = [json.loads(e.removeprefix(b"data: ")) for e in events[:-1]]
+            assert [d["choices"][0]["delta"]["content"] for d in docs] == ["one", "two"]
+            assert events[-1] == b"data: [DONE]" and len(b.received) == 1
+            assert gw.pool.total_in_flight() == 0
+        if a.first_gate is not None:
+            a.first_gate.set()
+
+    run(body())

@@ -28,7 +28,7 @@ def test_a_response_ends_at_max_output_tokens_as_vllm_reports_it(sim: ThreadedSi
         model="smollm2", input="Tell me a story", instructions="Be brief", max_output_tokens=5
     )
     assert reply.model == "smollm2" and reply.object == "response"
-    assert reply.output_text == " lorem ipsum dolor sit amet"
+    assert reply.output_text == " we sat by the sea"
     assert (reply.status, reply.incomplete_details and reply.incomplete_details.reason) == (
         "incomplete",
         "max_output_tokens",
@@ -70,7 +70,7 @@ def test_a_streamed_response_is_vllms_event_sequence(sim: ThreadedSim) -> None:
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     last = events[-1]
     assert last.type == "response.completed"
-    assert deltas == last.response.output_text == " lorem ipsum dolor"
+    assert deltas == last.response.output_text == " we sat by"
     assert last.response.usage is not None and last.response.usage.output_tokens == 3
 
 

@@ -163,7 +163,7 @@ def test_streamed_chat_through_the_openai_client(sim: ThreadedSim) -> None:
     )  # fmt: skip
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == " lorem ipsum dolor sit amet consectetur adipiscing"
+    assert text == " we sat by the sea and saw"
     assert chunks[0].choices[0].delta.role == "assistant"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     usage = chunks[-1].usage

@@ -277,11 +277,19 @@ class ContinuationConfig(_Section):
     max_continuations: int = Field(default=2, ge=0)
     """Continuations of one request at most; past them the stream ends with an error event."""
 
+    whole_answers: bool = False
+    """Continue non-streamed answers too: a plain non-streamed completion or chat (one
+    choice, no tools, logprobs or echo) is asked of the replica as a stream, and the gateway
+    answers with the whole answer it assembled from it. Costs the gateway a JSON parse per
+    token, and the replicas' time to first byte of such requests becomes a stream's (the
+    hard limit reads it). Off: non-streamed answers are passed on as the replica wrote them,
+    and one whose replica fails is retried from the start."""
+
     stall_timeout_s: float = Field(default=30.0, gt=0)
     """A stream that has relayed its first token and then gets nothing from its replica for
-    this long is given up on that replica and continued elsewhere (found within two seconds
-    more: the watchdog ticks every second). A replica taken out of rotation (failed health
-    checks) has its streams continued elsewhere too."""
+    this long is given up on that replica and continued elsewhere (found within half a
+    second more: the watchdog ticks every quarter second). A replica taken out of rotation
+    (failed health checks) has its streams continued elsewhere too."""
 
 
 class GatewayConfig(_Section):

@@ -30,8 +30,10 @@ from typing import Any, Protocol
 
 from servepilot.core.errors import ConfigError
 
-FILLER = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed",
-          "do", "eiusmod", "tempor")  # fmt: skip
+# Each word with its leading space is one token of SmolLM2's tokenizer, of the approximation
+# and of the usual English BPE vocabularies: a generated text re-tokenizes to as many tokens
+# as were generated (what a continuation on another replica counts on).
+FILLER = ("we", "sat", "by", "the", "sea", "and", "saw", "a", "new", "day", "come", "in")
 _FILLER_TOKENS = tuple(" " + word for word in FILLER)
 
 # A piece: up to 4 word characters with one leading space, one digit, one other symbol with

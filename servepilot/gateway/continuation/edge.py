@@ -12,9 +12,10 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from servepilot.core.config.gateway import ContinuationConfig
+from servepilot.gateway.continuation.count import tokens_in
 from servepilot.gateway.continuation.policy import (
     Candidate,
     Continue,
@@ -37,7 +38,7 @@ from servepilot.gateway.dispatch import Dispatcher
 from servepilot.gateway.errors import GatewayError
 from servepilot.gateway.metrics import GatewayMetrics
 from servepilot.gateway.pool import ReplicaPool
-from servepilot.gateway.relay import Outcome, Relay
+from servepilot.gateway.relay import Outcome, Relay, ReplicaErrorEvent
 from servepilot.gateway.replica import Replica
 from servepilot.http1 import HttpRequest
 from servepilot.http1.client import ClientConnection
@@ -51,14 +52,25 @@ CHAT_PATH = "/v1/chat/completions"
 CONTINUED_PATHS = (CHAT_PATH, "/v1/completions")
 _DONE_EVENT = b"data: [DONE]\n\n"
 
-Attempt = Callable[[Replica, bytes, Callable[[ClientConnection], Relay]], Awaitable[Outcome]]
-"""One try on one replica with the body given, through the relay made for its connection."""
+
+class Relaying(Protocol):
+    """Makes the relay of each attempt (on each connection tried)."""
+
+    def relay(
+        self, conn: ClientConnection, replica: Replica, loop: asyncio.AbstractEventLoop
+    ) -> Relay: ...
+
+
+Attempt = Callable[[Replica, bytes, Relaying], Awaitable[Outcome]]
+"""One try on one replica with the body given, through the relays made for it."""
 
 
 def failure_kind(outcome: Outcome) -> Failure:
     failure = outcome.failure
     if isinstance(failure, StreamBroken):
         return failure.kind
+    if isinstance(failure, ReplicaErrorEvent):
+        return Failure.ERROR_EVENT
     return Failure.RESET if failure is not None and failure.__cause__ else Failure.EOF
 
 
@@ -74,6 +86,8 @@ class Broken:
     relayed: list[bytes]
     replica_id: str
     outcome: Outcome
+    whole: bool = False
+    """A non-streamed answer: the parts are kept in `relayed`, none is sent to the client."""
     used: list[str] = field(default_factory=list)
 
 
@@ -89,14 +103,15 @@ class Continuer:
     ) -> None:
         self._config = config
         self._enabled = config.enabled
+        self.whole_answers = config.whole_answers
         self._pool = pool
         self._dispatcher = dispatcher
         self._metrics = metrics
         self.watchdog = Watchdog(config.stall_timeout_s)
 
-    def records(self, request: HttpRequest, path: str, stream: bool) -> bool:
-        """Whether the stream's bytes are kept (it may be continued)."""
-        if not stream or not self._enabled or path not in CONTINUED_PATHS:
+    def covers(self, request: HttpRequest, path: str) -> bool:
+        """Whether answers on `path` may be continued (the request did not opt out)."""
+        if not self._enabled or path not in CONTINUED_PATHS:
             return False
         opt_out = request.headers.get(OPT_OUT_HEADER)
         return opt_out is None or opt_out.strip() not in ("0", "false", "off")
@@ -113,25 +128,24 @@ class Continuer:
             decision = decide(self._situation(broken, sent, kind, continuations),
                               self._config, self._candidates(broken.view.model))  # fmt: skip
             if isinstance(decision, Finish):
-                request.end_stream(_DONE_EVENT)
+                if not broken.whole:
+                    request.end_stream(_DONE_EVENT)
                 return replace(outcome, failure=None)
             if not isinstance(decision, Continue):
                 why = f"{outcome.failure}; not continued: {decision.message}"
                 return replace(outcome, failure=UpstreamFailed(why))
             self._metrics.count_continuation(str(kind))
             continuations += 1
-            splicer = Splicer(sent, usage_asked(broken.doc))
             try:
-                outcome = await self._send_rest(broken, decision, splicer, attempt)
+                outcome, splicer = await self._send_rest(broken, decision, sent, attempt)
             except _CannotStart as exc:
                 return replace(outcome, failure=UpstreamFailed(f"{outcome.failure}; {exc}"))
             sent = splicer.transcript()
         return outcome
 
     async def _send_rest(
-        self, broken: Broken, decision: Continue, splicer: Splicer, attempt: Attempt
-    ) -> Outcome:
-        body = json.dumps(continuation_body(broken.doc, splicer.sent, chat=broken.chat))
+        self, broken: Broken, decision: Continue, sent: Transcript, attempt: Attempt
+    ) -> tuple[Outcome, Splicer]:
         allowed = set(decision.replica_ids)
         known = (info.replica_id for info in self._pool.replicas())
         exclude = {rid for rid in known if rid not in allowed}
@@ -141,15 +155,17 @@ class Continuer:
             raise _CannotStart(f"no replica took the continuation: {exc.message}") from None
         replica = grant.replica
         broken.used.append(replica.replica_id)
-        log.info("continuing a stream on replica %s after %d tokens (replicas so far: %s)",
-                 replica.replica_id, splicer.sent.tokens, ",".join(broken.used))  # fmt: skip
-        request, loop = broken.request, asyncio.get_running_loop()
-
-        def relay_of(conn: ClientConnection) -> Relay:
-            return ContinuationRelay(request, conn, replica.header, loop, splicer)
-
         try:
-            outcome = await attempt(replica, body.encode(), relay_of)
+            if sent.text:
+                counted = await tokens_in(replica, broken.view.model, sent.text)
+                if counted is not None and counted > sent.tokens:  # events held merged tokens
+                    sent = replace(sent, tokens=counted)
+            splicer = Splicer(sent, broken.whole or usage_asked(broken.doc))
+            body = json.dumps(continuation_body(broken.doc, sent, chat=broken.chat))
+            log.info("continuing a stream on replica %s after %d tokens (replicas so far: %s)",
+                     replica.replica_id, sent.tokens, ",".join(broken.used))  # fmt: skip
+            kept = broken.relayed if broken.whole else None
+            outcome = await attempt(replica, body.encode(), _Rest(broken.request, splicer, kept))
         except BaseException:
             self._dispatcher.release(grant, None)
             raise
@@ -161,7 +177,7 @@ class Continuer:
                                f"HTTP {outcome.status}: {excerpt}")  # fmt: skip
         if outcome.failure is not None and not outcome.streamed:
             raise _CannotStart(f"replica {replica.replica_id} failed: {outcome.failure}")
-        return outcome
+        return outcome, splicer
 
     def _situation(
         self, broken: Broken, sent: Transcript, kind: Failure, continuations: int
@@ -196,6 +212,19 @@ def _model_len(replica: Replica, model: str) -> int | None:
             value = card.get("max_model_len")
             return value if isinstance(value, int) else None
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Rest:
+    request: HttpRequest
+    splicer: Splicer
+    kept: list[bytes] | None
+
+    def relay(
+        self, conn: ClientConnection, replica: Replica, loop: asyncio.AbstractEventLoop
+    ) -> Relay:
+        return ContinuationRelay(self.request, conn, replica.header, loop, self.splicer,
+                                 self.kept)  # fmt: skip
 
 
 class _CannotStart(Exception):

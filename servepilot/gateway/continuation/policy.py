@@ -25,6 +25,8 @@ class Failure(enum.StrEnum):
     """No token for the stall deadline."""
     OUT_OF_ROTATION = "out_of_rotation"
     """The pool took the replica out (failed health checks)."""
+    ERROR_EVENT = "error_event"
+    """The replica sent an error event mid-answer (its engine failed)."""
 
 
 class GiveUp(enum.StrEnum):

@@ -40,6 +40,8 @@ class Splicer:
     finish_reason: str | None = None
     done: bool = False
     """`[DONE]` was passed on."""
+    error: str | None = None
+    """The replica's error event, when it sent one (nothing after it is passed on)."""
     _texts: list[str] = field(default_factory=list)
 
     @property
@@ -54,7 +56,11 @@ class Splicer:
             self._pending = pending
             return b""
         self._pending = pending[cut + len(EVENT_END) :]
-        out = [self._event(e) for e in pending[:cut].split(EVENT_END)]
+        out = []
+        for event in pending[:cut].split(EVENT_END):
+            out.append(self._event(event))
+            if self.error is not None:
+                break
         return b"".join(out)
 
     def _event(self, event: bytes) -> bytes:
@@ -69,8 +75,11 @@ class Splicer:
             doc = json.loads(payload)
         except (ValueError, RecursionError):
             return stripped + EVENT_END
-        if not isinstance(doc, dict) or "error" in doc:
-            return stripped + EVENT_END  # the replica's error event, as it is
+        if not isinstance(doc, dict):
+            return stripped + EVENT_END
+        if "error" in doc:  # its engine failed: not relayed, the part is given up on
+            self.error = stripped.decode("utf-8", "replace")[:300]
+            return b""
         rewritten = self._rewrite(doc)
         return b"" if rewritten is None else _DATA + _dumps(rewritten) + EVENT_END
 

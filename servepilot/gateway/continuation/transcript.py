@@ -51,7 +51,7 @@ def read_transcript(relayed: bytes, *, chat: bool) -> Transcript:
     tokens = events = 0
     finish: str | None = None
     for event in relayed.split(EVENT_END):
-        doc = _event_doc(event)
+        doc = event_doc(event)
         if doc is None:
             continue
         events += 1
@@ -71,7 +71,7 @@ def read_transcript(relayed: bytes, *, chat: bool) -> Transcript:
     return Transcript(answer_id, created, "".join(parts), tokens, events, finish, whole)
 
 
-def _event_doc(event: bytes) -> dict[str, Any] | None:
+def event_doc(event: bytes) -> dict[str, Any] | None:
     event = event.strip()
     if not event.startswith(_DATA) or event[len(_DATA) :].strip() == DONE:
         return None
@@ -127,6 +127,7 @@ def continuation_body(doc: dict[str, Any], sent: Transcript, *, chat: bool) -> d
         value = body.get(name)
         if isinstance(value, int) and not isinstance(value, bool):
             body[name] = value - sent.tokens
+    body["stream"] = True  # a non-streamed answer is continued as a stream too
     options = body.get("stream_options")
     body["stream_options"] = {**(options if isinstance(options, dict) else {}),
                               "include_usage": True}  # fmt: skip

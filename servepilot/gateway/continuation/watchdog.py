@@ -5,9 +5,13 @@ stream just stops. A replica the pool took out of rotation (failed health checks
 trickle tokens, or never send another. Either way the stream is given up on that replica
 (`Relay.abandon`), and the proxy continues it elsewhere.
 
-One timer for every watched stream, ticking at most every second (health is checked every
-few seconds anyway); a stream is stalled when the bytes it relayed have not changed for
-`stall_timeout_s` since the first token (before it, a long prefill or a queue is not a stall).
+One timer for every watched stream, ticking at most every quarter second (a stall is found
+up to two ticks late: its last byte is seen at the next tick, its deadline at the tick after
+it; a hung replica's streams should go on within the stall deadline and one TTFT, and a tick
+reads one integer per stream); a stream is stalled when the bytes it relayed have not changed for
+`stall_timeout_s` since the first token (before it, a long prefill or a queue is not a stall,
+but a replica out of rotation is given up on all the same: a request it had not answered at
+all is retried elsewhere, one whose head had come is continued from its start).
 The hot path pays nothing: a tick reads the byte count the relay keeps anyway.
 """
 
@@ -19,7 +23,7 @@ from typing import Protocol
 from servepilot.gateway.continuation.policy import Failure
 from servepilot.http1.errors import UpstreamFailed
 
-_MAX_TICK_S = 1.0
+_MAX_TICK_S = 0.25
 
 
 class StreamBroken(UpstreamFailed):
@@ -84,7 +88,12 @@ class Watchdog:
         for item, (replica, last, since_s) in list(seen.items()):
             progress = item.progress()
             if progress < 0:
-                continue  # before the first token: the proxy's retry and timeout cover it
+                # Before the first token a long prefill or queue is no stall, but a replica
+                # out of rotation (a hung one fails its checks) will not answer.
+                if not replica.healthy:
+                    del seen[item]
+                    item.abandon(self._out_of_rotation(replica))
+                continue
             if progress != last:
                 seen[item] = (replica, progress, now_s)
                 since_s = now_s
@@ -97,9 +106,13 @@ class Watchdog:
 
     def _check(self, replica: Health, quiet_s: float) -> StreamBroken | None:
         if not replica.healthy:
-            message = f"replica {replica.replica_id} was taken out of rotation"
-            return StreamBroken(Failure.OUT_OF_ROTATION, message)
+            return self._out_of_rotation(replica)
         if quiet_s < self._stall_s:
             return None
         message = f"replica {replica.replica_id} sent nothing for {quiet_s:.1f} s"
         return StreamBroken(Failure.STALL, message)
+
+    @staticmethod
+    def _out_of_rotation(replica: Health) -> StreamBroken:
+        message = f"replica {replica.replica_id} was taken out of rotation"
+        return StreamBroken(Failure.OUT_OF_ROTATION, message)
