@@ -61,7 +61,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
-from benchmarks.autoscale_oracle import ClairvoyantPolicy  # noqa: E402
 from benchmarks.autoscale_report import Row, floors, is_static, table, verdicts  # noqa: E402
 from benchmarks.autoscale_traces import HELD_OUT, SHIPPED, TRACES, Bursts, Trace  # noqa: E402
 from servepilot.core.config import parse_config  # noqa: E402
@@ -70,6 +69,7 @@ from servepilot.core.slo import Slo, parse_slo  # noqa: E402
 from servepilot.engine.cpu import cpu_flags  # noqa: E402
 from servepilot.load.arrivals import Arrival, iter_arrival_offsets_s  # noqa: E402
 from servepilot.load.loadplan import LoadPlan  # noqa: E402
+from servepilot.scaling.oracle import ClairvoyantPolicy  # noqa: E402
 from servepilot.scaling.predictive import ForecastSizing, PredictivePolicy  # noqa: E402
 from servepilot.scaling.snapshot import AutoscalePolicy, FleetSnapshot, ScaleDecision  # noqa: E402
 from servepilot.scaling.step import StepPolicy, StepRules  # noqa: E402

@@ -27,6 +27,7 @@ from servepilot.sim.fleet import narration
 from servepilot.sim.fleet.flags import SimFlags
 from servepilot.sim.fleet.records import Progress
 from servepilot.sim.fleet.session import SimOptions, SimOutput, simulate
+from servepilot.sim.fleet.setup import ORACLE
 
 # The seed's measurement: a new node loads DeepSeek-V4 from NVMe in 78 s.
 DEFAULT_COLD_START = "78s"
@@ -79,10 +80,13 @@ def register(sub: Commands) -> None:
     add("--autoscale", metavar="MIN:MAX",
         help="scale between MIN and MAX replicas with --scaling-policy (without it: "
         "fleet.yaml's autoscale section, when enabled)")  # fmt: skip
-    add("--scaling-policy", choices=[p.value for p in ScalingPolicyName], default="target",
+    add("--scaling-policy", choices=[*(p.value for p in ScalingPolicyName), ORACLE],
+        default="target",
         help="target (default): HPA-like; step: the step rules, +10%% above 80%% utilisation, -5%% "
         "below 50%%; predictive: what a forecast plus its own error needs, never below step's "
-        "step up, given back once the forecast allows (docs/autoscale.md)")  # fmt: skip
+        "step up, given back once the forecast allows; oracle (sim only): told the level's "
+        "future rate, what it needs a cold start (or a wake) ahead, at 0.8 x --replica-rps: "
+        "the best any policy can do on this load (docs/autoscale.md)")  # fmt: skip
     add("--autoscale-target", type=float, default=0.7, metavar="F",
         help="target's share of the concurrency budgets to aim at (default 0.7)")  # fmt: skip
     add("--replica-rps", type=float, metavar="R", help="predictive: req/s a replica serves "

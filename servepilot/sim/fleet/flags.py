@@ -67,5 +67,5 @@ class SimFlags:
             slo=parse_slo(self.slo) if self.slo else config.slo,
             prompt_overhead_tokens=setup.prompt_overhead_tokens,
             target=fleet_setup.target_section(config, setup, spec, self.profile, scaling),
-            autoscaler=scaling.build if scaling is not None else None,
+            autoscaler=scaling,
         )  # fmt: skip

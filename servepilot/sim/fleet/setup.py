@@ -30,6 +30,7 @@ from servepilot.plan.kv import KvCacheShape
 from servepilot.plan.request import PlanRequest, fleet_vllm_defaults
 from servepilot.plan.step_latency import StepLatency
 from servepilot.routing.admission.budget import replica_capacity
+from servepilot.scaling.oracle import OracleSetup
 from servepilot.scaling.policies import AutoscaleSetup
 from servepilot.sim.engine.records import SchedulerConfig
 from servepilot.sim.engine.setup import EngineKnobs, EngineSetup, Precision, engine_setup
@@ -266,10 +267,11 @@ def autoscaler(
     replica_rps: float | None = None,
     horizon: str | None = None,
     spec: FleetSpec | None = None,
-) -> AutoscaleSetup | None:
+) -> AutoscaleSetup | OracleSetup | None:
     """The --autoscale MIN:MAX flag and the policy's own (--scaling-policy, --autoscale-target,
     --replica-rps, --forecast-horizon, by default the cold start plus one interval of `spec`)
-    -> what builds the simulated fleet's autoscaling policy; None without --autoscale."""
+    -> what builds the simulated fleet's autoscaling policy; None without --autoscale.
+    "oracle" (sim only: told the level's schedule) sizes with --replica-rps as predictive."""
     if not text:
         return None
     lo, hi = parse_bounds(text)
@@ -279,7 +281,14 @@ def autoscaler(
         horizon_s = parse_duration_s(horizon, "--forecast-horizon")
     else:
         horizon_s = spec.cold_start_s + spec.autoscale_interval_s if spec is not None else 0.0
+    if policy == ORACLE:
+        return OracleSetup(lo, hi, replica_rps or 0.0, horizon_s)
     return AutoscaleSetup(ScalingPolicyName(policy), lo, hi, target, replica_rps, horizon_s)
+
+
+ORACLE = "oracle"
+"""`sim --scaling-policy oracle`: not a ScalingPolicyName, since no real fleet (fleet.yaml,
+`up`) knows its future."""
 
 
 def target_section(
@@ -287,7 +296,7 @@ def target_section(
     setup: ReplicaSetup,
     spec: FleetSpec,
     profile: Path | None,
-    scaling: AutoscaleSetup | None = None,
+    scaling: AutoscaleSetup | OracleSetup | None = None,
 ) -> dict[str, Any]:
     """The results file's "target" section: the simulated fleet, and where its numbers came
     from (its autoscaling policy too, when it has one)."""

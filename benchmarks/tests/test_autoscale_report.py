@@ -1,19 +1,15 @@
-"""The clairvoyant reference of `make bench-autoscale`, with known answers: it sizes for the
-highest known rate over the cold start and a tick ahead (no sooner, no later), gives replicas
-back at once, stays within [min, max]; and the savings verdict it changes: out of reach when
-the reference itself saves less than 30%, missed only when some policy could meet it."""
+"""`make bench-autoscale`'s clairvoyant reference on its bursts trace, and the savings verdict
+it changes: out of reach when the reference itself saves less than 30%, missed only when some
+policy could meet it (the policy's own tests: tests/unit/test_scaling_oracle.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-import pytest
-
-from benchmarks.autoscale_oracle import ClairvoyantPolicy
 from benchmarks.autoscale_report import Row, saving_verdict, verdicts
 from benchmarks.autoscale_traces import SHIPPED
-from servepilot.core.errors import ConfigError
-from servepilot.scaling.snapshot import FleetSnapshot, ScaleReason
+from servepilot.scaling.oracle import ClairvoyantPolicy
+from servepilot.scaling.snapshot import FleetSnapshot
 
 HORIZON_S = 83.0  # the benchmark's: a 78 s cold start and a 5 s tick
 NOTHING = FleetSnapshot(now_s=0.0, replicas=())
@@ -27,32 +23,6 @@ def _replicas(policy: ClairvoyantPolicy, now_s: float) -> int:
     return policy.decide(NOTHING, now_s).replicas
 
 
-def test_a_step_up_is_provisioned_one_horizon_ahead_not_sooner() -> None:
-    # 10 req/s, then 50 from t = 100, at 8 req/s a replica: ceil(10 / 8) = 2 until the
-    # step is within 83 s (t >= 17), then ceil(50 / 8) = 7.
-    oracle = _oracle(lambda t: 10.0 if t < 100.0 else 50.0)
-    assert [_replicas(oracle, t) for t in (0.0, 16.0, 16.5, 17.0, 17.5, 100.0)] == [
-        2, 2, 2, 7, 7, 7
-    ]  # fmt: skip
-    assert oracle.decide(NOTHING, 17.0).reason is ScaleReason.FORECAST
-
-
-def test_replicas_are_given_back_as_soon_as_the_rate_falls() -> None:
-    oracle = _oracle(lambda t: 50.0 if t < 100.0 else 10.0)
-    assert [_replicas(oracle, t) for t in (0.0, 99.0, 99.5, 100.0)] == [7, 7, 7, 2]
-
-
-def test_within_bounds() -> None:
-    high, low = _oracle(lambda t: 200.0), _oracle(lambda t: 1.0)
-    assert (high.decide(NOTHING, 0.0).replicas, low.decide(NOTHING, 0.0).replicas) == (20, 2)
-    assert high.decide(NOTHING, 0.0).reason is ScaleReason.BOUNDS
-
-
-def test_a_rate_of_exactly_k_replicas_needs_k() -> None:
-    # 20.4 / (0.8 x 8.5) is 3 up to binary rounding: 3 replicas, not 4.
-    assert _replicas(_oracle(lambda t: 20.4, 0.8 * 8.5), 0.0) == 3
-
-
 def test_the_bursts_trace_at_the_benchmark_sizing() -> None:
     # 40 req/s, bursts to 110 from minute 4 rising in 10 s, 6.8 req/s a replica: 6
     # (5.9) until the burst's start is 83 s ahead; 3 s into its rise (61 req/s) 9; at its
@@ -60,13 +30,6 @@ def test_the_bursts_trace_at_the_benchmark_sizing() -> None:
     bursts = SHIPPED["bursts"]
     oracle = _oracle(bursts.rate, 0.8 * 8.5)
     assert [_replicas(oracle, t) for t in (0.0, 157.0, 160.0, 170.0)] == [6, 6, 9, 17]
-
-
-def test_refuses_nonsense() -> None:
-    with pytest.raises(ConfigError):
-        ClairvoyantPolicy(lambda t: 1.0, HORIZON_S, 0.0, 2, 20)
-    with pytest.raises(ConfigError):
-        ClairvoyantPolicy(lambda t: 1.0, HORIZON_S, 8.0, 3, 2)
 
 
 def _row(trace: str, policy: str, attainment: float, replica_hours: float) -> Row:
