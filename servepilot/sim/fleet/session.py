@@ -173,6 +173,8 @@ def _stats_dict(stats: FleetStats) -> dict[str, Any]:
         "shed": stats.shed,
         "queued_in_gateway": stats.queued,
         "replica_hours": round(stats.replica_s / 3600, 4),
+        "replica_hours_asleep": round(stats.replica_asleep_s / 3600, 4),
+        "wakes": stats.wakes,
         "scale_events": stats.scale_events,
         "wall_s": round(stats.wall_s, 2),
     }

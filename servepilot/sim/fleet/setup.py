@@ -269,7 +269,7 @@ def autoscaler(
     spec: FleetSpec | None = None,
 ) -> AutoscaleSetup | OracleSetup | None:
     """The --autoscale MIN:MAX flag and the policy's own (--scaling-policy, --autoscale-target,
-    --replica-rps, --forecast-horizon, by default the cold start plus one interval of `spec`)
+    --replica-rps, --forecast-horizon, by default `lead_s` plus one interval of `spec`)
     -> what builds the simulated fleet's autoscaling policy; None without --autoscale.
     "oracle" (sim only: told the level's schedule) sizes with --replica-rps as predictive."""
     if not text:
@@ -280,10 +280,16 @@ def autoscaler(
     if horizon:
         horizon_s = parse_duration_s(horizon, "--forecast-horizon")
     else:
-        horizon_s = spec.cold_start_s + spec.autoscale_interval_s if spec is not None else 0.0
+        horizon_s = lead_s(spec) + spec.autoscale_interval_s if spec is not None else 0.0
     if policy == ORACLE:
         return OracleSetup(lo, hi, replica_rps or 0.0, horizon_s)
     return AutoscaleSetup(ScalingPolicyName(policy), lo, hi, target, replica_rps, horizon_s)
+
+
+def lead_s(spec: FleetSpec) -> float:
+    """How long a replica asked for takes to serve: a wake with a warm pool, else a cold
+    start (predictive's and the oracle's horizon, less a tick)."""
+    return spec.wake_s if spec.warm_pool else spec.cold_start_s
 
 
 ORACLE = "oracle"
@@ -332,4 +338,5 @@ def target_section(
         },
         "scrape_interval_s": spec.scrape_interval_s or config.gateway.health_interval_s,
         "cold_start_s": spec.cold_start_s,
+        "warm_pool": {"replicas": spec.warm_pool, "wake_s": spec.wake_s, "sleep_s": spec.sleep_s},
     } | ({"autoscale": scaling.describe()} if scaling is not None else {})  # fmt: skip
