@@ -65,7 +65,7 @@ def test_a_replica_asked_for_is_woken_in_the_wake_time_not_started_cold() -> Non
     # 3 = 68 s.
     script = _Script([(5.0, 2)])
     sim = _run(_spec(warm_pool=1), script, 100.0)
-    r0, r1, r2 = sim.replicas
+    _, r1, r2 = sim.replicas
     assert r1.launched_s == 0.0 and r1.ready_s == pytest.approx(7.0)
     assert r2.launched_s == 5.0 and r2.state is ReplicaState.ASLEEP
     assert r2.asleep_since_s == pytest.approx(68.0)
