@@ -121,6 +121,11 @@ class PredictivePolicy:
         base = self.step.decide(snapshot, now_s)
         have = snapshot.provisioned
         if base.replicas > have or base.reason is ScaleReason.BOUNDS:
+            if base.replicas > have:
+                # The step up is load already here: held as a need, or the next tick's
+                # forecast (which has not seen it yet) gives it back at once, and the
+                # tick after steps up again.
+                need = round(self._needs.add(now_s, base.replicas))
             if need <= base.replicas or base.replicas < have:
                 return base
             want = need

@@ -76,3 +76,14 @@ def test_the_setup_builds_an_oracle_of_the_levels_schedule_at_its_fill() -> None
     assert _replicas(oracle, 700.0) == 1  # nothing left to send: the minimum
     with pytest.raises(ConfigError, match="--replica-rps"):
         OracleSetup(1, 10, replica_rps=0.0, horizon_s=83.0)
+
+
+def test_with_a_pool_it_starts_cold_only_what_the_pool_cannot_wake() -> None:
+    # 10 req/s, then 50 from t = 100 (7 replicas at 8 a replica); a pool of 3 woken within
+    # 10 s: until the step is within 10 s, 7 - 3 = 4 started a cold start ahead; then 7.
+    oracle = ClairvoyantPolicy(
+        lambda t: 10.0 if t < 100.0 else 50.0, HORIZON_S, 8.0, 2, 20, pool=3, wake_horizon_s=10.0
+    )
+    assert [_replicas(oracle, t) for t in (0.0, 17.0, 89.0, 90.0, 100.0)] == [2, 4, 4, 7, 7]
+    with pytest.raises(ConfigError, match="wake horizon"):
+        ClairvoyantPolicy(lambda t: 1.0, HORIZON_S, 8.0, 2, 20, pool=1, wake_horizon_s=90.0)

@@ -277,12 +277,19 @@ def autoscaler(
     lo, hi = parse_bounds(text)
     if replica_rps is not None and replica_rps <= 0:
         raise ConfigError(f"--replica-rps must be > 0, got {replica_rps}")
+    tick_s = spec.autoscale_interval_s if spec is not None else 0.0
+    if policy == ORACLE:
+        # Told the future, it starts cold a cold start ahead what its pool cannot wake.
+        cold_s = spec.cold_start_s + tick_s if spec is not None else 0.0
+        if horizon:
+            cold_s = parse_duration_s(horizon, "--forecast-horizon")
+        pool = spec.warm_pool if spec is not None else 0
+        wake_s = min(cold_s, spec.wake_s + tick_s) if spec is not None and pool else None
+        return OracleSetup(lo, hi, replica_rps or 0.0, cold_s, pool=pool, wake_horizon_s=wake_s)
     if horizon:
         horizon_s = parse_duration_s(horizon, "--forecast-horizon")
     else:
-        horizon_s = lead_s(spec) + spec.autoscale_interval_s if spec is not None else 0.0
-    if policy == ORACLE:
-        return OracleSetup(lo, hi, replica_rps or 0.0, horizon_s)
+        horizon_s = lead_s(spec) + tick_s if spec is not None else 0.0
     return AutoscaleSetup(ScalingPolicyName(policy), lo, hi, target, replica_rps, horizon_s)
 
 
