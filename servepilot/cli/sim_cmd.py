@@ -83,6 +83,13 @@ def register(sub: Commands) -> None:
         "replicas.asleep, of replicas.count)")  # fmt: skip
     add("--wake-time", metavar="T", help="waking a sleeping replica to serving (default 0.8s, "
         "Llama-3.1-8B on an H200, measured)")  # fmt: skip
+    add(
+        "--pool-refill",
+        choices=["cold", "sleep"],
+        default="cold",
+        help="cold (default): after each wake, start a replica cold to sleep in its place; "
+        "sleep: the pool is refilled only by replicas given back (no GPU time for refills)",
+    )
     add("--sleep-time", metavar="T", help="a drained replica's sleep call, its GPU held till "
         "done (default 11.6s, the same replica's first sleep, measured)")  # fmt: skip
     add("--autoscale", metavar="MIN:MAX",

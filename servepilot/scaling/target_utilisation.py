@@ -6,6 +6,7 @@ import math
 from collections import deque
 
 from servepilot.core.errors import ConfigError
+from servepilot.scaling.flap import TooFewMemory
 from servepilot.scaling.snapshot import FleetSnapshot, ScaleDecision, ScaleReason
 
 
@@ -16,7 +17,10 @@ class TargetUtilisation:
     desired = ceil((in flight + queued) / (target x budget per replica)), within
     [min_replicas, max_replicas]. Scaling up acts at once; scaling down waits until the
     desire has stayed lower for `scale_down_window_s` (the HPA's stabilisation window), so a
-    dip between bursts does not throw away replicas that took a cold start to get.
+    dip between bursts does not throw away replicas that took a cold start to get. While
+    replicas start, it asks for no more (the queue that grows meanwhile is the capacity on its
+    way, not more load), and it never scales down to a count that was too few for the load
+    now (`scaling.flap`).
     """
 
     name = "target"
@@ -41,6 +45,8 @@ class TargetUtilisation:
         self._recent: deque[tuple[float, int]] = deque()
         self._budget = 1
         """A replica's concurrency budget, as last seen (kept while the fleet is at zero)."""
+        self.too_few = TooFewMemory()
+        """Counts that were too few for a load: not scaled down to while it lasts."""
 
     def decide(self, snapshot: FleetSnapshot, now_s: float) -> ScaleDecision:
         if snapshot.replicas:
@@ -54,4 +60,12 @@ class TargetUtilisation:
         # The highest desire of the window: down only once every recent look agreed.
         desired = max(w for _, w in recent)
         detail = f"{load} in flight + queued, {self._target:g} x {self._budget} per replica"
-        return ScaleDecision(desired, ScaleReason.TARGET, detail)
+        have = snapshot.provisioned
+        if snapshot.starting and desired > have:
+            # The queue grows while replicas start (the capacity asked for is not serving
+            # yet): read as more load, it would ask again every tick of a cold start.
+            recent.clear()
+            recent.append((now_s, have))
+            detail = f"{detail}; {snapshot.starting} still starting"
+            return self.too_few.steady(snapshot, ScaleDecision(have, ScaleReason.STARTING, detail))
+        return self.too_few.steady(snapshot, ScaleDecision(desired, ScaleReason.TARGET, detail))

@@ -110,4 +110,5 @@ def test_sim_reports_replica_hours_awake_and_asleep_apart(tmp_path: Path) -> Non
     level = result.target["levels"][0]
     assert level["replica_hours"] > 0 and level["replica_hours_asleep"] > 0
     assert level["wakes"] >= 1
-    assert result.target["warm_pool"] == {"replicas": 2, "wake_s": 1.0, "sleep_s": 2.0}
+    assert result.target["warm_pool"] == {"replicas": 2, "wake_s": 1.0, "sleep_s": 2.0,
+                                          "refill": "cold"}  # fmt: skip

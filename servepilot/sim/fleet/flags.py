@@ -40,6 +40,7 @@ class SimFlags:
     """--warm-pool; None: fleet.yaml's replicas.asleep (of replicas.count)."""
     wake_time: str | None = None
     sleep_time: str | None = None
+    pool_refill: str = "cold"
 
     def spec(self, config: FleetConfig, setup: fleet_setup.ReplicaSetup) -> FleetSpec:
         per_node = self.replicas_per_node or setup.replicas_per_node
@@ -57,6 +58,7 @@ class SimFlags:
         return dataclasses.replace(
             spec,
             warm_pool=pool,
+            cold_refill=self.pool_refill == "cold",
             wake_s=parse_duration_or_zero_s(self.wake_time, "--wake-time")
             if self.wake_time
             else spec.wake_s,

@@ -43,6 +43,9 @@ class FleetSpec:
     """From waking a sleeping replica to its engine serving."""
     sleep_s: float = SLEEP_S
     """From a drained replica's sleep call to its GPU memory freed (held, paid, till then)."""
+    cold_refill: bool = True
+    """The pool is refilled by cold starts after each wake (else only by replicas given back:
+    `scaling.warm_pool.plan_pool`)."""
     seed: int = 0
     model_name: str = "sim"
 

@@ -87,7 +87,7 @@ class FleetReplicas:
 
     def scale(self, desired: int, now_s: float) -> PoolPlan:
         counts = PoolCounts(self.active, len(self.asleep), len(self.heading))
-        plan = plan_pool(counts, desired, self.spec.warm_pool)
+        plan = plan_pool(counts, desired, self.spec.warm_pool, cold_refill=self.spec.cold_refill)
         for _ in range(plan.wake):
             self._wake(self.asleep.pop(), now_s)
         for _ in range(plan.start):

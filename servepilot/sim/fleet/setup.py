@@ -345,5 +345,6 @@ def target_section(
         },
         "scrape_interval_s": spec.scrape_interval_s or config.gateway.health_interval_s,
         "cold_start_s": spec.cold_start_s,
-        "warm_pool": {"replicas": spec.warm_pool, "wake_s": spec.wake_s, "sleep_s": spec.sleep_s},
+        "warm_pool": {"replicas": spec.warm_pool, "wake_s": spec.wake_s, "sleep_s": spec.sleep_s,
+                      "refill": "cold" if spec.cold_refill else "sleep"},
     } | ({"autoscale": scaling.describe()} if scaling is not None else {})  # fmt: skip
