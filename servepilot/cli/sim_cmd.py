@@ -106,8 +106,9 @@ def register(sub: Commands) -> None:
         help="target's share of the concurrency budgets to aim at (default 0.7)")  # fmt: skip
     add("--replica-rps", type=float, metavar="R", help="predictive: req/s a replica serves "
         "within the SLO")  # fmt: skip
-    add("--forecast-horizon", metavar="T", help="predictive and oracle (default: cold start, "
-        "or the wake time with a warm pool, + interval)")  # fmt: skip
+    add("--forecast-horizon", metavar="T", help="predictive and oracle (default: cold start "
+        "+ interval; with a warm pool they start cold only what the pool cannot wake within "
+        "the wake time + interval)")  # fmt: skip
     add("--autoscale-interval", default="15s", metavar="T", help="how often to decide")
     add_load_flags(parser, real_client=False)
     add_workload_flags(parser)

@@ -91,3 +91,15 @@ def test_the_oracle_is_told_an_open_loops_schedule_and_refuses_a_closed_loop() -
     with pytest.raises(ConfigError, match="only an open loop"):
         level_policy(oracle, closed, jobs)
     assert level_policy(None, closed, jobs) is None
+
+
+def test_with_a_warm_pool_predictive_and_the_oracle_know_the_wake() -> None:
+    spec = FleetSpec(SchedulerConfig(64, 2048, 2048, 16, 1000), COST, 1, 8, cold_start_s=78.0,
+                     autoscale_interval_s=5.0, warm_pool=3, wake_s=0.8)  # fmt: skip
+    setup = autoscaler("2:20", "predictive", replica_rps=4.0, spec=spec)
+    assert setup is not None and setup.horizon_s == 83.0
+    predictive = setup.build()
+    assert isinstance(predictive, PredictivePolicy)
+    assert (predictive.sizing.pool, predictive.sizing.wake_horizon_s) == (3, 5.8)
+    oracle = autoscaler("2:20", "oracle", replica_rps=4.0, spec=spec)
+    assert oracle == OracleSetup(2, 20, 4.0, 83.0, pool=3, wake_horizon_s=5.8)

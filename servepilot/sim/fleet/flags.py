@@ -81,7 +81,10 @@ class SimFlags:
             self.autoscale_target, self.replica_rps, self.forecast_horizon, spec)  # fmt: skip
         if scaling is None and config.autoscale.enabled:  # fleet.yaml's, as `up` would run it
             spec = dataclasses.replace(spec, autoscale_interval_s=config.autoscale.interval_s)
-            scaling = AutoscaleSetup.from_section(config.autoscale, fleet_setup.lead_s(spec))
+            scaling = AutoscaleSetup.from_section(config.autoscale, spec.cold_start_s)
+            if spec.warm_pool:
+                wake_s = min(scaling.horizon_s, spec.wake_s + spec.autoscale_interval_s)
+                scaling = dataclasses.replace(scaling, pool=spec.warm_pool, wake_horizon_s=wake_s)
         return setup, SimOptions(
             spec=spec, levels=levels,
             slo=parse_slo(self.slo) if self.slo else config.slo,

@@ -269,7 +269,8 @@ def autoscaler(
     spec: FleetSpec | None = None,
 ) -> AutoscaleSetup | OracleSetup | None:
     """The --autoscale MIN:MAX flag and the policy's own (--scaling-policy, --autoscale-target,
-    --replica-rps, --forecast-horizon, by default `lead_s` plus one interval of `spec`)
+    --replica-rps, --forecast-horizon, by default the cold start plus one interval of `spec`;
+    with a warm pool, the wake plus one too)
     -> what builds the simulated fleet's autoscaling policy; None without --autoscale.
     "oracle" (sim only: told the level's schedule) sizes with --replica-rps as predictive."""
     if not text:
@@ -278,25 +279,17 @@ def autoscaler(
     if replica_rps is not None and replica_rps <= 0:
         raise ConfigError(f"--replica-rps must be > 0, got {replica_rps}")
     tick_s = spec.autoscale_interval_s if spec is not None else 0.0
-    if policy == ORACLE:
-        # Told the future, it starts cold a cold start ahead what its pool cannot wake.
-        cold_s = spec.cold_start_s + tick_s if spec is not None else 0.0
-        if horizon:
-            cold_s = parse_duration_s(horizon, "--forecast-horizon")
-        pool = spec.warm_pool if spec is not None else 0
-        wake_s = min(cold_s, spec.wake_s + tick_s) if spec is not None and pool else None
-        return OracleSetup(lo, hi, replica_rps or 0.0, cold_s, pool=pool, wake_horizon_s=wake_s)
+    # Told (or forecasting) the future, it starts cold a cold start ahead what its pool
+    # cannot wake, and leaves the rest to the pool's wake.
+    cold_s = spec.cold_start_s + tick_s if spec is not None else 0.0
     if horizon:
-        horizon_s = parse_duration_s(horizon, "--forecast-horizon")
-    else:
-        horizon_s = lead_s(spec) + tick_s if spec is not None else 0.0
-    return AutoscaleSetup(ScalingPolicyName(policy), lo, hi, target, replica_rps, horizon_s)
-
-
-def lead_s(spec: FleetSpec) -> float:
-    """How long a replica asked for takes to serve: a wake with a warm pool, else a cold
-    start (predictive's and the oracle's horizon, less a tick)."""
-    return spec.wake_s if spec.warm_pool else spec.cold_start_s
+        cold_s = parse_duration_s(horizon, "--forecast-horizon")
+    pool = spec.warm_pool if spec is not None else 0
+    wake_s = min(cold_s, spec.wake_s + tick_s) if spec is not None and pool else None
+    if policy == ORACLE:
+        return OracleSetup(lo, hi, replica_rps or 0.0, cold_s, pool=pool, wake_horizon_s=wake_s)
+    return AutoscaleSetup(ScalingPolicyName(policy), lo, hi, target, replica_rps, cold_s,
+                          pool=pool, wake_horizon_s=wake_s)  # fmt: skip
 
 
 ORACLE = "oracle"
