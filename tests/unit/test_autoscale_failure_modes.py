@@ -78,7 +78,7 @@ def test_no_scale_up_is_asked_while_the_last_one_is_still_starting(
     # 24 req/s (4-5 replicas needed) from the start on one replica, or from 2 minutes of 6
     # req/s on two: a policy that reads the queue growing during a cold start as more load
     # (the capacity asked for is not serving yet) asks again every tick of it (target did:
-    # 2, 4, 7, 9, 10 in 15 s). predictive and the oracle size from the arrival rate, which a
+    # 3, 6, 7, 8, 9, 10 in 30 s). predictive and the oracle size from the arrival rate, which a
     # pending replica does not change; on the step they ask again as their forecast (or the
     # oracle's 30 s window) climbs to it, which is not this failure.
     events = _run(name, _sends(lambda t: 24.0 if t >= step_at_s else 6.0, 420.0),
