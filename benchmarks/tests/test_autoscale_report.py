@@ -4,23 +4,9 @@ policy could meet it (the policy's own tests: tests/unit/test_scaling_oracle.py)
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from benchmarks.autoscale_report import Row, saving_verdict, verdicts
+from benchmarks.autoscale_report import Row, oracle_verdicts, saving_verdict, table, verdicts
 from benchmarks.autoscale_traces import SHIPPED
-from servepilot.scaling.oracle import ClairvoyantPolicy
-from servepilot.scaling.snapshot import FleetSnapshot
-
-HORIZON_S = 83.0  # the benchmark's: a 78 s cold start and a 5 s tick
-NOTHING = FleetSnapshot(now_s=0.0, replicas=())
-
-
-def _oracle(rate: Callable[[float], float], capacity_rps: float = 8.0) -> ClairvoyantPolicy:
-    return ClairvoyantPolicy(rate, HORIZON_S, capacity_rps, 2, 20)
-
-
-def _replicas(policy: ClairvoyantPolicy, now_s: float) -> int:
-    return policy.decide(NOTHING, now_s).replicas
+from tests.unit.test_scaling_oracle import _oracle, _replicas
 
 
 def test_the_bursts_trace_at_the_benchmark_sizing() -> None:
@@ -76,3 +62,19 @@ def test_verdicts_read_the_oracle_row_of_each_trace() -> None:
     # Without an oracle row the verdict is the issue's alone.
     assert ramp.text.endswith(": MISSED (>= 30% at equal attainment)")
     assert [v.missed for v in (diurnal, ramp, bursts)] == [False, True, False]
+
+
+def test_issue_37_judges_shares_of_the_oracles_saving() -> None:
+    rows = [
+        _row("ramp-b", "static", 1.0, 8.50), _row("ramp-b", "oracle", 1.0, 6.15),
+        _row("ramp-b", "predictive", 1.0, 6.60), _row("ramp-b", "predictive+pool", 1.0, 6.06),
+        _row("diurnal-b", "static", 1.0, 9.00), _row("diurnal-b", "oracle", 1.0, 6.28),
+        _row("diurnal-b", "predictive", 1.0, 6.40), _row("diurnal-b", "predictive+pool", 1.0, 6.0),
+    ]  # fmt: skip
+    ramp, ramp_pool, diurnal = oracle_verdicts(rows, ("ramp-b", "diurnal-b"))
+    # (8.50 - 6.60) / (8.50 - 6.15) = 81% < 90%; with the pool 104% >= 100%; diurnal-b's
+    # (9.00 - 6.40) / 2.72 = 96%, its pool run not judged (a ramp and bursts target).
+    assert ramp.missed and "81% of the cold-start oracle's saving" in ramp.text
+    assert not ramp_pool.missed and "104%" in ramp_pool.text
+    assert not diurnal.missed and diurnal.text.startswith("diurnal-b: predictive 96%")
+    assert "| 81% |" in table(rows)

@@ -15,15 +15,12 @@ from servepilot.core.config import GatewayConfig
 from servepilot.core.results import Load, LoadMode, load_result
 from servepilot.core.slo import Slo
 from servepilot.load.loadplan import LoadPlan
-from servepilot.plan.costmodel import CostModel
-from servepilot.scaling.snapshot import FleetSnapshot, ScaleDecision, ScaleReason
 from servepilot.sim import SchedulerConfig
 from servepilot.sim.fleet.members import ReplicaState
 from servepilot.sim.fleet.network import Delay, NetworkConfig
 from servepilot.sim.fleet.simulator import FleetSim, FleetSpec
 from servepilot.sim.fleet.traffic import Job, JobTable
-
-COST = CostModel(0.01, 1e-4, 1e-3, 2e-3, 1e-6, 0.0, source="test")
+from tests.unit.test_autoscale_sim import COST, _Script
 
 
 def _spec(**changes: Any) -> FleetSpec:
@@ -35,21 +32,6 @@ def _spec(**changes: Any) -> FleetSpec:
         autoscale_interval_s=5.0, cold_start_s=60.0, wake_s=2.0, sleep_s=3.0,
     )  # fmt: skip
     return FleetSpec(**(fields | changes))
-
-
-class _Script:
-    """The last (from_s, replicas) whose from_s has come; notes what it saw."""
-
-    name = "script"
-
-    def __init__(self, plan: list[tuple[float, int]]) -> None:
-        self.plan = plan
-        self.seen: list[FleetSnapshot] = []
-
-    def decide(self, snapshot: FleetSnapshot, now_s: float) -> ScaleDecision:
-        self.seen.append(snapshot)
-        wanted = [n for at_s, n in self.plan if at_s <= now_s]
-        return ScaleDecision(wanted[-1] if wanted else snapshot.provisioned, ScaleReason.HOLD)
 
 
 def _run(spec: FleetSpec, script: _Script, seconds: float) -> FleetSim:
