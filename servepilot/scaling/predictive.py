@@ -127,7 +127,12 @@ class PredictivePolicy:
         """Counts that were too few for a load: not given back to while it lasts."""
 
     def decide(self, snapshot: FleetSnapshot, now_s: float) -> ScaleDecision:
-        return self.too_few.steady(snapshot, self._decide(snapshot, now_s))
+        decision = self._decide(snapshot, now_s)
+        if self.falling():
+            # A fall the forecast's trend carries is not the noise the memory is for.
+            self.too_few.note(snapshot, decision.replicas)
+            return decision
+        return self.too_few.steady(snapshot, decision)
 
     def _decide(self, snapshot: FleetSnapshot, now_s: float) -> ScaleDecision:
         self._feed(snapshot.arrivals_per_s, now_s)
