@@ -94,3 +94,20 @@ def test_sim_reports_replica_hours_awake_and_asleep_apart(tmp_path: Path) -> Non
     assert level["wakes"] >= 1
     assert result.target["warm_pool"] == {"replicas": 2, "wake_s": 1.0, "sleep_s": 2.0,
                                           "refill": "cold"}  # fmt: skip
+
+
+def test_refilled_by_sleeps_a_replica_given_back_falls_asleep_instead_of_stopping() -> None:
+    # --pool-refill sleep: three serve, r3 asleep. At 5 s four: r3 woken, nothing started
+    # cold. At 10 s one: the newest given back (r3) drains and falls asleep (3 s, its GPU
+    # held), r2 and r1 stop.
+    spec = _spec(replicas=3, warm_pool=1, cold_refill=False)
+    sim = _run(spec, _Script([(5.0, 4), (10.0, 1)]), 60.0)
+    assert len(sim.replicas) == 4  # no cold refill
+    _, r1, r2, r3 = sim.replicas
+    assert (r1.state, r2.state) == (ReplicaState.STOPPED, ReplicaState.STOPPED)
+    assert r3.state is ReplicaState.ASLEEP and sim.fleet.wakes == 1
+    assert r3.asleep_since_s == pytest.approx(13.0, abs=0.5)
+    awake, asleep = sim.fleet.seconds(60.0)
+    # r0 60; r1, r2 10 each; r3 asleep 0-5, awake 5-13, asleep 13-60.
+    assert awake == pytest.approx(60 + 10 + 10 + 8, abs=1.0)
+    assert asleep == pytest.approx(5 + 47, abs=1.0)
