@@ -61,8 +61,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
-from benchmarks.autoscale_oracle import ClairvoyantPolicy  # noqa: E402
-from benchmarks.autoscale_report import Row, floors, is_static, table, verdicts  # noqa: E402
+from benchmarks.autoscale_report import (  # noqa: E402
+    Row,
+    floors,
+    is_static,
+    oracle_verdicts,
+    table,
+    verdicts,
+)
 from benchmarks.autoscale_traces import HELD_OUT, SHIPPED, TRACES, Bursts, Trace  # noqa: E402
 from servepilot.core.config import parse_config  # noqa: E402
 from servepilot.core.results import Load, LoadMode  # noqa: E402
@@ -70,10 +76,12 @@ from servepilot.core.slo import Slo, parse_slo  # noqa: E402
 from servepilot.engine.cpu import cpu_flags  # noqa: E402
 from servepilot.load.arrivals import Arrival, iter_arrival_offsets_s  # noqa: E402
 from servepilot.load.loadplan import LoadPlan  # noqa: E402
+from servepilot.scaling.oracle import ClairvoyantPolicy  # noqa: E402
 from servepilot.scaling.predictive import ForecastSizing, PredictivePolicy  # noqa: E402
 from servepilot.scaling.snapshot import AutoscalePolicy, FleetSnapshot, ScaleDecision  # noqa: E402
 from servepilot.scaling.step import StepPolicy, StepRules  # noqa: E402
 from servepilot.scaling.target_utilisation import TargetUtilisation  # noqa: E402
+from servepilot.sim.fleet.records import SLEEP_S, WAKE_S  # noqa: E402
 from servepilot.sim.fleet.setup import replica_setup  # noqa: E402
 from servepilot.sim.fleet.simulator import FleetSim, FleetSpec  # noqa: E402
 from servepilot.sim.fleet.traffic import Job, JobTable  # noqa: E402
@@ -86,10 +94,17 @@ FILL = 0.8
 """The share of a replica's capacity the predictive sizing (and static provisioning) plans
 it at."""
 GRACE_S = 60.0
-POLICIES = ("static", "target", "step", "predictive", "oracle")
+POLICIES = ("static", "target", "step", "predictive", "oracle", "predictive+pool", "oracle+pool")
+WARM_POOL = 10
+"""The "+pool" runs' sleeping replicas (--warm-pool), woken in WAKE_S (measured on an H200):
+enough to wake a burst's (40 -> 110 req/s: 11 replicas at 6.8) less what is up already."""
 
 
-def fleet(replicas: int) -> FleetSpec:
+def pooled(policy: str) -> bool:
+    return policy.endswith("+pool")
+
+
+def fleet(replicas: int, warm_pool: int = 0, cold_refill: bool = True) -> FleetSpec:
     config = parse_config(
         {
             "model": {"source": "llama-3.1-70b"},
@@ -109,6 +124,10 @@ def fleet(replicas: int) -> FleetSpec:
         scrape_interval_s=2.0,
         cold_start_s=COLD_START_S,
         autoscale_interval_s=INTERVAL_S,
+        warm_pool=warm_pool,
+        cold_refill=cold_refill,
+        wake_s=WAKE_S,
+        sleep_s=SLEEP_S,
         seed=7,
     )
 
@@ -170,28 +189,40 @@ class Knobs:
     fall_release: float | None = ForecastSizing(1.0, 1.0).fall_release
     fill: float = FILL
     """Predictive's fill (static provisioning stays at FILL)."""
+    warm_pool: int = WARM_POOL
+    cold_refill: bool = False
+    """The +pool runs refill their pool by cold starts (else by replicas given back)."""
 
 
 def build(policy: str, rps: float, knobs: Knobs, trace: Trace) -> AutoscalePolicy | None:
     """The policy as `sim --autoscale 2:20 --scaling-policy NAME` builds it (the step rules'
     down cool-down and predictive's error headroom and fill aside, when the flags change
-    them); "oracle": the clairvoyant reference, told `trace`'s rate, at static's fill."""
+    them); "oracle": the clairvoyant reference, told `trace`'s rate, at static's fill;
+    "+pool": the same behind a warm pool (the oracle starting cold only what the pool
+    cannot wake)."""
     rules = StepRules(min_replicas=MIN_REPLICAS, max_replicas=MAX_REPLICAS)
     rules = replace(rules, down_cooldown_s=knobs.down_cooldown_s)
-    if policy == "target":
+    name = policy.removesuffix("+pool")
+    if name == "target":
         return TargetUtilisation(0.7, MIN_REPLICAS, MAX_REPLICAS)
-    if policy == "step":
+    if name == "step":
         return StepPolicy(rules)
-    if policy == "predictive":
+    if name == "predictive":
         sizing = ForecastSizing(
             rps, COLD_START_S + INTERVAL_S, fill=knobs.fill, error_quantile=knobs.error_quantile,
             error_window_s=knobs.error_window_s, error_fade=knobs.error_fade,
             fall_release=knobs.fall_release,
         )  # fmt: skip
+        if pooled(policy):
+            sizing = replace(sizing, pool=knobs.warm_pool, wake_horizon_s=WAKE_S + INTERVAL_S)
         return PredictivePolicy(sizing, rules)
-    if policy == "oracle":
-        horizon_s = COLD_START_S + INTERVAL_S
-        return ClairvoyantPolicy(trace.rate, horizon_s, FILL * rps, MIN_REPLICAS, MAX_REPLICAS)
+    if name == "oracle":
+        pool = knobs.warm_pool if pooled(policy) else 0
+        horizon_s, wake_s = COLD_START_S + INTERVAL_S, WAKE_S + INTERVAL_S
+        return ClairvoyantPolicy(
+            trace.rate, horizon_s, FILL * rps, MIN_REPLICAS, MAX_REPLICAS, pool=pool,
+            wake_horizon_s=wake_s,
+        )  # fmt: skip
     return None
 
 
@@ -211,7 +242,9 @@ def run_policy(
     static = static or math.ceil(trace.peak_rps / (FILL * rps))
     built = build(policy, rps, knobs, trace)
     timed = Timed(built, watch) if built is not None else None
-    sim = FleetSim(fleet(static if timed is None else START_REPLICAS), autoscaler=timed)
+    pool = knobs.warm_pool if pooled(policy) else 0
+    size = static if timed is None else START_REPLICAS
+    sim = FleetSim(fleet(size, pool, knobs.cold_refill), autoscaler=timed)
     mean_rps = len(sends) / trace.duration_s
     plan = LoadPlan(
         Load(mode=LoadMode.RATE, value=mean_rps), duration_s=trace.duration_s, grace_s=GRACE_S
@@ -220,13 +253,15 @@ def run_policy(
     out = sim.run(plan, jobs(), slo, offsets=offsets)
     run = out.run
     events = sim.autoscale.events if sim.autoscale is not None else []
+    awake_s, asleep_s = sim.fleet.seconds(trace.duration_s)
     return Row(
         trace=trace.name,
         policy=label,
         attainment=run.slo_attainment,
         ttft_p99_ms=run.ttft_ms.p99 or 0.0,
         tpot_p99_ms=run.tpot_ms.p99 or 0.0,
-        replica_hours=sim.replica_seconds(trace.duration_s) / 3600.0,
+        replica_hours=awake_s / 3600.0,
+        asleep_hours=asleep_s / 3600.0,
         scale_events=len(events),
         peak_replicas=out.stats.replicas_peak,
         decide_us=timed.cpu_s / timed.calls * 1e6 if timed is not None and timed.calls else 0.0,
@@ -292,6 +327,20 @@ def main() -> int:
         help="one replica's capacity within the SLO (default: measured first)",
     )
     parser.add_argument(
+        "--warm-pool",
+        type=int,
+        default=WARM_POOL,
+        metavar="K",
+        help=f"the +pool runs' sleeping replicas (default {WARM_POOL})",
+    )
+    parser.add_argument(
+        "--pool-refill",
+        choices=["cold", "sleep"],
+        default="sleep",
+        help="the +pool runs: refill the pool by cold starts, or only by replicas given back "
+        "(default)",
+    )
+    parser.add_argument(
         "--floors",
         default="0.5,0.6,0.7,0.8",
         metavar="SHARES",
@@ -309,7 +358,14 @@ def main() -> int:
     quantile = None if args.error_quantile.lower() == "none" else float(args.error_quantile)
     release = None if args.fall_release.lower() == "none" else float(args.fall_release)
     knobs = Knobs(
-        args.down_cooldown, quantile, args.error_window, args.error_fade, release, args.fill
+        args.down_cooldown,
+        quantile,
+        args.error_window,
+        args.error_fade,
+        release,
+        args.fill,
+        args.warm_pool,
+        args.pool_refill == "cold",
     )
     rows: list[Row] = []
     for name in args.traces.split(","):
@@ -330,7 +386,7 @@ def main() -> int:
             print(f"{title}:\n{table(chosen)}")
     if shares:
         print(f"smaller static fleets on the bursts traces:\n{floors(rows)}")
-    judged = verdicts(rows)
+    judged = verdicts(rows) + oracle_verdicts(rows, tuple(TRACES))
     lines = [v.text for v in judged]
     for line in lines:
         print(line)
@@ -343,6 +399,8 @@ def main() -> int:
         "error_window_s": args.error_window, "error_fade": args.error_fade,
         "fall_release": release,
         "traces": {name: trace.shape.describe() for name, trace in TRACES.items()},
+        "warm_pool": args.warm_pool, "pool_refill": args.pool_refill, "wake_s": WAKE_S,
+        "sleep_s": SLEEP_S,
         "rows": [asdict(r) for r in rows], "verdicts": lines, "cpu_s": round(cpu_s, 1),
     }  # fmt: skip
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -29,7 +29,8 @@ def add_load_flags(parser: argparse.ArgumentParser, *, real_client: bool = True)
         help="gamma arrivals: 1 is Poisson, below 1 burstier, above 1 smoother")  # fmt: skip
     stop = g.add_mutually_exclusive_group()
     stop.add_argument("--requests", type=int, metavar="N", help="requests per level (default: "
-                      "max(100, 5 x concurrency) or max(100, 30 x rate))")  # fmt: skip
+                      "max(100, 5 x concurrency) or max(100, 30 x rate); a trace: all its "
+                      "lines)")  # fmt: skip
     stop.add_argument("--duration", metavar="T", help="time per level instead (90s, 10m)")
     add("--warmup", type=int, default=0, metavar="N",
         help="requests sent first at each level and left out of the results")  # fmt: skip
@@ -77,7 +78,9 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
         "GPU's KV tokens (plan's figure) returning turns miss the GPU cache, which a CPU tier "
         "(engine.kv_offload_gib) can catch")  # fmt: skip
     add("--trace", type=Path, metavar="FILE", help="trace: JSONL lines with timestamp, "
-        "input_tokens, output_tokens, optional prefix_group and priority")  # fmt: skip
+        "input_tokens, output_tokens, optional prefix_group and priority; replayed at its "
+        "timestamps, every line once, unless --requests, --duration or --concurrency say "
+        "otherwise")  # fmt: skip
     add("--priority-mix", metavar="0=W,1=W,2=W",
         help="send X-Priority 0 (interactive), 1 or 2 (batch) with these weights")  # fmt: skip
     add("--sessions", type=int, metavar="N", help="spread requests over N X-Session-Id values "

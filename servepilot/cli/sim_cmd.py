@@ -27,6 +27,7 @@ from servepilot.sim.fleet import narration
 from servepilot.sim.fleet.flags import SimFlags
 from servepilot.sim.fleet.records import Progress
 from servepilot.sim.fleet.session import SimOptions, SimOutput, simulate
+from servepilot.sim.fleet.setup import ORACLE
 
 # The seed's measurement: a new node loads DeepSeek-V4 from NVMe in 78 s.
 DEFAULT_COLD_START = "78s"
@@ -76,18 +77,38 @@ def register(sub: Commands) -> None:
         help="launch to serving, for replicas the autoscaler adds (default 78s, DeepSeek-V4's "
         "measured load from NVMe)")  # fmt: skip
     add("--start-cold", action="store_true", help="the first replicas start cold too")
+    add("--warm-pool", type=int, metavar="K", help="keep K replicas asleep behind the serving "
+        "ones (vLLM's sleep mode): the autoscaler wakes them before it starts any cold, puts "
+        "replicas to sleep before it stops any, and refills the pool (default: fleet.yaml's "
+        "replicas.asleep, of replicas.count)")  # fmt: skip
+    add("--wake-time", metavar="T", help="waking a sleeping replica to serving (default 0.8s, "
+        "Llama-3.1-8B on an H200, measured)")  # fmt: skip
+    add(
+        "--pool-refill",
+        choices=["cold", "sleep"],
+        default="cold",
+        help="cold (default): after each wake, start a replica cold to sleep in its place; "
+        "sleep: the pool is refilled only by replicas given back (no GPU time for refills)",
+    )
+    add("--sleep-time", metavar="T", help="a drained replica's sleep call, its GPU held till "
+        "done (default 11.6s, the same replica's first sleep, measured)")  # fmt: skip
     add("--autoscale", metavar="MIN:MAX",
         help="scale between MIN and MAX replicas with --scaling-policy (without it: "
         "fleet.yaml's autoscale section, when enabled)")  # fmt: skip
-    add("--scaling-policy", choices=[p.value for p in ScalingPolicyName], default="target",
+    add("--scaling-policy", choices=[*(p.value for p in ScalingPolicyName), ORACLE],
+        default="target",
         help="target (default): HPA-like; step: the step rules, +10%% above 80%% utilisation, -5%% "
         "below 50%%; predictive: what a forecast plus its own error needs, never below step's "
-        "step up, given back once the forecast allows (docs/autoscale.md)")  # fmt: skip
+        "step up, given back once the forecast allows; oracle (sim only): told the level's "
+        "future rate, what it needs a cold start (or a wake) ahead, at 0.8 x --replica-rps: "
+        "the best any policy can do on this load (docs/autoscale.md)")  # fmt: skip
     add("--autoscale-target", type=float, default=0.7, metavar="F",
         help="target's share of the concurrency budgets to aim at (default 0.7)")  # fmt: skip
     add("--replica-rps", type=float, metavar="R", help="predictive: req/s a replica serves "
         "within the SLO")  # fmt: skip
-    add("--forecast-horizon", metavar="T", help="predictive (default: cold start + interval)")
+    add("--forecast-horizon", metavar="T", help="predictive and oracle (default: cold start "
+        "+ interval; with a warm pool they start cold only what the pool cannot wake within "
+        "the wake time + interval)")  # fmt: skip
     add("--autoscale-interval", default="15s", metavar="T", help="how often to decide")
     add_load_flags(parser, real_client=False)
     add_workload_flags(parser)

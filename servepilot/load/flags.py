@@ -16,7 +16,7 @@ from servepilot.load.agentic import AgenticSpec
 from servepilot.load.arrivals import Arrival
 from servepilot.load.levels import LevelOptions, parse_levels
 from servepilot.load.sweep import SweepConfig
-from servepilot.load.trace import trace_mean_rate_rps
+from servepilot.load.trace import load_trace, trace_mean_rate_rps
 from servepilot.load.workload import WorkloadKind, WorkloadSpec, parse_priority_mix
 
 AGENTIC_DEFAULTS: Final = AgenticSpec()
@@ -90,11 +90,21 @@ class LoadFlags:
     def levels(self, workload: WorkloadSpec) -> LevelOptions:
         return LevelOptions(
             workload=workload, loads=self.loads(workload), sweep=self.sweep_config(),
-            requests=self.requests,
+            requests=self.requests_per_level(workload),
             duration_s=parse_duration_s(self.duration, "--duration") if self.duration else None,
             warmup_requests=self.warmup, arrival=Arrival(self.arrival),
             burstiness=self.burstiness,
         )  # fmt: skip
+
+    def requests_per_level(self, workload: WorkloadSpec) -> int | None:
+        """--requests; for a trace with neither --requests nor --duration, every line of it
+        once (warm-up lines included), not the level's default count (which cut a long trace
+        short and repeated a short one)."""
+        if self.requests is not None or self.duration:
+            return self.requests
+        if workload.kind is WorkloadKind.TRACE and workload.trace_path is not None:
+            return max(1, len(load_trace(workload.trace_path)) - self.warmup)
+        return None
 
     def loads(self, workload: WorkloadSpec) -> tuple[Load, ...]:
         if self.rate:

@@ -30,6 +30,10 @@ class AutoscaleSetup:
     """The step rules' peak window (`step`, `predictive`); None: `StepRules`' own."""
     up_cooldown_s: float | None = None
     down_cooldown_s: float | None = None
+    pool: int = 0
+    """`predictive`: sleeping replicas behind the fleet (a warm pool)."""
+    wake_horizon_s: float | None = None
+    """`predictive` with a pool: the wake plus a tick."""
 
     def __post_init__(self) -> None:
         if self.policy is ScalingPolicyName.PREDICTIVE and self.replica_rps is None:
@@ -59,6 +63,8 @@ class AutoscaleSetup:
             out["target"] = self.target
         if self.policy is ScalingPolicyName.PREDICTIVE:
             out |= {"replica_rps": self.replica_rps, "horizon_s": self.horizon_s}
+            if self.pool:
+                out |= {"pool": self.pool, "wake_horizon_s": self.wake_horizon_s}
         return out
 
     def build(self) -> AutoscalePolicy:
@@ -69,7 +75,11 @@ class AutoscaleSetup:
         if self.policy is ScalingPolicyName.STEP:
             return StepPolicy(rules)
         assert self.replica_rps is not None
-        return PredictivePolicy(ForecastSizing(self.replica_rps, self.horizon_s), rules)
+        wake_s = self.wake_horizon_s if self.pool else None
+        sizing = ForecastSizing(
+            self.replica_rps, self.horizon_s, pool=self.pool, wake_horizon_s=wake_s
+        )
+        return PredictivePolicy(sizing, rules)
 
     def step_rules(self) -> StepRules:
         """The seeds' rules within [min, max], with the timings given here (else theirs)."""

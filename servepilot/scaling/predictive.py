@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 from servepilot.core.errors import ConfigError
+from servepilot.scaling.flap import TooFewMemory
 from servepilot.scaling.forecast import HoltForecast
 from servepilot.scaling.headroom import ForecastErrors
 from servepilot.scaling.snapshot import FleetSnapshot, ScaleDecision, ScaleReason
@@ -48,6 +49,11 @@ class ForecastSizing:
     """How long the forecast's need must have stayed lower before replicas are given back
     (hysteresis: a dip shorter than this gives nothing back); None: the step rules' down
     cool-down, the same pause their own step down keeps."""
+    pool: int = 0
+    """Sleeping replicas behind the fleet (a warm pool): replicas the forecast needs beyond
+    `wake_horizon_s` are started cold only past what the pool can wake in time."""
+    wake_horizon_s: float | None = None
+    """With a pool: the wake plus a tick (what the pool's replicas need of warning)."""
     fall_release: float | None = 1.0
     """Skip the hold when the forecast itself falls over the horizon by at least this many
     replicas' worth (fill x replica_rps; 0: any fall): a fall the trend carries is not the
@@ -56,11 +62,22 @@ class ForecastSizing:
     `make bench-autoscale`: 1 gives fewer replica-hours on all four smooth traces at 100%,
     the bursts' attainment unchanged; 0 lowers it by 3 to 6 points (docs/benchmarks.md)."""
 
+    @property
+    def error_horizon_s(self) -> float:
+        """The horizon the headroom's errors are measured over: the one replicas asked for
+        need (the wake's with a pool)."""
+        if self.pool and self.wake_horizon_s is not None:
+            return self.wake_horizon_s
+        return self.horizon_s
+
     def __post_init__(self) -> None:
         if self.replica_rps <= 0 or self.horizon_s <= 0 or not 0.0 < self.fill <= 1.0:
             raise ConfigError(
                 "forecast sizing needs replica_rps > 0, horizon_s > 0 and fill in (0, 1]"
             )
+        wake = self.wake_horizon_s
+        if self.pool < 0 or (wake is not None and not 0 < wake <= self.horizon_s):
+            raise ConfigError("forecast sizing needs pool >= 0 and wake horizon in (0, horizon]")
         if self.fall_release is not None and self.fall_release < 0:
             raise ConfigError(f"fall_release must be >= 0 replicas, got {self.fall_release}")
 
@@ -82,7 +99,8 @@ class PredictivePolicy:
     already here). Down: to that need at once, however many replicas it is, but never below
     the removal check's floor (the ready replicas left stay under the upper line with
     today's load, `StepPolicy.load_floor`); the step rules' own step down does not go below
-    the forecast's need."""
+    the forecast's need; nor below a count that had to be left upward at this load before
+    (`scaling.flap`)."""
 
     name = "predictive"
 
@@ -92,7 +110,7 @@ class PredictivePolicy:
         self.forecast = HoltForecast(sizing.alpha, sizing.beta, sizing.damping)
         self.errors = (
             ForecastErrors(
-                max(1.0, sizing.horizon_s),
+                max(1.0, sizing.error_horizon_s),
                 sizing.error_window_s,
                 sizing.error_quantile,
                 less_poisson_noise=sizing.headroom_less_noise,
@@ -105,22 +123,40 @@ class PredictivePolicy:
         self._needs = PeakWindow(self.hold_s)
         self._seen_second: int | None = None
         """The second that ended last in what was fed (floor of the last tick's time)."""
+        self.too_few = TooFewMemory()
+        """Counts that were too few for a load: not given back to while it lasts."""
 
     def decide(self, snapshot: FleetSnapshot, now_s: float) -> ScaleDecision:
+        decision = self._decide(snapshot, now_s)
+        if self.falling():
+            # A fall the forecast's trend carries is not the noise the memory is for.
+            self.too_few.note(snapshot, decision.replicas)
+            return decision
+        return self.too_few.steady(snapshot, decision)
+
+    def _decide(self, snapshot: FleetSnapshot, now_s: float) -> ScaleDecision:
         self._feed(snapshot.arrivals_per_s, now_s)
         rules = self.step.rules
         sizing = self.sizing
         rate = self.forecast.peak(sizing.horizon_s)
         headroom = self.errors.headroom() if self.errors is not None else 0.0
-        need_now = rules.bounded(
-            math.ceil(without_float_noise((rate + headroom) / (sizing.fill * sizing.replica_rps)))
-        )
+        need_now = rules.bounded(self._need(rate + headroom))
+        if sizing.pool and sizing.wake_horizon_s is not None:
+            # The pool wakes its replicas within the wake horizon (the headroom is the
+            # errors over it): only the need beyond the pool is started a cold start ahead.
+            soon = self._need(self.forecast.peak(sizing.wake_horizon_s) + headroom)
+            need_now = rules.bounded(max(soon, self._need(rate) - sizing.pool))
         if self.falling():
             self._needs.clear()
         need = round(self._needs.add(now_s, need_now))
         base = self.step.decide(snapshot, now_s)
         have = snapshot.provisioned
         if base.replicas > have or base.reason is ScaleReason.BOUNDS:
+            if base.replicas > have:
+                # The step up is load already here: held as a need, or the next tick's
+                # forecast (which has not seen it yet) gives it back at once, and the
+                # tick after steps up again.
+                need = round(self._needs.add(now_s, base.replicas))
             if need <= base.replicas or base.replicas < have:
                 return base
             want = need
@@ -136,6 +172,10 @@ class PredictivePolicy:
         )
         return ScaleDecision(want, ScaleReason.FORECAST, detail)
 
+    def _need(self, rate_rps: float) -> int:
+        sizing = self.sizing
+        return math.ceil(without_float_noise(rate_rps / (sizing.fill * sizing.replica_rps)))
+
     def falling(self) -> bool:
         """Whether the forecast falls over the horizon by more than `fall_release` replicas'
         worth."""
@@ -149,7 +189,7 @@ class PredictivePolicy:
         second = int(now_s)
         last = self._seen_second
         new = len(per_second) if last is None else min(len(per_second), second - last)
-        horizon_s = self.sizing.horizon_s
+        horizon_s = self.sizing.error_horizon_s
         for value in per_second[len(per_second) - new :] if new > 0 else ():
             self.forecast.observe(value)
             if self.errors is not None:

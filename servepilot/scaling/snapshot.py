@@ -97,6 +97,9 @@ class ScaleReason(enum.Enum):
     """The forecast load needs more replicas than the rules."""
     TARGET = "target"
     """The share of concurrency budgets in use (the HPA-like baseline)."""
+    TOO_FEW = "too_few"
+    """A step down held: the count it would leave was too few for this load before
+    (`scaling.flap`)."""
 
 
 @dataclass(frozen=True, slots=True)

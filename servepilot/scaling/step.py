@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from servepilot.core.errors import ConfigError
+from servepilot.scaling.flap import TooFewMemory
 from servepilot.scaling.snapshot import FleetSnapshot, ScaleDecision, ScaleReason
 from servepilot.scaling.utilisation import PeakWindow, UtilisationLimits, fleet_utilisation
 
@@ -76,7 +77,9 @@ class StepPolicy:
     4. peak below `lower`: remove `step_down` replicas, once `down_cooldown_s` has passed,
        and only if the ready replicas left would stay under `upper` with the load of the
        removed ones (peak x ready / (ready - removed) < upper), checked before removing;
-    5. else hold.
+    5. else hold;
+    6. a step down never leaves a count that had to be left upward at this load before
+       (`scaling.flap`: no oscillation on a flat load).
 
     "The fleet last changed" is this policy's own last step, or any change of the
     provisioned count it did not ask for (a larger forecast taken over its answer)."""
@@ -91,13 +94,15 @@ class StepPolicy:
         self._changed_s = -math.inf
         self._expected: int | None = None
         """The provisioned count after the last decision; another one means a change."""
+        self.too_few = TooFewMemory()
+        """Counts that were too few for a load: not stepped down to while it lasts."""
 
     def decide(self, snapshot: FleetSnapshot, now_s: float) -> ScaleDecision:
         have = snapshot.provisioned
         if self._expected is not None and have != self._expected:
             self._changed_s = now_s
         peak = self.peak = self._peak.add(now_s, fleet_utilisation(snapshot, self.rules.limits))
-        decision = self._rules(snapshot, have, peak, now_s)
+        decision = self.too_few.steady(snapshot, self._rules(snapshot, have, peak, now_s))
         if decision.replicas != have:
             self._changed_s = now_s
         self._expected = decision.replicas

@@ -65,10 +65,17 @@ class PoolPlan:
         return ", ".join(parts) or "nothing"
 
 
-def plan_pool(counts: PoolCounts, desired_active: int, pool_target: int) -> PoolPlan:
+def plan_pool(
+    counts: PoolCounts, desired_active: int, pool_target: int, *, cold_refill: bool = True
+) -> PoolPlan:
     """The actions that take `counts` to `desired_active` replicas serving (or on their way)
     with `pool_target` asleep or refilling behind them. `pool_target` 0: no pool (plain cold
-    starts and stops; replicas already asleep are stopped)."""
+    starts and stops; replicas already asleep are stopped).
+
+    `cold_refill` False: the pool is refilled only by replicas given back (slept instead of
+    stopped), never by a cold start. A cold refill holds a GPU for a cold start and a sleep
+    after every wake, as much as the wake saved; refilled by sleeps, the pool costs GPU
+    time only for the sleep, and a second rise before a fall finds it emptier."""
     if desired_active < 0 or pool_target < 0:
         raise ValueError("desired_active and pool_target must be >= 0")
     wake = start = sleep = stop = 0
@@ -84,6 +91,6 @@ def plan_pool(counts: PoolCounts, desired_active: int, pool_target: int) -> Pool
         stop = excess - sleep
         asleep += sleep
     pooled = asleep + counts.refilling
-    refill = max(0, pool_target - pooled)
+    refill = max(0, pool_target - pooled) if cold_refill else 0
     drop_asleep = min(asleep, max(0, pooled - pool_target))
     return PoolPlan(wake, start, sleep, stop, refill, drop_asleep)

@@ -228,3 +228,43 @@ def test_sizing_refuses_nonsense() -> None:
     with pytest.raises(ConfigError):
         ForecastSizing(replica_rps=1.0, horizon_s=90.0, fall_release=-1.0)
     assert math.isfinite(ForecastSizing(replica_rps=1.0, horizon_s=1.0).fill)
+
+
+def test_with_a_pool_only_the_need_beyond_it_is_started_a_cold_start_ahead() -> None:
+    # A ramp of +0.5 req/s each second from 10 req/s, on a fleet that has what it asked for
+    # (nothing starting, half utilised): the pool of 3 wakes in time what the ramp needs within
+    # the wake horizon, so the policy asks for at most 3 fewer than without it, never more,
+    # and fewer once the cold horizon's need runs ahead of the wake horizon's.
+    sizing = ForecastSizing(6.0, 83.0, error_quantile=None)
+    plain = PredictivePolicy(sizing, RULES)
+    pooled = PredictivePolicy(replace(sizing, pool=3, wake_horizon_s=5.8), RULES)
+    have_plain = have_pooled = 2
+    gaps = []
+    for tick in range(1, 61):
+        now = tick * 5.0
+        arrivals = tuple(10.0 + 0.5 * s for s in range(int(now)))
+        a = plain.decide(_fleet(have_plain, arrivals, now), now).replicas
+        b = pooled.decide(_fleet(have_pooled, arrivals, now), now).replicas
+        have_plain, have_pooled = a, b
+        gaps.append(a - b)
+    assert all(0 <= gap <= 3 for gap in gaps)
+    assert max(gaps) == 3
+    with pytest.raises(ConfigError, match="wake horizon"):
+        ForecastSizing(6.0, 83.0, pool=1, wake_horizon_s=90.0)
+
+
+def _fleet(replicas: int, arrivals: tuple[float, ...], now: float) -> FleetSnapshot:
+    samples = tuple(
+        ReplicaSample(
+            f"r{i}",
+            ready=True,
+            in_flight=4,
+            running=4,
+            waiting=0,
+            kv_usage=0.1,
+            metrics_age_s=0.0,
+            budget=8,
+        )
+        for i in range(replicas)
+    )
+    return FleetSnapshot(now_s=now, replicas=samples, arrivals_per_s=arrivals)

@@ -50,3 +50,12 @@ def test_negative_counts_are_refused() -> None:
         PoolCounts(active=1, asleep=-1)
     with pytest.raises(ValueError, match="pool_target"):
         plan_pool(PoolCounts(1, 0), 1, -1)
+
+
+def test_without_cold_refills_the_pool_refills_only_by_sleeps() -> None:
+    # Two woken of two: nothing started cold to refill the pool ...
+    assert plan_pool(PoolCounts(2, 2), 4, 2, cold_refill=False) == PoolPlan(wake=2)
+    # ... until replicas are given back: they sleep into it, the rest stop.
+    assert plan_pool(PoolCounts(4, 0), 1, 2, cold_refill=False) == PoolPlan(sleep=2, stop=1)
+    assert plan_pool(PoolCounts(4, 0), 1, 2) == PoolPlan(sleep=2, stop=1)
+    assert plan_pool(PoolCounts(2, 2), 4, 2) == PoolPlan(wake=2, refill=2)

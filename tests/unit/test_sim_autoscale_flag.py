@@ -7,14 +7,19 @@ import pytest
 
 from servepilot.core.config import ScalingPolicyName
 from servepilot.core.errors import ConfigError
+from servepilot.core.results import Load, LoadMode
+from servepilot.load.loadplan import LoadPlan
 from servepilot.plan.costmodel import CostModel
+from servepilot.scaling.oracle import ClairvoyantPolicy, OracleSetup
 from servepilot.scaling.policies import AutoscaleSetup
 from servepilot.scaling.predictive import PredictivePolicy
 from servepilot.scaling.step import StepPolicy
 from servepilot.scaling.target_utilisation import TargetUtilisation
 from servepilot.sim.engine.records import SchedulerConfig
 from servepilot.sim.fleet.records import FleetSpec
+from servepilot.sim.fleet.session import level_policy
 from servepilot.sim.fleet.setup import autoscaler
+from servepilot.sim.fleet.traffic import Job, JobTable
 
 COST = CostModel(0.01, 1e-4, 1e-3, 2e-3, 1e-6, 0.0, source="test")
 
@@ -61,3 +66,40 @@ def test_predictive_without_replica_rps_names_the_flag() -> None:
 def test_anything_else_is_refused_naming_the_flag(text: str) -> None:
     with pytest.raises(ConfigError, match=f"--autoscale '{text}': expected MIN:MAX"):
         autoscaler(text)
+
+
+def test_the_oracle_is_sim_only_and_sizes_with_replica_rps() -> None:
+    spec = FleetSpec(SchedulerConfig(64, 2048, 2048, 16, 1000), COST, 1, 8, cold_start_s=78.0,
+                     autoscale_interval_s=5.0)  # fmt: skip
+    setup = autoscaler("2:20", "oracle", replica_rps=4.0, spec=spec)
+    assert setup == OracleSetup(2, 20, 4.0, 83.0)
+    with pytest.raises(ConfigError, match="--replica-rps"):
+        autoscaler("2:20", "oracle", spec=spec)
+    # fleet.yaml cannot name it: no real fleet knows its future.
+    assert "oracle" not in {p.value for p in ScalingPolicyName}
+
+
+def test_the_oracle_is_told_an_open_loops_schedule_and_refuses_a_closed_loop() -> None:
+    oracle = OracleSetup(1, 10, replica_rps=5.0, horizon_s=10.0)
+    jobs = JobTable([Job(100, 10)])
+    # 4 req/s for 100 s: ceil(4 / (0.8 x 5)) = 1, the minimum.
+    plan = LoadPlan(Load(mode=LoadMode.RATE, value=4.0), duration_s=100.0)
+    built = level_policy(oracle, plan, jobs)
+    assert isinstance(built, ClairvoyantPolicy)
+    assert built.peak_rps(50.0) == pytest.approx(4.0, rel=0.25)  # Poisson, a 30 s window
+    closed = LoadPlan(Load(mode=LoadMode.CONCURRENCY, value=4), max_requests=10)
+    with pytest.raises(ConfigError, match="only an open loop"):
+        level_policy(oracle, closed, jobs)
+    assert level_policy(None, closed, jobs) is None
+
+
+def test_with_a_warm_pool_predictive_and_the_oracle_know_the_wake() -> None:
+    spec = FleetSpec(SchedulerConfig(64, 2048, 2048, 16, 1000), COST, 1, 8, cold_start_s=78.0,
+                     autoscale_interval_s=5.0, warm_pool=3, wake_s=0.8)  # fmt: skip
+    setup = autoscaler("2:20", "predictive", replica_rps=4.0, spec=spec)
+    assert setup is not None and setup.horizon_s == 83.0
+    predictive = setup.build()
+    assert isinstance(predictive, PredictivePolicy)
+    assert (predictive.sizing.pool, predictive.sizing.wake_horizon_s) == (3, 5.8)
+    oracle = autoscaler("2:20", "oracle", replica_rps=4.0, spec=spec)
+    assert oracle == OracleSetup(2, 20, 4.0, 83.0, pool=3, wake_horizon_s=5.8)

@@ -36,6 +36,11 @@ class SimFlags:
     slo: str | None
     """--slo; None: fleet.yaml's slo section."""
     seed: int
+    warm_pool: int | None = None
+    """--warm-pool; None: fleet.yaml's replicas.asleep (of replicas.count)."""
+    wake_time: str | None = None
+    sleep_time: str | None = None
+    pool_refill: str = "cold"
 
     def spec(self, config: FleetConfig, setup: fleet_setup.ReplicaSetup) -> FleetSpec:
         per_node = self.replicas_per_node or setup.replicas_per_node
@@ -43,8 +48,23 @@ class SimFlags:
             raise ConfigError(f"--replicas-per-node must be at least 1, got {per_node}")
         scrape = self.scrape_interval
         network = parse_network(self.network_ms, per_node, setup.request_overhead_s / 2)
+        spec = fleet_setup.fleet_spec(config, setup, network=network, seed=self.seed)
+        pool = self.warm_pool
+        if pool is None:  # fleet.yaml's: asleep of replicas.count, the rest serve
+            pool = config.replicas.asleep
+            spec = dataclasses.replace(spec, replicas=max(0, spec.replicas - pool))
+        if pool < 0:
+            raise ConfigError(f"--warm-pool must be at least 0, got {pool}")
         return dataclasses.replace(
-            fleet_setup.fleet_spec(config, setup, network=network, seed=self.seed),
+            spec,
+            warm_pool=pool,
+            cold_refill=self.pool_refill == "cold",
+            wake_s=parse_duration_or_zero_s(self.wake_time, "--wake-time")
+            if self.wake_time
+            else spec.wake_s,
+            sleep_s=parse_duration_or_zero_s(self.sleep_time, "--sleep-time")
+            if self.sleep_time
+            else spec.sleep_s,
             scrape_interval_s=parse_duration_s(scrape, "--scrape-interval") if scrape else None,
             cold_start_s=parse_duration_or_zero_s(self.cold_start, "--cold-start"),
             start_cold=self.start_cold,
@@ -62,10 +82,13 @@ class SimFlags:
         if scaling is None and config.autoscale.enabled:  # fleet.yaml's, as `up` would run it
             spec = dataclasses.replace(spec, autoscale_interval_s=config.autoscale.interval_s)
             scaling = AutoscaleSetup.from_section(config.autoscale, spec.cold_start_s)
+            if spec.warm_pool:
+                wake_s = min(scaling.horizon_s, spec.wake_s + spec.autoscale_interval_s)
+                scaling = dataclasses.replace(scaling, pool=spec.warm_pool, wake_horizon_s=wake_s)
         return setup, SimOptions(
             spec=spec, levels=levels,
             slo=parse_slo(self.slo) if self.slo else config.slo,
             prompt_overhead_tokens=setup.prompt_overhead_tokens,
             target=fleet_setup.target_section(config, setup, spec, self.profile, scaling),
-            autoscaler=scaling.build if scaling is not None else None,
+            autoscaler=scaling,
         )  # fmt: skip

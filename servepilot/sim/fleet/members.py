@@ -69,6 +69,8 @@ class ReplicaState(enum.Enum):
     DRAINING = "draining"
     """Takes no new requests; leaves when its requests are done."""
     STOPPED = "stopped"
+    ASLEEP = "asleep"
+    """In the warm pool: out of the gateway, its GPU memory freed (sim/fleet/replicas.py)."""
 
 
 class FleetReplica:
@@ -78,6 +80,8 @@ class FleetReplica:
     `kv_usage` are vLLM's gauges as of the last scrape."""
 
     __slots__ = (
+        "asleep_since_s",
+        "asleep_total_s",
         "capacity",
         "deferred",
         "dispatched",
@@ -95,6 +99,7 @@ class FleetReplica:
         "slots",
         "state",
         "stopped_s",
+        "up_s",
         "view",
         "waiting",
     )
@@ -121,6 +126,12 @@ class FleetReplica:
         """When the gateway first found it ready."""
         self.stopped_s: float | None = None
         """When it left the fleet (drained, or cancelled while starting)."""
+        self.up_s = launched_s
+        """When its engine is (or was) up after its latest cold start or wake."""
+        self.asleep_since_s: float | None = None
+        """In the warm pool since then; None while not asleep."""
+        self.asleep_total_s = 0.0
+        """Its time asleep before its latest wake."""
         self.dispatched = 0
         """Requests the gateway sent it."""
         self.in_flight = 0

@@ -56,4 +56,9 @@ def level_stats(run: Run, stats: FleetStats) -> str:
     return (
         f"{text}; autoscaling: {stats.scale_events} scale events, {stats.replicas_peak} "
         f"replicas at most, {stats.replica_s / 3600:,.2f} replica-hours"
+    ) + (
+        f" awake and {stats.replica_asleep_s / 3600:,.2f} asleep (host memory, no GPU), "
+        f"{stats.wakes} wakes"
+        if stats.replica_asleep_s or stats.wakes
+        else ""
     )

@@ -11,6 +11,13 @@ from servepilot.plan.costmodel import CostModel
 from servepilot.sim.engine.records import SchedulerConfig
 from servepilot.sim.fleet.network import NetworkConfig
 
+WAKE_S = 0.8
+"""vLLM's wake_up of Llama-3.1-8B on an H200, measured: 0.78-0.81 s over three cycles
+(benchmarks/gpu_runs/2026-12-04-llama-8b-sleep/sleep-cycles.json)."""
+SLEEP_S = 11.6
+"""Its first sleep in the same run (11.56 s; later ones 0.41-0.43 s): a replica entering the
+pool pays the first."""
+
 
 @dataclass(frozen=True, slots=True)
 class FleetSpec:
@@ -30,6 +37,15 @@ class FleetSpec:
     start_cold: bool = False
     """The first replicas start cold too (else they are ready at time 0)."""
     autoscale_interval_s: float = 15.0
+    warm_pool: int = 0
+    """Replicas the autoscaler keeps asleep behind the serving ones (0: none)."""
+    wake_s: float = WAKE_S
+    """From waking a sleeping replica to its engine serving."""
+    sleep_s: float = SLEEP_S
+    """From a drained replica's sleep call to its GPU memory freed (held, paid, till then)."""
+    cold_refill: bool = True
+    """The pool is refilled by cold starts after each wake (else only by replicas given back:
+    `scaling.warm_pool.plan_pool`)."""
     seed: int = 0
     model_name: str = "sim"
 
@@ -38,6 +54,8 @@ class FleetSpec:
             raise ConfigError("the fleet needs replicas >= 0 and a capacity >= 1")
         if self.cold_start_s < 0 or self.autoscale_interval_s <= 0:
             raise ConfigError("cold_start_s must be >= 0 and autoscale_interval_s > 0")
+        if self.warm_pool < 0 or self.wake_s < 0 or self.sleep_s < 0:
+            raise ConfigError("warm_pool, wake_s and sleep_s must be >= 0")
         if self.scrape_interval_s is not None and self.scrape_interval_s <= 0:
             raise ConfigError("scrape_interval_s must be > 0")
 
@@ -59,8 +77,12 @@ class FleetStats:
     wall_s: float
     cpu_s: float
     replica_s: float = 0.0
-    """Replica time paid for, every replica from its launch (cold start included) to its stop
-    or the end of the level."""
+    """Replica time awake (a GPU held), every replica from its launch (cold start included)
+    to its stop or the end of the level, less its time asleep."""
+    replica_asleep_s: float = 0.0
+    """Replica time asleep in the warm pool (host memory held, no GPU)."""
+    wakes: int = 0
+    """Sleeping replicas woken."""
     scale_events: int | None = None
     """Decisions that changed the number of replicas; None without an autoscaler."""
 

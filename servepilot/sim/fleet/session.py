@@ -14,14 +14,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from servepilot.core.errors import ConfigError
 from servepilot.core.results import BenchResult, Load, Run, Source
 from servepilot.core.slo import Slo
 from servepilot.load.levels import LevelOptions, pool_size
 from servepilot.load.loadplan import LoadPlan
 from servepilot.load.shapes import workload_shapes
-from servepilot.load.slots import send_times
+from servepilot.load.slots import open_slots, send_times
 from servepilot.load.sweep import sweet_spot
 from servepilot.load.workload import WorkloadKind, WorkloadSpec, describe
+from servepilot.scaling.oracle import OracleSetup
+from servepilot.scaling.policies import AutoscaleSetup
 from servepilot.scaling.snapshot import AutoscalePolicy
 from servepilot.sim.fleet.agentic import SessionFeed
 from servepilot.sim.fleet.records import FleetSpec, FleetStats, LevelOutcome, Progress
@@ -37,7 +40,9 @@ class SimOptions:
     prompt_overhead_tokens: int
     target: dict[str, Any]
     """The results file's "target" section (what was simulated)."""
-    autoscaler: Callable[[], AutoscalePolicy] | None = None
+    autoscaler: AutoscaleSetup | OracleSetup | None = None
+    """Builds each level's policy (a fresh one per level); the oracle is told the level's
+    schedule."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,9 +90,8 @@ def run_level(
 ) -> LevelOutcome:
     plan = level_plan(opts, load)
     workload = opts.levels.level_workload(index)
-    autoscaler = opts.autoscaler() if opts.autoscaler is not None else None
-    sim = FleetSim(opts.spec, autoscaler=autoscaler)
     if workload.kind is WorkloadKind.AGENTIC:
+        sim = FleetSim(opts.spec, autoscaler=level_policy(opts.autoscaler, plan, None))
         feed = SessionFeed(plan, workload, opts.prompt_overhead_tokens)
         offsets = None if plan.closed else send_times(plan, None)
         return sim.run(plan, feed.jobs, opts.slo, offsets=offsets, progress=progress,
@@ -100,7 +104,25 @@ def run_level(
             f"{too_long:,} of the level's {len(jobs):,} requests are longer than max_model_len "
             f"({longest:,} tokens): vLLM answers them 400, and so does the simulation"
         )
+    sim = FleetSim(opts.spec, autoscaler=level_policy(opts.autoscaler, plan, jobs))
     return sim.run(plan, jobs, opts.slo, offsets=level_offsets(plan, jobs), progress=progress)
+
+
+def level_policy(
+    scaling: AutoscaleSetup | OracleSetup | None, plan: LoadPlan, jobs: JobTable | None
+) -> AutoscalePolicy | None:
+    """A fresh policy for the level; the oracle is told its schedule of sends, which only an
+    open loop of requests made in advance (`jobs`) knows before the run."""
+    if not isinstance(scaling, OracleSetup):
+        return scaling.build() if scaling is not None else None
+    offsets = level_offsets(plan, jobs) if jobs is not None else None
+    if offsets is None or jobs is None:
+        raise ConfigError(
+            "--scaling-policy oracle is told the level's future rate, which only an open "
+            "loop of requests known in advance has",
+            hint="--rate R (with --duration), or --workload trace --trace FILE",
+        )
+    return scaling.build([slot.send_s for slot in open_slots(plan, len(jobs), offsets)])
 
 
 def simulate(
@@ -151,6 +173,8 @@ def _stats_dict(stats: FleetStats) -> dict[str, Any]:
         "shed": stats.shed,
         "queued_in_gateway": stats.queued,
         "replica_hours": round(stats.replica_s / 3600, 4),
+        "replica_hours_asleep": round(stats.replica_asleep_s / 3600, 4),
+        "wakes": stats.wakes,
         "scale_events": stats.scale_events,
         "wall_s": round(stats.wall_s, 2),
     }

@@ -30,6 +30,7 @@ from servepilot.plan.kv import KvCacheShape
 from servepilot.plan.request import PlanRequest, fleet_vllm_defaults
 from servepilot.plan.step_latency import StepLatency
 from servepilot.routing.admission.budget import replica_capacity
+from servepilot.scaling.oracle import OracleSetup
 from servepilot.scaling.policies import AutoscaleSetup
 from servepilot.sim.engine.records import SchedulerConfig
 from servepilot.sim.engine.setup import EngineKnobs, EngineSetup, Precision, engine_setup
@@ -266,20 +267,34 @@ def autoscaler(
     replica_rps: float | None = None,
     horizon: str | None = None,
     spec: FleetSpec | None = None,
-) -> AutoscaleSetup | None:
+) -> AutoscaleSetup | OracleSetup | None:
     """The --autoscale MIN:MAX flag and the policy's own (--scaling-policy, --autoscale-target,
-    --replica-rps, --forecast-horizon, by default the cold start plus one interval of `spec`)
-    -> what builds the simulated fleet's autoscaling policy; None without --autoscale."""
+    --replica-rps, --forecast-horizon, by default the cold start plus one interval of `spec`;
+    with a warm pool, the wake plus one too)
+    -> what builds the simulated fleet's autoscaling policy; None without --autoscale.
+    "oracle" (sim only: told the level's schedule) sizes with --replica-rps as predictive."""
     if not text:
         return None
     lo, hi = parse_bounds(text)
     if replica_rps is not None and replica_rps <= 0:
         raise ConfigError(f"--replica-rps must be > 0, got {replica_rps}")
+    tick_s = spec.autoscale_interval_s if spec is not None else 0.0
+    # Told (or forecasting) the future, it starts cold a cold start ahead what its pool
+    # cannot wake, and leaves the rest to the pool's wake.
+    cold_s = spec.cold_start_s + tick_s if spec is not None else 0.0
     if horizon:
-        horizon_s = parse_duration_s(horizon, "--forecast-horizon")
-    else:
-        horizon_s = spec.cold_start_s + spec.autoscale_interval_s if spec is not None else 0.0
-    return AutoscaleSetup(ScalingPolicyName(policy), lo, hi, target, replica_rps, horizon_s)
+        cold_s = parse_duration_s(horizon, "--forecast-horizon")
+    pool = spec.warm_pool if spec is not None else 0
+    wake_s = min(cold_s, spec.wake_s + tick_s) if spec is not None and pool else None
+    if policy == ORACLE:
+        return OracleSetup(lo, hi, replica_rps or 0.0, cold_s, pool=pool, wake_horizon_s=wake_s)
+    return AutoscaleSetup(ScalingPolicyName(policy), lo, hi, target, replica_rps, cold_s,
+                          pool=pool, wake_horizon_s=wake_s)  # fmt: skip
+
+
+ORACLE = "oracle"
+"""`sim --scaling-policy oracle`: not a ScalingPolicyName, since no real fleet (fleet.yaml,
+`up`) knows its future."""
 
 
 def target_section(
@@ -287,7 +302,7 @@ def target_section(
     setup: ReplicaSetup,
     spec: FleetSpec,
     profile: Path | None,
-    scaling: AutoscaleSetup | None = None,
+    scaling: AutoscaleSetup | OracleSetup | None = None,
 ) -> dict[str, Any]:
     """The results file's "target" section: the simulated fleet, and where its numbers came
     from (its autoscaling policy too, when it has one)."""
@@ -323,4 +338,6 @@ def target_section(
         },
         "scrape_interval_s": spec.scrape_interval_s or config.gateway.health_interval_s,
         "cold_start_s": spec.cold_start_s,
+        "warm_pool": {"replicas": spec.warm_pool, "wake_s": spec.wake_s, "sleep_s": spec.sleep_s,
+                      "refill": "cold" if spec.cold_refill else "sleep"},
     } | ({"autoscale": scaling.describe()} if scaling is not None else {})  # fmt: skip

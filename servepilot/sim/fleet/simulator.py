@@ -41,14 +41,13 @@ from servepilot.routing import make_policy
 from servepilot.routing.admission import BUSY_TICK_S
 from servepilot.routing.base import RoutingPolicy
 from servepilot.scaling.snapshot import AutoscalePolicy
-from servepilot.sim.engine.replica import ReplicaModel
 from servepilot.sim.fleet.agentic import SessionFeed
 from servepilot.sim.fleet.autoscale import AutoscaleHook
 from servepilot.sim.fleet.collect import RunCollector
 from servepilot.sim.fleet.gateway import SimGateway
 from servepilot.sim.fleet.members import FleetReplica, FleetRequest, ReplicaState
-from servepilot.sim.fleet.network import HopSampler
 from servepilot.sim.fleet.records import FleetSpec, FleetStats, LevelOutcome, Progress
+from servepilot.sim.fleet.replicas import FleetReplicas
 from servepilot.sim.fleet.requests import RequestFactory
 from servepilot.sim.fleet.traffic import JobTable
 
@@ -64,6 +63,7 @@ SCRAPE: Final = 5
 AUTOSCALE: Final = 6
 READY: Final = 7
 COLD_TIMEOUT: Final = 8
+POOLED: Final = 9
 REFUSAL_S: Final = 0.001
 """The gateway's time to answer a 429/503: a closed loop facing refusals still moves on."""
 PROGRESS_EVERY: Final = 1 << 16
@@ -97,14 +97,14 @@ class FleetSim:
         self._cg = spec.network.client_gateway_s
         self._heap: list[tuple[float, int, int, object]] = []
         self._seq = itertools.count()
-        self.replicas: list[FleetReplica] = []
+        self.fleet = FleetReplicas(self.gateway, spec, self._hop_rng, self._push, READY, POOLED)
+        self.replicas = self.fleet.all
         """Every replica ever launched, in launch order."""
         self.now_s = 0.0
         self._live: dict[int, FleetRequest] = {}
         """Requests sent and not answered yet, by id."""
         self._peak_in_flight = 0
         self._deadline = math.inf
-        self._peak = 0
         self._sending = True
         self._sends_due = 0
         """Closed loop: sends on their way to the gateway (SEND events not yet handled)."""
@@ -120,7 +120,12 @@ class FleetSim:
         self._tick_gen = 0
         self._tick_due = 0.0
         for _ in range(spec.replicas):
-            self.launch(ready=not spec.start_cold, now_s=0.0)
+            self.fleet.launch(ready=not spec.start_cold, now_s=0.0)
+        for _ in range(spec.warm_pool):
+            if spec.start_cold:
+                self.fleet.launch(ready=False, now_s=0.0, to_pool=True)
+            else:
+                self.fleet.launch_asleep(0.0)
 
     def _now(self) -> float:
         """The simulated clock, for policies that read it (predicted_latency)."""
@@ -128,47 +133,9 @@ class FleetSim:
 
     # ---- replicas ------------------------------------------------------------------------
 
-    def launch(self, *, ready: bool, now_s: float) -> FleetReplica:
-        """Start one more replica; a cold one serves after `cold_start_s`."""
-        spec = self.spec
-        index = len(self.replicas)
-        hop = HopSampler(spec.network.replica_delay(index), self._hop_rng)
-        model = ReplicaModel(spec.scheduler, spec.cost)
-        replica = FleetReplica(index, model, spec.capacity, hop, ready=ready, launched_s=now_s)
-        self.replicas.append(replica)
-        self.gateway.add(replica)
-        if not ready:
-            self._push(now_s + spec.cold_start_s, READY, replica)
-        self._peak = max(self._peak, self.gateway.ready + self.gateway.starting)
-        return replica
-
-    def _retire_if_done(self, replica: FleetReplica, now_s: float) -> None:
-        if replica.in_flight == 0 and replica.result is None:
-            self.gateway.remove(replica)
-            replica.stopped_s = now_s
-
-    def _scale(self, desired: int, now_s: float) -> None:
-        gateway = self.gateway
-        have = gateway.ready + gateway.starting
-        for _ in range(desired - have):
-            self.launch(ready=False, now_s=now_s)
-        if desired >= have:
-            return
-        # Newest first: the ones still starting, then the most recently ready.
-        live = [r for r in self.replicas if r.state in (ReplicaState.STARTING, ReplicaState.READY)]
-        live.sort(key=lambda r: (r.state is ReplicaState.STARTING, r.index), reverse=True)
-        for replica in live[: have - desired]:
-            gateway.drain(replica)
-            self._retire_if_done(replica, now_s)
-
     def replica_seconds(self, until_s: float) -> float:
-        """Replica time paid for from the start to `until_s`: every replica from its launch
-        (a cold start is paid for too) to its stop."""
-        total = 0.0
-        for replica in self.replicas:
-            end_s = replica.stopped_s if replica.stopped_s is not None else until_s
-            total += max(0.0, min(end_s, until_s) - replica.launched_s)
-        return total
+        """Replica time awake (a GPU held) from the start to `until_s` (`FleetReplicas`)."""
+        return self.fleet.seconds(until_s)[0]
 
     # ---- what the gateway's decisions do (its Outlet) ------------------------------------
 
@@ -224,7 +191,7 @@ class FleetSim:
         if result is not None:
             heapq.heappush(self._heap, (now_s + result.duration_s, next(self._seq), STEP, replica))
         elif replica.state is _DRAINING:
-            self._retire_if_done(replica, now_s)
+            self.fleet.retire_if_done(replica, now_s)
 
     def _step_end(self, replica: FleetReplica, now_s: float) -> None:
         result = replica.result
@@ -274,7 +241,7 @@ class FleetSim:
             ttfb = first + (now_s - (request.finish_s or now_s)) - request.dispatched_s
         self.gateway.release(request, now_s, ttfb)
         if replica.state is _DRAINING:
-            self._retire_if_done(replica, now_s)
+            self.fleet.retire_if_done(replica, now_s)
 
     def _failed(self, request: FleetRequest, end_s: float, status: str) -> None:
         if not request.warmup:
@@ -468,10 +435,12 @@ class FleetSim:
             self._push(now_s + self._scrape_s, SCRAPE, None)
         elif kind == AUTOSCALE:
             assert self.autoscale is not None
-            self._scale(self.autoscale.decide(gateway, now_s), now_s)
+            self.fleet.scale(self.autoscale.decide(gateway, now_s), now_s)
             self._push(now_s + self.spec.autoscale_interval_s, AUTOSCALE, None)
         elif kind == READY:
-            obj.engine_ready = True  # type: ignore[attr-defined]
+            self.fleet.ready(obj)  # type: ignore[arg-type]
+        elif kind == POOLED:
+            self.fleet.pooled(obj, now_s)  # type: ignore[arg-type]
         elif kind == COLD_TIMEOUT:
             gateway.cold_timeout(obj, now_s)  # type: ignore[arg-type]
 
@@ -487,14 +456,15 @@ class FleetSim:
         models = [r.model for r in self.replicas]
         queries = sum(m.prefix_cache_queries for m in models)
         hits = sum(m.prefix_cache_hits for m in models)
+        awake_s, asleep_s = self.fleet.seconds(self.now_s)
         return FleetStats(
             sim_s=self.now_s, steps=sum(m.steps for m in models),
             preemptions=sum(m.num_preemptions for m in models),
-            prefix_hit_rate=hits / queries if queries else 0.0, replicas_peak=self._peak,
+            prefix_hit_rate=hits / queries if queries else 0.0, replicas_peak=self.fleet.peak,
             replicas_end=self.gateway.ready + self.gateway.starting,
             shed=dict(self.gateway.shed), queued=self.gateway.queued, events=events,
             wall_s=time.perf_counter() - wall0, cpu_s=time.process_time() - cpu0,
-            replica_s=self.replica_seconds(self.now_s),
+            replica_s=awake_s, replica_asleep_s=asleep_s, wakes=self.fleet.wakes,
             scale_events=len(self.autoscale.events) if self.autoscale is not None else None,
         )  # fmt: skip
 

@@ -1,56 +1,12 @@
-"""The clairvoyant reference of `make bench-autoscale`, with known answers: it sizes for the
-highest known rate over the cold start and a tick ahead (no sooner, no later), gives replicas
-back at once, stays within [min, max]; and the savings verdict it changes: out of reach when
-the reference itself saves less than 30%, missed only when some policy could meet it."""
+"""`make bench-autoscale`'s clairvoyant reference on its bursts trace, and the savings verdict
+it changes: out of reach when the reference itself saves less than 30%, missed only when some
+policy could meet it (the policy's own tests: tests/unit/test_scaling_oracle.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import pytest
-
-from benchmarks.autoscale_oracle import ClairvoyantPolicy
-from benchmarks.autoscale_report import Row, saving_verdict, verdicts
+from benchmarks.autoscale_report import Row, oracle_verdicts, saving_verdict, table, verdicts
 from benchmarks.autoscale_traces import SHIPPED
-from servepilot.core.errors import ConfigError
-from servepilot.scaling.snapshot import FleetSnapshot, ScaleReason
-
-HORIZON_S = 83.0  # the benchmark's: a 78 s cold start and a 5 s tick
-NOTHING = FleetSnapshot(now_s=0.0, replicas=())
-
-
-def _oracle(rate: Callable[[float], float], capacity_rps: float = 8.0) -> ClairvoyantPolicy:
-    return ClairvoyantPolicy(rate, HORIZON_S, capacity_rps, 2, 20)
-
-
-def _replicas(policy: ClairvoyantPolicy, now_s: float) -> int:
-    return policy.decide(NOTHING, now_s).replicas
-
-
-def test_a_step_up_is_provisioned_one_horizon_ahead_not_sooner() -> None:
-    # 10 req/s, then 50 from t = 100, at 8 req/s a replica: ceil(10 / 8) = 2 until the
-    # step is within 83 s (t >= 17), then ceil(50 / 8) = 7.
-    oracle = _oracle(lambda t: 10.0 if t < 100.0 else 50.0)
-    assert [_replicas(oracle, t) for t in (0.0, 16.0, 16.5, 17.0, 17.5, 100.0)] == [
-        2, 2, 2, 7, 7, 7
-    ]  # fmt: skip
-    assert oracle.decide(NOTHING, 17.0).reason is ScaleReason.FORECAST
-
-
-def test_replicas_are_given_back_as_soon_as_the_rate_falls() -> None:
-    oracle = _oracle(lambda t: 50.0 if t < 100.0 else 10.0)
-    assert [_replicas(oracle, t) for t in (0.0, 99.0, 99.5, 100.0)] == [7, 7, 7, 2]
-
-
-def test_within_bounds() -> None:
-    high, low = _oracle(lambda t: 200.0), _oracle(lambda t: 1.0)
-    assert (high.decide(NOTHING, 0.0).replicas, low.decide(NOTHING, 0.0).replicas) == (20, 2)
-    assert high.decide(NOTHING, 0.0).reason is ScaleReason.BOUNDS
-
-
-def test_a_rate_of_exactly_k_replicas_needs_k() -> None:
-    # 20.4 / (0.8 x 8.5) is 3 up to binary rounding: 3 replicas, not 4.
-    assert _replicas(_oracle(lambda t: 20.4, 0.8 * 8.5), 0.0) == 3
+from tests.unit.test_scaling_oracle import _oracle, _replicas
 
 
 def test_the_bursts_trace_at_the_benchmark_sizing() -> None:
@@ -60,13 +16,6 @@ def test_the_bursts_trace_at_the_benchmark_sizing() -> None:
     bursts = SHIPPED["bursts"]
     oracle = _oracle(bursts.rate, 0.8 * 8.5)
     assert [_replicas(oracle, t) for t in (0.0, 157.0, 160.0, 170.0)] == [6, 6, 9, 17]
-
-
-def test_refuses_nonsense() -> None:
-    with pytest.raises(ConfigError):
-        ClairvoyantPolicy(lambda t: 1.0, HORIZON_S, 0.0, 2, 20)
-    with pytest.raises(ConfigError):
-        ClairvoyantPolicy(lambda t: 1.0, HORIZON_S, 8.0, 3, 2)
 
 
 def _row(trace: str, policy: str, attainment: float, replica_hours: float) -> Row:
@@ -113,3 +62,19 @@ def test_verdicts_read_the_oracle_row_of_each_trace() -> None:
     # Without an oracle row the verdict is the issue's alone.
     assert ramp.text.endswith(": MISSED (>= 30% at equal attainment)")
     assert [v.missed for v in (diurnal, ramp, bursts)] == [False, True, False]
+
+
+def test_issue_37_judges_shares_of_the_oracles_saving() -> None:
+    rows = [
+        _row("ramp-b", "static", 1.0, 8.50), _row("ramp-b", "oracle", 1.0, 6.15),
+        _row("ramp-b", "predictive", 1.0, 6.60), _row("ramp-b", "predictive+pool", 1.0, 6.06),
+        _row("diurnal-b", "static", 1.0, 9.00), _row("diurnal-b", "oracle", 1.0, 6.28),
+        _row("diurnal-b", "predictive", 1.0, 6.40), _row("diurnal-b", "predictive+pool", 1.0, 6.0),
+    ]  # fmt: skip
+    ramp, ramp_pool, diurnal = oracle_verdicts(rows, ("ramp-b", "diurnal-b"))
+    # (8.50 - 6.60) / (8.50 - 6.15) = 81% < 90%; with the pool 104% >= 100%; diurnal-b's
+    # (9.00 - 6.40) / 2.72 = 96%, its pool run not judged (a ramp and bursts target).
+    assert ramp.missed and "81% of the cold-start oracle's saving" in ramp.text
+    assert not ramp_pool.missed and "104%" in ramp_pool.text
+    assert not diurnal.missed and diurnal.text.startswith("diurnal-b: predictive 96%")
+    assert "| 81% |" in table(rows)
