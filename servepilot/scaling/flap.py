@@ -18,6 +18,14 @@ from servepilot.scaling.snapshot import FleetSnapshot, ScaleDecision, ScaleReaso
 
 RATE_WINDOW_S = 60
 """The seconds of arrivals whose mean is "the load"."""
+RECENT_WINDOW_S = 10
+RAMP_RATIO = 1.25
+"""A load is steady when its last RECENT_WINDOW_S seconds' mean lies within RAMP_RATIO of its
+minute's, over a whole minute of arrivals. Only a steady load is noted: on a ramp (or just
+after a start, the minute not yet full) the minute's mean still holds the lighter load before
+it, and a count noted "too few" at that would stay too few for that lighter load after the
+ramp: the fleet would never come back down. The 10 s mean's noise on a flat load (at 15 req/s,
+a 25% excess is three standard deviations) leaves flat loads noted."""
 
 
 class TooFewMemory:
@@ -31,14 +39,14 @@ class TooFewMemory:
 
     @staticmethod
     def rate(snapshot: FleetSnapshot) -> float:
-        recent = snapshot.arrivals_per_s[-RATE_WINDOW_S:]
-        return sum(recent) / len(recent) if recent else 0.0
+        return _mean(snapshot, RATE_WINDOW_S)
 
     def note(self, snapshot: FleetSnapshot, wanted: int) -> None:
         """The policy answered `wanted` for this snapshot: a step up from a fleet with every
-        replica ready marks its count too few for the load now."""
-        have = snapshot.provisioned
-        rate = self.rate(snapshot)
+        replica ready, on a steady load, marks its count too few for that load."""
+        if not _steady(snapshot):
+            return
+        have, rate = snapshot.provisioned, self.rate(snapshot)
         # No arrivals counted (a snapshot without them): nothing to tie the count to.
         if wanted > have and not snapshot.starting and rate > 0:
             self._too_few[have] = min(self._too_few.get(have, rate), rate)
@@ -62,3 +70,15 @@ class TooFewMemory:
             decision = ScaleDecision(kept, ScaleReason.TOO_FEW, detail)
         self.note(snapshot, decision.replicas)
         return decision
+
+
+def _mean(snapshot: FleetSnapshot, window_s: int) -> float:
+    recent = snapshot.arrivals_per_s[-window_s:]
+    return sum(recent) / len(recent) if recent else 0.0
+
+
+def _steady(snapshot: FleetSnapshot) -> bool:
+    if len(snapshot.arrivals_per_s) < RATE_WINDOW_S:
+        return False
+    rate, recent = _mean(snapshot, RATE_WINDOW_S), _mean(snapshot, RECENT_WINDOW_S)
+    return rate / RAMP_RATIO <= recent <= rate * RAMP_RATIO
