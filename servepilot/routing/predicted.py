@@ -173,7 +173,10 @@ class PredictedLatency:
         cached = max(0, min(cached_tokens, prompt - 1))
         batch = view.in_flight
         context = int(batch * mean_prompt)
-        queue_s = max(0.0, self._busy_until_s.get(view.replica_id, now) - now)
+        # The prefills booked on it are done once nothing the gateway sent is in flight there
+        # (a request answered faster than predicted must not leave its replica looking busy).
+        booked_s = self._busy_until_s.get(view.replica_id, now) if batch else now
+        queue_s = max(0.0, booked_s - now)
         if view.num_requests_waiting:
             waiting_s = view.num_requests_waiting * model.prefill_s(
                 int(mean_prompt), 0, batch, context

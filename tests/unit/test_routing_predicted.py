@@ -107,6 +107,18 @@ def test_the_prefill_it_sent_is_the_queue_of_the_next_request() -> None:
     assert chooser.predict(request(), views)[0].queue_s == 0.0
 
 
+def test_a_prefill_answered_sooner_than_booked_leaves_no_queue() -> None:
+    clock = Clock(100.0)
+    chooser = policy(Cached({"r0": 768}), clock)
+    views = [ReplicaView("r0", in_flight=0), ReplicaView("r1", in_flight=0)]
+    assert chooser.choose(request(), views) == "r0"  # booked until 100.242
+    clock.now_s = 100.05
+    # Its request already answered (nothing in flight there): the booking is over.
+    assert chooser.predict(request(), views)[0].queue_s == 0.0
+    views = [ReplicaView("r0", in_flight=1), ReplicaView("r1", in_flight=0)]
+    assert chooser.predict(request(), views)[0].queue_s == pytest.approx(0.192)
+
+
 def test_it_waits_for_the_cached_replica_rather_than_recompute_the_prefix() -> None:
     chooser = policy(Cached({"r0": 768}), Clock(0.0))
     # A long prompt first: 932 new tokens on r0 in 2 steps beside 2 decoding (20 + 932 +
