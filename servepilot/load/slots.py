@@ -90,7 +90,9 @@ class ClosedSlots:
         if self.stopped:
             return None
         plan = self._plan
-        warm = self.position < plan.warmup_requests or now_s < plan.warmup_s
+        # A process may read its clock a hair before the shared start (now_s < 0): that is
+        # no warm-up unless one by time was asked for.
+        warm = self.position < plan.warmup_requests or (plan.warmup_s > 0 and now_s < plan.warmup_s)
         if not warm:
             if self.end_s is None and plan.duration_s is not None:
                 self.end_s = now_s + plan.duration_s

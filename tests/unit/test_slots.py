@@ -99,3 +99,12 @@ def test_only_a_pool_where_every_request_has_a_time_replays_it() -> None:
     assert replay_times([0.0, 1.5]) == [0.0, 1.5]
     assert replay_times([0.0, None]) is None
     assert replay_times([]) is None
+
+
+def test_a_slot_taken_a_hair_before_the_shared_start_is_measured() -> None:
+    # Processes share one start time; one may read its clock just before it (under load):
+    # without a warm-up by time that is a measured slot, within the quota, not an extra.
+    slots = ClosedSlots(LoadPlan(CLOSED, max_requests=2), 5)
+    first = slots.next(-0.0002)
+    assert first is not None and not first.warmup
+    assert slots.next(0.01) is not None and slots.next(0.02) is None
