@@ -29,6 +29,10 @@ ProgressFn = Callable[[int, int, float], None]
 PROGRESS_EVERY_S = 0.2
 
 
+_TIMER_SLACK_S = 0.002
+"""Added to the wait for t0: asyncio may run a timer up to its clock resolution early."""
+
+
 @dataclass(slots=True)
 class Tally:
     """What one process's share of the load produced."""
@@ -90,8 +94,10 @@ class Driver:
 
     async def run(self, on_progress: ProgressFn | None = None) -> Tally:
         """Wait for t0, drive the load, and return the tally (records in completion order)."""
+        # The event loop may wake a timer up to its clock resolution (1 ms) early, and every
+        # process's first request must leave at t0 or after.
         if (wait := -self.clock()) > 0:
-            await asyncio.sleep(wait)
+            await asyncio.sleep(wait + _TIMER_SLACK_S)
         self.tally.t0 = self.client.t0
         cpu0, wall0 = time.process_time(), time.perf_counter()
         ticker = asyncio.ensure_future(self._tick(on_progress)) if on_progress else None
