@@ -25,8 +25,8 @@ from servepilot.fleet.autoscale.metrics import AutoscaleCollector
 from servepilot.fleet.autoscale.start import check_autoscale
 from servepilot.fleet.autoscale.view import GatewayView
 from servepilot.load.loadplan import LoadPlan
-from servepilot.scaling.adaptive_budget import AdaptiveBudget, Band, BudgetDecision, next_band
 from servepilot.plan.costmodel import CostModel
+from servepilot.scaling.adaptive_budget import AdaptiveBudget, Band, BudgetDecision, next_band
 from servepilot.scaling.snapshot import FleetSnapshot, ReplicaSample, ScaleDecision, ScaleReason
 from servepilot.sim import SchedulerConfig
 from servepilot.sim.fleet.network import Delay, NetworkConfig
@@ -139,7 +139,7 @@ def test_config_errors_name_the_field(section: dict[str, Any], names: str) -> No
 
 def test_up_refuses_an_adaptive_budget_without_the_autoscaler() -> None:
     config = FleetConfig.model_validate({"autoscale": {"adaptive_budget": {"enabled": True}}})
-    with pytest.raises(ConfigError, match="needs autoscale.enabled"):
+    with pytest.raises(ConfigError, match=r"needs autoscale\.enabled"):
         check_autoscale(config)
     check_autoscale(config.with_overrides({"autoscale.enabled": True}))
 
