@@ -6,11 +6,13 @@ tick, and the simulator moving its replicas' budgets on a rate step."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
+from servepilot.cli.main import main
 from servepilot.core.config import (
     AdaptiveBudgetConfig,
     FleetConfig,
@@ -19,7 +21,7 @@ from servepilot.core.config import (
     parse_config,
 )
 from servepilot.core.errors import ConfigError
-from servepilot.core.results import Load, LoadMode
+from servepilot.core.results import Load, LoadMode, load_result
 from servepilot.core.slo import Slo
 from servepilot.fleet.autoscale.metrics import AutoscaleCollector
 from servepilot.fleet.autoscale.start import check_autoscale
@@ -278,3 +280,21 @@ def test_the_simulated_replicas_budget_follows_a_rate_step() -> None:
     assert (budgets[30.0], budgets[35.0], budgets[40.0], budgets[60.0], budgets[70.0]) == (
         8, 8, 2, 2, 8)  # fmt: skip
     assert sim.replicas[0].capacity == 8 and sim.replicas[0].view.capacity == 8
+
+
+def test_sim_applies_fleet_yaml_s_adaptive_budget_and_refuses_it_without_an_autoscaler(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fleet_yaml = tmp_path / "fleet.yaml"
+    fleet_yaml.write_text(
+        "autoscale:\n  adaptive_budget: {enabled: true, window_s: 5, low_rps: 1, peak_rps: 3,"
+        " peak_budget: 1}\n"
+    )
+    load = ["--rate", "4", "--duration", "20s", "--input-tokens", "32", "--output-tokens", "4"]
+    args = ["sim", "-c", str(fleet_yaml), *load, "--out", str(tmp_path / "out")]
+    assert main(args) == 2
+    assert "autoscale.adaptive_budget.enabled" in capsys.readouterr().err
+    assert main([*args, "--autoscale", "1:1", "--autoscale-interval", "5s"]) == 0
+    described = load_result(tmp_path / "out" / "results.json").target["adaptive_budget"]
+    assert (described["peak_rps"], described["peak_budget"], described["low_budget"]) == (
+        3.0, 1, 32)  # fmt: skip
