@@ -18,6 +18,10 @@ sleep into the pool (drained first) while it is short, and stops the rest; a poo
 target is refilled by cold starts that are put to sleep once they serve (left out of the
 policy's snapshot until then).
 
+With an adaptive budget (autoscale.adaptive_budget), each tick first sets every replica's
+concurrency budget at the gateway to the one `scaling.adaptive_budget` picks for the arrival
+rate.
+
 Its one task is owned: `start` makes it, `stop` ends it, then the removals under way, then the
 backend's waits for starting replicas, in that order, without waiting on any drain.
 """
@@ -187,8 +191,8 @@ class AutoscaleController:
         return decision
 
     def _adapt_budget(self, snapshot: FleetSnapshot) -> BudgetDecision | None:
-        """The budget the rate calls for, on every replica the gateway holds (the policy
-        then sees the snapshot taken before it: this tick's budgets in force)."""
+        """The budget the rate calls for, set on every replica the gateway holds. The policy
+        decides on the snapshot taken before: the budgets that served until now."""
         if self.budget is None:
             return None
         chosen = self.budget.decide(snapshot)
