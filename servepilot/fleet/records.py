@@ -12,7 +12,7 @@ from pathlib import Path
 
 from servepilot.core.config import FleetConfig
 from servepilot.engine.process import ReplicaInfo
-from servepilot.fleet.autoscale.controller import Decision
+from servepilot.fleet.autoscale.decision import Decision
 from servepilot.fleet.serve import ServedGateway
 from servepilot.fleet.state import (
     AutoscaleRecord,

@@ -127,6 +127,18 @@ class ReplicaPool:
         log.info("replica %s removed (drained=%s)", replica_id, drained)
         return drained
 
+    def set_budget(self, replica_id: str, budget: int) -> None:
+        """Give the replica `budget` requests in flight at most, within [1, its hard
+        capacity]. Lowered below its in-flight count, nothing is cut: its requests finish and
+        new ones wait (or are refused) as when it is full; raised, the dispatcher's next tick
+        (within BUSY_TICK_S while requests wait) hands the new slots out."""
+        replica = self.live(replica_id)
+        if not 1 <= budget <= replica.hard_capacity:
+            raise ValueError(
+                f"replica {replica_id}: budget {budget} outside [1, {replica.hard_capacity}]"
+            )
+        replica.capacity = budget
+
     def replicas(self) -> list[ReplicaInfo]:
         return [replica.info() for replica in self._replicas.values()]
 

@@ -57,6 +57,12 @@ class ReplicaInfo:
     """When its gauges were last read (time.monotonic()); None: never. An autoscaler reads
     their age (not in the admin API's answer)."""
     sleep: SleepState = SleepState.AWAKE
+    hard_capacity: int | None = None
+    """The most `capacity` may be set to (the budget it was added with); None: `capacity`."""
+
+    @property
+    def ceiling(self) -> int:
+        return self.capacity if self.hard_capacity is None else self.hard_capacity
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -71,6 +77,7 @@ class ReplicaInfo:
             "kv_cache_usage": self.kv_cache_usage,
             "models": list(self.models),
             "capacity": self.capacity,
+            "hard_capacity": self.ceiling,
             "group": self.group,
             "sleep": self.sleep.value,
         }
@@ -95,6 +102,7 @@ class Replica:
         "ever_healthy",
         "gauges",
         "group",
+        "hard_capacity",
         "header",
         "healthy",
         "in_flight",
@@ -123,7 +131,10 @@ class Replica:
         self.url = url
         self.base_url = URL(url)
         self.capacity = capacity
-        """Requests in flight the replica is given at most (its concurrency budget)."""
+        """Requests in flight the replica is given at most (its concurrency budget); an
+        adaptive budget moves it within [1, hard_capacity] (`ReplicaPool.set_budget`)."""
+        self.hard_capacity = capacity
+        """The budget it was added with: what its batch and KV cache hold."""
         self.group = group
         host, port = self.base_url.host or "127.0.0.1", self.base_url.port or 80
         self.upstream = HostPool(host, port, connect_timeout_s)
@@ -194,6 +205,7 @@ class Replica:
             group=self.group,
             sleep=self.sleep,
             scraped_at_s=self.scraped_at_s,
+            hard_capacity=self.hard_capacity,
         )
 
     @property

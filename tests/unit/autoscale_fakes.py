@@ -11,6 +11,7 @@ from servepilot.engine.process import ReplicaInfo
 from servepilot.fleet.autoscale.controller import AutoscaleController
 from servepilot.fleet.autoscale.view import PoolView
 from servepilot.fleet.backend import Replica, ReplicaEvent, ReplicaState
+from servepilot.scaling.adaptive_budget import AdaptiveBudget, BudgetDecision
 from servepilot.scaling.snapshot import (
     AutoscalePolicy,
     FleetSnapshot,
@@ -41,6 +42,9 @@ class FakeFleet:
         self.journal = backend.journal
         self.drain_gate: asyncio.Event | None = None
         self.wake_gate: asyncio.Event | None = None
+        self.arrivals_per_s: tuple[float, ...] = ()
+        self.budgets: list[int] = []
+        """The adaptive budgets applied, one per tick."""
 
     def count_arrivals(self, now_s: float) -> None:
         self.journal.append("count arrivals")
@@ -52,7 +56,11 @@ class FakeFleet:
                  if r not in leave_out]  # fmt: skip
         on_way = [*sorted(self.waking), *starting]
         starting_ = [ReplicaSample(r, False, 0, 0, 0, 0.0, 0.0, 4) for r in on_way]
-        return FleetSnapshot(now_s, tuple(ready + starting_))
+        return FleetSnapshot(now_s, tuple(ready + starting_), arrivals_per_s=self.arrivals_per_s)
+
+    def apply_budget(self, decision: BudgetDecision) -> int:
+        self.budgets.append(decision.applied(4))
+        return 1
 
     def pool(self) -> PoolView:
         return PoolView(tuple(self.held), frozenset(), frozenset(self.waking),
@@ -164,7 +172,10 @@ class Scripted:
 
 
 def rig(
-    policy: AutoscalePolicy, in_flight: dict[str, int], pool_target: int = 0
+    policy: AutoscalePolicy,
+    in_flight: dict[str, int],
+    pool_target: int = 0,
+    budget: AdaptiveBudget | None = None,
 ) -> tuple[AutoscaleController, FakeFleet, FakeBackend, Clock]:
     backend = FakeBackend()
     fleet = FakeFleet(backend, in_flight)
@@ -177,6 +188,7 @@ def rig(
         drain_timeout_s=7.0,
         startup_timeout_s=60.0,
         pool_target=pool_target,
+        budget=budget,
         clock=clock,
     )
     return controller, fleet, backend, clock

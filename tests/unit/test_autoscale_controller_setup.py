@@ -21,7 +21,7 @@ from servepilot.core.errors import ConfigError
 from servepilot.engine.process import ReplicaProcess
 from servepilot.engine.simserver.args import SimModel
 from servepilot.fleet import control
-from servepilot.fleet.autoscale.controller import Decision
+from servepilot.fleet.autoscale.decision import Decision
 from servepilot.fleet.autoscale.metrics import AutoscaleCollector
 from servepilot.fleet.autoscale.start import check_autoscale, initial_replicas
 from servepilot.fleet.autoscale.view import GatewayView, fleet_snapshot, pool_view

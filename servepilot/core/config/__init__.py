@@ -2,6 +2,7 @@
 `FleetConfig`, the one configuration that drives plan, up, tune and sim. Import the names
 from here; the modules are the sections' homes."""
 
+from servepilot.core.config.adaptive_budget import AdaptiveBudgetConfig, RateBasis
 from servepilot.core.config.autoscale import AutoscaleConfig, ScalingPolicyName, parse_bounds
 from servepilot.core.config.batch import BatchConfig
 from servepilot.core.config.cluster import ClusterBackend, ClusterConfig, Placement
@@ -43,6 +44,7 @@ __all__ = [
     "DEFAULT_GPU_MEMORY_UTILIZATION",
     "EMBEDDED_MODEL",
     "AccessLogConfig",
+    "AdaptiveBudgetConfig",
     "AdmissionConfig",
     "ApiKey",
     "AuthConfig",
@@ -67,6 +69,7 @@ __all__ = [
     "PolicyName",
     "Priority",
     "ProtectionConfig",
+    "RateBasis",
     "ReplicasConfig",
     "RoutingConfig",
     "Runtime",

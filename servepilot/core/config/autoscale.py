@@ -8,6 +8,7 @@ import enum
 
 from pydantic import Field, model_validator
 
+from servepilot.core.config.adaptive_budget import AdaptiveBudgetConfig
 from servepilot.core.config.section import Section as _Section
 from servepilot.core.errors import ConfigError
 
@@ -76,6 +77,10 @@ class AutoscaleConfig(_Section):
 
     drain_timeout_s: float = Field(default=30.0, ge=0)
     """A replica being removed gets this long to finish its requests before it is stopped."""
+
+    adaptive_budget: AdaptiveBudgetConfig = Field(default_factory=AdaptiveBudgetConfig)
+    """Seed 003's adaptive batch thresholds: each tick, every replica's admission budget
+    follows the measured arrival rate (off by default; docs/autoscale.md)."""
 
     @model_validator(mode="after")
     def _bounds_and_rate(self) -> AutoscaleConfig:

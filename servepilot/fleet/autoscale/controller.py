@@ -18,6 +18,10 @@ sleep into the pool (drained first) while it is short, and stops the rest; a poo
 target is refilled by cold starts that are put to sleep once they serve (left out of the
 policy's snapshot until then).
 
+With an adaptive budget (autoscale.adaptive_budget), each tick first sets every replica's
+concurrency budget at the gateway to the one `scaling.adaptive_budget` picks for the arrival
+rate.
+
 Its one task is owned: `start` makes it, `stop` ends it, then the removals under way, then the
 backend's waits for starting replicas, in that order, without waiting on any drain.
 """
@@ -28,19 +32,20 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Collection, Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
 from servepilot.core.loop import cancel_all_and_wait, cancel_and_wait
+from servepilot.fleet.autoscale.decision import Decision
 from servepilot.fleet.autoscale.starts import StartTracker
 from servepilot.fleet.autoscale.view import PoolView
 from servepilot.fleet.backend import ReplicaBackend, ReplicaState, remove_first_ids
+from servepilot.scaling.adaptive_budget import AdaptiveBudget, BudgetDecision
 from servepilot.scaling.snapshot import (
     AutoscalePolicy,
     FleetSnapshot,
     ReplicaSample,
     ScaleDecision,
-    ScaleReason,
 )
 from servepilot.scaling.warm_pool import PoolCounts, PoolPlan, plan_pool
 
@@ -67,37 +72,7 @@ class FleetView(Protocol):
 
     async def wake(self, replica_id: str) -> float: ...
 
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """One tick's answer, as logged, exported and shown by `status`."""
-
-    at_s: float
-    """Unix time."""
-    current: int
-    """Replicas ready or starting when it was taken."""
-    desired: int
-    reason: ScaleReason
-    detail: str
-    pool: str = ""
-    """The warm pool, where there is one: replicas held, and what this tick does with it."""
-    note: str = ""
-    """What the controller holds back, and why (cold starts after failures)."""
-
-    @property
-    def direction(self) -> str:
-        if self.desired == self.current:
-            return "hold"
-        return "up" if self.desired > self.current else "down"
-
-    def line(self) -> str:
-        change = (
-            f"{self.current} replicas" if self.direction == "hold"
-            else f"{self.current} -> {self.desired} replicas"
-        )  # fmt: skip
-        pool = f"; warm pool: {self.pool}" if self.pool else ""
-        note = f"; {self.note}" if self.note else ""
-        return f"autoscale: {change} ({self.reason.value}: {self.detail}){pool}{note}"
+    def apply_budget(self, decision: BudgetDecision) -> int: ...
 
 
 class AutoscaleController:
@@ -111,6 +86,7 @@ class AutoscaleController:
         drain_timeout_s: float,
         startup_timeout_s: float,
         pool_target: int = 0,
+        budget: AdaptiveBudget | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_decision: Callable[[Decision], None] | None = None,
     ) -> None:
@@ -118,7 +94,8 @@ class AutoscaleController:
         every decision after it is logged and counted (`up` reports changes);
         `startup_timeout_s`: how long a replica may stay starting before it is given up;
         `pool_target`: replicas kept asleep or parked (0: no warm pool; replicas put to
-        sleep by hand are then left alone, and woken first when the fleet grows)."""
+        sleep by hand are then left alone, and woken first when the fleet grows);
+        `budget`: the adaptive admission budget applied to every replica each tick."""
         self.policy = policy
         self._backend = backend
         self._fleet = fleet
@@ -126,6 +103,7 @@ class AutoscaleController:
         self._drain_timeout_s = drain_timeout_s
         self._startup_timeout_s = startup_timeout_s
         self.pool_target = pool_target
+        self.budget = budget
         self._clock = clock
         self._on_decision = on_decision
         self.last: Decision | None = None
@@ -192,6 +170,7 @@ class AutoscaleController:
         pool = self._fleet.pool()
         self._settle_refills(pool)
         snapshot = self._fleet.snapshot(now_s, starting, frozenset(self.refilling))
+        budget = self._adapt_budget(snapshot)
         answer: ScaleDecision = self.policy.decide(snapshot, now_s)
         have = snapshot.provisioned
         desired = max(0, answer.replicas)
@@ -201,7 +180,8 @@ class AutoscaleController:
             plan = replace(plan, drop_asleep=0)
         self.last_pool = counts
         decision = Decision(time.time(), have, desired, answer.reason, answer.detail,
-                            self._pool_text(counts, plan), self.starts.held_line())  # fmt: skip
+                            self._pool_text(counts, plan), self.starts.held_line(),
+                            budget)  # fmt: skip
         self._record(decision)
         if not plan.idle:
             if self.removing:
@@ -209,6 +189,16 @@ class AutoscaleController:
             else:
                 await self._apply(plan, snapshot, pool)
         return decision
+
+    def _adapt_budget(self, snapshot: FleetSnapshot) -> BudgetDecision | None:
+        """The budget the rate calls for, set on every replica the gateway holds. The policy
+        decides on the snapshot taken before: the budgets that served until now."""
+        if self.budget is None:
+            return None
+        chosen = self.budget.decide(snapshot)
+        if self._fleet.apply_budget(chosen):
+            log.info("autoscale: budget %d per replica (%s)", chosen.budget, chosen.detail)
+        return chosen
 
     def _pool_text(self, counts: PoolCounts, plan: PoolPlan) -> str:
         if not (self.pool_target or counts.asleep or counts.refilling):

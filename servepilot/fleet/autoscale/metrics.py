@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from servepilot.fleet.autoscale.controller import AutoscaleController
+from servepilot.scaling.adaptive_budget import Band
 
 
 class AutoscaleCollector:
@@ -60,6 +61,9 @@ class AutoscaleCollector:
             "until the backend does.",
         )
         yield from _pool_families(c)
+        if last is not None and last.budget is not None:
+            yield from _budget_families(last.budget.budget, last.budget.band,
+                                        last.budget.rate_rps)  # fmt: skip
 
 
 def _gauge(name: str, value: float, doc: str) -> Metric:
@@ -107,4 +111,28 @@ def _pool_families(c: AutoscaleController) -> Iterator[Metric]:
         "1 when cold starts are held: a replica failed to start, and so did its "
         "replacement (see `status` and the replicas' logs); wakes from the warm "
         "pool go on.",
+    )
+
+
+def _budget_families(budget: int, band: Band, rate_rps: float) -> Iterator[Metric]:
+    """The adaptive budget (autoscale.adaptive_budget) at the last decision."""
+    yield _gauge(
+        "replica_budget",
+        budget,
+        "Requests in flight per replica the adaptive budget set at the last decision "
+        "(each replica's capped at its own hard capacity: servepilot_replica_capacity).",
+    )
+    bands = GaugeMetricFamily(
+        "servepilot_autoscale_budget_band",
+        "1 for the arrival-rate band the adaptive budget is in (low, middle, peak).",
+        labels=["band"],
+    )
+    for each in Band:
+        bands.add_metric([each.value], 1 if each is band else 0)
+    yield bands
+    yield _gauge(
+        "budget_rate_rps",
+        rate_rps,
+        "The arrival rate the adaptive budget compared with its lines (requests/s, "
+        "fleet-wide or per replica as autoscale.adaptive_budget.rate says).",
     )

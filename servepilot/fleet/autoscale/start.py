@@ -10,13 +10,15 @@ from collections.abc import AsyncIterator, Callable
 
 from servepilot.core.config import FleetConfig
 from servepilot.core.errors import ConfigError
-from servepilot.fleet.autoscale.controller import AutoscaleController, Decision
+from servepilot.fleet.autoscale.controller import AutoscaleController
+from servepilot.fleet.autoscale.decision import Decision
 from servepilot.fleet.autoscale.metrics import AutoscaleCollector
 from servepilot.fleet.autoscale.view import GatewayView
 from servepilot.fleet.backend import ReplicaBackend
 from servepilot.fleet.k8s.backend import KubernetesBackend
 from servepilot.gateway import Gateway
 from servepilot.gateway.serve import Alongside
+from servepilot.scaling.adaptive_budget import AdaptiveBudget
 from servepilot.scaling.policies import AutoscaleSetup
 
 
@@ -27,6 +29,12 @@ def check_autoscale(config: FleetConfig) -> None:
         raise ConfigError(
             "autoscale.min_replicas (--autoscale MIN:MAX): `up` keeps at least 1 replica "
             "(0 is for `servepilot sim`)"
+        )
+    if scaling.adaptive_budget.enabled and not scaling.enabled:
+        raise ConfigError(
+            "autoscale.adaptive_budget.enabled needs autoscale.enabled: the autoscaler moves "
+            "the budgets at each tick",
+            hint="for a fixed fleet: autoscale: {enabled: true, min_replicas: N, max_replicas: N}",
         )
 
 
@@ -61,6 +69,7 @@ def start_autoscaler(
         # what they cannot see (a Kubernetes pod that never gets scheduled).
         startup_timeout_s=config.engine.startup_timeout_s + 2 * scaling.interval_s,
         pool_target=pool_target,
+        budget=AdaptiveBudget(scaling.adaptive_budget) if scaling.adaptive_budget.enabled else None,
         on_decision=on_decision,
     )
     gateway.metrics.registry.register(AutoscaleCollector(controller))

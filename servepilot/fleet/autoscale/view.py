@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from servepilot.gateway import Gateway, ReplicaInfo
 from servepilot.gateway.replica import SleepState
+from servepilot.scaling.adaptive_budget import BudgetDecision
 from servepilot.scaling.arrivals import ArrivalHistory
 from servepilot.scaling.snapshot import FleetSnapshot, ReplicaSample
 
@@ -121,6 +122,17 @@ class GatewayView:
 
     def pool(self) -> PoolView:
         return pool_view(self._gateway.pool.replicas())
+
+    def apply_budget(self, decision: BudgetDecision) -> int:
+        """Every replica the gateway holds gets the budget, within its own hard capacity;
+        returns how many budgets changed."""
+        pool, changed = self._gateway.pool, 0
+        for info in pool.replicas():
+            budget = decision.applied(info.ceiling)
+            if budget != info.capacity:
+                pool.set_budget(info.replica_id, budget)
+                changed += 1
+        return changed
 
     async def drain(self, replica_id: str, timeout_s: float) -> bool:
         """Stop routing to the replica, wait for its requests (up to `timeout_s`), drop it."""

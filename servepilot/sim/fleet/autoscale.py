@@ -1,11 +1,13 @@
 """The simulated fleet's autoscaling hook: the snapshot a policy of `scaling/` sees, built
 from the simulated gateway as the fleet's controller builds it from the real one, and the
-log of what the policy changed."""
+log of what the policy changed. With an adaptive budget (autoscale.adaptive_budget), each tick
+first sets every replica's concurrency budget as the controller does at the gateway."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from servepilot.scaling.adaptive_budget import AdaptiveBudget, BudgetDecision
 from servepilot.scaling.arrivals import ArrivalHistory
 from servepilot.scaling.snapshot import AutoscalePolicy, FleetSnapshot, ReplicaSample, ScaleDecision
 from servepilot.sim.fleet.gateway import SimGateway
@@ -21,13 +23,24 @@ class ScaleEvent:
     decision: ScaleDecision
 
 
-class AutoscaleHook:
-    """Counts the gateway's arrivals, and every tick asks the policy for a replica count."""
+@dataclass(frozen=True, slots=True)
+class BudgetEvent:
+    """A tick that changed the replicas' adaptive budget."""
 
-    def __init__(self, policy: AutoscalePolicy) -> None:
+    at_s: float
+    decision: BudgetDecision
+
+
+class AutoscaleHook:
+    """Counts the gateway's arrivals, and every tick asks the policy for a replica count
+    (after setting the budgets, with an adaptive one)."""
+
+    def __init__(self, policy: AutoscalePolicy, budget: AdaptiveBudget | None = None) -> None:
         self.policy = policy
+        self.budget = budget
         self.arrivals = ArrivalHistory()
         self.events: list[ScaleEvent] = []
+        self.budget_events: list[BudgetEvent] = []
         self.scraped_s = 0.0
         """When the gateway last read vLLM's gauges (the simulator scrapes every replica at
         once)."""
@@ -58,8 +71,22 @@ class AutoscaleHook:
 
     def decide(self, gateway: SimGateway, now_s: float) -> int:
         snapshot = self.snapshot(gateway, now_s)
+        if self.budget is not None:
+            self._adapt_budget(gateway, snapshot, now_s)
         decision = self.policy.decide(snapshot, now_s)
         desired = max(0, decision.replicas)
         if desired != snapshot.provisioned:
             self.events.append(ScaleEvent(now_s, snapshot.provisioned, decision))
         return desired
+
+    def _adapt_budget(self, gateway: SimGateway, snapshot: FleetSnapshot, now_s: float) -> None:
+        assert self.budget is not None
+        chosen = self.budget.decide(snapshot)
+        changed = False
+        for replica in gateway.replicas.values():
+            budget = chosen.applied(replica.hard_capacity)
+            if budget != replica.capacity:
+                gateway.set_budget(replica, budget)
+                changed = True
+        if changed:
+            self.budget_events.append(BudgetEvent(now_s, chosen))

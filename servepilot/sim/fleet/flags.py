@@ -85,10 +85,19 @@ class SimFlags:
             if spec.warm_pool:
                 wake_s = min(scaling.horizon_s, spec.wake_s + spec.autoscale_interval_s)
                 scaling = dataclasses.replace(scaling, pool=spec.warm_pool, wake_horizon_s=wake_s)
+        budget = config.autoscale.adaptive_budget
+        if budget.enabled and scaling is None:
+            raise ConfigError(
+                "autoscale.adaptive_budget.enabled: the simulated autoscaler moves the budgets "
+                "at each tick, and this run has none",
+                hint="add --autoscale N:N (a fixed fleet of N) or enable fleet.yaml's autoscale",
+            )
+        target = fleet_setup.target_section(config, setup, spec, self.profile, scaling)
+        if budget.enabled:
+            target["adaptive_budget"] = budget.model_dump(mode="json")
         return setup, SimOptions(
             spec=spec, levels=levels,
             slo=parse_slo(self.slo) if self.slo else config.slo,
             prompt_overhead_tokens=setup.prompt_overhead_tokens,
-            target=fleet_setup.target_section(config, setup, spec, self.profile, scaling),
-            autoscaler=scaling,
+            target=target, autoscaler=scaling, budget=budget if budget.enabled else None,
         )  # fmt: skip

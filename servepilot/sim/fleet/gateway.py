@@ -137,6 +137,13 @@ class SimGateway:
                 pos[last.replica_id] = index
             del pos[rid]
 
+    def set_budget(self, replica: FleetReplica, budget: int) -> None:
+        """Its concurrency budget, as the gateway's `ReplicaPool.set_budget`: requests in
+        flight above it finish; the queue gets new slots at the next tick."""
+        replica.capacity = budget
+        replica.view.set_capacity(budget)
+        self.refresh(replica)
+
     def candidates(self) -> list[ReplicaView]:
         """The ready replicas with a free slot, as the policy sees them now."""
         return self._views

@@ -29,6 +29,9 @@ class LiveView(ReplicaView):
     def set_in_flight(self, in_flight: int) -> None:
         _set(self, "in_flight", in_flight)
 
+    def set_capacity(self, capacity: int) -> None:
+        _set(self, "capacity", capacity)
+
     def set_gauges(self, running: int, waiting: int, kv_usage: float) -> None:
         _set(self, "num_requests_running", running)
         _set(self, "num_requests_waiting", waiting)

@@ -86,6 +86,7 @@ class FleetReplica:
         "deferred",
         "dispatched",
         "engine_ready",
+        "hard_capacity",
         "hop",
         "in_flight",
         "index",
@@ -118,6 +119,9 @@ class FleetReplica:
         self.replica_id = f"r{index}"
         self.model = model
         self.capacity = capacity
+        """Its concurrency budget at the gateway (an adaptive budget moves it)."""
+        self.hard_capacity = capacity
+        """What its batch and KV cache hold: the most `capacity` is set to."""
         self.hop = hop
         self.state = ReplicaState.READY if ready else ReplicaState.STARTING
         self.engine_ready = ready

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from servepilot.core.config import AdaptiveBudgetConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import BenchResult, Load, Run, Source
 from servepilot.core.slo import Slo
@@ -23,6 +24,7 @@ from servepilot.load.shapes import workload_shapes
 from servepilot.load.slots import open_slots, send_times
 from servepilot.load.sweep import sweet_spot
 from servepilot.load.workload import WorkloadKind, WorkloadSpec, describe
+from servepilot.scaling.adaptive_budget import AdaptiveBudget
 from servepilot.scaling.oracle import OracleSetup
 from servepilot.scaling.policies import AutoscaleSetup
 from servepilot.scaling.snapshot import AutoscalePolicy
@@ -43,6 +45,11 @@ class SimOptions:
     autoscaler: AutoscaleSetup | OracleSetup | None = None
     """Builds each level's policy (a fresh one per level); the oracle is told the level's
     schedule."""
+    budget: AdaptiveBudgetConfig | None = None
+    """autoscale.adaptive_budget, when enabled: a fresh one per level, beside the policy."""
+
+    def level_budget(self) -> AdaptiveBudget | None:
+        return AdaptiveBudget(self.budget) if self.budget is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +98,8 @@ def run_level(
     plan = level_plan(opts, load)
     workload = opts.levels.level_workload(index)
     if workload.kind is WorkloadKind.AGENTIC:
-        sim = FleetSim(opts.spec, autoscaler=level_policy(opts.autoscaler, plan, None))
+        sim = FleetSim(opts.spec, autoscaler=level_policy(opts.autoscaler, plan, None),
+                       budget=opts.level_budget())  # fmt: skip
         feed = SessionFeed(plan, workload, opts.prompt_overhead_tokens)
         offsets = None if plan.closed else send_times(plan, None)
         return sim.run(plan, feed.jobs, opts.slo, offsets=offsets, progress=progress,
@@ -104,7 +112,8 @@ def run_level(
             f"{too_long:,} of the level's {len(jobs):,} requests are longer than max_model_len "
             f"({longest:,} tokens): vLLM answers them 400, and so does the simulation"
         )
-    sim = FleetSim(opts.spec, autoscaler=level_policy(opts.autoscaler, plan, jobs))
+    sim = FleetSim(opts.spec, autoscaler=level_policy(opts.autoscaler, plan, jobs),
+                   budget=opts.level_budget())  # fmt: skip
     return sim.run(plan, jobs, opts.slo, offsets=level_offsets(plan, jobs), progress=progress)
 
 

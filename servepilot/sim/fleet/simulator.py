@@ -40,6 +40,7 @@ from servepilot.plan.step_latency import StepLatency
 from servepilot.routing import make_policy
 from servepilot.routing.admission import BUSY_TICK_S
 from servepilot.routing.base import RoutingPolicy
+from servepilot.scaling.adaptive_budget import AdaptiveBudget
 from servepilot.scaling.snapshot import AutoscalePolicy
 from servepilot.sim.fleet.agentic import SessionFeed
 from servepilot.sim.fleet.autoscale import AutoscaleHook
@@ -79,6 +80,7 @@ class FleetSim:
         *,
         policy: RoutingPolicy | None = None,
         autoscaler: AutoscalePolicy | None = None,
+        budget: AdaptiveBudget | None = None,
     ) -> None:
         accel.notice_once(accel.SIM, "servepilot sim")
         self.spec = spec
@@ -92,7 +94,7 @@ class FleetSim:
             step_model=lambda _: step_model,
         )
         self.gateway = SimGateway(gw, self.policy, self, random.Random(f"{spec.seed}/admit"))
-        self.autoscale = AutoscaleHook(autoscaler) if autoscaler is not None else None
+        self.autoscale = AutoscaleHook(autoscaler, budget) if autoscaler is not None else None
         self._hop_rng = random.Random(f"{spec.seed}/network")
         self._cg = spec.network.client_gateway_s
         self._heap: list[tuple[float, int, int, object]] = []
