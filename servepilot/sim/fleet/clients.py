@@ -122,19 +122,20 @@ class SimClients:
         feed = self._feed
         assert feed is not None
         slot = feed.start(client_s)
-        if slot is None:
-            self.sending = False
-            return
-        self._send(slot, feed.loop.end_s)
+        self._send_or_stop(slot, feed.loop.end_s)
 
     def _next_closed(self, client_s: float) -> None:
         closed = self._closed
         assert closed is not None
-        slot = closed.next(client_s)
+        slot = closed.next(client_s)  # sets end_s on its first slot
+        self._send_or_stop(slot, closed.end_s)
+
+    def _send_or_stop(self, slot: Slot | None, end_s: float | None) -> None:
+        """None: the loop hands out no more slots, and this client stops sending."""
         if slot is None:
             self.sending = False
-            return
-        self._send(slot, closed.end_s)
+        else:
+            self._send(slot, end_s)
 
     def _send(self, slot: Slot, end_s: float | None) -> None:
         """A client sends `slot` when it is due; `end_s`: when a duration-bound level stops
