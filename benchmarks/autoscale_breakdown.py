@@ -35,8 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
+from benchmarks.autoscale_runs import INTERVAL_S, SLO, Knobs, run_policy  # noqa: E402
 from benchmarks.autoscale_traces import TRACES, Bursts, Diurnal, Ramp, Trace  # noqa: E402
-from benchmarks.bench_autoscale import INTERVAL_S, SLO, Knobs, run_policy  # noqa: E402
 from servepilot.core.slo import parse_slo  # noqa: E402
 from servepilot.scaling.predictive import PredictivePolicy  # noqa: E402
 from servepilot.scaling.snapshot import AutoscalePolicy, FleetSnapshot, ScaleDecision  # noqa: E402

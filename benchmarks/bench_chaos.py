@@ -32,50 +32,35 @@ given up on once the replica is out of rotation, reported beside it.
     python benchmarks/bench_chaos.py [--streams 200] [--faults 4] [--seed 1] [--replicas 2]
     python benchmarks/bench_chaos.py --engine sim      # simulated replicas: a smoke test
 
-Writes OUT/results.json (every stream) and the logs; prints a short table.
+Writes OUT/results.json (every stream) and the logs; prints a short table. The replicas and
+the gateway are chaos_fleet.py's processes; the counts, costs and table are chaos_report.py's.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import datetime
 import io
-import itertools
 import json
-import os
 import random
 import signal
-import statistics
-import subprocess
 import sys
 import time
-import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import openai
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
-from benchmarks.chaos_load import MODEL, Load, Stream  # noqa: E402
-from servepilot.core.config import FleetConfig  # noqa: E402
-from servepilot.engine.model_source import resolve_model  # noqa: E402
-from servepilot.engine.process import ReplicaProcess, free_port  # noqa: E402
-from servepilot.engine.simserver.args import sim_model  # noqa: E402
-from servepilot.fleet.local import replica_command  # noqa: E402
+from benchmarks.chaos_fleet import Gateway, Replicas  # noqa: E402
+from benchmarks.chaos_load import MODEL, Load  # noqa: E402
+from benchmarks.chaos_report import SETTLE_S, Window, results, table  # noqa: E402
 
 KINDS = ("kill", "hang", "restart", "gateway")
-SETTLE_S = 5.0
-"""A fault's window lasts this long after it is over (streams queued behind it)."""
-READY_TIMEOUT_S = 600.0
 BUSY_TIMEOUT_S = 60.0
 """How long a replica fault waits for a stream mid-answer on its replica."""
-_WATCHDOG_LATE_S = 0.5
-"""The gateway's watchdog ticks every quarter second: it finds a stall up to two ticks late."""
 
 
 @dataclass(frozen=True)
@@ -83,15 +68,6 @@ class Fault:
     kind: str
     at_stream: int
     replica: int
-
-
-@dataclass
-class Window:
-    kind: str
-    replica: str
-    start_s: float
-    end_s: float
-    note: str = ""
 
 
 def schedule(faults: int, streams: int, replicas: int, kinds: list[str], seed: int) -> list[Fault]:
@@ -104,112 +80,6 @@ def schedule(faults: int, streams: int, replicas: int, kinds: list[str], seed: i
               rng.randrange(replicas))
         for k, kind in enumerate(order)
     ]  # fmt: skip
-
-
-class Replicas:
-    """The replicas, on fixed ports; started from the main thread (a replica is told to
-    stop when the thread that started it ends)."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        doc = {"model": {"source": MODEL, "served_name": MODEL},
-               "engine": {"kind": args.engine, "cpu_threads": 1, "max_model_len": 1024,
-                          "cpu_kv_cache_space_gib": args.kv_cache_gib}}  # fmt: skip
-        config = FleetConfig.model_validate(doc)
-        model: Any = sim_model(config.model, None) if args.engine == "sim" else None
-        if model is None:
-            model = resolve_model(config.model)
-        cores = os.cpu_count() or 1
-        self.procs = []
-        for i in range(args.replicas):
-            port = free_port()
-            command = replica_command(config, model, "127.0.0.1", port, (i % cores,))
-            url = f"http://127.0.0.1:{port}"
-            self.procs.append(ReplicaProcess(f"r{i}", command, url, args.out / f"r{i}.log"))
-
-    def start(self, i: int | None = None) -> None:
-        procs = self.procs if i is None else [self.procs[i]]
-        for proc in procs:
-            proc.start()
-        for proc in procs:
-            asyncio.run(proc.wait_ready(READY_TIMEOUT_S))
-
-    def signal(self, i: int, sig: signal.Signals) -> None:
-        pid = self.procs[i].pid
-        assert pid is not None
-        os.killpg(pid, sig)
-
-    def killed(self, i: int) -> None:
-        """Kill -9 the process group; reap it."""
-        self.signal(i, signal.SIGKILL)
-        while self.procs[i].exit_code() is None:  # polled: reaped
-            time.sleep(0.05)
-
-    def stop(self, i: int | None = None) -> None:
-        for proc in self.procs if i is None else [self.procs[i]]:
-            proc.stop(10.0)
-
-
-class Gateway:
-    def __init__(self, args: argparse.Namespace, replicas: list[str]) -> None:
-        self.out = args.out
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.replicas = replicas
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.incarnation = 0
-        settings = {
-            "health_interval_s": 1.0,
-            "continuation": {"stall_timeout_s": args.stall_timeout_s},
-            "batch": {"store": f"sqlite:///{args.out / 'batch.sqlite3'}",
-                      "files_dir": str(args.out / "files")},
-        }  # fmt: skip
-        self.fleet = args.out / "gateway.yaml"
-        self.fleet.write_text(yaml.safe_dump({"gateway": settings}))
-
-    def start(self) -> float:
-        """Start it; seconds until it was ready."""
-        started = time.monotonic()
-        log = self.out / f"gateway-{self.incarnation}.log"
-        argv = [sys.executable, "-m", "servepilot", "gateway", "-c", str(self.fleet),
-                "--policy", "round_robin", "--port", str(self.port),
-                "--access-log", str(self.out / f"access-{self.incarnation}.log")]  # fmt: skip
-        for url in self.replicas:
-            argv += ["--replica", url]
-        with log.open("wb") as sink:
-            self.proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT,
-                                         start_new_session=True)  # fmt: skip
-        self.incarnation += 1
-        while not _ready(f"{self.url}/ready"):
-            if self.proc.poll() is not None or time.monotonic() - started > 60:
-                raise SystemExit(f"the gateway did not start: see {log}")
-            time.sleep(0.05)
-        return time.monotonic() - started
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(30)
-
-    def continued(self) -> int:
-        """Requests continued on another replica, from every incarnation's access log."""
-        count = 0
-        for path in self.out.glob("access-*.log"):
-            for line in path.read_text().splitlines():
-                count += "replicas" in json.loads(line)
-        return count
-
-
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as answer:
-            return bool(answer.status == 200)
-    except OSError:
-        return False
 
 
 class Chaos:
@@ -280,80 +150,10 @@ class Chaos:
         elapsed = time.monotonic() - began
         batch = _batch_result(api, batch_id)
         continued = self.gateway.continued()
-        return self._results(load.sent, continued, batch, elapsed)
-
-    def _results(
-        self, sent: list[Stream], continued: int, batch: dict[str, Any], elapsed: float
-    ) -> dict[str, Any]:
-        args = self.args
-        verdicts = [s.verdict(args.max_tokens) for s in sent]
-        faulted = [s for s in sent if any(_overlaps(s, w) for w in self.windows)]
-        quiet = [s for s in sent if s not in faulted and s.error is None]
-        return {
-            "date": datetime.date.today().isoformat(),
-            "args": {k: str(v) for k, v in vars(args).items()},
-            "elapsed_s": elapsed,
-            "sent": len(sent),
-            "completed": verdicts.count("completed"),
-            "continued": continued,
-            "failed": verdicts.count("failed"),
-            "duplicated": verdicts.count("duplicated"),
-            "cut": verdicts.count("cut"),
-            "refused": verdicts.count("refused"),
-            "faults": [asdict(w) for w in self.windows],
-            "ttft_p99_ms": {"quiet": _p99(quiet, "ttft_s"), "faulted": _p99(faulted, "ttft_s")},
-            "tpot_p99_ms": {"quiet": _p99(quiet, "tpot_s"), "faulted": _p99(faulted, "tpot_s")},
-            "hang": self._hang_cost(sent, quiet),
-            "gateway_restart": self.gateway_restart,
-            "batch": batch,
-            "failures": [
-                _row(s, args.max_tokens) for s in sent if s.verdict(args.max_tokens) == "failed"
-            ][:10],
-            "streams": [_row(s, args.max_tokens) for s in sent],
-        }
-
-    def _hang_cost(self, sent: list[Stream], quiet: list[Stream]) -> dict[str, Any] | None:
-        """The longest silence of the streams in flight on a replica when it was stopped:
-        those mid-answer, and those waiting for their first token."""
-        hangs = [w for w in self.windows if w.kind == "hang"]
-        if not hangs:
-            return None
-        mid: list[float] = []
-        waiting: list[float] = []
-        for w in hangs:
-            for s in sent:
-                if s.replica == w.replica and s.started_s < w.start_s < s.ended_s:
-                    times = [s.started_s, *s.token_s, s.ended_s]
-                    gaps = [b - a for a, b in itertools.pairwise(times) if b > w.start_s]
-                    begun = bool(s.token_s) and s.token_s[0] < w.start_s
-                    (mid if begun else waiting).append(max(gaps, default=0.0))
-        ttfts = [t for s in quiet if (t := s.ttft_s) is not None]
-        ttft = statistics.median(ttfts) if ttfts else 0.0
-        return {
-            "mid_answer": len(mid),
-            "max_silence_s": max(mid, default=0.0),
-            "bound_s": self.args.stall_timeout_s + ttft,
-            "waiting": len(waiting),
-            "waiting_max_silence_s": max(waiting, default=0.0),
-        }
-
-
-def _overlaps(s: Stream, w: Window) -> bool:
-    return s.started_s < w.end_s + SETTLE_S and s.ended_s > w.start_s
-
-
-def _p99(streams: list[Stream], what: str) -> float | None:
-    values = sorted(v for s in streams if (v := getattr(s, what)) is not None)
-    if not values:
-        return None
-    return 1000 * values[min(len(values) - 1, int(0.99 * len(values)))]
-
-
-def _row(s: Stream, max_tokens: int) -> dict[str, Any]:
-    return {"index": s.index, "chat": s.chat, "replica": s.replica, "events": len(s.token_s),
-            "completion_tokens": s.completion_tokens, "finishes": s.finishes, "dones": s.dones,
-            "verdict": s.verdict(max_tokens), "ttft_s": s.ttft_s, "tpot_s": s.tpot_s,
-            "error": s.error}  # fmt: skip
+        return results(
+            args, self.windows, load.sent, continued=continued,
+            gateway_restart=self.gateway_restart, batch=batch, elapsed_s=elapsed,
+        )  # fmt: skip
 
 
 def _completed(load: Load) -> int:
@@ -395,46 +195,6 @@ def _batch_result(api: openai.OpenAI, batch_id: str | None) -> dict[str, Any]:
         text = api.files.content(batch.output_file_id).text
         ids = [json.loads(line)["custom_id"] for line in text.splitlines() if line]
     return {"status": batch.status, "lines": len(ids), "each_once": len(ids) == len(set(ids))}
-
-
-def table(r: dict[str, Any]) -> str:
-    def ms(pair: dict[str, float | None]) -> str:
-        return " / ".join("-" if v is None else f"{v:,.0f}" for v in pair.values())
-
-    a = r["args"]
-    kinds = ", ".join(f"{w['kind']} {w['replica']}" for w in r["faults"])
-    lines = [
-        f"chaos run {r['date']}: {a['replicas']} {a['engine']} replicas, {a['streams']} streams "
-        f"x {a['max_tokens']} tokens, concurrency {a['concurrency']}, seed {a['seed']}, "
-        f"{len(r['faults'])} faults ({kinds}); {r['elapsed_s']:.0f} s",
-        "",
-        "| sent | completed | continued | failed | duplicated | refused, retried | cut, retried |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-        f"| {r['sent']} | {r['completed']} | {r['continued']} | {r['failed']} | "
-        f"{r['duplicated']} | {r['refused']} | {r['cut']} |",
-        "(refused: a 502/503 before any token, no replica ready; cut: the gateway was down)",
-        "",
-        f"TTFT p99 quiet / faulted: {ms(r['ttft_p99_ms'])} ms; "
-        f"TPOT p99 quiet / faulted: {ms(r['tpot_p99_ms'])} ms",
-    ]
-    if (hang := r["hang"]) is not None:
-        over = hang["max_silence_s"] - hang["bound_s"]
-        verdict = "within" if over <= 0 else f"{over:.2f} s over"
-        lines.append(
-            f"hang: {hang['mid_answer']} streams mid-answer on the stopped replica, longest "
-            f"silence {hang['max_silence_s']:.1f} s ({verdict} the issue's bound "
-            f"{hang['bound_s']:.1f} s, stall deadline + TTFT p50; the watchdog finds a stall "
-            f"up to {_WATCHDOG_LATE_S:.1f} s late); {hang['waiting']} waiting for their first "
-            f"token, longest silence {hang['waiting_max_silence_s']:.1f} s"
-        )
-    if restart := r["gateway_restart"]:
-        lines.append(
-            f"gateway killed: the new one ready after {restart['ready_s']:.2f} s, its first "
-            f"stream completed {restart['first_stream_s']:.1f} s after the kill"
-        )
-    if r["batch"]:
-        lines.append(f"batch: {r['batch']}")
-    return "\n".join(lines)
 
 
 def parse_args() -> argparse.Namespace:

@@ -3,8 +3,9 @@ verdict on each stream (what counts as completed, duplicated, failed, cut), and 
 
 from __future__ import annotations
 
-from benchmarks.bench_chaos import _p99, schedule
+from benchmarks.bench_chaos import schedule
 from benchmarks.chaos_load import Stream
+from benchmarks.chaos_report import p99
 
 MAX = 4
 
@@ -50,9 +51,9 @@ def test_an_error_a_short_answer_or_a_seam_is_a_failure_and_a_dead_gateways_a_cu
     assert _stream(error="InternalServerError: 503", refused=True).verdict(MAX) == "refused"
 
 
-def test_ttft_tpot_and_their_p99() -> None:
+def test_ttft_tpot_and_theirp99() -> None:
     s = _stream()
     assert s.ttft_s == 0.1 and abs((s.tpot_s or 0) - 0.1) < 1e-9
     streams = [_stream(token_s=[i / 1000, 1.0]) for i in range(1, 101)]
-    assert _p99(streams, "ttft_s") == 100.0  # ms: the 99th of 1..100 ms, 0-based
-    assert _p99([], "ttft_s") is None
+    assert p99(streams, "ttft_s") == 100.0  # ms: the 99th of 1..100 ms, 0-based
+    assert p99([], "ttft_s") is None

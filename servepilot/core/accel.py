@@ -77,8 +77,10 @@ SIM = Group(
         "servepilot.sim.fleet.network",
         "servepilot.sim.fleet.traffic",
         "servepilot.sim.fleet.requests",
+        "servepilot.sim.fleet.clients",
         "servepilot.sim.fleet.collect",
         "servepilot.sim.fleet.gateway",
+        "servepilot.sim.fleet.replicas",
         "servepilot.sim.fleet.simulator",
     ),
     (

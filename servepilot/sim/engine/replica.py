@@ -18,8 +18,8 @@ with the default FCFS policy:
 With `async_scheduling` (vLLM's default on GPUs), the next step is scheduled before the
 last one's output is processed (vLLM's EngineCore.step_with_batch_queue): a finished
 request keeps its slot and blocks through one more scheduling, and a preempted decoder's
-newest block was not cached yet. tests/unit/test_sim_replica.py drives vLLM's own Scheduler (and
-AsyncScheduler) side by side and checks both schedule the same tokens, preempt and finish
+newest block was not cached yet. tests/unit/test_sim_replica_vllm.py drives vLLM's own Scheduler
+(and AsyncScheduler) side by side and checks both schedule the same tokens, preempt and finish
 the same requests and use the same blocks, step by step.
 
 Speed: a step costs O(requests that start, finish or are preempted in it), not O(running)

@@ -1,8 +1,10 @@
-"""The fleet simulator's records: a request on its way through the fleet, and a replica."""
+"""The fleet simulator's records: a request on its way through the fleet, and a replica; and
+the event queue its parts push onto."""
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from servepilot.routing.admission import SHARED_TENANT, Ticket
@@ -12,6 +14,9 @@ from servepilot.sim.engine.replica import ReplicaModel
 from servepilot.sim.engine.request import SimRequest
 from servepilot.sim.fleet.liveview import LiveView
 from servepilot.sim.fleet.network import HopSampler
+
+Push = Callable[[float, int, object], None]
+"""The simulator's event queue: (at_s, kind, what)."""
 
 
 @dataclass(slots=True, eq=False, init=False)

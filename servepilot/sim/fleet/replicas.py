@@ -13,17 +13,13 @@ less the time asleep) and asleep, apart: a sleeping replica holds host memory, n
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 
 from servepilot.scaling.warm_pool import PoolCounts, PoolPlan, plan_pool
 from servepilot.sim.engine.replica import ReplicaModel
 from servepilot.sim.fleet.gateway import SimGateway
-from servepilot.sim.fleet.members import FleetReplica, ReplicaState
+from servepilot.sim.fleet.members import FleetReplica, Push, ReplicaState
 from servepilot.sim.fleet.network import HopSampler
 from servepilot.sim.fleet.records import FleetSpec
-
-Push = Callable[[float, int, object], None]
-"""The simulator's event queue: (at_s, kind, what)."""
 
 
 class FleetReplicas:

@@ -2,9 +2,10 @@
 
 One heap holds what is due: replica step ends, requests reaching a replica, answers
 reaching the gateway, closed-loop sends, and the gateway's ticker, scrapes, autoscaler and
-cold starts. Open-loop sends come from their own schedule, merged in time order. A replica
-steps again as soon as its step ends (vLLM's engine loop); an idle one is stepped the moment
-work reaches it; a request added during a step waits for the next one.
+cold starts. Open-loop sends come from their own schedule, merged in time order; what the
+clients send when is `SimClients`' (clients.py). A replica steps again as soon as its step
+ends (vLLM's engine loop); an idle one is stepped the moment work reaches it; a request added
+during a step waits for the next one.
 
 A request: client -> gateway (fixed hop) -> admission and routing (`SimGateway`, the real
 policy objects) -> gateway -> replica (same-node or cross-node hop) -> the replica's
@@ -35,7 +36,7 @@ from servepilot.core import accel
 from servepilot.core.errors import ConfigError
 from servepilot.core.slo import Slo
 from servepilot.load.loadplan import LoadPlan
-from servepilot.load.slots import ClosedSlots, Slot, open_slots
+from servepilot.load.slots import Slot
 from servepilot.plan.step_latency import StepLatency
 from servepilot.routing import make_policy
 from servepilot.routing.admission import BUSY_TICK_S
@@ -44,6 +45,7 @@ from servepilot.scaling.adaptive_budget import AdaptiveBudget
 from servepilot.scaling.snapshot import AutoscalePolicy
 from servepilot.sim.fleet.agentic import SessionFeed
 from servepilot.sim.fleet.autoscale import AutoscaleHook
+from servepilot.sim.fleet.clients import SimClients
 from servepilot.sim.fleet.collect import RunCollector
 from servepilot.sim.fleet.gateway import SimGateway
 from servepilot.sim.fleet.members import FleetReplica, FleetRequest, ReplicaState
@@ -106,18 +108,8 @@ class FleetSim:
         self._live: dict[int, FleetRequest] = {}
         """Requests sent and not answered yet, by id."""
         self._peak_in_flight = 0
-        self._deadline = math.inf
-        self._sending = True
-        self._sends_due = 0
-        """Closed loop: sends on their way to the gateway (SEND events not yet handled)."""
-        self._closed: ClosedSlots | None = None
-        self._feed: SessionFeed | None = None
-        """The agentic workload: sessions whose turns follow their answers."""
-        self._open: Iterator[Slot] | None = None
-        self._plan: LoadPlan | None = None
-        self._grace_s = 0.0
+        self.clients = SimClients(self._push, SEND, self._cg)
         self._collector = RunCollector(Slo())
-        self._factory: RequestFactory | None = None
         self._scrape_s = spec.scrape_interval_s or spec.gateway.health_interval_s
         self._tick_gen = 0
         self._tick_due = 0.0
@@ -229,10 +221,7 @@ class FleetSim:
                 request.prompt_tokens, request.output_tokens,
             )  # fmt: skip
         del self._live[request.request_id]
-        if self._closed is not None:
-            self._next_closed(end_s)
-        elif self._feed is not None:
-            self._next_turn(request, end_s, True)
+        self.clients.answered(request, end_s, True)
 
     def _release(self, request: FleetRequest, now_s: float) -> None:
         replica = request.replica
@@ -249,55 +238,12 @@ class FleetSim:
         if not request.warmup:
             self._collector.fail(request.arrival_s, end_s, status)
         del self._live[request.request_id]
-        if self._closed is not None:
-            self._next_closed(end_s)
-        elif self._feed is not None:
-            self._next_turn(request, end_s, False)
-
-    def _next_turn(self, request: FleetRequest, client_s: float, ok: bool) -> None:
-        """The session's next turn, due its wait after the answer reached the client; when
-        the session is over, a closed loop starts the next one."""
-        feed = self._feed
-        assert feed is not None and self._plan is not None
-        slot, over = feed.after(request.request_id, client_s, ok)
-        if slot is not None:
-            self._send(slot, feed.loop.end_s)
-        elif over and self._plan.closed:
-            self._start_session(client_s)
-
-    def _start_session(self, client_s: float) -> None:
-        feed = self._feed
-        assert feed is not None
-        slot = feed.start(client_s)
-        if slot is None:
-            self._sending = False
-            return
-        self._send(slot, feed.loop.end_s)
-
-    def _next_closed(self, client_s: float) -> None:
-        closed = self._closed
-        assert closed is not None
-        slot = closed.next(client_s)
-        if slot is None:
-            self._sending = False
-            return
-        self._send(slot, closed.end_s)
-
-    def _send(self, slot: Slot, end_s: float | None) -> None:
-        """A client sends `slot` when it is due; `end_s`: when a duration-bound level stops
-        sending (None while unknown)."""
-        if end_s is not None and self._deadline == math.inf:
-            self._deadline = end_s + self._grace_s
-        self._sends_due += 1
-        self._push(slot.send_s + self._cg, SEND, slot)
+        self.clients.answered(request, end_s, False)
 
     def _arrive(self, slot: Slot, now_s: float) -> None:
-        assert self._factory is not None
-        request = self._factory.make(slot, now_s)
+        request = self.clients.request(slot, now_s)
         live = self._live
         live[request.request_id] = request
-        if self._feed is not None:
-            self._feed.sent(request.request_id, slot.request)
         # Warm-up requests count, as in bench: they load the fleet as much as measured ones.
         if len(live) > self._peak_in_flight:
             self._peak_in_flight = len(live)
@@ -327,30 +273,14 @@ class FleetSim:
         if plan.closed == (offsets is not None):
             raise ConfigError("open loop needs arrival offsets; closed loop takes none")
         wall0, cpu0 = time.perf_counter(), time.process_time()
-        if self._plan is not None:
+        if self.clients.plan is not None:
             raise RuntimeError("a FleetSim runs one level; build another for the next")
-        self._plan = plan
-        self._grace_s = plan.grace_s if plan.duration_s is not None else math.inf
         self._collector = RunCollector(slo)
-        self._factory = RequestFactory(
+        factory = RequestFactory(
             jobs, self.spec.gateway.routing, self.spec.model_name, self.policy.uses_prefix
         )
         self._start_timers()
-        if sessions is not None:
-            self._feed = sessions
-            if plan.closed:
-                for _ in range(int(plan.load.value)):
-                    self._start_session(0.0)
-            else:
-                assert offsets is not None
-                self._open = _session_starts(sessions, offsets)
-        elif plan.closed:
-            self._closed = ClosedSlots(plan, len(jobs))
-            for _ in range(int(plan.load.value)):
-                self._next_closed(0.0)
-        else:
-            assert offsets is not None
-            self._open = open_slots(plan, len(jobs), offsets)
+        self.clients.start(plan, len(jobs), factory, offsets, sessions)
         # The requests and steps of a run are freed by reference counting; the cycle collector
         # would only rescan the thousands in flight, again and again (a fifth of the time).
         collecting = gc.isenabled()
@@ -378,23 +308,22 @@ class FleetSim:
 
     def _loop(self, progress: Callable[[Progress], None] | None) -> int:
         heap, pop = self._heap, heapq.heappop
-        slot = next(self._open, None) if self._open is not None else None
+        clients = self.clients
+        slot = clients.first_open()
         cg = self._cg
         open_s = slot.send_s + cg if slot is not None else math.inf
-        if slot is None:
-            self._sending = (self._closed or self._feed) is not None and self._sending
         live = self._live
         events = 0
         # A worker told "no more slots" ends the closed loop's sending, but others' sends may
         # still be on their way (with fewer requests than workers, all of them are).
-        while self._sending or live or self._sends_due:
+        while clients.sending or live or clients.sends_due:
             events += 1
             if not events % PROGRESS_EVERY and progress is not None:
                 c = self._collector
                 progress(Progress(self.now_s, c.completed, c.failed))
             if heap[0][0] <= open_s:
                 now, _, kind, obj = pop(heap)
-                if now > self._deadline:
+                if now > clients.deadline_s:
                     break
                 self.now_s = now
                 if kind == STEP:
@@ -404,23 +333,18 @@ class FleetSim:
                 elif kind == RELEASE:
                     self._release(obj, now)  # type: ignore[arg-type]
                 elif kind == SEND:
-                    self._sends_due -= 1
+                    clients.sends_due -= 1
                     self._arrive(obj, now)  # type: ignore[arg-type]
                 else:
                     self._timer(kind, obj, now)
                 continue
-            if open_s > self._deadline:
+            if open_s > clients.deadline_s:
                 break
             self.now_s = open_s
-            assert slot is not None and self._open is not None
+            assert slot is not None
             self._arrive(slot, open_s)
-            slot = next(self._open, None)
-            if slot is None:
-                self._sending = False
-                open_s = math.inf
-                self._deadline = min(self._deadline, self.now_s + self._grace_s)
-            else:
-                open_s = slot.send_s + cg
+            slot = clients.next_open(open_s)
+            open_s = slot.send_s + cg if slot is not None else math.inf
         return events
 
     def _timer(self, kind: int, obj: object, now_s: float) -> None:
@@ -448,7 +372,7 @@ class FleetSim:
 
     def _cancel_outstanding(self) -> None:
         """Requests still in flight when a duration-bound level's grace ran out."""
-        end_s = self._deadline
+        end_s = self.clients.deadline_s
         for request in self._live.values():
             if not request.warmup:
                 self._collector.fail(request.arrival_s, end_s, "cancelled_at_end")
@@ -469,13 +393,3 @@ class FleetSim:
             replica_s=awake_s, replica_asleep_s=asleep_s, wakes=self.fleet.wakes,
             scale_events=len(self.autoscale.events) if self.autoscale is not None else None,
         )  # fmt: skip
-
-
-def _session_starts(feed: SessionFeed, offsets: Iterator[float]) -> Iterator[Slot]:
-    """The open loop's sends: a new session's first turn at each arrival, until the level's
-    turns are all handed out. Later turns go by the events of their answers."""
-    for offset in offsets:
-        slot = feed.start(offset)
-        if slot is None:
-            return
-        yield slot
