@@ -208,6 +208,63 @@ def test_serve_with_a_source_routes_to_what_it_discovers() -> None:
     run(body())
 
 
+def test_a_pod_deleted_mid_answer_has_its_stream_go_on_from_another_pod() -> None:
+    """Issue 36 on Kubernetes: the pod's endpoint leaves the Service and its server dies with
+    the stream it was writing; the client reads one answer, the rest from the other pod."""
+
+    async def body() -> None:
+        a, b = FakeUpstream("a"), FakeUpstream("b")
+        a.gate, b.first_text = asyncio.Event(), "three"  # a holds its stream after "one"
+        await a.start(), await b.start()
+        source = FakeEndpoints()
+        source.now = [_at(a)]
+        stop = asyncio.Event()
+        started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        task = asyncio.ensure_future(
+            serve(GatewayConfig(port=0), [], stop=stop, on_started=started.set_result,
+                  members=lambda g: following(KubernetesBackend(source, interval_s=0.02),
+                                              g.membership),
+                  drain_timeout_s=5.0)
+        )  # fmt: skip
+        port = await started
+        url = f"http://127.0.0.1:{port}"
+        request = {"model": "m", "stream": True, "max_tokens": 8,
+                   "messages": [{"role": "user", "content": "count"}]}  # fmt: skip
+        async with (
+            aiohttp.ClientSession() as client,
+            client.post(f"{url}/v1/chat/completions", json=request) as resp,
+        ):
+            assert resp.status == 200
+            first = await resp.content.readuntil(b"\n\n")
+            assert b'"one"' in first
+            source.now = [_at(b)]  # the pod is deleted: its endpoint goes, b's is there
+            async with asyncio.timeout(3):
+                while True:
+                    async with client.get(f"{url}/admin/replicas") as listing:
+                        ids = {r["id"] for r in await listing.json()}
+                    if f"127.0.0.1:{b.port}" in ids:
+                        break
+                    await asyncio.sleep(0.02)
+            a.die_mid_stream = True  # ... and its server dies with the stream
+            a.gate.set()
+            rest = await resp.read()
+        events = [e for e in (first + rest).split(b"\n\n") if e.strip()]
+        assert events.count(b"data: [DONE]") == 1 and events[-1] == b"data: [DONE]", events
+        text = "".join(
+            (json.loads(e[6:])["choices"][0]["delta"].get("content") or "") for e in events[:-1]
+        )
+        assert text == "onethreetwo", events  # a's "one", then b's rest
+        (asked,) = b.received
+        assert asked["messages"][-1] == {"role": "assistant", "content": "one"}
+        assert asked["continue_final_message"] is True and asked["max_tokens"] == 7
+        stop.set()
+        await task
+        await a.stop()
+        await b.stop()
+
+    run(body())
+
+
 # --- the Kubernetes source -------------------------------------------------------------------
 
 RECORDED = {
