@@ -349,6 +349,47 @@ def test_a_replica_that_hangs_mid_stream_hands_the_rest_to_another(
     run(body())
 
 
+def test_a_stall_takes_its_replica_out_at_once_and_its_unanswered_streams_go_elsewhere() -> None:
+    """A hung replica: one stream mid-answer stalls (0.2 s here), and that is enough to know
+    the engine makes no step. The replica leaves the rotation then, not at its health checks
+    (every 30 s here), and a stream it had not yet answered goes to the other replica."""
+
+    async def body() -> None:
+        a, b = await FakeUpstream("a").start(), await FakeUpstream("b").start()
+        a.gate = asyncio.Event()  # never set: a's second chunk never comes
+        settings = {"health_interval_s": 30, "continuation": {"stall_timeout_s": 0.2}}
+        async with (
+            gateway_in_front_of([a, b], **settings) as (gw, url),
+            aiohttp.ClientSession() as client,
+        ):
+            async with client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT) as resp:
+                assert resp.headers["X-Servepilot-Replica"] == "a"
+                first = await read_event(resp)
+                # b's turn, then a's again: held by a before its head, as a hung engine does.
+                async with client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT) as other:
+                    assert other.headers["X-Servepilot-Replica"] == "b"
+                    await other.read()
+                a.hold_requests = True
+                waiting = asyncio.ensure_future(
+                    client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT)
+                )
+                await eventually(until(lambda: a.holding == 1))
+                raw = first + await asyncio.wait_for(resp.content.read(), 10)
+            assert raw.endswith(b"data: [DONE]\n\n")
+            async with await asyncio.wait_for(waiting, 5) as late:
+                body_bytes = await late.read()
+            assert late.status == 200 and body_bytes.endswith(b"data: [DONE]\n\n")
+            assert not gw.pool.get("a").healthy  # out until a health check passes
+            assert len(b.received) == 3  # the other stream, the rest of the stalled one, the late
+            metrics = await scrape(client, url)
+            assert metrics.value("servepilot_stream_continuations_total", {"reason": "stall"}) == 1
+            assert gw.pool.total_in_flight() == 0
+        a.gate.set()
+        a.release_all()
+
+    run(body())
+
+
 @pytest.mark.parametrize("answered_head", [False, True], ids=["before-head", "after-head"])
 def test_a_stream_waiting_for_its_first_token_on_a_replica_out_of_rotation_goes_elsewhere(
     answered_head: bool,

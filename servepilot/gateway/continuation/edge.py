@@ -107,7 +107,10 @@ class Continuer:
         self._pool = pool
         self._dispatcher = dispatcher
         self._metrics = metrics
-        self.watchdog = Watchdog(config.stall_timeout_s)
+        self.watchdog = Watchdog(config.stall_timeout_s, self._stalled)
+
+    def _stalled(self, replica_id: str, why: str) -> None:
+        self._pool.mark_down(replica_id, f"a stream stalled ({why})")
 
     def covers(self, request: HttpRequest, path: str) -> bool:
         """Whether answers on `path` may be continued (the request did not opt out)."""

@@ -18,6 +18,7 @@ The hot path pays nothing: a tick reads the byte count the relay keeps anyway.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Protocol
 
 from servepilot.gateway.continuation.policy import Failure
@@ -56,10 +57,18 @@ per streamed request, and a tuple is the cheapest record to make)."""
 
 
 class Watchdog:
-    """`add` a stream when its exchange starts, `discard` it when it ends."""
+    """`add` a stream when its exchange starts, `discard` it when it ends.
 
-    def __init__(self, stall_timeout_s: float) -> None:
+    A stall is the replica's, not the stream's: its engine makes no step (hung, wedged), so
+    `on_stall(replica_id, why)` is told (the pool takes it out of rotation until a health check
+    passes again), and its streams still waiting for a first token are given up at the next
+    tick instead of when its health checks fail, seconds later."""
+
+    def __init__(
+        self, stall_timeout_s: float, on_stall: Callable[[str, str], None] | None = None
+    ) -> None:
         self._stall_s = stall_timeout_s
+        self._on_stall = on_stall
         self._tick_s = min(stall_timeout_s / 2, _MAX_TICK_S)
         self._seen: dict[Watched, _Seen] = {}
         self._timer: asyncio.TimerHandle | None = None
@@ -101,6 +110,8 @@ class Watchdog:
             if failure is not None:
                 del seen[item]
                 item.abandon(failure)
+                if failure.kind is Failure.STALL and self._on_stall is not None:
+                    self._on_stall(replica.replica_id, str(failure))
         if seen:
             self._timer = loop.call_later(self._tick_s, self._tick)
 
