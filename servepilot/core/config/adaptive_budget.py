@@ -18,7 +18,7 @@ from servepilot.core.config.section import Section as _Section
 
 class RateBasis(enum.Enum):
     FLEET = "fleet"
-    """The requests per second reaching the gateway (the seed's QPS)."""
+    """The requests per second reaching the gateway (the fleet's QPS)."""
     REPLICA = "replica"
     """The same, divided by the replicas ready."""
 
@@ -43,10 +43,10 @@ class AdaptiveBudgetConfig(_Section):
     """Above this rate (requests/s): the peak band, `peak_budget`."""
 
     low_budget: int = Field(default=32, ge=1)
-    """Requests in flight per replica in the low band (the seed: large batches, 32)."""
+    """Requests in flight per replica in the low band (large batches while the load is low)."""
 
     peak_budget: int = Field(default=8, ge=1)
-    """Requests in flight per replica in the peak band (the seed: small batches, 8)."""
+    """Requests in flight per replica in the peak band (small batches at the peak)."""
 
     middle_budget: int | None = Field(default=None, ge=1)
     """Requests in flight per replica between the lines; None: halfway between

@@ -79,8 +79,8 @@ class AutoscaleConfig(_Section):
     """A replica being removed gets this long to finish its requests before it is stopped."""
 
     adaptive_budget: AdaptiveBudgetConfig = Field(default_factory=AdaptiveBudgetConfig)
-    """Seed 003's adaptive batch thresholds: each tick, every replica's admission budget
-    follows the measured arrival rate (off by default; docs/autoscale.md)."""
+    """Adaptive batch thresholds: each tick, every replica's admission budget follows the
+    measured arrival rate (off by default; docs/autoscale.md)."""
 
     @model_validator(mode="after")
     def _bounds_and_rate(self) -> AutoscaleConfig:
