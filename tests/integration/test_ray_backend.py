@@ -149,14 +149,11 @@ def test_node_loss_under_load_every_request_ends_once_and_the_replica_comes_back
     assert recovery_s <= loss.recovery_s, (recovery_s, loss.recovery_s)
     kinds = Counter(o.kind for o in outcomes)
     assert kinds["complete"] > 20, kinds
-    assert set(kinds) <= {"complete", "interrupted", "http_error"}, [
-        o for o in outcomes if o.kind not in ("complete", "interrupted", "http_error")
-    ]
-    # Only requests that were on the lost replica fail (those not streaming yet are retried
-    # on a survivor), and each with a clear error.
-    failed = [o for o in outcomes if o.kind != "complete"]
-    assert all(o.replica in (lost_id, None) and o.detail for o in failed), failed
-    assert all(o.streamed for o in outcomes if o.kind == "complete")
+    # No request fails: those not streaming yet are retried on a survivor, those the lost
+    # replica was streaming go on from a survivor (continuation), each read as one answer.
+    assert set(kinds) == {"complete"}, [o for o in outcomes if o.kind != "complete"]
+    assert loss.continued >= 1, "the loss cut no stream in flight"
+    assert all(o.streamed for o in outcomes)
     # The restarted replica is back in the gateway, on the one node no other replica holds.
     assert all(o.kind == "complete" for o in after), after
     assert lost_id in {o.replica for o in after}

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import aiohttp
 import ray
+from prometheus_client.parser import text_string_to_metric_families
 from ray.cluster_utils import Cluster
 
 from servepilot.core.config import FleetConfig
@@ -64,6 +65,8 @@ class NodeLoss:
     """Requests sent once the replica was back (one per replica, three times)."""
     nodes: list[str]
     """The node of each replica at the end."""
+    continued: int
+    """Streams the gateway sent on to another replica (servepilot_stream_continuations_total)."""
 
 
 async def stream_once(session: aiohttp.ClientSession, url: str) -> Outcome:
@@ -92,6 +95,17 @@ async def stream_once(session: aiohttp.ClientSession, url: str) -> Outcome:
     else:
         outcome.kind, outcome.detail = "broken", repr(body[-200:])
     return outcome
+
+
+def _continuations(metrics_text: str) -> int:
+    return int(
+        sum(
+            sample.value
+            for family in text_string_to_metric_families(metrics_text)
+            for sample in family.samples
+            if sample.name == "servepilot_stream_continuations_total"
+        )
+    )
 
 
 def _has_content(event: bytes) -> bool:
@@ -171,9 +185,12 @@ async def node_loss_under_load(
             if not await _until(is_back, BACK_WITHIN_S) or not back_at:
                 raise AssertionError(f"not back in {BACK_WITHIN_S:g} s: {watcher.states}, {said}")
             after = [await stream_once(session, served.url) for _ in range(3 * len(infos))]
+            async with session.get(f"{served.url}/metrics") as resp:
+                continued = _continuations(await resp.text())
         nodes = [watcher.answers[r.replica_id].node_id for r in replicas.replicas]
         dead_s = await dead
-        return NodeLoss(outcomes, lost_id, said, back_at[0] - lost_at, dead_s, after, nodes)
+        recovery_s = back_at[0] - lost_at
+        return NodeLoss(outcomes, lost_id, said, recovery_s, dead_s, after, nodes, continued)
     finally:
         await members.aclose()
         await served.stop(5)
