@@ -331,8 +331,10 @@ def test_a_requests_ttft_and_tpot_through_http_are_the_models() -> None:
           f"HTTP - model: TTFT {[round(e * 1e3, 2) for e in ttft_errors]} ms, "
           f"TPOT {[round(e * 1e3, 3) for e in tpot_errors]} ms")  # fmt: skip
     # Load beside the test (the suite runs four at a time) only ever adds delay, so the
-    # least-disturbed of the five is the server's own error; a wrong model shows in all five.
-    assert abs(min(ttft_errors)) < 0.003
+    # least-disturbed of the five is the server's own error; a wrong model shows in all five,
+    # by a step (20.8 ms here) or more. Quiet, the least is about 1 ms; under the suite's
+    # load all five have come 3.6 ms late.
+    assert abs(min(ttft_errors)) < 0.008
     assert abs(min(tpot_errors)) < 0.0003
 
 
