@@ -78,9 +78,11 @@ def run(args: argparse.Namespace) -> int:
     # With a fleet.yaml, its max_num_seqs and hardware price turn the batch and cost gauges on.
     facts = fleet_facts(fleet) if args.config is not None else None
     urls = [base_url(u, "--replica") for u in args.replica]
-    source = (
-        KubernetesBackend.discover(args.discover, args.scale_deployment) if args.discover else None
-    )
+    source = None
+    if args.discover:
+        source = KubernetesBackend.discover(
+            args.discover, args.scale_deployment, sleep_mode=fleet.engine.sleep_mode
+        )
     if not urls and source is None:
         raise ConfigError("give at least one --replica URL, or --discover k8s:SERVICE")
     alongside = cluster_autoscaler(fleet, source, args.scale_deployment)
