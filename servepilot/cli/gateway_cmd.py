@@ -50,9 +50,10 @@ def register(sub: Commands) -> None:
     add("--scale-deployment", metavar="NAME",
         help="with --discover and an enabled autoscale section (policy step or predictive) in "
         "--config: autoscale the replicas' Deployment NAME from the gateway through its scale "
-        "subresource, draining a pod before it goes (the service account needs get/patch on "
-        "deployments/scale and patch on pods; `servepilot k8s render` writes the "
-        "Role)")  # fmt: skip
+        "subresource, draining a pod before it goes; with replicas.asleep, that many pods are "
+        "kept asleep behind those serving and woken before the Deployment grows (the service "
+        "account needs get/patch on deployments/scale and patch on pods; `servepilot k8s "
+        "render` writes the Role)")  # fmt: skip
     add("--policy", choices=[p.value for p in PolicyName],
         help="routing policy (default: gateway.policy from fleet.yaml, else hybrid)")  # fmt: skip
     add("--capacity", type=int, metavar="N",
