@@ -50,9 +50,10 @@ def register(sub: Commands) -> None:
     add("--scale-deployment", metavar="NAME",
         help="with --discover and an enabled autoscale section (policy step or predictive) in "
         "--config: autoscale the replicas' Deployment NAME from the gateway through its scale "
-        "subresource, draining a pod before it goes (the service account needs get/patch on "
-        "deployments/scale and patch on pods; `servepilot k8s render` writes the "
-        "Role)")  # fmt: skip
+        "subresource, draining a pod before it goes; with replicas.asleep, that many pods are "
+        "kept asleep behind those serving and woken before the Deployment grows (the service "
+        "account needs get/patch on deployments/scale and patch on pods; `servepilot k8s "
+        "render` writes the Role)")  # fmt: skip
     add("--policy", choices=[p.value for p in PolicyName],
         help="routing policy (default: gateway.policy from fleet.yaml, else hybrid)")  # fmt: skip
     add("--capacity", type=int, metavar="N",
@@ -78,9 +79,11 @@ def run(args: argparse.Namespace) -> int:
     # With a fleet.yaml, its max_num_seqs and hardware price turn the batch and cost gauges on.
     facts = fleet_facts(fleet) if args.config is not None else None
     urls = [base_url(u, "--replica") for u in args.replica]
-    source = (
-        KubernetesBackend.discover(args.discover, args.scale_deployment) if args.discover else None
-    )
+    source = None
+    if args.discover:
+        source = KubernetesBackend.discover(
+            args.discover, args.scale_deployment, sleep_mode=fleet.engine.sleep_mode
+        )
     if not urls and source is None:
         raise ConfigError("give at least one --replica URL, or --discover k8s:SERVICE")
     alongside = cluster_autoscaler(fleet, source, args.scale_deployment)

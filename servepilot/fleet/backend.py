@@ -48,6 +48,9 @@ class Replica:
     remove_first: bool = False
     """Give it back before the others when the fleet shrinks (Ray: an added replica that had
     to share a node with another under `spread`)."""
+    launched_as: str = ""
+    """The id `start` gave it, where it serves under another (Kubernetes: a pod asked for is
+    `pending-N` until one joins); empty: its own."""
 
 
 @dataclass(frozen=True, slots=True)

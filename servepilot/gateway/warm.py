@@ -108,6 +108,15 @@ class WarmPool:
             raise
         return self._changed(replica, SleepState.AWAKE, took_s, True)
 
+    async def recognise(self, replica_id: str) -> SleepState:
+        """Take an awake replica's word (GET /is_sleeping) on whether it sleeps: a gateway
+        started in front of replicas another put to sleep (a Kubernetes gateway restarted)
+        must not route to one asleep. ReplicaNotFound."""
+        replica = self._pool.live(replica_id)
+        if replica.sleep is SleepState.AWAKE:
+            await self._settle(replica, SleepState.AWAKE)
+        return replica.sleep
+
     def _check_can_sleep(self, replica: Replica) -> None:
         name = f"replica {replica.replica_id}"
         if replica.sleep is not SleepState.AWAKE:

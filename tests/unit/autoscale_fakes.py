@@ -95,7 +95,10 @@ class FakeFleet:
         except asyncio.CancelledError:
             self.journal.append(f"drain {replica_id} cancelled")
             raise
-        del self.in_flight[replica_id]
+        if replica_id in self.held:  # dropped from the pool, which is above its target
+            self.held.remove(replica_id)
+        else:
+            del self.in_flight[replica_id]
         return True
 
 

@@ -81,6 +81,9 @@ class FakeUpstream:
         self.tokenized = 0
         self.extra_routes: tuple[str, ...] = ()  # answered like chat (set before start)
         self.uploads: list[tuple[str, bytes]] = []  # (content type, body) of each upload
+        self.sleep_mode = False  # vLLM's sleep routes, as in its dev mode (set before start)
+        self.sleeping = False
+        self.sleep_calls: list[str] = []  # "/sleep" and "/wake_up", in order
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> FakeUpstream:
@@ -94,6 +97,10 @@ class FakeUpstream:
         for path in self.extra_routes:  # a pooling model's, or a speech-to-text model's
             app.router.add_post(path, self._generate)
         app.router.add_post("/v1/audio/transcriptions", self._upload)
+        if self.sleep_mode:
+            app.router.add_post("/sleep", self._sleep)
+            app.router.add_post("/wake_up", self._sleep)
+            app.router.add_get("/is_sleeping", self._is_sleeping)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
@@ -146,6 +153,14 @@ class FakeUpstream:
             words = str(body["prompt"]).split()
         self.tokenized += 1
         return web.json_response({"count": len(words), "tokens": list(range(len(words)))})
+
+    async def _sleep(self, request: web.Request) -> web.Response:
+        self.sleep_calls.append(request.path)
+        self.sleeping = request.path == "/sleep"
+        return web.Response(text="")
+
+    async def _is_sleeping(self, request: web.Request) -> web.Response:
+        return web.json_response({"is_sleeping": self.sleeping})
 
     async def _upload(self, request: web.Request) -> web.Response:
         """vLLM's transcription route: a multipart upload, recorded as it arrived."""

@@ -1,13 +1,15 @@
 """A small API server on 127.0.0.1 that answers, for one namespace, as Kubernetes does: a
 Deployment's scale subresource (GET; merge PATCH of an autoscaling/v1 Scale, checked against
 the Scale schema of kubernetes-validate and its resourceVersion) and PATCH of a pod's metadata.
-Unknown objects are 404 and refused calls 403, each with a Status body."""
+Unknown objects are 404 and refused calls 403, each with a Status body. `gateway_scaling`
+serves the gateway on it as `gateway --discover k8s:SVC --scale-deployment NAME` runs."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,9 +17,18 @@ from typing import Any
 import kubernetes_validate
 from aiohttp import web
 
+from servepilot.core.config import GatewayConfig, parse_config
+from servepilot.fleet.autoscale.start import in_cluster
+from servepilot.fleet.k8s.backend import DISCOVERY_INTERVAL_S, KubernetesBackend
+from servepilot.fleet.k8s.endpoints import KubernetesEndpoints
+from servepilot.fleet.k8s.scaling import KubernetesScaling
+from servepilot.fleet.membership import following
+from servepilot.gateway import serve
 from tests.unit.fake_upstream import free_port
 from tests.unit.k8s_support import KUBERNETES_VERSION
 
+DEPLOYMENT = "servepilot-vllm"
+SCALE = f"/apis/apps/v1/namespaces/llm/deployments/{DEPLOYMENT}/scale"
 MERGE_PATCH = "application/merge-patch+json"
 SA = "system:serviceaccount:llm:servepilot-gateway"
 
@@ -152,3 +163,39 @@ def service_account(folder: Path, namespace: str = "llm") -> Path:
     (folder / "token").write_text("tok-1\n")
     (folder / "namespace").write_text(f"{namespace}\n")
     return folder
+
+
+async def gateway_scaling(
+    cluster: FakeCluster,
+    tmp_path: Path,
+    section: dict[str, object],
+    until: Callable[[], bool],
+    fleet: dict[str, object] | None = None,
+    interval_s: float = DISCOVERY_INTERVAL_S,
+) -> None:
+    """Serve a gateway on `cluster` with the section's autoscaler (`fleet`: the rest of its
+    fleet.yaml, as `k8s render` writes its ConfigMap) until `until()` holds."""
+    section = {"enabled": True, "interval_s": 0.2, "window_s": 0, "drain_timeout_s": 1} | section
+    config = parse_config({"autoscale": section, **(fleet or {})}, origin="test")
+    async with api_server(cluster) as url:
+        source = KubernetesEndpoints(DEPLOYMENT, api_url=url,
+                                     account_dir=service_account(tmp_path))  # fmt: skip
+
+        def scaling(backend: KubernetesBackend) -> KubernetesScaling:
+            return KubernetesScaling(source.api, DEPLOYMENT, source, backend.ready_ids)
+
+        backend = KubernetesBackend(source, scaling, interval_s=interval_s, drain_timeout_s=1.0,
+                                    sleep_mode=config.engine.sleep_mode)  # fmt: skip
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(
+            serve(GatewayConfig(port=0), [], stop=stop, drain_timeout_s=1.0,
+                  members=lambda g: following(backend, g.membership),
+                  alongside=lambda g: in_cluster(config, g, backend))
+        )  # fmt: skip
+        try:
+            while not until():
+                assert not task.done(), task.exception()
+                await asyncio.sleep(0.05)
+        finally:
+            stop.set()
+            await task

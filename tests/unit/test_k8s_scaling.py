@@ -5,34 +5,32 @@ scale-down, and the API's refusals come back named."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from servepilot.cli.main import main
-from servepilot.core.config import GatewayConfig, parse_config
 from servepilot.core.errors import ServepilotError
-from servepilot.fleet.autoscale.start import in_cluster
 from servepilot.fleet.k8s.api import KubernetesApi, KubernetesApiError
-from servepilot.fleet.k8s.backend import DISCOVERY_INTERVAL_S, KubernetesBackend
-from servepilot.fleet.k8s.endpoints import Endpoint, KubernetesEndpoints, endpoints_from_slices
+from servepilot.fleet.k8s.backend import DISCOVERY_INTERVAL_S
+from servepilot.fleet.k8s.endpoints import Endpoint, endpoints_from_slices
 from servepilot.fleet.k8s.scaling import (
     DELETION_COST,
     KubernetesScaling,
     ScalingForbidden,
     scaler_role,
 )
-from servepilot.fleet.membership import following
-from servepilot.gateway import serve
 from tests.unit.fake_upstream import FakeUpstream
 from tests.unit.gateway_support import run
-from tests.unit.k8s_api_fake import FakeCluster, api_server, service_account
-
-DEPLOYMENT = "servepilot-vllm"
-SCALE = f"/apis/apps/v1/namespaces/llm/deployments/{DEPLOYMENT}/scale"
+from tests.unit.k8s_api_fake import (
+    DEPLOYMENT,
+    SCALE,
+    FakeCluster,
+    api_server,
+    gateway_scaling,
+    service_account,
+)
 
 
 class Pods:
@@ -70,6 +68,8 @@ def test_an_added_replica_is_one_more_in_the_scale_and_starting_until_it_joins(
             assert backend.starting() == ("pending-1", "pending-2")
             joined.add("10.1.0.9:8000")  # the first new pod is ready, in the gateway
             assert backend.starting() == ("pending-2",)
+            assert backend.launched_as("10.1.0.9:8000") == "pending-1"
+            assert backend.launched_as("10.1.0.7:8000") == ""  # serving before it was asked
         assert cluster.calls == [("GET", SCALE), ("PATCH", SCALE)] * 2
         assert set(cluster.tokens) == {"Bearer tok-1"}
 
@@ -216,35 +216,6 @@ def test_endpoint_slices_name_the_pod_behind_each_endpoint() -> None:
 # --- in the gateway: `gateway --discover k8s:SVC --scale-deployment NAME` ---------------------
 
 
-async def _gateway_scaling(
-    cluster: FakeCluster, tmp_path: Path, section: dict[str, object], until: Callable[[], bool]
-) -> None:
-    """Serve a gateway on `cluster` with the section's autoscaler until `until()` holds."""
-    section = {"enabled": True, "interval_s": 0.2, "window_s": 0, "drain_timeout_s": 1} | section
-    config = parse_config({"autoscale": section}, origin="test")
-    async with api_server(cluster) as url:
-        source = KubernetesEndpoints("servepilot-vllm", api_url=url,
-                                     account_dir=service_account(tmp_path))  # fmt: skip
-
-        def scaling(backend: KubernetesBackend) -> KubernetesScaling:
-            return KubernetesScaling(source.api, DEPLOYMENT, source, backend.ready_ids)
-
-        backend = KubernetesBackend(source, scaling, drain_timeout_s=1.0)
-        stop = asyncio.Event()
-        task = asyncio.ensure_future(
-            serve(GatewayConfig(port=0), [], stop=stop, drain_timeout_s=1.0,
-                  members=lambda g: following(backend, g.membership),
-                  alongside=lambda g: in_cluster(config, g, backend))
-        )  # fmt: skip
-        try:
-            while not until():
-                assert not task.done(), task.exception()
-                await asyncio.sleep(0.05)
-        finally:
-            stop.set()
-            await task
-
-
 def test_the_gateway_scales_its_deployment_up_to_the_minimum(tmp_path: Path) -> None:
     async def body() -> None:
         a, b = await FakeUpstream("a").start(), await FakeUpstream("b").start()
@@ -264,7 +235,7 @@ def test_the_gateway_scales_its_deployment_up_to_the_minimum(tmp_path: Path) -> 
             # The watch lists every 2 s: then a few ticks with both in the gateway.
             return "ready" in seen and now - seen["ready"] > DISCOVERY_INTERVAL_S + 1.0
 
-        await _gateway_scaling(cluster, tmp_path, {"min_replicas": 2, "max_replicas": 3},
+        await gateway_scaling(cluster, tmp_path, {"min_replicas": 2, "max_replicas": 3},
                                scaled_then_joined)  # fmt: skip
         # One step: the new pod counted as starting, then as the second replica.
         assert cluster.replicas[DEPLOYMENT] == 2
@@ -281,7 +252,7 @@ def test_the_gateway_drains_a_pod_and_has_kubernetes_delete_that_one(tmp_path: P
         pods = {f"vllm-{u.name}": ("127.0.0.1", u.port, True) for u in ups}
         cluster = FakeCluster(replicas={DEPLOYMENT: 3}, endpoints=dict(pods),
                               pods={pod: {} for pod in pods})  # fmt: skip
-        await _gateway_scaling(cluster, tmp_path, {"min_replicas": 1, "max_replicas": 2},
+        await gateway_scaling(cluster, tmp_path, {"min_replicas": 1, "max_replicas": 2},
                                lambda: cluster.replicas[DEPLOYMENT] == 2)  # fmt: skip
         marked = [pod for pod, notes in cluster.pods.items() if notes]
         assert len(marked) == 1

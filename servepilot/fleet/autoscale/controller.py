@@ -36,7 +36,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from servepilot.core.loop import cancel_all_and_wait, cancel_and_wait
-from servepilot.fleet.autoscale.decision import Decision
+from servepilot.fleet.autoscale.decision import Decision, pool_text
 from servepilot.fleet.autoscale.starts import StartTracker
 from servepilot.fleet.autoscale.view import PoolView
 from servepilot.fleet.backend import ReplicaBackend, ReplicaState, remove_first_ids
@@ -180,7 +180,7 @@ class AutoscaleController:
             plan = replace(plan, drop_asleep=0)
         self.last_pool = counts
         decision = Decision(time.time(), have, desired, answer.reason, answer.detail,
-                            self._pool_text(counts, plan), self.starts.held_line(),
+                            pool_text(self.pool_target, counts, plan), self.starts.held_line(),
                             budget)  # fmt: skip
         self._record(decision)
         if not plan.idle:
@@ -200,14 +200,6 @@ class AutoscaleController:
             log.info("autoscale: budget %d per replica (%s)", chosen.budget, chosen.detail)
         return chosen
 
-    def _pool_text(self, counts: PoolCounts, plan: PoolPlan) -> str:
-        if not (self.pool_target or counts.asleep or counts.refilling):
-            return ""
-        text = f"{counts.asleep} of {self.pool_target} held"
-        if counts.refilling:
-            text += f", {counts.refilling} on the way"
-        return text if plan.idle else f"{text}; {plan.describe()}"
-
     async def _stop_unstopped(self) -> None:
         for rid in sorted(self.unstopped):
             try:
@@ -224,7 +216,12 @@ class AutoscaleController:
         be scheduled, an image that does not pull) would otherwise count as starting for
         ever, and the step rules take no step while one starts: past the startup budget it
         is removed and the policy decides again without it."""
-        listed = {r.replica_id: r.state for r in self._backend.list()}
+        replicas = self._backend.list()
+        for replica in replicas:  # a refill that joined under its own id (a Kubernetes pod)
+            if replica.launched_as in self.refilling:
+                self.refilling.remove(replica.launched_as)
+                self.refilling.add(replica.replica_id)
+        listed = {r.replica_id: r.state for r in replicas}
         for rid in self.starts.update(listed, now_s):
             self.refilling.discard(rid)
             log.warning("autoscale: replica %s did not start (%d in a row)%s", rid,
@@ -289,9 +286,19 @@ class AutoscaleController:
         await self._launch(plan.refill, refill=True)
         self._shrink(snapshot, pool, plan.sleep, plan.stop)
         for rid in pool.held[len(pool.held) - plan.drop_asleep :]:
-            if await self._forget(rid):
-                log.info("autoscale: replica %s stopped (the warm pool is above its target)",
-                         rid)  # fmt: skip
+            await self._drop_held(rid)
+
+    async def _drop_held(self, rid: str) -> None:
+        """Out of the gateway first (nothing in flight), so that no later tick counts it, and
+        stops another, while its backend takes it down (a pod terminating); then stopped."""
+        try:
+            await self._fleet.drain(rid, 0.0)
+        except Exception as exc:  # e.g. it left the gateway meanwhile: stop it anyway
+            self._failed(f"drain {rid}", exc)
+        if not await self._forget(rid):
+            self.unstopped.add(rid)
+            return
+        log.info("autoscale: replica %s stopped (the warm pool is above its target)", rid)
 
     async def _wake(self, rid: str) -> None:
         try:

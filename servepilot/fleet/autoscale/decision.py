@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from servepilot.scaling.adaptive_budget import BudgetDecision
 from servepilot.scaling.snapshot import ScaleReason
+from servepilot.scaling.warm_pool import PoolCounts, PoolPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,3 +43,13 @@ class Decision:
         b = self.budget
         budget = f"; budget {b.budget} per replica ({b.detail})" if b is not None else ""
         return f"autoscale: {change} ({self.reason.value}: {self.detail}){pool}{budget}{note}"
+
+
+def pool_text(pool_target: int, counts: PoolCounts, plan: PoolPlan) -> str:
+    """`Decision.pool`: empty without a pool, or anything in or on its way to one."""
+    if not (pool_target or counts.asleep or counts.refilling):
+        return ""
+    text = f"{counts.asleep} of {pool_target} held"
+    if counts.refilling:
+        text += f", {counts.refilling} on the way"
+    return text if plan.idle else f"{text}; {plan.describe()}"

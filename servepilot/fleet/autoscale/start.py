@@ -5,10 +5,11 @@ cluster the gateway runs it (`in_cluster`) on the replicas' Deployment."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
-from servepilot.core.config import FleetConfig
+from servepilot.core.config import FleetConfig, pool_parks
 from servepilot.core.errors import ConfigError
 from servepilot.fleet.autoscale.controller import AutoscaleController
 from servepilot.fleet.autoscale.decision import Decision
@@ -57,7 +58,7 @@ def start_autoscaler(
     pool_target: int = 0,
 ) -> AutoscaleController:
     """The running controller (stop it with `await controller.stop()` before the gateway);
-    `pool_target`: its warm pool (`up`'s replicas.asleep; none in a cluster)."""
+    `pool_target`: its warm pool (replicas.asleep)."""
     scaling = config.autoscale
     controller = AutoscaleController(
         AutoscaleSetup.from_section(config.autoscale, cold_start_s).build(),
@@ -102,11 +103,19 @@ async def in_cluster(
     Deployment (`backend.scaling`); pods it already asks for count as starting. Entered once
     the backend's watch has synced. Its cold start (predictive's horizon, where
     autoscale.forecast_horizon_s is unset) is engine.startup_timeout_s, the startup probe's
-    budget: no pod has been timed here."""
+    budget: no pod has been timed here. Its warm pool (replicas.asleep) sleeps and wakes the
+    pods through the gateway as `up`'s does (parked where they have no sleep mode); pods
+    found asleep (put to sleep by a gateway before this one) join the pool, not rotation."""
     if backend.scaling is None:
         raise ConfigError("the autoscaler in a cluster needs --scale-deployment NAME")
     await backend.scaling.prime()
-    controller = start_autoscaler(config, gateway, backend, config.engine.startup_timeout_s)
+    gateway.warm.parks = pool_parks(config)
+    if backend.sleep_mode:
+        # One that left meanwhile is the membership's to drop: its error is no matter.
+        asked = [gateway.warm.recognise(r.replica_id) for r in gateway.pool.replicas()]
+        await asyncio.gather(*asked, return_exceptions=True)
+    controller = start_autoscaler(config, gateway, backend, config.engine.startup_timeout_s,
+                                  pool_target=config.replicas.asleep)  # fmt: skip
     try:
         yield controller
     finally:

@@ -44,10 +44,13 @@ class KubernetesBackend:
         *,
         interval_s: float = DISCOVERY_INTERVAL_S,
         drain_timeout_s: float = 30.0,
+        sleep_mode: bool = False,
     ) -> None:
         """`scaling(self)`: the Deployment's scaler, given this backend (whose ready replicas
-        tell it which pending pods have joined)."""
+        tell it which pending pods have joined); `sleep_mode`: the pods run vLLM's sleep mode
+        (`k8s render` turns it on for a warm pool on GPUs)."""
         self.source = source
+        self._sleep_mode = sleep_mode
         self._interval_s = interval_s
         self._drain_timeout_s = drain_timeout_s
         self._ready: dict[str, Endpoint] = {}
@@ -56,7 +59,11 @@ class KubernetesBackend:
 
     @classmethod
     def discover(
-        cls, target: str, deployment: str | None = None, drain_timeout_s: float = 30.0
+        cls,
+        target: str,
+        deployment: str | None = None,
+        drain_timeout_s: float = 30.0,
+        sleep_mode: bool = False,
     ) -> KubernetesBackend:
         """`k8s:SERVICE[.NAMESPACE]` from inside a pod, scaling `deployment` if given."""
         service, namespace = parse_target(target)
@@ -67,14 +74,15 @@ class KubernetesBackend:
             def scaling(backend: KubernetesBackend) -> KubernetesScaling:
                 return KubernetesScaling(endpoints.api, deployment, endpoints, backend.ready_ids)
 
-        return cls(endpoints, scaling, drain_timeout_s=drain_timeout_s)
+        return cls(endpoints, scaling, drain_timeout_s=drain_timeout_s, sleep_mode=sleep_mode)
 
     def ready_ids(self) -> frozenset[str]:
         return frozenset(self._ready)
 
     @property
     def sleep_mode(self) -> bool:
-        return False  # the pods' sleep is not driven from here
+        """The gateway's warm pool sleeps and wakes the pods over HTTP, as it does local ones."""
+        return self._sleep_mode
 
     def _scaler(self) -> KubernetesScaling:
         if self.scaling is None:
@@ -99,9 +107,11 @@ class KubernetesBackend:
             await self.scaling.close()
 
     def list(self) -> tuple[Replica, ...]:
-        ready = tuple(Replica(rid, e.url, ReplicaState.READY, where=e.pod or "")
+        scaling = self.scaling
+        starting = scaling.starting() if scaling is not None else ()
+        ready = tuple(Replica(rid, e.url, ReplicaState.READY, where=e.pod or "",
+                              launched_as=scaling.launched_as(rid) if scaling else "")
                       for rid, e in self._ready.items())  # fmt: skip
-        starting = self.scaling.starting() if self.scaling is not None else ()
         return ready + tuple(Replica(rid, "", ReplicaState.STARTING) for rid in starting)
 
     async def watch(self) -> AsyncIterator[ReplicaEvent]:

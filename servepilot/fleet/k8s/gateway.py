@@ -83,7 +83,12 @@ def config_map(target: Target) -> Manifest:
         # The autoscaler the gateway runs reads these (the cold start: the startup timeout).
         config = target.config
         sections["autoscale"] = config.autoscale.model_dump(mode="json")
-        sections["engine"] = {"startup_timeout_s": config.engine.startup_timeout_s}
+        engine: dict[str, object] = {"startup_timeout_s": config.engine.startup_timeout_s}
+        if config.replicas.asleep:
+            # Its warm pool: asleep in the pods' sleep mode (GPU), else parked (CPU).
+            sections["replicas"] = {"asleep": config.replicas.asleep}
+            engine["sleep_mode"] = config.engine.sleep_mode
+        sections["engine"] = engine
     text = yaml.safe_dump(sections, sort_keys=False)
     return {
         "apiVersion": "v1",

@@ -6,7 +6,8 @@ not overwritten) with the pod's service account, which the Role `scaler_role(NAM
 
 add: replicas + 1. The new pod joins the gateway through the backend's EndpointSlice watch once
 ready; until then it counts as starting, under a placeholder id (`pending-N`), matched to
-the first replica that joins after it.
+the first replica that joins after it (`launched_as` tells which: the autoscaler follows a pod
+it launched to refill its warm pool).
 
 remove: the controller has drained the replica at the gateway. Kubernetes, not we, picks the
 pod a scale-down deletes, so the backend first annotates the drained pod with the lowest
@@ -66,6 +67,8 @@ class KubernetesScaling:
         self._joined = joined
         self._known: set[str] = set(joined())
         self._pending: collections.deque[str] = collections.deque()
+        self._launched_as: dict[str, str] = {}
+        """Replica ids serving, by the placeholder each was matched to."""
         self._ids = itertools.count(1)
 
     @property
@@ -84,6 +87,10 @@ class KubernetesScaling:
     def starting(self) -> tuple[str, ...]:
         self._follow()
         return tuple(self._pending)
+
+    def launched_as(self, replica_id: str) -> str:
+        """The placeholder `add` returned for the pod that joined as `replica_id`, if any."""
+        return self._launched_as.get(replica_id, "")
 
     def remove_first(self) -> frozenset[str]:
         return frozenset()  # every pod is alike: newest first
@@ -111,10 +118,12 @@ class KubernetesScaling:
     def _follow(self) -> None:
         """Each replica that joined the gateway since the last look was the oldest pending."""
         now = set(self._joined())
-        for _ in sorted(now - self._known):
+        for rid in sorted(now - self._known):
             if self._pending:
-                self._pending.popleft()
+                self._launched_as[rid] = self._pending.popleft()
         self._known |= now
+        for gone in self._launched_as.keys() - now:
+            del self._launched_as[gone]
 
     def _new_id(self) -> str:
         return f"{PENDING_PREFIX}{next(self._ids)}"

@@ -131,6 +131,7 @@ def check(config: FleetConfig) -> None:
     model_path(config)
     scaling_bounds(config)
     _check_gateway_scaling(config)
+    _check_warm_pool(config)
 
 
 def _check_whole_gpus(config: FleetConfig) -> None:
@@ -181,6 +182,24 @@ def _check_gateway_scaling(config: FleetConfig) -> None:
         )
 
 
+def _check_warm_pool(config: FleetConfig) -> None:
+    asleep = config.replicas.asleep
+    if asleep and not gateway_scales(config):
+        raise ConfigError(
+            f"replicas.asleep {asleep}: on Kubernetes only the gateway's autoscaler keeps a "
+            "warm pool (an HPA or KEDA would count a sleeping pod as capacity and never wake it)",
+            hint="set autoscale.enabled: true with autoscale.policy: step or predictive, or "
+            "replicas.asleep: 0",
+        )
+
+
+def pods_sleep(config: FleetConfig) -> bool:
+    """The replica pods run vLLM's sleep mode: asked for (engine.sleep_mode), or a warm pool
+    on GPUs (replicas.asleep > 0). On CPU, where vLLM has none, the pool parks its pods."""
+    pool_on_gpu = config.replicas.asleep > 0 and config.hardware.device is Device.GPU
+    return config.engine.sleep_mode or pool_on_gpu
+
+
 def scaling_bounds(config: FleetConfig) -> ScalingBounds:
     """kubernetes.autoscaling's bounds; where it leaves them out, those of fleet.yaml's
     `autoscale` section when it is enabled (the fleet `up --autoscale` runs), else the seeds'
@@ -218,7 +237,10 @@ def resolve(config: FleetConfig, plan: Plan) -> Target:
     is the one `plan` prints for it (layout, precision, knobs), which the HPA is sized on."""
     check(config)
     _check_device(config, plan)
-    config = config.model_copy(update={"engine": planned_engine(plan, config.engine)})
+    engine = planned_engine(plan, config.engine).model_copy(
+        update={"sleep_mode": pods_sleep(config)}
+    )
+    config = config.model_copy(update={"engine": engine})
     layout = pod_layout(config)
     return Target(
         config=config,
