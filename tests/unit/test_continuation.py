@@ -142,7 +142,8 @@ REPLICAS = [Candidate("r0", True, 100), Candidate("r1", True, 100), Candidate("r
 
 def _situation(**changes: Any) -> Situation:
     base = dict(failure=Failure.RESET, continuations=0, opted_out=False, sent=_sent(),
-                continuable=True, context_tokens=50, used=frozenset({"r0"}))  # fmt: skip
+                continuable=True, context_tokens=50, used=frozenset({"r0"}),
+                failed_on="r0")  # fmt: skip
     return Situation(**{**base, **changes})
 
 
@@ -158,7 +159,6 @@ def test_the_rest_goes_to_a_healthy_replica_the_request_has_not_used() -> None:
         (_situation(continuations=2), CONFIG, GiveUp.LIMIT),
         (_situation(sent=_sent(whole=False)), CONFIG, GiveUp.NOT_AT_EVENT_END),
         (_situation(continuable=False), CONFIG, GiveUp.NOT_CONTINUABLE),
-        (_situation(used=frozenset({"r0", "r1"})), CONFIG, GiveUp.NO_REPLICA),
         (_situation(context_tokens=100), CONFIG, GiveUp.OVER_MAX_MODEL_LEN),
     ],
 )
@@ -167,6 +167,21 @@ def test_a_stream_that_cannot_go_on_stops_with_its_reason(
 ) -> None:
     decision = decide(situation, config, REPLICAS)
     assert isinstance(decision, Stop) and decision.reason is reason
+
+
+def test_with_no_other_replica_in_rotation_the_stream_cannot_go_on_yet() -> None:
+    only_the_failed = [Candidate("r0", True, 100), Candidate("r1", False, 100)]
+    decision = decide(_situation(), CONFIG, only_the_failed)
+    assert isinstance(decision, Stop) and decision.reason is GiveUp.NO_REPLICA
+
+
+def test_a_replica_the_request_was_on_before_is_taken_again_once_it_serves() -> None:
+    # On r0, then r1; r1 failed too: r0 is back from its restart, r2 is still down.
+    situation = _situation(used=frozenset({"r0", "r1"}), failed_on="r1")
+    assert decide(situation, CONFIG, REPLICAS) == Continue(("r0",))
+    # A replica new to the request comes first.
+    replicas = [*REPLICAS[:2], Candidate("r2", True, 100)]
+    assert decide(situation, CONFIG, replicas) == Continue(("r2",))
 
 
 def test_an_answer_whose_finish_reason_was_sent_only_needs_its_end() -> None:

@@ -303,7 +303,9 @@ def test_errors_from_a_replica_are_logged_with_their_code(tmp_path: Path) -> Non
     async def body() -> None:
         a = await FakeUpstream("a").start()
         async with (
-            gateway_in_front_of([a], access_log={"path": str(path)}) as (_, url),
+            gateway_in_front_of(
+                [a], access_log={"path": str(path)}, continuation={"replica_wait_s": 0}
+            ) as (_, url),  # fmt: skip
             aiohttp.ClientSession() as client,
         ):
             a.reply_status = 400  # vLLM's own error body

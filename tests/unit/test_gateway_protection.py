@@ -390,6 +390,60 @@ def test_a_stall_takes_its_replica_out_at_once_and_its_unanswered_streams_go_els
     run(body())
 
 
+def test_a_stream_with_no_other_replica_in_rotation_waits_for_one_to_come_back() -> None:
+    """a dies mid-answer while b is still down (failing its checks: a restart): the stream
+    pauses until b passes a check, then goes on from b, within continuation.replica_wait_s."""
+
+    async def body() -> None:
+        a, b = await FakeUpstream("a").start(), await FakeUpstream("b").start()
+        a.gate = asyncio.Event()
+        b.health_status = 500
+        settings = {"health_interval_s": 0.05, "continuation": {"replica_wait_s": 10}}
+        async with (
+            gateway_in_front_of([a, b], **settings) as (gw, url),
+            aiohttp.ClientSession() as client,
+        ):
+            await eventually(until(lambda: not gw.pool.get("b").healthy))
+            async with client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT) as resp:
+                assert resp.headers["X-Servepilot-Replica"] == "a"
+                first = await read_event(resp)
+                a.die_mid_stream = True
+                a.gate.set()
+                await asyncio.sleep(0.5)  # the stream waits: b is down
+                assert b.received == []
+                b.health_status = 200  # b is back
+                raw = first + await asyncio.wait_for(resp.content.read(), 10)
+            events = [e for e in raw.split(b"\n\n") if e]
+            docs = [json.loads(e.removeprefix(b"data: ")) for e in events[:-1]]
+            assert [d["choices"][0]["delta"]["content"] for d in docs] == ["one", "one", "two"]
+            assert events[-1] == b"data: [DONE]" and len(b.received) == 1
+            metrics = await scrape(client, url)
+            assert metrics.value("servepilot_stream_continuations_total", {"reason": "eof"}) == 1
+            assert gw.pool.total_in_flight() == 0
+
+    run(body())
+
+
+def test_a_stream_that_waited_for_a_replica_in_vain_ends_with_the_error_event() -> None:
+    async def body() -> None:
+        a = await FakeUpstream("a").start()
+        a.die_mid_stream = True
+        settings = {"continuation": {"replica_wait_s": 0.6}}
+        async with (
+            gateway_in_front_of([a], **settings) as (gw, url),
+            aiohttp.ClientSession() as client,
+        ):
+            started = asyncio.get_running_loop().time()
+            async with client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT) as resp:
+                raw = await asyncio.wait_for(resp.content.read(), 10)
+            waited_s = asyncio.get_running_loop().time() - started
+            assert 0.5 <= waited_s < 5, waited_s
+            assert b"no other healthy replica" in raw and b"[DONE]" not in raw
+            assert gw.pool.total_in_flight() == 0
+
+    run(body())
+
+
 @pytest.mark.parametrize("answered_head", [False, True], ids=["before-head", "after-head"])
 def test_a_stream_waiting_for_its_first_token_on_a_replica_out_of_rotation_goes_elsewhere(
     answered_head: bool,

@@ -77,14 +77,20 @@ def test_upstream_dying_mid_stream_ends_the_stream_with_an_error_event() -> None
     async def body() -> None:
         upstream = await FakeUpstream("a").start()
         upstream.die_mid_stream = True
-        async with gateway_in_front_of([upstream]) as (gw, url), aiohttp.ClientSession() as client:
+        no_wait = {"continuation": {"replica_wait_s": 0}}  # no other replica to wait for
+        async with (
+            gateway_in_front_of([upstream], **no_wait) as (gw, url),
+            aiohttp.ClientSession() as client,
+        ):
             async with client.post(f"{url}/v1/chat/completions", json=STREAM_CHAT) as resp:
                 assert resp.status == 200
                 assert b'"one"' in await read_event(resp)
                 event = await read_event(resp)
                 rest = await resp.content.read()  # ends cleanly: no exception
             assert event.startswith(b"data: ")
-            assert json.loads(event[6:])["error"]["code"] == "upstream_interrupted"
+            error = json.loads(event[6:])["error"]
+            assert error["code"] == "upstream_interrupted"
+            assert "no other healthy replica" in error["message"]
             assert rest == b""
             assert gw.pool.total_in_flight() == 0
 

@@ -285,6 +285,11 @@ class ContinuationConfig(_Section):
     hard limit reads it). Off: non-streamed answers are passed on as the replica wrote them,
     and one whose replica fails is retried from the start."""
 
+    replica_wait_s: float = Field(default=60.0, ge=0)
+    """A stream to continue when no other replica is in rotation (all down, or restarting)
+    waits this long for one to come back (a health check passing, a replica joining), its
+    client seeing a pause, before it ends with the error event. 0: it ends at once."""
+
     stall_timeout_s: float = Field(default=30.0, gt=0)
     """A stream that has relayed its first token and then gets nothing from its replica for
     this long is given up on that replica and continued elsewhere (found within half a

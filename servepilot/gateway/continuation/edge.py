@@ -21,7 +21,9 @@ from servepilot.gateway.continuation.policy import (
     Continue,
     Failure,
     Finish,
+    GiveUp,
     Situation,
+    Stop,
     decide,
 )
 from servepilot.gateway.continuation.relay import ContinuationRelay
@@ -51,6 +53,8 @@ OPT_OUT_HEADER = "x-servepilot-continue"
 CHAT_PATH = "/v1/chat/completions"
 CONTINUED_PATHS = (CHAT_PATH, "/v1/completions")
 _DONE_EVENT = b"data: [DONE]\n\n"
+_WAIT_TICK_S = 0.25
+"""How often a stream waiting for a replica looks again (the pool's view is in memory)."""
 
 
 class Relaying(Protocol):
@@ -126,6 +130,7 @@ class Continuer:
         sent = read_transcript(b"".join(broken.relayed), chat=broken.chat)
         broken.used.append(broken.replica_id)
         continuations = 0
+        waiting = _Wait(self._config.replica_wait_s)
         while outcome.failure is not None and outcome.streamed and request.connected:
             kind = failure_kind(outcome)
             decision = decide(self._situation(broken, sent, kind, continuations),
@@ -134,15 +139,23 @@ class Continuer:
                 if not broken.whole:
                     request.end_stream(_DONE_EVENT)
                 return replace(outcome, failure=None)
+            no_replica = isinstance(decision, Stop) and decision.reason is GiveUp.NO_REPLICA
+            if no_replica and await waiting.tick():  # one may come back (a restart, a check)
+                continue
             if not isinstance(decision, Continue):
                 why = f"{outcome.failure}; not continued: {decision.message}"
                 return replace(outcome, failure=UpstreamFailed(why))
-            self._metrics.count_continuation(str(kind))
-            continuations += 1
             try:
                 outcome, splicer = await self._send_rest(broken, decision, sent, attempt)
+            except _NoneConnected as exc:
+                if await waiting.tick():  # a replica still in rotation had gone: try again
+                    continue
+                return replace(outcome, failure=UpstreamFailed(f"{outcome.failure}; {exc}"))
             except _CannotStart as exc:
                 return replace(outcome, failure=UpstreamFailed(f"{outcome.failure}; {exc}"))
+            self._metrics.count_continuation(str(kind))
+            continuations += 1
+            waiting = _Wait(self._config.replica_wait_s)
             sent = splicer.transcript()
         return outcome
 
@@ -155,7 +168,7 @@ class Continuer:
         try:
             grant = await self._dispatcher.acquire(broken.view, exclude, broken.tenant)
         except GatewayError as exc:
-            raise _CannotStart(f"no replica took the continuation: {exc.message}") from None
+            raise _NoneConnected(f"no replica took the continuation: {exc.message}") from None
         replica = grant.replica
         broken.used.append(replica.replica_id)
         try:
@@ -198,6 +211,7 @@ class Continuer:
             continuable=continuable,
             context_tokens=broken.view.prompt_tokens + sent.tokens,
             used=frozenset(broken.used),
+            failed_on=broken.used[-1],
         )
 
     def _candidates(self, model: str) -> list[Candidate]:
@@ -233,3 +247,25 @@ class _Rest:
 class _CannotStart(Exception):
     """The continuation failed before any of its events reached the client: the stream is
     still open, and the proxy ends it with an error event."""
+
+
+class _NoneConnected(_CannotStart):
+    """No replica allowed could be reached (the dispatcher tried them)."""
+
+
+class _Wait:
+    """How long a stream waits, a tick at a time, for a replica to continue on."""
+
+    def __init__(self, limit_s: float) -> None:
+        self._limit_s = limit_s
+        self._until_s: float | None = None
+
+    async def tick(self) -> bool:
+        """Sleep a tick and say True while the wait lasts; False once it is over."""
+        now_s = asyncio.get_running_loop().time()
+        if self._until_s is None:
+            self._until_s = now_s + self._limit_s
+        if now_s + _WAIT_TICK_S > self._until_s:
+            return False
+        await asyncio.sleep(_WAIT_TICK_S)
+        return True

@@ -85,6 +85,8 @@ class Situation:
     """Prompt tokens (an estimate) plus the tokens sent."""
     used: frozenset[str]
     """Replicas this request has been on."""
+    failed_on: str
+    """The replica its last part failed on."""
 
 
 def decide(
@@ -103,7 +105,10 @@ def decide(
         return Stop(GiveUp.NOT_AT_EVENT_END, "the stream broke inside an event")
     if not s.continuable:
         return Stop(GiveUp.NOT_CONTINUABLE, "the request cannot be continued as text")
-    left = [c for c in candidates if c.serving and c.replica_id not in s.used]
+    serving = [c for c in candidates if c.serving and c.replica_id != s.failed_on]
+    # A replica the request was on before serves again (it came back from a restart): it is
+    # taken when no replica new to the request is there.
+    left = [c for c in serving if c.replica_id not in s.used] or serving
     if not left:
         return Stop(GiveUp.NO_REPLICA, "no other healthy replica to continue on")
     fits = [c for c in left if c.max_model_len is None or s.context_tokens < c.max_model_len]
