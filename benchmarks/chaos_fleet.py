@@ -82,7 +82,8 @@ class Gateway:
         self.incarnation = 0
         settings = {
             "health_interval_s": 1.0,
-            "continuation": {"stall_timeout_s": args.stall_timeout_s},
+            "continuation": {"stall_timeout_s": args.stall_timeout_s,
+                             "replica_wait_s": args.replica_wait_s},
             "batch": {"store": f"sqlite:///{args.out / 'batch.sqlite3'}",
                       "files_dir": str(args.out / "files")},
         }  # fmt: skip
