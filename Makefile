@@ -79,14 +79,22 @@ unit: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-# Everything runs with the gateway's data path compiled, as `make serve` runs it; then the
-# unit tests of the gateway and of routing once more in pure Python: what runs where `make
-# gateway-fast` could not build (no C compiler). On a fresh clone the model's conversion and
-# the compiled build each keep one core busy for a minute or more: they run side by side (lint
-# and mypy take seconds).
+# Everything runs with the gateway's data path compiled, as `make serve` runs it; the unit
+# tests of the gateway and of routing run once more in pure Python (what runs where `make
+# gateway-fast` could not build: no C compiler), while the compiled build is made. On a fresh
+# clone the model's conversion keeps one core busy for a minute: lint and mypy run beside it.
 # SERVEPILOT_SLOW_TESTS=1 also runs the tests marked `slow` (see tests/integration/conftest.py).
+PURE_TESTS = tests/unit/test_gateway*.py tests/unit/test_http1*.py tests/unit/test_routing*.py \
+	tests/unit/test_admission*.py tests/unit/test_breaker.py tests/unit/test_limits.py \
+	tests/unit/test_ratelimit.py
+
 test: prometheus docs
-	$(MAKE) --no-print-directory -j2 model gateway-fast lint typecheck
+	$(MAKE) --no-print-directory -j2 model lint typecheck
+	@# The gateway's compiled build is a minute of one core (a C compiler on one file): the
+	@# gateway's tests in pure Python run beside it, on the other.
+	@$(MAKE) --no-print-directory gateway-fast & build=$$!; \
+	SERVEPILOT_GATEWAY_PURE=1 $(BIN)/pytest -q -n 2 -p no:cacheprovider $(PURE_TESTS); pure=$$?; \
+	wait $$build; test $$pure = 0
 	@# Most tests wait on servers and child processes rather than compute: four run at a time
 	@# (pytest-xdist), each module's on one worker, so that a module-scoped fixture (a simulated
 	@# fleet, a Ray cluster, a tokenizer) starts once, not once per worker. (--dist loadgroup
@@ -99,9 +107,6 @@ test: prometheus docs
 	$(BIN)/pytest -m "vllm and shared_fleet" --durations=0; shared=$$?; \
 	wait $$own; own=$$?; echo "--- the vLLM tests with servers of their own:"; \
 	cat .pytest-vllm-own.log; rm -f .pytest-vllm-own.log; test $$shared = 0 && test $$own = 0
-	SERVEPILOT_GATEWAY_PURE=1 $(BIN)/pytest -q -n 4 tests/unit/test_gateway*.py tests/unit/test_http1*.py \
-		tests/unit/test_routing*.py tests/unit/test_admission*.py tests/unit/test_breaker.py \
-		tests/unit/test_limits.py tests/unit/test_ratelimit.py
 
 # servepilot bench against `vllm bench serve` on a zero-cost stub (see docs/benchmarks.md);
 # ARGS="--url http://127.0.0.1:PORT --model smollm2 --requests 200 --concurrency 4" compares
