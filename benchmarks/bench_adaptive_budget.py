@@ -41,16 +41,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
-from servepilot.core.config import AdaptiveBudgetConfig, parse_config  # noqa: E402
+from benchmarks.autoscale_runs import fleet as autoscale_fleet  # noqa: E402
+from benchmarks.autoscale_runs import jobs  # noqa: E402
+from servepilot.core.config import AdaptiveBudgetConfig  # noqa: E402
 from servepilot.core.results import Load, LoadMode  # noqa: E402
 from servepilot.core.slo import parse_slo  # noqa: E402
-from servepilot.engine.cpu import cpu_flags  # noqa: E402
 from servepilot.load.loadplan import LoadPlan  # noqa: E402
 from servepilot.scaling.adaptive_budget import AdaptiveBudget  # noqa: E402
 from servepilot.scaling.target_utilisation import TargetUtilisation  # noqa: E402
-from servepilot.sim.fleet.setup import replica_setup  # noqa: E402
 from servepilot.sim.fleet.simulator import FleetSim, FleetSpec  # noqa: E402
-from servepilot.sim.fleet.traffic import Job, JobTable  # noqa: E402
+from servepilot.sim.fleet.traffic import JobTable  # noqa: E402
 
 SLO = "ttft_p99_ms=1000,tpot_p99_ms=75"
 LOW_RPS, PEAK_RPS = 15.0, 120.0
@@ -84,34 +84,9 @@ class Row:
 
 
 def fleet(replicas: int, capacity: int | None = None, cold_start_s: float = 0.0) -> FleetSpec:
-    config = parse_config(
-        {
-            "model": {"source": "llama-3.1-70b"},
-            "hardware": {"device": "gpu", "accelerator": "h100", "count": 4 * replicas},
-            "engine": {"max_model_len": 8192, "max_num_seqs": 128, "tensor_parallel_size": 4},
-            "replicas": {"count": replicas},
-        },
-        origin="bench_adaptive_budget",
-    )
-    setup = replica_setup(config, None, cpu_flags())
-    return FleetSpec(
-        scheduler=setup.scheduler,
-        cost=setup.cost,
-        replicas=replicas,
-        capacity=capacity or setup.capacity,
-        gateway=config.gateway,
-        scrape_interval_s=2.0,
-        autoscale_interval_s=5.0,
-        cold_start_s=cold_start_s,
-        seed=7,
-    )
-
-
-def jobs(count: int = 20_000, seed: int = 11) -> JobTable:
-    rng = random.Random(seed)
-    return JobTable(
-        Job(rng.randint(200, 2000), rng.randint(50, 500), priority=0) for _ in range(count)
-    )
+    """bench-autoscale's fleet (Llama-3.1-70B, TP 4 on H100s), its budget `capacity`."""
+    spec = autoscale_fleet(replicas)
+    return replace(spec, capacity=capacity or spec.capacity, cold_start_s=cold_start_s)
 
 
 def trace(seed: int = 5) -> list[float]:
