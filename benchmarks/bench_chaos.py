@@ -151,10 +151,12 @@ class Chaos:
         elapsed = time.monotonic() - began
         batch = _batch_result(api, batch_id)
         continued = self.gateway.continued()
-        return results(
+        done = results(
             args, self.windows, load.sent, continued=continued,
             gateway_restart=self.gateway_restart, batch=batch, elapsed_s=elapsed,
         )  # fmt: skip
+        done["starts_retried"] = self.replicas.retried
+        return done
 
 
 def _completed(load: Load) -> int:

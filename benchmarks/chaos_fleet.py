@@ -21,12 +21,14 @@ import yaml
 
 from benchmarks.chaos_load import MODEL
 from servepilot.core.config import FleetConfig
+from servepilot.core.errors import EngineStartError
 from servepilot.engine.model_source import resolve_model
 from servepilot.engine.process import ReplicaProcess, free_port
 from servepilot.engine.simserver.args import sim_model
 from servepilot.fleet.local import replica_command
 
-READY_TIMEOUT_S = 600.0
+READY_TIMEOUT_S = 300.0
+"""A replica starts within a minute or two here, under load; past this it is stuck."""
 
 
 class Replicas:
@@ -43,6 +45,8 @@ class Replicas:
             model = resolve_model(config.model)
         cores = os.cpu_count() or 1
         self.procs = []
+        self.retried: list[str] = []
+        """Starts that failed and were tried again (the reason of each)."""
         for i in range(args.replicas):
             port = free_port()
             command = replica_command(config, model, "127.0.0.1", port, (i % cores,))
@@ -54,6 +58,19 @@ class Replicas:
         for proc in procs:
             proc.start()
         for proc in procs:
+            self._ready(proc)
+
+    def _ready(self, proc: ReplicaProcess) -> None:
+        """Until it serves. A start that fails or hangs is tried once more, and noted: on this
+        machine a new engine process once sat for minutes in the kernel, inside the
+        sched_setaffinity that binds it to its core, and never came up."""
+        try:
+            asyncio.run(proc.wait_ready(READY_TIMEOUT_S))
+        except EngineStartError as exc:
+            self.retried.append(str(exc))
+            print(f"  {proc.replica_id} did not start; once more: {exc}", flush=True)
+            proc.stop(10.0)
+            proc.start()
             asyncio.run(proc.wait_ready(READY_TIMEOUT_S))
 
     def signal(self, i: int, sig: signal.Signals) -> None:

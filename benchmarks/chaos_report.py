@@ -152,4 +152,6 @@ def table(r: dict[str, Any]) -> str:
         )
     if r["batch"]:
         lines.append(f"batch: {r['batch']}")
+    if retried := r.get("starts_retried"):
+        lines.append(f"replica starts tried twice: {len(retried)} ({'; '.join(retried)})")
     return "\n".join(lines)
