@@ -330,12 +330,12 @@ def test_a_requests_ttft_and_tpot_through_http_are_the_models() -> None:
     print(f"model TTFT {expected.ttft_s * 1e3:.1f} ms, TPOT {expected.tpot_s * 1e3:.3f} ms; "
           f"HTTP - model: TTFT {[round(e * 1e3, 2) for e in ttft_errors]} ms, "
           f"TPOT {[round(e * 1e3, 3) for e in tpot_errors]} ms")  # fmt: skip
-    # Load beside the test (the suite runs four at a time) only ever adds delay, so the
+    # Load beside the test (the suite runs four at a time) moves each request's times, so the
     # least-disturbed of the five is the server's own error; a wrong model shows in all five,
-    # by a step (20.8 ms here) or more. Quiet, the least is about 1 ms; under the suite's
-    # load all five have come 3.6 ms late.
-    assert abs(min(ttft_errors)) < 0.008
-    assert abs(min(tpot_errors)) < 0.0003
+    # by a step (20.8 ms here) or more. Quiet, the least TTFT error is about 1 ms; under the
+    # suite's load all five have come 3.6 ms late. A first token late shortens the TPOT.
+    assert min(abs(e) for e in ttft_errors) < 0.008
+    assert min(abs(e) for e in tpot_errors) < 0.0003
 
 
 def test_overlapping_requests_see_the_models_times() -> None:
@@ -367,10 +367,11 @@ def test_overlapping_requests_see_the_models_times() -> None:
     print({k: f"model {model[k] * 1e3:.2f} ms, HTTP {client[k] * 1e3:.2f} ms" for k in model})
     # The client's extra time is the network and its own event loop (16 sockets read in
     # turn), plus what a loaded two-core host adds: 2-4 ms measured with the other core busy,
-    # so 10 ms, still well under one engine step (38 ms), which a wrong clock would cost.
-    assert 0 < client["ttft"] - model["ttft"] < 0.010
+    # 10.4 ms with the suite and a benchmark beside it; a wrong clock would cost a whole
+    # engine step (38 ms): half of one is the bound.
+    assert 0 < client["ttft"] - model["ttft"] < 0.019
     assert abs(client["tpot"] - model["tpot"]) < 0.0003
-    assert 0 < client["e2e"] - model["e2e"] < 0.010
+    assert 0 < client["e2e"] - model["e2e"] < 0.019
 
 
 def _sums(text: str) -> dict[str, float]:
