@@ -147,6 +147,23 @@ class ReplicaModel(SchedulerCore):
                 self._prefilling = None
         self._pool.release(request, kv_tokens, keep_own=False)
 
+    # ---- KV events ---------------------------------------------------------------------
+
+    def listen_kv_events(self) -> None:
+        """Note the prefix chains' blocks stored and evicted from now on (kvblocks.py)."""
+        if self._pool.events is None:
+            self._pool.events = []
+
+    def take_kv_events(self) -> list[tuple[int, int, int, bool]]:
+        """The notes since the last call, as `(group, first block, end block, stored)`; the
+        caller owns the list."""
+        pool = self._pool
+        events = pool.events
+        if not events:
+            return []
+        pool.events = []
+        return events
+
     # ---- for the simulated HTTP server and tests ----------------------------------------
 
     def last_step_token_ids(self, result: StepResult) -> list[int]:
