@@ -26,8 +26,9 @@ from __future__ import annotations
 import enum
 import hashlib
 import pickle
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import takewhile
 
 DEFAULT_SEED = "vllm-none-hash"
 """vLLM's NONE_HASH seed when PYTHONHASHSEED is not set (cryptographic hash algorithms)."""
@@ -61,6 +62,14 @@ def external_hash(value: bytes | int) -> int:
     if isinstance(value, int):
         return value & _LOW_64
     return int.from_bytes(value, "big") & _LOW_64
+
+
+def _keys(hashes: Sequence[bytes | int]) -> Iterator[int]:
+    """`external_hash` of each of a batch's hashes, all ints or all digests (as one publisher
+    or one tokeniser gives them): for ints, masked without a Python call per hash."""
+    if hashes and isinstance(hashes[0], int):
+        return map(_LOW_64.__and__, hashes)  # type: ignore[arg-type]
+    return map(external_hash, hashes)
 
 
 def prompt_block_hashes(
@@ -154,12 +163,7 @@ class KvIndex:
         replica = self._replicas.get(replica_id)
         if replica is None or not replica.attached:
             return 0
-        blocks = replica.blocks
-        held = 0
-        for digest in block_hashes:
-            if external_hash(digest) not in blocks:
-                break
-            held += 1
+        held = len(list(takewhile(replica.blocks.__contains__, _keys(block_hashes))))
         return held * self.hashing.block_size
 
     def why_not_exact(self, replica_id: str) -> str | None:
@@ -227,7 +231,7 @@ class KvIndex:
         if event.medium not in (None, GPU_MEDIUM):
             return
         if isinstance(event, BlockRemoved):
-            replica.blocks.difference_update(external_hash(h) for h in event.block_hashes)
+            replica.blocks.difference_update(_keys(event.block_hashes))
             return
         if event.block_size != self.hashing.block_size:
             replica.block_size = event.block_size
@@ -238,4 +242,4 @@ class KvIndex:
             )
             return
         replica.block_size = event.block_size
-        replica.blocks.update(external_hash(h) for h in event.block_hashes)
+        replica.blocks.update(_keys(event.block_hashes))
