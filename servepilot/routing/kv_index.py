@@ -163,7 +163,10 @@ class KvIndex:
         replica = self._replicas.get(replica_id)
         if replica is None or not replica.attached:
             return 0
-        held = len(list(takewhile(replica.blocks.__contains__, _keys(block_hashes))))
+        blocks = replica.blocks
+        if not block_hashes or external_hash(block_hashes[0]) not in blocks:
+            return 0  # most replicas, for most prompts: no walk set up
+        held = len(list(takewhile(blocks.__contains__, _keys(block_hashes))))
         return held * self.hashing.block_size
 
     def why_not_exact(self, replica_id: str) -> str | None:
