@@ -26,9 +26,10 @@ from __future__ import annotations
 import enum
 import hashlib
 import pickle
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import takewhile
+from typing import cast
 
 DEFAULT_SEED = "vllm-none-hash"
 """vLLM's NONE_HASH seed when PYTHONHASHSEED is not set (cryptographic hash algorithms)."""
@@ -64,11 +65,15 @@ def external_hash(value: bytes | int) -> int:
     return int.from_bytes(value, "big") & _LOW_64
 
 
-def _keys(hashes: Sequence[bytes | int]) -> Iterator[int]:
+def _keys(hashes: Sequence[bytes | int]) -> Iterable[int]:
     """`external_hash` of each of a batch's hashes, all ints or all digests (as one publisher
-    or one tokeniser gives them): for ints, masked without a Python call per hash."""
+    or one tokeniser gives them): ints already in range as they are, other ints masked, with
+    no Python call per hash (a batch can hold thousands)."""
     if hashes and isinstance(hashes[0], int):
-        return map(_LOW_64.__and__, hashes)  # type: ignore[arg-type]
+        ints = cast(Sequence[int], hashes)
+        if min(ints) >= 0 and max(ints) <= _LOW_64:
+            return ints
+        return map(_LOW_64.__and__, ints)
     return map(external_hash, hashes)
 
 
