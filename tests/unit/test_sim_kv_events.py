@@ -175,5 +175,8 @@ def test_the_default_delay_is_the_replicas_hop_and_policies_reading_no_index_pay
     feed = FleetSim(dataclasses.replace(spec, network=network)).kv_feed
     assert feed is not None
     assert feed.delay_s("r0") == 0.0 and feed.delay_s("r1") == pytest.approx(0.02)
-    round_robin = GatewayConfig(policy=PolicyName.ROUND_ROBIN)
-    assert FleetSim(dataclasses.replace(spec, gateway=round_robin)).kv_feed is None
+    for name, reads in ((PolicyName.ROUND_ROBIN, False), (PolicyName.PREDICTED_LATENCY, True),
+                        (PolicyName.HYBRID, True)):  # fmt: skip
+        gateway = GatewayConfig(policy=name)
+        sim = FleetSim(dataclasses.replace(spec, gateway=gateway))
+        assert (sim.kv_feed is not None) is reads, name
