@@ -71,6 +71,8 @@ class Group:
 
 
 _COMPACT_AT: Final = 4096
+ChainNote = tuple[int, int, int, bool]
+"""A KV event of a prefix chain: (group key, first block, end block, stored else evicted)."""
 
 
 class BlockPool:
@@ -87,7 +89,7 @@ class BlockPool:
         self._queue: deque[Segment] = deque()
         self._groups: dict[int, Group] = {}
         self._compact_at = _COMPACT_AT
-        self.events: list[tuple[int, int, int, bool]] | None = None
+        self.events: list[ChainNote] | None = None
         """Chain changes since the last look, when someone listens (see the docstring)."""
 
     @property

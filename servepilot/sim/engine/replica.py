@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from servepilot.sim.engine.kvblocks import ChainNote
 from servepilot.sim.engine.records import StepResult
 from servepilot.sim.engine.request import RequestState, SimRequest
 from servepilot.sim.engine.scheduler import SchedulerCore
@@ -154,9 +155,8 @@ class ReplicaModel(SchedulerCore):
         if self._pool.events is None:
             self._pool.events = []
 
-    def take_kv_events(self) -> list[tuple[int, int, int, bool]]:
-        """The notes since the last call, as `(group, first block, end block, stored)`; the
-        caller owns the list."""
+    def take_kv_events(self) -> list[ChainNote]:
+        """The chains' changes since the last call; the caller owns the list."""
         pool = self._pool
         events = pool.events
         if not events:

@@ -31,6 +31,7 @@ from servepilot.routing.kv_index import (
     KvEvent,
     KvIndex,
 )
+from servepilot.sim.engine.kvblocks import ChainNote
 from servepilot.sim.fleet.members import FleetReplica, Push
 from servepilot.sim.fleet.network import NetworkConfig
 
@@ -103,14 +104,14 @@ class KvEventFeed:
         self.batches += 1
         self._push(end_s + delay, self._kind, (rid, seq, notes))
 
-    def deliver(self, batch: tuple[str, int, list[tuple[int, int, int, bool]]]) -> None:
+    def deliver(self, batch: tuple[str, int, list[ChainNote]]) -> None:
         """A batch reaches the gateway: applied to the index with its sequence number."""
         rid, seq, notes = batch
         if rid not in self._delays:
             return
         self.index.apply(rid, seq, self._records(notes))
 
-    def _records(self, notes: list[tuple[int, int, int, bool]]) -> list[KvEvent]:
+    def _records(self, notes: list[ChainNote]) -> list[KvEvent]:
         size = self.block_size
         records: list[KvEvent] = []
         for group, first, end, stored in notes:
