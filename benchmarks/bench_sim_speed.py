@@ -19,6 +19,7 @@ starting with one of 20 shared 512-token system prompts, as benchmarks/bench_sim
     python benchmarks/bench_sim_speed.py [--duration 60] [--rate 5000] [--replicas 80]
     python benchmarks/bench_sim_speed.py --policy round_robin     # an O(replicas) policy
     python benchmarks/bench_sim_speed.py --profile                # cProfile's top functions
+    python benchmarks/bench_sim_speed.py --policy prefix_affinity --kv-events  # exact index
 
 It runs the compiled simulator when `make sim-fast` has built it for the current sources
 (the first line says which); SERVEPILOT_SIM_PURE=1 measures the pure-Python one.
@@ -64,7 +65,7 @@ TARGET_S = 3600.0
 TARGET_WALL_S = 60.0
 
 
-def fleet(replicas: int, policy: str, seed: int) -> FleetSpec:
+def fleet(replicas: int, policy: str, seed: int, kv_events: bool = False) -> FleetSpec:
     config = parse_config(
         {
             "model": {"source": "llama-3.1-8b"},
@@ -82,6 +83,7 @@ def fleet(replicas: int, policy: str, seed: int) -> FleetSpec:
         capacity=setup.capacity,
         gateway=GatewayConfig(policy=PolicyName(policy)),
         network=NetworkConfig(replicas_per_node=8),
+        kv_events=kv_events,
         seed=seed,
     )
 
@@ -149,7 +151,7 @@ def gateway_floor(args: argparse.Namespace, requests: int = 1_000_000) -> float:
 
 
 def run(args: argparse.Namespace) -> LevelOutcome:
-    spec = fleet(args.replicas, args.policy, args.seed)
+    spec = fleet(args.replicas, args.policy, args.seed, args.kv_events)
     plan = LoadPlan(Load(mode=LoadMode.RATE, value=args.rate), duration_s=args.duration)
     offsets = iter_arrival_offsets_s(args.rate, Arrival.POISSON, seed=args.seed)
     return FleetSim(spec).run(plan, jobs(20_000, args.seed), Slo(), offsets=offsets)
@@ -163,6 +165,11 @@ def main() -> None:
     parser.add_argument("--policy", default="least_load", choices=[p.value for p in PolicyName])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true", help="print cProfile's top functions")
+    parser.add_argument(
+        "--kv-events",
+        action="store_true",
+        help="the replicas' KV events keep the exact index (read by prefix-aware policies)",
+    )
     parser.add_argument(
         "--skip-floor", action="store_true", help="leave out the gateway-alone floor run"
     )

@@ -31,7 +31,8 @@ import json, sys
 sys.path.insert(0, "benchmarks")
 import argparse, bench_sim_speed
 from servepilot.core import accel
-args = argparse.Namespace(duration=3.0, rate=800.0, replicas=12, policy=sys.argv[1], seed=1)
+args = argparse.Namespace(duration=3.0, rate=800.0, replicas=12, policy=sys.argv[1], seed=1,
+                          kv_events=sys.argv[2] == "on")
 out = bench_sim_speed.run(args)
 s = out.stats
 stats = [s.sim_s, s.steps, s.preemptions, s.prefix_hit_rate, s.shed, s.queued, s.events]
@@ -39,12 +40,15 @@ print(json.dumps([accel.compiled(accel.SIM), out.run.model_dump(mode="json"), st
 """
 
 
-@pytest.mark.parametrize("policy", ["least_load", "prefix_affinity"])
-def test_a_compiled_fleet_run_equals_the_pure_python_one(policy: str) -> None:
-    compiled = json.loads(_fresh_process(_FLEET_RUN, {}, policy))
+@pytest.mark.parametrize(
+    ("policy", "kv_events"),
+    [("least_load", "off"), ("prefix_affinity", "off"), ("prefix_affinity", "on")],
+)
+def test_a_compiled_fleet_run_equals_the_pure_python_one(policy: str, kv_events: str) -> None:
+    compiled = json.loads(_fresh_process(_FLEET_RUN, {}, policy, kv_events))
     if not compiled[0]:
         pytest.skip("no compiled build for these sources (`make sim-fast`)")
-    pure = json.loads(_fresh_process(_FLEET_RUN, {"SERVEPILOT_SIM_PURE": "1"}, policy))
+    pure = json.loads(_fresh_process(_FLEET_RUN, {"SERVEPILOT_SIM_PURE": "1"}, policy, kv_events))
     assert pure[0] is False
     assert compiled[1:] == pure[1:]
 

@@ -68,6 +68,12 @@ def register(sub: Commands) -> None:
         "client=1,same=0.05,cross=7.5-15 (default: client half the request overhead the "
         "profile measured, else 0; same 0; cross 15-30 ms, a measured cross-node "
         "overhead, split each way)")  # fmt: skip
+    add("--kv-events", choices=["on", "off"], help="on: the replicas publish their KV events "
+        "and prefix-aware policies route on the exact index they keep; off: on the gateway's "
+        "guess (default: engine.kv_events)")  # fmt: skip
+    add("--kv-events-delay-ms", type=float, metavar="MS", help="from the end of the step that "
+        "stored or evicted blocks to its events applied at the gateway (default: the "
+        "replica's one-way hop, --network-ms)")  # fmt: skip
     add("--replicas-per-node", type=int, metavar="N",
         help="replicas sharing a node (default: hardware.count / GPUs per replica x "
              "hardware.replicas_per_gpu)")  # fmt: skip

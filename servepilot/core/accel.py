@@ -75,6 +75,7 @@ SIM = Group(
         "servepilot.sim.engine.replica",
         "servepilot.sim.fleet.members",
         "servepilot.sim.fleet.network",
+        "servepilot.sim.fleet.kvevents",
         "servepilot.sim.fleet.traffic",
         "servepilot.sim.fleet.requests",
         "servepilot.sim.fleet.clients",

@@ -51,9 +51,10 @@ class RequestView:
     priority: int = Priority.P1
     arrival_s: float = 0.0
     """The gateway's (or the simulator's) clock when the request arrived."""
-    kv_block_hashes: tuple[bytes, ...] = ()
+    kv_block_hashes: tuple[bytes | int, ...] = ()
     """The prompt's block hashes as vLLM computes them (`routing.kv_index`), for the exact
-    index; filled only when the gateway tokenises prompts."""
+    index; filled only when the gateway tokenises prompts (the simulator's are ints,
+    sim/fleet/kvevents.py)."""
 
 
 class RoutingPolicy(Protocol):

@@ -28,6 +28,8 @@ import hashlib
 import pickle
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import takewhile
+from typing import cast
 
 DEFAULT_SEED = "vllm-none-hash"
 """vLLM's NONE_HASH seed when PYTHONHASHSEED is not set (cryptographic hash algorithms)."""
@@ -61,6 +63,18 @@ def external_hash(value: bytes | int) -> int:
     if isinstance(value, int):
         return value & _LOW_64
     return int.from_bytes(value, "big") & _LOW_64
+
+
+def _keys(hashes: Sequence[bytes | int]) -> Iterable[int]:
+    """`external_hash` of each of a batch's hashes, all ints or all digests (as one publisher
+    or one tokeniser gives them): ints already in range as they are, other ints masked, with
+    no Python call per hash (a batch can hold thousands)."""
+    if hashes and isinstance(hashes[0], int):
+        ints = cast(Sequence[int], hashes)
+        if min(ints) >= 0 and max(ints) <= _LOW_64:
+            return ints
+        return map(_LOW_64.__and__, ints)
+    return map(external_hash, hashes)
 
 
 def prompt_block_hashes(
@@ -155,11 +169,9 @@ class KvIndex:
         if replica is None or not replica.attached:
             return 0
         blocks = replica.blocks
-        held = 0
-        for digest in block_hashes:
-            if external_hash(digest) not in blocks:
-                break
-            held += 1
+        if not block_hashes or external_hash(block_hashes[0]) not in blocks:
+            return 0  # most replicas, for most prompts: no walk set up
+        held = len(list(takewhile(blocks.__contains__, _keys(block_hashes))))
         return held * self.hashing.block_size
 
     def why_not_exact(self, replica_id: str) -> str | None:
@@ -227,7 +239,7 @@ class KvIndex:
         if event.medium not in (None, GPU_MEDIUM):
             return
         if isinstance(event, BlockRemoved):
-            replica.blocks.difference_update(external_hash(h) for h in event.block_hashes)
+            replica.blocks.difference_update(_keys(event.block_hashes))
             return
         if event.block_size != self.hashing.block_size:
             replica.block_size = event.block_size
@@ -238,4 +250,4 @@ class KvIndex:
             )
             return
         replica.block_size = event.block_size
-        replica.blocks.update(external_hash(h) for h in event.block_hashes)
+        replica.blocks.update(_keys(event.block_hashes))

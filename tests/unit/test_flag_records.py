@@ -126,6 +126,18 @@ def test_sim_flags_set_up_the_fleet_of_fleet_yaml(tmp_path: Path) -> None:
         _sim(replicas_per_node=-1).options(config, levels, frozenset())
 
 
+def test_sim_kv_events_follow_fleet_yaml_unless_the_flags_say() -> None:
+    config = parse_config({"replicas": {"count": 2}}, origin="t")
+    levels = _load().levels(WORKLOAD.spec())
+    default = _sim().options(config, levels, frozenset())[1].spec
+    assert default.kv_events is True and default.kv_events_delay_s is None  # engine.kv_events
+    off = _sim(kv_events="off").options(config, levels, frozenset())[1].spec
+    assert off.kv_events is False
+    quiet = parse_config({"engine": {"kv_events": False}}, origin="t")
+    given = _sim(kv_events="on", kv_events_delay_ms=20.0).options(quiet, levels, frozenset())
+    assert given[1].spec.kv_events is True and given[1].spec.kv_events_delay_s == 0.02
+
+
 def test_a_trace_without_a_load_flag_is_replayed_in_an_open_loop(tmp_path: Path) -> None:
     """A trace's timestamps are kept only in an open loop; with no --rate or --concurrency,
     bench used to run it as a closed loop of 1, one request after another (the GPU suite's

@@ -166,3 +166,20 @@ def test_forget_drops_everything_about_a_replica() -> None:
     assert not index.is_exact("r1")
     assert index.expected_seq("r1") == 0
     assert index.cached_prefix_tokens("r1", digests) == 0
+
+
+def test_int_hashes_are_keyed_by_their_low_64_bits_like_digests() -> None:
+    """A publisher's ints may be signed or wider than 64 bits; a prompt's digests, ints in
+    range (the simulator's) and out of range all meet on the low 64 bits."""
+    index = KvIndex(HASHING)
+    index.attach("r1")
+    digests = prompt_block_hashes(list(range(13)), HASHING)  # 3 blocks
+    low = [external_hash(d) for d in digests]
+    wide = (low[0] | 1 << 70, low[1] - (1 << 64), low[2])  # the same blocks, other spellings
+    index.apply("r1", 0, [BlockStored(wide, None, (), 4)])
+    assert index.blocks_held("r1") == 3
+    assert index.cached_prefix_tokens("r1", digests) == 12
+    assert index.cached_prefix_tokens("r1", low) == 12
+    assert index.cached_prefix_tokens("r1", [low[0], low[1] + 1, low[2]]) == 4
+    index.apply("r1", 1, [BlockRemoved((low[1] - (1 << 64),))])
+    assert index.cached_prefix_tokens("r1", low) == 4

@@ -71,15 +71,21 @@ def test_level_stats_give_the_simulation_speed_and_what_the_fleet_did() -> None:
         events=0,
         wall_s=2.0,
         cpu_s=2.0,
+        cached_tokens_per_request=1234.4,
     )
     level = run(4, 1.0).model_copy(update={"completed": 980, "failed": 20})
     assert narration.level_stats(level, stats) == (
         "1,712.5 s simulated in 2.0 s (500 requests/s); 16,770 steps, 3 preemptions, "
-        "prefix hit rate 25%"
+        "prefix hit rate 25% (1,234 cached tokens per request)"
+    )
+    exact = dataclasses.replace(stats, kv_exact=True)
+    assert narration.level_stats(level, exact).endswith(
+        "(1,234 cached tokens per request; routed on the exact index of the KV events)"
     )
     instant = dataclasses.replace(stats, wall_s=0.0)
     assert "in 0.0 s (0 requests/s)" in narration.level_stats(level, instant)
     scaled = dataclasses.replace(stats, scale_events=5, replica_s=9_000.0)
     assert narration.level_stats(level, scaled).endswith(
-        "prefix hit rate 25%; autoscaling: 5 scale events, 2 replicas at most, 2.50 replica-hours"
+        "prefix hit rate 25% (1,234 cached tokens per request); autoscaling: 5 scale events, "
+        "2 replicas at most, 2.50 replica-hours"
     )

@@ -17,6 +17,12 @@ Modelling choice (where this differs from vLLM's per-block bookkeeping): a reque
 computes prefix blocks another request cached meanwhile (two long prompts of a new group
 prefilling side by side) keeps its copies as its own unreachable blocks; in vLLM both copies
 are findable. The group's chain only grows from its end.
+
+KV events (vLLM's BlockStored / BlockRemoved): with `events` set to a list, the pool notes
+each change of a group's chain as `(group key, first block, end block, stored)`. Only the
+chains are noted: they are the blocks another request's lookup can reach; a request's own
+blocks are never looked up by anyone else (sim/fleet/kvevents.py turns the notes into the
+records the gateway's index applies).
 """
 
 from __future__ import annotations
@@ -65,6 +71,8 @@ class Group:
 
 
 _COMPACT_AT: Final = 4096
+ChainNote = tuple[int, int, int, bool]
+"""A KV event of a prefix chain: (group key, first block, end block, stored else evicted)."""
 
 
 class BlockPool:
@@ -81,6 +89,8 @@ class BlockPool:
         self._queue: deque[Segment] = deque()
         self._groups: dict[int, Group] = {}
         self._compact_at = _COMPACT_AT
+        self.events: list[ChainNote] | None = None
+        """Chain changes since the last look, when someone listens (see the docstring)."""
 
     @property
     def free(self) -> int:
@@ -112,7 +122,11 @@ class BlockPool:
             count -= taken
             owner = segment.owner
             if isinstance(owner, Group):
-                owner.run -= taken
+                run = owner.run
+                owner.run = run - taken
+                events = self.events
+                if events is not None and taken:
+                    events.append((owner.key, run - taken, run, False))
             if segment.count:
                 return
             # Emptied now, or a husk already empty (its blocks were touched again).
@@ -194,6 +208,9 @@ class BlockPool:
         group = self._groups[_key(request)]
         reached = min(prefix, computed_tokens // self.block_size)
         if reached > group.run and held == group.run:
+            events = self.events
+            if events is not None:
+                events.append((group.key, held, reached, True))
             group.unhold(held)
             group.hold(reached)
             group.run = group.ref_top = reached

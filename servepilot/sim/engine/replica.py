@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from servepilot.sim.engine.kvblocks import ChainNote
 from servepilot.sim.engine.records import StepResult
 from servepilot.sim.engine.request import RequestState, SimRequest
 from servepilot.sim.engine.scheduler import SchedulerCore
@@ -146,6 +147,22 @@ class ReplicaModel(SchedulerCore):
             if self._prefilling is request:
                 self._prefilling = None
         self._pool.release(request, kv_tokens, keep_own=False)
+
+    # ---- KV events ---------------------------------------------------------------------
+
+    def listen_kv_events(self) -> None:
+        """Note the prefix chains' blocks stored and evicted from now on (kvblocks.py)."""
+        if self._pool.events is None:
+            self._pool.events = []
+
+    def take_kv_events(self) -> list[ChainNote]:
+        """The chains' changes since the last call; the caller owns the list."""
+        pool = self._pool
+        events = pool.events
+        if not events:
+            return []
+        pool.events = []
+        return events
 
     # ---- for the simulated HTTP server and tests ----------------------------------------
 

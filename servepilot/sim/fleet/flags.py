@@ -41,6 +41,9 @@ class SimFlags:
     wake_time: str | None = None
     sleep_time: str | None = None
     pool_refill: str = "cold"
+    kv_events: str | None = None
+    """--kv-events on/off; None: fleet.yaml's engine.kv_events."""
+    kv_events_delay_ms: float | None = None
 
     def spec(self, config: FleetConfig, setup: fleet_setup.ReplicaSetup) -> FleetSpec:
         per_node = self.replicas_per_node or setup.replicas_per_node
@@ -49,6 +52,10 @@ class SimFlags:
         scrape = self.scrape_interval
         network = parse_network(self.network_ms, per_node, setup.request_overhead_s / 2)
         spec = fleet_setup.fleet_spec(config, setup, network=network, seed=self.seed)
+        if self.kv_events is not None:
+            spec = dataclasses.replace(spec, kv_events=self.kv_events == "on")
+        if self.kv_events_delay_ms is not None:
+            spec = dataclasses.replace(spec, kv_events_delay_s=self.kv_events_delay_ms / 1e3)
         pool = self.warm_pool
         if pool is None:  # fleet.yaml's: asleep of replicas.count, the rest serve
             pool = config.replicas.asleep

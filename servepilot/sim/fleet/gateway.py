@@ -36,6 +36,7 @@ from typing import Final, Protocol
 from servepilot.core.config import GatewayConfig
 from servepilot.routing.admission import AdmissionDriver, AdmitKind, FleetLoad, Reason
 from servepilot.routing.base import ReplicaView, RoutingPolicy
+from servepilot.sim.fleet.kvevents import KvEventFeed
 from servepilot.sim.fleet.liveview import SET_IN_FLIGHT
 from servepilot.sim.fleet.members import FleetReplica, FleetRequest, ReplicaState
 
@@ -58,10 +59,17 @@ class Outlet(Protocol):
 
 class SimGateway:
     def __init__(
-        self, config: GatewayConfig, policy: RoutingPolicy, outlet: Outlet, rng: random.Random
+        self,
+        config: GatewayConfig,
+        policy: RoutingPolicy,
+        outlet: Outlet,
+        rng: random.Random,
+        kv_feed: KvEventFeed | None = None,
     ) -> None:
         self.config = config
         self.policy = policy
+        self._kv_feed = kv_feed
+        """The replicas' KV events, subscribed to while a replica is in the gateway."""
         self._outlet = outlet
         driver: AdmissionDriver[FleetRequest] = AdmissionDriver(
             config, rng, shed_share_per_tick=True
@@ -89,6 +97,8 @@ class SimGateway:
 
     def add(self, replica: FleetReplica) -> None:
         self.replicas[replica.replica_id] = replica
+        if self._kv_feed is not None:
+            self._kv_feed.attach(replica)
         if replica.state is _READY:
             self.ready += 1
         else:
@@ -111,6 +121,8 @@ class SimGateway:
         del self.replicas[replica.replica_id]
         self.policy.forget(replica.replica_id)
         self.driver.forget(replica.replica_id)
+        if self._kv_feed is not None:
+            self._kv_feed.forget(replica)
 
     def refresh(self, replica: FleetReplica) -> None:
         """Its state changed: recount its free slots, update its view, and keep the list of

@@ -49,7 +49,8 @@ def level_stats(run: Run, stats: FleetStats) -> str:
     text = (
         f"{stats.sim_s:,.1f} s simulated in {stats.wall_s:,.1f} s ({rate:,.0f} requests/s); "
         f"{stats.steps:,} steps, {stats.preemptions:,} preemptions, prefix hit rate "
-        f"{stats.prefix_hit_rate:.0%}"
+        f"{stats.prefix_hit_rate:.0%} ({stats.cached_tokens_per_request:,.0f} cached tokens per "
+        "request" + ("; routed on the exact index of the KV events)" if stats.kv_exact else ")")
     )
     if stats.scale_events is None:
         return text

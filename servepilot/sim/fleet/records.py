@@ -46,6 +46,13 @@ class FleetSpec:
     cold_refill: bool = True
     """The pool is refilled by cold starts after each wake (else only by replicas given back:
     `scaling.warm_pool.plan_pool`)."""
+    kv_events: bool = False
+    """The replicas publish their KV events and the gateway keeps the exact index of their
+    prefix caches from them (fleet.yaml's engine.kv_events; sim/fleet/kvevents.py), read by
+    the prefix-aware policies. False: they guess from what they sent where."""
+    kv_events_delay_s: float | None = None
+    """From the end of the step that stored or evicted blocks to its events applied at the
+    gateway; None: the replica's one-way network hop (its mean)."""
     seed: int = 0
     model_name: str = "sim"
 
@@ -58,6 +65,8 @@ class FleetSpec:
             raise ConfigError("warm_pool, wake_s and sleep_s must be >= 0")
         if self.scrape_interval_s is not None and self.scrape_interval_s <= 0:
             raise ConfigError("scrape_interval_s must be > 0")
+        if self.kv_events_delay_s is not None and not self.kv_events_delay_s >= 0:
+            raise ConfigError(f"kv_events_delay_s must be >= 0, got {self.kv_events_delay_s}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +94,10 @@ class FleetStats:
     """Sleeping replicas woken."""
     scale_events: int | None = None
     """Decisions that changed the number of replicas; None without an autoscaler."""
+    cached_tokens_per_request: float = 0.0
+    """Prompt tokens found in the prefix cache per request sent to a replica."""
+    kv_exact: bool = False
+    """Routing read the exact index kept from the replicas' KV events (else its guess)."""
 
 
 @dataclass(frozen=True, slots=True)

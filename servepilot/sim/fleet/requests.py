@@ -6,6 +6,10 @@ has token counts, not text, so it stands in for them: a prompt of T tokens is T 
 `chars_per_token` characters; the blocks inside a job's shared prefix get hashes of (group,
 block index), the same for every job of the group, and the blocks after it hashes of their
 own. Equal hashes where the text would be equal is all a policy can tell apart.
+
+With the replicas' KV events on (sim/fleet/kvevents.py), `RequestView.kv_block_hashes` holds
+the keys of the prompt's reusable blocks at the engine's block size, as the gateway's
+tokeniser would give them for the exact index.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from servepilot.core.config import RoutingConfig
 from servepilot.load.slots import Slot
 from servepilot.routing.admission import SHARED_TENANT
 from servepilot.routing.base import RequestView
+from servepilot.sim.fleet.kvevents import prompt_keys
 from servepilot.sim.fleet.liveview import REQUEST_VIEW_SETTERS
 from servepilot.sim.fleet.members import FleetRequest
 from servepilot.sim.fleet.traffic import JobTable
@@ -29,14 +34,21 @@ _new: Final = object.__new__
 
 class RequestFactory:
     def __init__(
-        self, jobs: JobTable, routing: RoutingConfig, model: str, uses_prefix: bool
+        self,
+        jobs: JobTable,
+        routing: RoutingConfig,
+        model: str,
+        uses_prefix: bool,
+        kv_block_size: int | None = None,
     ) -> None:
+        """`kv_block_size`: the engine's, when the exact index is kept (None: it is not)."""
         self._jobs = jobs
         self._model = model
         self._cpt = routing.chars_per_token
         self._block_chars = routing.prefix_block_chars
         self._max_blocks = routing.prefix_max_blocks
         self._uses_prefix = uses_prefix
+        self._kv_block_size = kv_block_size or 0
         self._groups: dict[int, tuple[int, ...]] = {}
         self._next_id = 0
         self._next_unique = _UNIQUE_BASE
@@ -59,7 +71,7 @@ class RequestFactory:
         if tenants is not None:
             request.tenant = tenants[index] or SHARED_TENANT
         sessions = jobs.sessions
-        request.view = new_request_view(
+        request.view = view = new_request_view(
             self._model,
             int(routed * self._cpt),
             routed,
@@ -68,6 +80,10 @@ class RequestFactory:
             priority,
             now_s,
         )
+        block_size = self._kv_block_size
+        if block_size and group >= 0:
+            keys = prompt_keys(group, prefix, jobs.prompt[index], block_size)
+            _SET[7](view, keys)
         return request
 
     def _hashes(self, routed_tokens: int, group: int, prefix_tokens: int) -> tuple[int, ...]:
@@ -109,5 +125,5 @@ def new_request_view(
     _SET[4](view, session_id)
     _SET[5](view, priority)
     _SET[6](view, arrival_s)
-    _SET[7](view, ())  # the simulated gateway does not tokenise
+    _SET[7](view, ())  # no exact index: the simulated gateway does not tokenise
     return view

@@ -152,6 +152,7 @@ def fleet_spec(
         capacity=setup.capacity,
         gateway=config.gateway,
         network=network,
+        kv_events=config.engine.kv_events,
         seed=seed,
         model_name=setup.model_name,
     )

@@ -48,6 +48,7 @@ from servepilot.sim.fleet.autoscale import AutoscaleHook
 from servepilot.sim.fleet.clients import SimClients
 from servepilot.sim.fleet.collect import RunCollector
 from servepilot.sim.fleet.gateway import SimGateway
+from servepilot.sim.fleet.kvevents import KvEventFeed
 from servepilot.sim.fleet.members import FleetReplica, FleetRequest, ReplicaState
 from servepilot.sim.fleet.records import FleetSpec, FleetStats, LevelOutcome, Progress
 from servepilot.sim.fleet.replicas import FleetReplicas
@@ -67,6 +68,7 @@ AUTOSCALE: Final = 6
 READY: Final = 7
 COLD_TIMEOUT: Final = 8
 POOLED: Final = 9
+KV_EVENTS: Final = 10
 REFUSAL_S: Final = 0.001
 """The gateway's time to answer a 429/503: a closed loop facing refusals still moves on."""
 PROGRESS_EVERY: Final = 1 << 16
@@ -88,19 +90,28 @@ class FleetSim:
         self.spec = spec
         gw = spec.gateway
         step_model = StepLatency(spec.cost, spec.scheduler.max_num_batched_tokens)
+        self._heap: list[tuple[float, int, int, object]] = []
+        self._seq = itertools.count()
+        feed = None
+        if spec.kv_events and spec.scheduler.enable_prefix_caching:
+            feed = KvEventFeed(spec.scheduler.block_size, self._push, KV_EVENTS, spec.network,
+                               spec.kv_events_delay_s)  # fmt: skip
         self.policy = policy or make_policy(
             gw.policy,
             gw.routing,
             seed=spec.seed,
             clock=self._now,
             step_model=lambda _: step_model,
+            kv_index=feed.index if feed is not None else None,
         )
-        self.gateway = SimGateway(gw, self.policy, self, random.Random(f"{spec.seed}/admit"))
+        self.kv_feed = feed if self.policy.uses_prefix else None
+        """The replicas' KV events and the exact index they keep, while a policy reads it."""
+        self.gateway = SimGateway(
+            gw, self.policy, self, random.Random(f"{spec.seed}/admit"), self.kv_feed
+        )
         self.autoscale = AutoscaleHook(autoscaler, budget) if autoscaler is not None else None
         self._hop_rng = random.Random(f"{spec.seed}/network")
         self._cg = spec.network.client_gateway_s
-        self._heap: list[tuple[float, int, int, object]] = []
-        self._seq = itertools.count()
         self.fleet = FleetReplicas(self.gateway, spec, self._hop_rng, self._push, READY, POOLED)
         self.replicas = self.fleet.all
         """Every replica ever launched, in launch order."""
@@ -183,7 +194,11 @@ class FleetSim:
         result = replica.model.step(now_s)
         replica.result = result
         if result is not None:
-            heapq.heappush(self._heap, (now_s + result.duration_s, next(self._seq), STEP, replica))
+            end_s = now_s + result.duration_s
+            heapq.heappush(self._heap, (end_s, next(self._seq), STEP, replica))
+            kv = self.kv_feed
+            if kv is not None:
+                kv.published(replica, end_s)
         elif replica.state is _DRAINING:
             self.fleet.retire_if_done(replica, now_s)
 
@@ -276,9 +291,9 @@ class FleetSim:
         if self.clients.plan is not None:
             raise RuntimeError("a FleetSim runs one level; build another for the next")
         self._collector = RunCollector(slo)
-        factory = RequestFactory(
-            jobs, self.spec.gateway.routing, self.spec.model_name, self.policy.uses_prefix
-        )
+        kv_block_size = self.kv_feed.block_size if self.kv_feed is not None else None
+        factory = RequestFactory(jobs, self.spec.gateway.routing, self.spec.model_name,
+                                 self.policy.uses_prefix, kv_block_size)  # fmt: skip
         self._start_timers()
         self.clients.start(plan, len(jobs), factory, offsets, sessions)
         # The requests and steps of a run are freed by reference counting; the cycle collector
@@ -369,6 +384,9 @@ class FleetSim:
             self.fleet.pooled(obj, now_s)  # type: ignore[arg-type]
         elif kind == COLD_TIMEOUT:
             gateway.cold_timeout(obj, now_s)  # type: ignore[arg-type]
+        elif kind == KV_EVENTS:
+            assert self.kv_feed is not None
+            self.kv_feed.deliver(obj)  # type: ignore[arg-type]
 
     def _cancel_outstanding(self) -> None:
         """Requests still in flight when a duration-bound level's grace ran out."""
@@ -383,6 +401,7 @@ class FleetSim:
         queries = sum(m.prefix_cache_queries for m in models)
         hits = sum(m.prefix_cache_hits for m in models)
         awake_s, asleep_s = self.fleet.seconds(self.now_s)
+        dispatched = sum(r.dispatched for r in self.replicas)
         return FleetStats(
             sim_s=self.now_s, steps=sum(m.steps for m in models),
             preemptions=sum(m.num_preemptions for m in models),
@@ -392,4 +411,6 @@ class FleetSim:
             wall_s=time.perf_counter() - wall0, cpu_s=time.process_time() - cpu0,
             replica_s=awake_s, replica_asleep_s=asleep_s, wakes=self.fleet.wakes,
             scale_events=len(self.autoscale.events) if self.autoscale is not None else None,
+            cached_tokens_per_request=hits / dispatched if dispatched else 0.0,
+            kv_exact=self.kv_feed is not None,
         )  # fmt: skip
