@@ -18,7 +18,6 @@ import pytest
 
 from tests.integration.fleetproc import Planned, RunningFleet, cli, running_fleet
 from tests.integration.fuzz_support import Crashes, Servers, running_servers, watching_crashes
-from tests.support.long_first import LongModulesFirst, missing_modules
 
 SLOW_TESTS = "SERVEPILOT_SLOW_TESTS"
 SHARED_FLEET = "vllm_fleet"
@@ -83,15 +82,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     ending = [item for item in users if item.get_closest_marker(STOPS_SHARED_FLEET)]
     serving = [item for item in users if not item.get_closest_marker(STOPS_SHARED_FLEET)]
     items[:] = others[:first] + serving + ending + others[first:]
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """loadscope with the long modules handed out first (tests/support/long_first.py)."""
-    if config.getvalue("dist") != "loadscope":
-        return None
-    if missing := missing_modules(config.rootpath):
-        raise pytest.UsageError(f"tests/support/long_first.py names no such module: {missing}")
-    return LongModulesFirst(config, log)
 
 
 @pytest.hookimpl(trylast=True)
