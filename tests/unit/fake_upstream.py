@@ -8,6 +8,7 @@ replicas.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import socket
 from collections.abc import Sequence
@@ -48,6 +49,7 @@ class FakeUpstream:
     ) -> None:
         self.name = name
         self.models = tuple(models)
+        self._port_given = bool(port)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.capacity = capacity
@@ -103,7 +105,17 @@ class FakeUpstream:
             app.router.add_get("/is_sleeping", self._is_sleeping)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        for attempt in range(5):
+            try:
+                await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+                return self
+            except OSError as exc:
+                # free_port's port was free when asked, and another test's server took it
+                # since (tests run four at a time): a port chosen here may move, one given not.
+                if exc.errno != errno.EADDRINUSE or self._port_given or attempt == 4:
+                    raise
+                self.port = free_port()
+                self.url = f"http://127.0.0.1:{self.port}"
         return self
 
     async def stop(self) -> None:
