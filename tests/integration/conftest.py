@@ -65,8 +65,8 @@ def vllm_replica_url(vllm_fleet: RunningFleet) -> str:
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects: it selects on the marker added here
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests marked `slow` skip unless SERVEPILOT_SLOW_TESTS=1; the shared fleet's tests are
-    marked `shared_fleet` (`make test` runs them beside the vLLM tests that start their own
-    servers) and run as one block where its first test was, those that stop it last."""
+    marked `shared_fleet` (`-m "vllm and shared_fleet"` selects them) and run as one block
+    where its first test was, those that stop it last."""
     if os.environ.get(SLOW_TESTS) != "1":
         for item in items:
             if (slow := item.get_closest_marker("slow")) is not None:
