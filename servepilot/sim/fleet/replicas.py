@@ -19,7 +19,7 @@ from servepilot.sim.engine.replica import ReplicaModel
 from servepilot.sim.fleet.gateway import SimGateway
 from servepilot.sim.fleet.members import FleetReplica, Push, ReplicaState
 from servepilot.sim.fleet.network import HopSampler
-from servepilot.sim.fleet.records import FleetSpec
+from servepilot.sim.fleet.records import FleetSpec, FleetStats
 
 
 class FleetReplicas:
@@ -153,3 +153,31 @@ class FleetReplicas:
             awake += held - slept
             asleep += slept
         return awake, asleep
+
+    def stats(
+        self,
+        now_s: float,
+        events: int,
+        cost: tuple[float, float],
+        scale_events: int | None,
+        kv_exact: bool,
+    ) -> FleetStats:
+        """What a level's run cost the fleet; `cost`: the run's wall and CPU seconds."""
+        models = [r.model for r in self.all]
+        queries = sum(m.prefix_cache_queries for m in models)
+        hits = sum(m.prefix_cache_hits for m in models)
+        awake_s, asleep_s = self.seconds(now_s)
+        dispatched = sum(r.dispatched for r in self.all)
+        gateway = self.gateway
+        return FleetStats(
+            sim_s=now_s, steps=sum(m.steps for m in models),
+            preemptions=sum(m.num_preemptions for m in models),
+            prefix_hit_rate=hits / queries if queries else 0.0, replicas_peak=self.peak,
+            replicas_end=gateway.ready + gateway.starting,
+            shed=dict(gateway.shed), queued=gateway.queued, events=events,
+            wall_s=cost[0], cpu_s=cost[1],
+            replica_s=awake_s, replica_asleep_s=asleep_s, wakes=self.wakes,
+            scale_events=scale_events,
+            cached_tokens_per_request=hits / dispatched if dispatched else 0.0,
+            kv_exact=kv_exact,
+        )  # fmt: skip

@@ -312,7 +312,10 @@ class FleetSim:
         finally:
             if collecting:
                 gc.enable()
-        return LevelOutcome(run, self._stats(events, wall0, cpu0))
+        scale_events = len(self.autoscale.events) if self.autoscale is not None else None
+        cost = time.perf_counter() - wall0, time.process_time() - cpu0
+        stats = self.fleet.stats(self.now_s, events, cost, scale_events, self.kv_feed is not None)
+        return LevelOutcome(run, stats)
 
     def _start_timers(self) -> None:
         spec = self.spec
@@ -395,22 +398,3 @@ class FleetSim:
             if not request.warmup:
                 self._collector.fail(request.arrival_s, end_s, "cancelled_at_end")
         self._live.clear()
-
-    def _stats(self, events: int, wall0: float, cpu0: float) -> FleetStats:
-        models = [r.model for r in self.replicas]
-        queries = sum(m.prefix_cache_queries for m in models)
-        hits = sum(m.prefix_cache_hits for m in models)
-        awake_s, asleep_s = self.fleet.seconds(self.now_s)
-        dispatched = sum(r.dispatched for r in self.replicas)
-        return FleetStats(
-            sim_s=self.now_s, steps=sum(m.steps for m in models),
-            preemptions=sum(m.num_preemptions for m in models),
-            prefix_hit_rate=hits / queries if queries else 0.0, replicas_peak=self.fleet.peak,
-            replicas_end=self.gateway.ready + self.gateway.starting,
-            shed=dict(self.gateway.shed), queued=self.gateway.queued, events=events,
-            wall_s=time.perf_counter() - wall0, cpu_s=time.process_time() - cpu0,
-            replica_s=awake_s, replica_asleep_s=asleep_s, wakes=self.fleet.wakes,
-            scale_events=len(self.autoscale.events) if self.autoscale is not None else None,
-            cached_tokens_per_request=hits / dispatched if dispatched else 0.0,
-            kv_exact=self.kv_feed is not None,
-        )  # fmt: skip
