@@ -15,7 +15,8 @@ from urllib.parse import parse_qs
 
 from servepilot.core.errors import EngineError
 from servepilot.gateway.errors import INVALID_REQUEST, UPSTREAM, GatewayError, bad_request
-from servepilot.gateway.kv_events import KvEventFeeds, endpoint_on
+from servepilot.gateway.kv_events import KvEventFeeds
+from servepilot.gateway.membership import follow_kv_events
 from servepilot.gateway.pool import DuplicateReplica, ReplicaNotFound, ReplicaPool
 from servepilot.gateway.replica import ReplicaInfo, normalize_url
 from servepilot.gateway.warm import SleepConflict, WarmPool
@@ -87,8 +88,7 @@ class AdminHandlers:
             )
         except DuplicateReplica as exc:
             raise GatewayError(409, str(exc), error_type=INVALID_REQUEST, code="conflict") from None
-        if added.kv_events is not None and self._kv_feeds is not None:
-            self._kv_feeds.subscribe(info.replica_id, endpoint_on(info.url, *added.kv_events))
+        follow_kv_events(self._kv_feeds, self._pool, info.replica_id, info.url, added.kv_events)
         _respond(request, 201, self._describe(info))
 
     async def remove_replica(self, request: HttpRequest, replica_id: str) -> None:

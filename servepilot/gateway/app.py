@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 
 _HEALTH_BODY = json.dumps({"status": "ok"}).encode()
 _ADMIN_PREFIX = "/admin/replicas/"
-_PREFIX_POLICIES = (PolicyName.PREFIX_AFFINITY, PolicyName.HYBRID)
+_PREFIX_POLICIES = (PolicyName.PREFIX_AFFINITY, PolicyName.HYBRID, PolicyName.PREDICTED_LATENCY)
 
 Route = Callable[[HttpRequest], Awaitable[None]]
 InferenceRoute = Callable[[HttpRequest, Caller, Trail | None], Awaitable[None]]

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,8 +28,12 @@ import msgspec
 import zmq
 import zmq.asyncio
 from prometheus_client.core import GaugeMetricFamily, Metric
-from yarl import URL
 
+from servepilot.gateway.kv_sources import (
+    KvEventsEndpoint,
+    NoKvEvents,
+    endpoint_from_sources,
+)
 from servepilot.routing.kv_index import (
     AllBlocksCleared,
     Applied,
@@ -43,13 +48,8 @@ log = logging.getLogger(__name__)
 _END_SEQ = -1
 _RECV_HWM = 100_000
 
-
-@dataclass(frozen=True, slots=True)
-class KvEventsEndpoint:
-    """Where one replica publishes: its PUB socket and its replay ROUTER socket."""
-
-    publish: str
-    replay: str
+Ask = Callable[[], Awaitable[tuple[int, bytes] | None]]
+"""GET the replica's /kv_event_sources: its status and body, None when it did not answer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +230,7 @@ class KvEventFeeds:
         self._quiet_probe_s = quiet_probe_s
         self._context: zmq.asyncio.Context | None = None
         self._feeds: dict[str, KvEventFeed] = {}
+        self._learning: dict[str, asyncio.Task[None]] = {}
         self._stopping: set[asyncio.Task[None]] = set()
 
     def subscribe(self, replica_id: str, endpoint: KvEventsEndpoint) -> None:
@@ -248,8 +249,44 @@ class KvEventFeeds:
         self._feeds[replica_id] = feed
         feed.start()
 
+    def learn(self, replica_id: str, url: str, ask: Ask) -> None:
+        """Follow the replica's events once it says where it publishes them (`ask`: its
+        /kv_event_sources), asked again every quiet probe interval until it answers (it may
+        still be loading); a replica that publishes none is guessed, and `status` says why."""
+        if replica_id in self._feeds or replica_id in self._learning:
+            return
+        self.index.detach(replica_id, f"{replica_id} has not said where it publishes KV events")
+        task = asyncio.create_task(
+            self._learn(replica_id, url, ask), name=f"kv-sources-{replica_id}"
+        )
+        self._learning[replica_id] = task
+        task.add_done_callback(functools.partial(self._learnt, replica_id))
+
+    def _learnt(self, replica_id: str, task: asyncio.Task[None]) -> None:
+        if self._learning.get(replica_id) is task:  # not a later learn of the same id
+            del self._learning[replica_id]
+
+    async def _learn(self, replica_id: str, url: str, ask: Ask) -> None:
+        while True:
+            answer = await ask()
+            found = None if answer is None else endpoint_from_sources(replica_id, url, *answer)
+            if isinstance(found, NoKvEvents):
+                log.info("prefix cache of %s guessed: %s", replica_id, found.why)
+                self.index.detach(replica_id, found.why)
+                return
+            if found is not None:
+                self._learning.pop(replica_id, None)  # not cancelled by the subscribe below
+                self.subscribe(replica_id, found)
+                return
+            await asyncio.sleep(self._quiet_probe_s)
+
     def unsubscribe(self, replica_id: str) -> None:
         """Stop following the replica and forget its blocks (it left the pool)."""
+        learning = self._learning.pop(replica_id, None)
+        if learning is not None:
+            learning.cancel()
+            self._stopping.add(learning)
+            learning.add_done_callback(self._stopping.discard)
         feed = self._feeds.pop(replica_id, None)
         if feed is not None:
             stopping = asyncio.ensure_future(feed.stop())
@@ -277,21 +314,13 @@ class KvEventFeeds:
         return doc | {"prefix_index": "guessed", "prefix_index_why": why}
 
     async def close(self) -> None:
-        for replica_id in list(self._feeds):
+        for replica_id in {*self._feeds, *self._learning}:
             self.unsubscribe(replica_id)
         if self._stopping:
-            await asyncio.gather(*self._stopping)
+            await asyncio.gather(*self._stopping, return_exceptions=True)
         if self._context is not None:
             self._context.term()
             self._context = None
-
-
-def endpoint_on(url: str, publish_port: int, replay_port: int) -> KvEventsEndpoint:
-    """The endpoints of a replica serving at `url` that publishes on those ports."""
-    host = URL(url).host or "127.0.0.1"
-    if ":" in host:  # an IPv6 address goes in brackets in a ZMQ endpoint too
-        host = f"[{host}]"
-    return KvEventsEndpoint(f"tcp://{host}:{publish_port}", f"tcp://{host}:{replay_port}")
 
 
 class KvIndexCollector:

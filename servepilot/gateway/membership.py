@@ -9,9 +9,11 @@ exited. The fleet side (`fleet.membership`) feeds it from a replica backend's wa
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 
-from servepilot.gateway.kv_events import KvEventFeeds, endpoint_on
+from servepilot.gateway.kv_events import KvEventFeeds
+from servepilot.gateway.kv_sources import SOURCES_PATH, endpoint_on
 from servepilot.gateway.pool import DuplicateReplica, ReplicaNotFound, ReplicaPool
 
 log = logging.getLogger(__name__)
@@ -37,8 +39,7 @@ class Membership:
         except DuplicateReplica:
             log.warning("replica %s (%s) is already in the pool (added by hand?)", replica_id, url)
             return False
-        if kv_events is not None and self._kv_feeds is not None:
-            self._kv_feeds.subscribe(replica_id, endpoint_on(url, *kv_events))
+        follow_kv_events(self._kv_feeds, self._pool, replica_id, url, kv_events)
         return True
 
     async def leave(self, replica_id: str, drain_timeout_s: float) -> None:
@@ -54,3 +55,20 @@ class Membership:
 
     def has(self, replica_id: str) -> bool:
         return any(r.replica_id == replica_id for r in self._pool.replicas())
+
+
+def follow_kv_events(
+    feeds: KvEventFeeds | None,
+    pool: ReplicaPool,
+    replica_id: str,
+    url: str,
+    ports: tuple[int, int] | None,
+) -> None:
+    """Where the gateway keeps an exact index: follow the replica's KV events at `ports` on
+    its host, or, not given them, where the replica says it publishes (its /kv_event_sources)."""
+    if feeds is None:
+        return
+    if ports is not None:
+        feeds.subscribe(replica_id, endpoint_on(url, *ports))
+    else:
+        feeds.learn(replica_id, url, functools.partial(pool.fetch, url.rstrip("/") + SOURCES_PATH))

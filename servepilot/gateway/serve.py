@@ -86,7 +86,7 @@ async def serve(
     try:
         async with contextlib.AsyncExitStack() as stack:
             # Probe every replica before listening, so /ready is right from the first request.
-            await asyncio.gather(*(gateway.pool.add(rid, url) for rid, url in replicas))
+            await asyncio.gather(*(gateway.membership.join(rid, url) for rid, url in replicas))
             if members is not None:
                 await stack.enter_async_context(members(gateway))
             port = await gateway.start()

@@ -11,11 +11,11 @@ from typing import Any
 import aiohttp
 import msgspec
 import pytest
-import zmq
 
 from servepilot.engine.model_source import embedded_model_dir
 from servepilot.engine.process import free_port
-from servepilot.gateway.kv_events import KvEventFeeds, KvEventsEndpoint, decode_batch
+from servepilot.gateway.kv_events import KvEventFeeds, decode_batch
+from servepilot.gateway.kv_sources import KvEventsEndpoint
 from servepilot.gateway.tokens import PromptBlocks, PromptTokenizer
 from servepilot.routing.kv_index import (
     BlockHashing,
@@ -26,59 +26,15 @@ from servepilot.routing.kv_index import (
 )
 from tests.unit.fake_upstream import FakeUpstream
 from tests.unit.gateway_support import chat, gateway_in_front_of
-
-kv_events = pytest.importorskip("vllm.distributed.kv_events")
-
-HASHING = BlockHashing(block_size=4)
-
-
-def _endpoint() -> KvEventsEndpoint:
-    return KvEventsEndpoint(f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}")
-
-
-def _publisher(endpoint: KvEventsEndpoint) -> Any:
-    # vLLM binds only wildcard endpoints; the replica side is given one, the gateway connects.
-    return kv_events.ZmqEventPublisher(
-        0,
-        endpoint=endpoint.publish.replace("127.0.0.1", "*"),
-        replay_endpoint=endpoint.replay.replace("127.0.0.1", "*"),
-    )
-
-
-async def _rebound(endpoint: KvEventsEndpoint) -> Any:
-    """A new publisher on the endpoints of one just shut down, once they are free (a busy
-    machine may take a moment to let them go)."""
-    for _ in range(50):
-        try:
-            return _publisher(endpoint)
-        except zmq.ZMQError:
-            await asyncio.sleep(0.1)
-    return _publisher(endpoint)
-
-
-def _store(publisher: Any, tokens: list[int], ts: float) -> list[bytes]:
-    digests = prompt_block_hashes([*tokens, 0], HASHING)
-    event = kv_events.BlockStored(
-        block_hashes=[external_hash(d) for d in digests],
-        parent_block_hash=None,
-        token_ids=tokens,
-        block_size=4,
-        lora_id=None,
-        medium="GPU",
-        lora_name=None,
-        extra_keys=[None] * len(digests),  # as vLLM 0.32 sends them: one per block
-        group_idx=0,
-    )
-    publisher.publish(kv_events.KVEventBatch(ts=ts, events=[event]))
-    return digests
-
-
-async def _eventually(check: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
+from tests.unit.kv_events_support import (
+    HASHING,
+    eventually,
+    kv_events,
+    new_endpoint,
+    publisher_on,
+    rebound,
+    store,
+)
 
 
 def _run(body: Callable[[], Awaitable[None]]) -> None:
@@ -88,8 +44,8 @@ def _run(body: Callable[[], Awaitable[None]]) -> None:
 @contextlib.asynccontextmanager
 async def _followed() -> AsyncIterator[tuple[KvEventsEndpoint, list[Any], KvEventFeeds]]:
     """A publisher as vLLM runs it (its list: a test may restart it) and the gateway's feeds."""
-    endpoint = _endpoint()
-    publishers = [_publisher(endpoint)]
+    endpoint = new_endpoint()
+    publishers = [publisher_on(endpoint)]
     # Quiet spells probed often: a batch a busy machine's sockets lose is found sooner.
     feeds = KvEventFeeds(KvIndex(HASHING), quiet_probe_s=0.5)
     try:
@@ -103,14 +59,14 @@ async def _followed() -> AsyncIterator[tuple[KvEventsEndpoint, list[Any], KvEven
 def test_events_before_and_after_subscribing_reach_the_index() -> None:
     async def body() -> None:
         async with _followed() as (endpoint, (publisher,), feeds):
-            early = _store(publisher, [1, 2, 3, 4, 5, 6, 7, 8], ts=1.0)
+            early = store(publisher, [1, 2, 3, 4, 5, 6, 7, 8], ts=1.0)
             await asyncio.sleep(0.3)  # published to nobody: only the replay has it
             feeds.subscribe("r1", endpoint)
             index = feeds.index
-            await _eventually(lambda: index.cached_prefix_tokens("r1", early) == 8)
+            await eventually(lambda: index.cached_prefix_tokens("r1", early) == 8)
             assert index.is_exact("r1")
-            late = _store(publisher, [9, 9, 9, 9], ts=2.0)
-            await _eventually(lambda: index.cached_prefix_tokens("r1", late) == 4)
+            late = store(publisher, [9, 9, 9, 9], ts=2.0)
+            await eventually(lambda: index.cached_prefix_tokens("r1", late) == 4)
 
     _run(body)
 
@@ -120,40 +76,40 @@ def test_a_feed_that_reconnects_catches_up_from_the_replay() -> None:
         async with _followed() as (endpoint, (publisher,), feeds):
             index = feeds.index
             feeds.subscribe("r1", endpoint)
-            first = _store(publisher, [1, 1, 1, 1], ts=1.0)
-            await _eventually(lambda: index.cached_prefix_tokens("r1", first) == 4)
+            first = store(publisher, [1, 1, 1, 1], ts=1.0)
+            await eventually(lambda: index.cached_prefix_tokens("r1", first) == 4)
             feed = feeds.feed("r1")
             assert feed is not None
             await feed.stop()  # the gateway's side drops: batches go by unseen
-            missed = _store(publisher, [2, 2, 2, 2], ts=2.0)
+            missed = store(publisher, [2, 2, 2, 2], ts=2.0)
             await asyncio.sleep(0.3)
             feed.start()
-            await _eventually(lambda: index.cached_prefix_tokens("r1", missed) == 4)
+            await eventually(lambda: index.cached_prefix_tokens("r1", missed) == 4)
             assert index.cached_prefix_tokens("r1", first) == 4
             assert feed.resyncs == 0
 
     _run(body)
 
 
-def test_a_restarted_replica_is_rebuilt_from_its_new_publisher() -> None:
+def test_a_restarted_replica_is_rebuilt_from_its_newpublisher_on() -> None:
     async def body() -> None:
         async with _followed() as (endpoint, publishers, feeds):
             index = feeds.index
             publisher = publishers[0]
             feeds.subscribe("r1", endpoint)
-            old = _store(publisher, [1, 1, 1, 1], ts=1.0)
-            _store(publisher, [3, 3, 3, 3], ts=1.5)
-            await _eventually(lambda: index.expected_seq("r1") == 2)
+            old = store(publisher, [1, 1, 1, 1], ts=1.0)
+            store(publisher, [3, 3, 3, 3], ts=1.5)
+            await eventually(lambda: index.expected_seq("r1") == 2)
             feed = feeds.feed("r1")
             assert feed is not None
             await feed.stop()
             publisher.shutdown()
-            publisher = await _rebound(endpoint)  # the same endpoints, counting from 0 again
+            publisher = await rebound(endpoint)  # the same endpoints, counting from 0 again
             publishers.append(publisher)
-            new = _store(publisher, [2, 2, 2, 2], ts=3.0)
+            new = store(publisher, [2, 2, 2, 2], ts=3.0)
             await asyncio.sleep(0.3)
             feed.start()
-            await _eventually(lambda: index.cached_prefix_tokens("r1", new) == 4)
+            await eventually(lambda: index.cached_prefix_tokens("r1", new) == 4)
             assert index.cached_prefix_tokens("r1", old) == 0
             assert feed.resyncs == 1
 
@@ -165,10 +121,10 @@ def test_a_replica_that_publishes_nothing_is_guessed_with_a_reason() -> None:
         index = KvIndex(HASHING)
         feeds = KvEventFeeds(index)
         try:
-            feeds.subscribe("r2", _endpoint())  # nothing listens there
+            feeds.subscribe("r2", new_endpoint())  # nothing listens there
             await asyncio.sleep(0.1)
             assert not index.is_exact("r2")
-            await _eventually(
+            await eventually(
                 lambda: index.why_not_exact("r2") == "KV events are not flowing from r2"
             )
         finally:
@@ -188,8 +144,8 @@ def test_the_gateway_routes_a_prompt_to_the_replica_whose_events_say_it_holds_it
         a, b = FakeUpstream("a"), FakeUpstream("b")
         await a.start()
         await b.start()
-        endpoint = _endpoint()
-        publisher = _publisher(endpoint)
+        endpoint = new_endpoint()
+        publisher = publisher_on(endpoint)
         hashing = BlockHashing(block_size=16)
         settings = {"tokenizer": str(folder), "block_size": 16}
         async with (
@@ -215,7 +171,7 @@ def test_the_gateway_routes_a_prompt_to_the_replica_whose_events_say_it_holds_it
             publisher.publish(kv_events.KVEventBatch(ts=1.0, events=[stored]))
             index = gw.kv_feeds.index if gw.kv_feeds is not None else None
             assert index is not None
-            await _eventually(lambda: index.cached_prefix_tokens("a", digests) > 0)
+            await eventually(lambda: index.cached_prefix_tokens("a", digests) > 0)
             for _ in range(4):
                 async with client.post(f"{url}/v1/chat/completions", json=request) as resp:
                     assert resp.status == 200
@@ -224,9 +180,7 @@ def test_the_gateway_routes_a_prompt_to_the_replica_whose_events_say_it_holds_it
                 listed = {r["id"]: r for r in await resp.json()}
             assert listed["a"]["prefix_index"] == "exact"
             assert listed["b"]["prefix_index"] == "guessed"
-            await _eventually(
-                lambda: index.why_not_exact("b") == "KV events are not flowing from b"
-            )
+            await eventually(lambda: index.why_not_exact("b") == "KV events are not flowing from b")
             async with client.get(f"{url}/metrics") as resp:
                 page = await resp.text()
             assert 'servepilot_prefix_index_exact{replica="a"} 1.0' in page
