@@ -82,6 +82,20 @@ def resolve_model(model: ModelConfig, *, progress: Progress | None = None) -> Re
     return ResolvedModel(folder, model.served_name or folder.name)
 
 
+def local_tokenizer(model: ModelConfig) -> Path | None:
+    """A folder on this machine holding `model`'s tokenizer, without converting or fetching
+    anything: the converted embedded model, or the model's own folder; None when there is none
+    here (a hub name, a checkpoint on the replicas' nodes only, random weights of a preset)."""
+    if model.source == EMBEDDED_MODEL:
+        return converted_embedded()
+    if model.weights is Weights.DUMMY:
+        return None
+    folder = Path(model.source).expanduser()
+    folder = folder.parent if folder.name == "config.json" else folder
+    files = ("tokenizer.json", "tokenizer_config.json")
+    return folder.resolve() if any((folder / name).is_file() for name in files) else None
+
+
 def _dummy_name(source: str) -> str:
     preset = preset_config(source)
     if preset is not None and not Path(source).expanduser().exists():

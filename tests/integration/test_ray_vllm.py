@@ -5,6 +5,7 @@ Ray cluster by `servepilot up`, answers through the gateway with the official op
 from __future__ import annotations
 
 import json
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,6 +44,10 @@ def test_a_vllm_replica_as_a_ray_actor_answers_the_openai_client(
             max_tokens=8,
         )
         assert reply.choices[0].message.content
+        # The gateway follows the actor's KV events: it has the model's tokenizer here.
+        assert wait_until(lambda: _prefix_index(fleet.url) == ["exact"], 30), _prefix_index(
+            fleet.url
+        )
         # The replica's 2 CPUs fit only the worker node (the head has 1).
         view_file = Path(fleet.env["SERVEPILOT_STATE"], "fleets", "ray", f"{fleet.port}.json")
         assert wait_until(view_file.exists, 30)
@@ -57,3 +62,8 @@ def test_a_vllm_replica_as_a_ray_actor_answers_the_openai_client(
     groups = ray.util.placement_group_table().values()
     assert [g["name"] for g in groups if g["state"] != "REMOVED"] == []
     assert our_actors_alive() == []
+
+
+def _prefix_index(url: str) -> list[str]:
+    with urllib.request.urlopen(f"{url}/admin/replicas", timeout=5) as answer:
+        return [r.get("prefix_index", "") for r in json.loads(answer.read())]

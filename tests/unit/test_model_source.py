@@ -24,6 +24,7 @@ from servepilot.engine.model_source import (
     embedded_gguf,
     embedded_model_dir,
     ensure_embedded,
+    local_tokenizer,
     resolve_model,
 )
 
@@ -111,6 +112,24 @@ def _complete_folder(target: Path, **marker_changes: object) -> Path:
     marker = {"format": MARKER_FORMAT, "source": gguf.name, "size": gguf.stat().st_size}
     (target / MARKER_NAME).write_text(json.dumps({**marker, **marker_changes}))
     return target
+
+
+def test_a_local_tokenizer_is_found_without_converting_or_fetching(
+    cache: Path, tmp_path: Path
+) -> None:
+    """What a gateway on a Ray head node loads for the exact prefix index."""
+    assert local_tokenizer(ModelConfig()) is None  # not converted yet: nothing converts now
+    assert not embedded_model_dir().exists()
+    target = _complete_folder(embedded_model_dir())
+    assert local_tokenizer(ModelConfig()) == target
+    folder = _hf_folder(tmp_path / "llama")
+    assert local_tokenizer(ModelConfig(source=str(folder))) is None  # weights, no tokenizer
+    (folder / "tokenizer.json").write_text("{}")
+    assert local_tokenizer(ModelConfig(source=str(folder))) == folder.resolve()
+    assert local_tokenizer(ModelConfig(source=str(folder / "config.json"))) == folder.resolve()
+    assert local_tokenizer(ModelConfig(source="meta-llama/Llama-3.1-8B-Instruct")) is None
+    dummy = ModelConfig(source=str(folder), weights="dummy")
+    assert local_tokenizer(dummy) is None
 
 
 def test_embedded_package_missing(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from servepilot.core.config import EngineKind, FleetConfig
+from servepilot.engine.model_source import local_tokenizer
 from servepilot.fleet.autoscale.start import initial_replicas
 from servepilot.fleet.backend import ReplicaState
 from servepilot.fleet.ray import cluster
@@ -61,9 +62,19 @@ async def ray_fleet(
             access_log=None,
             stop_line="draining the gateway and removing the replicas' actors and placement groups",
             supervise=functools.partial(_keep_view, config.cluster.address, backend),
+            tokenizer=_tokenizer(config),
         )
     finally:
         connection.close()
+
+
+def _tokenizer(config: FleetConfig) -> str | None:
+    """The tokenizer of the replicas' model, for the gateway's exact prefix index, where this
+    node (the gateway's) has it; else their prefix caches are guessed."""
+    if config.engine.kind is EngineKind.SIM:
+        return None  # simulated replicas publish no KV events
+    folder = local_tokenizer(config.model)
+    return None if folder is None else str(folder)
 
 
 async def _keep_view(
