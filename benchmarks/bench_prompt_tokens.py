@@ -7,9 +7,11 @@ block hashes) in three ways, each on a fresh tokenizer that has seen the session
 turns as the gateway would have:
 
 - whole: every prompt tokenised whole (no reuse),
-- pieces: the pieces between special tokens taken from the cache, only new turns tokenised,
-- and the parts of the pieces path alone (template rendering, tokenisation, block hashing),
-  beside the approximate index's text hashing that runs today (`routing.prefix`).
+- pieces, shared chains: what the gateway runs (`PromptBlocks.keys`): the pieces between
+  special tokens, the prompts that begin with the same pieces sharing their tokens and block
+  hashes, so only a new turn's pieces are tokenised and hashed; its template rendering alone,
+- pieces without the chains: every piece's ids from the cache, then every block hashed,
+- beside the approximate index's text hashing (`routing.prefix`).
 
 CPU time is the process's (time.process_time), per request, median over the requests.
 
@@ -19,6 +21,9 @@ CPU time is the process's (time.process_time), per request, median over the requ
 from __future__ import annotations
 
 import argparse
+import asyncio
+import itertools
+import random
 import statistics
 import sys
 import time
@@ -102,20 +107,64 @@ def main() -> None:
     ids = {id(body): pieces.tokenizer.body_ids(body) or [] for body in measured}
     rows = {
         "whole (no reuse)": cpu_per_request_ms(whole_keys, measured),
-        "pieces (reuse)": cpu_per_request_ms(pieces.keys, measured),
+        "pieces, shared chains (gateway)": cpu_per_request_ms(pieces.keys, measured),
         "  of which template": cpu_per_request_ms(
             lambda body: _rendered(pieces.tokenizer, body), measured
         ),
-        "  of which template + ids": cpu_per_request_ms(pieces.tokenizer.body_ids, measured),
-        "  of which block hashes": cpu_per_request_ms(
+        "pieces without the chains: ids": cpu_per_request_ms(pieces.tokenizer.body_ids, measured),
+        "  and every block hashed": cpu_per_request_ms(
             lambda body: prompt_block_hashes(ids[id(body)], hashing), measured
         ),
-        "approximate index today": cpu_per_request_ms(_approximate, measured),
+        "approximate index (text hashing)": cpu_per_request_ms(_approximate, measured),
     }
     for name, ms in rows.items():
         print(f"{name:32s} {ms:8.2f} ms CPU per request")
     cache = pieces.tokenizer.pieces
     print(f"piece cache: {cache.hits} hits, {cache.misses} misses")
+    agentic_turns(folder, hashing)
+
+
+def agentic_turns(folder: Path, hashing: BlockHashing) -> None:
+    """bench-kv-routing's sessions (4 shared system prompts of ~500 tokens, user turns of
+    ~90, answers of ~16, a tool result of ~160 every other turn; 40 sessions of 8 turns):
+    the keying of each new turn as the gateway sees it, then of the same turns again, on the
+    gateway's way (its tokenizer thread, there and back)."""
+    words = [w for p in itertools.islice(corpus_paragraphs(35), 400) for w in p.split()]
+    rng = random.Random(0)
+
+    def text(count: int) -> str:
+        start = rng.randrange(len(words) - count)
+        return " ".join(words[start : start + count])
+
+    systems = [text(380) for _ in range(4)]
+    bodies = []
+    for number in range(40):
+        messages = [{"role": "system", "content": systems[number % 4]}]
+        for turn in range(8):
+            messages = [*messages, {"role": "user", "content": text(70)}]
+            bodies.append({"model": "m", "messages": messages})
+            messages = [*messages, {"role": "assistant", "content": text(12)}]
+            if turn % 2:
+                messages = [*messages, {"role": "tool", "content": text(120)}]
+    blocks = PromptBlocks(PromptTokenizer(folder), hashing)
+
+    async def again() -> float:
+        start = time.process_time()
+        for body in bodies:
+            await blocks.keys_async(body)
+        return (time.process_time() - start) * 1000 / len(bodies)
+
+    try:
+        start = time.process_time()
+        for body in bodies:
+            blocks.keys(body)
+        new_ms = (time.process_time() - start) * 1000 / len(bodies)
+        seen_ms = asyncio.run(again())
+    finally:
+        blocks.close()
+    print(f"agentic turns ({len(bodies)}, up to {blocks.keys(bodies[-1]).tokens:,} tokens): "
+          f"{new_ms:.2f} ms CPU per new turn, {seen_ms:.2f} ms per turn seen before "
+          "(through the tokenizer's thread)")  # fmt: skip
 
 
 def _rendered(tokenizer: PromptTokenizer, body: dict[str, Any]) -> str:

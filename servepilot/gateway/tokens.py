@@ -19,13 +19,18 @@ import asyncio
 import json
 import re
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servepilot.routing.kv_index import BlockHashing, prompt_block_hashes
+from servepilot.routing.kv_index import (
+    BlockHashing,
+    chained_hashes,
+    prompt_block_hashes,
+    root_hash,
+)
 
 _LONG_CHARS = 4096
 """Text from this long is tokenised with the GIL released (`PromptTokenizer._encode`)."""
@@ -35,7 +40,7 @@ class PieceCache:
     """Token ids of text pieces, least recently used forgotten first, bounded in characters."""
 
     def __init__(self, max_chars: int) -> None:
-        self._max_chars = max_chars
+        self.max_chars = max_chars
         self._chars = 0
         self._ids: OrderedDict[str, list[int]] = OrderedDict()
         self.hits = 0
@@ -50,11 +55,11 @@ class PieceCache:
 
     def put(self, piece: str, ids: list[int]) -> None:
         self.misses += 1
-        if len(piece) > self._max_chars:
+        if len(piece) > self.max_chars:
             return
         self._ids[piece] = ids
         self._chars += len(piece)
-        while self._chars > self._max_chars:
+        while self._chars > self.max_chars:
             old, _ = self._ids.popitem(last=False)
             self._chars -= len(old)
 
@@ -107,30 +112,48 @@ class PromptTokenizer:
         return None
 
     def chat_ids(self, messages: Sequence[Any], tools: Any = None) -> list[int] | None:
+        text = self._rendered(messages, tools)
+        return None if text is None else self.text_ids(text, add_special_tokens=False)
+
+    def chat_pieces(self, doc: Mapping[str, Any]) -> list[str] | None:
+        """A chat body's rendered prompt cut at its special tokens, each piece tokenising on
+        its own to the ids it has in the whole (`piece_ids`); None for other bodies, for what
+        the template cannot render, and where the tokenizer's pieces do not tokenise apart."""
+        messages = doc.get("messages")
+        if self._split is None or not isinstance(messages, list):
+            return None
+        try:
+            text = self._rendered(messages, doc.get("tools"))
+        except Exception:  # a body the template refuses costs exactness, never the request
+            return None
+        return None if text is None else [piece for piece in self._split.split(text) if piece]
+
+    def piece_ids(self, piece: str) -> list[int]:
+        """A piece's ids: a special token's own, else from the cache or tokenised now."""
+        token = self._special.get(piece)
+        if token is not None:
+            return [token]
+        cached = self._pieces.get(piece)
+        if cached is None:
+            cached = list(self._encode(piece, add_special_tokens=False).ids)
+            self._pieces.put(piece, cached)
+        return cached
+
+    def _rendered(self, messages: Sequence[Any], tools: Any) -> str | None:
         if any(not isinstance(m.get("content", ""), str | None) for m in messages):
             return None  # multimodal parts: vLLM's placeholders are not ours to render
         text: str = self._tok.apply_chat_template(
             list(messages), tools=tools, tokenize=False, add_generation_prompt=True
         )
-        return self.text_ids(text, add_special_tokens=False)
+        return text
 
     def text_ids(self, text: str, *, add_special_tokens: bool) -> list[int]:
         if add_special_tokens or self._split is None:
             return list(self._encode(text, add_special_tokens=add_special_tokens).ids)
         ids: list[int] = []
-        special = self._special
         for piece in self._split.split(text):
-            if not piece:
-                continue
-            token = special.get(piece)
-            if token is not None:
-                ids.append(token)
-                continue
-            cached = self._pieces.get(piece)
-            if cached is None:
-                cached = list(self._encode(piece, add_special_tokens=False).ids)
-                self._pieces.put(piece, cached)
-            ids.extend(cached)
+            if piece:
+                ids.extend(self.piece_ids(piece))
         return ids
 
     def _encode(self, text: str, *, add_special_tokens: bool) -> Any:
@@ -153,18 +176,75 @@ class PromptKeys:
     block_hashes: tuple[bytes, ...]
 
 
+class _Link:
+    """One piece of a prompt after the pieces before it: what it adds to the prompt."""
+
+    __slots__ = ("digests", "last", "next", "tail", "tokens")
+
+    def __init__(
+        self, tokens: int, digests: tuple[bytes, ...], tail: tuple[int, ...], last: bytes
+    ) -> None:
+        self.next: dict[str, _Link] = {}
+        self.tokens = tokens
+        """The prompt's tokens up to the end of this piece."""
+        self.digests = digests
+        """The digests of the blocks that end within this piece."""
+        self.tail = tail
+        """The ids after the last full block, waiting for the next piece to fill it."""
+        self.last = last
+        """The last full block's digest: the parent of the next block."""
+
+
+class PieceChains:
+    """Prompts' block hashes by their pieces, kept as a tree: the prompts that begin with the
+    same pieces (a conversation's turns, a shared system prompt) share those pieces' tokens
+    and block digests, so a new turn tokenises and hashes only what it adds. Bounded by the
+    characters of the pieces it holds: past `max_chars` it starts again from nothing."""
+
+    def __init__(self, hashing: BlockHashing, max_chars: int) -> None:
+        self._hashing = hashing
+        self._max_chars = max_chars
+        self._chars = 0
+        self._root = _Link(0, (), (), root_hash(hashing))
+
+    def keys(self, pieces: Sequence[str], ids_of: Callable[[str], list[int]]) -> PromptKeys:
+        if self._chars > self._max_chars:
+            self._chars = 0
+            self._root = _Link(0, (), (), self._root.last)
+        link = self._root
+        digests: list[bytes] = []
+        for piece in pieces:
+            after = link.next.get(piece)
+            if after is None:
+                after = link.next[piece] = self._grow(link, ids_of(piece))
+                self._chars += len(piece)
+            digests += after.digests
+            link = after
+        # vLLM reuses at most all but the last token: a last full block is not hashed.
+        usable = max(0, (link.tokens - 1) // self._hashing.block_size)
+        return PromptKeys(link.tokens, tuple(digests[:usable]))
+
+    def _grow(self, link: _Link, ids: list[int]) -> _Link:
+        pending = [*link.tail, *ids]
+        full = len(pending) // self._hashing.block_size * self._hashing.block_size
+        digests = chained_hashes(pending[:full], self._hashing, link.last)
+        last = digests[-1] if digests else link.last
+        return _Link(link.tokens + len(ids), tuple(digests), tuple(pending[full:]), last)
+
+
 class PromptBlocks:
     """A request body's token count and vLLM block hashes, by the tokenizer and hashing the
     replicas use.
 
     The gateway asks through `keys_async`, which runs on one thread of its own: a new
     32k-token prompt takes about 125 ms to tokenise, which on the event loop would stall
-    every stream the gateway relays, and one thread owning the tokenizer and its piece cache
-    needs no lock. `close` stops it (the gateway's stop)."""
+    every stream the gateway relays, and one thread owning the tokenizer, its piece cache and
+    the piece chains needs no lock. `close` stops it (the gateway's stop)."""
 
     def __init__(self, tokenizer: PromptTokenizer, hashing: BlockHashing) -> None:
         self.tokenizer = tokenizer
         self.hashing = hashing
+        self.chains = PieceChains(hashing, tokenizer.pieces.max_chars)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="servepilot-tokens")
 
     async def keys_async(self, doc: Mapping[str, Any]) -> PromptKeys | None:
@@ -174,6 +254,9 @@ class PromptBlocks:
         self._worker.shutdown(wait=False, cancel_futures=True)
 
     def keys(self, doc: Mapping[str, Any]) -> PromptKeys | None:
+        pieces = self.tokenizer.chat_pieces(doc)
+        if pieces is not None:
+            return self.chains.keys(pieces, self.tokenizer.piece_ids)
         ids = self.tokenizer.body_ids(doc)
         if ids is None:
             return None

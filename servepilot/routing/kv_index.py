@@ -86,12 +86,23 @@ def prompt_block_hashes(
     only the full blocks of `token_ids[:-1]` are hashed. `parent` continues a chain: the
     digest of the block before `token_ids[0]` (None: the prompt starts here).
     """
+    usable = max(0, (len(token_ids) - 1) // hashing.block_size * hashing.block_size)
+    first = parent if parent is not None else root_hash(hashing)
+    return chained_hashes(token_ids[:usable], hashing, first)
+
+
+def root_hash(hashing: BlockHashing) -> bytes:
+    """The parent of a prompt's first block (vLLM's NONE_HASH)."""
+    return _sha256(hashing.seed)
+
+
+def chained_hashes(token_ids: Sequence[int], hashing: BlockHashing, parent: bytes) -> list[bytes]:
+    """The digest of each full block of `token_ids`, chained from `parent`."""
     size = hashing.block_size
-    chained = parent if parent is not None else _sha256(hashing.seed)
     digests: list[bytes] = []
-    for start in range(0, (len(token_ids) - 1) // size * size, size):
-        chained = _sha256((chained, tuple(token_ids[start : start + size]), None))
-        digests.append(chained)
+    for start in range(0, len(token_ids) // size * size, size):
+        parent = _sha256((parent, tuple(token_ids[start : start + size]), None))
+        digests.append(parent)
     return digests
 
 
