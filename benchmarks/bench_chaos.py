@@ -27,7 +27,7 @@ chaos_load.py). The cost of a fault: TTFT and TPOT p99 of streams that overlappe
 (from its start until it was over, plus 5 s) against the others. A hung replica's in-flight
 streams: the longest silence after the SIGSTOP of those mid-answer (a token had come),
 against the issue's bound (the stall deadline plus one TTFT, the quiet streams' p50; the
-watchdog finds a stall up to 0.5 s late); of those still waiting for their first token,
+watchdog finds a stall up to 0.1 s late); of those still waiting for their first token,
 given up on once the replica is out of rotation, reported beside it.
 
     python benchmarks/bench_chaos.py [--streams 200] [--faults 4] [--seed 1] [--replicas 2]

@@ -16,8 +16,8 @@ from benchmarks.chaos_load import Stream
 
 SETTLE_S = 5.0
 """A fault's window lasts this long after it is over (streams queued behind it)."""
-_WATCHDOG_LATE_S = 0.5
-"""The gateway's watchdog ticks every quarter second: it finds a stall up to two ticks late."""
+_WATCHDOG_LATE_S = 0.1
+"""The gateway's watchdog ticks every tenth of a second: it finds a stall up to a tick late."""
 
 
 @dataclass

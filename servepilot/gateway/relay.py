@@ -297,6 +297,14 @@ class Relay:
         before the client can react to it by closing its connection. Passed through, `data`
         is the read as it came: it goes up to the end of `[DONE]`, then the end of the body
         is ours (what came of the replica's own after `[DONE]` is left to the drain)."""
+        if self._record is not None:
+            # vLLM ends a stream whose engine failed with its error event and then [DONE]:
+            # read together, the stream is not whole but given up on (continued elsewhere).
+            read = b"".join(self._pieces) if self._raw else data
+            at = read.find(ERROR_EVENT)
+            if at >= 0:
+                self._engine_failed(read[at:])
+                return
         if self._raw:
             pieces = self._pieces
             self._request.end_framed(data[: _end_of(data, pieces[-1])] + _CHUNKED_END)

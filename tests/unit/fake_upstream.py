@@ -72,7 +72,7 @@ class FakeUpstream:
         self.split_done = False  # `data: [DONE]` in two writes, cut inside its `[DONE]`
         self.peers: set[tuple[str, int]] = set()  # the client ends of generation requests
         self.die_mid_stream = False
-        self.error_mid_stream = False  # vLLM's error event after chunk 1, then the body's end
+        self.error_mid_stream = False  # vLLM's error event after chunk 1, [DONE], the end
         self.usage: dict[str, int] | None = None  # a non-streamed answer's `usage`, when set
         self.endless_stream = False
         self.stream_aborted = asyncio.Event()
@@ -86,6 +86,8 @@ class FakeUpstream:
         self.sleep_mode = False  # vLLM's sleep routes, as in its dev mode (set before start)
         self.sleeping = False
         self.sleep_calls: list[str] = []  # "/sleep" and "/wake_up", in order
+        # GET /kv_event_sources' answer, as vLLM 0.32 gives it (None: no such route, as before)
+        self.kv_event_sources: dict[str, Any] | None = None
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> FakeUpstream:
@@ -99,6 +101,7 @@ class FakeUpstream:
         for path in self.extra_routes:  # a pooling model's, or a speech-to-text model's
             app.router.add_post(path, self._generate)
         app.router.add_post("/v1/audio/transcriptions", self._upload)
+        app.router.add_get("/kv_event_sources", self._kv_event_sources)
         if self.sleep_mode:
             app.router.add_post("/sleep", self._sleep)
             app.router.add_post("/wake_up", self._sleep)
@@ -166,6 +169,11 @@ class FakeUpstream:
         self.tokenized += 1
         return web.json_response({"count": len(words), "tokens": list(range(len(words)))})
 
+    async def _kv_event_sources(self, request: web.Request) -> web.Response:
+        if self.kv_event_sources is None:
+            raise web.HTTPNotFound()
+        return web.json_response(self.kv_event_sources)
+
     async def _sleep(self, request: web.Request) -> web.Response:
         self.sleep_calls.append(request.path)
         self.sleeping = request.path == "/sleep"
@@ -228,7 +236,10 @@ class FakeUpstream:
             await asyncio.sleep(0.05)  # a read of its own: chunk 1 reaches the client
             error = {"object": "error", "message": "EngineCore encountered an issue.",
                      "type": "InternalServerError", "param": None, "code": 500}  # fmt: skip
-            await response.write(sse({"error": error}))
+            # As vLLM ends it: the error event, then [DONE] (here in one read), and the end of
+            # the body a little later, when its generator is done.
+            await response.write(sse({"error": error}) + b"data: [DONE]\n\n")
+            await asyncio.sleep(0.05)
             await response.write_eof()
             return response
         if self.die_mid_stream:

@@ -5,10 +5,11 @@ stream just stops. A replica the pool took out of rotation (failed health checks
 trickle tokens, or never send another. Either way the stream is given up on that replica
 (`Relay.abandon`), and the proxy continues it elsewhere.
 
-One timer for every watched stream, ticking at most every quarter second (a stall is found
-up to two ticks late: its last byte is seen at the next tick, its deadline at the tick after
-it; a hung replica's streams should go on within the stall deadline and one TTFT, and a tick
-reads one integer per stream); a stream is stalled when the bytes it relayed have not changed for
+One timer for every watched stream, ticking every tenth of a second at most, and at the
+earliest stall deadline when that comes first: a stall is found at most one tick late (its
+last byte is seen at the next tick; its deadline is checked when it falls due), since a hung
+replica's streams should go on within the stall deadline and one TTFT, and a tick reads one
+integer per stream. A stream is stalled when the bytes it relayed have not changed for
 `stall_timeout_s` since the first token (before it, a long prefill or a queue is not a stall,
 but a replica out of rotation is given up on all the same: a request it had not answered at
 all is retried elsewhere, one whose head had come is continued from its start).
@@ -24,7 +25,7 @@ from typing import Protocol
 from servepilot.gateway.continuation.policy import Failure
 from servepilot.http1.errors import UpstreamFailed
 
-_MAX_TICK_S = 0.25
+_MAX_TICK_S = 0.1
 
 
 class StreamBroken(UpstreamFailed):
@@ -93,6 +94,7 @@ class Watchdog:
         assert loop is not None
         self._timer = None
         now_s = loop.time()
+        next_s = now_s + self._tick_s
         seen = self._seen
         for item, (replica, last, since_s) in list(seen.items()):
             progress = item.progress()
@@ -107,13 +109,15 @@ class Watchdog:
                 seen[item] = (replica, progress, now_s)
                 since_s = now_s
             failure = self._check(replica, now_s - since_s)
-            if failure is not None:
-                del seen[item]
-                item.abandon(failure)
-                if failure.kind is Failure.STALL and self._on_stall is not None:
-                    self._on_stall(replica.replica_id, str(failure))
+            if failure is None:
+                next_s = min(next_s, since_s + self._stall_s)
+                continue
+            del seen[item]
+            item.abandon(failure)
+            if failure.kind is Failure.STALL and self._on_stall is not None:
+                self._on_stall(replica.replica_id, str(failure))
         if seen:
-            self._timer = loop.call_later(self._tick_s, self._tick)
+            self._timer = loop.call_at(next_s, self._tick)
 
     def _check(self, replica: Health, quiet_s: float) -> StreamBroken | None:
         if not replica.healthy:
