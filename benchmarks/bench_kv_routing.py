@@ -22,12 +22,18 @@ that the simulator orders the policies as the measurement does; step times from 
 `servepilot calibrate` of the first replica after the measured runs, or --sim-profile.
 
 The table: TTFT p50 (ms), throughput (requests/s and output tokens/s), goodput (requests/s
-within the TTFT SLO), the replicas' prefix cache hit rate (vLLM's counters, warm-up included)
-and the first replica's share of prompt tokens. Policies other than today's are named as
-`servepilot gateway --policy` takes them, so new ones join with --policies. --rounds N
-rotates the order each round; the table shows medians.
+within the TTFT SLO), the replicas' prefix cache hit rate (vLLM's counters, warm-up included),
+the first replica's share of prompt tokens, and the router's CPU per request (user and system
+time of its process over the run, less what it spends idle at the same time, measured for 10 s
+before the run, divided by the requests it answered). Policies are named as
+`servepilot gateway --policy` takes them, so new ones join with --policies; P+exact runs P
+on the exact prefix index (the gateway tokenises each prompt and follows the replicas' KV
+events, asking each replica where it publishes). --rounds N rotates the order each round; the
+table shows medians.
 
     python benchmarks/bench_kv_routing.py [--policies round_robin,prefix_affinity] [--rounds 1]
+    python benchmarks/bench_kv_routing.py --policies prefix_affinity,prefix_affinity+exact,\
+        predicted_latency,predicted_latency+exact --rounds 2
     python benchmarks/bench_kv_routing.py --policies round_robin,prefix_affinity,cache_aware \
         --router PATH/vllm-router     # make bench-kv-routing installs it in the venv
 """
@@ -37,10 +43,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import signal
 import statistics
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +73,9 @@ from bench_routing import (
 ROOT = Path(__file__).resolve().parent.parent
 Row = dict[str, Any]
 BASELINES = ("round_robin", "prefix_affinity", "cache_aware")
+EXACT = "+exact"
+"""A policy named P+exact runs P on the exact prefix index (the replicas' KV events)."""
+REQUESTS = "servepilot_requests_total"
 """What the issue's targets compare a new policy with: today's policies and vllm-router's."""
 
 
@@ -90,10 +101,19 @@ def workload(args: argparse.Namespace) -> dict[str, object]:
 def one_run(policy: str, b: Bench, run_dir: Path) -> Row:
     run_dir.mkdir(parents=True)
     running = len(b.procs)
+    name, exact = policy.removesuffix(EXACT), policy.endswith(EXACT)
     try:
-        url = start_router(policy, b, run_dir)
+        url = start_router(name, b, run_dir, exact_config(b) if exact else None)
+        router = b.procs[-1]
+        if exact:
+            wait_exact(url, len(b.replicas))
+        idle_s_per_s = idle_cpu(router.pid)
         before = [scrape(r) for r in b.replicas]
+        cpu_before, sent_before = cpu_s(router.pid), scrape(url).get(REQUESTS, 0.0)
+        started = time.monotonic()
         run = bench(url, b.model, workload(b.args), run_dir)
+        busy_s = cpu_s(router.pid) - cpu_before - idle_s_per_s * (time.monotonic() - started)
+        sent = scrape(url).get(REQUESTS, 0.0) - sent_before
         after = [scrape(r) for r in b.replicas]
     finally:
         while len(b.procs) > running:  # this run's router only
@@ -101,11 +121,49 @@ def one_run(policy: str, b: Bench, run_dir: Path) -> Row:
     hit, share = cache_stats(before, after)
     return {
         "policy": policy, "dir": str(run_dir), "ttft_p50": run["ttft_ms"]["p50"],
+        "router_cpu_ms": busy_s * 1000 / sent if sent else None,
         "ttft_p50_returning": (run.get("ttft_ms_returning") or {}).get("p50"),
         "rps": run["request_throughput"], "out_tps": run["output_throughput"],
         "goodput": run["goodput_rps"], "attainment": run["slo_attainment"],
         "failed": run["failed"], "vllm_hit": hit, "r0_share": share,
     }  # fmt: skip
+
+
+def exact_config(b: Bench) -> Path:
+    """The fleet's fleet.yaml with the gateway's exact prefix index on: the embedded model's
+    tokenizer and vLLM-CPU's block size (the replicas say where they publish)."""
+    path = b.args.out / "fleet-exact.yaml"
+    if not path.exists():
+        fleet = (b.args.out / "fleet.yaml").read_text()
+        index = f"gateway:\n  kv_index:\n    tokenizer: {TOKENIZER}\n    block_size: 128\n"
+        path.write_text(fleet + index)
+    return path
+
+
+def wait_exact(url: str, replicas: int, timeout_s: float = 60.0) -> None:
+    """Until the gateway follows every replica's KV events (it asks each where it publishes)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"{url}/admin/replicas", timeout=5) as answer:
+            listed = json.loads(answer.read())
+        if sum(r.get("prefix_index") == "exact" for r in listed) >= replicas:
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"the gateway at {url} does not follow the replicas' KV events: {listed}")
+
+
+def idle_cpu(pid: int, seconds: float = 10.0) -> float:
+    """CPU seconds per second the router spends with no request (health checks, metrics, KV
+    event probes): taken off its CPU over a run, so that what is left is the requests'."""
+    before, started = cpu_s(pid), time.monotonic()
+    time.sleep(seconds)
+    return (cpu_s(pid) - before) / (time.monotonic() - started)
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) the process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def table(b: Bench, policies: list[str]) -> str:
@@ -116,14 +174,15 @@ def table(b: Bench, policies: list[str]) -> str:
     lines = [
         f"TTFT SLO {b.args.slo_ttft_ms:.0f} ms; medians over {b.args.rounds} round(s)",
         f"{'policy':<18} {'TTFT p50':>8} {'p50 ret':>8} {'req/s':>6} {'out tok/s':>9} "
-        f"{'goodput/s':>9} {'SLO met':>7} {'vLLM hit':>8} {'r0 share':>8}",
+        f"{'goodput/s':>9} {'SLO met':>7} {'vLLM hit':>8} {'r0 share':>8} {'gw CPU/req':>10}",
     ]
     for p in (p for p in policies if any(r["policy"] == p for r in b.rows)):
         lines.append(
             f"{p:<18} {med(p, 'ttft_p50') or 0:>8.0f} {med(p, 'ttft_p50_returning') or 0:>8.0f} "
             f"{med(p, 'rps') or 0:>6.2f} {med(p, 'out_tps') or 0:>9.1f} "
             f"{med(p, 'goodput') or 0:>9.2f} {pct(med(p, 'attainment')):>7} "
-            f"{pct(med(p, 'vllm_hit')):>8} {pct(med(p, 'r0_share')):>8}"
+            f"{pct(med(p, 'vllm_hit')):>8} {pct(med(p, 'r0_share')):>8} "
+            f"{med(p, 'router_cpu_ms') or 0:>7.2f} ms"
         )
     # The issue's targets, for each policy that is not a baseline.
     rr, today = med("round_robin", "ttft_p50"), med("prefix_affinity", "ttft_p50")
@@ -135,6 +194,11 @@ def table(b: Bench, policies: list[str]) -> str:
         if (good := med(p, "goodput")) is not None and router:
             lines.append(f"target {p}: goodput x{good / router:.2f} vllm-router's cache_aware "
                          "(>= 1)")  # fmt: skip
+    for p in (p for p in policies if p.endswith(EXACT)):
+        ours, guessed = med(p, "router_cpu_ms"), med(p.removesuffix(EXACT), "router_cpu_ms")
+        if ours and guessed:
+            lines.append(f"target {p}: gateway CPU per request x{ours / guessed:.2f} the "
+                         "guessed index's (<= 1.1)")  # fmt: skip
     if failed := sum(r["failed"] for r in b.rows):
         lines.append(f"WARNING: {failed} requests failed (see each run's bench.log)")
     return "\n".join(lines)
@@ -176,7 +240,8 @@ def simulate(b: KvBench, policies: list[str], profile: Path | None) -> None:
     known = {p.value for p in PolicyName}
     for replicas in b.args.sim_replicas:
         for policy in policies:
-            if policy not in known:
+            name = policy.removesuffix(EXACT)
+            if name not in known:
                 print(f"sim: {policy} is not a servepilot policy: left out", flush=True)
                 continue
             run_dir = b.args.out / f"sim-{replicas}-{policy}"
@@ -185,7 +250,8 @@ def simulate(b: KvBench, policies: list[str], profile: Path | None) -> None:
                      "--requests": round(b.args.requests * scale),
                      "--warmup": round(b.args.warmup * scale)}  # fmt: skip
             argv = [SERVEPILOT, "sim", "-c", str(b.args.out / "fleet.yaml"), "--replicas",
-                    str(replicas), "--policy", policy, "--out", str(run_dir)]  # fmt: skip
+                    str(replicas), "--policy", name, "--out", str(run_dir),
+                    "--kv-events", "on" if policy.endswith(EXACT) else "off"]  # fmt: skip
             argv += [str(item) for pair in flags.items() for item in pair]
             argv += ["--profile", str(profile)] if profile is not None else []
             run_dir.mkdir(parents=True)
@@ -225,8 +291,8 @@ def parse_args() -> argparse.Namespace:
     )
     add = p.add_argument
     add("--policies", type=lambda s: s.split(","), default=["round_robin", "prefix_affinity"],
-        help="comma-separated `servepilot gateway --policy` names; cache_aware is "
-        "vllm-router's")  # fmt: skip
+        help="comma-separated `servepilot gateway --policy` names, P+exact for P on the exact "
+        "prefix index (the replicas' KV events); cache_aware is vllm-router's")  # fmt: skip
     add("--rounds", type=int, default=1, help="rounds over the policies")
     add("--sessions", type=int, default=10, help="sessions live at a time (closed loop)")
     add("--turns", type=int, default=8, help="turns per session")

@@ -199,8 +199,10 @@ def probe(b: Bench) -> tuple[float, float]:
     return ttfts[0], statistics.median(ttfts[1:])
 
 
-def start_router(policy: str, b: Bench, run_dir: Path) -> str:
-    """A fresh router for one run, ready, with every replica healthy; its URL."""
+def start_router(policy: str, b: Bench, run_dir: Path, config: Path | None = None) -> str:
+    """A fresh router for one run, ready, with every replica healthy; its URL. `config`: the
+    servepilot gateway's fleet.yaml (default: --gateway-config, else the fleet's for
+    predicted_latency)."""
     port = free_port()
     if policy == "cache_aware":
         argv = [ROUTER, "--worker-urls", *b.replicas, "--policy", policy,
@@ -212,7 +214,7 @@ def start_router(policy: str, b: Bench, run_dir: Path) -> str:
         # predicted_latency predicts from the replicas' fleet.yaml (model, KV, step budget).
         fleet = b.args.out / "fleet.yaml"
         derives = policy == "predicted_latency" and fleet.exists()
-        config = b.args.gateway_config or (fleet if derives else None)
+        config = config or b.args.gateway_config or (fleet if derives else None)
         argv += ["-c", str(config)] if config else []
         argv += [flag for url in b.replicas for flag in ("--replica", url)]
     b.procs.append(proc := spawn(argv, run_dir / "router.log"))
