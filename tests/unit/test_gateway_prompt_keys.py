@@ -31,34 +31,34 @@ def test_pieces_hash_as_the_whole_prompt() -> None:
     assert len(chains.keys(["a", "b"], PIECES.__getitem__).block_hashes) == 3  # not 4
 
 
-def test_a_prompt_that_extends_another_tokenises_only_what_it_adds() -> None:
-    asked: list[str] = []
+class _Tokenizer:
+    """PIECES' ids, noting which pieces were asked for (tokenised)."""
 
-    def ids_of(piece: str) -> list[int]:
-        asked.append(piece)
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def __call__(self, piece: str) -> list[int]:
+        self.asked.append(piece)
         return PIECES[piece]
 
-    hashing = BlockHashing(block_size=4)
-    chains = PieceChains(hashing, max_chars=1_000)
+
+def test_a_prompt_that_extends_another_tokenises_only_what_it_adds() -> None:
+    ids_of = _Tokenizer()
+    chains = PieceChains(BlockHashing(block_size=4), max_chars=1_000)
     chains.keys(["a", "b"], ids_of)
     chains.keys(["a", "b", "c"], ids_of)
     chains.keys(["a", "b", "c", "d"], ids_of)
-    assert asked == ["a", "b", "c", "d"]
+    assert ids_of.asked == ["a", "b", "c", "d"]
 
 
 def test_past_its_bound_the_tree_starts_again_and_keys_stay_right() -> None:
-    asked: list[str] = []
-
-    def ids_of(piece: str) -> list[int]:
-        asked.append(piece)
-        return PIECES[piece]
-
+    ids_of = _Tokenizer()
     hashing = BlockHashing(block_size=4)
     chains = PieceChains(hashing, max_chars=2)  # a, b: 2 characters of pieces
     assert chains.keys(["a", "b"], ids_of) == _whole(["a", "b"], hashing)
     assert chains.keys(["a", "b", "c"], ids_of) == _whole(["a", "b", "c"], hashing)
     assert chains.keys(["a", "b"], ids_of) == _whole(["a", "b"], hashing)
-    assert asked == ["a", "b", "c", "a", "b"]  # 3 characters held: the third call began anew
+    assert ids_of.asked == ["a", "b", "c", "a", "b"]  # 3 characters held: began anew
 
 
 def _conversation(turns: int, system: str, seed: int) -> list[dict[str, Any]]:
