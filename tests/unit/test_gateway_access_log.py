@@ -57,7 +57,12 @@ def test_every_request_gets_a_line_that_matches_its_answer(tmp_path: Path) -> No
             answers.append((unknown.status, None))
             assert gw.access_log is not None
             await eventually(until(lambda: len(path.read_text().splitlines()) == 7))
-            assert (await scrape(client, url)).value("servepilot_access_log_lines_total") == 7
+
+            async def counted() -> bool:  # counted once the writer's thread has returned
+                scraped = await scrape(client, url)
+                return scraped.value("servepilot_access_log_lines_total") == 7
+
+            await eventually(counted)
 
     run(body())
     *lines, scraped = _lines(path)  # the scrape of /metrics got its line too
