@@ -17,9 +17,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import aiohttp
 from yarl import URL
 
 SOURCES_PATH = "/kv_event_sources"
+_ASK_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
 _WILDCARDS = frozenset({"*", "0.0.0.0", "::", ""})
 
 
@@ -100,3 +102,13 @@ def _seen_from(endpoint: str, url: str) -> str:
 def _zmq_host(url: str) -> str:
     host = URL(url).host or "127.0.0.1"
     return f"[{host}]" if ":" in host else host  # an IPv6 address goes in brackets in ZMQ too
+
+
+async def ask_sources(session: aiohttp.ClientSession, url: str) -> tuple[int, bytes] | None:
+    """GET the replica's /kv_event_sources: its status and body, None when it gave none in
+    time (still loading, or gone)."""
+    try:
+        async with session.get(url.rstrip("/") + SOURCES_PATH, timeout=_ASK_TIMEOUT) as resp:
+            return resp.status, await resp.read()
+    except (aiohttp.ClientError, TimeoutError):
+        return None

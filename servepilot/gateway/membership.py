@@ -13,7 +13,7 @@ import functools
 import logging
 
 from servepilot.gateway.kv_events import KvEventFeeds
-from servepilot.gateway.kv_sources import SOURCES_PATH, endpoint_on
+from servepilot.gateway.kv_sources import ask_sources, endpoint_on
 from servepilot.gateway.pool import DuplicateReplica, ReplicaNotFound, ReplicaPool
 
 log = logging.getLogger(__name__)
@@ -71,4 +71,4 @@ def follow_kv_events(
     if ports is not None:
         feeds.subscribe(replica_id, endpoint_on(url, *ports))
     else:
-        feeds.learn(replica_id, url, functools.partial(pool.fetch, url.rstrip("/") + SOURCES_PATH))
+        feeds.learn(replica_id, url, functools.partial(ask_sources, pool.session, url))

@@ -359,14 +359,9 @@ class ReplicaPool:
 
     async def _get_body(self, url: URL) -> bytes | None:
         """The body of a 200 answer, or None when the replica gave none in time."""
-        answer = await self.fetch(url)
-        return answer[1] if answer is not None and answer[0] == 200 else None
-
-    async def fetch(self, url: URL | str) -> tuple[int, bytes] | None:
-        """GET `url` (a replica's): its status and body, or None when it gave none in time."""
         try:
             async with self.session.get(url, timeout=self._probe_timeout) as resp:
-                return resp.status, await resp.read()
+                return await resp.read() if resp.status == 200 else None
         except (aiohttp.ClientError, TimeoutError):
             return None
 
