@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from servepilot.engine.simserver.app import SimApp
 from servepilot.engine.simserver.config import SimSetup, build_setup, parse_args
@@ -91,3 +91,9 @@ class ThreadedSim:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
         self._loop.close()
+
+
+def chat_body(content: str, max_tokens: int, **extra: Any) -> dict[str, Any]:
+    """A chat request for the simulated replica of the embedded model."""
+    return {"model": "smollm2", "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens, **extra}  # fmt: skip
