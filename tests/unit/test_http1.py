@@ -187,7 +187,10 @@ def test_a_refusal_behind_pipelined_requests_lingers_too(sim: ThreadedSim) -> No
         sock.connect(("127.0.0.1", sim.port))
         sock.sendall(raw)
         responses, _ = parse_responses(_read_to_close(sock))
-    assert [r.status for r in responses] == [200]
+    # The first answer is the chat's. If it is done before the oversized head is parsed,
+    # the /health waiting behind it is answered too, then the head refused (a fresh clone's
+    # run saw this order); else the refusal drops it. Either way the client read to the close.
+    assert [r.status for r in responses] in ([200], [200, 200, 431])
 
 
 def test_a_server_on_uvloop_answers_on_the_port_it_reports() -> None:
