@@ -68,7 +68,11 @@ def fleet_yaml(config: str, gpu: str) -> dict[str, Any]:
             "replicas": {"count": 1}, "gateway": {"port": PORT}}  # fmt: skip
 
 
-def measure(run: Run, folder: Path, url: str, deadline: float) -> dict[str, Any]:
+def measure(
+    run: Run, folder: Path, url: str, deadline: float, target: str | None = None
+) -> dict[str, Any]:
+    """One bench of `run` through the gateway at `url`, or straight at `target` (a replica's
+    URL: what the gateway adds to a TTFT is the difference)."""
     if (folder / "results.json").exists():
         return {"run": run.name, "exit": 0, "s": 0.0, "kept": True}
     folder.mkdir(parents=True, exist_ok=True)
@@ -76,7 +80,7 @@ def measure(run: Run, folder: Path, url: str, deadline: float) -> dict[str, Any]
     if run.trace is not None:
         trace = folder / "trace.jsonl"
         trace.write_text("\n".join(longtail_trace(**run.trace)) + "\n")
-    args = ["bench", "--url", url, *run.bench_flags(trace), "--out", str(folder)]
+    args = ["bench", "--url", target or url, *run.bench_flags(trace), "--out", str(folder)]
     # vLLM's own histograms (queue time, prefill time, TTFT inside the server) before and
     # after: their difference splits a TTFT between the API server, the queue and the GPU.
     _scrape(url, folder / "vllm-before.txt")
@@ -103,19 +107,36 @@ def warm_up(url: str, folder: Path) -> None:
            folder / f"warmup{i}.txt", 120)  # fmt: skip
 
 
-def _scrape(gateway_url: str, path: Path) -> None:
+def _replica_url(gateway_url: str) -> str:
     from urllib.request import urlopen
 
+    replicas = json.loads(urlopen(f"{gateway_url}/admin/replicas", timeout=10).read())
+    return str(replicas[0]["url"]).rstrip("/")
+
+
+def _scrape(gateway_url: str, path: Path) -> None:
+    """vLLM's metrics and the gateway's own (its admission queue is part of a TTFT too)."""
+    from urllib.request import urlopen
+
+    lines = []
     try:
         replica = json.loads(urlopen(f"{gateway_url}/admin/replicas", timeout=10).read())[0]
         text = urlopen(f"{replica['url'].rstrip('/')}/metrics", timeout=10).read().decode()
+        text += urlopen(f"{gateway_url}/metrics", timeout=10).read().decode()
+        lines = [line for line in text.splitlines() if line.startswith(("vllm:", "servepilot_"))]
     except (OSError, ValueError, KeyError, IndexError) as exc:
-        text = f"# not read: {exc}\n"
-    path.write_text("\n".join(line for line in text.splitlines() if line.startswith("vllm:")))
+        lines = [f"# not read: {exc}"]
+    path.write_text("\n".join(lines) + "\n")
 
 
 def serve_config(
-    config: str, out: Path, deadline: float, profile: bool, reuse: bool, keep_up: bool = False
+    config: str,
+    out: Path,
+    deadline: float,
+    profile: bool,
+    reuse: bool,
+    keep_up: bool = False,
+    direct: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     import yaml
 
@@ -147,6 +168,10 @@ def serve_config(
                     continue
                 row = measure(run, folder / run.name / f"rep{rep}", url, deadline)
                 summary["runs"].append({**row, "rep": rep})
+                if run.name in direct and time.monotonic() + RUN_S_GUESS < deadline:
+                    row = measure(run, folder / f"{run.name}-direct" / f"rep{rep}", url,
+                                  deadline, target=_replica_url(url))  # fmt: skip
+                    summary["runs"].append({**row, "rep": rep, "direct": True})
     if keep_up:  # the next call measures the rest with --reuse
         print("   fleet left up (--keep-up)", flush=True)
     else:
@@ -180,12 +205,19 @@ def main() -> int:
         action="store_true",
         help="leave the last config's fleet up (a later call goes on with --reuse)",
     )
+    parser.add_argument(
+        "--direct",
+        default="",
+        help="comma-separated runs measured a second time straight at vLLM, without the "
+        "gateway (its share of a TTFT is the difference); their folders end in -direct",
+    )
     parser.add_argument("configs", nargs="+", choices=sorted(CONFIGS))
     args = parser.parse_args()
     os.environ.update(GPU_ENV)
     deadline = time.monotonic() + args.deadline_s
     args.out.mkdir(parents=True, exist_ok=True)
     summaries = []
+    direct = tuple(filter(None, args.direct.split(",")))
     for config in args.configs:
         if time.monotonic() + 150 > deadline:
             print(f"== {config}: left out (deadline)", flush=True)
@@ -193,7 +225,8 @@ def main() -> int:
         print(f"== {config}", flush=True)
         last = config == args.configs[-1]
         summaries.append(serve_config(config, args.out, deadline, args.profile, args.reuse,
-                                      keep_up=args.keep_up and last))  # fmt: skip
+                                      keep_up=args.keep_up and last,
+                                      direct=direct))  # fmt: skip
         args.reuse = False
     (args.out / f"summary-{int(time.time())}.json").write_text(json.dumps(summaries, indent=2))
     return 0
