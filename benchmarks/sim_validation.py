@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import statistics
@@ -58,6 +59,9 @@ from servepilot.calibrate.fit import p90  # noqa: E402
 
 TARGETS = {"median_abs_pct": 7.0, "p90_abs_pct": 20.0}
 SPREAD_FACTOR = 1.5
+FLOOR_FACTOR = 1.25
+"""The target this machine can check (issue 34): each metric's median |error| at most this
+many times its floor, the median error a model with no error at all would show here."""
 
 
 # ---- the record ---------------------------------------------------------------------------
@@ -198,6 +202,9 @@ def summarize(shapes: list[Shape], store: Store) -> dict[str, dict[str, float | 
             row["spread_median_pct"]
         ) and row["p90_abs_pct"] <= SPREAD_FACTOR * float(row["spread_p90_pct"])
         row["meets_targets"] = bool(median_ok and p90_ok and spread_ok)
+        floor = float(row["floor_median_pct"])
+        row["floor_ratio"] = float(row["median_abs_pct"]) / floor if floor else math.inf
+        row["meets_floor_target"] = bool(row["floor_ratio"] <= FLOOR_FACTOR)
         # Missed for certain: the spread target, or a target the noise floor lies under.
         row["missed"] = bool(
             not spread_ok
@@ -224,14 +231,16 @@ def report(shapes: list[Shape], store: Store, profile: Path) -> str:
             spr = f"{spread[m]:8.1f}" if m in spread else f"{'-':>8}"
             lines.append(f"{s.name:<44} {m:<13} {runs[0]} {runs[1]} {sim} {err} {spr} {load}")
     lines += ["", "| metric | cases | median abs error | p90 abs error | spread median | "
-              "spread p90 | perfect model's median, p90 | targets met |",
-              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+              "spread p90 | perfect model's median, p90 | targets met | median / floor "
+              f"(target <= {FLOOR_FACTOR:g}) |",
+              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for m, r in summarize(shapes, store).items():
         met = "yes" if r["meets_targets"] else "no" if r["missed"] else "not checkable here"
         floor = f"{r['floor_median_pct']:.1f}%, {r['floor_p90_pct']:.1f}%"
+        ratio = f"{r['floor_ratio']:.2f} ({'met' if r['meets_floor_target'] else 'missed'})"
         lines.append(f"| {m} | {r['cases']} | {r['median_abs_pct']:.1f}% | {r['p90_abs_pct']:.1f}% "
                      f"| {r['spread_median_pct']:.1f}% | {r['spread_p90_pct']:.1f}% | "
-                     f"{floor} | {met} |")  # fmt: skip
+                     f"{floor} | {met} | {ratio} |")  # fmt: skip
     if profile.exists():
         fit = json.loads(profile.read_text())["meta"].get("fit_error", {}).get("all", {})
         lines.append(f"calibration's own fit error: median {fit.get('median_pct')}%, "

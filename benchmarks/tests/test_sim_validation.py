@@ -135,6 +135,25 @@ def test_a_target_below_the_measurements_own_noise_is_not_checkable(tmp_path: Pa
         store.data["cases"][shape.name]["predicted"]["ttft_p50_ms"] = 110.0
     row = summarize(shapes, store)["ttft_p50_ms"]
     assert row["meets_targets"] is False and row["missed"] is True
+    # Judged on the floor this machine has (issue 34): 10% against a floor of 2% is 5 times it.
+    assert row["floor_ratio"] == pytest.approx(5.0) and row["meets_floor_target"] is False
+
+
+def test_the_floor_target_is_a_quarter_above_the_floor(tmp_path: Path) -> None:
+    shapes = draw_cases(4, 22)
+    store = Store(tmp_path / "validation.json")
+    # Runs of 90 and 110: a floor of 10%. A model 12% off the mean is 1.2 times it (met),
+    # 13% off is 1.3 times (missed), though both miss the absolute 7% target.
+    for predicted, met in ((112.0, True), (113.0, False)):
+        for shape in shapes:
+            store.data["cases"][shape.name] = _entry([90.0, 110.0], predicted)
+        row = summarize(shapes, store)["ttft_p50_ms"]
+        assert row["floor_median_pct"] == pytest.approx(10.0)
+        assert row["meets_floor_target"] is met and row["meets_targets"] is False
+    # Runs that repeat exactly have no floor to be judged against: never met.
+    for shape in shapes:
+        store.data["cases"][shape.name] = _entry([100.0, 100.0], 100.0)
+    assert summarize(shapes, store)["ttft_p50_ms"]["meets_floor_target"] is False
 
 
 def test_recalibrating_keeps_every_earlier_profile(tmp_path: Path) -> None:
