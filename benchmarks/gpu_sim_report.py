@@ -27,11 +27,17 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.gpu_sim_cases import PROFILES, RUNS, Run
+from benchmarks.gpu_ttft_split import scrape_text, sums
 from servepilot.core.results import Run as BenchRun
 from servepilot.core.results import load_result
 from servepilot.load.sweep import sweet_spot
 
 METRICS = ("ttft_p50_ms", "tpot_p50_ms", "output_tok_s")
+CACHE_WARM_PCT = 5.0
+"""A measurement that vLLM served more of its prompt tokens than this from its prefix cache
+is cache-warm: an earlier run sent the same prompts (before 2026-12-06 the runner gave every
+run bench's default seed). The simulator starts each case with an empty cache, so such a case
+is shown but not judged."""
 
 
 def figures(results: Path) -> dict[str, dict[str, float]]:
@@ -53,6 +59,23 @@ def measurements(run_dir: Path) -> list[Path]:
     639 ms the first time and 28 ms the second); the first pass gives the floor."""
     reps = sorted(run_dir.glob("rep*/results.json"), key=lambda p: int(p.parent.name[3:]))
     return reps
+
+
+def cache_hit_pct(rep: Path) -> float | None:
+    """The share of prompt tokens vLLM served from its prefix cache during the measurement in
+    `rep` (from the scrapes around it); None where it was not scraped (the runs before
+    2026-12-06)."""
+    try:
+        before, after = sums(scrape_text(rep, "vllm-before")), sums(scrape_text(rep, "vllm-after"))
+    except FileNotFoundError:
+        return None
+    queries = after.get("vllm:prefix_cache_queries_total", 0.0) - before.get(
+        "vllm:prefix_cache_queries_total", 0.0
+    )
+    hits = after.get("vllm:prefix_cache_hits_total", 0.0) - before.get(
+        "vllm:prefix_cache_hits_total", 0.0
+    )
+    return 100 * hits / queries if queries > 0 else None
 
 
 def vllm_knobs(config_dir: Path) -> dict[str, Any]:
@@ -80,9 +103,14 @@ def sim_fleet(config_dir: Path, accelerator: str | None) -> dict[str, Any]:
     return fleet
 
 
-def predict(run: Run, rep1: Path, fleet: Path, profile: Path, out: Path) -> Path:
-    trace = rep1 / "trace.jsonl"
+def predict(run: Run, rep: Path, fleet: Path, profile: Path, out: Path) -> Path:
+    """`servepilot sim` of the measurement in `rep`: its flags, its trace and its seed."""
+    trace = rep / "trace.jsonl"
     flags = run.bench_flags(trace if trace.exists() else None)
+    command = rep / "command.txt"
+    seed = re.search(r"--seed (\d+)", command.read_text()) if command.exists() else None
+    if seed is not None:  # the layout (prefix groups, mixes) the measurement had
+        flags += ["--seed", seed.group(1)]
     args = [sys.executable, "-m", "servepilot", "sim", "-c", str(fleet), "--profile",
             str(profile), *flags, "--out", str(out)]  # fmt: skip
     done = subprocess.run(args, capture_output=True, text=True, check=False)
@@ -126,11 +154,10 @@ def judge(
                 reps = measurements(config_dir / run.name)
                 if not reps:
                     continue
-                rep1 = reps[0]
                 measured = figures(reps[-1])
                 again = figures(reps[0]) if len(reps) > 1 else {}
                 sim_out = Path(tmp) / run.name
-                sim_result = predict(run, rep1.parent, fleet, profile, sim_out)
+                sim_result = predict(run, reps[-1].parent, fleet, profile, sim_out)
                 predicted = figures(sim_result)
                 if ladders is not None and run.name in LADDER_RUNS:
                     ladders.setdefault(config, ([], []))
@@ -145,6 +172,7 @@ def judge(
                     }  # fmt: skip
                     if key in again:
                         row["again"] = again[key]
+                    row["cache_hit_pct"] = cache_hit_pct(reps[-1].parent)
                     rows.append(row)
     return rows
 
@@ -247,17 +275,30 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def cache_warm(row: dict[str, Any]) -> bool:
+    hit = row.get("cache_hit_pct")
+    return hit is not None and hit > CACHE_WARM_PCT
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'case':34s} {'set':5s} " + " ".join(f"{m:>22s}" for m in METRICS)]
+    lines = [f"{'case':34s} {'set':5s} " + " ".join(f"{m:>22s}" for m in METRICS) + " cache"]
     for row in rows:
         cells = []
         for m in METRICS:
             meas, pred = row["measured"][m], row["predicted"][m]
             cells.append(f"{meas:9.1f} {pred:7.1f} {_error(pred, meas):+5.0%}")
+        hit = row.get("cache_hit_pct")
+        cells.append(
+            "   -" if hit is None else f"{hit:4.0f}%" + (" warm" if cache_warm(row) else "")
+        )
         lines.append(f"{row['case']:34s} {row['set'][:5]:5s} " + " ".join(cells))
     lines.append("")
+    warm_cases = sum(cache_warm(r) for r in rows)
+    if warm_cases:
+        lines.append(f"{warm_cases} cases cache-warm (over {CACHE_WARM_PCT:g}% of prompt tokens "
+                     "from vLLM's prefix cache): shown, not judged")  # fmt: skip
     for which in ("calibration", "validation"):
-        chosen = [r for r in rows if r["set"] == which]
+        chosen = [r for r in rows if r["set"] == which and not cache_warm(r)]
         if not chosen:
             continue
         for m in METRICS:

@@ -68,11 +68,26 @@ def fleet_yaml(config: str, gpu: str) -> dict[str, Any]:
             "replicas": {"count": 1}, "gateway": {"port": PORT}}  # fmt: skip
 
 
+def run_seed(run: Run, rep: int, direct: bool = False) -> int:
+    """bench's --seed for one measurement: its own prompts. bench gives level i of seed s the
+    prompts of seed s + i, so a measurement that repeated an earlier one's seed (bench's
+    default, 0) would be served from the prefix cache the earlier one filled: on 2026-12-06
+    99% of closed-short's prompt tokens were, after the warm-up. The simulator's cache starts
+    empty; so must the measurement's."""
+    index = RUNS.index(run)
+    return 100_000 + 1_000 * index + 100 * rep + (50 if direct else 0)
+
+
 def measure(
-    run: Run, folder: Path, url: str, deadline: float, target: str | None = None
+    run: Run,
+    folder: Path,
+    url: str,
+    deadline: float,
+    seed: int,
+    target: str | None = None,
 ) -> dict[str, Any]:
     """One bench of `run` through the gateway at `url`, or straight at `target` (a replica's
-    URL: what the gateway adds to a TTFT is the difference)."""
+    URL: what the gateway adds to a TTFT is the difference), with prompts from `seed`."""
     if (folder / "results.json").exists():
         return {"run": run.name, "exit": 0, "s": 0.0, "kept": True}
     folder.mkdir(parents=True, exist_ok=True)
@@ -80,7 +95,8 @@ def measure(
     if run.trace is not None:
         trace = folder / "trace.jsonl"
         trace.write_text("\n".join(longtail_trace(**run.trace)) + "\n")
-    args = ["bench", "--url", target or url, *run.bench_flags(trace), "--out", str(folder)]
+    args = ["bench", "--url", target or url, *run.bench_flags(trace), "--seed", str(seed),
+            "--out", str(folder)]  # fmt: skip
     # vLLM's own histograms (queue time, prefill time, TTFT inside the server) before and
     # after: their difference splits a TTFT between the API server, the queue and the GPU.
     _scrape(url, folder / "vllm-before.txt")
@@ -103,8 +119,9 @@ second), which a one-request --warmup does not reach."""
 
 def warm_up(url: str, folder: Path) -> None:
     for i, flags in enumerate(WARMUP):
-        sp(["bench", "--url", url, *flags, "--out", str(folder / f"warmup{i}")],
-           folder / f"warmup{i}.txt", 120)  # fmt: skip
+        # Seeds no measurement uses (run_seed's are 100,000 and up): nothing warm in the cache.
+        sp(["bench", "--url", url, *flags, "--seed", str(10_000 * (i + 1)), "--out",
+            str(folder / f"warmup{i}")], folder / f"warmup{i}.txt", 120)  # fmt: skip
 
 
 def _replica_url(gateway_url: str) -> str:
@@ -166,11 +183,13 @@ def serve_config(
                     print(f"  left out (deadline): {run.name} rep {rep}", flush=True)
                     summary["runs"].append({"run": run.name, "rep": rep, "left_out": True})
                     continue
-                row = measure(run, folder / run.name / f"rep{rep}", url, deadline)
+                row = measure(run, folder / run.name / f"rep{rep}", url, deadline,
+                              run_seed(run, rep))  # fmt: skip
                 summary["runs"].append({**row, "rep": rep})
                 if run.name in direct and time.monotonic() + RUN_S_GUESS < deadline:
                     row = measure(run, folder / f"{run.name}-direct" / f"rep{rep}", url,
-                                  deadline, target=_replica_url(url))  # fmt: skip
+                                  deadline, run_seed(run, rep, direct=True),
+                                  target=_replica_url(url))  # fmt: skip
                     summary["runs"].append({**row, "rep": rep, "direct": True})
     if keep_up:  # the next call measures the rest with --reuse
         print("   fleet left up (--keep-up)", flush=True)

@@ -8,7 +8,9 @@ mean of each stage as each side saw it:
 - gateway TTFT and queue wait: `servepilot_ttft_seconds`, `servepilot_queue_wait_seconds`;
 - vLLM TTFT: `vllm:time_to_first_token_seconds`, from the API server's receipt of a request;
 - vLLM queue and prefill: `vllm:request_queue_time_seconds` (waiting in the engine's
-  scheduler) and `vllm:request_prefill_time_seconds` (first scheduled to first token).
+  scheduler) and `vllm:request_prefill_time_seconds` (first scheduled to first token);
+- the share of prompt tokens vLLM served from its prefix cache (`vllm:prefix_cache_hits`
+  over `vllm:prefix_cache_queries`): a random workload should have none.
 
 So: client - gateway TTFT is bench's HTTP and the hop in; gateway TTFT - queue wait - vLLM
 TTFT is the gateway's own time and the hop to vLLM; vLLM TTFT - queue - prefill is the API
@@ -20,6 +22,7 @@ server (chat template, tokenising, the hand-off to the engine core) and the engi
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -36,31 +39,42 @@ STAGES = {
 }
 
 
-def sums(path: Path) -> dict[str, tuple[float, float]]:
-    """Histogram name -> (sum, count) over all its label sets."""
-    out: dict[str, tuple[float, float]] = {}
-    for family in text_string_to_metric_families(path.read_text()):
+def scrape_text(rep: Path, name: str) -> str:
+    """`name` (vllm-before or vllm-after) of a measurement, as written or gzipped for the repo."""
+    plain = rep / f"{name}.txt"
+    if plain.exists():
+        return plain.read_text()
+    return gzip.decompress((rep / f"{name}.txt.gz").read_bytes()).decode()
+
+
+def sums(text: str) -> dict[str, float]:
+    """Each histogram's `_sum` and `_count` and each counter's `_total`, summed over label
+    sets, by sample name."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            for suffix, slot in (("_sum", 0), ("_count", 1)):
-                if sample.name.endswith(suffix):
-                    base = sample.name[: -len(suffix)]
-                    pair = list(out.get(base, (0.0, 0.0)))
-                    pair[slot] += sample.value
-                    out[base] = (pair[0], pair[1])
+            if sample.name.endswith(("_sum", "_count", "_total")):
+                out[sample.name] = out.get(sample.name, 0.0) + sample.value
     return out
 
 
 def split(rep: Path) -> dict[str, float | None]:
-    """Mean ms of each stage over one measurement's requests (warm-up included for vLLM)."""
-    before, after = sums(rep / "vllm-before.txt"), sums(rep / "vllm-after.txt")
+    """Mean ms of each stage over one measurement's requests (warm-up included for vLLM), and
+    the share of prompt tokens vLLM served from its prefix cache."""
+    before, after = sums(scrape_text(rep, "vllm-before")), sums(scrape_text(rep, "vllm-after"))
+
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
     row: dict[str, float | None] = {}
     runs = json.loads((rep / "results.json").read_text())["runs"]
     n = sum(r["ttft_ms"]["count"] for r in runs)
     row["client TTFT"] = sum(r["ttft_ms"]["mean"] * r["ttft_ms"]["count"] for r in runs) / n
     for label, name in STAGES.items():
-        s0, c0 = before.get(name, (0.0, 0.0))
-        s1, c1 = after.get(name, (0.0, 0.0))
-        row[label] = (s1 - s0) / (c1 - c0) * 1e3 if c1 > c0 else None
+        count = delta(f"{name}_count")
+        row[label] = delta(f"{name}_sum") / count * 1e3 if count > 0 else None
+    queries = delta("vllm:prefix_cache_queries_total")
+    row["cache hit %"] = 100 * delta("vllm:prefix_cache_hits_total") / queries if queries else None
     return row
 
 
@@ -68,10 +82,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path)
     args = parser.parse_args()
-    labels = ["client TTFT", *STAGES]
+    labels = ["client TTFT", *STAGES, "cache hit %"]
     print(f"{'measurement':44s} " + " ".join(f"{x:>13s}" for x in labels))
     for rep in sorted(args.folder.glob("*/*/rep*")):
-        if not (rep / "vllm-after.txt").exists() or not (rep / "results.json").exists():
+        scraped = any((rep / f"vllm-after.txt{gz}").exists() for gz in ("", ".gz"))
+        if not scraped or not (rep / "results.json").exists():
             continue
         row = split(rep)
         cells = [f"{row[x]:13.1f}" if row[x] is not None else f"{'-':>13s}" for x in labels]

@@ -1,4 +1,5 @@
 from pathlib import Path
+from typing import Any
 
 from benchmarks.gpu_sim_cases import RUNS
 from benchmarks.gpu_sim_report import vllm_knobs, workload
@@ -48,3 +49,54 @@ def test_the_sweet_spot_is_where_throughput_stops_growing_within_the_slo() -> No
     assert sweet_concurrency(runs, (1000.0, 40.0)) == 4.0
     # Looser: 64 has requests refused by the gateway (16 of 64): 16 is the last within it.
     assert sweet_concurrency(runs, (3000.0, 60.0)) == 16.0
+
+
+LOAN_3 = Path(__file__).parents[1] / "gpu_runs/2026-12-06-sim-validate-h100"
+
+
+def test_a_measurement_served_from_the_prefix_cache_is_shown_and_not_judged() -> None:
+    from benchmarks.gpu_sim_report import cache_hit_pct, cache_warm, table
+
+    # The H100 loan of 2026-12-06: closed-short ran after a warm-up with the same seed, and
+    # vLLM served 17,856 of its 18,000 prompt tokens from its cache; the long-tailed trace's
+    # prompts were new (5,472 of 306,744).
+    warm = cache_hit_pct(LOAN_3 / "llama-8b-fp8/closed-short/rep2")
+    cold = cache_hit_pct(LOAN_3 / "llama-8b-fp8/longtail-s3/rep2")
+    assert warm is not None and abs(warm - 100 * 17_856 / 18_000) < 1e-9
+    assert cold is not None and abs(cold - 100 * 5_472 / 306_744) < 1e-9
+    # The runs before had no scrapes: unknown, judged as before.
+    assert (
+        cache_hit_pct(LOAN_3.parent / "2026-12-05-sim-validate-h100/llama-8b/closed-mid/rep2")
+        is None
+    )
+    figures = {"ttft_p50_ms": 100.0, "tpot_p50_ms": 10.0, "output_tok_s": 1000.0}
+    off = {"ttft_p50_ms": 150.0, "tpot_p50_ms": 10.0, "output_tok_s": 1000.0}
+    rows: list[dict[str, Any]] = [
+        {"case": "a", "set": "validation", "measured": figures, "predicted": off,
+         "cache_hit_pct": warm},
+        {"case": "b", "set": "validation", "measured": figures, "predicted": figures,
+         "cache_hit_pct": cold},
+        {"case": "c", "set": "validation", "measured": figures, "predicted": figures},
+    ]  # fmt: skip
+    assert [cache_warm(r) for r in rows] == [True, False, False]
+    text = table(rows)
+    assert "1 cases cache-warm" in text
+    # Judged on b and c alone: no TTFT error at all, where a's +50% would have made it 0.0% /
+    # 50.0% (median / p90 of three).
+    assert "validation  ttft_p50_ms   n= 2 median |err|   0.0%  p90   0.0%" in text
+
+
+def test_no_two_measurements_of_the_suite_share_prompts() -> None:
+    from benchmarks.gpu_sim_validate import run_seed
+
+    # bench gives level i of seed s the prompts of seed s + i.
+    streams = [
+        run_seed(run, rep, direct) + i
+        for run in RUNS
+        for rep in (1, 2)
+        for direct in (False, True)
+        for i in range(len(run.levels))
+    ]
+    assert len(streams) == len(set(streams))
+    # The warm-up passes' seeds (10,000 and 20,000, four levels each) are none of these.
+    assert not set(streams) & {10_000 * k + i for k in (1, 2) for i in range(4)}
