@@ -18,6 +18,7 @@ from servepilot.bench.client import Target
 from servepilot.bench.console import estimate_line
 from servepilot.bench.drive import ProgressFn
 from servepilot.bench.metrics import summarize
+from servepilot.bench.prefix_cache import hit_rate, read_cache
 from servepilot.bench.records import RequestRecord, RequestSpec
 from servepilot.bench.runlength import (
     Estimate,
@@ -202,6 +203,7 @@ async def _run_levels(
         plan = _plan(opts, load)
         started_s = time.perf_counter()
         workload, send = await _level_load(opts, plan, levels.level_workload(len(runs)), tokenizer)
+        cache_before = await read_cache(opts.target.base_url)
         report.level_started(load, plan.max_requests, plan.duration_s)
         memory: list[MemorySample] = []
         try:
@@ -211,6 +213,9 @@ async def _run_levels(
                 _keep_finished_windows(opts, load, cut, memory, (runs, records), report)
             raise
         run = _level_done(opts, load, workload, outcome, memory, report)
+        cached = hit_rate(cache_before, await read_cache(opts.target.base_url))
+        run = run.model_copy(update={"prefix_cache_hit_rate": cached})
+        _note_warm_cache(opts.levels.workload, cached, report)
         records += [(load, r) for r in outcome.records]
         runs.append(run)
         report.level_done(run)
@@ -220,6 +225,22 @@ async def _run_levels(
 
 Send = Callable[[ProgressFn], Awaitable[LoadOutcome]]
 """Runs a level's load, reporting progress."""
+
+WARM_CACHE_RATE = 0.05
+"""A workload of new prompts served more than this from the prefix cache gets a warning."""
+_NEW_PROMPTS = (WorkloadKind.RANDOM, WorkloadKind.MIXED, WorkloadKind.TRACE)
+"""The workloads whose prompts share nothing: their cache hits are an earlier run's."""
+
+
+def _note_warm_cache(spec: WorkloadSpec, rate: float | None, report: BenchReporter) -> None:
+    if rate is None or rate <= WARM_CACHE_RATE or spec.kind not in _NEW_PROMPTS:
+        return
+    report.note(
+        f"the replicas served {rate:.0%} of this level's prompt tokens from their prefix "
+        f"cache: an earlier bench with --seed {spec.seed} sent the same prompts, so its TTFT and "
+        "throughput are not those of new traffic. Pass another --seed (or restart the "
+        "replicas) for a cold cache"
+    )
 
 
 async def _level_load(

@@ -126,6 +126,10 @@ class Run(_Record):
     load_reached: bool = True
     """False when the level never ran at its load (fewer requests than its concurrency, or
     a rate the client could not keep): such a level is never the sweet spot."""
+    prefix_cache_hit_rate: float | None = None
+    """Of the prompt tokens the replicas looked up during the level, the share their prefix
+    cache held (vLLM's prefix_cache_hits / prefix_cache_queries; simulated: the same counts);
+    None where the server exports no such counters."""
 
 
 class SweetSpot(_Record):

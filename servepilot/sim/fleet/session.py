@@ -149,10 +149,14 @@ def simulate(
         while (load := opts.levels.next_level(runs).load) is not None:
             progress = on_level(load, level_plan(opts, load)) if on_level is not None else None
             outcome = run_level(opts, len(runs), load, progress, note)
-            runs.append(outcome.run)
+            # The field bench fills from the replicas' own counters: the same counts.
+            run = outcome.run.model_copy(
+                update={"prefix_cache_hit_rate": outcome.stats.prefix_hit_rate}
+            )
+            runs.append(run)
             stats.append(outcome.stats)
             if on_done is not None:
-                on_done(outcome.run)
+                on_done(run)
     except KeyboardInterrupt:
         finished = min(len(runs), len(stats))
         if not finished:
