@@ -292,8 +292,9 @@ class ContinuationConfig(_Section):
 
     stall_timeout_s: float = Field(default=30.0, gt=0)
     """A stream that has relayed its first token and then gets nothing from its replica for
-    this long is given up on that replica and continued elsewhere (found within half a
-    second more: the watchdog ticks every quarter second), and the replica is taken out of
+    this long is given up on that replica and continued elsewhere (within this long of its
+    last byte and at most 0.1 s before: the watchdog ticks every tenth of a second and sees
+    that a byte came, not when), and the replica is taken out of
     rotation until a health check passes (its engine makes no step: its streams still waiting
     for a first token go elsewhere at once). A replica taken out of rotation (failed health
     checks) has its streams continued elsewhere too."""

@@ -6,11 +6,13 @@ trickle tokens, or never send another. Either way the stream is given up on that
 (`Relay.abandon`), and the proxy continues it elsewhere.
 
 One timer for every watched stream, ticking every tenth of a second at most, and at the
-earliest stall deadline when that comes first: a stall is found at most one tick late (its
-last byte is seen at the next tick; its deadline is checked when it falls due), since a hung
-replica's streams should go on within the stall deadline and one TTFT, and a tick reads one
-integer per stream. A stream is stalled when the bytes it relayed have not changed for
-`stall_timeout_s` since the first token (before it, a long prefill or a queue is not a stall,
+earliest stall deadline when that comes first. A tick reads one integer per stream (the bytes
+relayed): it sees that a byte came since the last tick, not when. The deadline runs from the
+last tick before the change, so a hung replica's streams go on within `stall_timeout_s` of
+their last byte and one TTFT (the bound the gateway promises), at the cost of giving up on a
+stream up to one tick (0.1 s) early: a stream is stalled when the bytes it relayed have not
+changed for between `stall_timeout_s` less a tick and `stall_timeout_s` since the first token
+(before it, a long prefill or a queue is not a stall,
 but a replica out of rotation is given up on all the same: a request it had not answered at
 all is retried elsewhere, one whose head had come is continued from its start).
 The hot path pays nothing: a tick reads the byte count the relay keeps anyway.
@@ -53,8 +55,9 @@ class Health(Protocol):
 
 
 _Seen = tuple[Health, int, float]
-"""The replica, the bytes relayed when last seen to change, and when (a tuple: one is made
-per streamed request, and a tuple is the cheapest record to make)."""
+"""The replica, the bytes relayed when last seen to change, and the last tick before that
+change (a tuple: one is made per streamed request, and a tuple is the cheapest record to
+make)."""
 
 
 class Watchdog:
@@ -74,16 +77,20 @@ class Watchdog:
         self._seen: dict[Watched, _Seen] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._last_tick_s = 0.0
+        """When the counts were last read (or the timer started): a byte seen at a tick came
+        after it."""
 
     def __len__(self) -> int:
         return len(self._seen)
 
     def add(self, item: Watched, replica: Health, loop: asyncio.AbstractEventLoop) -> None:
-        # Once per streamed request: no call into the relay (nothing is relayed yet) and
-        # the clock read at the first tick that sees progress.
+        # Once per streamed request: no call into the relay (nothing is relayed yet), and no
+        # clock read but when the timer starts.
         self._seen[item] = (replica, -1, 0.0)
         if self._timer is None:
             self._loop = loop
+            self._last_tick_s = loop.time()
             self._timer = loop.call_later(self._tick_s, self._tick)
 
     def discard(self, item: Watched) -> None:
@@ -95,6 +102,9 @@ class Watchdog:
         self._timer = None
         now_s = loop.time()
         next_s = now_s + self._tick_s
+        # A loop held up for longer than a tick must not make a byte that just came look old.
+        before_s = max(self._last_tick_s, now_s - self._tick_s)
+        self._last_tick_s = now_s
         seen = self._seen
         for item, (replica, last, since_s) in list(seen.items()):
             progress = item.progress()
@@ -106,8 +116,8 @@ class Watchdog:
                     item.abandon(self._out_of_rotation(replica))
                 continue
             if progress != last:
-                seen[item] = (replica, progress, now_s)
-                since_s = now_s
+                seen[item] = (replica, progress, before_s)
+                since_s = before_s
             failure = self._check(replica, now_s - since_s)
             if failure is None:
                 next_s = min(next_s, since_s + self._stall_s)
