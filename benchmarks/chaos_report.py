@@ -16,8 +16,6 @@ from benchmarks.chaos_load import Stream
 
 SETTLE_S = 5.0
 """A fault's window lasts this long after it is over (streams queued behind it)."""
-_WATCHDOG_LATE_S = 0.1
-"""The gateway's watchdog ticks every tenth of a second: it finds a stall up to a tick late."""
 
 
 @dataclass
@@ -140,10 +138,11 @@ def table(r: dict[str, Any]) -> str:
         verdict = "within" if over <= 0 else f"{over:.2f} s over"
         lines.append(
             f"hang: {hang['mid_answer']} streams mid-answer on the stopped replica, longest "
-            f"silence {hang['max_silence_s']:.1f} s ({verdict} the issue's bound "
-            f"{hang['bound_s']:.1f} s, stall deadline + TTFT p50; the watchdog finds a stall "
-            f"up to {_WATCHDOG_LATE_S:.1f} s late); {hang['waiting']} waiting for their first "
-            f"token, longest silence {hang['waiting_max_silence_s']:.1f} s"
+            f"silence {hang['max_silence_s']:.2f} s ({verdict} the issue's bound "
+            f"{hang['bound_s']:.2f} s, stall deadline + TTFT p50 of the quiet streams; the "
+            "watchdog acts within the deadline of a stream's last byte, the rest is the "
+            f"continuation's own TTFT); {hang['waiting']} waiting for their first token, "
+            f"longest silence {hang['waiting_max_silence_s']:.1f} s"
         )
     if restart := r["gateway_restart"]:
         lines.append(
