@@ -52,6 +52,14 @@ class AutoscaleSetup:
                    section.replica_rps, horizon_s, section.window_s, section.up_cooldown_s,
                    section.down_cooldown_s)  # fmt: skip
 
+    def with_pool(self, pool: int, wake_s: float, tick_s: float) -> AutoscaleSetup:
+        """The same behind a warm pool of `pool` sleeping replicas woken in `wake_s`: the
+        policy then starts cold only what the pool cannot wake within the wake and a tick
+        (`up`'s controller and `sim -c` build it alike)."""
+        if not pool:
+            return self
+        return replace(self, pool=pool, wake_horizon_s=min(self.horizon_s, wake_s + tick_s))
+
     def describe(self) -> dict[str, object]:
         """For a results file: the policy and the numbers it reads."""
         out: dict[str, object] = {

@@ -16,6 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+WAKE_S = 0.8
+"""vLLM's wake_up of Llama-3.1-8B on an H200, measured: 0.78-0.81 s over three cycles
+(benchmarks/gpu_runs/2026-12-04-llama-8b-sleep/sleep-cycles.json). What a policy plans a
+wake at where none was measured (`up`'s controller; `sim` unless told)."""
+
 
 @dataclass(frozen=True, slots=True)
 class PoolCounts:

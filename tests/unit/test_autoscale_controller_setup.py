@@ -233,3 +233,21 @@ def test_local_replicas_added_later_get_new_ids_and_a_slots_cores(
         (0, 1, 2),
         (3, 4, 5),
     ]
+
+
+def test_behind_a_warm_pool_the_fleets_policy_knows_its_pool_as_the_simulators_does() -> None:
+    from servepilot.fleet.autoscale.start import fleet_policy
+    from servepilot.scaling.warm_pool import WAKE_S
+
+    scaling = {"enabled": True, "min_replicas": 1, "max_replicas": 6, "interval_s": 5,
+               "policy": "predictive", "replica_rps": 2.0}  # fmt: skip
+    config = parse_config({"autoscale": scaling}, origin="t")
+    pooled = fleet_policy(config, 40.0, pool_target=3)
+    assert isinstance(pooled, PredictivePolicy)
+    # Cold only what the pool cannot wake: the pool and its horizon, the wake plus a tick,
+    # as `sim -c fleet.yaml` with the same pool builds it (sim/fleet/flags.py).
+    assert (pooled.sizing.pool, pooled.sizing.wake_horizon_s) == (3, WAKE_S + 5.0)
+    assert pooled.sizing.horizon_s == 45.0
+    plain = fleet_policy(config, 40.0, pool_target=0)
+    assert isinstance(plain, PredictivePolicy)
+    assert (plain.sizing.pool, plain.sizing.wake_horizon_s) == (0, None)

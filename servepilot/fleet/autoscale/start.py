@@ -21,6 +21,8 @@ from servepilot.gateway import Gateway
 from servepilot.gateway.serve import Alongside
 from servepilot.scaling.adaptive_budget import AdaptiveBudget
 from servepilot.scaling.policies import AutoscaleSetup
+from servepilot.scaling.snapshot import AutoscalePolicy
+from servepilot.scaling.warm_pool import WAKE_S
 
 
 def check_autoscale(config: FleetConfig) -> None:
@@ -49,6 +51,13 @@ def initial_replicas(config: FleetConfig) -> int:
     return min(scaling.max_replicas, max(scaling.min_replicas, count - pool)) + pool
 
 
+def fleet_policy(config: FleetConfig, cold_start_s: float, pool_target: int) -> AutoscalePolicy:
+    """fleet.yaml's policy as `sim -c` builds it: behind a pool of `pool_target`, it starts
+    cold only what the pool cannot wake (in the wake measured on an H200) within a tick."""
+    setup = AutoscaleSetup.from_section(config.autoscale, cold_start_s)
+    return setup.with_pool(pool_target, WAKE_S, config.autoscale.interval_s).build()
+
+
 def start_autoscaler(
     config: FleetConfig,
     gateway: Gateway,
@@ -61,7 +70,7 @@ def start_autoscaler(
     `pool_target`: its warm pool (replicas.asleep)."""
     scaling = config.autoscale
     controller = AutoscaleController(
-        AutoscaleSetup.from_section(config.autoscale, cold_start_s).build(),
+        fleet_policy(config, cold_start_s, pool_target),
         backend,
         GatewayView(gateway),
         interval_s=scaling.interval_s,

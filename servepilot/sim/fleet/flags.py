@@ -88,10 +88,9 @@ class SimFlags:
             self.autoscale_target, self.replica_rps, self.forecast_horizon, spec)  # fmt: skip
         if scaling is None and config.autoscale.enabled:  # fleet.yaml's, as `up` would run it
             spec = dataclasses.replace(spec, autoscale_interval_s=config.autoscale.interval_s)
-            scaling = AutoscaleSetup.from_section(config.autoscale, spec.cold_start_s)
-            if spec.warm_pool:
-                wake_s = min(scaling.horizon_s, spec.wake_s + spec.autoscale_interval_s)
-                scaling = dataclasses.replace(scaling, pool=spec.warm_pool, wake_horizon_s=wake_s)
+            scaling = AutoscaleSetup.from_section(config.autoscale, spec.cold_start_s).with_pool(
+                spec.warm_pool, spec.wake_s, spec.autoscale_interval_s
+            )
         budget = config.autoscale.adaptive_budget
         if budget.enabled and scaling is None:
             raise ConfigError(

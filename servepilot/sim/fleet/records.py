@@ -8,12 +8,10 @@ from servepilot.core.config import GatewayConfig
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Run
 from servepilot.plan.costmodel import CostModel
+from servepilot.scaling.warm_pool import WAKE_S
 from servepilot.sim.engine.records import SchedulerConfig
 from servepilot.sim.fleet.network import NetworkConfig
 
-WAKE_S = 0.8
-"""vLLM's wake_up of Llama-3.1-8B on an H200, measured: 0.78-0.81 s over three cycles
-(benchmarks/gpu_runs/2026-12-04-llama-8b-sleep/sleep-cycles.json)."""
 SLEEP_S = 11.6
 """Its first sleep in the same run (11.56 s; later ones 0.41-0.43 s): a replica entering the
 pool pays the first."""
