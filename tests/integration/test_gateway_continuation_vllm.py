@@ -71,9 +71,15 @@ class CuttingProxy:
                     seen = 0  # the next answer on a kept-alive connection
                 seen += data.count(b"data: ")
                 writer.write(data)
-                if seen >= self._events:
+                # An answer whose end came in this read is whole: not cut (a continuation
+                # asked for its last few tokens can end within the events counted).
+                if seen >= self._events and b"data: [DONE]" not in data:
                     self.cuts += 1
-                    writer.transport.abort()
+                    # Closed, not aborted, towards the gateway: an abort drops what is still
+                    # in the write buffer, and a cut whose events all sat there (a first read
+                    # holding the head and six events) reached the gateway as a failure before
+                    # the first token: retried, not continued (a fresh clone saw 10 of 11).
+                    writer.close()
                     up_writer.transport.abort()
                     return
             writer.close()
