@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from benchmarks.autoscale_report import Row
 from benchmarks.autoscale_traces import Trace
-from servepilot.core.config import parse_config
+from servepilot.core.config import AutoscaleConfig, parse_config
 from servepilot.core.results import Load, LoadMode
 from servepilot.core.slo import Slo
 from servepilot.engine.cpu import cpu_flags
@@ -33,6 +33,8 @@ from servepilot.sim.fleet.traffic import Job, JobTable
 SLO = "ttft_p99_ms=1000,tpot_p99_ms=75"
 COLD_START_S = 78.0
 INTERVAL_S = 5.0
+POOL_INTERVAL_S = AutoscaleConfig().pool_interval_s
+"""Behind a warm pool the controller decides every second (`autoscale.pool_interval_s`)."""
 MIN_REPLICAS, MAX_REPLICAS, START_REPLICAS = 2, 20, 4
 FILL = 0.8
 """The share of a replica's capacity the predictive sizing (and static provisioning) plans
@@ -46,6 +48,11 @@ enough to wake a burst's (40 -> 110 req/s: 11 replicas at 6.8) less what is up a
 
 def pooled(policy: str) -> bool:
     return policy.endswith("+pool")
+
+
+def tick_s(warm_pool: int) -> float:
+    """How often the fleet's controller decides: as `up` does, the pool's tick behind one."""
+    return POOL_INTERVAL_S if warm_pool else INTERVAL_S
 
 
 def fleet(replicas: int, warm_pool: int = 0, cold_refill: bool = True) -> FleetSpec:
@@ -67,7 +74,7 @@ def fleet(replicas: int, warm_pool: int = 0, cold_refill: bool = True) -> FleetS
         gateway=config.gateway,
         scrape_interval_s=2.0,
         cold_start_s=COLD_START_S,
-        autoscale_interval_s=INTERVAL_S,
+        autoscale_interval_s=tick_s(warm_pool),
         warm_pool=warm_pool,
         cold_refill=cold_refill,
         wake_s=WAKE_S,
@@ -151,18 +158,19 @@ def build(policy: str, rps: float, knobs: Knobs, trace: Trace) -> AutoscalePolic
         return TargetUtilisation(0.7, MIN_REPLICAS, MAX_REPLICAS)
     if name == "step":
         return StepPolicy(rules)
+    pool = knobs.warm_pool if pooled(policy) else 0
+    tick = tick_s(pool)
     if name == "predictive":
         sizing = ForecastSizing(
-            rps, COLD_START_S + INTERVAL_S, fill=knobs.fill, error_quantile=knobs.error_quantile,
+            rps, COLD_START_S + tick, fill=knobs.fill, error_quantile=knobs.error_quantile,
             error_window_s=knobs.error_window_s, error_fade=knobs.error_fade,
             fall_release=knobs.fall_release,
         )  # fmt: skip
-        if pooled(policy):
-            sizing = replace(sizing, pool=knobs.warm_pool, wake_horizon_s=WAKE_S + INTERVAL_S)
+        if pool:
+            sizing = replace(sizing, pool=pool, wake_horizon_s=WAKE_S + tick)
         return PredictivePolicy(sizing, rules)
     if name == "oracle":
-        pool = knobs.warm_pool if pooled(policy) else 0
-        horizon_s, wake_s = COLD_START_S + INTERVAL_S, WAKE_S + INTERVAL_S
+        horizon_s, wake_s = COLD_START_S + tick, WAKE_S + tick
         return ClairvoyantPolicy(
             trace.rate, horizon_s, FILL * rps, MIN_REPLICAS, MAX_REPLICAS, pool=pool,
             wake_horizon_s=wake_s,

@@ -44,10 +44,13 @@ class AutoscaleSetup:
             )
 
     @classmethod
-    def from_section(cls, section: AutoscaleConfig, cold_start_s: float) -> AutoscaleSetup:
+    def from_section(
+        cls, section: AutoscaleConfig, cold_start_s: float, pool: int = 0
+    ) -> AutoscaleSetup:
         """fleet.yaml's `autoscale` section (what `up` runs, and `sim -c` without
-        --autoscale); predictive's horizon by default `cold_start_s` plus a tick."""
-        horizon_s = section.forecast_horizon_s or cold_start_s + section.interval_s
+        --autoscale); predictive's horizon by default `cold_start_s` plus a tick (behind a
+        pool of `pool`, its shorter tick)."""
+        horizon_s = section.forecast_horizon_s or cold_start_s + section.tick_s(pool)
         return cls(section.policy, section.min_replicas, section.max_replicas, section.target,
                    section.replica_rps, horizon_s, section.window_s, section.up_cooldown_s,
                    section.down_cooldown_s)  # fmt: skip

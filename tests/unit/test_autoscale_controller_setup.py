@@ -235,7 +235,7 @@ def test_local_replicas_added_later_get_new_ids_and_a_slots_cores(
     ]
 
 
-def test_behind_a_warm_pool_the_fleets_policy_knows_its_pool_as_the_simulators_does() -> None:
+def test_behind_a_warm_pool_the_fleets_policy_knows_its_pool_and_decides_every_second() -> None:
     from servepilot.fleet.autoscale.start import fleet_policy
     from servepilot.scaling.warm_pool import WAKE_S
 
@@ -245,9 +245,14 @@ def test_behind_a_warm_pool_the_fleets_policy_knows_its_pool_as_the_simulators_d
     pooled = fleet_policy(config, 40.0, pool_target=3)
     assert isinstance(pooled, PredictivePolicy)
     # Cold only what the pool cannot wake: the pool and its horizon, the wake plus a tick,
-    # as `sim -c fleet.yaml` with the same pool builds it (sim/fleet/flags.py).
-    assert (pooled.sizing.pool, pooled.sizing.wake_horizon_s) == (3, WAKE_S + 5.0)
-    assert pooled.sizing.horizon_s == 45.0
+    # as `sim -c fleet.yaml` with the same pool builds it (sim/fleet/flags.py); behind a
+    # pool the controller decides every second (pool_interval_s), not every interval_s.
+    assert config.autoscale.tick_s(3) == 1.0 and config.autoscale.tick_s(0) == 5.0
+    assert (pooled.sizing.pool, pooled.sizing.wake_horizon_s) == (3, WAKE_S + 1.0)
+    assert pooled.sizing.horizon_s == 41.0
     plain = fleet_policy(config, 40.0, pool_target=0)
     assert isinstance(plain, PredictivePolicy)
     assert (plain.sizing.pool, plain.sizing.wake_horizon_s) == (0, None)
+    assert plain.sizing.horizon_s == 45.0
+    slower = parse_config({"autoscale": {**scaling, "pool_interval_s": 10}}, origin="t")
+    assert slower.autoscale.tick_s(3) == 5.0  # never slower than interval_s

@@ -53,9 +53,11 @@ def initial_replicas(config: FleetConfig) -> int:
 
 def fleet_policy(config: FleetConfig, cold_start_s: float, pool_target: int) -> AutoscalePolicy:
     """fleet.yaml's policy as `sim -c` builds it: behind a pool of `pool_target`, it starts
-    cold only what the pool cannot wake (in the wake measured on an H200) within a tick."""
-    setup = AutoscaleSetup.from_section(config.autoscale, cold_start_s)
-    return setup.with_pool(pool_target, WAKE_S, config.autoscale.interval_s).build()
+    cold only what the pool cannot wake (in the wake measured on an H200) within a tick, the
+    pool's (`autoscale.pool_interval_s`)."""
+    scaling = config.autoscale
+    setup = AutoscaleSetup.from_section(scaling, cold_start_s, pool_target)
+    return setup.with_pool(pool_target, WAKE_S, scaling.tick_s(pool_target)).build()
 
 
 def start_autoscaler(
@@ -73,7 +75,7 @@ def start_autoscaler(
         fleet_policy(config, cold_start_s, pool_target),
         backend,
         GatewayView(gateway),
-        interval_s=scaling.interval_s,
+        interval_s=scaling.tick_s(pool_target),
         drain_timeout_s=scaling.drain_timeout_s,
         # The local and Ray backends give up at the startup budget themselves; this catches
         # what they cannot see (a Kubernetes pod that never gets scheduled).

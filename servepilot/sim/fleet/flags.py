@@ -87,9 +87,10 @@ class SimFlags:
         scaling = fleet_setup.autoscaler(self.autoscale, self.scaling_policy,
             self.autoscale_target, self.replica_rps, self.forecast_horizon, spec)  # fmt: skip
         if scaling is None and config.autoscale.enabled:  # fleet.yaml's, as `up` would run it
-            spec = dataclasses.replace(spec, autoscale_interval_s=config.autoscale.interval_s)
-            scaling = AutoscaleSetup.from_section(config.autoscale, spec.cold_start_s).with_pool(
-                spec.warm_pool, spec.wake_s, spec.autoscale_interval_s
+            section, pool = config.autoscale, spec.warm_pool
+            spec = dataclasses.replace(spec, autoscale_interval_s=section.tick_s(pool))
+            scaling = AutoscaleSetup.from_section(section, spec.cold_start_s, pool).with_pool(
+                pool, spec.wake_s, spec.autoscale_interval_s
             )
         budget = config.autoscale.adaptive_budget
         if budget.enabled and scaling is None:
