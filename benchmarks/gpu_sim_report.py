@@ -27,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.gpu_sim_cases import PROFILES, RUNS, Run
-from benchmarks.gpu_ttft_split import scrape_text, sums
+from benchmarks.gpu_ttft_split import cache_hit_pct
 from servepilot.core.results import Run as BenchRun
 from servepilot.core.results import load_result
 from servepilot.load.sweep import sweet_spot
@@ -59,23 +59,6 @@ def measurements(run_dir: Path) -> list[Path]:
     639 ms the first time and 28 ms the second); the first pass gives the floor."""
     reps = sorted(run_dir.glob("rep*/results.json"), key=lambda p: int(p.parent.name[3:]))
     return reps
-
-
-def cache_hit_pct(rep: Path) -> float | None:
-    """The share of prompt tokens vLLM served from its prefix cache during the measurement in
-    `rep` (from the scrapes around it); None where it was not scraped (the runs before
-    2026-12-06)."""
-    try:
-        before, after = sums(scrape_text(rep, "vllm-before")), sums(scrape_text(rep, "vllm-after"))
-    except FileNotFoundError:
-        return None
-    queries = after.get("vllm:prefix_cache_queries_total", 0.0) - before.get(
-        "vllm:prefix_cache_queries_total", 0.0
-    )
-    hits = after.get("vllm:prefix_cache_hits_total", 0.0) - before.get(
-        "vllm:prefix_cache_hits_total", 0.0
-    )
-    return 100 * hits / queries if queries > 0 else None
 
 
 def vllm_knobs(config_dir: Path) -> dict[str, Any]:

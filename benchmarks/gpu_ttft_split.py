@@ -29,6 +29,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from servepilot.bench.prefix_cache import CacheCount, hit_rate
+
 STAGES = {
     "gateway TTFT": "servepilot_ttft_seconds",
     "gateway queue": "servepilot_queue_wait_seconds",
@@ -58,6 +60,23 @@ def sums(text: str) -> dict[str, float]:
     return out
 
 
+def cache_hit_pct(rep: Path) -> float | None:
+    """The share (%) of prompt tokens vLLM served from its prefix cache during the measurement
+    in `rep`, as `servepilot bench` reads it (`bench.prefix_cache`); None where it was not
+    scraped (the runs before 2026-12-06) or looked nothing up."""
+    counts = []
+    for name in ("vllm-before", "vllm-after"):
+        try:
+            text = scrape_text(rep, name)
+        except FileNotFoundError:
+            return None
+        page = sums(text)
+        counts.append(CacheCount(page.get("vllm:prefix_cache_queries_total", 0.0),
+                                 page.get("vllm:prefix_cache_hits_total", 0.0)))  # fmt: skip
+    rate = hit_rate(counts[0], counts[1])
+    return None if rate is None else 100 * rate
+
+
 def split(rep: Path) -> dict[str, float | None]:
     """Mean ms of each stage over one measurement's requests (warm-up included for vLLM), and
     the share of prompt tokens vLLM served from its prefix cache."""
@@ -73,8 +92,7 @@ def split(rep: Path) -> dict[str, float | None]:
     for label, name in STAGES.items():
         count = delta(f"{name}_count")
         row[label] = delta(f"{name}_sum") / count * 1e3 if count > 0 else None
-    queries = delta("vllm:prefix_cache_queries_total")
-    row["cache hit %"] = 100 * delta("vllm:prefix_cache_hits_total") / queries if queries else None
+    row["cache hit %"] = cache_hit_pct(rep)
     return row
 
 
