@@ -50,12 +50,17 @@ def pooled(policy: str) -> bool:
     return policy.endswith("+pool")
 
 
-def tick_s(warm_pool: int) -> float:
+def tick_s(warm_pool: int, pool_interval_s: float = POOL_INTERVAL_S) -> float:
     """How often the fleet's controller decides: as `up` does, the pool's tick behind one."""
-    return POOL_INTERVAL_S if warm_pool else INTERVAL_S
+    return pool_interval_s if warm_pool else INTERVAL_S
 
 
-def fleet(replicas: int, warm_pool: int = 0, cold_refill: bool = True) -> FleetSpec:
+def fleet(
+    replicas: int,
+    warm_pool: int = 0,
+    cold_refill: bool = True,
+    pool_interval_s: float = POOL_INTERVAL_S,
+) -> FleetSpec:
     config = parse_config(
         {
             "model": {"source": "llama-3.1-70b"},
@@ -74,7 +79,7 @@ def fleet(replicas: int, warm_pool: int = 0, cold_refill: bool = True) -> FleetS
         gateway=config.gateway,
         scrape_interval_s=2.0,
         cold_start_s=COLD_START_S,
-        autoscale_interval_s=tick_s(warm_pool),
+        autoscale_interval_s=tick_s(warm_pool, pool_interval_s),
         warm_pool=warm_pool,
         cold_refill=cold_refill,
         wake_s=WAKE_S,
@@ -143,6 +148,10 @@ class Knobs:
     warm_pool: int = WARM_POOL
     cold_refill: bool = False
     """The +pool runs refill their pool by cold starts (else by replicas given back)."""
+    burst_window_s: int | None = ForecastSizing(1.0, 1.0).burst_window_s
+    burst_sigmas: float = ForecastSizing(1.0, 1.0).burst_sigmas
+    pool_interval_s: float = POOL_INTERVAL_S
+    wake_confirm_s: float = ForecastSizing(1.0, 1.0).wake_confirm_s
 
 
 def build(policy: str, rps: float, knobs: Knobs, trace: Trace) -> AutoscalePolicy | None:
@@ -159,7 +168,7 @@ def build(policy: str, rps: float, knobs: Knobs, trace: Trace) -> AutoscalePolic
     if name == "step":
         return StepPolicy(rules)
     pool = knobs.warm_pool if pooled(policy) else 0
-    tick = tick_s(pool)
+    tick = tick_s(pool, knobs.pool_interval_s)
     if name == "predictive":
         sizing = ForecastSizing(
             rps, COLD_START_S + tick, fill=knobs.fill, error_quantile=knobs.error_quantile,
@@ -167,7 +176,10 @@ def build(policy: str, rps: float, knobs: Knobs, trace: Trace) -> AutoscalePolic
             fall_release=knobs.fall_release,
         )  # fmt: skip
         if pool:
-            sizing = replace(sizing, pool=pool, wake_horizon_s=WAKE_S + tick)
+            sizing = replace(sizing, pool=pool, wake_horizon_s=WAKE_S + tick,
+                             burst_window_s=knobs.burst_window_s,
+                             burst_sigmas=knobs.burst_sigmas,
+                             wake_confirm_s=knobs.wake_confirm_s)  # fmt: skip
         return PredictivePolicy(sizing, rules)
     if name == "oracle":
         horizon_s, wake_s = COLD_START_S + tick, WAKE_S + tick
@@ -196,7 +208,7 @@ def run_policy(
     timed = Timed(built, watch) if built is not None else None
     pool = knobs.warm_pool if pooled(policy) else 0
     size = static if timed is None else START_REPLICAS
-    sim = FleetSim(fleet(size, pool, knobs.cold_refill), autoscaler=timed)
+    sim = FleetSim(fleet(size, pool, knobs.cold_refill, knobs.pool_interval_s), autoscaler=timed)
     mean_rps = len(sends) / trace.duration_s
     plan = LoadPlan(
         Load(mode=LoadMode.RATE, value=mean_rps), duration_s=trace.duration_s, grace_s=GRACE_S

@@ -123,6 +123,29 @@ def parse_args() -> argparse.Namespace:
         "over the horizon (default: ForecastSizing's); none: always holds",
     )
     parser.add_argument(
+        "--burst",
+        default=f"{Knobs().burst_window_s}:{Knobs().burst_sigmas:g}",
+        metavar="W:S",
+        help="the +pool runs' burst rule: predictive wakes the pool at once when the last W "
+        "seconds' mean rate stands S Poisson deviations above its forecast (default: "
+        "ForecastSizing's); none: the forecast alone",
+    )
+    parser.add_argument(
+        "--wake-confirm",
+        type=float,
+        default=Knobs().wake_confirm_s,
+        metavar="S",
+        help="the +pool runs: how long predictive's forecast must ask for a wake before it "
+        "wakes (default: ForecastSizing's; 0: at once)",
+    )
+    parser.add_argument(
+        "--pool-interval",
+        type=float,
+        default=Knobs().pool_interval_s,
+        metavar="S",
+        help="the +pool runs' decision interval (default: autoscale.pool_interval_s)",
+    )
+    parser.add_argument(
         "--fill",
         type=float,
         default=Knobs().fill,
@@ -176,6 +199,7 @@ def main() -> int:
     shares = [float(v) for v in args.floors.split(",") if v]
     quantile = None if args.error_quantile.lower() == "none" else float(args.error_quantile)
     release = None if args.fall_release.lower() == "none" else float(args.fall_release)
+    window, sigmas = (None, 0.0) if args.burst == "none" else _burst(args.burst)
     knobs = Knobs(
         args.down_cooldown,
         quantile,
@@ -185,6 +209,10 @@ def main() -> int:
         args.fill,
         args.warm_pool,
         args.pool_refill == "cold",
+        window,
+        sigmas,
+        args.pool_interval,
+        args.wake_confirm,
     )
     rows: list[Row] = []
     for name in args.traces.split(","):
@@ -219,11 +247,21 @@ def main() -> int:
         "fall_release": release,
         "traces": {name: trace.shape.describe() for name, trace in TRACES.items()},
         "warm_pool": args.warm_pool, "pool_refill": args.pool_refill, "wake_s": WAKE_S,
+        "burst": args.burst, "pool_interval_s": args.pool_interval,
+        "wake_confirm_s": args.wake_confirm,
         "sleep_s": SLEEP_S,
         "rows": [asdict(r) for r in rows], "verdicts": lines, "cpu_s": round(cpu_s, 1),
     }  # fmt: skip
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return 1 if any(v.missed for v in judged) else 0
+
+
+def _burst(text: str) -> tuple[int, float]:
+    window, _, sigmas = text.partition(":")
+    try:
+        return int(window), float(sigmas)
+    except ValueError:
+        raise SystemExit(f"--burst: expected W:S (seconds:sigmas) or none, got {text!r}") from None
 
 
 def _progress(r: Row) -> None:

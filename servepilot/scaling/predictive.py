@@ -64,6 +64,15 @@ class ForecastSizing:
     5 s, 3 sigmas was the one that kept the bursts at 100.00% without costing the smooth
     traces a replica-hour (docs/benchmarks.md)."""
     burst_sigmas: float = 3.0
+    wake_confirm_s: float = 4.0
+    """With a pool: the forecast's need within the wake horizon wakes replicas only once it
+    has stood this long (the lowest of its last `wake_confirm_s`); the burst rule, a
+    statistical test of its own, wakes at once. Behind a pool the controller decides every
+    second, five times as often as every 5 s, and so reads the forecast level's Poisson noise
+    five times as often: at a flat 25 req/s the level crossed a replica's line on noise
+    alone, and each wake was then held for `hold_s`. Chosen on the shipped traces of `make
+    bench-autoscale` (0, 2, 3, 4 and 5 s): 3 and 4 s kept all three at 100%, 2 and 5 s lost
+    requests on the ramp, 4 s saved the most (docs/benchmarks.md); 0: no wait."""
     fall_release: float | None = 1.0
     """Skip the hold when the forecast itself falls over the horizon by at least this many
     replicas' worth (fill x replica_rps; 0: any fall): a fall the trend carries is not the
@@ -92,6 +101,8 @@ class ForecastSizing:
             self.burst_window_s < 1 or not self.burst_sigmas >= 0
         ):
             raise ConfigError("burst_window_s must be >= 1 second and burst_sigmas >= 0")
+        if not self.wake_confirm_s >= 0:
+            raise ConfigError(f"wake_confirm_s must be >= 0 s, got {self.wake_confirm_s}")
         if self.fall_release is not None and self.fall_release < 0:
             raise ConfigError(f"fall_release must be >= 0 replicas, got {self.fall_release}")
 
@@ -135,6 +146,8 @@ class PredictivePolicy:
         )
         self.hold_s = self.step.rules.down_cooldown_s if sizing.hold_s is None else sizing.hold_s
         self._needs = PeakWindow(self.hold_s)
+        self._wake_needs = PeakWindow(sizing.wake_confirm_s)
+        """The forecast's wake needs, negated: its peak is the lowest of the confirm window."""
         self._seen_second: int | None = None
         """The second that ended last in what was fed (floor of the last tick's time)."""
         self.too_few = TooFewMemory()
@@ -159,6 +172,7 @@ class PredictivePolicy:
             # The pool wakes its replicas within the wake horizon (the headroom is the
             # errors over it): only the need beyond the pool is started a cold start ahead.
             soon = self._need(self.forecast.peak(sizing.wake_horizon_s) + headroom)
+            soon = -round(self._wake_needs.add(now_s, -soon))
             soon = max(soon, self._need(self._burst_rps(snapshot.arrivals_per_s)))
             need_now = rules.bounded(max(soon, self._need(rate) - sizing.pool))
         if self.falling():

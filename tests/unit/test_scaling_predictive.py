@@ -295,3 +295,41 @@ def test_with_a_pool_a_burst_the_forecast_lags_is_woken_for_at_once() -> None:
     )
     with pytest.raises(ConfigError, match="burst_window_s"):
         ForecastSizing(6.0, 83.0, burst_window_s=0)
+
+
+def _every_second(policy: PredictivePolicy, tail: tuple[float, ...]) -> list[int]:
+    """Ten minutes at 26 req/s on 4 replicas (the line of 4 at 0.8 x 8.5: 27.2 req/s), then
+    `tail`, a decision every second (a pool's tick): the replicas asked for at each."""
+    arrivals = (26.0,) * 600
+    for now in range(590, 601):  # it has been deciding every second before
+        assert policy.decide(_fleet(4, arrivals[:now], now), now).replicas == 4
+    asked = []
+    for k, value in enumerate(tail, start=1):
+        arrivals += (value,)
+        asked.append(policy.decide(_fleet(4, arrivals, 600.0 + k), 600.0 + k).replicas)
+    return asked
+
+
+def test_with_a_pool_the_forecast_wakes_only_once_it_asked_for_a_while() -> None:
+    sizing = replace(ForecastSizing(8.5, 79.0, error_quantile=None), pool=10, wake_horizon_s=1.8)
+    eager = replace(sizing, wake_confirm_s=0.0)
+    assert sizing.wake_confirm_s == 4.0
+    # One second of 40 req/s lifts Holt's level from 26 to 27.4, over the line for two
+    # seconds: noise a decision every second reads and one every 5 s mostly misses. No wake.
+    spike = (40.0,) + (26.0,) * 6
+    assert _every_second(PredictivePolicy(eager, RULES), spike)[:2] == [5, 5]
+    assert _every_second(PredictivePolicy(sizing, RULES), spike) == [4] * 7
+    # 32 req/s that lasts: the level crosses the line at the third second, and the wake
+    # follows once it has asked for 4 s.
+    rise = (32.0,) * 10
+    first = _every_second(PredictivePolicy(eager, RULES), rise).index(5)
+    assert first == 2
+    assert _every_second(PredictivePolicy(sizing, RULES), rise).index(5) == first + 4
+    # A burst (60 req/s) is the burst rule's: its own 3-sigma test wakes at once, by the
+    # third second (the last 5 s at 46.4 req/s against the level's 35.2 + 3 x 2.65).
+    # Without the burst rule, the forecast's need waits its 4 s like any other.
+    assert _every_second(PredictivePolicy(sizing, RULES), (60.0,) * 3) == [4, 4, 7]
+    no_rule = replace(sizing, burst_window_s=None)
+    assert _every_second(PredictivePolicy(no_rule, RULES), (60.0,) * 3) == [4, 4, 4]
+    with pytest.raises(ConfigError, match="wake_confirm_s"):
+        ForecastSizing(6.0, 83.0, wake_confirm_s=-1.0)
