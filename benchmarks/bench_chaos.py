@@ -7,8 +7,9 @@ checked every second with the default 5 s timeout: a hung replica is out of rota
 s, or at its first stalled stream). chaos_load.py sends
 --streams streams, --concurrency at a time, through the official `openai` client, and checks
 each. Meanwhile --faults faults are injected on a schedule drawn from --seed, spread over the
-run (the k-th once about k/(faults+1) of the streams have started, and a stream is
-mid-answer on its replica; the load goes on past --streams until the last fault is over),
+run (the k-th once about k/(faults+1) of the streams have started, every replica is in
+rotation again and a stream is mid-answer on its replica: one fault at a time; the load goes
+on past --streams until the last fault is over),
 kinds in turn:
 
 - kill:    kill -9 of a replica's process group; the replica is started again once the
@@ -55,7 +56,7 @@ import openai
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
-from benchmarks.chaos_fleet import Gateway, Replicas  # noqa: E402
+from benchmarks.chaos_fleet import ChaosAborted, Gateway, Replicas  # noqa: E402
 from benchmarks.chaos_load import MODEL, Load  # noqa: E402
 from benchmarks.chaos_report import SETTLE_S, Window, results, table  # noqa: E402
 
@@ -92,15 +93,22 @@ class Chaos:
         self.down = False
         self.going = True
         self.gateway_restart: dict[str, float] = {}
+        self.aborted: str | None = None
+        """Why the faults stopped early (a replica that would not start again)."""
 
     def inject(self, fault: Fault, load: Load) -> Window:
         i = fault.replica
         name = f"r{i}"
         if fault.kind != "gateway":
-            # A replica just back (a fault before) may not be serving yet: a fault on an
-            # idle replica would cost no stream, and prove nothing. So it waits for a
-            # stream mid-answer there.
+            # One fault at a time: a fault while the last one's replica is still out of
+            # rotation (a hang's breaker reopens after SIGCONT only seconds later) leaves
+            # its streams no replica to go on on; they wait for one (`replica_wait_s`), and
+            # that is two faults' cost, not one. Then a replica just back may not be serving
+            # yet: a fault on an idle replica would cost no stream, and prove nothing. So
+            # it waits for the whole fleet in rotation, then for a stream mid-answer there.
             deadline = time.monotonic() + BUSY_TIMEOUT_S
+            while not self.gateway.whole() and time.monotonic() < deadline:
+                time.sleep(0.1)
             while not load.mid_answer(name) and time.monotonic() < deadline:
                 time.sleep(0.02)
         start = time.monotonic()
@@ -141,7 +149,13 @@ class Chaos:
         for fault in faults:
             while load.started < fault.at_stream and not load.done():
                 time.sleep(0.1)
-            window = self.inject(fault, load)
+            try:
+                window = self.inject(fault, load)
+            except ChaosAborted as exc:
+                # The streams go on without that replica; what was measured is kept.
+                self.aborted = f"{exc} (after {len(self.windows)} of {len(faults)} faults)"
+                print(f"  gave up: {self.aborted}", flush=True)
+                break
             self.windows.append(window)
             print(f"  {window.kind} {window.replica} at {window.start_s - began:.0f} s, "
                   f"over in {window.end_s - window.start_s:.1f} s", flush=True)  # fmt: skip
@@ -156,6 +170,7 @@ class Chaos:
             gateway_restart=self.gateway_restart, batch=batch, elapsed_s=elapsed,
         )  # fmt: skip
         done["starts_retried"] = self.replicas.retried
+        done["aborted"] = self.aborted
         return done
 
 
@@ -225,6 +240,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch-lines", type=int, default=20)
     p.add_argument("--kv-cache-gib", type=float, default=0.5)
     p.add_argument("--engine", choices=("vllm", "sim"), default="vllm")
+    p.add_argument("--omp-bind", choices=("none", "core"), default="none",
+                   help="bind each vLLM-CPU replica's OpenMP thread to a core of its own "
+                   "(core) or leave it to the OS (none, default: binding could hang a "
+                   "restart on this machine's kernel)")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("runs/bench-chaos"))
     args = p.parse_args()
     args.kinds = [k for k in args.kinds.split(",") if k]
@@ -240,6 +259,8 @@ def main() -> None:
     chaos = Chaos(args)
     try:
         results = chaos.run()
+    except ChaosAborted as exc:
+        raise SystemExit(f"bench-chaos: no run: {exc}; logs in {args.out}") from None
     finally:
         chaos.gateway.stop()
         chaos.replicas.stop()

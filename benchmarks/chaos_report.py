@@ -61,9 +61,11 @@ def results(
         "gateway_restart": gateway_restart,
         "batch": batch,
         "failures": [
-            _row(s, args.max_tokens) for s in sent if s.verdict(args.max_tokens) == "failed"
+            _row(s, args.max_tokens, windows)
+            for s in sent
+            if s.verdict(args.max_tokens) == "failed"
         ][:10],
-        "streams": [_row(s, args.max_tokens) for s in sent],
+        "streams": [_row(s, args.max_tokens, windows) for s in sent],
     }
 
 
@@ -106,11 +108,16 @@ def p99(streams: list[Stream], what: str) -> float | None:
     return 1000 * values[min(len(values) - 1, int(0.99 * len(values)))]
 
 
-def _row(s: Stream, max_tokens: int) -> dict[str, Any]:
+def _row(s: Stream, max_tokens: int, windows: list[Window]) -> dict[str, Any]:
+    """One stream, with when it ran (seconds on the run's monotonic clock, as the faults'
+    windows) and its longest gap between two events: where a slow stream's time went."""
+    gaps = [b - a for a, b in itertools.pairwise(s.token_s)]
     return {"index": s.index, "chat": s.chat, "replica": s.replica, "events": len(s.token_s),
             "completion_tokens": s.completion_tokens, "finishes": s.finishes, "dones": s.dones,
             "verdict": s.verdict(max_tokens), "ttft_s": s.ttft_s, "tpot_s": s.tpot_s,
-            "error": s.error}  # fmt: skip
+            "started_s": s.started_s, "ended_s": s.ended_s,
+            "longest_gap_s": max(gaps, default=None),
+            "faulted": any(_overlaps(s, w) for w in windows), "error": s.error}  # fmt: skip
 
 
 def table(r: dict[str, Any]) -> str:
@@ -152,5 +159,7 @@ def table(r: dict[str, Any]) -> str:
     if r["batch"]:
         lines.append(f"batch: {r['batch']}")
     if retried := r.get("starts_retried"):
-        lines.append(f"replica starts tried twice: {len(retried)} ({'; '.join(retried)})")
+        lines.append(f"replica starts tried again: {len(retried)} ({'; '.join(retried)})")
+    if aborted := r.get("aborted"):
+        lines.append(f"NOT A FULL RUN, faults stopped: {aborted}")
     return "\n".join(lines)
