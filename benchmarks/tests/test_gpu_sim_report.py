@@ -100,3 +100,20 @@ def test_no_two_measurements_of_the_suite_share_prompts() -> None:
     assert len(streams) == len(set(streams))
     # The warm-up passes' seeds (10,000 and 20,000, four levels each) are none of these.
     assert not set(streams) & {10_000 * k + i for k in (1, 2) for i in range(4)}
+
+
+COLD = Path(__file__).parents[1] / "gpu_runs/2026-12-06-sim-validate-h100-cold"
+
+
+def test_with_a_seed_each_the_same_run_is_measured_cold() -> None:
+    from benchmarks.gpu_sim_report import cache_hit_pct
+
+    # The fifth loan, after `run_seed`: llama-8b-fp8's closed-short, the run that was 99.2%
+    # warm at the fourth loan, asked 18,000 prompt tokens each time and found 288 in the
+    # cache (16 for each of its 18 requests, warm-ups included); prefix3000's four shared
+    # prefixes are the workload: 765,136 of 899,500.
+    for rep in ("rep1", "rep2"):
+        pct = cache_hit_pct(COLD / "llama-8b-fp8/closed-short" / rep)
+        assert pct is not None and abs(pct - 100 * 288 / 18_000) < 1e-9
+    shared = cache_hit_pct(COLD / "deepseek-v2-lite/prefix3000/rep1")
+    assert shared is not None and abs(shared - 100 * 765_136 / 899_500) < 1e-9
