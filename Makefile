@@ -84,6 +84,9 @@ docs: $(STAMP)
 # gateway-fast` could not build: no C compiler), while the compiled build is made. On a fresh
 # clone the model's conversion keeps one core busy for a minute: lint and mypy run beside it.
 # SERVEPILOT_SLOW_TESTS=1 also runs the tests marked `slow` (see tests/integration/conftest.py).
+# The files that hold vLLM-CPU tests: the vLLM phase collects these alone (collecting the whole
+# suite to deselect all but 43 of its 2,500 tests cost 20 s).
+VLLM_TEST_FILES = $(shell grep -l 'mark\.vllm' tests/integration/*.py tests/unit/*.py benchmarks/tests/*.py)
 PURE_TESTS = tests/unit/test_gateway*.py tests/unit/test_http1*.py tests/unit/test_routing*.py \
 	tests/unit/test_admission*.py tests/unit/test_breaker.py tests/unit/test_limits.py \
 	tests/unit/test_ratelimit.py
@@ -102,7 +105,7 @@ test: prometheus docs
 	@# both cores: alone, after. (Run beside the shared fleet's tests, those that start vLLM
 	@# servers of their own made calibration's probes unfittable: measurements need the cores.)
 	$(BIN)/pytest -n 4 --dist loadscope -m "not vllm" --durations=15
-	$(BIN)/pytest -m vllm --durations=0
+	$(BIN)/pytest -m vllm --durations=0 $(VLLM_TEST_FILES)
 
 # servepilot bench against `vllm bench serve` on a zero-cost stub (see docs/benchmarks.md);
 # ARGS="--url http://127.0.0.1:PORT --model smollm2 --requests 200 --concurrency 4" compares

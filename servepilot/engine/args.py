@@ -139,10 +139,19 @@ def server_args(
     return args
 
 
-def server_env(engine: EngineConfig, device: Device, cpu_cores: tuple[int, ...]) -> dict[str, str]:
+def server_env(
+    engine: EngineConfig, device: Device, cpu_cores: tuple[int, ...], cores_shared: bool = False
+) -> dict[str, str]:
     """Environment a replica needs on top of the parent's (CPU KV space, thread binding)."""
     env: dict[str, str] = {}
-    if device is Device.CPU and cpu_cores:
+    if device is Device.CPU and cpu_cores and cores_shared:
+        # Replicas that must share cores are left to the OS scheduler with as many threads:
+        # two engines bound to one core cannot use another that is idle, and binding a new
+        # engine onto a core a running one keeps busy took minutes in the kernel here
+        # (sched_setaffinity, in affine_move_task): a warm pool's refill started 8 minutes late.
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+        env["OMP_NUM_THREADS"] = str(len(cpu_cores))
+    elif device is Device.CPU and cpu_cores:
         # Each replica gets its own cores: vLLM's automatic binding would pin every replica's
         # OpenMP threads to the same cores.
         env["VLLM_CPU_OMP_THREADS_BIND"] = _core_list(cpu_cores)
@@ -158,10 +167,14 @@ def sleep_env(engine: EngineConfig) -> dict[str, str]:
 
 
 def launch_command(
-    engine: EngineConfig, spec: ServerSpec, device: Device, cpu_cores: tuple[int, ...] = ()
+    engine: EngineConfig,
+    spec: ServerSpec,
+    device: Device,
+    cpu_cores: tuple[int, ...] = (),
+    cores_shared: bool = False,
 ) -> LaunchCommand:
     argv = (sys.executable, "-m", SERVER_MODULE, *server_args(engine, spec, device))
-    return LaunchCommand(argv=argv, env=server_env(engine, device, cpu_cores))
+    return LaunchCommand(argv=argv, env=server_env(engine, device, cpu_cores, cores_shared))
 
 
 def vllm_command(config: FleetConfig, model: str, served_name: str) -> str:
@@ -199,6 +212,12 @@ def serve_argv(
         # Pipeline stages on several nodes run on a Ray cluster spanning them.
         args += ["--distributed-executor-backend", "ray"]
     return ("vllm", "serve", model, *args)
+
+
+def cores_shared(total_cores: int, replicas: int, per_replica: int | None) -> bool:
+    """Whether `split_cores` gives some replicas the same cores (too few for one block each)."""
+    size = per_replica or max(1, total_cores // max(replicas, 1))
+    return replicas * size > total_cores
 
 
 def split_cores(total_cores: int, replicas: int, per_replica: int | None) -> list[tuple[int, ...]]:

