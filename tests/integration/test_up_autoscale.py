@@ -72,6 +72,17 @@ def ramp_up_and_down(fleet: RunningFleet, tmp_path: Path, output_tokens: int, bu
     # 4 is full, with one waiting at the gateway.
     light = _bench(fleet, tmp_path / "light", 1, f"{2 * busy_s:g}s", output_tokens)
     busy = _bench(fleet, tmp_path / "busy", 4, f"{busy_s:g}s", output_tokens)
+    try:
+        _ramp(fleet, light, busy, tmp_path, busy_s, with_two)
+    finally:
+        for load in (light, busy):  # a failed check leaves no load running past the test
+            if load.poll() is None:
+                load.kill()
+                load.wait()
+
+
+def _ramp(fleet: RunningFleet, light: subprocess.Popen[bytes], busy: subprocess.Popen[bytes],
+          tmp_path: Path, busy_s: float, with_two: Callable[[], None]) -> None:  # fmt: skip
     assert wait_until(lambda: _replica_ids(fleet) == ["r0", "r1"], busy_s), fleet.log()
     assert wait_until(lambda: _routed_to(fleet, "r1") > 0, busy_s), fleet.log()
     with_two()
