@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import aiohttp
@@ -216,3 +217,17 @@ def test_a_stream_waiting_for_its_first_token_on_a_replica_out_of_rotation_goes_
             a.first_gate.set()
 
     run(body())
+
+
+def test_the_wait_for_a_replica_lasts_its_whole_limit_on_a_busy_loop() -> None:
+    from servepilot.gateway.continuation.edge import _Wait
+
+    async def body() -> float:
+        loop = asyncio.get_running_loop()
+        wait, started = _Wait(0.6), loop.time()
+        while await wait.tick():
+            time.sleep(0.1)  # noqa: ASYNC251 (a busy loop: every tick wakes 0.1 s late)
+        return loop.time() - started
+
+    # Giving up once a whole 0.25 s tick no longer fit ended this wait after 0.35 s.
+    assert 0.6 <= asyncio.run(body()) < 0.9
