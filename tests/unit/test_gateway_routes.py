@@ -9,6 +9,7 @@ import asyncio
 import aiohttp
 import pytest
 
+from servepilot.gateway import Gateway
 from tests.unit.fake_upstream import FakeUpstream
 from tests.unit.gateway_support import (
     FakeClock,
@@ -42,6 +43,13 @@ def _upload(model: str | None, audio: bytes) -> bytes:
 MULTIPART = {"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"}
 
 
+async def _models_known(gateway: Gateway, models: set[str]) -> None:
+    """Until the gateway has read each replica's /v1/models: the read at a replica's add can
+    time out on a busy machine (a fresh clone's run), and a replica whose models are not yet
+    known may be sent any model."""
+    await eventually(until(lambda: gateway.pool.known_models == models))
+
+
 @pytest.mark.parametrize("path", ["/v1/responses", *POOLING_ROUTES])
 def test_a_route_the_replica_has_is_relayed_routed_and_counted(path: str) -> None:
     async def body() -> None:
@@ -49,7 +57,8 @@ def test_a_route_the_replica_has_is_relayed_routed_and_counted(path: str) -> Non
         for up in ups:
             up.extra_routes = (path,)
             await up.start()
-        async with gateway_in_front_of(ups) as (_, url), aiohttp.ClientSession() as client:
+        async with gateway_in_front_of(ups) as (gw, url), aiohttp.ClientSession() as client:
+            await _models_known(gw, {"m", "e"})
             sent = {"model": "e", "input": ["one", "two"]}
             reply = await call(client, url, sent, path=path)
             assert (reply.status, reply.replica) == (200, "b")
@@ -113,7 +122,8 @@ def test_a_multipart_upload_reaches_the_replica_of_its_model_unchanged() -> None
         audio = bytes(range(256)) * 2048  # every byte value, CRLFs and dashes included
         upload = _upload("whisper", audio)
         path = "/v1/audio/transcriptions"
-        async with gateway_in_front_of(ups) as (_, url), aiohttp.ClientSession() as client:
+        async with gateway_in_front_of(ups) as (gw, url), aiohttp.ClientSession() as client:
+            await _models_known(gw, {"gen", "whisper"})
             reply = await call(client, url, path=path, raw=upload, headers=MULTIPART)
             assert (reply.status, reply.replica) == (200, "b")
             assert reply.json() == {"text": "heard by b"}
