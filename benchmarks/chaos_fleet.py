@@ -18,10 +18,12 @@ import urllib.request
 from typing import Any
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.chaos_load import MODEL
 from servepilot.core.config import FleetConfig
 from servepilot.core.errors import EngineStartError
+from servepilot.engine.args import unbound_cpu_env
 from servepilot.engine.model_source import resolve_model
 from servepilot.engine.process import ReplicaProcess, free_port
 from servepilot.engine.simserver.args import sim_model
@@ -32,7 +34,7 @@ READY_TIMEOUT_S = 240.0
 START_TRIES = 3
 """Starts of one replica before the run gives up on it (ChaosAborted)."""
 
-UNPINNED_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+UNPINNED_ENV = unbound_cpu_env(1)
 """Replicas left to the OS scheduler (--omp-bind none, the default). Binding an engine's
 OpenMP thread to its core (libgomp's sched_setaffinity) sometimes never returned on this
 machine's kernel (6.18.44-fc, in affine_move_task): the replica restarted by a fault never came
@@ -163,10 +165,13 @@ class Gateway:
                 text = answer.read().decode()
         except OSError:
             return False
-        breakers = [line for line in text.splitlines() if line.startswith(BREAKER_METRIC)]
-        return all(r["healthy"] for r in replicas) and all(
-            line.rsplit(" ", 1)[1] in ("0", "0.0") for line in breakers
-        )
+        states = [
+            sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name == BREAKER_METRIC
+            for sample in family.samples
+        ]
+        return all(r["healthy"] for r in replicas) and all(v == 0.0 for v in states)
 
     def continued(self) -> int:
         """Requests continued on another replica, from every incarnation's access log."""
@@ -177,7 +182,8 @@ class Gateway:
         return count
 
 
-BREAKER_METRIC = "servepilot_breaker_state{"
+BREAKER_METRIC = "servepilot_breaker_state"
+"""0 closed, 1 half-open, 2 open, per replica."""
 
 
 def _ready(url: str) -> bool:

@@ -149,8 +149,7 @@ def server_env(
         # two engines bound to one core cannot use another that is idle, and binding a new
         # engine onto a core a running one keeps busy took minutes in the kernel here
         # (sched_setaffinity, in affine_move_task): a warm pool's refill started 8 minutes late.
-        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
-        env["OMP_NUM_THREADS"] = str(len(cpu_cores))
+        env.update(unbound_cpu_env(len(cpu_cores)))
     elif device is Device.CPU and cpu_cores:
         # Each replica gets its own cores: vLLM's automatic binding would pin every replica's
         # OpenMP threads to the same cores.
@@ -158,6 +157,12 @@ def server_env(
     env.update(sleep_env(engine))
     env.update(engine.env)
     return env
+
+
+def unbound_cpu_env(threads: int) -> dict[str, str]:
+    """A vLLM-CPU replica left to the OS scheduler with `threads` OpenMP threads (vLLM binds
+    none of them)."""
+    return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads)}
 
 
 def sleep_env(engine: EngineConfig) -> dict[str, str]:
