@@ -154,6 +154,7 @@ def serve_config(
     reuse: bool,
     keep_up: bool = False,
     direct: tuple[str, ...] = (),
+    only: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     import yaml
 
@@ -177,8 +178,11 @@ def serve_config(
         url = f"http://127.0.0.1:{PORT}"
         if not reuse:
             warm_up(url, folder)
+        runs = [r for r in RUNS if r.config == config]
+        if only:  # a loan's order: what it needs most first
+            runs = sorted((r for r in runs if r.name in only), key=lambda r: only.index(r.name))
         for rep in (1, 2):
-            for run in (r for r in RUNS if r.config == config):
+            for run in runs:
                 if time.monotonic() + RUN_S_GUESS > deadline:
                     print(f"  left out (deadline): {run.name} rep {rep}", flush=True)
                     summary["runs"].append({"run": run.name, "rep": rep, "left_out": True})
@@ -230,6 +234,12 @@ def main() -> int:
         help="comma-separated runs measured a second time straight at vLLM, without the "
         "gateway (its share of a TTFT is the difference); their folders end in -direct",
     )
+    parser.add_argument(
+        "--runs",
+        default="",
+        help="comma-separated run names: measure only these, in this order (default: every "
+        "run of the config, in gpu_sim_cases.py's order)",
+    )
     parser.add_argument("configs", nargs="+", choices=sorted(CONFIGS))
     args = parser.parse_args()
     os.environ.update(GPU_ENV)
@@ -237,6 +247,11 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     summaries = []
     direct = tuple(filter(None, args.direct.split(",")))
+    only = tuple(filter(None, args.runs.split(",")))
+    known = {run.name for run in RUNS}
+    if unknown := [name for name in only if name not in known]:
+        names = ", ".join(sorted(known))
+        parser.error(f"--runs: no run named {', '.join(unknown)} (runs: {names})")
     for config in args.configs:
         if time.monotonic() + 150 > deadline:
             print(f"== {config}: left out (deadline)", flush=True)
@@ -244,8 +259,8 @@ def main() -> int:
         print(f"== {config}", flush=True)
         last = config == args.configs[-1]
         summaries.append(serve_config(config, args.out, deadline, args.profile, args.reuse,
-                                      keep_up=args.keep_up and last,
-                                      direct=direct))  # fmt: skip
+                                      keep_up=args.keep_up and last, direct=direct,
+                                      only=only))  # fmt: skip
         args.reuse = False
     (args.out / f"summary-{int(time.time())}.json").write_text(json.dumps(summaries, indent=2))
     return 0
