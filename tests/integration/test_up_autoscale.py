@@ -19,6 +19,9 @@ import yaml
 
 from tests.integration.fleetproc import RunningFleet, cli, down, running_fleet, wait_until
 
+# A minute of ramp on the clock with little to compute: it runs beside the suite's busy part.
+pytestmark = pytest.mark.starts_first
+
 # The step rules on a short clock: a 3 s peak, and no second step up before the first
 # replica's utilisation shows (a simulated replica starts in a few seconds).
 FAST_RULES = {"interval_s": 1, "window_s": 3, "up_cooldown_s": 20, "down_cooldown_s": 3}

@@ -167,7 +167,12 @@ def test_all_replicas_refusing_gives_502_then_503() -> None:
 def test_ready_follows_the_health_checker() -> None:
     async def body() -> None:
         upstream = FakeUpstream("a", starting=True)  # registered before it listens
-        cold = {"cold_start_wait_s": 0.3}
+        cold = {"cold_start_wait_s": 0.5}
+        # The replica's startup window opens when the gateway adds it, after this: the answer
+        # below comes 0.5 s after this at the earliest. (Timed from the request instead, the
+        # wait was what was left of the window after a /ready that took 0.14 s on a busy
+        # machine.) Without the wait it would come a gateway start after this, far sooner.
+        before_add = asyncio.get_running_loop().time()
         async with (
             gateway_in_front_of([upstream], retry_after_s=7, admission=cold) as (_, url),
             aiohttp.ClientSession() as client,
@@ -175,12 +180,11 @@ def test_ready_follows_the_health_checker() -> None:
             async with client.get(f"{url}/ready") as resp:
                 assert (await error_of(resp, 503))["code"] == "no_ready_replica"
             # A replica is starting: the request waits (cold-start buffer) until the replica's
-            # startup window (0.3 s from when it was added, a moment ago) closes.
-            started = asyncio.get_running_loop().time()
+            # startup window closes.
             async with client.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
                 await error_of(resp, 503)
                 assert resp.headers["Retry-After"] == "7"
-            assert asyncio.get_running_loop().time() - started >= 0.2
+            assert asyncio.get_running_loop().time() - before_add >= 0.5
             async with client.get(f"{url}/health") as resp:
                 assert resp.status == 200
 
