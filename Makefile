@@ -6,6 +6,13 @@ STAMP := $(VENV)/.servepilot-installed
 INSTALL := $(BIN)/python .ci/install.py
 ARGS ?=
 
+# Bytecode goes under .venv/pycache, also where PYTHONDONTWRITEBYTECODE is set (these CI machines
+# set it): without it every Python process compiled from source all that it imported, and the
+# suite starts about a thousand (vLLM's API server imported in 14.7 s instead of 7.6 s, pytest
+# collected in 25.6 s instead of 6.8 s). Under .venv, the source tree stays free of .pyc files.
+export PYTHONPYCACHEPREFIX ?= $(CURDIR)/$(VENV)/pycache
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: install model prometheus serve down status test lint typecheck unit bench-client \
 	bench-gateway bench-routing bench-kv-routing bench-plan bench-profile bench-sim bench-sim-validate \
 	bench-tune bench-autoscale bench-ray bench-batch bench-chaos clean

@@ -13,8 +13,6 @@ from servepilot.engine.process import free_port
 from servepilot.gateway.kv_sources import KvEventsEndpoint
 from servepilot.routing.kv_index import BlockHashing, external_hash, prompt_block_hashes
 
-kv_events = pytest.importorskip("vllm.distributed.kv_events")
-
 HASHING = BlockHashing(block_size=4)
 
 
@@ -22,9 +20,15 @@ def new_endpoint() -> KvEventsEndpoint:
     return KvEventsEndpoint(f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}")
 
 
+def vllm_kv_events() -> Any:
+    """vLLM's module, imported when a test first runs: imported at collection, it put vLLM and
+    torch into every pytest worker, seconds each, for two modules one worker runs."""
+    return pytest.importorskip("vllm.distributed.kv_events")
+
+
 def publisher_on(endpoint: KvEventsEndpoint) -> Any:
     # vLLM binds only wildcard endpoints; the replica side is given one, the gateway connects.
-    return kv_events.ZmqEventPublisher(
+    return vllm_kv_events().ZmqEventPublisher(
         0,
         endpoint=endpoint.publish.replace("127.0.0.1", "*"),
         replay_endpoint=endpoint.replay.replace("127.0.0.1", "*"),
@@ -44,6 +48,7 @@ async def rebound(endpoint: KvEventsEndpoint) -> Any:
 
 def store(publisher: Any, tokens: list[int], ts: float) -> list[bytes]:
     digests = prompt_block_hashes([*tokens, 0], HASHING)
+    kv_events = vllm_kv_events()
     event = kv_events.BlockStored(
         block_hashes=[external_hash(d) for d in digests],
         parent_block_hash=None,

@@ -29,11 +29,11 @@ from tests.unit.gateway_support import chat, gateway_in_front_of
 from tests.unit.kv_events_support import (
     HASHING,
     eventually,
-    kv_events,
     new_endpoint,
     publisher_on,
     rebound,
     store,
+    vllm_kv_events,
 )
 
 
@@ -158,6 +158,7 @@ def test_the_gateway_routes_a_prompt_to_the_replica_whose_events_say_it_holds_it
             tokens = PromptTokenizer(folder).body_ids(request)
             assert tokens is not None
             digests = prompt_block_hashes(tokens, hashing)
+            kv_events = vllm_kv_events()
             stored = kv_events.BlockStored(
                 block_hashes=[external_hash(d) for d in digests],
                 parent_block_hash=None,

@@ -308,3 +308,25 @@ def test_a_profiles_meta_carries_the_fitted_step_overhead() -> None:
     assert gpu_profile_from({**document, "meta": {}}, "t").step_overhead_s is None
     with pytest.raises(ConfigError, match="step_overhead_ms"):
         gpu_profile_from({**document, "meta": {"step_overhead_ms": -1}}, "t")
+
+
+def test_a_prefill_scale_multiplies_what_the_prefill_adds_and_nothing_else() -> None:
+    document = _known_profile()
+    plain = StepComposer(gpu_profile_from(document, "t"), comm_token_s=0.0, comm_step_s=0.0)
+    scaled_doc = {**document, "meta": {"prefill_scale": 3.0}}
+    scaled = StepComposer(gpu_profile_from(scaled_doc, "t"), comm_token_s=0.0, comm_step_s=0.0)
+    # Decode alone: nothing to scale (700 us, as in the known step above).
+    decode = StepShape(0, 0, 2, 3000, 0)
+    assert scaled.gpu_time_s(decode) == plain.gpu_time_s(decode) == pytest.approx(700e-6)
+    # A prefill of 255 tokens alone: 3,600 us of operators, 3 x that.
+    prefill = StepShape(255, 1, 0, 0, 255 * 256 // 2)
+    assert scaled.gpu_time_s(prefill) == pytest.approx(3 * 3600e-6)
+    # Both in one step: the decoders' part as alone, what the chunk adds beside them x 3.
+    # (Decode attention takes the step's context per sequence: 4,500 / 3 = 1,500, as alone.)
+    mixed = StepShape(255, 1, 2, 4500, 255 * 256 // 2)
+    added = plain.gpu_time_s(mixed) - plain.gpu_time_s(decode)
+    assert added > 0
+    assert scaled.gpu_time_s(mixed) == pytest.approx(plain.gpu_time_s(decode) + 3 * added)
+    assert gpu_profile_from(document, "t").prefill_scale == 1.0
+    with pytest.raises(ConfigError, match="prefill_scale"):
+        gpu_profile_from({**document, "meta": {"prefill_scale": 0}}, "t")
