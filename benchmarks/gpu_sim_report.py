@@ -160,46 +160,81 @@ def judge(
     return rows
 
 
-HOST_CASES = ("llama-8b", "deepseek-v2-lite")
-"""The configs whose calibration case closed-short@1 (one 1,000-token request at a time)
-the host time is fitted on."""
+FIT_CONFIG = {"llama-3.1-8b": "llama-8b", "qwen2.5-32b": "qwen2.5-32b",
+              "deepseek-v2-lite": "deepseek-v2-lite"}  # fmt: skip
+"""Per model, the config whose calibration cases (closed-short@1: 1,000-token prompts one at a
+time; long-max@1: the longest prompt) fit its profiles. A profile of another weight format
+of the model (llama-3.1-8b fp8, whose variant runs have no long prompt) takes the same fit:
+one host, one vLLM, one model's prefill path."""
 
 
-def fit_host(folder: Path) -> dict[str, Any]:
-    """vLLM's host time beside the GPU's, fitted on the calibration case closed-short@1 of
-    `HOST_CASES` (the median over them) and written into the meta of every profile in
-    `folder/profiles` (one host, one vLLM):
-    - the time per step left after async scheduling: the TPOT measured minus the one
-      simulated without it (one request: a decode step is one TPOT);
-    - a request's time outside the steps (HTTP, the API server, detokenizing): the TTFT
-      left over, which the simulator adds as a fixed delay.
-    Not fitted yet: under a burst the API server hands requests to the engine spread out
-    (on the H100, closed-mid@64's first TTFTs came in groups of about four, 55-60 ms
-    apart), which a fixed delay does not model."""
-    steps, requests = [], []
-    for config in HOST_CASES:
-        step_ms = _host_gap(folder, config, "tpot_p50_ms", {"step_overhead_ms": 0.0})
-        steps.append(max(0.0, step_ms))
-        meta = {"step_overhead_ms": steps[-1], "request_overhead_ms": 0.0}
-        requests.append(max(0.0, _host_gap(folder, config, "ttft_p50_ms", meta)))
-    fitted = {
-        "step_overhead_ms": round(statistics.median(steps), 3),
-        "request_overhead_ms": round(statistics.median(requests), 2),
-        "fitted_on": f"closed-short@1 (calibration) of {', '.join(HOST_CASES)} in {folder.name}",
-    }
+def fit_profiles(folder: Path) -> dict[str, dict[str, Any]]:
+    """Fit, per model, what the operators do not measure, on its own calibration cases, and
+    write it into the meta of the model's profiles in `folder/profiles`:
+    - `step_overhead_ms`: vLLM's host time per step beside the GPU's, the TPOT of
+      closed-short@1 measured minus simulated without it (one request: a decode step is a
+      TPOT);
+    - `prefill_scale` and `request_overhead_ms`: TTFT = request overhead + prefill x scale
+      + the rest, solved on closed-short@1 and long-max@1 (two prompts 1,000 and up to
+      32,000 tokens long: the fixed part and the part that grows with the prompt).
+    Fitted on one model each, not the median over models: on 2026-12-06 one host term could
+    not fit both Llama-3.1-8B (11 ms of TTFT beside the operators) and DeepSeek-V2-Lite
+    (82 ms). Not fitted: under a burst the API server hands requests to the engine spread
+    out (closed-mid@64's first TTFTs came in groups of about four, 55-60 ms apart)."""
+    fits: dict[str, dict[str, Any]] = {}
+    for model, config in FIT_CONFIG.items():
+        if not (folder / config / "long-max").is_dir():
+            continue
+        base = {"step_overhead_ms": 0.0, "request_overhead_ms": 0.0, "prefill_scale": 1.0}
+        step_ms = max(0.0, _gap(folder, config, "closed-short", "tpot_p50_ms", base))
+        base["step_overhead_ms"] = step_ms
+        # TTFT is linear in the scale and the overhead: simulate at scale 1 and 2.
+        measured, at1, at2 = {}, {}, {}
+        for name in ("closed-short", "long-max"):
+            measured[name], at1[name] = _ttfts(folder, config, name, base)
+            _, at2[name] = _ttfts(folder, config, name, {**base, "prefill_scale": 2.0})
+        prefill = {n: at2[n] - at1[n] for n in at1}
+        rest = {n: at1[n] - prefill[n] for n in at1}
+        short, long = "closed-short", "long-max"
+        scale = ((measured[long] - rest[long]) - (measured[short] - rest[short])) / (
+            prefill[long] - prefill[short]
+        )
+        request_ms = measured[short] - rest[short] - scale * prefill[short]
+        fits[model] = {
+            "step_overhead_ms": round(step_ms, 3),
+            "request_overhead_ms": round(max(0.0, request_ms), 2),
+            "prefill_scale": round(scale, 3),
+            "fitted_on": f"closed-short@1 and long-max@1 (calibration) of {config} in "
+            f"{folder.name}",
+        }
     for path in sorted((folder / "profiles").glob("*.json")):
         doc = json.loads(path.read_text())
-        doc["meta"] = {**doc.get("meta", {}), **fitted}
-        path.write_text(json.dumps(doc, indent=1) + "\n")
-    return fitted
+        if doc["model"] in fits:
+            doc["meta"] = {**doc.get("meta", {}), **fits[doc["model"]]}
+            path.write_text(json.dumps(doc, indent=1) + "\n")
+    return fits
 
 
-def _host_gap(folder: Path, config: str, metric: str, meta: dict[str, float]) -> float:
-    """closed-short@1 of `config`: measured minus simulated with the profile's `meta`."""
+def _ttfts(folder: Path, config: str, run_name: str, meta: dict[str, float]) -> tuple[float, float]:
+    """(measured, simulated) TTFT p50 of `run_name`@1, simulated with the profile's `meta`."""
+    measured, simulated = _case(folder, config, run_name, meta)
+    return measured["ttft_p50_ms"], simulated["ttft_p50_ms"]
+
+
+def _gap(folder: Path, config: str, run_name: str, metric: str, meta: dict[str, float]) -> float:
+    measured, simulated = _case(folder, config, run_name, meta)
+    return measured[metric] - simulated[metric]
+
+
+def _case(
+    folder: Path, config: str, run_name: str, meta: dict[str, float]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """`run_name`@1 of `config` (a calibration case): measured (the judged measurement) and
+    simulated with the profile's `meta`."""
     import yaml
 
-    run = next(r for r in RUNS if r.config == config and r.name == "closed-short")
-    assert run.case_set("1") == "calibration", f"{config}/closed-short@1 is not calibration"
+    run = next(r for r in RUNS if r.config == config and r.name == run_name)
+    assert run.case_set("1") == "calibration", f"{config}/{run_name}@1 is not calibration"
     config_dir = folder / config
     reps = measurements(config_dir / run.name)
     model, dtype = PROFILES[config]
@@ -209,9 +244,9 @@ def _host_gap(folder: Path, config: str, metric: str, meta: dict[str, float]) ->
     with tempfile.TemporaryDirectory() as tmp:
         fleet, profile = Path(tmp) / "fleet.yaml", Path(tmp) / "profile.json"
         fleet.write_text(yaml.safe_dump(fleet_doc))
-        profile.write_text(json.dumps({**document, "meta": meta}))
-        out = predict(run, reps[0].parent, fleet, profile, Path(tmp) / "sim")
-        return figures(reps[-1])["1"][metric] - figures(out)["1"][metric]
+        profile.write_text(json.dumps({**document, "meta": {**document.get("meta", {}), **meta}}))
+        out = predict(run, reps[-1].parent, fleet, profile, Path(tmp) / "sim")
+        return figures(reps[-1])["1"], figures(out)["1"]
 
 
 LADDER_RUNS = ("closed-short", "closed-mid", "closed-high")
@@ -306,14 +341,16 @@ def main() -> int:
     )
     parser.add_argument("--write", type=Path, help="also write the cases as JSON here")
     parser.add_argument(
-        "--fit-host",
+        "--fit",
+        "--fit-host",  # its name before the fit was per model
         action="store_true",
-        help="first fit vLLM's host time on the calibration case HOST_FIT and write it into "
-        "the meta of the folder's profiles",
+        help="first fit, per model, vLLM's host time and prefill scale on its calibration "
+        "cases (FIT_CONFIG) and write them into the meta of the folder's profiles",
     )
     args = parser.parse_args()
-    if args.fit_host:
-        print(f"host time: {fit_host(args.folder)}")
+    if args.fit:
+        for model, fit in fit_profiles(args.folder).items():
+            print(f"fitted {model}: {fit}")
     ladders: Ladders = {}
     rows = judge(args.folder, args.accelerator, ladders)
     print(table(rows))

@@ -58,7 +58,19 @@ class StepComposer:
         )
 
     def gpu_time_s(self, shape: StepShape) -> float:
-        """The measured operators alone."""
+        """The measured operators, what the step's prefill chunks add to them scaled by the
+        profile's `prefill_scale`."""
+        scale = self.profile.prefill_scale
+        measured = self._operators_s(shape)
+        if scale == 1.0 or not shape.prefill_tokens:
+            return measured
+        # The decoders' own context: `context_tokens` counts the chunks' cached tokens too.
+        seqs = shape.decode_seqs + shape.prefill_seqs
+        context = shape.context_tokens * shape.decode_seqs // seqs
+        alone = self._operators_s(StepShape(0, 0, shape.decode_seqs, context, 0))
+        return alone + scale * (measured - alone)
+
+    def _operators_s(self, shape: StepShape) -> float:
         tokens = shape.prefill_tokens + shape.decode_seqs
         sizes = {
             "tokens": tokens,

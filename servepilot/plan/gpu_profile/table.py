@@ -108,6 +108,11 @@ class GpuProfile:
     step_overhead_s: float | None = None
     """vLLM's host time per step left over beside the GPU's (async scheduling hides most),
     fitted from measured runs (`meta.step_overhead_ms`); None: the nominal figure."""
+    prefill_scale: float = 1.0
+    """What a step's prefill chunks really add, as a multiple of what the measured operators
+    add for them (`meta.prefill_scale`, fitted on a model's long-prompt calibration case):
+    vLLM's own prefill path is not the operators alone (DeepSeek-V2-Lite's MLA prefill and
+    grouped MoE took about 4x theirs on an H100)."""
 
     @property
     def source(self) -> str:
@@ -148,6 +153,7 @@ def gpu_profile_from(document: Any, where: str) -> GpuProfile:
             decode_attention=decode,
             prefill_attention=prefill,
             step_overhead_s=_step_overhead_s(document.get("meta", {})),
+            prefill_scale=_prefill_scale(document.get("meta", {})),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(
@@ -206,3 +212,10 @@ def _step_overhead_s(meta: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
         raise ValueError(f"meta.step_overhead_ms: expected a number >= 0, got {value!r}")
     return float(value) / 1000.0
+
+
+def _prefill_scale(meta: Any) -> float:
+    value = meta.get("prefill_scale", 1.0) if isinstance(meta, dict) else 1.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"meta.prefill_scale: expected a number > 0, got {value!r}")
+    return float(value)
