@@ -51,6 +51,10 @@ class Group:
     keyed: tuple[str, ...]
     """Globs (under servepilot/) of the sources a build depends on: its own, and those it
     was type-checked against (mypyc bakes in their classes' layouts and Final constants)."""
+    c_file_per_module: bool = False
+    """mypyc's multi_file: one C file per module instead of one for the group (for the
+    gateway's 33 modules: a build of 52 s instead of 76 s, its CPU per request the same
+    within the noise)."""
 
     @property
     def library(self) -> str:
@@ -131,6 +135,7 @@ GATEWAY = Group(
         "servepilot.routing.admission.driver",
     ),
     ("gateway/**/*.py", "http1/*.py", "routing/**/*.py", "core/**/*.py", "engine/*.py"),
+    c_file_per_module=True,
 )
 GROUPS = (SIM, GATEWAY)
 

@@ -33,7 +33,8 @@ from mypyc.build import mypycify
 paths, target, lib, temp = sys.argv[1].split(","), sys.argv[2], sys.argv[3], sys.argv[4]
 setup(
     name="servepilot-{name}-fast",
-    ext_modules=mypycify(paths, opt_level="3", group_name={library!r}, target_dir=target),
+    ext_modules=mypycify(paths, opt_level="3", group_name={library!r}, target_dir=target,
+                         multi_file={multi_file}),
     packages=[],
     py_modules=[],
     script_args=["build_ext", "--build-lib", lib, "--build-temp", temp],
@@ -81,7 +82,9 @@ def _compile(group: Group, work: Path) -> Path:
     """mypyc and the C compiler, in `work`; the folder of the built extension modules."""
     lib = work / "lib"
     paths = ",".join(name.replace(".", "/") + ".py" for name in group.modules)
-    setup = _SETUP.format(name=group.name, library=group.library)
+    setup = _SETUP.format(
+        name=group.name, library=group.library, multi_file=group.c_file_per_module
+    )
     command = [sys.executable, "-c", setup, paths, str(work / "c"), str(lib), str(work / "t")]
     try:
         done = subprocess.run(command, cwd=_ROOT, capture_output=True, text=True)

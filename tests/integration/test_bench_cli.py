@@ -79,14 +79,14 @@ def test_sweep_through_the_gateway_finds_a_sweet_spot(gateway_url: str, tmp_path
 def test_rate_levels_with_an_slo(vllm_replica_url: str, tmp_path: Path) -> None:
     out = tmp_path / "rate"
     result = cli(
-        ["bench", "--url", vllm_replica_url, "--endpoint", "completions", "--rate", "2,4",
+        ["bench", "--url", vllm_replica_url, "--endpoint", "completions", "--rate", "4,8",
          "--requests", "20", "--input-tokens", "32", "--output-tokens", "8",
          "--slo", "ttft_p99_ms=60000,tpot_p99_ms=60000", "--out", str(out)],
         dict(os.environ), timeout_s=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     bench = BenchResult.model_validate_json((out / "results.json").read_text())
-    assert [r.load.value for r in bench.runs] == [2, 4]
+    assert [r.load.value for r in bench.runs] == [4, 8]
     for run in bench.runs:
         assert run.completed == 20
         # Generous SLOs: every request meets them, so goodput equals throughput.
