@@ -193,13 +193,10 @@ def fit_profiles(folder: Path) -> dict[str, dict[str, Any]]:
         for name in ("closed-short", "long-max"):
             measured[name], at1[name] = _ttfts(folder, config, name, base)
             _, at2[name] = _ttfts(folder, config, name, {**base, "prefill_scale": 2.0})
-        prefill = {n: at2[n] - at1[n] for n in at1}
-        rest = {n: at1[n] - prefill[n] for n in at1}
-        short, long = "closed-short", "long-max"
-        scale = ((measured[long] - rest[long]) - (measured[short] - rest[short])) / (
-            prefill[long] - prefill[short]
+        scale, request_ms = solve_prefill(
+            (measured["closed-short"], at1["closed-short"], at2["closed-short"]),
+            (measured["long-max"], at1["long-max"], at2["long-max"]),
         )
-        request_ms = measured[short] - rest[short] - scale * prefill[short]
         fits[model] = {
             "step_overhead_ms": round(step_ms, 3),
             "request_overhead_ms": round(max(0.0, request_ms), 2),
@@ -213,6 +210,19 @@ def fit_profiles(folder: Path) -> dict[str, dict[str, Any]]:
             doc["meta"] = {**doc.get("meta", {}), **fits[doc["model"]]}
             path.write_text(json.dumps(doc, indent=1) + "\n")
     return fits
+
+
+def solve_prefill(
+    short: tuple[float, float, float], long: tuple[float, float, float]
+) -> tuple[float, float]:
+    """(prefill scale, request overhead ms) from two cases' TTFTs (measured, simulated at
+    scale 1, simulated at scale 2; no request overhead): a simulated TTFT is the rest plus
+    the prefill times the scale, so the scale-2 run minus the scale-1 run is the prefill."""
+    (m_s, a_s, b_s), (m_l, a_l, b_l) = short, long
+    prefill_s, prefill_l = b_s - a_s, b_l - a_l
+    rest_s, rest_l = a_s - prefill_s, a_l - prefill_l
+    scale = ((m_l - rest_l) - (m_s - rest_s)) / (prefill_l - prefill_s)
+    return scale, m_s - rest_s - scale * prefill_s
 
 
 def _ttfts(folder: Path, config: str, run_name: str, meta: dict[str, float]) -> tuple[float, float]:

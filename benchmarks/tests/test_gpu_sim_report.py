@@ -1,8 +1,10 @@
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from benchmarks.gpu_sim_cases import RUNS
-from benchmarks.gpu_sim_report import vllm_knobs, workload
+from benchmarks.gpu_sim_report import solve_prefill, vllm_knobs, workload
 
 # vLLM 0.22's line when up starts a replica with KV events on (Qwen2.5-32B, the third loan).
 LINE = (
@@ -117,3 +119,13 @@ def test_with_a_seed_each_the_same_run_is_measured_cold() -> None:
         assert pct is not None and abs(pct - 100 * 288 / 18_000) < 1e-9
     shared = cache_hit_pct(COLD / "deepseek-v2-lite/prefix3000/rep1")
     assert shared is not None and abs(shared - 100 * 765_136 / 899_500) < 1e-9
+
+
+def test_the_prefill_fit_recovers_a_known_scale_and_overhead() -> None:
+    """Two cases whose simulated TTFT is a rest plus a prefill (scale 1: 20 + 30 and 25 + 900
+    ms); measured with a scale of 1.5 and 40 ms beside: 20 + 45 + 40 and 25 + 1,350 + 40."""
+    short = (105.0, 50.0, 80.0)  # measured, simulated at scale 1, at scale 2
+    long = (1415.0, 925.0, 1825.0)
+    scale, request_ms = solve_prefill(short, long)
+    assert scale == pytest.approx(1.5)
+    assert request_ms == pytest.approx(40.0)
