@@ -7,9 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.integration.fleetproc import cli, down, free_port, running_fleet, wait_until
+
+# Long on the clock, light on the cores: handed out first (tests/integration/conftest.py).
+pytestmark = pytest.mark.starts_first
 
 
 def test_each_command_picks_a_fleet_by_its_port(tmp_path: Path) -> None:

@@ -25,6 +25,9 @@ import pytest
 
 from tests.integration.gatewayproc import GatewayProcess, simulated_replica
 
+# Long on the clock, light on the cores: handed out first (tests/integration/conftest.py).
+pytestmark = pytest.mark.starts_first
+
 MODEL = "smollm2"
 SLOTS = 4
 """The replica's concurrency budget at the gateway (`--capacity`)."""

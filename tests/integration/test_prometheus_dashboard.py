@@ -22,7 +22,8 @@ from servepilot.observe import alert_rules, dashboard
 from tests.integration.fleetproc import Planned, RunningFleet, running_fleet
 from tests.integration.prometheus_support import Prometheus, needs_prometheus, running_prometheus
 
-pytestmark = needs_prometheus
+# Long on the clock, light on the cores: handed out first (tests/integration/conftest.py).
+pytestmark = [needs_prometheus, pytest.mark.starts_first]
 KEY = "sk-ops"
 # Two sequences a replica: a burst of 24 requests has 4 running, 6 queued at the gateway and
 # the rest shed (queue_full), so the queue and shed panels have series too.

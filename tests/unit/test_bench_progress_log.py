@@ -11,11 +11,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from servepilot.cli.console import err_console
 from servepilot.cli.levels_view import PlainLevels
 from servepilot.core.results import Load, LoadMode
 from tests.unit.sim_support import BASE_ARGS, COST_FLAGS, ThreadedSim
 from tests.unit.test_bench_sweep import run
+
+# Long on the clock, light on the cores: handed out first (tests/integration/conftest.py).
+pytestmark = pytest.mark.starts_first
 
 ROOT = Path(__file__).resolve().parents[2]
 

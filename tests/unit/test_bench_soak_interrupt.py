@@ -18,6 +18,9 @@ import pytest
 
 from tests.unit.sim_support import BASE_ARGS, COST_FLAGS, ThreadedSim
 
+# Long on the clock, light on the cores: handed out first (tests/integration/conftest.py).
+pytestmark = pytest.mark.starts_first
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
