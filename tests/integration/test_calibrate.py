@@ -72,16 +72,20 @@ def test_calibrating_a_simulated_replica_gives_back_its_step_times(
     assert result.returncode == 0, result.stderr[-3000:]
     assert time.monotonic() - started < 120
     fitted = load_profile(out)
-    # Each term within what the real-time server's jitter allows; the TTFT of a lone prefill
-    # also carries the HTTP round trip (this server does not time requests itself), which
-    # lands in the per-sequence term. Beside `make test`'s three other workers a fresh clone
-    # fitted 0.171 ms a prefill token against the known 0.2 (-15%).
+    # The steps it was probed with come back: lone prefills (their times read from the
+    # server's own queue and prefill histograms, as vLLM's are) and decode steps (read from
+    # the gaps between streamed tokens, so with the host's jitter). Which term carries a
+    # lone prefill's fixed cost (per step or per sequence) the probes cannot tell apart on a
+    # busy host: the terms are checked through the times they give.
+    prefills = [StepShape(n, 1, 0, 0, prefill_pairs(n, 0)) for n in (62, 158, 414, 798)]
+    decodes = [StepShape(0, 0, d, d * c, 0) for d, c in ((1, 60), (8, 60), (48, 90))]
+    for shapes, tolerance in ((prefills, 0.08), (decodes, 0.1)):
+        times = [fitted.step_time_s(shape) for shape in shapes]
+        assert times == pytest.approx([KNOWN.step_time_s(s) for s in shapes], rel=tolerance)
     assert fitted.base_s == pytest.approx(KNOWN.base_s, rel=0.15)
-    assert fitted.per_prefill_token_s == pytest.approx(KNOWN.per_prefill_token_s, rel=0.2)
-    assert fitted.per_decode_seq_s == pytest.approx(KNOWN.per_decode_seq_s, rel=0.3)
-    assert fitted.per_prefill_seq_s < KNOWN.per_prefill_seq_s + 0.005
-    assert "fitted" in result.stdout and "prefill" in result.stdout
     meta = json.loads(out.read_text())["meta"]
+    assert 0 < meta["request_overhead_ms"] < 100
+    assert "fitted" in result.stdout and "prefill" in result.stdout
     assert meta["url"] == simulated_replica and meta["model"] == "smollm2"
     assert meta["prompt_overhead_tokens"] > 0  # the chat template's tokens
     assert set(meta["probes"]["samples"]) == {"prefill", "decode", "mixed"}

@@ -3,7 +3,9 @@
 Names and buckets are those of vllm/v1/metrics/loggers.py and buckets.py (PrometheusStatLogger),
 each labelled `model_name` and `engine="0"` as vLLM labels them, so servepilot.engine.metrics,
 Grafana dashboards and autoscalers read a simulated replica as they read vLLM. Only what the
-replica model knows is exported (no queue-time or prefill-time histograms).
+replica model knows is exported: besides the counters and gauges, the TTFT, ITL, TPOT,
+end-to-end, queue-time and prefill-time histograms (the last two are what `calibrate` reads to
+tell the engine's time from the request's time outside it, as it does with vLLM).
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ class ServerStats:
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
     tpot: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
+    queue: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
+    """Arrival to the first step that ran part of the request (vLLM's WAITING phase)."""
+    prefill: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
+    """That step's start to the first token (vLLM's PREFILL phase)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +117,10 @@ def render(model_name: str, gauges: Gauges, stats: ServerStats) -> str:
          "Histogram of time_per_output_token_seconds per request.", stats.tpot),
         ("e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
          stats.e2e),
+        ("request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
+         stats.queue),
+        ("request_prefill_time_seconds",
+         "Histogram of time spent in PREFILL phase for request.", stats.prefill),
     )  # fmt: skip
     for short, help_text, histogram in histograms:
         _histogram(out, f"vllm:{short}", help_text, labels, histogram)
