@@ -27,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.gpu_sim_cases import PROFILES, RUNS, Run
-from benchmarks.gpu_ttft_split import cache_hit_pct
+from benchmarks.gpu_ttft_split import cache_hit_pct, split
 from servepilot.core.results import Run as BenchRun
 from servepilot.core.results import load_result
 from servepilot.load.sweep import sweet_spot
@@ -102,6 +102,62 @@ def predict(run: Run, rep: Path, fleet: Path, profile: Path, out: Path) -> Path:
     return out / "results.json"
 
 
+def engine_split(rep: Path, sim_result: Path) -> dict[str, float | None]:
+    """Where a run's TTFT went, mean ms over its requests, measured (from vLLM's histograms:
+    its queue, its prefill, and its TTFT less both: the API server and the wait for the step
+    in progress) and simulated (the engine's queue and prefill as vLLM times them, and the
+    client's TTFT less both)."""
+    measured = split(rep)
+    doc = json.loads(sim_result.read_text())
+    counts = [run["ttft_ms"]["count"] for run in doc["runs"]]
+    n = sum(counts)
+
+    def mean(values: list[float | None]) -> float | None:
+        pairs = [(v, c) for v, c in zip(values, counts, strict=True) if v is not None]
+        total = sum(c for _, c in pairs)
+        return sum(v * c for v, c in pairs) / total if total else None
+
+    levels = doc["target"]["levels"]
+    queue = mean([lv.get("engine_queue_ms") for lv in levels])
+    prefill = mean([lv.get("engine_prefill_ms") for lv in levels])
+    client = sum(r["ttft_ms"]["mean"] * c for r, c in zip(doc["runs"], counts, strict=True)) / n
+
+    def rest(total: float | None, *parts: float | None) -> float | None:
+        if total is None or any(p is None for p in parts):
+            return None
+        return total - sum(p for p in parts if p is not None)
+
+    m_queue, m_prefill = measured["vLLM queue"], measured["vLLM prefill"]
+    return {
+        "measured_client_ms": measured["client TTFT"],
+        "measured_before_engine_ms": rest(measured["client TTFT"], m_queue, m_prefill),
+        "measured_queue_ms": m_queue,
+        "measured_prefill_ms": m_prefill,
+        "simulated_client_ms": client,
+        "simulated_before_engine_ms": rest(client, queue, prefill),
+        "simulated_queue_ms": queue,
+        "simulated_prefill_ms": prefill,
+    }
+
+
+def split_table(splits: list[dict[str, Any]]) -> str:
+    """One line per run: the mean TTFT and its three parts, measured / simulated."""
+    head = (f"{'run (mean ms, measured / simulated)':34s} {'client TTFT':>15s} "
+            f"{'outside engine':>15s} {'engine queue':>15s} {'engine prefill':>15s}")  # fmt: skip
+    lines = [head]
+    for row in splits:
+        cells = []
+        for part in ("client", "before_engine", "queue", "prefill"):
+            m, p = row[f"measured_{part}_ms"], row[f"simulated_{part}_ms"]
+            cells.append(f"{_num(m):>7s}/{_num(p):<7s}")
+        lines.append(f"{row['run']:34s} " + " ".join(cells))
+    return "\n".join(lines)
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
 def workload(run: Run, level: str) -> dict[str, Any]:
     """What a case sent: bench's flags, its level, and the seeded trace where it replays one."""
     mode = "rate" if run.name.startswith("open") or run.trace is not None else "concurrency"
@@ -117,10 +173,14 @@ Ladders = dict[str, tuple[list[BenchRun], list[BenchRun]]]
 
 
 def judge(
-    folder: Path, accelerator: str | None, ladders: Ladders | None = None
+    folder: Path,
+    accelerator: str | None,
+    ladders: Ladders | None = None,
+    splits: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Every measured case against its prediction; `ladders`, when given, collects the closed
-    loops of LADDER_RUNS (measured and predicted) for `sweet_spots`."""
+    loops of LADDER_RUNS (measured and predicted) for `sweet_spots`, and `splits` each run's
+    `engine_split`."""
     import yaml
 
     rows = []
@@ -142,6 +202,9 @@ def judge(
                 sim_out = Path(tmp) / run.name
                 sim_result = predict(run, reps[-1].parent, fleet, profile, sim_out)
                 predicted = figures(sim_result)
+                if splits is not None:
+                    splits.append({"run": f"{config}/{run.name}",
+                                   **engine_split(reps[-1].parent, sim_result)})  # fmt: skip
                 if ladders is not None and run.name in LADDER_RUNS:
                     ladders.setdefault(config, ([], []))
                     ladders[config][0].extend(load_result(reps[-1]).runs)
@@ -362,8 +425,11 @@ def main() -> int:
         for model, fit in fit_profiles(args.folder).items():
             print(f"fitted {model}: {fit}")
     ladders: Ladders = {}
-    rows = judge(args.folder, args.accelerator, ladders)
+    splits: list[dict[str, Any]] = []
+    rows = judge(args.folder, args.accelerator, ladders, splits)
     print(table(rows))
+    print("\nwhere a TTFT goes, per run (its levels together)")
+    print(split_table(splits))
     spots = sweet_spots(ladders)
     print("\nsweet spot (concurrency within the SLO: p99s at most these, no request refused)")
     for spot in spots:
@@ -373,6 +439,7 @@ def main() -> int:
     if args.write:
         args.write.write_text(json.dumps(rows, indent=1))
         args.write.with_name("sweet_spots.json").write_text(json.dumps(spots, indent=1))
+        args.write.with_name("ttft_split.json").write_text(json.dumps(splits, indent=1))
     return 0
 
 

@@ -336,3 +336,22 @@ def test_the_readmes_large_fleet_example_serves_its_load(tmp_path: Path) -> None
     run = result.runs[0]
     assert result.target["replicas"] == 80
     assert run.failed == 0 and run.completed > 4500
+
+
+def test_each_level_reports_the_engine_queue_and_prefill_times_vllm_would(tmp_path: Path) -> None:
+    # Every step 10 ms and a token budget of one 32-token prompt: in a closed loop of two
+    # one-token requests, each is prefilled (and answered) in a step of its own, and waits in
+    # the engine's queue for the other's step: 10 ms, the first one sent excepted.
+    profile = tmp_path / "profile.json"
+    constant = dataclasses.replace(PROFILE, base_s=0.01, per_prefill_token_s=0.0,
+                                   per_prefill_seq_s=0.0, per_decode_seq_s=0.0,
+                                   per_context_token_s=0.0)  # fmt: skip
+    save_profile(constant, profile, meta={})
+    config = tmp_path / "fleet.yaml"
+    config.write_text("engine: {max_num_batched_tokens: 32, max_num_seqs: 8}\n")
+    result = _sim(tmp_path, "-c", str(config), "--profile", str(profile), "--concurrency", "2",
+                  "--requests", "20", "--warmup", "0", "--input-tokens", "32",
+                  "--output-tokens", "1")  # fmt: skip
+    level = result.target["levels"][0]
+    assert level["engine_prefill_ms"] == pytest.approx(10.0)
+    assert level["engine_queue_ms"] == pytest.approx(10.0 * 19 / 20)

@@ -47,15 +47,13 @@ class TokenSink(Protocol):
 
 
 class _Live:
-    __slots__ = ("arrival_s", "produced", "prompt_tokens", "scheduled_s", "sink")
+    __slots__ = ("arrival_s", "produced", "prompt_tokens", "sink")
 
     def __init__(self, sink: TokenSink, prompt_tokens: int, arrival_s: float) -> None:
         self.sink = sink
         self.prompt_tokens = prompt_tokens
         self.arrival_s = arrival_s
         self.produced = 0
-        self.scheduled_s: float | None = None
-        """When a step first ran part of it (the model's clock): its queue time ends there."""
 
 
 class RealtimeEngine:
@@ -199,27 +197,12 @@ class RealtimeEngine:
             self._stepping = True
             # Read right after step(): which requests this step gives a token to.
             got_token = model.last_step_token_ids(result)
-            self._note_scheduled(result)
             self._last_end = result.end_s
             delay = result.end_s - EARLY_S - self.now()
             if delay > 0:
                 await asyncio.sleep(delay)
             last_end = result.end_s
             self._deliver(result, got_token)
-
-    def _note_scheduled(self, result: StepResult) -> None:
-        """Marks the requests this step began: those it gave a first token and, only when a
-        prefill was left unfinished (chunked), the ones still prefilling."""
-        live, start_s = self._live, result.start_s
-        for request_id in result.first_tokens:
-            entry = live.get(request_id)
-            if entry is not None and entry.scheduled_s is None:
-                entry.scheduled_s = start_s
-        if result.prefill_seqs > len(result.first_tokens):
-            for request_id in self.model.prefilling_ids():
-                entry = live.get(request_id)
-                if entry is not None and entry.scheduled_s is None:
-                    entry.scheduled_s = start_s
 
     def _deliver(self, result: StepResult, got_token: list[int]) -> None:
         stats, live = self.stats, self._live
@@ -239,12 +222,11 @@ class RealtimeEngine:
                 stats.e2e.observe(request.e2e_s)
             if request.tpot_s is not None:
                 stats.tpot.observe(request.tpot_s)
-            entry = live.get(request.request_id)
-            first_s = request.first_token_s
-            if entry is not None and entry.scheduled_s is not None and first_s is not None:
+            scheduled_s, first_s = request.scheduled_s, request.first_token_s
+            if scheduled_s is not None and first_s is not None:
                 # As vLLM: observed when the request ends, on the engine's (model's) clock.
-                stats.queue.observe(entry.scheduled_s - entry.arrival_s)
-                stats.prefill.observe(first_s - entry.scheduled_s)
+                stats.queue.observe(scheduled_s - request.arrival_s)
+                stats.prefill.observe(first_s - scheduled_s)
         for request_id in got_token:
             entry = live.get(request_id)
             if entry is None:  # aborted while the step ran

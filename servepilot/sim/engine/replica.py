@@ -44,7 +44,6 @@ from servepilot.sim.engine.scheduler import SchedulerCore
 
 _WAITING: Final = RequestState.WAITING
 _DECODING: Final = RequestState.DECODING
-_PREFILLING: Final = RequestState.PREFILLING
 
 
 class ReplicaModel(SchedulerCore):
@@ -173,11 +172,6 @@ class ReplicaModel(SchedulerCore):
         ids = [rid for rid, r in self._running.items() if r.state is _DECODING]
         ids.extend(r.request_id for r in result.finished)
         return ids
-
-    def prefilling_ids(self) -> list[int]:
-        """Running requests whose prefill spans steps (chunked), O(running): when each was
-        first scheduled is what vLLM's queue and prefill times are measured from."""
-        return [rid for rid, r in self._running.items() if r.state is _PREFILLING]
 
     def check(self) -> None:
         """Assert the internal books balance (tests; O(running + cached segments))."""

@@ -46,6 +46,9 @@ class SimRequest:
 
     # ---- progress, kept by ReplicaModel (read them, do not write them) ----
     state: RequestState = field(default=RequestState.WAITING, init=False)
+    scheduled_s: float | None = field(default=None, init=False)
+    """Start of the first step that ran part of it: vLLM's queue time ends there and its
+    prefill time begins (request_queue_time_seconds, request_prefill_time_seconds)."""
     first_token_s: float | None = field(default=None, init=False)
     """End of the step that produced its first token."""
     finish_s: float | None = field(default=None, init=False)
@@ -95,6 +98,7 @@ class SimRequest:
         self.prefix_tokens = prefix_tokens
         self.priority = priority
         self.state = _WAITING
+        self.scheduled_s = None
         self.first_token_s = None
         self.finish_s = None
         self.first_token_step = -1

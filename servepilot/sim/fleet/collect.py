@@ -16,15 +16,20 @@ back to logarithmic bins `ITL_BIN_REL` wide (percentiles within 0.01%).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from array import array
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from servepilot.core.results import Load, LoadMode, Run, Stats
 from servepilot.core.slo import Metric, Slo
+from servepilot.sim.fleet.records import FleetStats
+
+if TYPE_CHECKING:
+    from servepilot.sim.fleet.members import FleetRequest
 
 EXACT_VALUES = 100_000
 ITL_BIN_REL = 1e-4
@@ -120,6 +125,9 @@ class RunCollector:
         self.errors: Counter[str] = Counter()
         self.first_send_s = math.inf
         self.last_end_s = -math.inf
+        self._engine_timed = 0
+        self._engine_queue_s = 0.0
+        self._engine_prefill_s = 0.0
 
     def ok(
         self, send_s: float, first_s: float, end_s: float, input_tokens: int, output_tokens: int
@@ -142,6 +150,28 @@ class RunCollector:
             self.first_send_s = send_s
         if end_s > self.last_end_s:
             self.last_end_s = end_s
+
+    def engine_times(self, request: FleetRequest) -> None:
+        """A measured request's time in its engine, as vLLM splits it: queued, then from its
+        first scheduled step to its first token."""
+        scheduled, first = request.scheduled_s, request.first_token_s
+        if scheduled is None or first is None:
+            return
+        self._engine_timed += 1
+        self._engine_queue_s += scheduled - request.queued_s
+        self._engine_prefill_s += first - scheduled
+
+    def with_engine_times(self, stats: FleetStats) -> FleetStats:
+        """`stats` with the means of `engine_times`, comparable with the differences of vLLM's
+        histograms over a measured run."""
+        n = self._engine_timed
+        if not n:
+            return stats
+        return dataclasses.replace(
+            stats,
+            engine_queue_s=self._engine_queue_s / n,
+            engine_prefill_s=self._engine_prefill_s / n,
+        )
 
     def fail(self, send_s: float, end_s: float, reason: str) -> None:
         self.failed += 1

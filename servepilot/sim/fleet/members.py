@@ -31,6 +31,9 @@ class FleetRequest(SimRequest):
     """What routing and admission see; built once when the request reaches the gateway."""
     replica: FleetReplica | None = field(default=None, repr=False)
     dispatched_s: float = 0.0
+    queued_s: float = 0.0
+    """When the engine took it into its scheduler's queue (vLLM's QUEUED moment): after the
+    hop to the replica and, with async scheduling, after the step in progress."""
     """When the gateway sent it to `replica`."""
     ticket: Ticket[FleetRequest] | None = field(default=None, repr=False)
     """While it waits in the gateway's admission queue."""
@@ -63,6 +66,7 @@ class FleetRequest(SimRequest):
         self.view = view
         self.replica = replica
         self.dispatched_s = dispatched_s
+        self.queued_s = 0.0
         self.ticket = ticket
         self.tenant = tenant
 

@@ -96,6 +96,12 @@ class FleetStats:
     """Prompt tokens found in the prefix cache per request sent to a replica."""
     kv_exact: bool = False
     """Routing read the exact index kept from the replicas' KV events (else its guess)."""
+    engine_queue_s: float | None = None
+    """Mean time a measured request waited in its engine's scheduler queue (vLLM's
+    request_queue_time_seconds: queued to first scheduled); None with no request answered."""
+    engine_prefill_s: float | None = None
+    """Mean time from its first scheduled step to its first token (vLLM's
+    request_prefill_time_seconds)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -190,4 +190,11 @@ def _stats_dict(stats: FleetStats) -> dict[str, Any]:
         "wakes": stats.wakes,
         "scale_events": stats.scale_events,
         "wall_s": round(stats.wall_s, 2),
+        # vLLM's request_queue_time and request_prefill_time, mean per measured request.
+        "engine_queue_ms": _ms(stats.engine_queue_s),
+        "engine_prefill_ms": _ms(stats.engine_prefill_s),
     }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 2)

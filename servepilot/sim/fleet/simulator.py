@@ -186,6 +186,7 @@ class FleetSim:
         self._admit(replica, request, now_s)
 
     def _admit(self, replica: FleetReplica, request: FleetRequest, now_s: float) -> None:
+        request.queued_s = now_s
         replica.model.add(request)
         if replica.result is None:
             self._step(replica, now_s)
@@ -235,6 +236,7 @@ class FleetSim:
                 request.arrival_s, request.first_token_s + delay, end_s,
                 request.prompt_tokens, request.output_tokens,
             )  # fmt: skip
+            self._collector.engine_times(request)
         del self._live[request.request_id]
         self.clients.answered(request, end_s, True)
 
@@ -315,7 +317,7 @@ class FleetSim:
         scale_events = len(self.autoscale.events) if self.autoscale is not None else None
         cost = time.perf_counter() - wall0, time.process_time() - cpu0
         stats = self.fleet.stats(self.now_s, events, cost, scale_events, self.kv_feed is not None)
-        return LevelOutcome(run, stats)
+        return LevelOutcome(run, self._collector.with_engine_times(stats))
 
     def _start_timers(self) -> None:
         spec = self.spec
