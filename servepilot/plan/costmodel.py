@@ -63,7 +63,9 @@ class StepShape:
     decode_seqs: int
     """Sequences producing one token this step (not counting a prefill's first token)."""
     context_tokens: int
-    """KV tokens attention reads: over the scheduled sequences, their tokens already in KV."""
+    """KV tokens attention reads: over the scheduled sequences, their tokens already in KV,
+    where decoders share a cached prefix its tokens once (the simulated engine: a block the
+    batch shares is read once from memory)."""
     prefill_pairs: int
     """Query-key pairs of the prefill chunks' attention: a chunk of c tokens after k in KV
     has c x k + c (c + 1) / 2 (`prefill_pairs`)."""

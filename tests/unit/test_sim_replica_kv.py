@@ -43,6 +43,30 @@ def test_concurrent_requests_of_a_group_share_blocks() -> None:
     assert model.kv_usage == pytest.approx(shared_once / 399)
 
 
+@pytest.mark.parametrize("caching", [True, False])
+def test_a_decode_step_reads_the_prefix_its_decoders_share_once(caching: bool) -> None:
+    # Decode attention reads a KV block the batch shares once from memory: the step's context
+    # counts the group's 6 blocks (96 tokens) once, not once per decoder. Without prefix
+    # caching each request holds its own copy, read in full.
+    model = ReplicaModel(
+        scheduler_config(max_num_batched_tokens=512, enable_prefix_caching=caching), COST
+    )
+    for i in range(3):
+        model.add(SimRequest(i, 120, 20, 0.0, prefix_group=1, prefix_tokens=100))
+    first = model.step(0.0)
+    assert first is not None
+    decode = model.step(first.end_s)
+    shared = 2 * 96 if caching else 0
+    assert decode is not None and decode.shape == StepShape(0, 0, 3, 3 * 120 - shared, 0)
+    model.check()
+    model.abort(0)  # one reader fewer: the other two still share the group's blocks
+    after = model.step(decode.end_s)
+    shared = 96 if caching else 0
+    assert after is not None and after.shape == StepShape(0, 0, 2, 2 * 121 - shared, 0)
+    model.check()
+    run_to_idle(model, after.end_s)
+
+
 def test_a_prompt_all_prefix_still_computes_its_last_token() -> None:
     model = ReplicaModel(scheduler_config(), COST)
     model.add(SimRequest(0, 64, 2, 0.0, prefix_group=1, prefix_tokens=64))

@@ -52,6 +52,12 @@ class SchedulerCore:
         self._num_decoding = 0
         self._decode_context = 0
         """Over decoding requests, their tokens in KV at the start of the next step."""
+        self._sharing: dict[int, list[int]] = {}
+        """Prefix group -> [its decoders, their prefix blocks' tokens], with prefix caching."""
+        self._shared_reread = 0
+        """Of `_decode_context`, the prefix tokens a step's decoders share beyond one reader
+        each (a group's tokens less their mean): attention reads a KV block the batch shares
+        once from memory, so a step pays for it once."""
         self._crossing = [0] * self._bs
         """Decoders by (step - tokens in KV) mod block_size: those at step % block_size
         start a new block this step."""
@@ -152,7 +158,7 @@ class SchedulerCore:
                 else:
                     self._allocate_decode_blocks(need, preempted)
         decode_seqs = self._num_decoding
-        context = self._decode_context
+        context = self._decode_context - self._shared_reread
         budget = self.config.max_num_batched_tokens - decode_seqs
         prefilling = self._prefilling
         if prefilling is not None:
@@ -260,6 +266,27 @@ class SchedulerCore:
         self._num_decoding -= 1
         self._decode_context -= kv_tokens
         self._crossing[request._base % self._bs] -= 1
+        if request._prefix_blocks and self._caching:
+            self._share(request, -1)
+
+    def _share(self, request: SimRequest, sign: int) -> None:
+        """A decoder of a prefix group starts (+1) or stops (-1) reading its prefix."""
+        group = request.prefix_group
+        assert group is not None
+        entry = self._sharing.get(group)
+        if entry is None:
+            entry = self._sharing[group] = [0, 0]
+        readers, tokens = entry
+        if readers:
+            self._shared_reread -= tokens - tokens // readers
+        readers += sign
+        tokens += sign * request._prefix_blocks * self._bs
+        if readers:
+            entry[0] = readers
+            entry[1] = tokens
+            self._shared_reread += tokens - tokens // readers
+        else:
+            del self._sharing[group]
 
     def _schedule_waiting(self, budget: int, scheduled: list[SimRequest]) -> int:
         """Admit waiting requests in FCFS order; returns the context their chunks read
@@ -333,6 +360,8 @@ class SchedulerCore:
                 self._num_decoding -= 1
                 self._decode_context -= kv_tokens
                 crossing[base % size] -= 1
+                if request._prefix_blocks and self._caching:
+                    self._share(request, -1)
                 del requests[request.request_id]
                 if self._async:
                     request._computed = kv_tokens
@@ -385,6 +414,8 @@ class SchedulerCore:
         self._num_decoding += 1
         self._decode_context += computed
         self._crossing[base % self._bs] += 1
+        if request._prefix_blocks and self._caching:
+            self._share(request, 1)
         finish_at = request._finish_at = step + remaining
         bucket = self._finishing.get(finish_at)
         if bucket is None:
