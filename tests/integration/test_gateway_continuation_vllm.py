@@ -26,7 +26,7 @@ pytestmark = pytest.mark.vllm
 
 MODEL = "smollm2"
 CUT_AFTER_EVENTS = 6
-MAX_TOKENS = 24
+MAX_TOKENS = 16
 PROMPTS = [f"Write a short story about a {thing}:" for thing in
            ("cat", "ship", "tree", "robot", "river", "clock")]  # fmt: skip
 
