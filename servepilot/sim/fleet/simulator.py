@@ -232,11 +232,7 @@ class FleetSim:
         delay = back + self._cg
         end_s = now_s + delay
         if not request.warmup:
-            self._collector.ok(
-                request.arrival_s, request.first_token_s + delay, end_s,
-                request.prompt_tokens, request.output_tokens,
-            )  # fmt: skip
-            self._collector.engine_times(request)
+            self._collector.answered(request, request.first_token_s + delay, end_s)
         del self._live[request.request_id]
         self.clients.answered(request, end_s, True)
 
