@@ -1,0 +1,180 @@
+"""Two probes of what the simulator's step model leaves out, run on the lent GPU (issue 34).
+
+`bursts CONFIG`: how fast vLLM's API server hands a burst to its engine. `servepilot up` the
+config (dummy weights), then bursts of N requests sent at once (a closed loop of N with N
+requests, 2 output tokens) of P-token prompts, through the gateway and straight at vLLM,
+each twice. With 16-token prompts the engine prefills a whole burst in one or two steps, so
+the spread of the first tokens is the host's: the last of N waits for the N - 1 before it
+at every stage that handles one request at a time. bench's requests.csv and vLLM's
+histograms before and after (gpu_sim_validate's `measure`) come back.
+
+`moe-routing CONFIG`: how many of a MoE layer's experts a step really touches with the
+suite's dummy weights. vLLM in this process (eager, so forward hooks run), a hook on every
+MoE layer's router: per forward, the tokens and the distinct experts their top-k picked.
+Decode batches of B sequences (1,000-token random prompts, bench's sampling: temperature 1)
+and prefill chunks, against what uniform routing touches (the profile's `moe_load`).
+
+    python3 benchmarks/gpu_host_probe.py --out "$OUT/hp" bursts llama-8b
+    python3 benchmarks/gpu_host_probe.py --out "$OUT/hp" moe-routing deepseek-v2-lite
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.gpu_bringup import GPU_ENV, PORT, sp
+from benchmarks.gpu_sim_cases import CONFIGS, Run
+from benchmarks.gpu_sim_validate import _replica_url, fleet_yaml, gpu_name, measure, warm_up
+
+BURSTS = ((16, 16), (64, 16), (256, 16), (64, 1000), (16, 4000))
+"""(requests at once, prompt tokens)."""
+
+
+def bursts(config: str, out: Path, deadline: float, reuse: bool) -> dict[str, Any]:
+    import yaml
+
+    folder = out / config
+    folder.mkdir(parents=True, exist_ok=True)
+    fleet = folder / "fleet.yaml"
+    fleet.write_text(yaml.safe_dump(fleet_yaml(config, gpu_name()), sort_keys=False))
+    code, ready_s = (0, 0.0) if reuse else sp(["up", "-c", str(fleet), "--detach"],
+                                              folder / "up.txt", 400)  # fmt: skip
+    summary: dict[str, Any] = {"config": config, "up_exit": code, "up_s": round(ready_s, 1),
+                               "runs": []}  # fmt: skip
+    if code != 0:
+        return summary
+    url = f"http://127.0.0.1:{PORT}"
+    if not reuse:
+        warm_up(url, folder)
+    replica = _replica_url(url)
+    seed = 200_000
+    for rep in (1, 2):
+        for n, prompt in BURSTS:
+            flags = ("--requests", str(n), "--input-tokens", str(prompt), "--output-tokens", "2")
+            run = Run(config, f"burst{n}x{prompt}", flags, (str(n),))
+            for way, target in (("gateway", None), ("direct", replica)):
+                if time.monotonic() + 20 > deadline:
+                    print(f"  left out (deadline): {run.name} {way} rep {rep}", flush=True)
+                    continue
+                seed += 1
+                row = measure(run, folder / f"{run.name}-{way}" / f"rep{rep}", url, deadline,
+                              seed, target=target)  # fmt: skip
+                summary["runs"].append({**row, "way": way, "rep": rep})
+    sp(["down", "--port", str(PORT)], folder / "down.txt", 120)
+    return summary
+
+
+def uniform_active(tokens: int, experts: int, top_k: int) -> float:
+    """Experts that `tokens` tokens touch when each picks `top_k` of `experts` uniformly."""
+    return experts * (1 - (1 - top_k / experts) ** tokens)
+
+
+def moe_routing(config: str, out: Path) -> dict[str, Any]:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the hooks' counts stay readable
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from servepilot.engine.dummy_model import dummy_model_folder
+    from servepilot.engine.model_source import ensure_embedded
+
+    folder = dummy_model_folder(CONFIGS[config]["model"]["source"], ensure_embedded)
+    cfg = json.loads((folder / "config.json").read_text())
+    experts, top_k = int(cfg["n_routed_experts"]), int(cfg["num_experts_per_tok"])
+    llm = LLM(model=str(folder), load_format="dummy", enforce_eager=True, max_model_len=4096,
+              max_num_seqs=256, max_num_batched_tokens=8192, gpu_memory_utilization=0.85,
+              seed=0)  # fmt: skip
+
+    def install(model: Any) -> list[str]:
+        import torch
+
+        stats: list[tuple[int, int, int]] = []
+        gates = [(n, m) for n, m in model.named_modules() if n.endswith("mlp.gate")]
+
+        def hook_for(layer: int) -> Any:
+            def hook(_module: Any, _inputs: Any, output: Any) -> None:
+                logits = output[0] if isinstance(output, tuple) else output
+                picked = logits.float().topk(top_k, dim=-1).indices
+                stats.append((layer, int(logits.shape[0]), int(torch.unique(picked).numel())))
+
+            return hook
+
+        for layer, (_, module) in enumerate(gates):
+            module.register_forward_hook(hook_for(layer))
+        model._servepilot_routing = stats
+        return [n for n, _ in gates]
+
+    def take(model: Any) -> list[tuple[int, int, int]]:
+        rows = list(model._servepilot_routing)
+        model._servepilot_routing.clear()
+        return rows
+
+    names = llm.apply_model(install)[0]
+    print(f"  {len(names)} routers hooked ({names[:1]} ...)", flush=True)
+    rng = random.Random(0)
+    result: dict[str, Any] = {"config": config, "experts": experts, "top_k": top_k,
+                              "routers": len(names), "decode": [], "prefill": []}  # fmt: skip
+    for batch in (1, 4, 16, 64, 256):
+        prompts = [TokensPrompt(prompt_token_ids=[rng.randrange(1000, 49_000) for _ in range(1000)])
+                   for _ in range(batch)]  # fmt: skip
+        params = SamplingParams(max_tokens=12, ignore_eos=True, temperature=1.0, seed=batch)
+        llm.generate(prompts, params, use_tqdm=False)
+        rows = llm.apply_model(take)[0]
+        decode = [r for r in rows if r[1] == batch]
+        per_layer: dict[int, list[int]] = {}
+        for layer, _, active in decode:
+            per_layer.setdefault(layer, []).append(active)
+        layers = [statistics.mean(v) for _, v in sorted(per_layer.items())]
+        entry = {"batch": batch, "forwards": len(decode) // max(1, len(names)),
+                 "active_mean": round(statistics.mean(layers), 2) if layers else None,
+                 "active_by_layer": [round(v, 1) for v in layers],
+                 "uniform": round(uniform_active(batch, experts, top_k), 2)}  # fmt: skip
+        result["decode"].append(entry)
+        print(f"  decode batch {batch:4d}: experts touched per layer {entry['active_mean']} "
+              f"(uniform routing {entry['uniform']}); by layer {entry['active_by_layer']}",
+              flush=True)  # fmt: skip
+    for tokens in (16, 64, 256, 1024, 4096):
+        prompt = TokensPrompt(prompt_token_ids=[rng.randrange(1000, 49_000) for _ in range(tokens)])
+        llm.generate([prompt], SamplingParams(max_tokens=1), use_tqdm=False)
+        rows = [r for r in llm.apply_model(take)[0] if r[1] == tokens]
+        layers = [active for _, _, active in rows]
+        mean = round(statistics.mean(layers), 2) if layers else None
+        entry = {"tokens": tokens, "active_mean": mean,
+                 "uniform": round(uniform_active(tokens, experts, top_k), 2)}  # fmt: skip
+        result["prefill"].append(entry)
+        print(f"  prefill {tokens:5d} tokens: experts touched per layer {entry['active_mean']} "
+              f"(uniform {entry['uniform']})", flush=True)  # fmt: skip
+    (out / f"moe-routing-{config}.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--deadline-s", type=float, default=540.0)
+    parser.add_argument("--reuse", action="store_true", help="the fleet is already up")
+    parser.add_argument("probe", choices=("bursts", "moe-routing"))
+    parser.add_argument("config", choices=sorted(CONFIGS))
+    args = parser.parse_args()
+    os.environ.update(GPU_ENV)
+    deadline = time.monotonic() + args.deadline_s
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.probe == "bursts":
+        summary = bursts(args.config, args.out, deadline, args.reuse)
+    else:
+        summary = moe_routing(args.config, args.out)
+    print(json.dumps(summary)[:2000], flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
