@@ -60,18 +60,48 @@ def bursts(config: str, out: Path, deadline: float, reuse: bool) -> dict[str, An
     seed = 200_000
     for rep in (1, 2):
         for n, prompt in BURSTS:
-            flags = ("--requests", str(n), "--input-tokens", str(prompt), "--output-tokens", "2")
+            flags = ("--requests", str(n), "--input-tokens", str(prompt), "--output-tokens", "2",
+                     "--warmup", "0")  # fmt: skip
             run = Run(config, f"burst{n}x{prompt}", flags, (str(n),))
             for way, target in (("gateway", None), ("direct", replica)):
                 if time.monotonic() + 20 > deadline:
                     print(f"  left out (deadline): {run.name} {way} rep {rep}", flush=True)
                     continue
                 seed += 1
-                row = measure(run, folder / f"{run.name}-{way}" / f"rep{rep}", url, deadline,
-                              seed, target=target)  # fmt: skip
-                summary["runs"].append({**row, "way": way, "rep": rep})
+                rep_dir = folder / f"{run.name}-{way}" / f"rep{rep}"
+                before = cpu_by_role()
+                row = measure(run, rep_dir, url, deadline, seed, target=target)
+                after = cpu_by_role()
+                cpu = {k: round(after[k] - before[k], 3) for k in after}
+                (rep_dir / "cpu.json").write_text(json.dumps(cpu) + "\n")
+                summary["runs"].append({**row, "way": way, "rep": rep, "cpu_s": cpu})
     sp(["down", "--port", str(PORT)], folder / "down.txt", 120)
     return summary
+
+
+def cpu_by_role() -> dict[str, float]:
+    """CPU seconds (user + system) so far of vLLM's API server, its engine core and the
+    gateway, from /proc: in a burst of short prompts the API server's CPU per request is its
+    intake, if it takes requests one at a time on one core."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {"api_server": 0.0, "engine_core": 0.0, "gateway": 0.0}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            comm = (entry / "comm").read_text().strip()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        cpu = (int(fields[11]) + int(fields[12])) / tick
+        if comm.startswith("VLLM::EngineCor"):
+            out["engine_core"] += cpu
+        elif "vllm" in cmdline and ("serve" in cmdline or "api_server" in cmdline):
+            out["api_server"] += cpu
+        elif "servepilot" in cmdline and "gateway" in cmdline:
+            out["gateway"] += cpu
+    return out
 
 
 def uniform_active(tokens: int, experts: int, top_k: int) -> float:
