@@ -7,7 +7,10 @@ measured on an H200, benchmarks/gpu_profiles/) and without (the roofline at the 
 measured H200 ceilings, and for reference at the datasheet's peaks, as servepilot's roofline
 was before issue 23). Prints predicted and published per-token time (TPOT, or median ITL where
 that is what the run publishes) and output throughput, the errors, and the median error of
-each source over every published figure.
+each source over every published figure. The profiles of a model the H100 loans fitted host
+terms for (issue 34: Llama-3.1-8B) are simulated a fourth time with that fit ("fitted", shown
+and not in the targets: it covers three figures). Then the same profiles against today's
+vLLM on the lent H200 (h200_today.py).
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_profile.py
 """
@@ -18,10 +21,14 @@ import contextlib
 import io
 import json
 import statistics
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import h200_today
 from servepilot.cli.main import main
 
 PROFILES = Path(__file__).resolve().parent / "gpu_profiles"
@@ -94,8 +101,10 @@ DATASHEET = """accelerators:
 """
 
 
-def simulate(run: Published, kind: str, work: Path) -> dict[str, float]:
-    """`kind`: profile, roofline (measured ceilings) or datasheet (the roofline on peaks)."""
+def simulate(run: Published, kind: str, work: Path) -> dict[str, float] | None:
+    """`kind`: profile, fitted (the profile with the H100 loans' fit of its model; None
+    where there is none), roofline (measured ceilings) or datasheet (the roofline on
+    peaks)."""
     catalog = work / "datasheet.yaml"
     catalog.write_text(DATASHEET)
     fleet = work / f"{run.name}-{kind}.yaml"
@@ -116,6 +125,11 @@ def simulate(run: Published, kind: str, work: Path) -> dict[str, float]:
             "--out", str(out)]  # fmt: skip
     if kind == "profile":
         args += ["--profile", str(PROFILES / run.profile)]
+    elif kind == "fitted":
+        fitted = h200_today.fitted_profile(run.profile, work)
+        if fitted is None:
+            return None
+        args += ["--profile", str(fitted)]
     log = io.StringIO()
     with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         code = main(args)
@@ -144,13 +158,16 @@ def compare(run: Published, got: dict[str, float]) -> tuple[float, float | None]
 
 
 def main_() -> int:
-    errors: dict[str, list[float]] = {"profile": [], "roofline": [], "datasheet": []}
+    errors: dict[str, list[float]] = {"profile": [], "fitted": [], "roofline": [],
+                                      "datasheet": []}  # fmt: skip
     print(f"{'run':<27} {'source':<9} {'TPOT/ITL p50 ms':>18} {'err':>7} "
           f"{'output tok/s':>20} {'err':>7}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         for run in RUNS:
             for kind in errors:
                 got = simulate(run, kind, Path(tmp))
+                if got is None:
+                    continue
                 step, published_step = compare(run, got)
                 published_tput = run.output_tokens_per_s
                 cells = []
@@ -170,7 +187,10 @@ def main_() -> int:
         print(f"median |error| {kind}: {median:.1%} over {len(errors[kind])} figures")
     print(f"published: {LATENCY} (latency and throughput tests), {SERVING} (serving test);")
     print("vLLM's nightly benchmarks on H200")
-    return report_targets(medians["profile"], medians["roofline"])
+    code = report_targets(medians["profile"], medians["roofline"])
+    print("\ntoday's vLLM (0.22.0) on the lent H200, 2026-12-04 (measured in brackets):")
+    h200_today.report()
+    return code
 
 
 def report_targets(profile: float, roofline: float) -> int:
