@@ -19,6 +19,7 @@ from servepilot.core.config import (
     Weights,
 )
 from servepilot.engine.cpu import cpu_flags
+from servepilot.engine.dummy_model import dummy_routing_env
 from servepilot.engine.model_source import embedded_model_dir
 from servepilot.plan.dtypes import resolve_dtype
 
@@ -159,6 +160,15 @@ def server_env(
     return env
 
 
+def weights_env(config: FleetConfig) -> dict[str, str]:
+    """What the model's weights need in a replica's environment: a MoE model served with
+    random weights routes its tokens uniformly at random (engine/dummy_model.py says why).
+    Set before engine.env, which may change it."""
+    if config.model.weights is Weights.DUMMY:
+        return dummy_routing_env(config.model.source)
+    return {}
+
+
 def unbound_cpu_env(threads: int) -> dict[str, str]:
     """A vLLM-CPU replica left to the OS scheduler with `threads` OpenMP threads (vLLM binds
     none of them)."""
@@ -193,9 +203,10 @@ def vllm_command(config: FleetConfig, model: str, served_name: str) -> str:
         model = str(embedded_model_dir())
     argv = serve_argv(config, model, served_name)
     device = config.hardware.device
+    env = weights_env(config)
     if device is Device.CPU:
-        return LaunchCommand(argv=argv, env=server_env(config.engine, device, ())).shell()
-    return LaunchCommand(argv=argv, env=sleep_env(config.engine)).shell()
+        return LaunchCommand(argv=argv, env=env | server_env(config.engine, device, ())).shell()
+    return LaunchCommand(argv=argv, env=env | sleep_env(config.engine)).shell()
 
 
 def serve_argv(

@@ -20,6 +20,7 @@ from servepilot.engine.args import (
     cores_shared,
     launch_command,
     split_cores,
+    weights_env,
 )
 from servepilot.engine.gpu.inventory import GpuInventory
 from servepilot.engine.model_source import ResolvedModel
@@ -61,7 +62,8 @@ def replica_command(
     spec = ServerSpec(
         str(model.path), model.served_name, host, port, model.dummy, kv_events=kv_events
     )
-    return launch_command(config.engine, spec, config.hardware.device, cores, cores_shared)
+    command = launch_command(config.engine, spec, config.hardware.device, cores, cores_shared)
+    return LaunchCommand(command.argv, weights_env(config) | command.env)
 
 
 def kv_events_ports(

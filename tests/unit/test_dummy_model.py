@@ -9,11 +9,18 @@ from pathlib import Path
 import pytest
 import yaml
 
+from servepilot.cli.main import main
 from servepilot.core.config import FleetConfig, ModelConfig, Weights, parse_config
 from servepilot.core.errors import ConfigError, ModelSourceError
 from servepilot.engine import model_source
-from servepilot.engine.args import ServerSpec, serve_argv, server_args
-from servepilot.engine.dummy_model import TOKENIZER_FILES, dummy_model_folder
+from servepilot.engine.args import ServerSpec, serve_argv, server_args, vllm_command
+from servepilot.engine.dummy_model import (
+    MOE_ROUTING_ENV,
+    TOKENIZER_FILES,
+    dummy_model_folder,
+    routes_experts,
+)
+from servepilot.fleet.local import replica_command
 from servepilot.fleet.up import UpStarted
 
 
@@ -111,6 +118,53 @@ def test_the_command_line_loads_dummy_weights() -> None:
     assert "--load-format" not in real
     spec = ServerSpec("/m", "x", "127.0.0.1", 8000, dummy_weights=True)
     assert "--load-format" in server_args(config.engine, spec, config.hardware.device)
+
+
+def test_moe_models_are_known_by_their_routed_experts(tmp_path: Path) -> None:
+    assert routes_experts("deepseek-v2-lite") and routes_experts("deepseek-v3")
+    assert not routes_experts("llama-3.1-8b") and not routes_experts("qwen2.5-32b")
+    for key, moe in (("num_local_experts", True), ("num_experts", True), ("hidden_size", False)):
+        folder = tmp_path / key
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"model_type": "x", key: 8}))
+        assert routes_experts(str(folder)) is moe
+    assert not routes_experts(str(tmp_path / "nowhere"))
+
+
+def test_a_moe_model_with_dummy_weights_routes_uniformly_at_random_wherever_it_runs(
+    tokenizer: Path, tmp_path: Path
+) -> None:
+    moe = fleet("model:\n  source: deepseek-v2-lite\n  weights: dummy\nhardware:\n  device: gpu\n")
+    model = model_source.resolve_model(moe.model)
+    local = replica_command(moe, model, "127.0.0.1", 8000, ())
+    assert local.env[MOE_ROUTING_ENV] == "uniform_random"
+    assert f"{MOE_ROUTING_ENV}=uniform_random vllm serve" in vllm_command(moe, "/m", "x")
+    source = tmp_path / "fleet.yaml"
+    source.write_text(
+        "model:\n  source: deepseek-v2-lite\n  weights: dummy\n"
+        "hardware:\n  device: gpu\n  accelerator: h100-80\nkubernetes:\n  model_path: /models/dsv2\n"
+    )
+    assert main(["k8s", "render", "-c", str(source), "--out", str(tmp_path / "k8s")]) == 0
+    objects = yaml.safe_load_all((tmp_path / "k8s" / "vllm.yaml").read_text())
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": MOE_ROUTING_ENV, "value": "uniform_random"} in pod["env"]
+    # A dense model, real weights, and a fleet.yaml that says otherwise: nothing added.
+    dense = fleet("model:\n  source: llama-3.1-8b\n  weights: dummy\nhardware:\n  device: gpu\n")
+    assert (
+        MOE_ROUTING_ENV
+        not in replica_command(
+            dense, model_source.resolve_model(dense.model), "127.0.0.1", 8000, ()
+        ).env
+    )
+    assert MOE_ROUTING_ENV not in vllm_command(fleet("hardware:\n  device: gpu\n"), "/m", "x")
+    mine = fleet(
+        "model:\n  source: deepseek-v2-lite\n  weights: dummy\nhardware:\n  device: gpu\n"
+        f"engine:\n  env: {{{MOE_ROUTING_ENV}: normal_routing}}\n"
+    )
+    assert replica_command(mine, model, "127.0.0.1", 8000, ()).env[MOE_ROUTING_ENV] == (
+        "normal_routing"
+    )
 
 
 def test_up_labels_dummy_weights_in_its_endpoint_text() -> None:

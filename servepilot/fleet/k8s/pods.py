@@ -7,7 +7,7 @@ import shlex
 from typing import Any
 
 from servepilot.core.config import EMBEDDED_MODEL, Device, Placement, VolumeKind
-from servepilot.engine.args import serve_argv, server_env
+from servepilot.engine.args import serve_argv, server_env, weights_env
 from servepilot.fleet.k8s.target import EMBEDDED_CACHE, HTTP_PORT, STARTUP_PERIOD_S, Target
 
 Manifest = dict[str, Any]
@@ -102,7 +102,9 @@ def _base_container(target: Target, command: list[str]) -> Manifest:
         {"name": _MODEL_VOLUME, "mountPath": target.kube.model_volume.mount_path,
          "readOnly": True},
     ]  # fmt: skip
-    env = server_env(target.config.engine, target.config.hardware.device, ())
+    env = weights_env(target.config) | server_env(
+        target.config.engine, target.config.hardware.device, ()
+    )
     container: Manifest = {
         "name": "vllm",
         "image": target.image,
