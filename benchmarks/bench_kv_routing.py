@@ -25,7 +25,9 @@ The table: TTFT p50 (ms), throughput (requests/s and output tokens/s), goodput (
 within the TTFT SLO), the replicas' prefix cache hit rate (vLLM's counters, warm-up included),
 the first replica's share of prompt tokens, and the router's CPU per request (user and system
 time of its process over the run, less what it spends idle at the same time, measured for 10 s
-before the run, divided by the requests it answered). Policies are named as
+before the run, divided by the requests it answered; that idle CPU is shown too, as a share
+of a core: where it is much larger than the requests' own, the difference is noisy).
+Policies are named as
 `servepilot gateway --policy` takes them, so new ones join with --policies; P+exact runs P
 on the exact prefix index (the gateway tokenises each prompt and follows the replicas' KV
 events, asking each replica where it publishes). --rounds N rotates the order each round; the
@@ -131,6 +133,7 @@ def one_run(policy: str, b: Bench, run_dir: Path) -> Row:
     return {
         **predicted, "policy": policy, "dir": str(run_dir), "ttft_p50": run["ttft_ms"]["p50"],
         "router_cpu_ms": busy_s * 1000 / sent if sent else None,
+        "router_idle_pct": idle_s_per_s * 100,
         "ttft_p50_returning": (run.get("ttft_ms_returning") or {}).get("p50"),
         "rps": run["request_throughput"], "out_tps": run["output_throughput"],
         "goodput": run["goodput_rps"], "attainment": run["slo_attainment"],
@@ -215,7 +218,8 @@ def table(b: Bench, policies: list[str]) -> str:
     lines = [
         f"TTFT SLO {b.args.slo_ttft_ms:.0f} ms; medians over {b.args.rounds} round(s)",
         f"{'policy':<18} {'TTFT p50':>8} {'p50 ret':>8} {'req/s':>6} {'out tok/s':>9} "
-        f"{'goodput/s':>9} {'SLO met':>7} {'vLLM hit':>8} {'r0 share':>8} {'gw CPU/req':>10}",
+        f"{'goodput/s':>9} {'SLO met':>7} {'vLLM hit':>8} {'r0 share':>8} {'gw CPU/req':>10} "
+        f"{'gw idle':>7}",
     ]
     for p in (p for p in policies if any(r["policy"] == p for r in b.rows)):
         lines.append(
@@ -223,7 +227,7 @@ def table(b: Bench, policies: list[str]) -> str:
             f"{med(p, 'rps') or 0:>6.2f} {med(p, 'out_tps') or 0:>9.1f} "
             f"{med(p, 'goodput') or 0:>9.2f} {pct(med(p, 'attainment')):>7} "
             f"{pct(med(p, 'vllm_hit')):>8} {pct(med(p, 'r0_share')):>8} "
-            f"{med(p, 'router_cpu_ms') or 0:>7.2f} ms"
+            f"{med(p, 'router_cpu_ms') or 0:>7.2f} ms {med(p, 'router_idle_pct') or 0:>6.1f}%"
         )
     # The issue's targets, for each policy that is not a baseline.
     rr, today = med("round_robin", "ttft_p50"), med("prefix_affinity", "ttft_p50")

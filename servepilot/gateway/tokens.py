@@ -34,6 +34,11 @@ from servepilot.routing.kv_index import (
 
 _LONG_CHARS = 4096
 """Text from this long is tokenised with the GIL released (`PromptTokenizer._encode`)."""
+INLINE_NEW_CHARS = 4000
+"""A chat prompt whose pieces the chains lack less text than this of (a conversation's new
+turn: up to about 1,000 tokens) is keyed on the event loop. The hand-off to the tokenizer's
+thread and back costs more than that: 0.12 ms a request on this 2-core machine, where keying
+a turn seen before takes 0.05 ms (`benchmarks/bench_prompt_tokens.py`)."""
 
 
 class PieceCache:
@@ -207,6 +212,19 @@ class PieceChains:
         self._chars = 0
         self._root = _Link(0, (), (), root_hash(hashing))
 
+    def new_chars(self, pieces: Sequence[str]) -> int:
+        """The characters of `pieces` that `keys` would tokenise: those past the longest run
+        of them from the start that the chains hold."""
+        if self._chars > self._max_chars:  # `keys` starts again from nothing
+            return sum(len(piece) for piece in pieces)
+        link: _Link | None = self._root
+        new = 0
+        for piece in pieces:
+            link = link.next.get(piece) if link is not None else None
+            if link is None:
+                new += len(piece)
+        return new
+
     def keys(self, pieces: Sequence[str], ids_of: Callable[[str], list[int]]) -> PromptKeys:
         if self._chars > self._max_chars:
             self._chars = 0
@@ -236,25 +254,45 @@ class PromptBlocks:
     """A request body's token count and vLLM block hashes, by the tokenizer and hashing the
     replicas use.
 
-    The gateway asks through `keys_async`, which runs on one thread of its own: a new
-    32k-token prompt takes about 125 ms to tokenise, which on the event loop would stall
-    every stream the gateway relays, and one thread owning the tokenizer, its piece cache and
-    the piece chains needs no lock. `close` stops it (the gateway's stop)."""
+    The gateway asks through `keys_async`. A new 32k-token prompt takes about 125 ms to
+    tokenise, which on the event loop would stall every stream the gateway relays: such
+    work runs on one thread of its own. A conversation's next turn, which adds little to
+    what the chains hold (`INLINE_NEW_CHARS`), is keyed on the loop, and only while the
+    thread has nothing in hand: the tokenizer, its piece cache and the chains are then
+    touched by one thread at a time, with no lock. `close` stops the thread (the gateway's
+    stop)."""
 
     def __init__(self, tokenizer: PromptTokenizer, hashing: BlockHashing) -> None:
         self.tokenizer = tokenizer
         self.hashing = hashing
         self.chains = PieceChains(hashing, tokenizer.pieces.max_chars)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="servepilot-tokens")
+        self._in_thread = 0
+        """Calls handed to the thread and not back yet (while any, the loop keys none)."""
 
     async def keys_async(self, doc: Mapping[str, Any]) -> PromptKeys | None:
-        return await asyncio.get_running_loop().run_in_executor(self._worker, self.keys, doc)
+        pieces = None
+        if not self._in_thread:
+            pieces = self.tokenizer.chat_pieces(doc)
+            if pieces is not None and self.chains.new_chars(pieces) < INLINE_NEW_CHARS:
+                return self.chains.keys(pieces, self.tokenizer.piece_ids)
+        self._in_thread += 1
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._worker, self._keys, doc, pieces)
+        finally:
+            self._in_thread -= 1
 
     def close(self) -> None:
         self._worker.shutdown(wait=False, cancel_futures=True)
 
     def keys(self, doc: Mapping[str, Any]) -> PromptKeys | None:
-        pieces = self.tokenizer.chat_pieces(doc)
+        return self._keys(doc, None)
+
+    def _keys(self, doc: Mapping[str, Any], pieces: list[str] | None) -> PromptKeys | None:
+        """`pieces`: the chat prompt's, where the caller has them already."""
+        if pieces is None:
+            pieces = self.tokenizer.chat_pieces(doc)
         if pieces is not None:
             return self.chains.keys(pieces, self.tokenizer.piece_ids)
         ids = self.tokenizer.body_ids(doc)

@@ -97,3 +97,48 @@ def test_a_conversations_keys_equal_its_whole_prompts_tokenised(block_size: int)
                 assert blocks.tokenizer.body_ids(body) == ids
     finally:
         blocks.close()
+
+
+def test_new_chars_are_those_past_what_the_chains_hold() -> None:
+    chains = PieceChains(BlockHashing(block_size=4), max_chars=1_000)
+    assert chains.new_chars(["a", "b"]) == 2
+    chains.keys(["a", "b"], PIECES.__getitem__)
+    assert chains.new_chars(["a", "b", "c"]) == 1
+    assert chains.new_chars(["b", "a"]) == 2  # held, but not from the start
+
+
+def test_a_short_new_turn_is_keyed_on_the_loop_a_long_one_on_the_thread() -> None:
+    """The same keys either way; the long prompt's pieces are tokenised on the tokenizer's
+    thread, the next turn's few new ones on the event loop."""
+    import asyncio
+    import threading
+
+    folder = embedded_model_dir()
+    if not (folder / "tokenizer.json").exists():
+        pytest.skip("the embedded model is not converted here (servepilot models pull)")
+    hashing = BlockHashing(block_size=16)
+    blocks = PromptBlocks(PromptTokenizer(folder), hashing)
+    reference = PromptBlocks(PromptTokenizer(folder), hashing)
+    threads: list[str] = []
+    piece_ids = blocks.tokenizer.piece_ids
+
+    def noted(piece: str) -> list[int]:
+        threads.append(threading.current_thread().name)
+        return piece_ids(piece)
+
+    blocks.tokenizer.piece_ids = noted  # type: ignore[method-assign]
+    long_system = "You are a careful assistant who reads every word. " * 100  # 5,100 chars
+    first, second = _conversation(2, long_system, 3)
+
+    async def both() -> tuple[PromptKeys | None, PromptKeys | None]:
+        return await blocks.keys_async(first), await blocks.keys_async(second)
+
+    try:
+        keys = asyncio.run(both())
+        assert keys == (reference.keys(first), reference.keys(second))
+        on_thread = [name for name in threads if name.startswith("servepilot-tokens")]
+        assert on_thread and len(on_thread) < len(threads)
+        assert threads[-1] == "MainThread"  # the second turn's new pieces
+    finally:
+        blocks.close()
+        reference.close()
