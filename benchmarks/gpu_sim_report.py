@@ -26,6 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.gpu_judging import CACHE_WARM_PCT, cache_warm, dummy_routing, unjudged
 from benchmarks.gpu_sim_cases import PROFILES, RUNS, Run
 from benchmarks.gpu_ttft_split import cache_hit_pct, engine_split, split_table
 from servepilot.core.results import Run as BenchRun
@@ -33,11 +34,6 @@ from servepilot.core.results import load_result
 from servepilot.load.sweep import sweet_spot
 
 METRICS = ("ttft_p50_ms", "tpot_p50_ms", "output_tok_s")
-CACHE_WARM_PCT = 5.0
-"""A measurement that vLLM served more of its prompt tokens than this from its prefix cache
-is cache-warm: an earlier run sent the same prompts (before 2026-12-06 the runner gave every
-run bench's default seed). The simulator starts each case with an empty cache, so such a case
-is shown but not judged."""
 
 
 def figures(results: Path) -> dict[str, dict[str, float]]:
@@ -163,6 +159,7 @@ def judge(
                     if key in again:
                         row["again"] = again[key]
                     row["cache_hit_pct"] = cache_hit_pct(reps[-1].parent)
+                    row["dummy_routing"] = dummy_routing(config_dir)
                     rows.append(row)
     return rows
 
@@ -310,11 +307,6 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def cache_warm(row: dict[str, Any]) -> bool:
-    hit = row.get("cache_hit_pct")
-    return hit is not None and hit > CACHE_WARM_PCT
-
-
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [f"{'case':34s} {'set':5s} " + " ".join(f"{m:>22s}" for m in METRICS) + " cache"]
     for row in rows:
@@ -323,17 +315,19 @@ def table(rows: list[dict[str, Any]]) -> str:
             meas, pred = row["measured"][m], row["predicted"][m]
             cells.append(f"{meas:9.1f} {pred:7.1f} {_error(pred, meas):+5.0%}")
         hit = row.get("cache_hit_pct")
-        cells.append(
-            "   -" if hit is None else f"{hit:4.0f}%" + (" warm" if cache_warm(row) else "")
-        )
+        why = unjudged(row)
+        cells.append(("   -" if hit is None else f"{hit:4.0f}%") + (f" {why}" if why else ""))
         lines.append(f"{row['case']:34s} {row['set'][:5]:5s} " + " ".join(cells))
     lines.append("")
     warm_cases = sum(cache_warm(r) for r in rows)
     if warm_cases:
         lines.append(f"{warm_cases} cases cache-warm (over {CACHE_WARM_PCT:g}% of prompt tokens "
                      "from vLLM's prefix cache): shown, not judged")  # fmt: skip
+    if routed := sum(unjudged(r) == "routing" for r in rows):
+        lines.append(f"{routed} cases of a MoE on dummy weights' own routing (a batch's tokens "
+                     "to nearly the same experts; gpu_judging.py): shown, not judged")  # fmt: skip
     for which in ("calibration", "validation"):
-        chosen = [r for r in rows if r["set"] == which and not cache_warm(r)]
+        chosen = [r for r in rows if r["set"] == which and unjudged(r) is None]
         if not chosen:
             continue
         for m in METRICS:

@@ -129,3 +129,31 @@ def test_the_prefill_fit_recovers_a_known_scale_and_overhead() -> None:
     scale, request_ms = solve_prefill(short, long)
     assert scale == pytest.approx(1.5)
     assert request_ms == pytest.approx(40.0)
+
+
+def test_a_moe_measured_on_its_dummy_routers_is_shown_and_not_judged(tmp_path: Path) -> None:
+    from benchmarks.gpu_judging import ROUTING_SIMULATED, dummy_routing
+    from benchmarks.gpu_sim_report import table
+
+    # The fourth loan's DeepSeek-V2-Lite ran with its dummy weights' own routers; Llama has
+    # no experts; a start that logs vLLM's routing simulator is judged.
+    assert dummy_routing(LOAN_3 / "deepseek-v2-lite")
+    assert not dummy_routing(LOAN_3 / "llama-8b")
+    simulated = tmp_path / "deepseek-v2-lite"
+    simulated.mkdir()
+    (simulated / "r0.startup.log").write_text(
+        f"(EngineCore pid=1) WARNING [routing_simulator_router.py:294] {ROUTING_SIMULATED} "
+        "using a uniform_random strategy.\n"
+    )
+    assert not dummy_routing(simulated)
+    figures = {"ttft_p50_ms": 100.0, "tpot_p50_ms": 10.0, "output_tok_s": 1000.0}
+    off = {"ttft_p50_ms": 100.0, "tpot_p50_ms": 25.0, "output_tok_s": 1000.0}
+    rows: list[dict[str, Any]] = [
+        {"case": "moe", "set": "validation", "measured": figures, "predicted": off,
+         "dummy_routing": True},
+        {"case": "dense", "set": "validation", "measured": figures, "predicted": figures,
+         "dummy_routing": False},
+    ]  # fmt: skip
+    text = table(rows)
+    assert "1 cases of a MoE on dummy weights' own routing" in text
+    assert "validation  tpot_p50_ms   n= 1 median |err|   0.0%" in text
