@@ -13,7 +13,8 @@ class Weights(enum.StrEnum):
     REAL = "real"
     DUMMY = "dummy"
     """Random weights from the config alone (vLLM's `--load-format dummy`): the architecture
-    at its real speed and memory, with meaningless output."""
+    at its real speed and memory, with meaningless output (a MoE's routing simulated uniform,
+    engine/dummy_model.py)."""
 
 
 class ModelConfig(_Section):
