@@ -142,7 +142,8 @@ def test_a_moe_model_with_dummy_weights_routes_uniformly_at_random_wherever_it_r
     source = tmp_path / "fleet.yaml"
     source.write_text(
         "model:\n  source: deepseek-v2-lite\n  weights: dummy\n"
-        "hardware:\n  device: gpu\n  accelerator: h100-80\nkubernetes:\n  model_path: /models/dsv2\n"
+        "hardware:\n  device: gpu\n  accelerator: h100-80\n"
+        "kubernetes:\n  model_path: /models/dsv2\n"
     )
     assert main(["k8s", "render", "-c", str(source), "--out", str(tmp_path / "k8s")]) == 0
     objects = yaml.safe_load_all((tmp_path / "k8s" / "vllm.yaml").read_text())
