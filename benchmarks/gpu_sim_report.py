@@ -142,6 +142,8 @@ def judge(
                 sim_out = Path(tmp) / run.name
                 sim_result = predict(run, reps[-1].parent, fleet, profile, sim_out)
                 predicted = figures(sim_result)
+                own = {f"{r['load']['value']:g}": r.get("prefix_cache_hit_rate")
+                       for r in json.loads(sim_result.read_text())["runs"]}  # fmt: skip
                 if splits is not None:
                     splits.append({"run": f"{config}/{run.name}",
                                    **engine_split(reps[-1].parent, sim_result)})  # fmt: skip
@@ -160,6 +162,8 @@ def judge(
                         row["again"] = again[key]
                     row["cache_hit_pct"] = cache_hit_pct(reps[-1].parent)
                     row["dummy_routing"] = dummy_routing(config_dir)
+                    if own.get(key) is not None:
+                        row["sim_cache_hit_pct"] = 100 * own[key]
                     rows.append(row)
     return rows
 
@@ -321,8 +325,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines.append("")
     warm_cases = sum(cache_warm(r) for r in rows)
     if warm_cases:
-        lines.append(f"{warm_cases} cases cache-warm (over {CACHE_WARM_PCT:g}% of prompt tokens "
-                     "from vLLM's prefix cache): shown, not judged")  # fmt: skip
+        lines.append(f"{warm_cases} cases cache-warm (over {CACHE_WARM_PCT:g} points more of their "
+                     "prompt tokens from vLLM's prefix cache than the workload shares): shown, "
+                     "not judged")  # fmt: skip
     if routed := sum(unjudged(r) == "routing" for r in rows):
         lines.append(f"{routed} cases of a MoE on dummy weights' own routing (a batch's tokens "
                      "to nearly the same experts; gpu_judging.py): shown, not judged")  # fmt: skip

@@ -157,3 +157,14 @@ def test_a_moe_measured_on_its_dummy_routers_is_shown_and_not_judged(tmp_path: P
     text = table(rows)
     assert "1 cases of a MoE on dummy weights' own routing" in text
     assert "validation  tpot_p50_ms   n= 1 median |err|   0.0%" in text
+
+
+def test_a_workload_that_shares_prefixes_is_judged_on_its_own_hits() -> None:
+    from benchmarks.gpu_judging import cache_warm
+
+    # prefix3000: vLLM served 85% from its cache, and so did the simulator from an empty one
+    # (the workload's four shared prefixes); the same 85% after an earlier run's prompts is warm.
+    assert not cache_warm({"cache_hit_pct": 85.1, "sim_cache_hit_pct": 84.0})
+    assert cache_warm({"cache_hit_pct": 85.1, "sim_cache_hit_pct": 1.0})
+    assert cache_warm({"cache_hit_pct": 85.1})
+    assert not cache_warm({"cache_hit_pct": 4.0})
