@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import signal
 import statistics
 import sys
@@ -72,19 +71,15 @@ from bench_routing import (
     tail,
     vllm_replicas,
 )
+from router_cost import cpu_s, idle_cpu, predicted_vs_reused, routing_stats
 
 ROOT = Path(__file__).resolve().parent.parent
 Row = dict[str, Any]
 BASELINES = ("round_robin", "prefix_affinity", "cache_aware")
+"""What the issue's targets compare a new policy with: today's policies and vllm-router's."""
 EXACT = "+exact"
 """A policy named P+exact runs P on the exact prefix index (the replicas' KV events)."""
 REQUESTS = "servepilot_requests_total"
-"""What the issue's targets compare a new policy with: today's policies and vllm-router's."""
-PREDICTED_STATS = {"prefix_affinity": ("exact_cached_tokens_predicted", "exact_routed"),
-                   "predicted_latency": ("predicted_cached_tokens", None)}  # fmt: skip
-"""Per policy on the exact index: its routing stat of the prompt tokens it predicted the
-chosen replica holds (summed over requests), and of the requests it routed on the index
-(None: every request it routes)."""
 
 
 @dataclass
@@ -129,7 +124,8 @@ def one_run(policy: str, b: Bench, run_dir: Path) -> Row:
         while len(b.procs) > running:  # this run's router only
             stop(b.procs.pop())
     hit, share = cache_stats(before, after)
-    predicted = predicted_vs_reused(name, stats_before, stats_after, before, after, sent)
+    reused = sum(a.get(HITS, 0.0) - b.get(HITS, 0.0) for b, a in zip(before, after, strict=True))
+    predicted = predicted_vs_reused(name, stats_before, stats_after, reused, sent)
     return {
         **predicted, "policy": policy, "dir": str(run_dir), "ttft_p50": run["ttft_ms"]["p50"],
         "router_cpu_ms": busy_s * 1000 / sent if sent else None,
@@ -139,38 +135,6 @@ def one_run(policy: str, b: Bench, run_dir: Path) -> Row:
         "goodput": run["goodput_rps"], "attainment": run["slo_attainment"],
         "failed": run["failed"], "vllm_hit": hit, "r0_share": share,
     }  # fmt: skip
-
-
-def routing_stats(url: str) -> dict[str, float]:
-    """The gateway's routing stats (servepilot_routing_stat) by stat; empty without them."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as answer:
-            text = answer.read().decode()
-    except OSError:
-        return {}
-    return {sample.labels["stat"]: sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples if sample.name == "servepilot_routing_stat"}  # fmt: skip
-
-
-def predicted_vs_reused(policy: str, stats_before: dict[str, float],
-                        stats_after: dict[str, float], before: list[dict[str, float]],
-                        after: list[dict[str, float]], sent: float) -> Row:  # fmt: skip
-    """Over a run on the exact index: the prompt tokens the gateway predicted the chosen
-    replicas hold, the ones vLLM reports it reused (its prefix_cache_hits, every replica),
-    and the share of the run's requests routed on the index (the issue's 5% compares the
-    first two; it is only a comparison where that share is whole)."""
-    names = PREDICTED_STATS.get(policy)
-    if names is None or names[0] not in stats_after:
-        return {"predicted_tokens": None, "reused_tokens": None, "on_index": None}
-    tokens, routed = names
-    delta = {k: stats_after.get(k, 0.0) - stats_before.get(k, 0.0) for k in (tokens, routed)
-             if k is not None}  # fmt: skip
-    reused = sum(a.get(HITS, 0.0) - b.get(HITS, 0.0) for b, a in zip(before, after, strict=True))
-    on_index = delta[routed] / sent if routed is not None and sent else 1.0
-    return {"predicted_tokens": delta[tokens], "reused_tokens": reused, "on_index": on_index}
 
 
 def exact_config(b: Bench) -> Path:
@@ -194,20 +158,6 @@ def wait_exact(url: str, replicas: int, timeout_s: float = 60.0) -> None:
             return
         time.sleep(0.2)
     raise SystemExit(f"the gateway at {url} does not follow the replicas' KV events: {listed}")
-
-
-def idle_cpu(pid: int, seconds: float = 10.0) -> float:
-    """CPU seconds per second the router spends with no request (health checks, metrics, KV
-    event probes): taken off its CPU over a run, so that what is left is the requests'."""
-    before, started = cpu_s(pid), time.monotonic()
-    time.sleep(seconds)
-    return (cpu_s(pid) - before) / (time.monotonic() - started)
-
-
-def cpu_s(pid: int) -> float:
-    """CPU seconds (user and system) the process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def table(b: Bench, policies: list[str]) -> str:

@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.gpu_bringup import GPU_ENV, PORT, sp
 from benchmarks.gpu_sim_cases import CONFIGS, Run
 from benchmarks.gpu_sim_validate import _replica_url, fleet_yaml, gpu_name, measure, warm_up
+from benchmarks.router_cost import cpu_s
 
 BURSTS = ((16, 16), (64, 16), (256, 16), (64, 1000), (16, 4000))
 """(requests at once, prompt tokens)."""
@@ -83,7 +84,6 @@ def cpu_by_role() -> dict[str, float]:
     """CPU seconds (user + system) so far of vLLM's API server, its engine core and the
     gateway, from /proc: in a burst of short prompts the API server's CPU per request is its
     intake, if it takes requests one at a time on one core."""
-    tick = os.sysconf("SC_CLK_TCK")
     out = {"api_server": 0.0, "engine_core": 0.0, "gateway": 0.0}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -91,10 +91,9 @@ def cpu_by_role() -> dict[str, float]:
         try:
             comm = (entry / "comm").read_text().strip()
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cpu = cpu_s(int(entry.name))
         except OSError:
             continue
-        cpu = (int(fields[11]) + int(fields[12])) / tick
         if comm.startswith("VLLM::EngineCor"):
             out["engine_core"] += cpu
         elif "vllm" in cmdline and ("serve" in cmdline or "api_server" in cmdline):

@@ -78,25 +78,21 @@ def fitted_profile(name: str, work: Path) -> Path | None:
 
 
 def measured(run: TodayRun) -> dict[str, float]:
-    doc = json.loads((RUNS_DIR / run.folder / f"bench-c{run.concurrency}-results.json").read_text())
-    return _figures(doc["runs"][0])
+    from benchmarks.gpu_sim_report import figures
 
-
-def _figures(result: dict[str, Any]) -> dict[str, float]:
-    return {"ttft_p50_ms": result["ttft_ms"]["p50"], "tpot_p50_ms": result["tpot_ms"]["p50"],
-            "output_tok_s": result["output_throughput"]}  # fmt: skip
+    return figures(RUNS_DIR / run.folder / f"bench-c{run.concurrency}-results.json")[
+        f"{run.concurrency:g}"
+    ]
 
 
 def simulate(run: TodayRun, profile: Path, work: Path) -> dict[str, float]:
+    """`servepilot sim` of the run: the fleet vLLM ran (gpu_sim_report.sim_fleet), `profile`."""
     import yaml
 
-    from benchmarks.gpu_sim_report import vllm_knobs
+    from benchmarks.gpu_sim_report import figures, sim_fleet
 
-    fleet_doc = yaml.safe_load((RUNS_DIR / run.folder / "fleet.yaml").read_text())
-    fleet_doc["engine"] = {**fleet_doc["engine"], **vllm_knobs(RUNS_DIR / run.folder)}
-    fleet_doc["engine"].pop("env", None)
     fleet = work / f"{run.folder}.yaml"
-    fleet.write_text(yaml.safe_dump(fleet_doc))
+    fleet.write_text(yaml.safe_dump(sim_fleet(RUNS_DIR / run.folder, None)))
     out = work / f"{run.folder}-c{run.concurrency}-{profile.stem}"
     args = ["sim", "-c", str(fleet), "--profile", str(profile), "--concurrency",
             str(run.concurrency), "--requests", str(run.requests), "--input-tokens", "1000",
@@ -106,7 +102,7 @@ def simulate(run: TodayRun, profile: Path, work: Path) -> dict[str, float]:
         code = main(args)
     if code != 0:
         raise SystemExit(f"sim failed for {run.folder} c{run.concurrency}:\n{log.getvalue()}")
-    return _figures(json.loads((out / "results.json").read_text())["runs"][0])
+    return figures(out / "results.json")[f"{run.concurrency:g}"]
 
 
 def report() -> dict[str, float]:
