@@ -192,9 +192,10 @@ def table(b: Bench, policies: list[str]) -> str:
     for p in (p for p in policies if p.endswith(EXACT)):
         runs = [r for r in b.rows if r["policy"] == p and r.get("reused_tokens")]
         for r in runs:
+            off = r["predicted_tokens"] / r["reused_tokens"] - 1
             lines.append(f"target {p}: cached tokens the index predicted "
                          f"{r['predicted_tokens']:,.0f} vs vLLM reused {r['reused_tokens']:,.0f} "
-                         f"({r['predicted_tokens'] / r['reused_tokens'] - 1:+.1%}; within 5%), "
+                         f"({off:+.1%}: {'met' if abs(off) <= 0.05 else 'MISSED'}, within 5%), "
                          f"{pct(r['on_index'])} of requests routed on the index")  # fmt: skip
         ours, guessed = med(p, "router_cpu_ms"), med(p.removesuffix(EXACT), "router_cpu_ms")
         if ours and guessed:

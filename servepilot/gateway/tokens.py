@@ -37,8 +37,8 @@ _LONG_CHARS = 4096
 INLINE_NEW_CHARS = 4000
 """A chat prompt whose pieces the chains lack less text than this of (a conversation's new
 turn: up to about 1,000 tokens) is keyed on the event loop. The hand-off to the tokenizer's
-thread and back costs more than that: 0.12 ms a request on this 2-core machine, where keying
-a turn seen before takes 0.05 ms (`benchmarks/bench_prompt_tokens.py`)."""
+thread and back costs more than that: about 0.11 ms a request on this 2-core machine, where
+keying a turn seen before takes 0.06 ms (`benchmarks/bench_prompt_tokens.py`)."""
 
 
 class PieceCache:
