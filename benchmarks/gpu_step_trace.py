@@ -1,0 +1,237 @@
+"""What a real vLLM decode step spends, kernel by kernel, at N sequences in flight (issue 34).
+
+The simulator over-predicts TPOT under load (validation: +15% to +33% at 16-512 in flight on
+every model, within 2-9% at one) while its composed step at one sequence is right. This probe
+measures where the real step's time goes as the batch grows, so the profile's operators can be
+set against the kernels vLLM actually runs (its compiled graph fuses and picks its own).
+
+`servepilot up` of a config with vLLM's torch profiler armed (`--profiler-config`, GPU and CPU
+activities, no stacks or shapes), then for each N: a closed loop of N requests of 1,000-token
+prompts and 300-token answers straight at vLLM; once every prompt is prefilled (vLLM's
+`vllm:prompt_tokens_total` says so), `/start_profile`, which records STEPS engine steps and
+stops by itself. The trace is reduced on the GPU machine: kernels grouped by name and launch
+grid (a grid is an operator's shape: a count of 32 a step is once a layer), with their time a
+step, and the step's wall time from one step's first kernel to the next's.
+
+    python3 benchmarks/gpu_step_trace.py --out "$OUT/st" llama-8b --keep-up
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+from urllib.request import Request, urlopen
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.gpu_bringup import GPU_ENV, PORT, sp
+from benchmarks.gpu_sim_cases import CONFIGS
+from benchmarks.gpu_sim_validate import _replica_url, accelerator, gpu_name, warm_up
+
+LEVELS = (1, 4, 16, 64, 256)
+PROMPT_TOKENS = 1000
+OUTPUT_TOKENS = 300
+STEPS = 12
+TRACE_DIR = Path("/tmp/servepilot-step-trace")
+
+
+def profiler_args() -> list[str]:
+    config = {"profiler": "torch", "torch_profiler_dir": str(TRACE_DIR),
+              "torch_profiler_with_stack": False, "torch_profiler_record_shapes": False,
+              "torch_profiler_dump_cuda_time_total": False, "ignore_frontend": True,
+              "max_iterations": STEPS}  # fmt: skip
+    return ["--profiler-config", json.dumps(config)]
+
+
+def fleet_yaml(config: str, gpu: str) -> dict[str, Any]:
+    from benchmarks.gpu_sim_validate import fleet_yaml as suite_fleet
+
+    fleet = suite_fleet(config, gpu) if gpu != "cpu" else _cpu_fleet(config)
+    fleet["engine"]["extra_args"] = profiler_args()
+    return fleet
+
+
+def _cpu_fleet(config: str) -> dict[str, Any]:
+    """The embedded model on vLLM-CPU: this machine's check of the probe's plumbing."""
+    del config
+    return {"model": {"source": "smollm2"}, "hardware": {"device": "cpu"},
+            "engine": {"max_model_len": 2048}, "replicas": {"count": 1},
+            "gateway": {"port": PORT}}  # fmt: skip
+
+
+def _metric(replica: str, name: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urlopen(f"{replica}/metrics", timeout=10).read().decode()
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                total += sample.value
+    return total
+
+
+def _post(url: str) -> None:
+    urlopen(Request(url, method="POST", data=b""), timeout=120).read()
+
+
+def _wait_prefilled(replica: str, target_tokens: float, deadline: float) -> bool:
+    while time.monotonic() < deadline:
+        if _metric(replica, "vllm:prompt_tokens_total") >= target_tokens:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _newest_trace(since: float, timeout_s: float) -> Path | None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        traces = [p for p in TRACE_DIR.glob("**/*.json*") if p.stat().st_mtime >= since]
+        done = [p for p in traces if p.name.endswith((".json", ".json.gz"))]
+        if done:
+            time.sleep(1.0)  # the writer may still be flushing
+            return max(done, key=lambda p: p.stat().st_mtime)
+        time.sleep(0.5)
+    return None
+
+
+def reduce_trace(path: Path) -> dict[str, Any]:
+    """Kernels by (name, grid): launches and microseconds in all; the steps, from the
+    CUDA-graph launches and the engine's own annotations; the GPU's busy span."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
+    kernels = [e for e in events if e.get("cat") == "kernel" and "dur" in e]
+    for e in kernels:
+        grid = "x".join(str(g) for g in e.get("args", {}).get("grid", []))
+        groups[(str(e["name"]), grid)].append(float(e["dur"]))
+    annotations: dict[str, list[float]] = defaultdict(list)
+    runtime: dict[str, int] = defaultdict(int)
+    for e in events:
+        if e.get("cat") in ("user_annotation", "gpu_user_annotation") and "dur" in e:
+            annotations[f"{e['cat']}:{e['name']}"].append(float(e["dur"]))
+        elif e.get("cat") == "cuda_runtime":
+            runtime[str(e["name"])] += 1
+    steps = sum(a["count"] for name, a in _annotation_counts(annotations).items()
+                if name.startswith("user_annotation:execute_"))  # fmt: skip
+    span_us = 0.0
+    if kernels:
+        span_us = max(e["ts"] + e["dur"] for e in kernels) - min(e["ts"] for e in kernels)
+    rows = sorted(groups.items(), key=lambda kv: -sum(kv[1]))
+    by_time = sorted(annotations.items(), key=lambda kv: -sum(kv[1]))[:40]
+    return {
+        "steps": steps,
+        "kernel_us": round(sum(sum(v) for v in groups.values()), 1),
+        "kernel_launches": len(kernels),
+        "span_us": round(span_us, 1),
+        "graph_launches": runtime.get("cudaGraphLaunch", 0),
+        "runtime_calls": dict(sorted(runtime.items(), key=lambda kv: -kv[1])[:12]),
+        "annotations": {name: {"count": len(v), "us": round(sum(v), 1)}
+                        for name, v in by_time},
+        "kernels": [{"name": name[:160], "grid": grid, "count": len(v), "us": round(sum(v), 1)}
+                    for (name, grid), v in rows[:80]],
+    }  # fmt: skip
+
+
+def _annotation_counts(annotations: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    return {name: {"count": len(v), "us": sum(v)} for name, v in annotations.items()}
+
+
+def sweep(replica: str, folder: Path, deadline: float, levels: tuple[int, ...],
+          prompt_tokens: int, output_tokens: int) -> list[dict[str, Any]]:  # fmt: skip
+    rows = []
+    for n in levels:
+        if time.monotonic() + 40 > deadline:
+            print(f"  left out (deadline): {n} in flight", flush=True)
+            continue
+        level = folder / f"c{n}"
+        level.mkdir(parents=True, exist_ok=True)
+        before = _metric(replica, "vllm:prompt_tokens_total")
+        args = ["bench", "--url", replica, "--concurrency", str(n), "--requests", str(n),
+                "--input-tokens", str(prompt_tokens), "--output-tokens", str(output_tokens),
+                "--warmup", "0", "--seed", str(300_000 + n), "--out", str(level)]  # fmt: skip
+        import subprocess
+
+        log = (level / "bench.txt").open("w")
+        bench = subprocess.Popen([sys.executable, "-m", "servepilot", *args], stdout=log,
+                                 stderr=subprocess.STDOUT)  # fmt: skip
+        row: dict[str, Any] = {"in_flight": n}
+        started = time.time()
+        if _wait_prefilled(replica, before + n * prompt_tokens * 0.98, deadline - 20):
+            _post(f"{replica}/start_profile")
+            row["profile_started_s"] = round(time.time() - started, 2)
+        try:
+            row["bench_exit"] = bench.wait(timeout=max(10.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            bench.kill()
+            row["bench_exit"] = 124
+        log.close()
+        _post(f"{replica}/stop_profile")
+        trace = _newest_trace(started, 60)
+        if trace is not None:
+            row["trace"] = reduce_trace(trace)
+            trace.rename(level / trace.name)
+        results = level / "results.json"
+        if results.exists():
+            data = json.loads(results.read_text())
+            row["results"] = data.get("runs", data)
+        (level / "step.json").write_text(json.dumps(row, indent=1))
+        t = row.get("trace", {})
+        steps = max(1, t.get("steps", 0))
+        print(f"  {n:4d} in flight: {t.get('steps')} steps, kernels "
+              f"{t.get('kernel_us', 0) / steps / 1e3:.2f} ms a step, span "
+              f"{t.get('span_us', 0) / steps / 1e3:.2f} ms a step, graph launches "
+              f"{t.get('graph_launches')}", flush=True)  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--deadline-s", type=float, default=540.0)
+    parser.add_argument("--keep-up", action="store_true", help="leave the fleet up")
+    parser.add_argument("--cpu", action="store_true", help="the embedded model on vLLM-CPU")
+    parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="requests in flight")
+    parser.add_argument("--input-tokens", type=int, default=PROMPT_TOKENS)
+    parser.add_argument("--output-tokens", type=int, default=OUTPUT_TOKENS)
+    parser.add_argument("config", choices=sorted(CONFIGS))
+    args = parser.parse_args()
+    levels = tuple(int(n) for n in args.levels.split(","))
+    os.environ.update(GPU_ENV)
+    deadline = time.monotonic() + args.deadline_s
+    import yaml
+
+    folder = args.out / args.config
+    folder.mkdir(parents=True, exist_ok=True)
+    TRACE_DIR.mkdir(parents=True, exist_ok=True)
+    gpu = "cpu" if args.cpu else gpu_name()
+    if not args.cpu:
+        accelerator(gpu)  # an unknown card fails before the minutes of `up`
+    fleet = folder / "fleet.yaml"
+    fleet.write_text(yaml.safe_dump(fleet_yaml(args.config, gpu), sort_keys=False))
+    code, ready_s = sp(["up", "-c", str(fleet), "--detach"], folder / "up.txt", 400)
+    summary: dict[str, Any] = {"config": args.config, "gpu": gpu, "up_exit": code,
+                               "up_s": round(ready_s, 1), "steps_profiled": STEPS}  # fmt: skip
+    if code == 0:
+        url = f"http://127.0.0.1:{PORT}"
+        if not args.cpu:
+            warm_up(url, folder)
+        summary["levels"] = sweep(_replica_url(url), folder, deadline, levels,
+                                  args.input_tokens, args.output_tokens)  # fmt: skip
+    if not args.keep_up:
+        sp(["down", "--port", str(PORT)], folder / "down.txt", 120)
+    (folder / "summary.json").write_text(json.dumps(summary, indent=1))
+    return 0 if code == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
