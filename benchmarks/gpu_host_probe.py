@@ -2,8 +2,8 @@
 
 `bursts CONFIG`: how fast vLLM's API server hands a burst to its engine. `servepilot up` the
 config (dummy weights), then bursts of N requests sent at once (a closed loop of N with N
-requests, 2 output tokens) of P-token prompts, through the gateway and straight at vLLM,
-each twice. With 16-token prompts the engine prefills a whole burst in one or two steps, so
+requests, 8 output tokens) of P-token prompts, through the gateway and straight at vLLM,
+each twice. With 64-token prompts the engine prefills a whole burst in one or two steps, so
 the spread of the first tokens is the host's: the last of N waits for the N - 1 before it
 at every stage that handles one request at a time. bench's requests.csv and vLLM's
 histograms before and after (gpu_sim_validate's `measure`) come back.
@@ -37,8 +37,12 @@ from benchmarks.gpu_sim_cases import CONFIGS, Run
 from benchmarks.gpu_sim_validate import _replica_url, fleet_yaml, gpu_name, measure, warm_up
 from benchmarks.router_cost import cpu_s
 
-BURSTS = ((16, 16), (64, 16), (256, 16), (64, 1000), (16, 4000))
-"""(requests at once, prompt tokens)."""
+BURSTS = ((16, 64), (64, 64), (256, 64), (64, 1000), (16, 4000))
+"""(requests at once, prompt tokens). 64 at the least: the chat template takes 30 of them
+(on 2026-12-06 bench refused 16-token prompts for it)."""
+ANSWER_TOKENS = "8"
+"""Two were too few: a dummy model's first tokens can decode to nothing, and bench counts a
+stream without content as failed (7 of 16 on 2026-12-06)."""
 
 
 def bursts(config: str, out: Path, deadline: float, reuse: bool) -> dict[str, Any]:
@@ -61,8 +65,8 @@ def bursts(config: str, out: Path, deadline: float, reuse: bool) -> dict[str, An
     seed = 200_000
     for rep in (1, 2):
         for n, prompt in BURSTS:
-            flags = ("--requests", str(n), "--input-tokens", str(prompt), "--output-tokens", "2",
-                     "--warmup", "0")  # fmt: skip
+            flags = ("--requests", str(n), "--input-tokens", str(prompt),
+                     "--output-tokens", ANSWER_TOKENS, "--warmup", "0")  # fmt: skip
             run = Run(config, f"burst{n}x{prompt}", flags, (str(n),))
             for way, target in (("gateway", None), ("direct", replica)):
                 if time.monotonic() + 20 > deadline:
@@ -98,7 +102,9 @@ def cpu_by_role() -> dict[str, float]:
             out["engine_core"] += cpu
         elif "vllm" in cmdline and ("serve" in cmdline or "api_server" in cmdline):
             out["api_server"] += cpu
-        elif "servepilot" in cmdline and "gateway" in cmdline:
+        elif "servepilot" in cmdline and ("gateway" in cmdline or "--detached-run-dir" in cmdline):
+            # `up --detach` serves the gateway in the background `up` it starts (on
+            # 2026-12-06 the probe looked for a gateway process and found none).
             out["gateway"] += cpu
     return out
 

@@ -130,6 +130,7 @@ def judge(
         fleet_doc = sim_fleet(config_dir, accelerator)
         gpu = fleet_doc["hardware"]["accelerator"].split("-")[0]
         profile = folder / "profiles" / f"{gpu}-{model}-{dtype}.json"
+        routing = dummy_routing(config_dir)
         with tempfile.TemporaryDirectory() as tmp:
             fleet = Path(tmp) / "fleet.yaml"
             fleet.write_text(yaml.safe_dump(fleet_doc))
@@ -147,7 +148,8 @@ def judge(
                 if splits is not None:
                     splits.append({"run": f"{config}/{run.name}",
                                    **engine_split(reps[-1].parent, sim_result)})  # fmt: skip
-                if ladders is not None and run.name in LADDER_RUNS:
+                # A MoE on its dummy routers is not judged, nor is its sweet spot.
+                if ladders is not None and run.name in LADDER_RUNS and not routing:
                     ladders.setdefault(config, ([], []))
                     ladders[config][0].extend(load_result(reps[-1]).runs)
                     ladders[config][1].extend(load_result(sim_result).runs)
@@ -161,7 +163,7 @@ def judge(
                     if key in again:
                         row["again"] = again[key]
                     row["cache_hit_pct"] = cache_hit_pct(reps[-1].parent)
-                    row["dummy_routing"] = dummy_routing(config_dir)
+                    row["dummy_routing"] = routing
                     if own.get(key) is not None:
                         row["sim_cache_hit_pct"] = 100 * own[key]
                     rows.append(row)
@@ -182,33 +184,36 @@ def fit_profiles(folder: Path) -> dict[str, dict[str, Any]]:
     - `step_overhead_ms`: vLLM's host time per step beside the GPU's, the TPOT of
       closed-short@1 measured minus simulated without it (one request: a decode step is a
       TPOT);
-    - `prefill_scale` and `request_overhead_ms`: TTFT = request overhead + prefill x scale
-      + the rest, solved on closed-short@1 and long-max@1 (two prompts 1,000 and up to
-      32,000 tokens long: the fixed part and the part that grows with the prompt).
+    - `request_overhead_ms` and `intake_us_per_prompt_token`: what a TTFT has beyond the
+      engine's steps, a fixed part and a part per prompt token (tokenising, in the gateway
+      for the exact index and in vLLM's API server), solved on closed-short@1 and
+      long-max@1 (prompts of 1,000 and up to 32,000 tokens);
+    - `prefill_scale` 1: the GPU's prefill is what the operators compose. The step trace of
+      2026-12-06 found the composed decode step within 5% of vLLM's at 1-256 sequences
+      (docs/benchmarks.md); a scale fitted to TTFTs took in the host's per-token time and
+      slowed every simulated step that carried a prefill.
     Fitted on one model each, not the median over models: on 2026-12-06 one host term could
     not fit both Llama-3.1-8B (11 ms of TTFT beside the operators) and DeepSeek-V2-Lite
-    (82 ms). Not fitted: under a burst the API server hands requests to the engine spread
-    out (closed-mid@64's first TTFTs came in groups of about four, 55-60 ms apart)."""
+    (82 ms)."""
     fits: dict[str, dict[str, Any]] = {}
     for model, config in FIT_CONFIG.items():
         if not (folder / config / "long-max").is_dir():
             continue
-        base = {"step_overhead_ms": 0.0, "request_overhead_ms": 0.0, "prefill_scale": 1.0}
+        base = {"step_overhead_ms": 0.0, "request_overhead_ms": 0.0, "prefill_scale": 1.0,
+                "intake_us_per_prompt_token": 0.0}  # fmt: skip
         step_ms = max(0.0, _gap(folder, config, "closed-short", "tpot_p50_ms", base))
         base["step_overhead_ms"] = step_ms
-        # TTFT is linear in the scale and the overhead: simulate at scale 1 and 2.
-        measured, at1, at2 = {}, {}, {}
+        # One request at a time: the TTFT is linear in both terms, with nothing queued.
+        points = []
         for name in ("closed-short", "long-max"):
-            measured[name], at1[name] = _ttfts(folder, config, name, base)
-            _, at2[name] = _ttfts(folder, config, name, {**base, "prefill_scale": 2.0})
-        scale, request_ms = solve_prefill(
-            (measured["closed-short"], at1["closed-short"], at2["closed-short"]),
-            (measured["long-max"], at1["long-max"], at2["long-max"]),
-        )
+            measured, simulated = _ttfts(folder, config, name, base)
+            points.append((prompt_tokens(config, name), measured - simulated))
+        request_ms, intake_us = solve_host(points[0], points[1])
         fits[model] = {
             "step_overhead_ms": round(step_ms, 3),
             "request_overhead_ms": round(max(0.0, request_ms), 2),
-            "prefill_scale": round(scale, 3),
+            "intake_us_per_prompt_token": round(max(0.0, intake_us), 3),
+            "prefill_scale": 1.0,
             "fitted_on": f"closed-short@1 and long-max@1 (calibration) of {config} in "
             f"{folder.name}",
         }
@@ -220,17 +225,17 @@ def fit_profiles(folder: Path) -> dict[str, dict[str, Any]]:
     return fits
 
 
-def solve_prefill(
-    short: tuple[float, float, float], long: tuple[float, float, float]
-) -> tuple[float, float]:
-    """(prefill scale, request overhead ms) from two cases' TTFTs (measured, simulated at
-    scale 1, simulated at scale 2; no request overhead): a simulated TTFT is the rest plus
-    the prefill times the scale, so the scale-2 run minus the scale-1 run is the prefill."""
-    (m_s, a_s, b_s), (m_l, a_l, b_l) = short, long
-    prefill_s, prefill_l = b_s - a_s, b_l - a_l
-    rest_s, rest_l = a_s - prefill_s, a_l - prefill_l
-    scale = ((m_l - rest_l) - (m_s - rest_s)) / (prefill_l - prefill_s)
-    return scale, m_s - rest_s - scale * prefill_s
+def prompt_tokens(config: str, run_name: str) -> int:
+    run = next(r for r in RUNS if r.config == config and r.name == run_name)
+    return int(run.flags[run.flags.index("--input-tokens") + 1])
+
+
+def solve_host(short: tuple[int, float], long: tuple[int, float]) -> tuple[float, float]:
+    """(request overhead ms, intake us per prompt token) from two cases, each (prompt tokens,
+    measured TTFT minus simulated without either term, ms): gap = overhead + tokens x intake."""
+    (tokens_s, gap_s), (tokens_l, gap_l) = short, long
+    intake_ms = (gap_l - gap_s) / (tokens_l - tokens_s)
+    return gap_s - intake_ms * tokens_s, intake_ms * 1000.0
 
 
 def _ttfts(folder: Path, config: str, run_name: str, meta: dict[str, float]) -> tuple[float, float]:
@@ -349,7 +354,13 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folder", type=Path)
+    parser.add_argument(
+        "folders",
+        type=Path,
+        nargs="+",
+        metavar="folder",
+        help="loan folders, judged together (each case with its own folder's profiles)",
+    )
     parser.add_argument(
         "--accelerator",
         help="the catalog name of the GPU the runs used "
@@ -364,12 +375,14 @@ def main() -> int:
         "cases (FIT_CONFIG) and write them into the meta of the folder's profiles",
     )
     args = parser.parse_args()
-    if args.fit:
-        for model, fit in fit_profiles(args.folder).items():
-            print(f"fitted {model}: {fit}")
     ladders: Ladders = {}
     splits: list[dict[str, Any]] = []
-    rows = judge(args.folder, args.accelerator, ladders, splits)
+    rows = []
+    for folder in args.folders:
+        if args.fit:
+            for model, fit in fit_profiles(folder).items():
+                print(f"fitted {model} in {folder.name}: {fit}")
+        rows += judge(folder, args.accelerator, ladders, splits)
     print(table(rows))
     print("\nwhere a TTFT goes, per run (its levels together)")
     print(split_table(splits))

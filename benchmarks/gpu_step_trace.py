@@ -42,19 +42,19 @@ STEPS = 12
 TRACE_DIR = Path("/tmp/servepilot-step-trace")
 
 
-def profiler_args() -> list[str]:
+def profiler_args(steps: int = STEPS) -> list[str]:
     config = {"profiler": "torch", "torch_profiler_dir": str(TRACE_DIR),
               "torch_profiler_with_stack": False, "torch_profiler_record_shapes": False,
               "torch_profiler_dump_cuda_time_total": False, "ignore_frontend": True,
-              "max_iterations": STEPS}  # fmt: skip
+              "max_iterations": steps}  # fmt: skip
     return ["--profiler-config", json.dumps(config)]
 
 
-def fleet_yaml(config: str, gpu: str) -> dict[str, Any]:
+def fleet_yaml(config: str, gpu: str, steps: int = STEPS) -> dict[str, Any]:
     from benchmarks.gpu_sim_validate import fleet_yaml as suite_fleet
 
     fleet = suite_fleet(config, gpu) if gpu != "cpu" else _cpu_fleet(config)
-    fleet["engine"]["extra_args"] = profiler_args()
+    fleet["engine"]["extra_args"] = profiler_args(steps)
     return fleet
 
 
@@ -123,30 +123,47 @@ def reduce_trace(path: Path) -> dict[str, Any]:
     steps = sum(a["count"] for name, a in _annotation_counts(annotations).items()
                 if name.startswith("user_annotation:execute_"))  # fmt: skip
     span_us = 0.0
+    # Each step's composition and time (the engine's annotation of its CPU side): how a
+    # burst's prefills were cut into steps.
+    timeline = sorted((e["ts"], e["dur"], e["name"]) for e in events
+                      if e.get("cat") == "user_annotation" and "dur" in e
+                      and str(e.get("name", "")).startswith("execute_"))  # fmt: skip
+    t0 = timeline[0][0] if timeline else 0.0
     if kernels:
         span_us = max(e["ts"] + e["dur"] for e in kernels) - min(e["ts"] for e in kernels)
     rows = sorted(groups.items(), key=lambda kv: -sum(kv[1]))
     by_time = sorted(annotations.items(), key=lambda kv: -sum(kv[1]))[:40]
     return {
         "steps": steps,
+        "step_timeline": [
+            [round((ts - t0) / 1e3, 3), round(dur / 1e3, 3), name] for ts, dur, name in timeline
+        ],
         "kernel_us": round(sum(sum(v) for v in groups.values()), 1),
         "kernel_launches": len(kernels),
         "span_us": round(span_us, 1),
         "graph_launches": runtime.get("cudaGraphLaunch", 0),
         "runtime_calls": dict(sorted(runtime.items(), key=lambda kv: -kv[1])[:12]),
-        "annotations": {name: {"count": len(v), "us": round(sum(v), 1)}
-                        for name, v in by_time},
-        "kernels": [{"name": name[:160], "grid": grid, "count": len(v), "us": round(sum(v), 1)}
-                    for (name, grid), v in rows[:80]],
-    }  # fmt: skip
+        "annotations": {name: {"count": len(v), "us": round(sum(v), 1)} for name, v in by_time},
+        "kernels": [
+            {"name": name[:160], "grid": grid, "count": len(v), "us": round(sum(v), 1)}
+            for (name, grid), v in rows[:80]
+        ],
+    }
 
 
 def _annotation_counts(annotations: dict[str, list[float]]) -> dict[str, dict[str, float]]:
     return {name: {"count": len(v), "us": sum(v)} for name, v in annotations.items()}
 
 
-def sweep(replica: str, folder: Path, deadline: float, levels: tuple[int, ...],
-          prompt_tokens: int, output_tokens: int) -> list[dict[str, Any]]:  # fmt: skip
+def sweep(
+    replica: str,
+    folder: Path,
+    deadline: float,
+    levels: tuple[int, ...],
+    prompt_tokens: int,
+    output_tokens: int,
+    burst: bool = False,
+) -> list[dict[str, Any]]:
     rows = []
     for n in levels:
         if time.monotonic() + 40 > deadline:
@@ -165,7 +182,10 @@ def sweep(replica: str, folder: Path, deadline: float, levels: tuple[int, ...],
                                  stderr=subprocess.STDOUT)  # fmt: skip
         row: dict[str, Any] = {"in_flight": n}
         started = time.time()
-        if _wait_prefilled(replica, before + n * prompt_tokens * 0.98, deadline - 20):
+        if burst:  # the burst's own steps, prefills first: how vLLM takes a burst in
+            _post(f"{replica}/start_profile")
+            row["profile_started_s"] = 0.0
+        elif _wait_prefilled(replica, before + n * prompt_tokens * 0.98, deadline - 20):
             _post(f"{replica}/start_profile")
             row["profile_started_s"] = round(time.time() - started, 2)
         try:
@@ -203,6 +223,12 @@ def main() -> int:
     parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="requests in flight")
     parser.add_argument("--input-tokens", type=int, default=PROMPT_TOKENS)
     parser.add_argument("--output-tokens", type=int, default=OUTPUT_TOKENS)
+    parser.add_argument("--steps", type=int, default=STEPS, help="engine steps each trace records")
+    parser.add_argument(
+        "--burst",
+        action="store_true",
+        help="profile from the burst's start (its prefill steps) instead of after its prefills",
+    )
     parser.add_argument("config", choices=sorted(CONFIGS))
     args = parser.parse_args()
     levels = tuple(int(n) for n in args.levels.split(","))
@@ -217,16 +243,16 @@ def main() -> int:
     if not args.cpu:
         accelerator(gpu)  # an unknown card fails before the minutes of `up`
     fleet = folder / "fleet.yaml"
-    fleet.write_text(yaml.safe_dump(fleet_yaml(args.config, gpu), sort_keys=False))
+    fleet.write_text(yaml.safe_dump(fleet_yaml(args.config, gpu, args.steps), sort_keys=False))
     code, ready_s = sp(["up", "-c", str(fleet), "--detach"], folder / "up.txt", 400)
     summary: dict[str, Any] = {"config": args.config, "gpu": gpu, "up_exit": code,
-                               "up_s": round(ready_s, 1), "steps_profiled": STEPS}  # fmt: skip
+                               "up_s": round(ready_s, 1), "steps_profiled": args.steps}  # fmt: skip
     if code == 0:
         url = f"http://127.0.0.1:{PORT}"
         if not args.cpu:
             warm_up(url, folder)
         summary["levels"] = sweep(_replica_url(url), folder, deadline, levels,
-                                  args.input_tokens, args.output_tokens)  # fmt: skip
+                                  args.input_tokens, args.output_tokens, args.burst)  # fmt: skip
     if not args.keep_up:
         sp(["down", "--port", str(PORT)], folder / "down.txt", 120)
     (folder / "summary.json").write_text(json.dumps(summary, indent=1))

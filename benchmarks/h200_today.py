@@ -33,7 +33,12 @@ HERE = Path(__file__).resolve().parent
 RUNS_DIR = HERE / "gpu_runs"
 PROFILES = HERE / "gpu_profiles"
 FIT_DIR = RUNS_DIR / "2026-12-06-sim-validate-h100-cold" / "profiles"
-FIT_KEYS = ("step_overhead_ms", "request_overhead_ms", "prefill_scale")
+FIT_KEYS = (
+    "step_overhead_ms",
+    "request_overhead_ms",
+    "intake_us_per_prompt_token",
+    "prefill_scale",
+)
 METRICS = (("ttft_p50_ms", "TTFT p50 ms"), ("tpot_p50_ms", "TPOT p50 ms"),
            ("output_tok_s", "output tok/s"))  # fmt: skip
 

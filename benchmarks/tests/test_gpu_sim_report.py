@@ -4,7 +4,7 @@ from typing import Any
 import pytest
 
 from benchmarks.gpu_sim_cases import RUNS
-from benchmarks.gpu_sim_report import solve_prefill, vllm_knobs, workload
+from benchmarks.gpu_sim_report import prompt_tokens, solve_host, vllm_knobs, workload
 
 # vLLM 0.22's line when up starts a replica with KV events on (Qwen2.5-32B, the third loan).
 LINE = (
@@ -121,14 +121,16 @@ def test_with_a_seed_each_the_same_run_is_measured_cold() -> None:
     assert shared is not None and abs(shared - 100 * 765_136 / 899_500) < 1e-9
 
 
-def test_the_prefill_fit_recovers_a_known_scale_and_overhead() -> None:
-    """Two cases whose simulated TTFT is a rest plus a prefill (scale 1: 20 + 30 and 25 + 900
-    ms); measured with a scale of 1.5 and 40 ms beside: 20 + 45 + 40 and 25 + 1,350 + 40."""
-    short = (105.0, 50.0, 80.0)  # measured, simulated at scale 1, at scale 2
-    long = (1415.0, 925.0, 1825.0)
-    scale, request_ms = solve_prefill(short, long)
-    assert scale == pytest.approx(1.5)
+def test_the_host_fit_recovers_a_known_overhead_and_intake() -> None:
+    """A host that adds 40 ms to every request and 8 us per prompt token: 48 ms beside the
+    engine's steps at 1,000 tokens, 296 ms at 32,000."""
+    request_ms, intake_us = solve_host((1000, 48.0), (32000, 296.0))
     assert request_ms == pytest.approx(40.0)
+    assert intake_us == pytest.approx(8.0)
+    # The suite's calibration prompts the fit reads.
+    assert prompt_tokens("llama-8b", "closed-short") == 1000
+    assert prompt_tokens("llama-8b", "long-max") == 32000
+    assert prompt_tokens("deepseek-v2-lite", "long-max") == 16184
 
 
 def test_a_moe_measured_on_its_dummy_routers_is_shown_and_not_judged(tmp_path: Path) -> None:

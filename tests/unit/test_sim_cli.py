@@ -126,6 +126,21 @@ def test_the_profiles_request_overhead_is_the_default_client_delay(tmp_path: Pat
     assert given.target["network_ms"]["client"] == 1.0
 
 
+def test_the_profiles_intake_per_prompt_token_delays_the_first_token(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profile = tmp_path / "profile.json"
+    save_profile(PROFILE, profile, meta={"intake_us_per_prompt_token": 250.0})
+    result = _sim(tmp_path / "sim", "--profile", str(profile), "--concurrency", "1",
+                  "--requests", "5", "--input-tokens", "40", "--output-tokens", "3")  # fmt: skip
+    prefill = 0.005 + 40 * 2e-5 + 1e-4
+    assert result.runs[0].ttft_ms.p50 == pytest.approx(prefill * 1000 + 40 * 0.25)
+    save_profile(PROFILE, profile, meta={"intake_us_per_prompt_token": -1})
+    code = main(["sim", "--profile", str(profile), "--concurrency", "1", "--requests", "3"])
+    assert code == 2
+    assert "meta.intake_us_per_prompt_token: expected a number >= 0" in capsys.readouterr().err
+
+
 def test_fleet_yaml_sets_replicas_policy_and_slo(tmp_path: Path) -> None:
     config = tmp_path / "fleet.yaml"
     config.write_text(

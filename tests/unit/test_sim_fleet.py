@@ -14,6 +14,7 @@ import random
 
 import pytest
 
+from servepilot.core.errors import ConfigError
 from servepilot.core.results import Load, LoadMode
 from servepilot.core.slo import Slo
 from servepilot.load.loadplan import LoadPlan
@@ -62,6 +63,21 @@ def test_cross_node_hops_apply_to_replicas_off_the_gateways_node() -> None:
     expected = sorted([(0.002 + prefill) * 1000, (0.04 + prefill) * 1000])
     assert out.run.ttft_ms.p50 == pytest.approx(sum(expected) / 2)
     assert out.run.ttft_ms.mean == pytest.approx(sum(expected) / 2)
+
+
+def test_the_api_server_takes_in_one_prompt_at_a_time_at_its_cost_per_token() -> None:
+    """1 ms a prompt token: a request of 100 tokens reaches the engine 100 ms after it is
+    sent; of two sent together, the second after 200 ms, the first's intake and its own."""
+    spec = fleet_spec(intake_s_per_prompt_token=1e-3)
+    prefill = alone_steps(100, 1)[0]
+    _, one = run_open(spec, [Job(100, 1)], iter([0.0]), 1)
+    assert one.run.ttft_ms.p50 == pytest.approx((0.1 + prefill) * 1000, rel=1e-9)
+    # The first is prefilled alone by 121 ms; the second arrives at 200 ms (taken in in
+    # parallel, at 100 ms, it would be prefilled right after the first, by 142 ms).
+    _, two = run_open(spec, [Job(100, 1)] * 2, iter([0.0, 0.0]), 2)
+    assert two.run.ttft_ms.mean == pytest.approx(((0.1 + prefill) + (0.2 + prefill)) / 2 * 1000)
+    with pytest.raises(ConfigError, match="intake_s_per_prompt_token"):
+        fleet_spec(intake_s_per_prompt_token=-1.0)
 
 
 def test_closed_loop_concurrency_one_runs_at_one_over_e2e() -> None:

@@ -99,6 +99,7 @@ class FleetReplica:
         "hop",
         "in_flight",
         "index",
+        "intake_free_s",
         "kv_usage",
         "launched_s",
         "model",
@@ -132,6 +133,9 @@ class FleetReplica:
         self.hard_capacity = capacity
         """What its batch and KV cache hold: the most `capacity` is set to."""
         self.hop = hop
+        self.intake_free_s = 0.0
+        """When its API server is done taking in the requests handed to it so far: it
+        tokenises one prompt at a time."""
         self.state = ReplicaState.READY if ready else ReplicaState.STARTING
         self.engine_ready = ready
         self.launched_s = launched_s

@@ -51,6 +51,10 @@ class FleetSpec:
     kv_events_delay_s: float | None = None
     """From the end of the step that stored or evicted blocks to its events applied at the
     gateway; None: the replica's one-way network hop (its mean)."""
+    intake_s_per_prompt_token: float = 0.0
+    """vLLM's API server time per prompt token before its engine sees a request (tokenising
+    the text, the hand-off), one request at a time per replica, after the gateway's hop to
+    it; from the profile's meta (`intake_us_per_prompt_token`)."""
     seed: int = 0
     model_name: str = "sim"
 
@@ -63,6 +67,10 @@ class FleetSpec:
             raise ConfigError("warm_pool, wake_s and sleep_s must be >= 0")
         if self.scrape_interval_s is not None and self.scrape_interval_s <= 0:
             raise ConfigError("scrape_interval_s must be > 0")
+        if not self.intake_s_per_prompt_token >= 0:
+            raise ConfigError(
+                f"intake_s_per_prompt_token must be >= 0, got {self.intake_s_per_prompt_token}"
+            )
         if self.kv_events_delay_s is not None and not self.kv_events_delay_s >= 0:
             raise ConfigError(f"kv_events_delay_s must be >= 0, got {self.kv_events_delay_s}")
 

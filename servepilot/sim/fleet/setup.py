@@ -64,6 +64,9 @@ class ReplicaSetup:
     """A chat profile's template tokens: inside --input-tokens, not added to it."""
     from_profile: bool = False
     """Step times and overheads came from a --profile (calibrated or GPU-profiled)."""
+    intake_s_per_prompt_token: float = 0.0
+    """What the API server adds per prompt token before the engine sees the request
+    (tokenising): the profile's meta `intake_us_per_prompt_token`; 0 without one."""
 
 
 def replica_setup(
@@ -117,6 +120,7 @@ def replica_setup(
         prompt_overhead_tokens=overhead - template,
         chat_template_tokens=template,
         request_overhead_s=_request_overhead_s(meta, profile),
+        intake_s_per_prompt_token=_meta_number(meta, "intake_us_per_prompt_token", profile) / 1e6,
         replicas_per_node=max(
             1,
             config.replicas.count
@@ -153,6 +157,7 @@ def fleet_spec(
         gateway=config.gateway,
         network=network,
         kv_events=config.engine.kv_events,
+        intake_s_per_prompt_token=setup.intake_s_per_prompt_token,
         seed=seed,
         model_name=setup.model_name,
     )
@@ -244,12 +249,14 @@ def _meta(path: Path) -> dict[str, Any]:
 
 
 def _request_overhead_s(meta: dict[str, Any], path: Path | None) -> float:
-    value = meta.get("request_overhead_ms", 0.0)
+    return _meta_number(meta, "request_overhead_ms", path) / 1000.0
+
+
+def _meta_number(meta: dict[str, Any], key: str, path: Path | None) -> float:
+    value = meta.get(key, 0.0)
     if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise ConfigError(
-            f"{path}: meta.request_overhead_ms: expected a number >= 0, got {value!r}"
-        )
-    return float(value) / 1000.0
+        raise ConfigError(f"{path}: meta.{key}: expected a number >= 0, got {value!r}")
+    return float(value)
 
 
 def _overhead(meta: dict[str, Any], path: Path) -> int:

@@ -112,6 +112,7 @@ class FleetSim:
         self.autoscale = AutoscaleHook(autoscaler, budget) if autoscaler is not None else None
         self._hop_rng = random.Random(f"{spec.seed}/network")
         self._cg = spec.network.client_gateway_s
+        self._intake_s = spec.intake_s_per_prompt_token
         self.fleet = FleetReplicas(self.gateway, spec, self._hop_rng, self._push, READY, POOLED)
         self.replicas = self.fleet.all
         """Every replica ever launched, in launch order."""
@@ -148,6 +149,12 @@ class FleetSim:
         request.replica = replica
         request.dispatched_s = now_s
         hop = replica.hop.draw()
+        if self._intake_s:
+            # vLLM's API server tokenises one prompt at a time: a burst reaches the engine
+            # spread out, the last after the tokens of every prompt before it.
+            start_s = max(now_s + hop, replica.intake_free_s)
+            replica.intake_free_s = start_s + request.prompt_tokens * self._intake_s
+            hop = replica.intake_free_s - now_s
         if hop:
             self._push(now_s + hop, DELIVER, request)
         else:

@@ -1,0 +1,74 @@
+"""The composed decode step against vLLM's, kernel time and wall time a step, from the step
+traces of `gpu_step_trace.py` (issue 34).
+
+For each config and level: the kernels' time a step and the span a step (first kernel of the
+first profiled step to the last kernel of the last, over the steps: the GPU's time plus the
+gaps between steps) against the profile's composition of the same decode step (its decoders
+and their context; servepilot/plan/gpu_profile/compose.py), operators alone and with the
+per-step overhead.
+
+    python benchmarks/gpu_step_report.py benchmarks/gpu_runs/2026-12-06-step-trace-h100 \\
+        --profiles benchmarks/gpu_runs/2026-12-06-sim-validate-h100-cold/profiles
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.gpu_sim_cases import PROFILES
+from benchmarks.gpu_step_trace import PROMPT_TOKENS
+from servepilot.plan.costmodel import GPU_STEP_OVERHEAD_S, StepShape
+from servepilot.plan.gpu_profile.compose import StepComposer
+from servepilot.plan.gpu_profile.table import load_gpu_profile
+
+STEP = re.compile(r"user_annotation:execute_context_(\d+)\(\d+\)_generation_(\d+)\(\d+\)")
+CONTEXT_TOKENS = PROMPT_TOKENS + 10
+"""A decoder's context while profiled: the prompt and the few tokens after its prefill."""
+
+
+def level_row(step: dict[str, Any], composer: StepComposer) -> dict[str, float]:
+    trace = step["trace"]
+    decoders = max(int(m.group(2)) for name in trace["annotations"] if (m := STEP.match(name)))
+    shape = StepShape(0, 0, decoders, decoders * CONTEXT_TOKENS, 0)
+    steps = trace["steps"]
+    return {
+        "decoders": decoders,
+        "kernel_ms": trace["kernel_us"] / steps / 1e3,
+        "span_ms": trace["span_us"] / steps / 1e3,
+        "operators_ms": composer.gpu_time_s(shape) * 1e3,
+        "step_ms": composer.step_time_s(shape) * 1e3,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--profiles", type=Path, required=True)
+    args = parser.parse_args()
+    print(f"{'config':18s} {'decoders':>8s} {'kernels':>8s} {'composed':>9s} {'err':>5s} "
+          f"{'span':>7s} {'+ step':>7s} {'err':>5s}   (ms a step)")  # fmt: skip
+    for config_dir in sorted(p for p in args.folder.iterdir() if p.is_dir()):
+        model, dtype = PROFILES[config_dir.name]
+        profile = load_gpu_profile(next(args.profiles.glob(f"*-{model}-{dtype}.json")))
+        overhead = profile.step_overhead_s
+        composer = StepComposer(profile, 0.0, 0.0,
+                                GPU_STEP_OVERHEAD_S if overhead is None else overhead)  # fmt: skip
+        rows = [level_row(json.loads(p.read_text()), composer)
+                for p in config_dir.glob("c*/step.json")]  # fmt: skip
+        for r in sorted(rows, key=lambda r: r["decoders"]):
+            ops, step = r["operators_ms"], r["step_ms"]
+            print(f"{config_dir.name:18s} {r['decoders']:8d} {r['kernel_ms']:8.2f} {ops:9.2f} "
+                  f"{ops / r['kernel_ms'] - 1:+5.0%} {r['span_ms']:7.2f} {step:7.2f} "
+                  f"{step / r['span_ms'] - 1:+5.0%}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.gpu_step_report import level_row
+from benchmarks.gpu_step_trace import reduce_trace
+from servepilot.plan.gpu_profile.compose import StepComposer
+from servepilot.plan.gpu_profile.table import load_gpu_profile
+
+RUNS = Path(__file__).parents[1] / "gpu_runs"
+
+
+def test_a_trace_is_reduced_to_kernels_by_shape_and_steps(tmp_path: Path) -> None:
+    """Two engine steps of 4 decoders: a GEMM twice a step at one grid, once at another, and
+    a norm; 10 us between the steps."""
+    step = "execute_context_0(0)_generation_4(4)"
+    events = []
+    for t0 in (0.0, 100.0):
+        events.append({"cat": "user_annotation", "name": step, "ts": t0, "dur": 80.0})
+        events += [
+            {"cat": "kernel", "name": "gemm", "ts": t0 + 1, "dur": 30.0, "args": {"grid": [4, 1]}},
+            {"cat": "kernel", "name": "gemm", "ts": t0 + 31, "dur": 30.0, "args": {"grid": [4, 1]}},
+            {"cat": "kernel", "name": "gemm", "ts": t0 + 61, "dur": 20.0, "args": {"grid": [8, 1]}},
+            {"cat": "kernel", "name": "rms_norm", "ts": t0 + 81, "dur": 9.0, "args": {}},
+            {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": t0, "dur": 1.0},
+        ]
+    path = tmp_path / "rank0.pt.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    reduced = reduce_trace(path)
+    assert reduced["steps"] == 2 and reduced["graph_launches"] == 2
+    assert reduced["kernel_us"] == 2 * (30 + 30 + 20 + 9)
+    assert reduced["span_us"] == 100 + 81 + 9 - 1  # first kernel at 1, last ends at 190
+    by_shape = {(k["name"], k["grid"]): (k["count"], k["us"]) for k in reduced["kernels"]}
+    assert by_shape == {("gemm", "4x1"): (4, 120.0), ("gemm", "8x1"): (2, 40.0),
+                        ("rms_norm", ""): (2, 18.0)}  # fmt: skip
+    assert reduced["step_timeline"] == [[0.0, 0.08, step], [0.1, 0.08, step]]
+
+
+def test_the_recorded_decode_steps_are_what_the_profile_composes() -> None:
+    """The seventh loan's Llama-3.1-8B traces (H100): the composed decode step within 5% of
+    the span vLLM's steps took, at 1 to 256 decoders."""
+    profile = load_gpu_profile(
+        RUNS / "2026-12-06-sim-validate-h100-cold/profiles/h100-llama-3.1-8b-bf16.json"
+    )
+    composer = StepComposer(profile, 0.0, 0.0, profile.step_overhead_s or 0.0)
+    folder = RUNS / "2026-12-06-step-trace-h100/llama-8b"
+    rows = {}
+    for path in folder.glob("c*/step.json"):
+        row = level_row(json.loads(path.read_text()), composer)
+        rows[row["decoders"]] = row
+    assert sorted(rows) == [1, 4, 16, 64, 256]
+    assert rows[16]["span_ms"] == pytest.approx(7.33, abs=0.005)
+    for row in rows.values():
+        assert abs(row["step_ms"] / row["span_ms"] - 1) < 0.05
