@@ -5,6 +5,14 @@ real speed and memory. A preset (plan's published configs) or a folder holding o
 config.json becomes `cache_dir()/models/dummy/<name>/`: the config plus the embedded
 SmolLM2's tokenizer files. Its 49,152 ids are valid in every larger vocabulary, which is every
 preset's; a smaller one is refused, as the ids would index past the embedding.
+
+The random weights sample ids from the model's whole vocabulary, and an id past the lent
+tokenizer's decodes to nothing: 62% of Llama-3.1-8B's 128,256 ids streamed as no text, so a
+client's first token came a random number of tokens late and short answers often had none
+(7 of 16 two-token answers in a burst on 2026-12-06). The lent
+tokenizer is therefore padded to the model's vocabulary with placeholder tokens (`PLACEHOLDER`):
+each decodes to visible text, and none can come out of encoding text (a BPE vocabulary entry
+no merge produces), so prompts tokenise exactly as before.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ EXPERT_COUNT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
 """Where a Hugging Face config says how many experts a MoE layer routes to (DeepSeek; Qwen-MoE;
 Mixtral and others)."""
 EMBEDDED_VOCAB = 49_152
+PLACEHOLDER = "Ġ<{id}>"
+"""A padded id's vocabulary entry: byte-level BPE's form of " <id>" (Ġ is the space)."""
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
     "vocab.json", "merges.txt", "added_tokens.json",
@@ -99,7 +109,7 @@ def dummy_model_folder(source: str, tokenizer_from: Callable[[], Path]) -> Path:
             f"{EMBEDDED_VOCAB}: its token ids would fall outside the embedding",
             hint="put the model's own tokenizer.json beside its config.json",
         )
-    return _materialise(dummy_dir(name), config, tokenizer_from())
+    return _materialise(dummy_dir(name), config, tokenizer_from(), vocab)
 
 
 def _config_folder(path: Path) -> Path:
@@ -125,21 +135,26 @@ def _read_config(path: Path) -> dict[str, Any]:
     return config
 
 
-def _materialise(target: Path, config: dict[str, Any], tokenizer: Path) -> Path:
+def _materialise(
+    target: Path, config: dict[str, Any], tokenizer: Path, vocab_size: object = None
+) -> Path:
     """Write config.json and the tokenizer files into `target`, replacing it atomically, unless
     it already holds exactly these (several replicas start from one folder)."""
     text = json.dumps(config, indent=2, sort_keys=True) + "\n"
     files = [tokenizer / n for n in TOKENIZER_FILES if (tokenizer / n).is_file()]
     if not any(f.name == "tokenizer.json" for f in files):
         raise ModelSourceError(f"{tokenizer} has no tokenizer.json to lend a config-only model")
-    if _same(target, text, files):
+    contents = {f.name: f.read_bytes() for f in files}
+    if isinstance(vocab_size, int):
+        contents["tokenizer.json"] = padded_tokenizer(contents["tokenizer.json"], vocab_size)
+    contents["config.json"] = text.encode("utf-8")
+    if _same(target, contents):
         return target
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-        (tmp / "config.json").write_text(text, encoding="utf-8")
-        for file in files:
-            shutil.copyfile(file, tmp / file.name)
+        for name, data in contents.items():
+            (tmp / name).write_bytes(data)
         old = target.with_name(f".{target.name}.old-{os.getpid()}")
         if target.exists():
             os.rename(target, old)
@@ -152,10 +167,27 @@ def _materialise(target: Path, config: dict[str, Any], tokenizer: Path) -> Path:
     return target
 
 
-def _same(target: Path, text: str, files: list[Path]) -> bool:
+def padded_tokenizer(tokenizer_json: bytes, vocab_size: int) -> bytes:
+    """A byte-level BPE tokenizer.json whose ids run up to `vocab_size`: each missing id a
+    `PLACEHOLDER` entry of the BPE vocabulary (no merge builds it, so encoding never yields
+    it; decoding gives " <id>"). Anything else, or a vocabulary already that large, as it
+    is."""
+    document = json.loads(tokenizer_json)
+    model = document.get("model", {})
+    vocab = model.get("vocab")
+    if model.get("type") != "BPE" or not isinstance(vocab, dict):
+        return tokenizer_json
+    used = [*vocab.values(), *(t["id"] for t in document.get("added_tokens", []))]
+    first = max(used, default=-1) + 1
+    if first >= vocab_size:
+        return tokenizer_json
+    for token_id in range(first, vocab_size):
+        vocab[PLACEHOLDER.format(id=token_id)] = token_id
+    return json.dumps(document, ensure_ascii=False).encode("utf-8")
+
+
+def _same(target: Path, contents: dict[str, bytes]) -> bool:
     try:
-        if (target / "config.json").read_text(encoding="utf-8") != text:
-            return False
-        return all((target / f.name).read_bytes() == f.read_bytes() for f in files)
+        return all((target / name).read_bytes() == data for name, data in contents.items())
     except OSError:
         return False

@@ -172,3 +172,51 @@ def test_up_labels_dummy_weights_in_its_endpoint_text() -> None:
     dummy = UpStarted("http://127.0.0.1:8080", "llama-3.1-8b", (), dummy_weights=True)
     assert "DUMMY weights" in dummy.endpoint_text
     assert "DUMMY" not in UpStarted("http://127.0.0.1:8080", "smollm2", ()).endpoint_text
+
+
+def test_the_lent_tokenizer_is_padded_to_the_models_vocabulary(tmp_path: Path) -> None:
+    """Ids past the embedded tokenizer's 49,152 decode to visible placeholders (a random
+    model samples them: before, they streamed as no text), and text tokenises as before."""
+    from tokenizers import Tokenizer
+    from tokenizers.decoders import DecodeStream
+
+    from servepilot.engine.dummy_model import EMBEDDED_VOCAB, padded_tokenizer
+    from servepilot.engine.model_source import embedded_model_dir
+
+    source = embedded_model_dir() / "tokenizer.json"
+    if not source.exists():
+        pytest.skip("the embedded model is not converted here (servepilot models pull)")
+    padded = tmp_path / "tokenizer.json"
+    padded.write_bytes(padded_tokenizer(source.read_bytes(), 60_000))
+    lent, before = Tokenizer.from_file(str(padded)), Tokenizer.from_file(str(source))
+    assert lent.get_vocab_size() == 60_000 and before.get_vocab_size() == EMBEDDED_VOCAB
+    text = "Hello <50000> world, ünïcödé and digits 12345 <|im_start|>"
+    assert lent.encode(text).ids == before.encode(text).ids
+    assert lent.decode([EMBEDDED_VOCAB, 1000, 59_999]) == f" <{EMBEDDED_VOCAB}>() <59999>"
+    stream = DecodeStream(skip_special_tokens=True)
+    assert [stream.step(lent, i) for i in (55_000, 1000)] == [" <55000>", "()"]
+    # Before, an id past the vocabulary streamed as nothing.
+    assert DecodeStream(skip_special_tokens=True).step(before, 55_000) is None
+    # Large enough already, or no BPE vocabulary: left as it is.
+    assert padded_tokenizer(source.read_bytes(), EMBEDDED_VOCAB) == source.read_bytes()
+    assert padded_tokenizer(b'{"model": {"type": "Unigram"}}', 60_000) == (
+        b'{"model": {"type": "Unigram"}}'
+    )
+
+
+def test_a_dummy_folder_lends_a_padded_tokenizer_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from servepilot.engine.model_source import embedded_model_dir
+
+    embedded = embedded_model_dir()
+    if not (embedded / "tokenizer.json").exists():
+        pytest.skip("the embedded model is not converted here (servepilot models pull)")
+    monkeypatch.setenv("SERVEPILOT_CACHE", str(tmp_path / "cache"))
+    folder = dummy_model_folder("llama-3.1-8b", lambda: embedded)
+    vocab = json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
+    assert len(vocab) == 128_256 and vocab["Ġ<128255>"] == 128_255
+    stamp = (folder / "tokenizer.json").stat().st_mtime_ns
+    # The next replica's start finds it as it should be and leaves it.
+    assert dummy_model_folder("llama-3.1-8b", lambda: embedded) == folder
+    assert (folder / "tokenizer.json").stat().st_mtime_ns == stamp
