@@ -71,7 +71,7 @@ from bench_routing import (
     tail,
     vllm_replicas,
 )
-from router_cost import cpu_s, idle_cpu, predicted_vs_reused, routing_stats
+from router_cost import cpu_s, event_batches, idle_cpu, predicted_vs_reused, routing_stats
 
 ROOT = Path(__file__).resolve().parent.parent
 Row = dict[str, Any]
@@ -111,7 +111,7 @@ def one_run(policy: str, b: Bench, run_dir: Path) -> Row:
         if exact:
             wait_exact(url, len(b.replicas))
         idle_s_per_s = idle_cpu(router.pid)
-        stats_before = routing_stats(url)
+        stats_before, batches_before = routing_stats(url), event_batches(url)
         before = [scrape(r) for r in b.replicas]
         cpu_before, sent_before = cpu_s(router.pid), scrape(url).get(REQUESTS, 0.0)
         started = time.monotonic()
@@ -119,7 +119,7 @@ def one_run(policy: str, b: Bench, run_dir: Path) -> Row:
         busy_s = cpu_s(router.pid) - cpu_before - idle_s_per_s * (time.monotonic() - started)
         sent = scrape(url).get(REQUESTS, 0.0) - sent_before
         after = [scrape(r) for r in b.replicas]
-        stats_after = routing_stats(url)
+        stats_after, batches = routing_stats(url), event_batches(url) - batches_before
     finally:
         while len(b.procs) > running:  # this run's router only
             stop(b.procs.pop())
@@ -130,6 +130,7 @@ def one_run(policy: str, b: Bench, run_dir: Path) -> Row:
         **predicted, "policy": policy, "dir": str(run_dir), "ttft_p50": run["ttft_ms"]["p50"],
         "router_cpu_ms": busy_s * 1000 / sent if sent else None,
         "router_idle_pct": idle_s_per_s * 100,
+        "event_batches_per_req": batches / sent if sent else None,
         "ttft_p50_returning": (run.get("ttft_ms_returning") or {}).get("p50"),
         "rps": run["request_throughput"], "out_tps": run["output_throughput"],
         "goodput": run["goodput_rps"], "attainment": run["slo_attainment"],
@@ -201,6 +202,8 @@ def table(b: Bench, policies: list[str]) -> str:
         if ours and guessed:
             lines.append(f"target {p}: gateway CPU per request x{ours / guessed:.2f} the "
                          "guessed index's (<= 1.1)")  # fmt: skip
+        if (batches := med(p, "event_batches_per_req")) is not None:
+            lines.append(f"{p}: {batches:.2f} KV event batches read per request")
     if failed := sum(r["failed"] for r in b.rows):
         lines.append(f"WARNING: {failed} requests failed (see each run's bench.log)")
     return "\n".join(lines)

@@ -49,6 +49,20 @@ def routing_stats(url: str) -> dict[str, float]:
             for sample in family.samples if sample.name == "servepilot_routing_stat"}  # fmt: skip
 
 
+def event_batches(url: str) -> float:
+    """KV event batches the gateway has applied, every replica (0 without its exact index)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return 0.0
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               for sample in family.samples
+               if sample.name == "servepilot_kv_event_batches_total")  # fmt: skip
+
+
 def predicted_vs_reused(policy: str, stats_before: dict[str, float],
                         stats_after: dict[str, float], reused: float,
                         sent: float) -> dict[str, float | None]:  # fmt: skip

@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 import zmq
 import zmq.asyncio
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from servepilot.gateway.kv_sources import (
     KvEventsEndpoint,
@@ -145,14 +145,18 @@ class KvEventFeed:
         sub.setsockopt(zmq.RCVHWM, _RECV_HWM)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
+        # A receive that waits this long fails with Again: one await a message, where a poll
+        # before each receive made two (kv_feed_cost.py).
+        sub.setsockopt(zmq.RCVTIMEO, int(self._quiet_probe_s * 1000))
         sub.connect(self.endpoint.publish)
         try:
             await self._probe()
             while True:
-                if not await sub.poll(self._quiet_probe_s * 1000):
+                try:
+                    frames = await sub.recv_multipart()
+                except zmq.Again:
                     await self._probe()
                     continue
-                frames = await sub.recv_multipart()
                 if len(frames) != 3:
                     raise ValueError(f"a message of {len(frames)} frames, not 3")
                 await self._live(decode_batch(frames[1], frames[2]))
@@ -325,7 +329,9 @@ class KvEventFeeds:
 
 class KvIndexCollector:
     """`servepilot_prefix_index_exact{replica}`: 1 where the replica's KV events flow, 0 where
-    its prefix cache is guessed (what `doctor` reads); the blocks each holds, by the index."""
+    its prefix cache is guessed (what `doctor` reads); the blocks each holds, by the index;
+    the batches of events applied from each (each one a message the gateway read: their rate
+    is what following the replica costs)."""
 
     def __init__(self, feeds: KvEventFeeds) -> None:
         self._feeds = feeds
@@ -343,8 +349,16 @@ class KvIndexCollector:
             "KV blocks the replica holds, by its KV events",
             labels=["replica"],
         )
+        batches = CounterMetricFamily(
+            "servepilot_kv_event_batches",
+            "Batches of KV events applied from the replica (one published message each)",
+            labels=["replica"],
+        )
         for replica_id in self._feeds.replica_ids():
             exact.add_metric([replica_id], float(index.is_exact(replica_id)))
             blocks.add_metric([replica_id], float(index.blocks_held(replica_id)))
+            feed = self._feeds.feed(replica_id)
+            batches.add_metric([replica_id], float(feed.batches_applied if feed else 0))
         yield exact
         yield blocks
+        yield batches

@@ -186,6 +186,9 @@ def test_the_gateway_routes_a_prompt_to_the_replica_whose_events_say_it_holds_it
                 page = await resp.text()
             assert 'servepilot_prefix_index_exact{replica="a"} 1.0' in page
             assert 'servepilot_prefix_index_exact{replica="b"} 0.0' in page
+            # One batch published by a, none by b: what following each has cost in messages.
+            assert 'servepilot_kv_event_batches_total{replica="a"} 1.0' in page
+            assert 'servepilot_kv_event_batches_total{replica="b"} 0.0' in page
         publisher.shutdown()
 
     _run(body)
