@@ -22,9 +22,11 @@ import argparse
 import gzip
 import json
 import os
+import subprocess
 import sys
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.request import Request, urlopen
@@ -155,55 +157,25 @@ def _annotation_counts(annotations: dict[str, list[float]]) -> dict[str, dict[st
     return {name: {"count": len(v), "us": sum(v)} for name, v in annotations.items()}
 
 
+@dataclass(frozen=True, slots=True)
+class Level:
+    """What each level sends, and when its profile starts."""
+
+    prompt_tokens: int
+    output_tokens: int
+    burst: bool = False
+    """Profile from the burst's first step (its prefills), not once they are done."""
+
+
 def sweep(
-    replica: str,
-    folder: Path,
-    deadline: float,
-    levels: tuple[int, ...],
-    prompt_tokens: int,
-    output_tokens: int,
-    burst: bool = False,
+    replica: str, folder: Path, deadline: float, levels: tuple[int, ...], load: Level
 ) -> list[dict[str, Any]]:
     rows = []
     for n in levels:
         if time.monotonic() + 40 > deadline:
             print(f"  left out (deadline): {n} in flight", flush=True)
             continue
-        level = folder / f"c{n}"
-        level.mkdir(parents=True, exist_ok=True)
-        before = _metric(replica, "vllm:prompt_tokens_total")
-        args = ["bench", "--url", replica, "--concurrency", str(n), "--requests", str(n),
-                "--input-tokens", str(prompt_tokens), "--output-tokens", str(output_tokens),
-                "--warmup", "0", "--seed", str(300_000 + n), "--out", str(level)]  # fmt: skip
-        import subprocess
-
-        log = (level / "bench.txt").open("w")
-        bench = subprocess.Popen([sys.executable, "-m", "servepilot", *args], stdout=log,
-                                 stderr=subprocess.STDOUT)  # fmt: skip
-        row: dict[str, Any] = {"in_flight": n}
-        started = time.time()
-        if burst:  # the burst's own steps, prefills first: how vLLM takes a burst in
-            _post(f"{replica}/start_profile")
-            row["profile_started_s"] = 0.0
-        elif _wait_prefilled(replica, before + n * prompt_tokens * 0.98, deadline - 20):
-            _post(f"{replica}/start_profile")
-            row["profile_started_s"] = round(time.time() - started, 2)
-        try:
-            row["bench_exit"] = bench.wait(timeout=max(10.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            bench.kill()
-            row["bench_exit"] = 124
-        log.close()
-        _post(f"{replica}/stop_profile")
-        trace = _newest_trace(started, 60)
-        if trace is not None:
-            row["trace"] = reduce_trace(trace)
-            trace.rename(level / trace.name)
-        results = level / "results.json"
-        if results.exists():
-            data = json.loads(results.read_text())
-            row["results"] = data.get("runs", data)
-        (level / "step.json").write_text(json.dumps(row, indent=1))
+        row = profile_level(replica, folder / f"c{n}", n, load, deadline)
         t = row.get("trace", {})
         steps = max(1, t.get("steps", 0))
         print(f"  {n:4d} in flight: {t.get('steps')} steps, kernels "
@@ -212,6 +184,46 @@ def sweep(
               f"{t.get('graph_launches')}", flush=True)  # fmt: skip
         rows.append(row)
     return rows
+
+
+def profile_level(
+    replica: str, level: Path, n: int, load: Level, deadline: float
+) -> dict[str, Any]:
+    """One closed loop of `n` requests with the profiler on for `STEPS` (or --steps) of it:
+    bench's results and the reduced trace, also written to `level`/step.json."""
+    level.mkdir(parents=True, exist_ok=True)
+    before = _metric(replica, "vllm:prompt_tokens_total")
+    args = ["bench", "--url", replica, "--concurrency", str(n), "--requests", str(n),
+            "--input-tokens", str(load.prompt_tokens), "--output-tokens",
+            str(load.output_tokens), "--warmup", "0", "--seed", str(300_000 + n), "--out",
+            str(level)]  # fmt: skip
+    row: dict[str, Any] = {"in_flight": n}
+    started = time.time()
+    with (level / "bench.txt").open("w") as log:
+        bench = subprocess.Popen([sys.executable, "-m", "servepilot", *args], stdout=log,
+                                 stderr=subprocess.STDOUT)  # fmt: skip
+        if load.burst:
+            _post(f"{replica}/start_profile")
+            row["profile_started_s"] = 0.0
+        elif _wait_prefilled(replica, before + n * load.prompt_tokens * 0.98, deadline - 20):
+            _post(f"{replica}/start_profile")
+            row["profile_started_s"] = round(time.time() - started, 2)
+        try:
+            row["bench_exit"] = bench.wait(timeout=max(10.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            bench.kill()
+            row["bench_exit"] = 124
+    _post(f"{replica}/stop_profile")
+    trace = _newest_trace(started, 60)
+    if trace is not None:
+        row["trace"] = reduce_trace(trace)
+        trace.rename(level / trace.name)
+    results = level / "results.json"
+    if results.exists():
+        data = json.loads(results.read_text())
+        row["results"] = data.get("runs", data)
+    (level / "step.json").write_text(json.dumps(row, indent=1))
+    return row
 
 
 def main() -> int:
@@ -251,8 +263,8 @@ def main() -> int:
         url = f"http://127.0.0.1:{PORT}"
         if not args.cpu:
             warm_up(url, folder)
-        summary["levels"] = sweep(_replica_url(url), folder, deadline, levels,
-                                  args.input_tokens, args.output_tokens, args.burst)  # fmt: skip
+        load = Level(args.input_tokens, args.output_tokens, args.burst)
+        summary["levels"] = sweep(_replica_url(url), folder, deadline, levels, load)
     if not args.keep_up:
         sp(["down", "--port", str(PORT)], folder / "down.txt", 120)
     (folder / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -6,7 +6,7 @@ The published H200 runs (bench_profile.py) are a 2024 vLLM's. The bring-up runs 
 prompts and 200-token answers at concurrency 1 and 32) are today's. Each is simulated with the
 H200 operator profile as shipped (the nominal 1 ms of host time per step, no request
 overhead), and with the fit the H100 loans made for the same model on their calibration cases
-(`gpu_sim_report.py --fit`: step overhead, request overhead, prefill scale; written into the
+(`gpu_sim_report.py --fit`: step overhead, request overhead, intake per prompt token; in the
 H100 profiles of benchmarks/gpu_runs/2026-12-06-sim-validate-h100-cold/profiles). Neither the
 H200 runs nor the H200 at all took part in that fit: a check on another card.
 

@@ -3,8 +3,9 @@ from typing import Any
 
 import pytest
 
+from benchmarks.gpu_host_fit import prompt_tokens, solve_host
 from benchmarks.gpu_sim_cases import RUNS
-from benchmarks.gpu_sim_report import prompt_tokens, solve_host, vllm_knobs, workload
+from benchmarks.gpu_sim_report import vllm_knobs, workload
 
 # vLLM 0.22's line when up starts a replica with KV events on (Qwen2.5-32B, the third loan).
 LINE = (
@@ -14,6 +15,16 @@ LINE = (
     "'kv_events_config': KVEventsConfig(enable_kv_cache_events=True, publisher='zmq', "
     "endpoint='tcp://*:46535', buffer_steps=10000, topic='')}"
 )
+
+
+FIGURES = {"ttft_p50_ms": 100.0, "tpot_p50_ms": 10.0, "output_tok_s": 1000.0}
+"""What each judged case below measured."""
+
+
+def case(name: str, predicted: dict[str, float], **extra: Any) -> dict[str, Any]:
+    """A validation case as the report's `judge` writes it, measured as `FIGURES`."""
+    return {"case": name, "set": "validation", "measured": FIGURES, "predicted": predicted,
+            **extra}  # fmt: skip
 
 
 def test_knobs_are_read_past_a_config_object(tmp_path: Path) -> None:
@@ -71,15 +82,11 @@ def test_a_measurement_served_from_the_prefix_cache_is_shown_and_not_judged() ->
         cache_hit_pct(LOAN_3.parent / "2026-12-05-sim-validate-h100/llama-8b/closed-mid/rep2")
         is None
     )
-    figures = {"ttft_p50_ms": 100.0, "tpot_p50_ms": 10.0, "output_tok_s": 1000.0}
-    off = {"ttft_p50_ms": 150.0, "tpot_p50_ms": 10.0, "output_tok_s": 1000.0}
-    rows: list[dict[str, Any]] = [
-        {"case": "a", "set": "validation", "measured": figures, "predicted": off,
-         "cache_hit_pct": warm},
-        {"case": "b", "set": "validation", "measured": figures, "predicted": figures,
-         "cache_hit_pct": cold},
-        {"case": "c", "set": "validation", "measured": figures, "predicted": figures},
-    ]  # fmt: skip
+    rows = [
+        case("a", FIGURES | {"ttft_p50_ms": 150.0}, cache_hit_pct=warm),
+        case("b", FIGURES, cache_hit_pct=cold),
+        case("c", FIGURES),
+    ]
     assert [cache_warm(r) for r in rows] == [True, False, False]
     text = table(rows)
     assert "1 cases cache-warm" in text
@@ -148,14 +155,10 @@ def test_a_moe_measured_on_its_dummy_routers_is_shown_and_not_judged(tmp_path: P
         "using a uniform_random strategy.\n"
     )
     assert not dummy_routing(simulated)
-    figures = {"ttft_p50_ms": 100.0, "tpot_p50_ms": 10.0, "output_tok_s": 1000.0}
-    off = {"ttft_p50_ms": 100.0, "tpot_p50_ms": 25.0, "output_tok_s": 1000.0}
-    rows: list[dict[str, Any]] = [
-        {"case": "moe", "set": "validation", "measured": figures, "predicted": off,
-         "dummy_routing": True},
-        {"case": "dense", "set": "validation", "measured": figures, "predicted": figures,
-         "dummy_routing": False},
-    ]  # fmt: skip
+    rows = [
+        case("moe", FIGURES | {"tpot_p50_ms": 25.0}, dummy_routing=True),
+        case("dense", FIGURES, dummy_routing=False),
+    ]
     text = table(rows)
     assert "1 cases of a MoE on dummy weights' own routing" in text
     assert "validation  tpot_p50_ms   n= 1 median |err|   0.0%" in text

@@ -166,5 +166,13 @@ class FleetReplica:
         self.view = LiveView(self.replica_id, 0, capacity=capacity)
         """What routing sees of it, updated in place by the gateway."""
 
+    def take_in(self, reach_s: float, intake_s: float) -> float:
+        """When a request that reaches its API server at `reach_s` and takes `intake_s` there
+        (tokenising its prompt) is handed to the engine: vLLM's API server takes prompts in
+        one at a time, so after every one handed to it before."""
+        start_s = reach_s if reach_s > self.intake_free_s else self.intake_free_s
+        self.intake_free_s = start_s + intake_s
+        return self.intake_free_s
+
     def __repr__(self) -> str:
         return f"FleetReplica({self.replica_id}, {self.state.value}, in_flight={self.in_flight})"

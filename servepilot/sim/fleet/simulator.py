@@ -149,12 +149,8 @@ class FleetSim:
         request.replica = replica
         request.dispatched_s = now_s
         hop = replica.hop.draw()
-        if self._intake_s:
-            # vLLM's API server tokenises one prompt at a time: a burst reaches the engine
-            # spread out, the last after the tokens of every prompt before it.
-            start_s = max(now_s + hop, replica.intake_free_s)
-            replica.intake_free_s = start_s + request.prompt_tokens * self._intake_s
-            hop = replica.intake_free_s - now_s
+        if self._intake_s:  # a burst reaches the engine spread out (FleetReplica.take_in)
+            hop = replica.take_in(now_s + hop, request.prompt_tokens * self._intake_s) - now_s
         if hop:
             self._push(now_s + hop, DELIVER, request)
         else:
