@@ -234,20 +234,34 @@ def table(rows: list[dict[str, Any]]) -> str:
     if routed := sum(unjudged(r) == "routing" for r in rows):
         lines.append(f"{routed} cases of a MoE on dummy weights' own routing (a batch's tokens "
                      "to nearly the same experts; gpu_judging.py): shown, not judged")  # fmt: skip
+    judged = [r for r in rows if unjudged(r) is None]
     for which in ("calibration", "validation"):
-        chosen = [r for r in rows if r["set"] == which and unjudged(r) is None]
-        if not chosen:
-            continue
-        for m in METRICS:
-            errs = [abs(_error(r["predicted"][m], r["measured"][m])) for r in chosen]
-            floors = [abs(_error(r["again"][m], r["measured"][m])) for r in chosen if "again" in r]
-            floor = "no floor"
-            if floors:
-                floor = f"floor median {statistics.median(floors):.1%} ({len(floors)} cases)"
-            lines.append(f"{which:11s} {m:13s} n={len(errs):2d} median |err| "
-                         f"{statistics.median(errs):6.1%}  p90 {_pct(errs, 0.9):6.1%}  "
-                         + floor)  # fmt: skip
+        lines += _summary(which, [r for r in judged if r["set"] == which])
+    # Per model too: one model's miss is not hidden in (or blamed on) the others.
+    models = sorted({r["case"].split("/")[0] for r in judged})
+    if len(models) > 1:
+        lines.append("validation, per model")
+        for model in models:
+            chosen = [r for r in judged if r["set"] == "validation" and
+                      r["case"].startswith(f"{model}/")]  # fmt: skip
+            lines += _summary(f"  {model}", chosen, width=20)
     return "\n".join(lines)
+
+
+def _summary(label: str, chosen: list[dict[str, Any]], width: int = 11) -> list[str]:
+    """Each metric's median and p90 |error| over `chosen`, with its floor."""
+    lines = []
+    for m in METRICS if chosen else ():
+        errs = [abs(_error(r["predicted"][m], r["measured"][m])) for r in chosen]
+        floors = [abs(_error(r["again"][m], r["measured"][m])) for r in chosen if "again" in r]
+        floor = "no floor"
+        if floors:
+            floor = f"floor median {statistics.median(floors):.1%} ({len(floors)} cases)"
+        lines.append(
+            f"{label:{width}s} {m:13s} n={len(errs):2d} median |err| "
+            f"{statistics.median(errs):6.1%}  p90 {_pct(errs, 0.9):6.1%}  " + floor
+        )
+    return lines
 
 
 def main() -> int:

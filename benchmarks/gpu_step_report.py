@@ -24,11 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.gpu_sim_cases import PROFILES
 from benchmarks.gpu_step_trace import PROMPT_TOKENS
-from servepilot.plan.costmodel import GPU_STEP_OVERHEAD_S, StepShape
+from servepilot.plan.costmodel import GPU_STEP_OVERHEAD_S, StepShape, prefill_pairs
 from servepilot.plan.gpu_profile.compose import StepComposer
 from servepilot.plan.gpu_profile.table import load_gpu_profile
 
 STEP = re.compile(r"user_annotation:execute_context_(\d+)\(\d+\)_generation_(\d+)\(\d+\)")
+TIMELINE_STEP = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\(\d+\)")
 CONTEXT_TOKENS = PROMPT_TOKENS + 10
 """A decoder's context while profiled: the prompt and the few tokens after its prefill."""
 
@@ -47,6 +48,36 @@ def level_row(step: dict[str, Any], composer: StepComposer) -> dict[str, float]:
     }
 
 
+def burst_row(step: dict[str, Any], composer: StepComposer) -> dict[str, float]:
+    """A burst profiled from its first step (`gpu_step_trace.py --burst`): how many steps
+    its prefills took, their composed time against vLLM's, and each step's shape.
+
+    The timeline holds each step's launch on the CPU. vLLM schedules one step ahead
+    (async scheduling), so a step's launch waits for the GPU to finish the step before the
+    one before it: the second launch after the last prefill step marks that step's end."""
+    shapes = []
+    for launch_ms, _cpu_ms, name in step["trace"]["step_timeline"]:
+        m = TIMELINE_STEP.fullmatch(name)
+        assert m is not None, f"unknown step annotation {name!r}"
+        shapes.append((float(launch_ms), int(m.group(1)), int(m.group(2)), int(m.group(3))))
+    last = max(i for i, (_, chunks, _, _) in enumerate(shapes) if chunks)
+    composed_ms = 0.0
+    for _, chunks, tokens, decoders in shapes[: last + 1]:
+        # Fresh prompts cut into chunks: each chunk's attention as if its prompt started
+        # in it (a chunk that continues a prompt also reads what came before: a little more).
+        pairs = chunks * prefill_pairs(tokens // max(chunks, 1), 0)
+        shape = StepShape(tokens, chunks, decoders, decoders * CONTEXT_TOKENS, pairs)
+        composed_ms += composer.step_time_s(shape) * 1e3
+    return {
+        "in_flight": step["in_flight"],
+        "prefill_steps": last + 1,
+        "prefill_tokens": sum(tokens for _, _, tokens, _ in shapes[: last + 1]),
+        "first_step_seqs": shapes[0][1],
+        "measured_ms": shapes[last + 2][0] - shapes[0][0],
+        "composed_ms": composed_ms,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path)
@@ -54,20 +85,38 @@ def main() -> int:
     args = parser.parse_args()
     print(f"{'config':18s} {'decoders':>8s} {'kernels':>8s} {'composed':>9s} {'err':>5s} "
           f"{'span':>7s} {'+ step':>7s} {'err':>5s}   (ms a step)")  # fmt: skip
+    bursts: list[tuple[str, dict[str, float]]] = []
     for config_dir in sorted(p for p in args.folder.iterdir() if p.is_dir()):
         model, dtype = PROFILES[config_dir.name]
         profile = load_gpu_profile(next(args.profiles.glob(f"*-{model}-{dtype}.json")))
         overhead = profile.step_overhead_s
         composer = StepComposer(profile, 0.0, 0.0,
                                 GPU_STEP_OVERHEAD_S if overhead is None else overhead)  # fmt: skip
-        rows = [level_row(json.loads(p.read_text()), composer)
-                for p in config_dir.glob("c*/step.json")]  # fmt: skip
+        levels = [json.loads(p.read_text()) for p in config_dir.glob("c*/step.json")]
+        bursts += [(config_dir.name, burst_row(s, composer)) for s in levels if _burst(s)]
+        rows = [level_row(s, composer) for s in levels if not _burst(s)]
         for r in sorted(rows, key=lambda r: r["decoders"]):
             ops, step = r["operators_ms"], r["step_ms"]
             print(f"{config_dir.name:18s} {r['decoders']:8d} {r['kernel_ms']:8.2f} {ops:9.2f} "
                   f"{ops / r['kernel_ms'] - 1:+5.0%} {r['span_ms']:7.2f} {step:7.2f} "
                   f"{step / r['span_ms'] - 1:+5.0%}")  # fmt: skip
+    if bursts:
+        print(
+            f"\nbursts, from the first step: {'config':18s} {'in flight':>9s} {'steps':>5s} "
+            f"{'tokens':>7s} {'first':>5s} {'vLLM':>7s} {'composed':>8s} {'err':>5s}  (ms)"
+        )
+        for config, b in bursts:
+            print(
+                f"{'':28s} {config:18s} {b['in_flight']:9d} {b['prefill_steps']:5d} "
+                f"{b['prefill_tokens']:7d} {b['first_step_seqs']:5d} {b['measured_ms']:7.0f} "
+                f"{b['composed_ms']:8.0f} {b['composed_ms'] / b['measured_ms'] - 1:+5.0%}"
+            )
     return 0
+
+
+def _burst(step: dict[str, Any]) -> bool:
+    """Profiled from the burst's start (`--burst`), not once its prefills were done."""
+    return step.get("profile_started_s") == 0.0
 
 
 if __name__ == "__main__":

@@ -173,3 +173,23 @@ def test_a_workload_that_shares_prefixes_is_judged_on_its_own_hits() -> None:
     assert cache_warm({"cache_hit_pct": 85.1, "sim_cache_hit_pct": 1.0})
     assert cache_warm({"cache_hit_pct": 85.1})
     assert not cache_warm({"cache_hit_pct": 4.0})
+
+
+def test_each_model_is_judged_on_its_own_cases_too() -> None:
+    from benchmarks.gpu_sim_report import table
+
+    # Two models: one predicted exactly, one 30% slow on its first token. Together the
+    # median hides which one misses; the per-model lines say it.
+    rows = [
+        case("llama-8b/a@1", FIGURES),
+        case("llama-8b/b@1", FIGURES),
+        case("deepseek-v2-lite/a@1", FIGURES | {"ttft_p50_ms": 130.0}),
+        case("deepseek-v2-lite/b@1", FIGURES | {"ttft_p50_ms": 70.0}),
+    ]
+    text = table(rows)
+    assert "validation  ttft_p50_ms   n= 4 median |err|  15.0%" in text
+    assert "validation, per model" in text
+    assert "  deepseek-v2-lite   ttft_p50_ms   n= 2 median |err|  30.0%" in text
+    assert "  llama-8b           ttft_p50_ms   n= 2 median |err|   0.0%" in text
+    # One model alone: no per-model lines (they would repeat the set's).
+    assert "per model" not in table(rows[:2])

@@ -55,3 +55,26 @@ def test_the_recorded_decode_steps_are_what_the_profile_composes() -> None:
     assert rows[16]["span_ms"] == pytest.approx(7.33, abs=0.005)
     for row in rows.values():
         assert abs(row["step_ms"] / row["span_ms"] - 1) < 0.05
+
+
+def test_a_burst_is_cut_into_the_steps_vllm_ran_and_composed_within_six_percent() -> None:
+    """The eighth loan's bursts (Llama-3.1-8B, H100, 1,000-token prompts, profiled from the
+    first step): 64 prompts took 9 steps of up to 8,192 tokens, the first with the 2 prompts
+    that had reached the engine; vLLM's 9 prefill steps took 1,485 ms, the composition
+    1,428."""
+    from benchmarks.gpu_step_report import burst_row
+
+    profile = load_gpu_profile(
+        RUNS / "2026-12-06-sim-validate-h100-padded/profiles/h100-llama-3.1-8b-bf16.json"
+    )
+    composer = StepComposer(profile, 0.0, 0.0, profile.step_overhead_s or 0.0)
+    folder = RUNS / "2026-12-06-step-trace-h100-burst/llama-8b"
+    rows = {n: burst_row(json.loads((folder / f"c{n}/step.json").read_text()), composer)
+            for n in (16, 64, 256)}  # fmt: skip
+    burst = rows[64]
+    assert (burst["prefill_steps"], burst["first_step_seqs"]) == (9, 2)
+    assert burst["prefill_tokens"] == 62_976  # the prompts with their chat template
+    assert burst["measured_ms"] == pytest.approx(1485.098)
+    assert [rows[n]["prefill_steps"] for n in (16, 256)] == [3, 32]
+    for row in rows.values():
+        assert abs(row["composed_ms"] / row["measured_ms"] - 1) < 0.06
