@@ -126,7 +126,9 @@ def simulate(run: Published, kind: str, work: Path) -> dict[str, float] | None:
     if kind == "profile":
         args += ["--profile", str(PROFILES / run.profile)]
     elif kind == "fitted":
-        fitted = h200_today.fitted_profile(run.profile, work)
+        # Published runs served real weights: their TTFT is the first token's, as in the
+        # loan measured with every token visible.
+        fitted = h200_today.fitted_profile(run.profile, work, h200_today.FIRST_TOKEN_FIT_DIR)
         if fitted is None:
             return None
         args += ["--profile", str(fitted)]

@@ -33,6 +33,11 @@ HERE = Path(__file__).resolve().parent
 RUNS_DIR = HERE / "gpu_runs"
 PROFILES = HERE / "gpu_profiles"
 FIT_DIR = RUNS_DIR / "2026-12-06-sim-validate-h100-cold" / "profiles"
+"""The fit for these runs: like them, measured on the first token with text (before `up`
+padded the dummy tokenizer; docs/gpu.md)."""
+FIRST_TOKEN_FIT_DIR = RUNS_DIR / "2026-12-06-sim-validate-h100-padded" / "profiles"
+"""The fit on first tokens: for runs of real weights and tokenizers (bench_profile.py's
+published figures)."""
 FIT_KEYS = (
     "step_overhead_ms",
     "request_overhead_ms",
@@ -61,20 +66,21 @@ RUNS = (
 )
 
 
-def fit_for(model: str) -> dict[str, Any] | None:
-    """The H100 loans' fit for `model` (its bf16 profile's meta: fp8 takes the same fit, as
-    the GPU report does); None where no loan fitted the model."""
-    path = FIT_DIR / f"h100-{model}-bf16.json"
+def fit_for(model: str, fit_dir: Path = FIT_DIR) -> dict[str, Any] | None:
+    """The H100 loans' fit for `model` in `fit_dir` (its bf16 profile's meta: fp8 takes the
+    same fit, as the GPU report does); None where no loan fitted the model."""
+    path = fit_dir / f"h100-{model}-bf16.json"
     if not path.exists():
         return None
     meta = json.loads(path.read_text()).get("meta", {})
     return {k: meta[k] for k in FIT_KEYS if k in meta} or None
 
 
-def fitted_profile(name: str, work: Path) -> Path | None:
-    """The H200 profile `name` with the H100 fit of its model in its meta; None without one."""
+def fitted_profile(name: str, work: Path, fit_dir: Path = FIT_DIR) -> Path | None:
+    """The H200 profile `name` with the H100 fit of its model (from `fit_dir`) in its meta;
+    None without one."""
     document = json.loads((PROFILES / name).read_text())
-    fit = fit_for(document["model"])
+    fit = fit_for(document["model"], fit_dir)
     if fit is None:
         return None
     path = work / f"fitted-{name}"
