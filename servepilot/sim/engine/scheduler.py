@@ -327,29 +327,12 @@ class SchedulerCore:
         preemption or an abort are skipped)."""
         step = self._step
         after = step + 1
-        size = self._bs
-        crossing, running, requests = self._crossing, self._running, self._requests
-        pool = self._pool
         finished = []
         for request in bucket:
             if request.state is _DECODING and request._finish_at == step:
-                base = request._base
-                kv_tokens = after - base
-                self._num_decoding -= 1
-                self._decode_context -= kv_tokens
-                crossing[base % size] -= 1
-                if request._prefix_blocks and self._caching:
-                    self._shared.leave(request)
-                del requests[request.request_id]
-                if self._async:
-                    request._computed = kv_tokens
-                    self._draining.append(request)
-                else:
-                    del running[request.request_id]
-                    pool.release(request, kv_tokens, keep_own=False)
-                request.state = _FINISHED
-                request.finish_s = end_s
-                request.finish_step = step
+                kv_tokens = after - request._base
+                self._leave_decoding(request, kv_tokens)
+                self._finish(request, kv_tokens, end_s)
                 finished.append(request)
         return finished
 
