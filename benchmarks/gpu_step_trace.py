@@ -170,12 +170,16 @@ class Level:
 def sweep(
     replica: str, folder: Path, deadline: float, levels: tuple[int, ...], load: Level
 ) -> list[dict[str, Any]]:
-    rows = []
-    for n in levels:
+    rows: list[dict[str, Any]] = []
+    for i, n in enumerate(levels):
         if time.monotonic() + 40 > deadline:
             print(f"  left out (deadline): {n} in flight", flush=True)
             continue
-        row = profile_level(replica, folder / f"c{n}", n, load, deadline)
+        # A level given again (a second burst of the same size on the same engine, to tell a
+        # first-time cost from a steady one) gets its own folder.
+        again = levels[:i].count(n)
+        row = profile_level(replica, folder / (f"c{n}" + (f"-{again + 1}" if again else "")),
+                            n, load, deadline)  # fmt: skip
         t = row.get("trace", {})
         steps = max(1, t.get("steps", 0))
         print(f"  {n:4d} in flight: {t.get('steps')} steps, kernels "
@@ -265,6 +269,8 @@ def main() -> int:
             warm_up(url, folder)
         load = Level(args.input_tokens, args.output_tokens, args.burst)
         summary["levels"] = sweep(_replica_url(url), folder, deadline, levels, load)
+    if code == 0:
+        sp(["logs", "r0", "--port", str(PORT)], folder / "r0.log", 60)
     if not args.keep_up:
         sp(["down", "--port", str(PORT)], folder / "down.txt", 120)
     (folder / "summary.json").write_text(json.dumps(summary, indent=1))
