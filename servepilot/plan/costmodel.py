@@ -95,19 +95,30 @@ class CostModel:
     fits them: they read the weights at any size (a floor) and grow with the tokens only
     past a knee, and a MoE layer's experts fill in as the tokens grow. Empty where the
     linear terms carry them (the roofline, a CPU calibration)."""
+    eager_floor_s: float = 0.0
+    """The least a step takes that runs without a CUDA graph (more tokens than
+    `graph_max_tokens`): the host's time to launch it kernel by kernel, which the GPU waits
+    for when its own work is shorter (DeepSeek-V2-Lite on vLLM 0.22: about 72 ms a prefill
+    step, its kernels 20-40 ms). 0: none (a CPU replica, a roofline)."""
+    graph_max_tokens: int = 0
+    """The largest step vLLM runs as a CUDA graph (its largest capture size)."""
 
     def step_time_s(self, shape: StepShape) -> float:
         # The replica simulator inlines this same expression, in this order, so both agree
         # to the last bit.
-        return (
+        tokens = shape.prefill_tokens + shape.decode_seqs
+        duration = (
             self.base_s
             + self.per_prefill_token_s * shape.prefill_tokens
             + self.per_prefill_seq_s * shape.prefill_seqs
             + self.per_decode_seq_s * shape.decode_seqs
             + self.per_context_token_s * shape.context_tokens
             + self.per_prefill_pair_s * shape.prefill_pairs
-            + self.token_ops_s(shape.prefill_tokens + shape.decode_seqs)
+            + self.token_ops_s(tokens)
         )
+        if tokens > self.graph_max_tokens and duration < self.eager_floor_s:
+            return self.eager_floor_s
+        return duration
 
     @classmethod
     def of(cls, coefficients: dict[str, float], *, source: str) -> CostModel:

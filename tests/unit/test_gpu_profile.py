@@ -287,6 +287,12 @@ def test_the_token_table_interpolates_and_extrapolates_in_proportion() -> None:
 def test_the_simulator_steps_the_same_time_as_the_model_with_a_table() -> None:
     step = _h100("llama-3.1-8b", "bf16")
     model = linearize(step, Operating(1000, 50, 16, 2048, 4096)).model
+    assert len(_simulated_steps(model)) > 20
+
+
+def _simulated_steps(model: CostModel) -> list[float]:
+    """Six prompts of 1,000-2,500 tokens through a simulated replica (16 sequences, 2,048
+    tokens a step) on `model`: each step's duration, checked to be the model's to the bit."""
     replica = ReplicaModel(
         SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=2048, max_model_len=4096,
                         block_size=16, num_blocks=2000),
@@ -294,11 +300,32 @@ def test_the_simulator_steps_the_same_time_as_the_model_with_a_table() -> None:
     )  # fmt: skip
     for i in range(6):
         replica.add(SimRequest(i, 1000 + 300 * i, 20, 0.0))
-    now, seen = 0.0, 0
+    now, durations = 0.0, []
     while (result := replica.step(now)) is not None:
         assert result.duration_s == model.step_time_s(result.shape)  # to the last bit
-        now, seen = result.end_s, seen + 1
-    assert seen > 20
+        now = result.end_s
+        durations.append(result.duration_s)
+    return durations
+
+
+def test_an_eager_steps_floor_reaches_the_simulator_to_the_last_bit() -> None:
+    """`meta.eager_step_ms` (a step trace's host time for a step run without a CUDA graph)
+    floors every step above the largest graph, in the model and in the simulated replica."""
+    document = json.loads((H100 / "h100-llama-3.1-8b-bf16.json").read_text())
+    profile = gpu_profile_from({**document, "meta": {"eager_step_ms": 60.0}}, "t")
+    assert profile.eager_step_s == 0.06
+    assert gpu_profile_from({**document, "meta": {}}, "t").eager_step_s == 0.0
+    with pytest.raises(ConfigError, match="eager_step_ms"):
+        gpu_profile_from({**document, "meta": {"eager_step_ms": -1}}, "t")
+    step = StepComposer(profile, comm_token_s=0.0, comm_step_s=0.0)
+    at = Operating(1000, 50, 16, 2048, 4096)
+    assert at.graph_max_tokens == 32  # vLLM captures up to 2 x max_num_seqs
+    model = linearize(step, at).model
+    assert (model.eager_floor_s, model.graph_max_tokens) == (0.06, 32)
+    assert model.step_time_s(StepShape(0, 0, 16, 16_000, 0)) < 0.06  # a graph's decode
+    assert model.step_time_s(StepShape(1000, 1, 0, 0, prefill_pairs(1000, 0))) == 0.06
+    durations = _simulated_steps(model)
+    assert sum(d == 0.06 for d in durations) >= 3  # the 1,000-token prefills of the first steps
 
 
 def test_a_profiles_meta_carries_the_fitted_step_overhead() -> None:

@@ -38,6 +38,7 @@ from servepilot.plan.costmodel import (
 from servepilot.plan.dtypes import WeightDtype
 from servepilot.plan.gpu_profile.table import GpuProfile
 from servepilot.plan.hardware import Accelerator
+from servepilot.plan.memory import capture_sizes
 from servepilot.plan.spec import ModelSpec
 
 
@@ -151,6 +152,11 @@ class Operating:
     chunks alone, where attention is launch-bound, put a 32,000-token prompt's TTFT at 9.3 s
     on an H100 that took 1.26 s."""
 
+    @property
+    def graph_max_tokens(self) -> int:
+        """The largest step vLLM 0.22 runs as a CUDA graph at these limits."""
+        return max(capture_sizes(self.max_num_seqs, self.max_num_batched_tokens), default=0)
+
 
 @dataclass(frozen=True, slots=True)
 class Linearized:
@@ -171,7 +177,11 @@ def linearize(step: StepComposer, at: Operating) -> Linearized:
     rest = [(s, t - table_s(table, s.prefill_tokens + s.decode_seqs)) for s, t in steps]
     fitted = fit_cost_model(rest, source=f"{step.profile.source} (measured token operators)")
     model = replace(fitted, token_table_s=table)
+    # The error is the linear fit's, against the composition, before the host's floor.
     errors = sorted(abs(model.step_time_s(s) / t - 1) for s, t in steps)
+    model = replace(
+        model, eager_floor_s=step.profile.eager_step_s, graph_max_tokens=at.graph_max_tokens
+    )
     return Linearized(model, errors[len(errors) // 2], errors[-1])
 
 

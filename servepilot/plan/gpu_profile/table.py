@@ -113,6 +113,10 @@ class GpuProfile:
     add for them (`meta.prefill_scale`, fitted on a model's long-prompt calibration case):
     vLLM's own prefill path is not the operators alone (DeepSeek-V2-Lite's MLA prefill and
     grouped MoE took about 4x theirs on an H100)."""
+    eager_step_s: float = 0.0
+    """The host's time to launch a step that runs without a CUDA graph, kernel by kernel
+    (`meta.eager_step_ms`, from a step trace of a burst's first step: no step before it to
+    wait for); such a step takes at least this long. 0: not measured."""
 
     @property
     def source(self) -> str:
@@ -154,6 +158,7 @@ def gpu_profile_from(document: Any, where: str) -> GpuProfile:
             prefill_attention=prefill,
             step_overhead_s=_step_overhead_s(document.get("meta", {})),
             prefill_scale=_prefill_scale(document.get("meta", {})),
+            eager_step_s=_eager_step_s(document.get("meta", {})),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(
@@ -211,6 +216,13 @@ def _step_overhead_s(meta: Any) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
         raise ValueError(f"meta.step_overhead_ms: expected a number >= 0, got {value!r}")
+    return float(value) / 1000.0
+
+
+def _eager_step_s(meta: Any) -> float:
+    value = meta.get("eager_step_ms", 0.0) if isinstance(meta, dict) else 0.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ValueError(f"meta.eager_step_ms: expected a number >= 0, got {value!r}")
     return float(value) / 1000.0
 
 

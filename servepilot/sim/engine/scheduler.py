@@ -43,6 +43,8 @@ class SchedulerCore:
         self._pool = BlockPool(config.num_blocks, config.block_size, caching=self._caching)
         self._coefficients = cost.coefficients
         self._token_table = cost.token_table_s
+        self._eager_floor_s = cost.eager_floor_s
+        self._graph_max_tokens = cost.graph_max_tokens
         self._requests: dict[int, SimRequest] = {}
         self._waiting: deque[SimRequest] = deque()
         self._num_waiting = 0
@@ -112,10 +114,12 @@ class SchedulerCore:
             + per_pair * pairs
         )
         table = self._token_table
+        tokens = prefill_tokens + decode_seqs
         if table:
-            tokens = prefill_tokens + decode_seqs
             last = len(table) - 1
             duration += table[tokens] if tokens <= last else table[last] * tokens / last
+        if tokens > self._graph_max_tokens and duration < self._eager_floor_s:
+            duration = self._eager_floor_s  # CostModel.step_time_s's floor
         end = now_s + duration
         self._decode_context += decode_seqs
         bucket = self._finishing.pop(self._step, None)
