@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu_sim_cases import PROFILES, RUNS
-from benchmarks.gpu_sim_report import figures, measurements, predict, sim_fleet
+from benchmarks.gpu_sim_report import figures, measurements, predict, sim_fleet, write_meta
 
 FIT_CONFIG = {"llama-3.1-8b": "llama-8b", "qwen2.5-32b": "qwen2.5-32b",
               "deepseek-v2-lite": "deepseek-v2-lite"}  # fmt: skip
@@ -63,11 +63,8 @@ def fit_profiles(folder: Path) -> dict[str, dict[str, Any]]:
             "fitted_on": f"closed-short@1 and long-max@1 (calibration) of {config} in "
             f"{folder.name}",
         }
-    for path in sorted((folder / "profiles").glob("*.json")):
-        doc = json.loads(path.read_text())
-        if doc["model"] in fits:
-            doc["meta"] = {**doc.get("meta", {}), **fits[doc["model"]]}
-            path.write_text(json.dumps(doc, indent=1) + "\n")
+    for model, fit in fits.items():
+        write_meta(folder / "profiles", model, fit)
     return fits
 
 

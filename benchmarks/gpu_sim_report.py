@@ -264,6 +264,27 @@ def _summary(label: str, chosen: list[dict[str, Any]], width: int = 11) -> list[
     return lines
 
 
+def eager_steps(trace_folders: list[Path]) -> dict[str, float]:
+    """Per model (profile name), its eager step's host time from the burst traces."""
+    from benchmarks.gpu_step_report import eager_step_ms
+
+    dirs: dict[str, list[Path]] = {}
+    for folder in trace_folders:
+        for config_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
+            dirs.setdefault(PROFILES[config_dir.name][0], []).append(config_dir)
+    found = {model: eager_step_ms(config_dirs) for model, config_dirs in dirs.items()}
+    return {model: round(ms, 1) for model, ms in found.items() if ms is not None}
+
+
+def write_meta(profiles: Path, model: str, meta: dict[str, Any]) -> None:
+    """Merge `meta` into the meta of every profile of `model` in `profiles`."""
+    for path in sorted(profiles.glob("*.json")):
+        doc = json.loads(path.read_text())
+        if doc["model"] == model:
+            doc["meta"] = {**doc.get("meta", {}), **meta}
+            path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -280,6 +301,16 @@ def main() -> int:
     )
     parser.add_argument("--write", type=Path, help="also write the cases as JSON here")
     parser.add_argument(
+        "--eager-traces",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="TRACES",
+        help="step-trace folders (gpu_step_trace.py --burst): write each model's host time "
+        "for a step run without a CUDA graph (gpu_step_report.eager_step_ms) into the meta "
+        "of each folder's profiles of that model, before --fit",
+    )
+    parser.add_argument(
         "--fit",
         "--fit-host",  # its name before the fit was per model
         action="store_true",
@@ -293,6 +324,12 @@ def main() -> int:
     rows = []
     if args.fit:  # the fit predicts with this module's `predict`: imported here, not above
         from benchmarks.gpu_host_fit import fit_profiles
+    if args.eager_traces:
+        for model, ms in eager_steps(args.eager_traces).items():
+            for folder in args.folders:
+                write_meta(folder / "profiles", model, {"eager_step_ms": ms})
+            print(f"eager step of {model}: {ms:.1f} ms (host, from {len(args.eager_traces)} "
+                  "trace folder(s))")  # fmt: skip
     for folder in args.folders:
         if args.fit:
             for model, fit in fit_profiles(folder).items():

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,9 @@ STEP = re.compile(r"user_annotation:execute_context_(\d+)\(\d+\)_generation_(\d+
 TIMELINE_STEP = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\(\d+\)")
 CONTEXT_TOKENS = PROMPT_TOKENS + 10
 """A decoder's context while profiled: the prompt and the few tokens after its prefill."""
+GRAPH_MAX_TOKENS = 512
+"""The largest step vLLM 0.22 runs as a CUDA graph at the suite's defaults (its largest
+capture size: servepilot/plan/memory.py `capture_sizes`); a larger step runs eagerly."""
 
 
 def level_row(step: dict[str, Any], composer: StepComposer) -> dict[str, float]:
@@ -67,7 +71,10 @@ def burst_row(step: dict[str, Any], composer: StepComposer) -> dict[str, float]:
         # in it (a chunk that continues a prompt also reads what came before: a little more).
         pairs = chunks * prefill_pairs(tokens // max(chunks, 1), 0)
         shape = StepShape(tokens, chunks, decoders, decoders * CONTEXT_TOKENS, pairs)
-        composed_ms += composer.step_time_s(shape) * 1e3
+        step_s = composer.step_time_s(shape)
+        if tokens + decoders > GRAPH_MAX_TOKENS:  # the simulator's floor (CostModel)
+            step_s = max(step_s, composer.profile.eager_step_s)
+        composed_ms += step_s * 1e3
     return {
         "in_flight": step["in_flight"],
         "prefill_steps": last + 1,
@@ -75,7 +82,50 @@ def burst_row(step: dict[str, Any], composer: StepComposer) -> dict[str, float]:
         "first_step_seqs": shapes[0][1],
         "measured_ms": shapes[last + 2][0] - shapes[0][0],
         "composed_ms": composed_ms,
+        "first_step_host_ms": float(step["trace"]["step_timeline"][0][1]),
     }
+
+
+def eager_step_ms(config_dirs: list[Path]) -> float | None:
+    """The host's time to launch a step that runs without a CUDA graph: over the `--burst`
+    traces in `config_dirs`, the median time vLLM's engine spent in a burst's first step
+    (its `execute_model` on the CPU, with no step before it to wait for, and more tokens
+    than any graph holds), less what the profiler adds to it (`profiler_ms`). None: no such
+    trace."""
+    times = []
+    for config_dir in config_dirs:
+        for path in sorted(config_dir.glob("c*/step.json")):
+            step = json.loads(path.read_text())
+            if not _burst(step) or "trace" not in step:
+                continue
+            _launch_ms, host_ms, name = step["trace"]["step_timeline"][0]
+            m = TIMELINE_STEP.fullmatch(name)
+            if m is not None and int(m.group(2)) + int(m.group(3)) > GRAPH_MAX_TOKENS:
+                times.append(float(host_ms))
+    if not times:
+        return None
+    return max(0.0, statistics.median(times) - (profiler_ms(config_dirs) or 0.0))
+
+
+def profiler_ms(config_dirs: list[Path]) -> float | None:
+    """What the profiler adds to an eagerly run step: a one-prompt burst's TTFT traced (`c1`,
+    straight at vLLM) less the same engine's TTFT at one request in flight untraced (its
+    warm-up, through the gateway: the gateway's own millisecond or two makes this an
+    underestimate). Its median over the folders that have both; None: none has.
+
+    The traced engine records every operator and CUDA call on the CPU: DeepSeek-V2-Lite's
+    first step launches about 1,200 kernels one by one, and its traced one-prompt TTFT was
+    85.9 ms against 70.9 ms untraced on the same engine."""
+    added = []
+    for config_dir in config_dirs:
+        traced, warm = config_dir / "c1" / "step.json", config_dir / "warmup0" / "results.json"
+        if not (traced.exists() and warm.exists()):
+            continue
+        runs = json.loads(traced.read_text())["results"]
+        alone = [r for r in json.loads(warm.read_text())["runs"] if r["load"]["value"] == 1]
+        if runs and alone:
+            added.append(runs[0]["ttft_ms"]["p50"] - alone[0]["ttft_ms"]["p50"])
+    return max(0.0, statistics.median(added)) if added else None
 
 
 def main() -> int:
@@ -103,12 +153,14 @@ def main() -> int:
     if bursts:
         print(
             f"\nbursts, from the first step: {'config':18s} {'in flight':>9s} {'steps':>5s} "
-            f"{'tokens':>7s} {'first':>5s} {'vLLM':>7s} {'composed':>8s} {'err':>5s}  (ms)"
+            f"{'tokens':>7s} {'first':>5s} {'host 1st':>8s} {'vLLM':>7s} {'composed':>8s} "
+            f"{'err':>5s}  (ms)"
         )
         for config, b in bursts:
             print(
                 f"{'':28s} {config:18s} {b['in_flight']:9d} {b['prefill_steps']:5d} "
-                f"{b['prefill_tokens']:7d} {b['first_step_seqs']:5d} {b['measured_ms']:7.0f} "
+                f"{b['prefill_tokens']:7d} {b['first_step_seqs']:5d} "
+                f"{b['first_step_host_ms']:8.1f} {b['measured_ms']:7.0f} "
                 f"{b['composed_ms']:8.0f} {b['composed_ms'] / b['measured_ms'] - 1:+5.0%}"
             )
     return 0

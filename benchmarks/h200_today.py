@@ -43,6 +43,9 @@ FIT_KEYS = (
     "request_overhead_ms",
     "intake_us_per_prompt_token",
     "prefill_scale",
+    # Measured beside the fit (a step trace's host time for an eager step), and the fit was
+    # made with it: the two go together.
+    "eager_step_ms",
 )
 METRICS = (("ttft_p50_ms", "TTFT p50 ms"), ("tpot_p50_ms", "TPOT p50 ms"),
            ("output_tok_s", "output tok/s"))  # fmt: skip
