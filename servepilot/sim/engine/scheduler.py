@@ -43,8 +43,7 @@ class SchedulerCore:
         self._pool = BlockPool(config.num_blocks, config.block_size, caching=self._caching)
         self._coefficients = cost.coefficients
         self._token_table = cost.token_table_s
-        self._eager_floor_s = cost.eager_floor_s
-        self._graph_max_tokens = cost.graph_max_tokens
+        self._eager_floor_s, self._graph_max_tokens = cost.eager_floor_s, cost.graph_max_tokens
         self._requests: dict[int, SimRequest] = {}
         self._waiting: deque[SimRequest] = deque()
         self._num_waiting = 0
@@ -113,9 +112,8 @@ class SchedulerCore:
             + per_context * context
             + per_pair * pairs
         )
-        table = self._token_table
         tokens = prefill_tokens + decode_seqs
-        if table:
+        if table := self._token_table:
             last = len(table) - 1
             duration += table[tokens] if tokens <= last else table[last] * tokens / last
         if tokens > self._graph_max_tokens and duration < self._eager_floor_s:
