@@ -16,6 +16,7 @@ A case is shown and not judged when its measurement is not of what the simulator
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +40,15 @@ def dummy_routing(config_dir: Path) -> bool:
     model = CONFIGS[config_dir.name]["model"]
     if model.get("weights") != "dummy" or not routes_experts(model["source"]):
         return False
-    logs = sorted(config_dir.glob("r0*.log"))
-    return not any(ROUTING_SIMULATED in log.read_text(errors="replace") for log in logs)
+    return not any(ROUTING_SIMULATED in text for text in startup_logs(config_dir))
+
+
+def startup_logs(config_dir: Path) -> list[str]:
+    """The texts of the config's vLLM logs (`r0*.log`, or gzipped as `r0*.log.gz` to keep the
+    repository under what one device call carries), in name order."""
+    logs = sorted([*config_dir.glob("r0*.log"), *config_dir.glob("r0*.log.gz")])
+    return [gzip.decompress(log.read_bytes()).decode(errors="replace") if log.suffix == ".gz"
+            else log.read_text(errors="replace") for log in logs]  # fmt: skip
 
 
 def unjudged(row: dict[str, Any]) -> str | None:

@@ -26,7 +26,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.gpu_judging import CACHE_WARM_PCT, cache_warm, dummy_routing, unjudged
+from benchmarks.gpu_judging import (
+    CACHE_WARM_PCT,
+    cache_warm,
+    dummy_routing,
+    startup_logs,
+    unjudged,
+)
 from benchmarks.gpu_sim_cases import PROFILES, RUNS, Run
 from benchmarks.gpu_ttft_split import cache_hit_pct, engine_split, split_table
 from servepilot.core.results import Run as BenchRun
@@ -59,8 +65,8 @@ def measurements(run_dir: Path) -> list[Path]:
 
 def vllm_knobs(config_dir: Path) -> dict[str, Any]:
     """The engine arguments vLLM logged as non-default at start."""
-    for log in sorted(config_dir.glob("r0*.log")):
-        for line in log.read_text(errors="replace").splitlines():
+    for text in startup_logs(config_dir):
+        for line in text.splitlines():
             if "non-default args:" in line:
                 text = line.split("non-default args:", 1)[1].strip()
                 # Config objects (kv_events_config=KVEventsConfig(...)) are no literals and
