@@ -71,7 +71,14 @@ from bench_routing import (
     tail,
     vllm_replicas,
 )
-from router_cost import cpu_s, event_batches, idle_cpu, predicted_vs_reused, routing_stats
+from router_cost import (
+    answered,
+    cpu_s,
+    event_batches,
+    idle_cpu,
+    predicted_vs_reused,
+    routing_stats,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 Row = dict[str, Any]
@@ -79,7 +86,6 @@ BASELINES = ("round_robin", "prefix_affinity", "cache_aware")
 """What the issue's targets compare a new policy with: today's policies and vllm-router's."""
 EXACT = "+exact"
 """A policy named P+exact runs P on the exact prefix index (the replicas' KV events)."""
-REQUESTS = "servepilot_requests_total"
 
 
 @dataclass
@@ -105,37 +111,62 @@ def one_run(policy: str, b: Bench, run_dir: Path) -> Row:
     run_dir.mkdir(parents=True)
     running = len(b.procs)
     name, exact = policy.removesuffix(EXACT), policy.endswith(EXACT)
+    gateways = 1 if name == "cache_aware" else b.args.gateways
     try:
-        url = start_router(name, b, run_dir, exact_config(b) if exact else None)
-        router = b.procs[-1]
+        config = exact_config(b) if exact else None
+        urls = [start_router(name, b, run_dir, config, log=f"router{i or ''}.log")
+                for i in range(gateways)]  # fmt: skip
+        routers = [proc.pid for proc in b.procs[-gateways:]]
         if exact:
-            wait_exact(url, len(b.replicas))
-        idle_s_per_s = idle_cpu(router.pid)
-        stats_before, batches_before = routing_stats(url), event_batches(url)
+            for url in urls:
+                wait_exact(url, len(b.replicas))
+        # Several gateways share the traffic as a load balancer spreads it over gateway pods:
+        # request by request, so a session's turns land on any of them.
+        front = urls[0] if gateways == 1 else start_router(
+            "round_robin", b, run_dir, upstreams=urls, log="balancer.log")  # fmt: skip
+        idle_s_per_s = idle_cpu(routers)
+        stats_before = [routing_stats(url) for url in urls]
+        batches_before = sum(event_batches(url) for url in urls)
         before = [scrape(r) for r in b.replicas]
-        cpu_before, sent_before = cpu_s(router.pid), scrape(url).get(REQUESTS, 0.0)
+        cpu_before, sent_before = cpu_s(routers), sent(urls)
         started = time.monotonic()
-        run = bench(url, b.model, workload(b.args), run_dir)
-        busy_s = cpu_s(router.pid) - cpu_before - idle_s_per_s * (time.monotonic() - started)
-        sent = scrape(url).get(REQUESTS, 0.0) - sent_before
+        run = bench(front, b.model, workload(b.args), run_dir)
+        busy_s = cpu_s(routers) - cpu_before - idle_s_per_s * (time.monotonic() - started)
+        answered = sent(urls) - sent_before
         after = [scrape(r) for r in b.replicas]
-        stats_after, batches = routing_stats(url), event_batches(url) - batches_before
+        stats_after = [routing_stats(url) for url in urls]
+        batches = sum(event_batches(url) for url in urls) - batches_before
     finally:
-        while len(b.procs) > running:  # this run's router only
+        while len(b.procs) > running:  # this run's routers only
             stop(b.procs.pop())
     hit, share = cache_stats(before, after)
     reused = sum(a.get(HITS, 0.0) - b.get(HITS, 0.0) for b, a in zip(before, after, strict=True))
-    predicted = predicted_vs_reused(name, stats_before, stats_after, reused, sent)
+    predicted = predicted_vs_reused(name, summed(stats_before), summed(stats_after), reused,
+                                    answered)  # fmt: skip
     return {
         **predicted, "policy": policy, "dir": str(run_dir), "ttft_p50": run["ttft_ms"]["p50"],
-        "router_cpu_ms": busy_s * 1000 / sent if sent else None,
+        "router_cpu_ms": busy_s * 1000 / answered if answered else None,
         "router_idle_pct": idle_s_per_s * 100,
-        "event_batches_per_req": batches / sent if sent else None,
+        "event_batches_per_req": batches / answered if answered else None,
         "ttft_p50_returning": (run.get("ttft_ms_returning") or {}).get("p50"),
         "rps": run["request_throughput"], "out_tps": run["output_throughput"],
         "goodput": run["goodput_rps"], "attainment": run["slo_attainment"],
-        "failed": run["failed"], "vllm_hit": hit, "r0_share": share,
+        "failed": run["failed"], "vllm_hit": hit, "r0_share": share, "gateways": gateways,
     }  # fmt: skip
+
+
+def sent(urls: list[str]) -> float:
+    """Generation requests the gateways at `urls` have answered, together."""
+    return sum(answered(url) for url in urls)
+
+
+def summed(stats: list[dict[str, float]]) -> dict[str, float]:
+    """Several gateways' routing stats, added up by stat."""
+    total: dict[str, float] = {}
+    for one in stats:
+        for key, value in one.items():
+            total[key] = total.get(key, 0.0) + value
+    return total
 
 
 def exact_config(b: Bench) -> Path:
@@ -318,6 +349,11 @@ def parse_args() -> argparse.Namespace:
     add("--max-model-len", type=int, default=4096)
     add("--startup-timeout", type=float, default=900.0, help="seconds for the replicas")
     add("--gateway-config", type=Path, help="fleet.yaml for the servepilot gateways")
+    add("--gateways", type=int, default=1,
+        help="servepilot gateways per run, each with its own router state (the exact index "
+        "follows the same KV events in each), behind a round-robin gateway that spreads the "
+        "requests over them as a load balancer spreads them over gateway pods; their CPU is "
+        "added up (the balancer's is left out)")  # fmt: skip
     add("--sim-replicas", type=lambda s: [int(v) for v in s.split(",") if v], default=[16, 64],
         help="replica counts to simulate the policies at, after the measured runs (empty: "
         "none)")  # fmt: skip

@@ -199,13 +199,23 @@ def probe(b: Bench) -> tuple[float, float]:
     return ttfts[0], statistics.median(ttfts[1:])
 
 
-def start_router(policy: str, b: Bench, run_dir: Path, config: Path | None = None) -> str:
-    """A fresh router for one run, ready, with every replica healthy; its URL. `config`: the
+def start_router(
+    policy: str,
+    b: Bench,
+    run_dir: Path,
+    config: Path | None = None,
+    *,
+    upstreams: list[str] | None = None,
+    log: str = "router.log",
+) -> str:
+    """A fresh router for one run, ready, with every upstream healthy; its URL. `config`: the
     servepilot gateway's fleet.yaml (default: --gateway-config, else the fleet's for
-    predicted_latency)."""
+    predicted_latency); `upstreams`: what it routes to (default: the replicas; other
+    gateways, for a balancer in front of several)."""
     port = free_port()
+    upstreams = b.replicas if upstreams is None else upstreams
     if policy == "cache_aware":
-        argv = [ROUTER, "--worker-urls", *b.replicas, "--policy", policy,
+        argv = [ROUTER, "--worker-urls", *upstreams, "--policy", policy,
                 "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
                 "--prometheus-port", str(free_port()),
                 "--worker-startup-check-interval", "1"]  # fmt: skip
@@ -216,14 +226,14 @@ def start_router(policy: str, b: Bench, run_dir: Path, config: Path | None = Non
         derives = policy == "predicted_latency" and fleet.exists()
         config = config or b.args.gateway_config or (fleet if derives else None)
         argv += ["-c", str(config)] if config else []
-        argv += [flag for url in b.replicas for flag in ("--replica", url)]
-    b.procs.append(proc := spawn(argv, run_dir / "router.log"))
+        argv += [flag for url in upstreams for flag in ("--replica", url)]
+    b.procs.append(proc := spawn(argv, run_dir / log))
     url = f"http://127.0.0.1:{port}"
     # vllm-router checks its workers before it serves; our gateway is ready with one of them.
     wait_ready(url + ("/health" if policy == "cache_aware" else "/ready"), proc)
     for _ in range(0 if policy == "cache_aware" else 100):
         with urllib.request.urlopen(f"{url}/ready", timeout=5) as answer:
-            if json.loads(answer.read())["ready_replicas"] >= len(b.replicas):
+            if json.loads(answer.read())["ready_replicas"] >= len(upstreams):
                 break
         time.sleep(0.2)
     return url

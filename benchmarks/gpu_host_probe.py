@@ -95,7 +95,7 @@ def cpu_by_role() -> dict[str, float]:
         try:
             comm = (entry / "comm").read_text().strip()
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            cpu = cpu_s(int(entry.name))
+            cpu = cpu_s([int(entry.name)])
         except OSError:
             continue
         if comm.startswith("VLLM::EngineCor"):

@@ -12,7 +12,10 @@ from __future__ import annotations
 import os
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
+
+from prometheus_client.samples import Sample
 
 PREDICTED_STATS = {"prefix_affinity": ("exact_cached_tokens_predicted", "exact_routed"),
                    "predicted_latency": ("predicted_cached_tokens", None)}  # fmt: skip
@@ -21,46 +24,54 @@ chosen replica holds (summed over requests), and of the requests it routed on th
 (None: every request it routes)."""
 
 
-def cpu_s(pid: int) -> float:
-    """CPU seconds (user and system) the process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_s(pids: Sequence[int]) -> float:
+    """CPU seconds (user and system) the processes have used so far, together."""
+    total = 0.0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
-def idle_cpu(pid: int, seconds: float = 10.0) -> float:
-    """CPU seconds per second the router spends with no request (health checks, metrics, KV
-    event probes): taken off its CPU over a run, so that what is left is the requests'."""
-    before, started = cpu_s(pid), time.monotonic()
+def idle_cpu(pids: Sequence[int], seconds: float = 10.0) -> float:
+    """CPU seconds per second the routers spend with no request (health checks, metrics, KV
+    event probes), together: taken off their CPU over a run, so that what is left is the
+    requests'."""
+    before, started = cpu_s(pids), time.monotonic()
     time.sleep(seconds)
-    return (cpu_s(pid) - before) / (time.monotonic() - started)
+    return (cpu_s(pids) - before) / (time.monotonic() - started)
+
+
+def samples(url: str, name: str) -> list[Sample]:
+    """The samples named `name` of the gateway's /metrics; none when it does not answer."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return []
+    return [sample for family in text_string_to_metric_families(text)
+            for sample in family.samples if sample.name == name]  # fmt: skip
 
 
 def routing_stats(url: str) -> dict[str, float]:
     """The gateway's routing stats (servepilot_routing_stat) by stat; empty without them."""
-    from prometheus_client.parser import text_string_to_metric_families
+    return {s.labels["stat"]: s.value for s in samples(url, "servepilot_routing_stat")}
 
-    try:
-        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as answer:
-            text = answer.read().decode()
-    except OSError:
-        return {}
-    return {sample.labels["stat"]: sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples if sample.name == "servepilot_routing_stat"}  # fmt: skip
+
+def answered(url: str) -> float:
+    """Generation requests the gateway at `url` has answered (not its health checks: a
+    balancer in front of it sends one a second)."""
+    from servepilot.observe.promql import GENERATION_ROUTES
+
+    return sum(s.value for s in samples(url, "servepilot_requests_total")
+               if s.labels.get("route") in GENERATION_ROUTES)  # fmt: skip
 
 
 def event_batches(url: str) -> float:
     """KV event batches the gateway has applied, every replica (0 without its exact index)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as answer:
-            text = answer.read().decode()
-    except OSError:
-        return 0.0
-    return sum(sample.value for family in text_string_to_metric_families(text)
-               for sample in family.samples
-               if sample.name == "servepilot_kv_event_batches_total")  # fmt: skip
+    return sum(s.value for s in samples(url, "servepilot_kv_event_batches_total"))
 
 
 def predicted_vs_reused(policy: str, stats_before: dict[str, float],
