@@ -128,11 +128,11 @@ def one_run(policy: str, b: Bench, run_dir: Path) -> Row:
         stats_before = [routing_stats(url) for url in urls]
         batches_before = sum(event_batches(url) for url in urls)
         before = [scrape(r) for r in b.replicas]
-        cpu_before, sent_before = cpu_s(routers), sent(urls)
+        cpu_before, sent_before = cpu_s(routers), sum(map(answered, urls))
         started = time.monotonic()
         run = bench(front, b.model, workload(b.args), run_dir)
         busy_s = cpu_s(routers) - cpu_before - idle_s_per_s * (time.monotonic() - started)
-        answered = sent(urls) - sent_before
+        requests = sum(map(answered, urls)) - sent_before
         after = [scrape(r) for r in b.replicas]
         stats_after = [routing_stats(url) for url in urls]
         batches = sum(event_batches(url) for url in urls) - batches_before
@@ -142,22 +142,17 @@ def one_run(policy: str, b: Bench, run_dir: Path) -> Row:
     hit, share = cache_stats(before, after)
     reused = sum(a.get(HITS, 0.0) - b.get(HITS, 0.0) for b, a in zip(before, after, strict=True))
     predicted = predicted_vs_reused(name, summed(stats_before), summed(stats_after), reused,
-                                    answered)  # fmt: skip
+                                    requests)  # fmt: skip
     return {
         **predicted, "policy": policy, "dir": str(run_dir), "ttft_p50": run["ttft_ms"]["p50"],
-        "router_cpu_ms": busy_s * 1000 / answered if answered else None,
+        "router_cpu_ms": busy_s * 1000 / requests if requests else None,
         "router_idle_pct": idle_s_per_s * 100,
-        "event_batches_per_req": batches / answered if answered else None,
+        "event_batches_per_req": batches / requests if requests else None,
         "ttft_p50_returning": (run.get("ttft_ms_returning") or {}).get("p50"),
         "rps": run["request_throughput"], "out_tps": run["output_throughput"],
         "goodput": run["goodput_rps"], "attainment": run["slo_attainment"],
         "failed": run["failed"], "vllm_hit": hit, "r0_share": share, "gateways": gateways,
     }  # fmt: skip
-
-
-def sent(urls: list[str]) -> float:
-    """Generation requests the gateways at `urls` have answered, together."""
-    return sum(answered(url) for url in urls)
 
 
 def summed(stats: list[dict[str, float]]) -> dict[str, float]:
@@ -285,9 +280,10 @@ def simulate(b: KvBench, policies: list[str], profile: Path | None) -> None:
             flags = {**workload(b.args), "--concurrency": round(b.args.sessions * scale),
                      "--requests": round(b.args.requests * scale),
                      "--warmup": round(b.args.warmup * scale)}  # fmt: skip
+            events = "on" if policy.endswith(EXACT) else "off"
             argv = [SERVEPILOT, "sim", "-c", str(b.args.out / "fleet.yaml"), "--replicas",
-                    str(replicas), "--policy", name, "--out", str(run_dir),
-                    "--kv-events", "on" if policy.endswith(EXACT) else "off"]  # fmt: skip
+                    str(replicas), "--policy", name, "--out", str(run_dir), "--gateways",
+                    str(b.args.gateways), "--kv-events", events]  # fmt: skip
             argv += [str(item) for pair in flags.items() for item in pair]
             argv += ["--profile", str(profile)] if profile is not None else []
             run_dir.mkdir(parents=True)

@@ -74,6 +74,10 @@ def register(sub: Commands) -> None:
     add("--kv-events-delay-ms", type=float, metavar="MS", help="from the end of the step that "
         "stored or evicted blocks to its events applied at the gateway (default: the "
         "replica's one-way hop, --network-ms)")  # fmt: skip
+    add("--gateways", type=int, default=1, metavar="N",
+        help="gateway pods behind a load balancer that deals them requests in turn, each "
+        "routing with its own policy (a guessed prefix index knows only its pod's share; "
+        "the exact index, from the replicas' KV events, is shared) (default 1)")  # fmt: skip
     add("--replicas-per-node", type=int, metavar="N",
         help="replicas sharing a node (default: hardware.count / GPUs per replica x "
              "hardware.replicas_per_gpu)")  # fmt: skip

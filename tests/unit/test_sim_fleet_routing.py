@@ -8,6 +8,7 @@ import itertools
 import pytest
 
 from servepilot.core.config import PolicyName
+from servepilot.core.errors import ConfigError
 from servepilot.routing import LeastLoad, PrefixAffinity, RoundRobin, make_policy
 from servepilot.routing.admission import (
     AdmissionController,
@@ -59,3 +60,37 @@ def test_round_robin_scatters_the_same_prefixes() -> None:
     assert all(r.dispatched == 50 for r in sim.replicas)
     # Each replica misses each prefix once (4 x 2 misses instead of 2).
     assert out.stats.prefix_hit_rate < 512 / 600 * 198 / 200
+
+
+def test_gateway_pods_each_guess_from_their_share_and_share_the_exact_index() -> None:
+    """Three prefixes dealt in turn to two gateway pods: each pod's guess learns each prefix
+    on its own first request (6 misses where one gateway has 3), so vLLM recomputes each
+    prefix twice; on the exact index, which both pods follow, once, as behind one gateway."""
+    from servepilot.sim.fleet.gateways import GatewayPods
+
+    def run(gateways: int, kv_events: bool) -> tuple[FleetSim, float]:
+        jobs = [Job(600, 4, prefix_group=g, prefix_tokens=512) for g in range(3)]
+        offsets = (i * 0.05 for i in itertools.count())
+        spec = fleet_spec(4, policy="prefix_affinity", gateways=gateways, kv_events=kv_events)
+        sim, out = run_open(spec, jobs, offsets, 210)
+        return sim, out.stats.prefix_hit_rate
+
+    one, one_hit = run(1, False)
+    pods, pods_hit = run(2, False)
+    assert type(pods.policy) is GatewayPods and type(one.policy) is PrefixAffinity
+    # 9 blocks of 256 characters a request, the first 8 inside the prefix.
+    assert one.policy.stats()["prefix_blocks_matched"] == 8 * (210 - 3)
+    assert pods.policy.stats()["prefix_blocks_matched"] == 8 * (210 - 6)
+    assert pods.policy.stats()["prefix_blocks_total"] == 9 * 210  # the pods' added up
+    # vLLM's hits: 512 of 600 prompt tokens, but for each prefix's misses.
+    assert one_hit == pytest.approx(512 / 600 * (210 - 3) / 210, rel=1e-9)
+    assert pods_hit == pytest.approx(512 / 600 * (210 - 6) / 210, rel=1e-9)
+    exact, exact_hit = run(2, True)
+    assert exact_hit == pytest.approx(one_hit, rel=1e-9)
+    assert exact.policy.stats()["exact_routed"] == 210
+
+
+def test_one_gateway_pod_is_the_policy_itself() -> None:
+    with pytest.raises(ConfigError, match="gateways must be at least 1"):
+        fleet_spec(2, gateways=0)
+    assert type(FleetSim(fleet_spec(2, policy="least_load", gateways=1)).policy) is LeastLoad

@@ -44,6 +44,7 @@ class SimFlags:
     kv_events: str | None = None
     """--kv-events on/off; None: fleet.yaml's engine.kv_events."""
     kv_events_delay_ms: float | None = None
+    gateways: int = 1
 
     def spec(self, config: FleetConfig, setup: fleet_setup.ReplicaSetup) -> FleetSpec:
         per_node = self.replicas_per_node or setup.replicas_per_node
@@ -56,6 +57,9 @@ class SimFlags:
             spec = dataclasses.replace(spec, kv_events=self.kv_events == "on")
         if self.kv_events_delay_ms is not None:
             spec = dataclasses.replace(spec, kv_events_delay_s=self.kv_events_delay_ms / 1e3)
+        if self.gateways < 1:
+            raise ConfigError(f"--gateways must be at least 1, got {self.gateways}")
+        spec = dataclasses.replace(spec, gateways=self.gateways)
         pool = self.warm_pool
         if pool is None:  # fleet.yaml's: asleep of replicas.count, the rest serve
             pool = config.replicas.asleep

@@ -55,6 +55,9 @@ class FleetSpec:
     """vLLM's API server time per prompt token before its engine sees a request (tokenising
     the text, the hand-off), one request at a time per replica, after the gateway's hop to
     it; from the profile's meta (`intake_us_per_prompt_token`)."""
+    gateways: int = 1
+    """Gateway pods behind a load balancer that deals them requests in turn, each routing
+    with its own policy object (sim/fleet/gateways.py); 1: one gateway."""
     seed: int = 0
     model_name: str = "sim"
 
@@ -71,6 +74,8 @@ class FleetSpec:
             raise ConfigError(
                 f"intake_s_per_prompt_token must be >= 0, got {self.intake_s_per_prompt_token}"
             )
+        if self.gateways < 1:
+            raise ConfigError(f"gateways must be at least 1, got {self.gateways}")
         if self.kv_events_delay_s is not None and not self.kv_events_delay_s >= 0:
             raise ConfigError(f"kv_events_delay_s must be >= 0, got {self.kv_events_delay_s}")
 

@@ -37,8 +37,6 @@ from servepilot.core.errors import ConfigError
 from servepilot.core.slo import Slo
 from servepilot.load.loadplan import LoadPlan
 from servepilot.load.slots import Slot
-from servepilot.plan.step_latency import StepLatency
-from servepilot.routing import make_policy
 from servepilot.routing.admission import BUSY_TICK_S
 from servepilot.routing.base import RoutingPolicy
 from servepilot.scaling.adaptive_budget import AdaptiveBudget
@@ -48,6 +46,7 @@ from servepilot.sim.fleet.autoscale import AutoscaleHook
 from servepilot.sim.fleet.clients import SimClients
 from servepilot.sim.fleet.collect import RunCollector
 from servepilot.sim.fleet.gateway import SimGateway
+from servepilot.sim.fleet.gateways import routing_policy
 from servepilot.sim.fleet.kvevents import KvEventFeed
 from servepilot.sim.fleet.members import FleetReplica, FleetRequest, ReplicaState
 from servepilot.sim.fleet.records import FleetSpec, FleetStats, LevelOutcome, Progress
@@ -89,20 +88,14 @@ class FleetSim:
         accel.notice_once(accel.SIM, "servepilot sim")
         self.spec = spec
         gw = spec.gateway
-        step_model = StepLatency(spec.cost, spec.scheduler.max_num_batched_tokens)
         self._heap: list[tuple[float, int, int, object]] = []
         self._seq = itertools.count()
         feed = None
         if spec.kv_events and spec.scheduler.enable_prefix_caching:
             feed = KvEventFeed(spec.scheduler.block_size, self._push, KV_EVENTS, spec.network,
                                spec.kv_events_delay_s)  # fmt: skip
-        self.policy = policy or make_policy(
-            gw.policy,
-            gw.routing,
-            seed=spec.seed,
-            clock=self._now,
-            step_model=lambda _: step_model,
-            kv_index=feed.index if feed is not None else None,
+        self.policy = policy or routing_policy(
+            spec, self._now, feed.index if feed is not None else None
         )
         self.kv_feed = feed if self.policy.uses_prefix else None
         """The replicas' KV events and the exact index they keep, while a policy reads it."""
