@@ -146,6 +146,7 @@ def gpu_profile_from(document: Any, where: str) -> GpuProfile:
         raise ConfigError(f"{where}: schema: expected {PROFILE_SCHEMA!r}")
     try:
         tokens, decode, prefill = _tables(document["operators"])
+        meta = document.get("meta", {})
         return GpuProfile(
             model=str(document["model"]),
             dtype=str(document["dtype"]),
@@ -156,9 +157,9 @@ def gpu_profile_from(document: Any, where: str) -> GpuProfile:
             token_ops=tokens,
             decode_attention=decode,
             prefill_attention=prefill,
-            step_overhead_s=_step_overhead_s(document.get("meta", {})),
-            prefill_scale=_prefill_scale(document.get("meta", {})),
-            eager_step_s=_eager_step_s(document.get("meta", {})),
+            step_overhead_s=_step_overhead_s(meta),
+            prefill_scale=_meta_number(meta, "prefill_scale", 1.0, positive=True),
+            eager_step_s=_meta_number(meta, "eager_step_ms", 0.0) / 1000.0,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(
@@ -211,23 +212,16 @@ def _decode(name: str, count: int, points: list[dict[str, Any]]) -> DecodeAttent
 
 
 def _step_overhead_s(meta: Any) -> float | None:
-    value = meta.get("step_overhead_ms") if isinstance(meta, dict) else None
-    if value is None:
+    if not isinstance(meta, dict) or meta.get("step_overhead_ms") is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise ValueError(f"meta.step_overhead_ms: expected a number >= 0, got {value!r}")
-    return float(value) / 1000.0
+    return _meta_number(meta, "step_overhead_ms", 0.0) / 1000.0
 
 
-def _eager_step_s(meta: Any) -> float:
-    value = meta.get("eager_step_ms", 0.0) if isinstance(meta, dict) else 0.0
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise ValueError(f"meta.eager_step_ms: expected a number >= 0, got {value!r}")
-    return float(value) / 1000.0
-
-
-def _prefill_scale(meta: Any) -> float:
-    value = meta.get("prefill_scale", 1.0) if isinstance(meta, dict) else 1.0
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"meta.prefill_scale: expected a number > 0, got {value!r}")
+def _meta_number(meta: Any, key: str, default: float, *, positive: bool = False) -> float:
+    """`meta[key]`, a number >= 0 (> 0 when `positive`); `default` where it is not given."""
+    value = meta.get(key, default) if isinstance(meta, dict) else default
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not (value > 0 if positive else value >= 0):
+        sign = ">" if positive else ">="
+        raise ValueError(f"meta.{key}: expected a number {sign} 0, got {value!r}")
     return float(value)

@@ -59,7 +59,6 @@ class SimFlags:
             spec = dataclasses.replace(spec, kv_events_delay_s=self.kv_events_delay_ms / 1e3)
         if self.gateways < 1:
             raise ConfigError(f"--gateways must be at least 1, got {self.gateways}")
-        spec = dataclasses.replace(spec, gateways=self.gateways)
         pool = self.warm_pool
         if pool is None:  # fleet.yaml's: asleep of replicas.count, the rest serve
             pool = config.replicas.asleep
@@ -68,6 +67,7 @@ class SimFlags:
             raise ConfigError(f"--warm-pool must be at least 0, got {pool}")
         return dataclasses.replace(
             spec,
+            gateways=self.gateways,
             warm_pool=pool,
             cold_refill=self.pool_refill == "cold",
             wake_s=parse_duration_or_zero_s(self.wake_time, "--wake-time")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from servepilot.core.errors import ConfigError
 from servepilot.plan.step_latency import StepLatency
 from servepilot.routing import make_policy
 from servepilot.routing.base import ReplicaView, RequestView, RoutingPolicy
@@ -25,8 +24,7 @@ class GatewayPods:
     """One policy object per gateway pod, the requests dealt to them in turn."""
 
     def __init__(self, pods: Sequence[RoutingPolicy]) -> None:
-        if len(pods) < 2 or len({p.name for p in pods}) != 1:
-            raise ConfigError("gateway pods need at least two policies of one name")
+        """`pods`: the same policy, one object per pod (`routing_policy` makes them)."""
         self._pods = tuple(pods)
         self._next = 0
         self.name = pods[0].name
