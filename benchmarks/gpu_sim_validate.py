@@ -85,6 +85,7 @@ def measure(
     deadline: float,
     seed: int,
     target: str | None = None,
+    token_times: bool = False,
 ) -> dict[str, Any]:
     """One bench of `run` through the gateway at `url`, or straight at `target` (a replica's
     URL: what the gateway adds to a TTFT is the difference), with prompts from `seed`."""
@@ -96,7 +97,7 @@ def measure(
         trace = folder / "trace.jsonl"
         trace.write_text("\n".join(longtail_trace(**run.trace)) + "\n")
     args = ["bench", "--url", target or url, *run.bench_flags(trace), "--seed", str(seed),
-            "--out", str(folder)]  # fmt: skip
+            "--out", str(folder), *(["--token-times"] if token_times else [])]  # fmt: skip
     # vLLM's own histograms (queue time, prefill time, TTFT inside the server) before and
     # after: their difference splits a TTFT between the API server, the queue and the GPU.
     _scrape(url, folder / "vllm-before.txt")
@@ -155,6 +156,7 @@ def serve_config(
     keep_up: bool = False,
     direct: tuple[str, ...] = (),
     only: tuple[str, ...] = (),
+    token_times: bool = False,
 ) -> dict[str, Any]:
     import yaml
 
@@ -188,7 +190,7 @@ def serve_config(
                     summary["runs"].append({"run": run.name, "rep": rep, "left_out": True})
                     continue
                 row = measure(run, folder / run.name / f"rep{rep}", url, deadline,
-                              run_seed(run, rep))  # fmt: skip
+                              run_seed(run, rep), token_times=token_times)  # fmt: skip
                 summary["runs"].append({**row, "rep": rep})
                 if run.name in direct and time.monotonic() + RUN_S_GUESS < deadline:
                     row = measure(run, folder / f"{run.name}-direct" / f"rep{rep}", url,
@@ -240,6 +242,12 @@ def main() -> int:
         help="comma-separated run names: measure only these, in this order (default: every "
         "run of the config, in gpu_sim_cases.py's order)",
     )
+    parser.add_argument(
+        "--token-times",
+        action="store_true",
+        help="bench --token-times on each measurement: every token's arrival, from which "
+        "gpu_step_times.py reads the engine's steps under load",
+    )
     parser.add_argument("configs", nargs="+", choices=sorted(CONFIGS))
     args = parser.parse_args()
     os.environ.update(GPU_ENV)
@@ -260,7 +268,7 @@ def main() -> int:
         last = config == args.configs[-1]
         summaries.append(serve_config(config, args.out, deadline, args.profile, args.reuse,
                                       keep_up=args.keep_up and last, direct=direct,
-                                      only=only))  # fmt: skip
+                                      only=only, token_times=args.token_times))  # fmt: skip
         args.reuse = False
     (args.out / f"summary-{int(time.time())}.json").write_text(json.dumps(summaries, indent=2))
     return 0

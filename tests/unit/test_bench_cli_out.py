@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from servepilot.bench.token_times import read_token_times
 from servepilot.cli.main import main
 from servepilot.sim.fleet import session
 from tests.support.stub_server import threaded_stub
@@ -136,3 +138,32 @@ def test_ctrl_c_before_any_sim_level_finished_stops_as_usual(
     monkeypatch.setattr(session, "run_level", interrupted)
     code = main(["sim", "--concurrency", "1", "--requests", "2", "--out", str(tmp_path / "s")])
     assert code == 130 and not (tmp_path / "s" / "results.json").exists()
+
+
+def test_token_times_hold_every_token_at_the_replicas_step_pace(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    with ThreadedSim([*BASE_ARGS, *COST_FLAGS]) as sim:
+        code = main(["bench", "--url", sim.url, "--concurrency", "1", "--requests", "2",
+                     "--input-tokens", "40", "--output-tokens", "20", "--token-times",
+                     "--out", str(out)])  # fmt: skip
+    assert code == 0
+    lines = read_token_times(out / "token_times.jsonl.gz")
+    assert [(t["load_mode"], t["load_value"], t["index"]) for t in lines] == [
+        ("concurrency", 1.0, 0),
+        ("concurrency", 1.0, 1),
+    ]
+    rows = (out / "requests.csv").read_text().splitlines()[1:]
+    for line, row in zip(lines, rows, strict=True):
+        chunks = line["chunk_s"]
+        assert isinstance(chunks, list) and len(chunks) == 20
+        # Every token is its own step: 20 ms base + 0.5 ms a sequence + ~50 context tokens.
+        gaps = sorted(b - a for a, b in itertools.pairwise(chunks))
+        assert gaps[len(gaps) // 2] == pytest.approx(0.0206, abs=0.003)
+        ttft_ms = float(row.split(",")[10])
+        assert (chunks[0] - line["sent_s"]) * 1000 == pytest.approx(ttft_ms, abs=0.01)
+
+
+def test_token_times_without_out_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["bench", "--url", "http://127.0.0.1:9", "--model", "m", "--token-times"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--token-times needs --out" in err
