@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from servepilot.core.errors import ConfigError
 from servepilot.core.results import Load, LoadMode
 from servepilot.core.slo import Slo
 from servepilot.load.loadplan import LoadPlan
+from servepilot.sim import ReplicaModel, SimRequest
 from servepilot.sim.fleet.network import Delay, NetworkConfig
 from servepilot.sim.fleet.simulator import FleetSim, FleetSpec
 from servepilot.sim.fleet.traffic import Job, JobTable
@@ -28,6 +31,7 @@ from tests.unit.sim_fleet_support import (
     run_open,
     scheduler_config,
 )
+from tests.unit.sim_replica_support import COST
 
 # ---- one request: latencies are hops plus steps ------------------------------------------
 
@@ -164,3 +168,36 @@ def test_async_scheduling_admits_a_request_two_steps_after_it_arrives_mid_step()
     # longer in the step after: per_context_token_s).
     extra_ms = ttft_ms[True] - ttft_ms[False]
     assert extra_ms == pytest.approx((first[1] + 1e-6) * 1000, abs=1e-6)
+
+
+def test_an_eager_steps_launch_holds_back_the_tokens_of_the_step_before() -> None:
+    """With async scheduling vLLM launches step k+1 before it hands out step k's tokens, and
+    a step too large for a CUDA graph is launched kernel by kernel: the host's
+    `eager_floor_s`. A decodes alone in graph-sized steps; B (1,000 prompt tokens) reaches
+    the engine during A's prefill and joins step 3, which runs eagerly (0.2 s): A's token
+    of step 2 leaves the engine with step 3's launch, 0.2 s after step 2's end."""
+    cost = replace(COST, eager_floor_s=0.2, graph_max_tokens=512)
+    config = scheduler_config(async_scheduling=True)
+    model = ReplicaModel(config, cost)
+    model.add(SimRequest(0, 100, 5, 0.0))
+    ends = [0.0]
+    while (result := model.step(ends[-1])) is not None:
+        ends.append(result.end_s)
+        if len(ends) == 3:  # planned step 2; B was deferred to the step after
+            model.add(SimRequest(1, 1000, 1, ends[1] / 2))
+    assert len(ends) == 6 and ends[3] - ends[2] == pytest.approx(0.2)
+    spec = fleet_spec(scheduler=config, cost=cost)
+    _, out = run_open(spec, [Job(100, 5), Job(1000, 1)], iter([0.0, ends[1] / 2]), 2)
+    assert out.run.completed == 2
+    # A's tokens at ends 1..5, the second held back to step 3's launch: the same TPOT...
+    gaps = [ends[2] + 0.2 - ends[1], ends[3] - (ends[2] + 0.2), ends[4] - ends[3],
+            ends[5] - ends[4]]  # fmt: skip
+    assert out.run.itl_ms.count == 4
+    assert out.run.itl_ms.mean == pytest.approx(sum(gaps) / 4 * 1000, rel=1e-9)
+    # ...but the gaps as they came: 0.2 s late, then with the next step's token at once.
+    assert out.run.itl_ms.p99 == pytest.approx(np.percentile(gaps, 99) * 1000, rel=1e-9)
+    assert out.run.itl_ms.p50 == pytest.approx(np.percentile(gaps, 50) * 1000, rel=1e-9)
+    assert gaps[1] == pytest.approx(0.0, abs=1e-12)
+    # B's first token came with step 3 (step 4 is A's decode alone: a graph, no wait).
+    ttfts = [ends[1], ends[3] - ends[1] / 2]
+    assert out.run.ttft_ms.mean == pytest.approx(sum(ttfts) / 2 * 1000, rel=1e-9)

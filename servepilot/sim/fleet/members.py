@@ -94,6 +94,7 @@ class FleetReplica:
         "capacity",
         "deferred",
         "dispatched",
+        "emitted_s",
         "engine_ready",
         "hard_capacity",
         "hop",
@@ -157,6 +158,8 @@ class FleetReplica:
         self.kv_usage = 0.0
         self.result: StepResult | None = None
         """The step in progress (its outputs are due at its end); None when idle."""
+        self.emitted_s = 0.0
+        """When the tokens of its last step left the engine (`FleetSim._step_end`)."""
         self.deferred: list[FleetRequest] = []
         """With async scheduling: requests that reached the engine during the step in
         progress. vLLM scheduled the next step when this one started, so they wait for the

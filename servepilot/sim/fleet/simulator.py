@@ -202,20 +202,44 @@ class FleetSim:
     def _step_end(self, replica: FleetReplica, now_s: float) -> None:
         result = replica.result
         assert result is not None
+        self._step(replica, now_s)
+        out_s = now_s + self._launch_s(replica)
+        delay = out_s - now_s
         itl = self._collector.itl
         if result.decode_seqs:
-            itl.add(result.itl_s, result.decode_seqs)
+            itl.add(out_s - replica.emitted_s, result.decode_seqs)
+        replica.emitted_s = out_s
         for gap in result.resumed_gaps_s:
-            itl.add(gap, 1)
+            itl.add(gap + delay, 1)
+        if delay:
+            live = self._live
+            for request_id in result.first_tokens:
+                request = live[request_id]
+                request.first_token_s += delay  # type: ignore[operator]
+            for done in result.finished:
+                done.finish_s += delay  # type: ignore[operator]
         for request in result.finished:
-            self._finished(request, now_s)  # type: ignore[arg-type]
-        self._step(replica, now_s)
+            self._finished(request, out_s)  # type: ignore[arg-type]
         # vLLM's engine loop with async scheduling (EngineCore.step_with_batch_queue) had
         # already scheduled the step starting now when the last one started: what arrived
         # during the last one is scheduled with the step after, or now if the engine idles.
         late, replica.deferred = replica.deferred, []
         for request in late:
             self._admit(replica, request, now_s)
+
+    def _launch_s(self, replica: FleetReplica) -> float:
+        """How long after a step's end its tokens leave the engine: with async scheduling
+        vLLM launches the next step before it hands out this one's outputs (EngineCore's
+        batch queue; one process launches the kernels of one GPU), which takes no time for a
+        step replayed as a CUDA graph and the host's `eager_floor_s` for one that is not."""
+        model = replica.model
+        nxt = replica.result
+        if nxt is None or not model.async_scheduling:
+            return 0.0
+        cost = model.cost
+        if nxt.prefill_tokens + nxt.decode_seqs > cost.graph_max_tokens:
+            return cost.eager_floor_s
+        return 0.0
 
     def _finished(self, request: FleetRequest, now_s: float) -> None:
         replica = request.replica
