@@ -4,6 +4,7 @@ times composed from them (the profiler that times the shapes: test_gpu_profiler.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -326,6 +327,11 @@ def test_an_eager_steps_floor_reaches_the_simulator_to_the_last_bit() -> None:
     assert model.step_time_s(StepShape(1000, 1, 0, 0, prefill_pairs(1000, 0))) == 0.06
     durations = _simulated_steps(model)
     assert sum(d == 0.06 for d in durations) >= 3  # the 1,000-token prefills of the first steps
+    # With enforce_eager vLLM captures no graph: a decode step is launched kernel by kernel.
+    eager = replace(at, cuda_graphs=False)
+    assert eager.graph_max_tokens == 0
+    eager_model = linearize(step, eager).model
+    assert eager_model.step_time_s(StepShape(0, 0, 16, 16_000, 0)) == 0.06
 
 
 def test_a_profiles_meta_carries_the_fitted_step_overhead() -> None:

@@ -4,6 +4,8 @@ that what each feeds it agrees."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from servepilot.sim.fleet.setup import replica_setup
 
 CPU = {"device": "cpu", "accelerator": "cpu"}
 H100 = {"device": "gpu", "accelerator": "h100", "count": 8}
+PROFILES = Path(__file__).parents[2] / "benchmarks/gpu_runs/2026-12-05-sim-validate-h100/profiles"
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "cpu-defaults": {},
@@ -119,3 +122,19 @@ def test_both_refuse_what_vllm_refuses() -> None:
         replica_setup(too_small, None, cpu_flags())
     with pytest.raises(ConfigError, match="KV cache is needed, which is larger"):
         _replica_from_flags(too_small)
+
+
+@pytest.mark.parametrize(("enforce_eager", "graph_max_tokens"), [(False, 512), (True, 0)])
+def test_enforce_eager_leaves_every_gpu_step_to_the_eager_floor(
+    enforce_eager: bool, graph_max_tokens: int, tmp_path: Path
+) -> None:
+    """A GPU profile's eager floor applies above vLLM's largest CUDA graph; with enforce_eager
+    vLLM captures none, so it applies to every step."""
+    document = json.loads((PROFILES / "h100-llama-3.1-8b-bf16.json").read_text())
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({**document, "meta": {"eager_step_ms": 30.0}}))
+    config = _config({"model": {"source": "llama-3.1-8b"},
+                      "hardware": {"device": "gpu", "accelerator": "h100", "count": 1},
+                      "engine": {"enforce_eager": enforce_eager, "max_model_len": 8192}})  # fmt: skip
+    cost = replica_setup(config, profile, cpu_flags()).cost
+    assert (cost.eager_floor_s, cost.graph_max_tokens) == (0.03, graph_max_tokens)

@@ -152,9 +152,14 @@ class Operating:
     chunks alone, where attention is launch-bound, put a 32,000-token prompt's TTFT at 9.3 s
     on an H100 that took 1.26 s."""
 
+    cuda_graphs: bool = True
+    """False with `enforce_eager`: vLLM captures no graph, and every step is launched eagerly."""
+
     @property
     def graph_max_tokens(self) -> int:
         """The largest step vLLM 0.22 runs as a CUDA graph at these limits."""
+        if not self.cuda_graphs:
+            return 0
         return max(capture_sizes(self.max_num_seqs, self.max_num_batched_tokens), default=0)
 
 

@@ -99,7 +99,8 @@ def replica_setup(
             f"{shared} of what it carries here (`servepilot plan` counts that)"
         )
     tp = engine.tensor_parallel_size
-    cost, kind, overhead = _cost(request, shape, scheduler, tp, profile, notes)
+    graphs = not engine.enforce_eager_on(config.hardware.device)
+    cost, kind, overhead = _cost(request, shape, scheduler, tp, profile, notes, graphs)
     if profile is None and (
         mismatch := request.accelerator.host_mismatch(request.weights_dtype, cpu_flags)
     ):
@@ -195,11 +196,13 @@ def _cost(
     tp: int,
     profile: Path | None,
     notes: list[str],
+    cuda_graphs: bool,
 ) -> tuple[CostModel, str, int]:
     if profile is not None:
         source = read_step_source(profile)
         if isinstance(source, GpuProfile):
-            return _gpu_cost(request, scheduler, tp, source, notes), "gpu profile", 0
+            cost = _gpu_cost(request, scheduler, tp, source, notes, cuda_graphs)
+            return cost, "gpu profile", 0
         return source, "profile", _overhead(_meta(profile), profile)
     model = roofline_cost_model(
         request.model,
@@ -222,6 +225,7 @@ def _gpu_cost(
     tp: int,
     profile: GpuProfile,
     notes: list[str],
+    cuda_graphs: bool,
 ) -> CostModel:
     traffic = request.traffic
     at = Operating(
@@ -230,6 +234,7 @@ def _gpu_cost(
         scheduler.max_num_seqs,
         scheduler.max_num_batched_tokens,
         max_context_tokens=scheduler.max_model_len,
+        cuda_graphs=cuda_graphs,
     )
     fitted = profile_cost_model(
         profile, request.model, request.accelerator, tp=tp, weights=request.weights_dtype, at=at
