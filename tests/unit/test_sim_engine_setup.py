@@ -133,8 +133,8 @@ def test_enforce_eager_leaves_every_gpu_step_to_the_eager_floor(
     document = json.loads((PROFILES / "h100-llama-3.1-8b-bf16.json").read_text())
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps({**document, "meta": {"eager_step_ms": 30.0}}))
-    config = _config({"model": {"source": "llama-3.1-8b"},
-                      "hardware": {"device": "gpu", "accelerator": "h100", "count": 1},
-                      "engine": {"enforce_eager": enforce_eager, "max_model_len": 8192}})  # fmt: skip
+    engine = {"enforce_eager": enforce_eager, "max_model_len": 8192}
+    gpu = {"device": "gpu", "accelerator": "h100", "count": 1}
+    config = _config({"model": {"source": "llama-3.1-8b"}, "hardware": gpu, "engine": engine})
     cost = replica_setup(config, profile, cpu_flags()).cost
     assert (cost.eager_floor_s, cost.graph_max_tokens) == (0.03, graph_max_tokens)
