@@ -214,10 +214,12 @@ class FleetSim:
         if delay:
             live = self._live
             for request_id in result.first_tokens:
-                request = live[request_id]
-                request.first_token_s += delay  # type: ignore[operator]
+                started = live[request_id]
+                assert started.first_token_s is not None
+                started.first_token_s += delay
             for done in result.finished:
-                done.finish_s += delay  # type: ignore[operator]
+                assert done.finish_s is not None
+                done.finish_s += delay
         for request in result.finished:
             self._finished(request, out_s)  # type: ignore[arg-type]
         # vLLM's engine loop with async scheduling (EngineCore.step_with_batch_queue) had
