@@ -270,16 +270,23 @@ def _summary(label: str, chosen: list[dict[str, Any]], width: int = 11) -> list[
     return lines
 
 
-def eager_steps(trace_folders: list[Path]) -> dict[str, float]:
-    """Per model (profile name), its eager step's host time from the burst traces."""
+def eager_steps(trace_folders: list[Path]) -> dict[str, dict[str, float]]:
+    """Per model (profile name), the host's time for an eager step from the burst traces:
+    `eager_step_ms` (a prefill alone) and `eager_mixed_step_ms` (with decoders), where
+    measured."""
     from benchmarks.gpu_step_report import eager_step_ms
 
     dirs: dict[str, list[Path]] = {}
     for folder in trace_folders:
         for config_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
             dirs.setdefault(PROFILES[config_dir.name][0], []).append(config_dir)
-    found = {model: eager_step_ms(config_dirs) for model, config_dirs in dirs.items()}
-    return {model: round(ms, 1) for model, ms in found.items() if ms is not None}
+    found: dict[str, dict[str, float]] = {}
+    for model, config_dirs in dirs.items():
+        for key, mixed in (("eager_step_ms", False), ("eager_mixed_step_ms", True)):
+            ms = eager_step_ms(config_dirs, mixed=mixed)
+            if ms is not None:
+                found.setdefault(model, {})[key] = round(ms, 1)
+    return found
 
 
 def write_meta(profiles: Path, model: str, meta: dict[str, Any]) -> None:
@@ -331,11 +338,11 @@ def main() -> int:
     if args.fit:  # the fit predicts with this module's `predict`: imported here, not above
         from benchmarks.gpu_host_fit import fit_profiles
     if args.eager_traces:
-        for model, ms in eager_steps(args.eager_traces).items():
+        for model, host in eager_steps(args.eager_traces).items():
             for folder in args.folders:
-                write_meta(folder / "profiles", model, {"eager_step_ms": ms})
-            print(f"eager step of {model}: {ms:.1f} ms (host, from {len(args.eager_traces)} "
-                  "trace folder(s))")  # fmt: skip
+                write_meta(folder / "profiles", model, host)
+            print(f"eager steps of {model} (host ms, from {len(args.eager_traces)} trace "
+                  f"folder(s)): {host}")  # fmt: skip
     for folder in args.folders:
         if args.fit:
             for model, fit in fit_profiles(folder).items():

@@ -46,6 +46,7 @@ FIT_KEYS = (
     # Measured beside the fit (a step trace's host time for an eager step), and the fit was
     # made with it: the two go together.
     "eager_step_ms",
+    "eager_mixed_step_ms",
 )
 METRICS = (("ttft_p50_ms", "TTFT p50 ms"), ("tpot_p50_ms", "TPOT p50 ms"),
            ("output_tok_s", "output tok/s"))  # fmt: skip

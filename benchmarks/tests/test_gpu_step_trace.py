@@ -97,6 +97,12 @@ def test_deepseeks_eager_step_is_its_hosts_first_step_less_the_profilers_share()
     llama = [RUNS / "2026-12-06-step-trace-h100-burst/llama-8b"]
     assert profiler_ms(llama) is None
     assert eager_step_ms(llama) == pytest.approx(26.332)  # 22.7, 26.3 and 33.8 ms
+    # With decoders: DeepSeek's 79.11, 81.89 and 95.31 ms (one step of 1 prompt and 3
+    # decoders, two of a 16-prompt burst), less the profiler's 14.97.
+    assert eager_step_ms(deepseek, mixed=True) == pytest.approx(81.894 - 14.969, abs=0.01)
+    # Llama's 41 such steps (33 of 18-37 ms, and eight spans of the host waiting for its
+    # GPU, 190-383 ms): their median.
+    assert eager_step_ms(llama, mixed=True) == pytest.approx(21.487)
 
 
 def test_a_deepseek_burst_composes_to_its_eager_steps() -> None:

@@ -100,6 +100,8 @@ class CostModel:
     `graph_max_tokens`): the host's time to launch it kernel by kernel, which the GPU waits
     for when its own work is shorter (DeepSeek-V2-Lite on vLLM 0.22: about 72 ms a prefill
     step, its kernels 20-40 ms). 0: none (a CPU replica, a roofline)."""
+    eager_mixed_floor_s: float = 0.0
+    """The same for a step that also carries decoders (the decode path's kernels too)."""
     graph_max_tokens: int = 0
     """The largest step vLLM runs as a CUDA graph (its largest capture size)."""
 
@@ -116,8 +118,9 @@ class CostModel:
             + self.per_prefill_pair_s * shape.prefill_pairs
             + self.token_ops_s(tokens)
         )
-        if tokens > self.graph_max_tokens and duration < self.eager_floor_s:
-            return self.eager_floor_s
+        if tokens > self.graph_max_tokens:
+            floor = self.eager_mixed_floor_s if shape.decode_seqs else self.eager_floor_s
+            return floor if duration < floor else duration
         return duration
 
     @classmethod

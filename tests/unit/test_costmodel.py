@@ -152,15 +152,16 @@ def test_step_time_is_linear_in_the_shape() -> None:
 
 def test_a_step_without_a_cuda_graph_takes_at_least_the_hosts_launch_time() -> None:
     model = CostModel(0.01, 1e-5, 0.0, 1e-4, 0.0, 0.0, "test", eager_floor_s=0.05,
-                      graph_max_tokens=512)  # fmt: skip
+                      eager_mixed_floor_s=0.07, graph_max_tokens=512)  # fmt: skip
     # 512 tokens run as a graph: the linear time, 10 + 5.12 ms.
     assert model.step_time_s(StepShape(512, 1, 0, 0, 0)) == pytest.approx(0.01512)
     # 513 run eagerly: the host's 50 ms, which the GPU's 15.13 ms waits for.
     assert model.step_time_s(StepShape(513, 1, 0, 0, 0)) == 0.05
     # An eager step longer than the floor keeps its own time: 10 + 50 ms.
     assert model.step_time_s(StepShape(5000, 1, 0, 0, 0)) == pytest.approx(0.06)
-    # Decoders count as tokens of the step: 500 + 13 > 512.
-    assert model.step_time_s(StepShape(500, 1, 13, 0, 0)) == 0.05
+    # Decoders count as tokens of the step: 500 + 13 > 512; and they launch the decode
+    # path's kernels too, the mixed floor.
+    assert model.step_time_s(StepShape(500, 1, 13, 0, 0)) == 0.07
     assert CostModel(0.01, 1e-5, 0.0, 0.0, 0.0, 0.0, "t").step_time_s(
         StepShape(513, 1, 0, 0, 0)
     ) == pytest.approx(0.01513)  # no floor by default

@@ -318,6 +318,15 @@ def test_an_eager_steps_floor_reaches_the_simulator_to_the_last_bit() -> None:
     assert gpu_profile_from({**document, "meta": {}}, "t").eager_step_s == 0.0
     with pytest.raises(ConfigError, match="eager_step_ms"):
         gpu_profile_from({**document, "meta": {"eager_step_ms": -1}}, "t")
+    # With decoders beside the prefill: its own figure where measured, else the same.
+    meta = {"eager_step_ms": 60.0, "eager_mixed_step_ms": 70.0}
+    mixed = gpu_profile_from({**document, "meta": meta}, "t")
+    assert (profile.eager_mixed_step_s, mixed.eager_mixed_step_s) == (0.06, 0.07)
+    with pytest.raises(ConfigError, match="eager_mixed_step_ms"):
+        gpu_profile_from({**document, "meta": {"eager_mixed_step_ms": -1}}, "t")
+    mixed_model = linearize(StepComposer(mixed, comm_token_s=0.0, comm_step_s=0.0),
+                            Operating(1000, 50, 16, 2048, 4096)).model  # fmt: skip
+    assert mixed_model.step_time_s(StepShape(1000, 1, 8, 8_000, prefill_pairs(1000, 0))) == 0.07
     step = StepComposer(profile, comm_token_s=0.0, comm_step_s=0.0)
     at = Operating(1000, 50, 16, 2048, 4096)
     assert at.graph_max_tokens == 32  # vLLM captures up to 2 x max_num_seqs

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -179,3 +180,27 @@ def test_the_whole_prompt_must_fit_in_free_blocks_to_be_admitted() -> None:
     assert [results[i].first_tokens for i in first_token_steps] == [(0,), (1,)]
     assert all(r.prefill_seqs + r.decode_seqs <= 1 for r in results)
     assert model.num_preemptions == 0
+
+
+@pytest.mark.parametrize(("prompt", "lead_s", "expected_s"), [
+    (1000, 0.0, 0.2),    # eager from idle: the host's whole launch
+    (1000, 0.05, 0.15),  # its launch began 50 ms before: that much of it is behind
+    (1000, 0.15, None),  # ... and the rest is under the GPU's own time: the composed step
+    (100, -0.03, None),  # a graph replays once launched: 30 ms late, plus its own time
+])  # fmt: skip
+def test_a_step_launched_ahead_or_late_takes_what_is_left(
+    prompt: int, lead_s: float, expected_s: float | None
+) -> None:
+    cost = replace(COST, eager_floor_s=0.2, graph_max_tokens=512)
+    config = scheduler_config(max_model_len=2048, max_num_batched_tokens=2048)
+    plain = ReplicaModel(config, replace(cost, eager_floor_s=0.0))
+    plain.add(SimRequest(0, prompt, 2, 0.0))
+    own = plain.step(1.0)
+    assert own is not None and own.duration_s < 0.12  # the composed step, without a floor
+    model = ReplicaModel(config, cost)
+    model.add(SimRequest(0, prompt, 2, 0.0))
+    result = model.step(1.0, lead_s)
+    assert result is not None
+    if expected_s is None:
+        expected_s = own.duration_s - min(lead_s, 0.0)
+    assert result.duration_s == pytest.approx(expected_s, abs=1e-12)

@@ -184,8 +184,12 @@ def linearize(step: StepComposer, at: Operating) -> Linearized:
     model = replace(fitted, token_table_s=table)
     # The error is the linear fit's, against the composition, before the host's floor.
     errors = sorted(abs(model.step_time_s(s) / t - 1) for s, t in steps)
+    profile = step.profile
     model = replace(
-        model, eager_floor_s=step.profile.eager_step_s, graph_max_tokens=at.graph_max_tokens
+        model,
+        eager_floor_s=profile.eager_step_s,
+        eager_mixed_floor_s=profile.eager_mixed_step_s,
+        graph_max_tokens=at.graph_max_tokens,
     )
     return Linearized(model, errors[len(errors) // 2], errors[-1])
 

@@ -117,6 +117,10 @@ class GpuProfile:
     """The host's time to launch a step that runs without a CUDA graph, kernel by kernel
     (`meta.eager_step_ms`, from a step trace of a burst's first step: no step before it to
     wait for); such a step takes at least this long. 0: not measured."""
+    eager_mixed_step_s: float = 0.0
+    """The same for such a step that also carries decoders (`meta.eager_mixed_step_ms`):
+    vLLM launches the decode path's kernels beside the prefill's. Where not measured,
+    `eager_step_s`."""
 
     @property
     def source(self) -> str:
@@ -147,6 +151,7 @@ def gpu_profile_from(document: Any, where: str) -> GpuProfile:
     try:
         tokens, decode, prefill = _tables(document["operators"])
         meta = document.get("meta", {})
+        eager_s = _meta_number(meta, "eager_step_ms", 0.0) / 1000.0
         return GpuProfile(
             model=str(document["model"]),
             dtype=str(document["dtype"]),
@@ -159,7 +164,8 @@ def gpu_profile_from(document: Any, where: str) -> GpuProfile:
             prefill_attention=prefill,
             step_overhead_s=_step_overhead_s(meta),
             prefill_scale=_meta_number(meta, "prefill_scale", 1.0, positive=True),
-            eager_step_s=_meta_number(meta, "eager_step_ms", 0.0) / 1000.0,
+            eager_step_s=eager_s,
+            eager_mixed_step_s=_meta_number(meta, "eager_mixed_step_ms", eager_s * 1000) / 1000,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(

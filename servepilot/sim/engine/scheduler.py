@@ -1,9 +1,7 @@
 """The core of the replica simulator: vLLM v1's scheduling loop, over aggregates.
 
-`SchedulerCore` holds the scheduler's state and runs `step`; `ReplicaModel` (replica.py)
-adds the request API and the numbers vLLM exports. The rules are vllm/v1/core/sched/scheduler.py
-`Scheduler.schedule` (vLLM 0.32, FCFS), see replica.py's docstring; the KV blocks are
-kvblocks.py's `BlockPool`.
+`SchedulerCore` holds the state and runs `step`; `ReplicaModel` (replica.py) adds the request
+API and vLLM's numbers. Rules: vLLM 0.32's `Scheduler.schedule` (FCFS; replica.py says more).
 
 Why the state looks the way it does: a fleet simulation runs ten million steps, so a step
 must cost O(requests that start, finish or are preempted in it), never O(running).
@@ -43,7 +41,8 @@ class SchedulerCore:
         self._pool = BlockPool(config.num_blocks, config.block_size, caching=self._caching)
         self._coefficients = cost.coefficients
         self._token_table = cost.token_table_s
-        self._eager_floor_s, self._graph_max_tokens = cost.eager_floor_s, cost.graph_max_tokens
+        self._eager_floors = (cost.eager_floor_s, cost.eager_mixed_floor_s)
+        self._graph_max_tokens = cost.graph_max_tokens
         self._requests: dict[int, SimRequest] = {}
         self._waiting: deque[SimRequest] = deque()
         self._num_waiting = 0
@@ -77,10 +76,9 @@ class SchedulerCore:
     def async_scheduling(self) -> bool:
         return self._async
 
-    # ---- the step ----------------------------------------------------------------------
-
-    def step(self, now_s: float) -> StepResult | None:
-        """Plan and run one engine step starting at `now_s`; None when idle."""
+    def step(self, now_s: float, lead_s: float = 0.0) -> StepResult | None:
+        """Plan and run one engine step starting at `now_s`; None when idle. Its launch may
+        start `lead_s` before (async scheduling; negative: the host is busy until after)."""
         if now_s < self._last_end_s:
             raise ValueError(f"step at {now_s} starts before the last one ended")
         running = self._running
@@ -94,7 +92,7 @@ class SchedulerCore:
         scheduled: list[SimRequest] = []
         context = self._plan(preempted, scheduled)
         if context < 0:
-            return self._replan(now_s, preempted)
+            return self._replan(now_s, preempted, lead_s)
         decode_seqs = self._num_decoding
         prefill_tokens = pairs = 0
         for request in scheduled:
@@ -116,8 +114,12 @@ class SchedulerCore:
         if table := self._token_table:
             last = len(table) - 1
             duration += table[tokens] if tokens <= last else table[last] * tokens / last
-        if tokens > self._graph_max_tokens and duration < self._eager_floor_s:
-            duration = self._eager_floor_s  # CostModel.step_time_s's floor
+        if tokens > self._graph_max_tokens:  # launched kernel by kernel as the GPU runs it
+            floor = self._eager_floors[decode_seqs > 0] - lead_s  # CostModel.step_time_s's
+            if duration < floor:
+                duration = floor
+        elif lead_s < 0.0:
+            duration -= lead_s  # a graph replays once it is launched
         end = now_s + duration
         self._decode_context += decode_seqs
         bucket = self._finishing.pop(self._step, None)
@@ -178,18 +180,16 @@ class SchedulerCore:
                 return -1  # vLLM's empty step: it takes no time
         return context
 
-    def _replan(self, now_s: float, preempted: list[int]) -> StepResult | None:
-        """Nothing ran (everything running was preempted, or only finished requests were
-        left): like vLLM's next step, which follows at once, schedule again."""
+    def _replan(self, now_s: float, preempted: list[int], lead_s: float) -> StepResult | None:
+        """Nothing ran (all preempted, or only finished left): schedule again at once."""
         self._step -= 1
-        result = self.step(now_s)
+        result = self.step(now_s, lead_s)
         if preempted and result is not None:
             result.preempted = (*preempted, *result.preempted)
         return result
 
     def _drain(self) -> None:
-        """Async scheduling: the last step's output is processed; its finished requests
-        leave (unless a preemption already took one)."""
+        """Async scheduling: the last step's finished requests leave (unless preempted)."""
         running, pool = self._running, self._pool
         for request in self._draining:
             if running.pop(request.request_id, None) is not None:
@@ -321,8 +321,6 @@ class SchedulerCore:
             if chunk < num_tokens - hit_tokens:
                 self._prefilling = request
         return context
-
-    # ---- after the step ----------------------------------------------------------------
 
     def _finish_decoders(self, bucket: list[SimRequest], end_s: float) -> list[SimRequest]:
         """The decoders filed under this step produced their last token (entries left by a

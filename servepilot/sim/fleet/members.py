@@ -102,6 +102,7 @@ class FleetReplica:
         "index",
         "intake_free_s",
         "kv_usage",
+        "launch_end_s",
         "launched_s",
         "model",
         "ready_s",
@@ -160,6 +161,8 @@ class FleetReplica:
         """The step in progress (its outputs are due at its end); None when idle."""
         self.emitted_s = 0.0
         """When the tokens of its last step left the engine (`FleetSim._step_end`)."""
+        self.launch_end_s = 0.0
+        """When the engine's host is done launching the step in progress (`launched`)."""
         self.deferred: list[FleetRequest] = []
         """With async scheduling: requests that reached the engine during the step in
         progress. vLLM scheduled the next step when this one started, so they wait for the
@@ -168,6 +171,38 @@ class FleetReplica:
         """Its share of the admission snapshot's free slots, as last counted."""
         self.view = LiveView(self.replica_id, 0, capacity=capacity)
         """What routing sees of it, updated in place by the gateway."""
+
+    def host_lead_s(self, now_s: float) -> float:
+        """How long before `now_s` vLLM's engine could start launching the step planned at
+        `now_s`, the end of the last one. With async scheduling (two steps in flight) it
+        launches the next step as soon as it has launched this one and handed out the
+        tokens of the one before: an eager launch there overlaps the GPU's last step, or,
+        while the host is still busy, starts after `now_s` (negative)."""
+        if not self.model.async_scheduling:
+            return 0.0
+        ready_s = self.launch_end_s if self.launch_end_s > self.emitted_s else self.emitted_s
+        return now_s - ready_s
+
+    def launched(self, step: StepResult, launch_s: float) -> None:
+        """The step was planned and its launch started at `launch_s`: a CUDA graph's takes no
+        time worth counting, an eager step's the profile's host time (`eager_floor_s`, or
+        with decoders `eager_mixed_floor_s`)."""
+        cost = self.model.cost
+        if step.prefill_tokens + step.decode_seqs <= cost.graph_max_tokens:
+            self.launch_end_s = launch_s
+        else:
+            mixed = cost.eager_mixed_floor_s if step.decode_seqs else cost.eager_floor_s
+            self.launch_end_s = launch_s + mixed
+
+    def emitted(self, end_s: float, launching: bool) -> tuple[float, float]:
+        """The step that ended at `end_s` hands out its tokens: (when, the gap since the last
+        step's). With async scheduling, not before the next step (`launching`) is launched."""
+        out_s = end_s
+        if launching and self.model.async_scheduling and self.launch_end_s > end_s:
+            out_s = self.launch_end_s
+        gap_s = out_s - self.emitted_s
+        self.emitted_s = out_s
+        return out_s, gap_s
 
     def take_in(self, reach_s: float, intake_s: float) -> float:
         """When a request that reaches its API server at `reach_s` and takes `intake_s` there
@@ -179,3 +214,15 @@ class FleetReplica:
 
     def __repr__(self) -> str:
         return f"FleetReplica({self.replica_id}, {self.state.value}, in_flight={self.in_flight})"
+
+
+def hold_back(step: StepResult, live: dict[int, FleetRequest], delay_s: float) -> None:
+    """The step's tokens left the engine `delay_s` after its end (`FleetReplica.emitted`):
+    its first tokens and its last ones come that much later."""
+    for request_id in step.first_tokens:
+        started = live[request_id]
+        assert started.first_token_s is not None
+        started.first_token_s += delay_s
+    for done in step.finished:
+        assert done.finish_s is not None
+        done.finish_s += delay_s

@@ -48,7 +48,7 @@ from servepilot.sim.fleet.collect import RunCollector
 from servepilot.sim.fleet.gateway import SimGateway
 from servepilot.sim.fleet.gateways import routing_policy
 from servepilot.sim.fleet.kvevents import KvEventFeed
-from servepilot.sim.fleet.members import FleetReplica, FleetRequest, ReplicaState
+from servepilot.sim.fleet.members import FleetReplica, FleetRequest, ReplicaState, hold_back
 from servepilot.sim.fleet.records import FleetSpec, FleetStats, LevelOutcome, Progress
 from servepilot.sim.fleet.replicas import FleetReplicas
 from servepilot.sim.fleet.requests import RequestFactory
@@ -187,10 +187,11 @@ class FleetSim:
         if replica.result is None:
             self._step(replica, now_s)
 
-    def _step(self, replica: FleetReplica, now_s: float) -> None:
-        result = replica.model.step(now_s)
+    def _step(self, replica: FleetReplica, now_s: float, lead_s: float = 0.0) -> None:
+        result = replica.model.step(now_s, lead_s)
         replica.result = result
         if result is not None:
+            replica.launched(result, now_s - lead_s)
             end_s = now_s + result.duration_s
             heapq.heappush(self._heap, (end_s, next(self._seq), STEP, replica))
             kv = self.kv_feed
@@ -202,24 +203,15 @@ class FleetSim:
     def _step_end(self, replica: FleetReplica, now_s: float) -> None:
         result = replica.result
         assert result is not None
-        self._step(replica, now_s)
-        out_s = now_s + self._launch_s(replica)
-        delay = out_s - now_s
+        self._step(replica, now_s, replica.host_lead_s(now_s))
+        out_s, gap_s = replica.emitted(now_s, replica.result is not None)
         itl = self._collector.itl
         if result.decode_seqs:
-            itl.add(out_s - replica.emitted_s, result.decode_seqs)
-        replica.emitted_s = out_s
+            itl.add(gap_s, result.decode_seqs)
         for gap in result.resumed_gaps_s:
-            itl.add(gap + delay, 1)
-        if delay:
-            live = self._live
-            for request_id in result.first_tokens:
-                started = live[request_id]
-                assert started.first_token_s is not None
-                started.first_token_s += delay
-            for done in result.finished:
-                assert done.finish_s is not None
-                done.finish_s += delay
+            itl.add(gap + out_s - now_s, 1)
+        if out_s > now_s:
+            hold_back(result, self._live, out_s - now_s)
         for request in result.finished:
             self._finished(request, out_s)  # type: ignore[arg-type]
         # vLLM's engine loop with async scheduling (EngineCore.step_with_batch_queue) had
@@ -228,20 +220,6 @@ class FleetSim:
         late, replica.deferred = replica.deferred, []
         for request in late:
             self._admit(replica, request, now_s)
-
-    def _launch_s(self, replica: FleetReplica) -> float:
-        """How long after a step's end its tokens leave the engine: with async scheduling
-        vLLM launches the next step before it hands out this one's outputs (EngineCore's
-        batch queue; one process launches the kernels of one GPU), which takes no time for a
-        step replayed as a CUDA graph and the host's `eager_floor_s` for one that is not."""
-        model = replica.model
-        nxt = replica.result
-        if nxt is None or not model.async_scheduling:
-            return 0.0
-        cost = model.cost
-        if nxt.prefill_tokens + nxt.decode_seqs > cost.graph_max_tokens:
-            return cost.eager_floor_s
-        return 0.0
 
     def _finished(self, request: FleetRequest, now_s: float) -> None:
         replica = request.replica
