@@ -78,6 +78,7 @@ SIM = Group(
         "servepilot.sim.engine.sharing",
         "servepilot.sim.engine.scheduler",
         "servepilot.sim.engine.replica",
+        "servepilot.sim.engine.hostclock",
         "servepilot.sim.fleet.members",
         "servepilot.sim.fleet.network",
         "servepilot.sim.fleet.kvevents",

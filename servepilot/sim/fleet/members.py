@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from servepilot.routing.admission import SHARED_TENANT, Ticket
 from servepilot.routing.base import RequestView
+from servepilot.sim.engine.hostclock import HostClock
 from servepilot.sim.engine.records import StepResult
 from servepilot.sim.engine.replica import ReplicaModel
 from servepilot.sim.engine.request import SimRequest
@@ -94,15 +95,14 @@ class FleetReplica:
         "capacity",
         "deferred",
         "dispatched",
-        "emitted_s",
         "engine_ready",
         "hard_capacity",
         "hop",
+        "host",
         "in_flight",
         "index",
         "intake_free_s",
         "kv_usage",
-        "launch_end_s",
         "launched_s",
         "model",
         "ready_s",
@@ -159,10 +159,8 @@ class FleetReplica:
         self.kv_usage = 0.0
         self.result: StepResult | None = None
         """The step in progress (its outputs are due at its end); None when idle."""
-        self.emitted_s = 0.0
-        """When the tokens of its last step left the engine (`FleetSim._step_end`)."""
-        self.launch_end_s = 0.0
-        """When the engine's host is done launching the step in progress (`launched`)."""
+        self.host = HostClock(model.cost, model.async_scheduling)
+        """Its engine's launches, and when its steps' tokens left (`FleetSim._step_end`)."""
         self.deferred: list[FleetRequest] = []
         """With async scheduling: requests that reached the engine during the step in
         progress. vLLM scheduled the next step when this one started, so they wait for the
@@ -171,38 +169,6 @@ class FleetReplica:
         """Its share of the admission snapshot's free slots, as last counted."""
         self.view = LiveView(self.replica_id, 0, capacity=capacity)
         """What routing sees of it, updated in place by the gateway."""
-
-    def host_lead_s(self, now_s: float) -> float:
-        """How long before `now_s` vLLM's engine could start launching the step planned at
-        `now_s`, the end of the last one. With async scheduling (two steps in flight) it
-        launches the next step as soon as it has launched this one and handed out the
-        tokens of the one before: an eager launch there overlaps the GPU's last step, or,
-        while the host is still busy, starts after `now_s` (negative)."""
-        if not self.model.async_scheduling:
-            return 0.0
-        ready_s = self.launch_end_s if self.launch_end_s > self.emitted_s else self.emitted_s
-        return now_s - ready_s
-
-    def launched(self, step: StepResult, launch_s: float) -> None:
-        """The step was planned and its launch started at `launch_s`: a CUDA graph's takes no
-        time worth counting, an eager step's the profile's host time (`eager_floor_s`, or
-        with decoders `eager_mixed_floor_s`)."""
-        cost = self.model.cost
-        if step.prefill_tokens + step.decode_seqs <= cost.graph_max_tokens:
-            self.launch_end_s = launch_s
-        else:
-            mixed = cost.eager_mixed_floor_s if step.decode_seqs else cost.eager_floor_s
-            self.launch_end_s = launch_s + mixed
-
-    def emitted(self, end_s: float, launching: bool) -> tuple[float, float]:
-        """The step that ended at `end_s` hands out its tokens: (when, the gap since the last
-        step's). With async scheduling, not before the next step (`launching`) is launched."""
-        out_s = end_s
-        if launching and self.model.async_scheduling and self.launch_end_s > end_s:
-            out_s = self.launch_end_s
-        gap_s = out_s - self.emitted_s
-        self.emitted_s = out_s
-        return out_s, gap_s
 
     def take_in(self, reach_s: float, intake_s: float) -> float:
         """When a request that reaches its API server at `reach_s` and takes `intake_s` there

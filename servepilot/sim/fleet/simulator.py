@@ -191,7 +191,7 @@ class FleetSim:
         result = replica.model.step(now_s, lead_s)
         replica.result = result
         if result is not None:
-            replica.launched(result, now_s - lead_s)
+            replica.host.launched(result, now_s - lead_s)
             end_s = now_s + result.duration_s
             heapq.heappush(self._heap, (end_s, next(self._seq), STEP, replica))
             kv = self.kv_feed
@@ -203,8 +203,8 @@ class FleetSim:
     def _step_end(self, replica: FleetReplica, now_s: float) -> None:
         result = replica.result
         assert result is not None
-        self._step(replica, now_s, replica.host_lead_s(now_s))
-        out_s, gap_s = replica.emitted(now_s, replica.result is not None)
+        self._step(replica, now_s, replica.host.lead_s(now_s))
+        out_s, gap_s = replica.host.emitted(now_s, replica.result is not None)
         itl = self._collector.itl
         if result.decode_seqs:
             itl.add(gap_s, result.decode_seqs)

@@ -1,0 +1,63 @@
+"""vLLM's engine loop with async scheduling on two clocks: the host's launches and the GPU's
+steps, and when each step's tokens leave the engine.
+
+With async scheduling vLLM keeps two steps in flight (EngineCore.step_with_batch_queue) and
+the engine's own process launches the kernels of one GPU. So it launches step k+1 as soon as
+it has launched step k and handed out step k-1's tokens, and it hands out step k's tokens
+only once step k+1 is launched. A step replayed as a CUDA graph launches in a few ms, under
+its GPU time: nothing to count. A step too large for a graph is launched kernel by kernel
+(the cost model's `eager_floor_s`, `eager_mixed_floor_s` with decoders) while the GPU runs
+its kernels as they come: that launch overlaps the step before on the GPU, and the tokens of
+the step before wait for it. Without async scheduling the tokens leave at the step's end
+and the next launch starts then.
+
+The replica's step takes `lead_s` (`SchedulerCore.step`): how long before its start the
+launch began. The fleet simulator keeps one a replica (`FleetSim._step_end`); the simulated
+replica server (engine/simserver/realtime.py) hands a step's tokens out at its end still.
+"""
+
+from __future__ import annotations
+
+from servepilot.plan.costmodel import CostModel
+from servepilot.sim.engine.records import StepResult
+
+
+class HostClock:
+    """One engine's host: when its launches end and when its last tokens left."""
+
+    __slots__ = ("_async", "_cost", "emitted_s", "launch_end_s")
+
+    def __init__(self, cost: CostModel, async_scheduling: bool) -> None:
+        self._cost = cost
+        self._async = async_scheduling
+        self.launch_end_s = 0.0
+        """When the host is done launching the latest step."""
+        self.emitted_s = 0.0
+        """When the latest step's tokens left the engine."""
+
+    def lead_s(self, now_s: float) -> float:
+        """How long before `now_s` (the end of the last step) the launch of the step planned
+        now began; negative while the host is still busy after `now_s`."""
+        if not self._async:
+            return 0.0
+        ready_s = self.launch_end_s if self.launch_end_s > self.emitted_s else self.emitted_s
+        return now_s - ready_s
+
+    def launched(self, step: StepResult, launch_s: float) -> None:
+        """`step` was planned and its launch began at `launch_s`."""
+        cost = self._cost
+        if step.prefill_tokens + step.decode_seqs <= cost.graph_max_tokens:
+            self.launch_end_s = launch_s
+        else:
+            floor = cost.eager_mixed_floor_s if step.decode_seqs else cost.eager_floor_s
+            self.launch_end_s = launch_s + floor
+
+    def emitted(self, end_s: float, launching: bool) -> tuple[float, float]:
+        """The step that ended at `end_s` hands out its tokens: (when, the gap since the last
+        step's). With async scheduling, once the next step (`launching`) is launched."""
+        out_s = end_s
+        if launching and self._async and self.launch_end_s > end_s:
+            out_s = self.launch_end_s
+        gap_s = out_s - self.emitted_s
+        self.emitted_s = out_s
+        return out_s, gap_s
