@@ -270,30 +270,44 @@ def _summary(label: str, chosen: list[dict[str, Any]], width: int = 11) -> list[
     return lines
 
 
-def eager_steps(trace_folders: list[Path]) -> dict[str, dict[str, float]]:
-    """Per model (profile name), the host's time for an eager step from the burst traces:
+def eager_steps(trace_folders: list[Path]) -> dict[tuple[str, str], dict[str, float]]:
+    """Per profile (model, dtype), the host's time for an eager step from the burst traces:
     `eager_step_ms` (a prefill alone) and `eager_mixed_step_ms` (with decoders), where
     measured."""
     from benchmarks.gpu_step_report import eager_step_ms
 
-    dirs: dict[str, list[Path]] = {}
+    dirs: dict[tuple[str, str], list[Path]] = {}
     for folder in trace_folders:
         for config_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
-            dirs.setdefault(PROFILES[config_dir.name][0], []).append(config_dir)
-    found: dict[str, dict[str, float]] = {}
-    for model, config_dirs in dirs.items():
+            dirs.setdefault(PROFILES[config_dir.name], []).append(config_dir)
+    found: dict[tuple[str, str], dict[str, float]] = {}
+    for profile, config_dirs in dirs.items():
         for key, mixed in (("eager_step_ms", False), ("eager_mixed_step_ms", True)):
             ms = eager_step_ms(config_dirs, mixed=mixed)
             if ms is not None:
-                found.setdefault(model, {})[key] = round(ms, 1)
+                found.setdefault(profile, {})[key] = round(ms, 1)
     return found
 
 
-def write_meta(profiles: Path, model: str, meta: dict[str, Any]) -> None:
-    """Merge `meta` into the meta of every profile of `model` in `profiles`."""
+def write_eager_steps(profiles: Path, found: dict[tuple[str, str], dict[str, float]]) -> None:
+    """Into each profile's meta, its own eager steps; a profile of a weight format no trace
+    measured takes another format's of the same model (one host launching the same model's
+    layers, with fewer or more kernels: FP8 adds its activations' quantisation)."""
+    for (model, dtype), host in sorted(found.items()):
+        write_meta(profiles, model, host, dtype=dtype)
+    for (model, _), host in sorted(found.items()):
+        for path in sorted(profiles.glob("*.json")):
+            doc = json.loads(path.read_text())
+            if doc["model"] == model and (model, doc["dtype"]) not in found:
+                write_meta(profiles, model, host, dtype=doc["dtype"])
+
+
+def write_meta(profiles: Path, model: str, meta: dict[str, Any], dtype: str | None = None) -> None:
+    """Merge `meta` into the meta of every profile of `model` (of `dtype`, when given) in
+    `profiles`."""
     for path in sorted(profiles.glob("*.json")):
         doc = json.loads(path.read_text())
-        if doc["model"] == model:
+        if doc["model"] == model and dtype in (None, doc["dtype"]):
             doc["meta"] = {**doc.get("meta", {}), **meta}
             path.write_text(json.dumps(doc, indent=1) + "\n")
 
@@ -338,11 +352,12 @@ def main() -> int:
     if args.fit:  # the fit predicts with this module's `predict`: imported here, not above
         from benchmarks.gpu_host_fit import fit_profiles
     if args.eager_traces:
-        for model, host in eager_steps(args.eager_traces).items():
-            for folder in args.folders:
-                write_meta(folder / "profiles", model, host)
-            print(f"eager steps of {model} (host ms, from {len(args.eager_traces)} trace "
-                  f"folder(s)): {host}")  # fmt: skip
+        found = eager_steps(args.eager_traces)
+        for folder in args.folders:
+            write_eager_steps(folder / "profiles", found)
+        for (model, dtype), host in found.items():
+            print(f"eager steps of {model} {dtype} (host ms, from {len(args.eager_traces)} "
+                  f"trace folder(s)): {host}")  # fmt: skip
     for folder in args.folders:
         if args.fit:
             for model, fit in fit_profiles(folder).items():
