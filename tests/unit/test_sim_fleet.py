@@ -207,3 +207,8 @@ def test_an_eager_steps_launch_holds_back_the_tokens_of_the_step_before() -> Non
     # A ends step 2's length sooner than steps one after another would have it.
     e2es = [d[0] + 0.2 + d[3] + d[4], ttfts[1]]
     assert out.run.e2e_ms.p99 == pytest.approx(np.percentile(e2es, 99) * 1000, rel=1e-9)
+    # vLLM's queue and prefill times, stamped as it does: B enters the scheduler when the
+    # loop reads its input, once step 1's token is out, and is scheduled at once, as step
+    # 3's launch starts; its prefill runs to its token, 0.2 s on. A: no queue, its step.
+    assert out.stats.engine_queue_s == pytest.approx(0.0, abs=1e-12)
+    assert out.stats.engine_prefill_s == pytest.approx((d[0] + 0.2) / 2, rel=1e-9)

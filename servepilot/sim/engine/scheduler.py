@@ -96,8 +96,8 @@ class SchedulerCore:
         decode_seqs = self._num_decoding
         prefill_tokens = pairs = 0
         for request in scheduled:
-            if request.scheduled_s is None:
-                request.scheduled_s = now_s
+            if request.scheduled_s is None:  # vLLM stamps it as it schedules: at the launch
+                request.scheduled_s = now_s - lead_s
             chunk = request._chunk
             prefill_tokens += chunk
             pairs += chunk * request._computed + chunk * (chunk + 1) // 2  # prefill_pairs()

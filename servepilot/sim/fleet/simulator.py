@@ -220,6 +220,7 @@ class FleetSim:
         late, replica.deferred = replica.deferred, []
         for request in late:
             self._admit(replica, request, now_s)
+            request.queued_s = out_s  # vLLM's loop reads its input once the tokens are out
 
     def _finished(self, request: FleetRequest, now_s: float) -> None:
         replica = request.replica
