@@ -14,8 +14,10 @@ model's times to within about a millisecond:
 - The sleep aims `EARLY_S` before a step's end: asyncio rounds a timer's wait up to a whole
   millisecond, so this centres the delivery error on zero instead of +0.5 ms.
 
-Requests that arrive while a step runs wait for the next one, as in vLLM. With nothing to
-run the task waits on an event, so an idle replica costs no CPU.
+Requests that arrive while a step runs wait for the next one, as in vLLM. With async
+scheduling a step's tokens are handed out once the next step is launched (`HostClock`: a
+step too large for a CUDA graph holds back the tokens of the step before it). With nothing
+to run the task waits on an event, so an idle replica costs no CPU.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Protocol
 
 from servepilot.engine.simserver.metrics import Gauges, ServerStats
 from servepilot.engine.simserver.prefixmap import PrefixMap
+from servepilot.sim.engine.hostclock import HostClock, hold_back
 from servepilot.sim.engine.records import StepResult
 from servepilot.sim.engine.replica import ReplicaModel
 from servepilot.sim.engine.request import SimRequest
@@ -47,13 +50,16 @@ class TokenSink(Protocol):
 
 
 class _Live:
-    __slots__ = ("arrival_s", "produced", "prompt_tokens", "sink")
+    __slots__ = ("produced", "request", "sink")
 
-    def __init__(self, sink: TokenSink, prompt_tokens: int, arrival_s: float) -> None:
+    def __init__(self, sink: TokenSink, request: SimRequest) -> None:
         self.sink = sink
-        self.prompt_tokens = prompt_tokens
-        self.arrival_s = arrival_s
+        self.request = request
         self.produced = 0
+
+
+Stepped = tuple[StepResult, list[int]]
+"""A step that ran, and the requests it gave a token to (read right after `step()`)."""
 
 
 class RealtimeEngine:
@@ -70,6 +76,9 @@ class RealtimeEngine:
         self._clock = clock
         self._t0 = clock()
         self._live: dict[int, _Live] = {}
+        self._requests: dict[int, SimRequest] = {}
+        """The live requests themselves, by id (`hold_back` moves their times)."""
+        self._host = HostClock(model.cost, model.async_scheduling)
         self._ids = itertools.count(1)
         config = model.config
         self._prefixes = PrefixMap(config.block_size) if config.enable_prefix_caching else None
@@ -145,7 +154,8 @@ class RealtimeEngine:
             self._deferred.append(request)
         else:
             self.model.add(request)
-        self._live[request_id] = _Live(sink, len(prompt_ids), request.arrival_s)
+        self._live[request_id] = _Live(sink, request)
+        self._requests[request_id] = request
         if not self._wake.is_set():
             self._woken_by = arrival
             self._wake.set()
@@ -161,14 +171,19 @@ class RealtimeEngine:
         """The client went away: the request leaves the model (its blocks are freed)."""
         if self._live.pop(request_id, None) is None:
             return
+        del self._requests[request_id]
         self.model.abort(request_id)
         self.stats.aborted += 1
 
     async def _run(self) -> None:
-        model = self.model
+        model, host = self.model, self._host
         last_end: float | None = None  # None: the engine was idle before this step
+        pending: Stepped | None = None  # ended, its tokens not handed out yet
         while True:
             if model.idle:
+                if pending is not None:  # no step after it to launch
+                    await self._hand_out(pending, launching=False)
+                    pending = None
                 self._stepping = False
                 last_end = None
                 self._wake.clear()
@@ -182,7 +197,8 @@ class RealtimeEngine:
             else:
                 start = now
                 self.steps_late += 1
-            result = model.step(start)
+            lead = host.lead_s(start) if last_end is not None else 0.0
+            result = model.step(start, lead)
             # With async scheduling what arrived during the last step waits for the step
             # after this one (vLLM's EngineCore.step_with_batch_queue): it joins the model now,
             # with this step already planned.
@@ -190,32 +206,51 @@ class RealtimeEngine:
             for request in late:
                 if request.request_id in self._live:  # not aborted meanwhile
                     model.add(request)
+            # Read right after step(): which requests this step gives a token to.
+            got_token = model.last_step_token_ids(result) if result is not None else []
+            if result is not None:
+                host.launched(result, start - lead)
+            if pending is not None:
+                await self._hand_out(pending, launching=result is not None)
+                pending = None
             if result is None:
                 self._stepping = False
                 last_end = None
                 continue
             self._stepping = True
-            # Read right after step(): which requests this step gives a token to.
-            got_token = model.last_step_token_ids(result)
             self._last_end = result.end_s
             delay = result.end_s - EARLY_S - self.now()
             if delay > 0:
                 await asyncio.sleep(delay)
             last_end = result.end_s
-            self._deliver(result, got_token)
+            pending = (result, got_token)
 
-    def _deliver(self, result: StepResult, got_token: list[int]) -> None:
+    async def _hand_out(self, stepped: Stepped, *, launching: bool) -> None:
+        """The step's tokens leave the engine: at its end, or once the next step (`launching`)
+        is launched."""
+        result, got_token = stepped
+        out_s, gap_s = self._host.emitted(result.end_s, launching)
+        if out_s > result.end_s:
+            hold_back(result, self._requests, out_s - result.end_s)
+            delay = out_s - EARLY_S - self.now()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        self._deliver(result, got_token, out_s, gap_s)
+
+    def _deliver(
+        self, result: StepResult, got_token: list[int], out_s: float, gap_s: float
+    ) -> None:
         stats, live = self.stats, self._live
         stats.generation_tokens += result.tokens
         if result.decode_seqs:
-            stats.itl.observe(result.itl_s, result.decode_seqs)
+            stats.itl.observe(gap_s, result.decode_seqs)
         for gap in result.resumed_gaps_s:
-            stats.itl.observe(gap)
+            stats.itl.observe(gap + out_s - result.end_s)
         for request_id in result.first_tokens:
             entry = live.get(request_id)
             if entry is not None:  # as vLLM: counted at the first token
-                stats.prompt_tokens += entry.prompt_tokens
-                stats.ttft.observe(result.end_s - entry.arrival_s)
+                stats.prompt_tokens += entry.request.prompt_tokens
+                stats.ttft.observe(out_s - entry.request.arrival_s)
         for request in result.finished:
             stats.finished += 1
             if request.e2e_s is not None:
@@ -236,4 +271,5 @@ class RealtimeEngine:
         for request in result.finished:
             entry = live.pop(request.request_id, None)
             if entry is not None:
+                del self._requests[request.request_id]
                 entry.sink.finish()

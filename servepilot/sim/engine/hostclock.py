@@ -12,14 +12,17 @@ the step before wait for it. Without async scheduling the tokens leave at the st
 and the next launch starts then.
 
 The replica's step takes `lead_s` (`SchedulerCore.step`): how long before its start the
-launch began. The fleet simulator keeps one a replica (`FleetSim._step_end`); the simulated
-replica server (engine/simserver/realtime.py) hands a step's tokens out at its end still.
+launch began. The fleet simulator keeps one a replica (`FleetSim._step_end`), and so does
+the simulated replica server (engine/simserver/realtime.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from servepilot.plan.costmodel import CostModel
 from servepilot.sim.engine.records import StepResult
+from servepilot.sim.engine.request import SimRequest
 
 
 class HostClock:
@@ -61,3 +64,16 @@ class HostClock:
         gap_s = out_s - self.emitted_s
         self.emitted_s = out_s
         return out_s, gap_s
+
+
+def hold_back(step: StepResult, requests: Mapping[int, SimRequest], delay_s: float) -> None:
+    """The step's tokens left the engine `delay_s` after its end (`HostClock.emitted`): its
+    first tokens and its last ones came that much later. `requests`: the live ones by id (a
+    request aborted meanwhile is not there)."""
+    for request_id in step.first_tokens:
+        started = requests.get(request_id)
+        if started is not None and started.first_token_s is not None:
+            started.first_token_s += delay_s
+    for done in step.finished:
+        assert done.finish_s is not None
+        done.finish_s += delay_s

@@ -180,15 +180,3 @@ class FleetReplica:
 
     def __repr__(self) -> str:
         return f"FleetReplica({self.replica_id}, {self.state.value}, in_flight={self.in_flight})"
-
-
-def hold_back(step: StepResult, live: dict[int, FleetRequest], delay_s: float) -> None:
-    """The step's tokens left the engine `delay_s` after its end (`FleetReplica.emitted`):
-    its first tokens and its last ones come that much later."""
-    for request_id in step.first_tokens:
-        started = live[request_id]
-        assert started.first_token_s is not None
-        started.first_token_s += delay_s
-    for done in step.finished:
-        assert done.finish_s is not None
-        done.finish_s += delay_s

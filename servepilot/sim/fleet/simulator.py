@@ -41,6 +41,7 @@ from servepilot.routing.admission import BUSY_TICK_S
 from servepilot.routing.base import RoutingPolicy
 from servepilot.scaling.adaptive_budget import AdaptiveBudget
 from servepilot.scaling.snapshot import AutoscalePolicy
+from servepilot.sim.engine.hostclock import hold_back
 from servepilot.sim.fleet.agentic import SessionFeed
 from servepilot.sim.fleet.autoscale import AutoscaleHook
 from servepilot.sim.fleet.clients import SimClients
@@ -48,7 +49,7 @@ from servepilot.sim.fleet.collect import RunCollector
 from servepilot.sim.fleet.gateway import SimGateway
 from servepilot.sim.fleet.gateways import routing_policy
 from servepilot.sim.fleet.kvevents import KvEventFeed
-from servepilot.sim.fleet.members import FleetReplica, FleetRequest, ReplicaState, hold_back
+from servepilot.sim.fleet.members import FleetReplica, FleetRequest, ReplicaState
 from servepilot.sim.fleet.records import FleetSpec, FleetStats, LevelOutcome, Progress
 from servepilot.sim.fleet.replicas import FleetReplicas
 from servepilot.sim.fleet.requests import RequestFactory
