@@ -98,8 +98,8 @@ class CostModel:
     eager_floor_s: float = 0.0
     """The least a step takes that runs without a CUDA graph (more tokens than
     `graph_max_tokens`): the host's time to launch it kernel by kernel, which the GPU waits
-    for when its own work is shorter (DeepSeek-V2-Lite on vLLM 0.22: about 72 ms a prefill
-    step, its kernels 20-40 ms). 0: none (a CPU replica, a roofline)."""
+    for when its own work is shorter (DeepSeek-V2-Lite on vLLM 0.22: about 57 ms a prefill
+    step, 72 ms traced, its kernels 20-40 ms). 0: none (a CPU replica, a roofline)."""
     eager_mixed_floor_s: float = 0.0
     """The same for a step that also carries decoders (the decode path's kernels too)."""
     graph_max_tokens: int = 0
@@ -118,10 +118,16 @@ class CostModel:
             + self.per_prefill_pair_s * shape.prefill_pairs
             + self.token_ops_s(tokens)
         )
-        if tokens > self.graph_max_tokens:
-            floor = self.eager_mixed_floor_s if shape.decode_seqs else self.eager_floor_s
-            return floor if duration < floor else duration
-        return duration
+        floor = self.eager_launch_s(tokens, shape.decode_seqs)
+        return floor if duration < floor else duration
+
+    def eager_launch_s(self, tokens: int, decode_seqs: int) -> float:
+        """The host's time to launch a step of `tokens` kernel by kernel: 0 for one that
+        replays a CUDA graph (at most `graph_max_tokens`), else the eager floor (with
+        decoders, the mixed one)."""
+        if tokens <= self.graph_max_tokens:
+            return 0.0
+        return self.eager_mixed_floor_s if decode_seqs else self.eager_floor_s
 
     @classmethod
     def of(cls, coefficients: dict[str, float], *, source: str) -> CostModel:

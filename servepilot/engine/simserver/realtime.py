@@ -76,8 +76,6 @@ class RealtimeEngine:
         self._clock = clock
         self._t0 = clock()
         self._live: dict[int, _Live] = {}
-        self._requests: dict[int, SimRequest] = {}
-        """The live requests themselves, by id (`hold_back` moves their times)."""
         self._host = HostClock(model.cost, model.async_scheduling)
         self._ids = itertools.count(1)
         config = model.config
@@ -155,7 +153,6 @@ class RealtimeEngine:
         else:
             self.model.add(request)
         self._live[request_id] = _Live(sink, request)
-        self._requests[request_id] = request
         if not self._wake.is_set():
             self._woken_by = arrival
             self._wake.set()
@@ -171,7 +168,6 @@ class RealtimeEngine:
         """The client went away: the request leaves the model (its blocks are freed)."""
         if self._live.pop(request_id, None) is None:
             return
-        del self._requests[request_id]
         self.model.abort(request_id)
         self.stats.aborted += 1
 
@@ -225,13 +221,17 @@ class RealtimeEngine:
             last_end = result.end_s
             pending = (result, got_token)
 
+    def _live_request(self, request_id: int) -> SimRequest | None:
+        entry = self._live.get(request_id)
+        return entry.request if entry is not None else None
+
     async def _hand_out(self, stepped: Stepped, *, launching: bool) -> None:
         """The step's tokens leave the engine: at its end, or once the next step (`launching`)
         is launched."""
         result, got_token = stepped
         out_s, gap_s = self._host.emitted(result.end_s, launching)
         if out_s > result.end_s:
-            hold_back(result, self._requests, out_s - result.end_s)
+            hold_back(result, self._live_request, out_s - result.end_s)
             delay = out_s - EARLY_S - self.now()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -271,5 +271,4 @@ class RealtimeEngine:
         for request in result.finished:
             entry = live.pop(request.request_id, None)
             if entry is not None:
-                del self._requests[request.request_id]
                 entry.sink.finish()

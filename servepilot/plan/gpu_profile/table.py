@@ -151,7 +151,7 @@ def gpu_profile_from(document: Any, where: str) -> GpuProfile:
     try:
         tokens, decode, prefill = _tables(document["operators"])
         meta = document.get("meta", {})
-        eager_s = _meta_number(meta, "eager_step_ms", 0.0) / 1000.0
+        eager_ms = _meta_number(meta, "eager_step_ms", 0.0)
         return GpuProfile(
             model=str(document["model"]),
             dtype=str(document["dtype"]),
@@ -164,8 +164,8 @@ def gpu_profile_from(document: Any, where: str) -> GpuProfile:
             prefill_attention=prefill,
             step_overhead_s=_step_overhead_s(meta),
             prefill_scale=_meta_number(meta, "prefill_scale", 1.0, positive=True),
-            eager_step_s=eager_s,
-            eager_mixed_step_s=_meta_number(meta, "eager_mixed_step_ms", eager_s * 1000) / 1000,
+            eager_step_s=eager_ms / 1000.0,
+            eager_mixed_step_s=_meta_number(meta, "eager_mixed_step_ms", eager_ms) / 1000.0,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(

@@ -18,7 +18,7 @@ the simulated replica server (engine/simserver/realtime.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable
 
 from servepilot.plan.costmodel import CostModel
 from servepilot.sim.engine.records import StepResult
@@ -48,12 +48,8 @@ class HostClock:
 
     def launched(self, step: StepResult, launch_s: float) -> None:
         """`step` was planned and its launch began at `launch_s`."""
-        cost = self._cost
-        if step.prefill_tokens + step.decode_seqs <= cost.graph_max_tokens:
-            self.launch_end_s = launch_s
-        else:
-            floor = cost.eager_mixed_floor_s if step.decode_seqs else cost.eager_floor_s
-            self.launch_end_s = launch_s + floor
+        tokens = step.prefill_tokens + step.decode_seqs
+        self.launch_end_s = launch_s + self._cost.eager_launch_s(tokens, step.decode_seqs)
 
     def emitted(self, end_s: float, launching: bool) -> tuple[float, float]:
         """The step that ended at `end_s` hands out its tokens: (when, the gap since the last
@@ -66,12 +62,14 @@ class HostClock:
         return out_s, gap_s
 
 
-def hold_back(step: StepResult, requests: Mapping[int, SimRequest], delay_s: float) -> None:
+def hold_back(
+    step: StepResult, request: Callable[[int], SimRequest | None], delay_s: float
+) -> None:
     """The step's tokens left the engine `delay_s` after its end (`HostClock.emitted`): its
-    first tokens and its last ones came that much later. `requests`: the live ones by id (a
-    request aborted meanwhile is not there)."""
+    first tokens and its last ones came that much later. `request`: a live request by id
+    (None for one aborted meanwhile)."""
     for request_id in step.first_tokens:
-        started = requests.get(request_id)
+        started = request(request_id)
         if started is not None and started.first_token_s is not None:
             started.first_token_s += delay_s
     for done in step.finished:

@@ -212,7 +212,7 @@ class FleetSim:
         for gap in result.resumed_gaps_s:
             itl.add(gap + out_s - now_s, 1)
         if out_s > now_s:
-            hold_back(result, self._live, out_s - now_s)
+            hold_back(result, self._live.get, out_s - now_s)
         for request in result.finished:
             self._finished(request, out_s)  # type: ignore[arg-type]
         # vLLM's engine loop with async scheduling (EngineCore.step_with_batch_queue) had
