@@ -5,8 +5,9 @@ config (dummy weights), then bursts of N requests sent at once (a closed loop of
 requests, 8 output tokens) of P-token prompts, through the gateway and straight at vLLM,
 each twice. With 64-token prompts the engine prefills a whole burst in one or two steps, so
 the spread of the first tokens is the host's: the last of N waits for the N - 1 before it
-at every stage that handles one request at a time. bench's requests.csv and vLLM's
-histograms before and after (gpu_sim_validate's `measure`) come back.
+at every stage that handles one request at a time. Two bursts of long answers time the API
+server's streaming (`BURSTS`). bench's requests.csv, vLLM's histograms before and after
+(gpu_sim_validate's `measure`) and each process's CPU (cpu.json) come back.
 
 `moe-routing CONFIG`: how many of a MoE layer's experts a step really touches with the
 suite's dummy weights. vLLM in this process (eager, so forward hooks run), a hook on every
@@ -37,12 +38,21 @@ from benchmarks.gpu_sim_cases import CONFIGS, Run
 from benchmarks.gpu_sim_validate import _replica_url, fleet_yaml, gpu_name, measure, warm_up
 from benchmarks.router_cost import cpu_s
 
-BURSTS = ((16, 64), (64, 64), (256, 64), (64, 1000), (16, 4000))
-"""(requests at once, prompt tokens). 64 at the least: the chat template takes 30 of them
-(on 2026-12-06 bench refused 16-token prompts for it)."""
-ANSWER_TOKENS = "8"
+ANSWER_TOKENS = 8
 """Two were too few: a dummy model's first tokens can decode to nothing, and bench counts a
 stream without content as failed (7 of 16 on 2026-12-06)."""
+BURSTS = ((16, 64, 8), (64, 64, 8), (256, 64, 8), (64, 1000, 8), (16, 4000, 8), (64, 64, 512),
+          (256, 64, 256))  # fmt: skip
+"""(requests at once, prompt tokens, output tokens). 64 prompt tokens at the least: the chat
+template takes 30 of them (on 2026-12-06 bench refused 16-token prompts for it). The long
+answers time the API server's streaming: its CPU beyond the same burst's with 8 tokens, per
+token streamed, is the profile's `output_us_per_token` (the fleet simulator's
+`FleetReplica.stream`), if it streams on one core."""
+
+
+def burst_name(n: int, prompt: int, output: int) -> str:
+    """burst{n}x{prompt}, and o{output} after it for a long answer."""
+    return f"burst{n}x{prompt}" + (f"o{output}" if output != ANSWER_TOKENS else "")
 
 
 def bursts(config: str, out: Path, deadline: float, reuse: bool) -> dict[str, Any]:
@@ -64,10 +74,10 @@ def bursts(config: str, out: Path, deadline: float, reuse: bool) -> dict[str, An
     replica = _replica_url(url)
     seed = 200_000
     for rep in (1, 2):
-        for n, prompt in BURSTS:
+        for n, prompt, output in BURSTS:
             flags = ("--requests", str(n), "--input-tokens", str(prompt),
-                     "--output-tokens", ANSWER_TOKENS, "--warmup", "0")  # fmt: skip
-            run = Run(config, f"burst{n}x{prompt}", flags, (str(n),))
+                     "--output-tokens", str(output), "--warmup", "0")  # fmt: skip
+            run = Run(config, burst_name(n, prompt, output), flags, (str(n),))
             for way, target in (("gateway", None), ("direct", replica)):
                 if time.monotonic() + 20 > deadline:
                     print(f"  left out (deadline): {run.name} {way} rep {rep}", flush=True)

@@ -342,15 +342,19 @@ def main() -> int:
         "--fit-host",  # its name before the fit was per model
         action="store_true",
         help="first fit, per model, vLLM's host time per step and a request's beside the "
-        "engine (fixed and per prompt token) on its calibration cases (gpu_host_fit.py) and "
-        "write them into the meta of each folder's profiles",
+        "engine (fixed and per prompt token) on its calibration cases (gpu_host_fit.py), and "
+        "for all, the API server's time per streamed token from the calibration cases' "
+        "token arrivals; write them into the meta of each folder's profiles",
     )
     args = parser.parse_args()
     ladders: Ladders = {}
     splits: list[dict[str, Any]] = []
     rows = []
     if args.fit:  # the fit predicts with this module's `predict`: imported here, not above
-        from benchmarks.gpu_host_fit import fit_profiles
+        from benchmarks.gpu_host_fit import fit_profiles, fit_streaming
+
+        streaming = fit_streaming(args.folders)
+        print(f"streaming, every profile: {streaming or 'no calibration case has token times'}")
     if args.eager_traces:
         found = eager_steps(args.eager_traces)
         for folder in args.folders:

@@ -43,6 +43,7 @@ FIT_KEYS = (
     "request_overhead_ms",
     "intake_us_per_prompt_token",
     "prefill_scale",
+    "output_us_per_token",
     # Measured beside the fit (a step trace's host time for an eager step), and the fit was
     # made with it: the two go together.
     "eager_step_ms",

@@ -141,6 +141,20 @@ def test_the_profiles_intake_per_prompt_token_delays_the_first_token(
     assert "meta.intake_us_per_prompt_token: expected a number >= 0" in capsys.readouterr().err
 
 
+def test_the_profiles_output_cost_per_token_delays_every_token(tmp_path: Path) -> None:
+    """250 us a streamed token, under every step: each token reaches the client 0.25 ms
+    later, so TTFT moves by that and TPOT not at all."""
+    profile = tmp_path / "profile.json"
+    flags = ("--concurrency", "1", "--requests", "5", "--input-tokens", "40",
+             "--output-tokens", "3")  # fmt: skip
+    save_profile(PROFILE, profile, meta={})
+    base = _sim(tmp_path / "base", "--profile", str(profile), *flags).runs[0]
+    save_profile(PROFILE, profile, meta={"output_us_per_token": 250.0})
+    slow = _sim(tmp_path / "slow", "--profile", str(profile), *flags).runs[0]
+    assert slow.ttft_ms.p50 == pytest.approx(base.ttft_ms.p50 + 0.25)
+    assert slow.tpot_ms.p50 == pytest.approx(base.tpot_ms.p50)
+
+
 def test_fleet_yaml_sets_replicas_policy_and_slo(tmp_path: Path) -> None:
     config = tmp_path / "fleet.yaml"
     config.write_text(

@@ -84,6 +84,37 @@ def test_the_api_server_takes_in_one_prompt_at_a_time_at_its_cost_per_token() ->
         fleet_spec(intake_s_per_prompt_token=-1.0)
 
 
+def test_the_api_server_streams_each_steps_tokens_at_its_cost_per_token() -> None:
+    """1 ms a streamed token, under every step: each token reaches the client 1 ms after its
+    step. 50 ms, over every step: the API server is the bottleneck, and the tokens come one
+    turn of it apart (TPOT 50 ms), from the prefill step's end on."""
+    steps = alone_steps(100, 5)
+    assert max(steps) < 0.05 and min(steps) > 0.001
+    _, fast = run_open(fleet_spec(output_s_per_token=1e-3), [Job(100, 5)], iter([0.0]), 1)
+    assert fast.run.ttft_ms.p50 == pytest.approx((steps[0] + 1e-3) * 1000, rel=1e-9)
+    assert fast.run.e2e_ms.p50 == pytest.approx((sum(steps) + 1e-3) * 1000, rel=1e-9)
+    _, slow = run_open(fleet_spec(output_s_per_token=0.05), [Job(100, 5)], iter([0.0]), 1)
+    assert slow.run.ttft_ms.p50 == pytest.approx((steps[0] + 0.05) * 1000, rel=1e-9)
+    assert slow.run.e2e_ms.p50 == pytest.approx((steps[0] + 5 * 0.05) * 1000, rel=1e-9)
+    assert slow.run.tpot_ms.p50 == pytest.approx(50.0, rel=1e-9)
+    with pytest.raises(ConfigError, match="output_s_per_token"):
+        fleet_spec(output_s_per_token=-1.0)
+
+
+def test_a_prompt_waits_for_the_api_server_to_stream_the_step_before() -> None:
+    """Intake and streaming share one queue: B's prompt (100 tokens at 1 ms) reaches the API
+    server while it streams A's first token (0.5 s a token), so the engine sees B only after
+    that turn and its own intake."""
+    spec = fleet_spec(intake_s_per_prompt_token=1e-3, output_s_per_token=0.5)
+    prefill = alone_steps(100, 1)[0]
+    _, out = run_open(spec, [Job(100, 1)] * 2, iter([0.0, 0.1 + prefill + 0.01]), 2)
+    a_first = 0.1 + prefill + 0.5  # intake, prefill, one streaming turn
+    b_engine = a_first + 0.1  # after A's turn, its own intake
+    b_first = b_engine + prefill + 0.5
+    b_sent = 0.1 + prefill + 0.01
+    assert out.run.ttft_ms.mean == pytest.approx((a_first + (b_first - b_sent)) / 2 * 1000)
+
+
 def test_closed_loop_concurrency_one_runs_at_one_over_e2e() -> None:
     spec = fleet_spec()
     sim = FleetSim(spec)

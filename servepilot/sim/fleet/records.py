@@ -55,6 +55,10 @@ class FleetSpec:
     """vLLM's API server time per prompt token before its engine sees a request (tokenising
     the text, the hand-off), one request at a time per replica, after the gateway's hop to
     it; from the profile's meta (`intake_us_per_prompt_token`)."""
+    output_s_per_token: float = 0.0
+    """vLLM's API server time per token it streams (detokenising, the server-sent event),
+    in the same process and queue as the intake; from the profile's meta
+    (`output_us_per_token`)."""
     gateways: int = 1
     """Gateway pods behind a load balancer that deals them requests in turn, each routing
     with its own policy object (sim/fleet/gateways.py); 1: one gateway."""
@@ -70,10 +74,9 @@ class FleetSpec:
             raise ConfigError("warm_pool, wake_s and sleep_s must be >= 0")
         if self.scrape_interval_s is not None and self.scrape_interval_s <= 0:
             raise ConfigError("scrape_interval_s must be > 0")
-        if not self.intake_s_per_prompt_token >= 0:
-            raise ConfigError(
-                f"intake_s_per_prompt_token must be >= 0, got {self.intake_s_per_prompt_token}"
-            )
+        for name in ("intake_s_per_prompt_token", "output_s_per_token"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.gateways < 1:
             raise ConfigError(f"gateways must be at least 1, got {self.gateways}")
         if self.kv_events_delay_s is not None and not self.kv_events_delay_s >= 0:

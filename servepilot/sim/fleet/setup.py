@@ -67,6 +67,9 @@ class ReplicaSetup:
     intake_s_per_prompt_token: float = 0.0
     """What the API server adds per prompt token before the engine sees the request
     (tokenising): the profile's meta `intake_us_per_prompt_token`; 0 without one."""
+    output_s_per_token: float = 0.0
+    """What the API server spends on each token it streams: the profile's meta
+    `output_us_per_token`; 0 without one."""
 
 
 def replica_setup(
@@ -122,6 +125,7 @@ def replica_setup(
         chat_template_tokens=template,
         request_overhead_s=_request_overhead_s(meta, profile),
         intake_s_per_prompt_token=_meta_number(meta, "intake_us_per_prompt_token", profile) / 1e6,
+        output_s_per_token=_meta_number(meta, "output_us_per_token", profile) / 1e6,
         replicas_per_node=max(
             1,
             config.replicas.count
@@ -159,6 +163,7 @@ def fleet_spec(
         network=network,
         kv_events=config.engine.kv_events,
         intake_s_per_prompt_token=setup.intake_s_per_prompt_token,
+        output_s_per_token=setup.output_s_per_token,
         seed=seed,
         model_name=setup.model_name,
     )

@@ -9,16 +9,15 @@ during a step waits for the next one.
 
 A request: client -> gateway (fixed hop) -> admission and routing (`SimGateway`, the real
 policy objects) -> gateway -> replica (same-node or cross-node hop) -> the replica's
-scheduler (`ReplicaModel`) -> back the same hops. Its first and last token reach the client
-one return trip after the steps that produced them.
+scheduler (`ReplicaModel`) -> its API server, which streams one step's tokens at a time
+(`FleetReplica.stream`) -> back the same hops.
 
 Each level runs on a fresh fleet (empty prefix caches), unlike bench, whose levels run one
 after another on the same servers.
 
-Speed: this module and the others on a request's path are compiled with mypyc when `make
-sim-fast` has built them for the current sources (core/accel.py); the code is written so that
-the compiled form is fast too (Final constants, written-out __init__s, no bound-method
-locals), and tests/unit/test_sim_speedups.py pins compiled runs to pure-Python ones.
+Speed: `make sim-fast` compiles the modules on a request's path with mypyc (core/accel.py),
+written to be fast so (Final constants, written-out __init__s, no bound-method locals);
+tests/unit/test_sim_speedups.py pins compiled runs to pure-Python ones.
 """
 
 from __future__ import annotations
@@ -107,12 +106,11 @@ class FleetSim:
         self._hop_rng = random.Random(f"{spec.seed}/network")
         self._cg = spec.network.client_gateway_s
         self._intake_s = spec.intake_s_per_prompt_token
+        self._output_s = spec.output_s_per_token
         self.fleet = FleetReplicas(self.gateway, spec, self._hop_rng, self._push, READY, POOLED)
-        self.replicas = self.fleet.all
-        """Every replica ever launched, in launch order."""
+        self.replicas = self.fleet.all  # every replica ever launched, in launch order
         self.now_s = 0.0
-        self._live: dict[int, FleetRequest] = {}
-        """Requests sent and not answered yet, by id."""
+        self._live: dict[int, FleetRequest] = {}  # sent and not answered yet, by id
         self._peak_in_flight = 0
         self.clients = SimClients(self._push, SEND, self._cg)
         self._collector = RunCollector(Slo())
@@ -143,8 +141,8 @@ class FleetSim:
         request.replica = replica
         request.dispatched_s = now_s
         hop = replica.hop.draw()
-        if self._intake_s:  # a burst reaches the engine spread out (FleetReplica.take_in)
-            hop = replica.take_in(now_s + hop, request.prompt_tokens * self._intake_s) - now_s
+        if self._intake_s:  # a burst reaches the engine spread out (FleetReplica.api)
+            hop = replica.api(now_s + hop, request.prompt_tokens * self._intake_s) - now_s
         if hop:
             self._push(now_s + hop, DELIVER, request)
         else:
@@ -211,10 +209,12 @@ class FleetSim:
             itl.add(gap_s, result.decode_seqs)
         for gap in result.resumed_gaps_s:
             itl.add(gap + out_s - now_s, 1)
+        live = self._live
         if out_s > now_s:
-            hold_back(result, self._live.get, out_s - now_s)
+            hold_back(result, live.get, out_s - now_s)
+        sent_s = replica.stream(result, out_s, self._output_s, live.get)
         for request in result.finished:
-            self._finished(request, out_s)  # type: ignore[arg-type]
+            self._finished(request, sent_s)  # type: ignore[arg-type]
         # vLLM's engine loop with async scheduling (EngineCore.step_with_batch_queue) had
         # already scheduled the step starting now when the last one started: what arrived
         # during the last one is scheduled with the step after, or now if the engine idles.
@@ -231,20 +231,20 @@ class FleetSim:
             heapq.heappush(self._heap, (now_s + back, next(self._seq), RELEASE, request))
         else:
             self._release(request, now_s)
+        request.last_out_s = now_s
         delay = back + self._cg
         end_s = now_s + delay
         if not request.warmup:
-            self._collector.answered(request, request.first_token_s + delay, end_s)
+            self._collector.answered(request, request.first_out_s + delay, end_s)
         del self._live[request.request_id]
         self.clients.answered(request, end_s, True)
 
     def _release(self, request: FleetRequest, now_s: float) -> None:
         replica = request.replica
         assert replica is not None
-        first = request.first_token_s
         ttfb = None
-        if first is not None:
-            ttfb = first + (now_s - (request.finish_s or now_s)) - request.dispatched_s
+        if request.first_token_s is not None:
+            ttfb = request.first_out_s + (now_s - request.last_out_s) - request.dispatched_s
         self.gateway.release(request, now_s, ttfb)
         if replica.state is _DRAINING:
             self.fleet.retire_if_done(replica, now_s)
