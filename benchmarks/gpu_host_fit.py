@@ -8,7 +8,6 @@ calibration cases of gpu_sim_cases.py are read (`_case` refuses any other).
 
 from __future__ import annotations
 
-import itertools
 import json
 import statistics
 import tempfile
@@ -17,6 +16,7 @@ from typing import Any
 
 from benchmarks.gpu_sim_cases import PROFILES, RUNS
 from benchmarks.gpu_sim_report import figures, measurements, predict, sim_fleet, write_meta
+from servepilot.bench.token_spread import step_spreads_s
 from servepilot.bench.token_times import FILE_NAME as TOKEN_TIMES
 from servepilot.bench.token_times import read_token_times
 
@@ -72,12 +72,6 @@ def fit_profiles(folder: Path) -> dict[str, dict[str, Any]]:
     return fits
 
 
-STEP_SHARE = (0.7, 1.3)
-"""A step counts when it carried this share of the tokens of the level's fullest steps (their
-90th percentile): not the ramps at a level's start and end, which stream fewer at once, nor
-two steps whose tokens came out together (an eager launch holds the first back)."""
-
-
 def streaming_us_per_token(folders: list[Path]) -> tuple[float, str] | None:
     """vLLM's API server's time per token it streams, from the token arrivals (`bench
     --token-times`) of the calibration cases with more than one request in flight: one
@@ -96,7 +90,8 @@ def streaming_us_per_token(folders: list[Path]) -> tuple[float, str] | None:
                     continue
                 rows = read_token_times(arrivals)
                 for level in levels:
-                    steps = step_spreads_s(rows, float(level))
+                    measured = [r for r in rows if r["load_value"] == float(level)]
+                    steps = step_spreads_s([r["chunk_s"] for r in measured if not r["warmup"]])
                     spreads += steps
                     cases.append(f"{run.config}/{run.name}@{level} ({len(steps)} steps)")
     if not spreads:
@@ -115,30 +110,6 @@ def fit_streaming(folders: list[Path]) -> dict[str, Any] | None:
         for path in sorted((folder / "profiles").glob("*.json")):
             write_meta(folder / "profiles", json.loads(path.read_text())["model"], fit)
     return fit
-
-
-def step_spreads_s(rows: list[dict[str, Any]], level: float) -> list[float]:
-    """Per full step of the level's measured requests: the time between its tokens' arrivals,
-    (last - first) / (tokens - 1). A step's tokens are the arrivals closer together than a
-    quarter of the median time between a request's tokens (about a step)."""
-    streams = [r["chunk_s"] for r in rows if r["load_value"] == level and not r["warmup"]]
-    gaps = [b - a for times in streams for a, b in itertools.pairwise(times)]
-    if not gaps:
-        return []
-    apart = statistics.median(gaps) / 4
-    arrivals = sorted(t for times in streams for t in times)
-    steps, step = [], [arrivals[0]]
-    for t in arrivals[1:]:
-        if t - step[-1] > apart:
-            steps.append(step)
-            step = []
-        step.append(t)
-    steps.append(step)
-    sizes = sorted(len(s) for s in steps)
-    fullest = sizes[int(0.9 * (len(sizes) - 1))]
-    low, high = max(2.0, STEP_SHARE[0] * fullest), STEP_SHARE[1] * fullest
-    full = [s for s in steps if low <= len(s) <= high]
-    return [(s[-1] - s[0]) / (len(s) - 1) for s in full]
 
 
 def prompt_tokens(config: str, run_name: str) -> int:

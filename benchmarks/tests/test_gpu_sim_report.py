@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.gpu_host_fit import prompt_tokens, solve_host, step_spreads_s
+from benchmarks.gpu_host_fit import prompt_tokens, solve_host
 from benchmarks.gpu_sim_cases import RUNS
 from benchmarks.gpu_sim_report import vllm_knobs, workload
 
@@ -218,25 +218,3 @@ def test_eager_steps_go_to_their_own_profile_or_to_the_models_other_format(
     write_eager_steps(tmp_path, {("llama-3.1-8b", "bf16"): bf16, ("llama-3.1-8b", "fp8"): fp8})
     assert meta("llama-3.1-8b-fp8")["eager_step_ms"] == 40.0  # its own, once traced
     assert meta("llama-3.1-8b-bf16")["eager_step_ms"] == 26.3
-
-
-def test_a_steps_tokens_spread_by_the_api_servers_time_per_token() -> None:
-    """Four streams decoding in 20 ms steps, each step's tokens streamed 50 us apart (the
-    request order turning each step), plus one step whose tokens came out with the next
-    (eight together): every full step reads 50 us, the double one and the ramp are left out,
-    and a warm-up stream and another level are not read."""
-
-    def stream(index: int, steps: range) -> dict[str, Any]:
-        times = [0.020 * k + 50e-6 * ((index + k) % 4) for k in steps]
-        return {"load_value": 4.0, "index": index, "warmup": False, "chunk_s": times}
-
-    rows = [stream(i, range(30)) for i in (0, 1)] + [stream(i, range(2, 30)) for i in (2, 3)]
-    for row in rows:  # step 10's tokens held back until step 11's
-        row["chunk_s"][10 - (30 - len(row["chunk_s"]))] += 0.020 - 300e-6
-    late = rows[0]["chunk_s"]
-    rows.append({**stream(9, range(30)), "warmup": True, "chunk_s": [t + 1e-3 for t in late]})
-    rows.append({**stream(8, range(30)), "load_value": 16.0})
-    spreads = step_spreads_s(rows, 4.0)
-    # 30 steps but the ramp (steps 0 and 1, two streams) and steps 10 and 11 (out together)
-    assert len(spreads) == 26
-    assert spreads == pytest.approx([50e-6] * 26, abs=1e-12)

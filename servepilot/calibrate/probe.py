@@ -19,6 +19,7 @@ import aiohttp
 from servepilot.bench.client import Client, Target
 from servepilot.bench.prompts import PromptMaker
 from servepilot.bench.records import RequestRecord, RequestSpec
+from servepilot.bench.token_spread import step_spreads_s
 from servepilot.bench.tokenizer import Tokenizer
 from servepilot.calibrate.samples import (
     EMPTY_ANSWER,
@@ -33,6 +34,9 @@ from servepilot.engine.metrics import EngineMetric, Scrape
 
 PREFILL_LENGTHS = (16, 32, 64, 128, 256, 384, 512, 768, 1024)
 QUICK_PREFILL_LENGTHS = (32, 128, 384, 768)
+STREAMING_DECODERS = 16
+"""Waves of at least this many decoders time the API server's streaming: a step's tokens
+reach the client spread out enough to read (bench/token_spread.py)."""
 # (decoders, prompt tokens each, output tokens each, prompts injected one at a time).
 # Decoder counts and prompt lengths are varied apart from each other, so that the cost of a
 # decoding sequence and the cost of its context can be told apart. The decoders go to 64, as
@@ -182,6 +186,9 @@ class ProbeRun:
     """Per lone prefill: the client's TTFT minus the engine's time for the request."""
     prompt_overheads: list[int] = dataclasses.field(default_factory=list)
     """Per request: the server's prompt tokens minus the prompt's own (a chat template)."""
+    stream_spreads_s: list[float] = dataclasses.field(default_factory=list)
+    """Per full step of the larger waves: the time between its tokens' arrivals, the API
+    server's time to stream one (bench/token_spread.py)."""
 
     def note(self, records: Sequence[RequestRecord], asked: Sequence[int]) -> None:
         self.requests += len(records)
@@ -263,6 +270,8 @@ class Prober:
         asked = [wave.prompt_tokens] * len(decoders) + list(wave.injections[: len(injections)])
         self.run.note(decoders + [i.record for i in injections], asked)
         self.run.samples += wave_samples(decoders, injections)
+        if wave.decoders >= STREAMING_DECODERS:
+            self.run.stream_spreads_s += step_spreads_s([r.chunk_s for r in decoders if r.ok])
 
     async def _inject(self, client: Client, text: str, tokens: int) -> Injection:
         before = await self._page()

@@ -80,10 +80,14 @@ class Calibration:
         text = f"{self.meta['endpoint']} adds {tokens} tokens to every prompt; "
         if overhead is None:
             return text + "the server does not time requests itself: TTFT is taken as the step"
-        return (
-            text + f"a request spends {overhead:.1f} ms outside the engine (median TTFT minus "
+        text += (
+            f"a request spends {overhead:.1f} ms outside the engine (median TTFT minus "
             "vLLM's own prefill time; not part of the step times)"
         )
+        streaming = self.meta.get("output_us_per_token")
+        if streaming is not None:
+            text += f"; the API server streams a token in {streaming:.1f} us"
+        return text
 
 
 class CalibrationView(Protocol):
@@ -181,6 +185,14 @@ def _fit(samples: Sequence[ProbeSample], root: str) -> Fit:
         ) from None
 
 
+def streaming_meta(spreads_s: Sequence[float]) -> dict[str, float]:
+    """The API server's time per streamed token (meta `output_us_per_token`): the median over
+    the larger waves' full steps of the time between their tokens' arrivals."""
+    if not spreads_s:
+        return {}
+    return {"output_us_per_token": round(statistics.median(spreads_s) * 1e6, 1)}
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -210,6 +222,9 @@ def profile_meta(
         "endpoint": request.endpoint.value,
         "prompt_overhead_tokens": prompt_overhead,
         "request_overhead_ms": None if overhead is None else round(overhead * 1000, 2),
+        # Omitted, not 0, when no wave was large enough to read it: the simulator then
+        # streams at no cost, as before this was measured.
+        **streaming_meta(probes.stream_spreads_s),
         "server": {
             "max_model_len": facts.max_model_len,
             "block_size": facts.block_size,

@@ -31,7 +31,9 @@ Probes (each maps to engine steps of a known shape):
            max_tokens 1: one prefill step, as vLLM times it (request_prefill_time); the
            rest of its TTFT is the request's time outside the engine, kept apart.
   decode   waves of 1 to 64 streams sent together with a fixed output length (ignore_eos):
-           once all are decoding, each gap between two tokens is one step of N decoders.
+           once all are decoding, each gap between two tokens is one step of N decoders;
+           in waves of 16 or more, how far apart one step's tokens arrive is the API
+           server's time to stream a token (output_us_per_token), kept apart too.
   mixed    single-token requests injected into a wave one at a time: the one long gap
            they cause is one step with their whole prompt beside the N decoders.
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from servepilot.calibrate.fit import Fit
-from servepilot.calibrate.run import Calibration, CalibrationRequest, calibrate
+from servepilot.calibrate.run import Calibration, CalibrationRequest, calibrate, streaming_meta
 from servepilot.core.errors import ConfigError, EngineError
 from servepilot.plan.costmodel import CostModel
 
@@ -72,3 +72,14 @@ def test_the_overheads_say_what_a_request_costs_outside_its_steps() -> None:
     assert timed.startswith("chat adds 30 tokens to every prompt; a request spends 4.2 ms")
     untimed = Calibration(Fit(MODEL, (), ()), {**meta, "request_overhead_ms": None}).overheads()
     assert untimed.endswith("the server does not time requests itself: TTFT is taken as the step")
+    assert "streams" not in timed
+    streaming = Calibration(Fit(MODEL, (), ()), {**meta, "output_us_per_token": 61.5}).overheads()
+    assert streaming.endswith("; the API server streams a token in 61.5 us")
+
+
+def test_the_streaming_time_is_the_median_of_the_waves_steps_and_absent_unmeasured() -> None:
+    """The profile's `output_us_per_token` (the simulator's API server streaming): the median
+    of the full steps' spreads, in us; with no wave large enough, no key at all (0 would say
+    it was measured free)."""
+    assert streaming_meta([40e-6, 70e-6, 50e-6]) == {"output_us_per_token": 50.0}
+    assert streaming_meta([]) == {}

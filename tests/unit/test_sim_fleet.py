@@ -101,17 +101,18 @@ def test_the_api_server_streams_each_steps_tokens_at_its_cost_per_token() -> Non
         fleet_spec(output_s_per_token=-1.0)
 
 
-def test_a_prompt_waits_for_the_api_server_to_stream_the_step_before() -> None:
-    """Intake and streaming share one queue: B's prompt (100 tokens at 1 ms) reaches the API
-    server while it streams A's first token (0.5 s a token), so the engine sees B only after
-    that turn and its own intake."""
+def test_prompts_are_taken_in_beside_the_streaming_and_steps_stream_one_after_another() -> None:
+    """vLLM tokenises prompts on a thread of their own and streams on its event loop. B's
+    prompt (100 tokens at 1 ms) reaches the API server while it streams A's token (0.5 s a
+    token): B's intake does not wait for that, but B's token waits for A's to be streamed."""
     spec = fleet_spec(intake_s_per_prompt_token=1e-3, output_s_per_token=0.5)
     prefill = alone_steps(100, 1)[0]
-    _, out = run_open(spec, [Job(100, 1)] * 2, iter([0.0, 0.1 + prefill + 0.01]), 2)
-    a_first = 0.1 + prefill + 0.5  # intake, prefill, one streaming turn
-    b_engine = a_first + 0.1  # after A's turn, its own intake
-    b_first = b_engine + prefill + 0.5
     b_sent = 0.1 + prefill + 0.01
+    _, out = run_open(spec, [Job(100, 1)] * 2, iter([0.0, b_sent]), 2)
+    a_first = 0.1 + prefill + 0.5  # intake, prefill, one streaming turn
+    b_out = b_sent + 0.1 + prefill  # its own intake and prefill, before A's turn is over
+    assert b_out < a_first
+    b_first = a_first + 0.5
     assert out.run.ttft_ms.mean == pytest.approx((a_first + (b_first - b_sent)) / 2 * 1000)
 
 

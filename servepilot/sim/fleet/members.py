@@ -38,7 +38,7 @@ class FleetRequest(SimRequest):
     hop to the replica and, with async scheduling, after the step in progress."""
     first_out_s: float = 0.0
     last_out_s: float = 0.0
-    """When its API server had streamed its first and its last token (`FleetReplica.api`)."""
+    """When its API server had streamed its first and its last token (`FleetReplica.stream`)."""
     ticket: Ticket[FleetRequest] | None = field(default=None, repr=False)
     """While it waits in the gateway's admission queue."""
     tenant: str = SHARED_TENANT
@@ -95,7 +95,6 @@ class FleetReplica:
     `kv_usage` are vLLM's gauges as of the last scrape."""
 
     __slots__ = (
-        "api_free_s",
         "asleep_since_s",
         "asleep_total_s",
         "capacity",
@@ -107,6 +106,7 @@ class FleetReplica:
         "host",
         "in_flight",
         "index",
+        "intake_free_s",
         "kv_usage",
         "launched_s",
         "model",
@@ -117,6 +117,7 @@ class FleetReplica:
         "slots",
         "state",
         "stopped_s",
+        "stream_free_s",
         "up_s",
         "view",
         "waiting",
@@ -140,7 +141,8 @@ class FleetReplica:
         self.hard_capacity = capacity
         """What its batch and KV cache hold: the most `capacity` is set to."""
         self.hop = hop
-        self.api_free_s = 0.0
+        self.intake_free_s = 0.0
+        self.stream_free_s = 0.0
         """When its API server is done taking in the requests handed to it so far: it
         tokenises one prompt at a time."""
         self.state = ReplicaState.READY if ready else ReplicaState.STARTING
@@ -175,15 +177,13 @@ class FleetReplica:
         self.view = LiveView(self.replica_id, 0, capacity=capacity)
         """What routing sees of it, updated in place by the gateway."""
 
-    def api(self, ready_s: float, work_s: float) -> float:
-        """When vLLM's API server is done with work that reaches it at `ready_s` and keeps it
-        busy `work_s`: a prompt to tokenise before the engine sees it, or a step's tokens to
-        detokenise and stream. One process does both, one piece at a time, so a burst of
-        prompts reaches the engine spread out, and a large batch's streaming holds back
-        both the next prompts and the tokens of the next step."""
-        start_s = ready_s if ready_s > self.api_free_s else self.api_free_s
-        self.api_free_s = start_s + work_s
-        return self.api_free_s
+    def take_in(self, reach_s: float, intake_s: float) -> float:
+        """When a request that reaches its API server at `reach_s` and takes `intake_s` there
+        (tokenising its prompt) is handed to the engine: vLLM's API server takes prompts in
+        one at a time, so after every one handed to it before."""
+        start_s = reach_s if reach_s > self.intake_free_s else self.intake_free_s
+        self.intake_free_s = start_s + intake_s
+        return self.intake_free_s
 
     def stream(
         self,
@@ -193,9 +193,14 @@ class FleetReplica:
         live: Callable[[int], FleetRequest | None],
     ) -> float:
         """When the API server has streamed `step`'s tokens, which left the engine at `out_s`
-        (`output_s` a token; 0: at once). The requests whose first token it was (`live`:
-        by id, None once aborted) are stamped with it."""
-        sent_s = self.api(out_s, step.tokens * output_s) if output_s else out_s
+        (`output_s` a token; 0: at once): its event loop detokenises and sends them one
+        request after another, a step after the step before, while prompts are tokenised on
+        a thread of their own (`take_in`). The requests whose first token it was (`live`: by
+        id, None once aborted) are stamped with it."""
+        sent_s = out_s
+        if output_s:
+            start_s = out_s if out_s > self.stream_free_s else self.stream_free_s
+            sent_s = self.stream_free_s = start_s + step.tokens * output_s
         for request_id in step.first_tokens:
             request = live(request_id)
             if request is not None:

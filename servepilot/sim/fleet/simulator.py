@@ -141,8 +141,8 @@ class FleetSim:
         request.replica = replica
         request.dispatched_s = now_s
         hop = replica.hop.draw()
-        if self._intake_s:  # a burst reaches the engine spread out (FleetReplica.api)
-            hop = replica.api(now_s + hop, request.prompt_tokens * self._intake_s) - now_s
+        if self._intake_s:  # a burst reaches the engine spread out (FleetReplica.take_in)
+            hop = replica.take_in(now_s + hop, request.prompt_tokens * self._intake_s) - now_s
         if hop:
             self._push(now_s + hop, DELIVER, request)
         else:
