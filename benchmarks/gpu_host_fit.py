@@ -9,14 +9,13 @@ calibration cases of gpu_sim_cases.py are read (`_case` refuses any other).
 from __future__ import annotations
 
 import json
-import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu_sim_cases import PROFILES, RUNS
 from benchmarks.gpu_sim_report import figures, measurements, predict, sim_fleet, write_meta
-from servepilot.bench.token_spread import step_spreads_s
+from servepilot.bench.token_spread import step_spreads_s, us_per_token
 from servepilot.bench.token_times import FILE_NAME as TOKEN_TIMES
 from servepilot.bench.token_times import read_token_times
 
@@ -94,9 +93,8 @@ def streaming_us_per_token(folders: list[Path]) -> tuple[float, str] | None:
                     steps = step_spreads_s([r["chunk_s"] for r in measured if not r["warmup"]])
                     spreads += steps
                     cases.append(f"{run.config}/{run.name}@{level} ({len(steps)} steps)")
-    if not spreads:
-        return None
-    return statistics.median(spreads) * 1e6, ", ".join(cases) + " (calibration)"
+    streaming = us_per_token(spreads)
+    return None if streaming is None else (streaming, ", ".join(cases) + " (calibration)")
 
 
 def fit_streaming(folders: list[Path]) -> dict[str, Any] | None:
@@ -105,7 +103,7 @@ def fit_streaming(folders: list[Path]) -> dict[str, Any] | None:
     found = streaming_us_per_token(folders)
     if found is None:
         return None
-    fit = {"output_us_per_token": round(found[0], 1), "output_fitted_on": found[1]}
+    fit = {"output_us_per_token": found[0], "output_fitted_on": found[1]}
     for folder in folders:
         for path in sorted((folder / "profiles").glob("*.json")):
             write_meta(folder / "profiles", json.loads(path.read_text())["model"], fit)

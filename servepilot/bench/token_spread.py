@@ -42,3 +42,9 @@ def step_spreads_s(streams: Sequence[Sequence[float]]) -> list[float]:
     fullest = sizes[int(0.9 * (len(sizes) - 1))]
     low, high = max(2.0, STEP_SHARE[0] * fullest), STEP_SHARE[1] * fullest
     return [(s[-1] - s[0]) / (len(s) - 1) for s in steps if low <= len(s) <= high]
+
+
+def us_per_token(spreads_s: Sequence[float]) -> float | None:
+    """The time to stream a token, in us to 0.1: the median of `step_spreads_s`' readings
+    (None without one)."""
+    return round(statistics.median(spreads_s) * 1e6, 1) if spreads_s else None

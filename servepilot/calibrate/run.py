@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from servepilot.bench.client import Target
 from servepilot.bench.records import Endpoint
+from servepilot.bench.token_spread import us_per_token
 from servepilot.bench.tokenizer import ServerTokenizer
 from servepilot.calibrate.fit import Fit, fit_errors, robust_fit
 from servepilot.calibrate.probe import Limits, ProbePlan, Prober, ProbeRun, make_plan, make_prompts
@@ -188,9 +189,8 @@ def _fit(samples: Sequence[ProbeSample], root: str) -> Fit:
 def streaming_meta(spreads_s: Sequence[float]) -> dict[str, float]:
     """The API server's time per streamed token (meta `output_us_per_token`): the median over
     the larger waves' full steps of the time between their tokens' arrivals."""
-    if not spreads_s:
-        return {}
-    return {"output_us_per_token": round(statistics.median(spreads_s) * 1e6, 1)}
+    streaming = us_per_token(spreads_s)
+    return {} if streaming is None else {"output_us_per_token": streaming}
 
 
 def _now() -> str:

@@ -142,9 +142,10 @@ class FleetReplica:
         """What its batch and KV cache hold: the most `capacity` is set to."""
         self.hop = hop
         self.intake_free_s = 0.0
-        self.stream_free_s = 0.0
         """When its API server is done taking in the requests handed to it so far: it
         tokenises one prompt at a time."""
+        self.stream_free_s = 0.0
+        """When its API server is done streaming the steps' tokens handed to it so far."""
         self.state = ReplicaState.READY if ready else ReplicaState.STARTING
         self.engine_ready = ready
         self.launched_s = launched_s
@@ -181,8 +182,7 @@ class FleetReplica:
         """When a request that reaches its API server at `reach_s` and takes `intake_s` there
         (tokenising its prompt) is handed to the engine: vLLM's API server takes prompts in
         one at a time, so after every one handed to it before."""
-        start_s = reach_s if reach_s > self.intake_free_s else self.intake_free_s
-        self.intake_free_s = start_s + intake_s
+        self.intake_free_s = _one_at_a_time(self.intake_free_s, reach_s, intake_s)
         return self.intake_free_s
 
     def stream(
@@ -199,8 +199,8 @@ class FleetReplica:
         id, None once aborted) are stamped with it."""
         sent_s = out_s
         if output_s:
-            start_s = out_s if out_s > self.stream_free_s else self.stream_free_s
-            sent_s = self.stream_free_s = start_s + step.tokens * output_s
+            work_s = step.tokens * output_s
+            sent_s = self.stream_free_s = _one_at_a_time(self.stream_free_s, out_s, work_s)
         for request_id in step.first_tokens:
             request = live(request_id)
             if request is not None:
@@ -209,3 +209,9 @@ class FleetReplica:
 
     def __repr__(self) -> str:
         return f"FleetReplica({self.replica_id}, {self.state.value}, in_flight={self.in_flight})"
+
+
+def _one_at_a_time(free_s: float, ready_s: float, work_s: float) -> float:
+    """When work that is ready at `ready_s` and takes `work_s` is done by a worker that does
+    one piece at a time and is free from `free_s`."""
+    return (ready_s if ready_s > free_s else free_s) + work_s
