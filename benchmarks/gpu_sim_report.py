@@ -302,6 +302,19 @@ def write_eager_steps(profiles: Path, found: dict[tuple[str, str], dict[str, flo
                 write_meta(profiles, model, host, dtype=doc["dtype"])
 
 
+def lend_fits(fits: dict[Path, dict[str, dict[str, Any]]]) -> None:
+    """Into a folder's profiles of a model it has no calibration cases of (a loan that
+    measured Llama-3.1-8B FP8 alone), the fit of the first folder that fitted that model."""
+    lent: dict[str, dict[str, Any]] = {}
+    for found in fits.values():
+        for model, fit in found.items():
+            lent.setdefault(model, fit)
+    for folder, found in fits.items():
+        for model, fit in lent.items():
+            if model not in found:
+                write_meta(folder / "profiles", model, fit)
+
+
 def write_meta(profiles: Path, model: str, meta: dict[str, Any], dtype: str | None = None) -> None:
     """Merge `meta` into the meta of every profile of `model` (of `dtype`, when given) in
     `profiles`."""
@@ -343,8 +356,8 @@ def main() -> int:
         action="store_true",
         help="first fit, per model, vLLM's host time per step and a request's beside the "
         "engine (fixed and per prompt token) on its calibration cases (gpu_host_fit.py), and "
-        "for all, the API server's time per streamed token from the calibration cases' "
-        "token arrivals; write them into the meta of each folder's profiles",
+        "per folder (a loan's host), the API server's time per streamed token from its "
+        "calibration cases' token arrivals; write them into the meta of each folder's profiles",
     )
     args = parser.parse_args()
     ladders: Ladders = {}
@@ -354,7 +367,10 @@ def main() -> int:
         from benchmarks.gpu_host_fit import fit_profiles, fit_streaming
 
         streaming = fit_streaming(args.folders)
-        print(f"streaming, every profile: {streaming or 'no calibration case has token times'}")
+        for name, fit in streaming.items():
+            print(f"streaming, the profiles of {name}: {fit}")
+        if not streaming:
+            print("streaming: no calibration case has token times")
     if args.eager_traces:
         found = eager_steps(args.eager_traces)
         for folder in args.folders:
@@ -362,10 +378,13 @@ def main() -> int:
         for (model, dtype), host in found.items():
             print(f"eager steps of {model} {dtype} (host ms, from {len(args.eager_traces)} "
                   f"trace folder(s)): {host}")  # fmt: skip
-    for folder in args.folders:
-        if args.fit:
-            for model, fit in fit_profiles(folder).items():
+    if args.fit:
+        fits = {folder: fit_profiles(folder) for folder in args.folders}
+        for folder, found in fits.items():
+            for model, fit in found.items():
                 print(f"fitted {model} in {folder.name}: {fit}")
+        lend_fits(fits)
+    for folder in args.folders:
         rows += judge(folder, args.accelerator, ladders, splits)
     print(table(rows))
     print("\nwhere a TTFT goes, per run (its levels together)")

@@ -218,3 +218,65 @@ def test_eager_steps_go_to_their_own_profile_or_to_the_models_other_format(
     write_eager_steps(tmp_path, {("llama-3.1-8b", "bf16"): bf16, ("llama-3.1-8b", "fp8"): fp8})
     assert meta("llama-3.1-8b-fp8")["eager_step_ms"] == 40.0  # its own, once traced
     assert meta("llama-3.1-8b-bf16")["eager_step_ms"] == 26.3
+
+
+def _loan(root: Path, us_per_token: float | None) -> Path:
+    """A loan folder with a Llama FP8 profile; with `us_per_token`, its calibration case
+    closed-mid@16 measured with token arrivals: 16 requests, a step every 10 ms, a step's
+    tokens `us_per_token` apart."""
+    import gzip
+
+    profiles = root / "profiles"
+    profiles.mkdir(parents=True)
+    doc = {"model": "llama-3.1-8b", "dtype": "fp8", "meta": {}}
+    (profiles / "h100-llama-3.1-8b-fp8.json").write_text(json.dumps(doc))
+    if us_per_token is not None:
+        rep = root / "llama-8b-fp8" / "closed-mid" / "rep1"
+        rep.mkdir(parents=True)
+        (rep / "results.json").write_text("{}")
+        with gzip.open(rep / "token_times.jsonl.gz", "wt") as out:
+            for k in range(16):
+                chunks = [step * 0.01 + k * us_per_token / 1e6 for step in range(30)]
+                line = {"load_value": 16.0, "index": k, "warmup": False, "chunk_s": chunks}
+                out.write(json.dumps(line) + "\n")
+    return root
+
+
+def test_each_loan_streams_at_its_own_hosts_speed(tmp_path: Path) -> None:
+    from benchmarks.gpu_host_fit import fit_streaming
+
+    case = next(r for r in RUNS if r.config == "llama-8b-fp8" and r.name == "closed-mid")
+    assert "16" in case.calibration
+    fast, slow = _loan(tmp_path / "fast", 40.0), _loan(tmp_path / "slow", 80.0)
+    none = _loan(tmp_path / "none", None)
+    fits = fit_streaming([fast, slow, none])
+
+    def streaming(loan: Path) -> float:
+        doc = json.loads((loan / "profiles" / "h100-llama-3.1-8b-fp8.json").read_text())
+        return float(doc["meta"]["output_us_per_token"])
+
+    assert streaming(fast) == 40.0
+    assert streaming(slow) == 80.0
+    # Without token arrivals: the reading of all, 30 steps at 40 us and 30 at 80.
+    assert streaming(none) == 60.0
+    assert set(fits) == {"fast", "slow", "none"}
+    assert fit_streaming([none]) == {}
+
+
+def test_a_loan_without_a_models_calibration_cases_takes_its_fit_from_another(
+    tmp_path: Path,
+) -> None:
+    from benchmarks.gpu_sim_report import lend_fits
+
+    fp8_alone, both = _loan(tmp_path / "fp8", None), _loan(tmp_path / "both", None)
+    deepseek = {"model": "deepseek-v2-lite", "dtype": "bf16", "meta": {}}
+    (fp8_alone / "profiles" / "h100-deepseek-v2-lite-bf16.json").write_text(json.dumps(deepseek))
+    llama, own = {"request_overhead_ms": 8.5}, {"request_overhead_ms": 6.75}
+    lend_fits({both: {"llama-3.1-8b": llama}, fp8_alone: {"deepseek-v2-lite": own}})
+
+    def meta(loan: Path, name: str) -> dict[str, Any]:
+        return dict(json.loads((loan / "profiles" / name).read_text())["meta"])
+
+    assert meta(fp8_alone, "h100-llama-3.1-8b-fp8.json") == llama  # lent
+    assert meta(fp8_alone, "h100-deepseek-v2-lite-bf16.json") == {}  # its own: left as fitted
+    assert meta(both, "h100-llama-3.1-8b-fp8.json") == {}  # fitted there: not rewritten

@@ -84,6 +84,20 @@ def test_the_api_server_takes_in_one_prompt_at_a_time_at_its_cost_per_token() ->
         fleet_spec(intake_s_per_prompt_token=-1.0)
 
 
+def test_what_reached_a_busy_engine_is_scheduled_together_once_it_idles() -> None:
+    """With async scheduling, B and C reach the engine while A's prefill runs: once A is
+    done and the engine idles, its loop reads both in and schedules them in one step (before,
+    B took a step alone and C waited for the one after)."""
+    spec = fleet_spec(scheduler=scheduler_config(async_scheduling=True))
+    _, out = run_open(spec, [Job(100, 1)] * 3, iter([0.0, 0.001, 0.001]), 3)
+    alone = alone_steps(100, 1)[0]
+    ttft = out.run.ttft_ms
+    assert ttft.p99 is not None and ttft.p50 is not None
+    # A alone; B and C together, both after A's step, in one step longer than A's.
+    assert ttft.p50 == pytest.approx(ttft.p99)
+    assert ttft.p50 > (2 * alone - 0.001) * 1000
+
+
 def test_the_api_server_streams_each_steps_tokens_at_its_cost_per_token() -> None:
     """1 ms a streamed token, under every step: each token reaches the client 1 ms after its
     step. 50 ms, over every step: the API server is the bottleneck, and the tokens come one

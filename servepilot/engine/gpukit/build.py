@@ -29,8 +29,9 @@ from servepilot.engine.gpukit.pins import Pin, PinFile, pin_file_path, read_pin_
 DEFAULT_VLLM = "0.22.0"
 # The lent machine takes at most 64 MiB per call, the repository's own files included: 24 MiB
 # with the recorded GPU runs late on 2026-12-06, when a 42 MiB part was refused (a 50 MiB one
-# had been at 14 MiB). 36 MiB leaves about 4 MiB for the tree to grow; past that, lower it.
-DEFAULT_PART_MIB = 36
+# had been at 14 MiB); 33 MiB with the eleventh loan's token arrivals (2026-12-07). 26 MiB
+# leaves about 4 MiB for the tree to grow; past that, lower it.
+DEFAULT_PART_MIB = 26
 MANIFEST_FORMAT = 1
 INSTALLER = Path(__file__).with_name("install.py")
 

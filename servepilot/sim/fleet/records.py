@@ -57,8 +57,8 @@ class FleetSpec:
     it; from the profile's meta (`intake_us_per_prompt_token`)."""
     output_s_per_token: float = 0.0
     """vLLM's API server time per token it streams (detokenising, the server-sent event),
-    in the same process and queue as the intake; from the profile's meta
-    (`output_us_per_token`)."""
+    one step after another in a queue of its own (`FleetReplica.stream`); from the
+    profile's meta (`output_us_per_token`)."""
     gateways: int = 1
     """Gateway pods behind a load balancer that deals them requests in turn, each routing
     with its own policy object (sim/fleet/gateways.py); 1: one gateway."""
