@@ -251,7 +251,34 @@ def table(rows: list[dict[str, Any]]) -> str:
             chosen = [r for r in judged if r["set"] == "validation" and
                       r["case"].startswith(f"{model}/")]  # fmt: skip
             lines += _summary(f"  {model}", chosen, width=20)
+    if apart := engines_apart(judged):
+        lines.append("validation, the same case measured on two loans (another host and start)")
+        lines += apart
     return "\n".join(lines)
+
+
+def engines_apart(rows: list[dict[str, Any]]) -> list[str]:
+    """Each metric's median and p90 difference between two engines' measurements of the
+    same validation case, where the folders judged together measured it more than once: what
+    the same vLLM on another host and start reproduces, beside the floor's two passes on one
+    engine. Empty when no case was measured twice."""
+    first: dict[str, dict[str, Any]] = {}
+    pairs = []
+    for row in rows:
+        if row["set"] != "validation":
+            continue
+        if row["case"] in first:
+            pairs.append((first[row["case"]], row))
+        else:
+            first[row["case"]] = row
+    lines = []
+    for m in METRICS if pairs else ():
+        apart = [
+            abs(_error(later["measured"][m], earlier["measured"][m])) for earlier, later in pairs
+        ]
+        lines.append(f"  {m:13s} n={len(apart):2d} apart: median {statistics.median(apart):6.1%}"
+                     f"  p90 {_pct(apart, 0.9):6.1%}")  # fmt: skip
+    return lines
 
 
 def _summary(label: str, chosen: list[dict[str, Any]], width: int = 11) -> list[str]:

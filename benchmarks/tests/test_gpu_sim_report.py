@@ -196,6 +196,28 @@ def test_each_model_is_judged_on_its_own_cases_too() -> None:
     assert "per model" not in table(rows[:2])
 
 
+def test_a_case_measured_on_two_loans_shows_how_far_apart_they_are() -> None:
+    from benchmarks.gpu_sim_report import table
+
+    # a@1 measured on two loans, its first token 20% later the second time; b@1 10% earlier;
+    # c@1 once. Against each other: 20% and 10%, median 15%.
+    later = {**FIGURES, "ttft_p50_ms": 120.0}
+    earlier = {**FIGURES, "ttft_p50_ms": 90.0}
+    rows = [
+        case("llama-8b/a@1", FIGURES),
+        case("llama-8b/b@1", FIGURES),
+        case("llama-8b/c@1", FIGURES),
+        {**case("llama-8b/a@1", FIGURES), "measured": later},
+        {**case("llama-8b/b@1", FIGURES), "measured": earlier},
+    ]
+    text = table(rows)
+    assert "the same case measured on two loans" in text
+    assert "  ttft_p50_ms   n= 2 apart: median  15.0%  p90  20.0%" in text
+    assert "  tpot_p50_ms   n= 2 apart: median   0.0%" in text
+    # Each case once: no such lines.
+    assert "two loans" not in table(rows[:3])
+
+
 def test_eager_steps_go_to_their_own_profile_or_to_the_models_other_format(
     tmp_path: Path,
 ) -> None:
