@@ -4,9 +4,10 @@ hands `up`'s serve lifecycle (`FleetLaunch`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,8 +86,20 @@ def kv_index_settings(config: FleetConfig, tokenizer: str | None) -> GatewayConf
 
 
 def check_port_free(host: str, port: int) -> None:
-    """Fail early, before minutes of replica startup, if the gateway's port is taken."""
+    """Fail early if the gateway's port is taken."""
+    with reserve_port(host, port):
+        pass
+
+
+@contextlib.contextmanager
+def reserve_port(host: str, port: int) -> Iterator[None]:
+    """Fail early, before minutes of replica startup, if the gateway's port is taken, and
+    hold it till the block ends: bound, not listening, so the gateway (SO_REUSEADDR, as
+    aiohttp binds) can listen on it meanwhile, while the kernel gives it to no ephemeral
+    bind or outgoing connection. Without the hold, a test's free port was once taken during
+    the replicas' start ("address already in use" once they were up, 2026-12-07)."""
     if port == 0:
+        yield
         return
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -100,6 +113,7 @@ def check_port_free(host: str, port: int) -> None:
                     "(`servepilot status` shows the fleets servepilot started)",
                 ) from None
             raise FleetError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        yield
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,10 +51,10 @@ from servepilot.fleet.records import ServingRecord, StartingRecord
 from servepilot.fleet.serve import (
     FleetLaunch,
     ServedGateway,
-    check_port_free,
     fleet_facts,
     kv_index_settings,
     replica_budget,
+    reserve_port,
     start_gateway,
 )
 from servepilot.fleet.state import ReplicaRecord, check_no_fleet, remove_record
@@ -179,15 +179,15 @@ async def run_up(
     on_ray = config.cluster.backend is ClusterBackend.RAY
     prepare = _ray_fleet(config) if on_ray else _local_fleet
     gw = config.gateway
-    check_port_free(gw.host, gw.port)
-    check_no_fleet(gw.port)
-    run_dir = detached_run_dir or new_run_dir()
-    try:
-        async with prepare(config, report, run_dir) as launch:
-            detached = detached_run_dir is not None
-            await _serve_fleet(config, launch, report, run_dir, detached, step_model)
-    finally:
-        remove_record(gw.port)
+    with reserve_port(gw.host, gw.port):  # held while the replicas start
+        check_no_fleet(gw.port)
+        run_dir = detached_run_dir or new_run_dir()
+        try:
+            async with prepare(config, report, run_dir) as launch:
+                detached = detached_run_dir is not None
+                await _serve_fleet(config, launch, report, run_dir, detached, step_model)
+        finally:
+            remove_record(gw.port)
 
 
 Prepare = Callable[
