@@ -69,7 +69,9 @@ LOAN_3 = Path(__file__).parents[1] / "gpu_runs/2026-12-06-sim-validate-h100"
 
 
 def test_a_measurement_served_from_the_prefix_cache_is_shown_and_not_judged() -> None:
-    from benchmarks.gpu_sim_report import cache_hit_pct, cache_warm, table
+    from benchmarks.gpu_judged_table import table
+    from benchmarks.gpu_judging import cache_warm
+    from benchmarks.gpu_sim_report import cache_hit_pct
 
     # The H100 loan of 2026-12-06: closed-short ran after a warm-up with the same seed, and
     # vLLM served 17,856 of its 18,000 prompt tokens from its cache; the long-tailed trace's
@@ -142,8 +144,8 @@ def test_the_host_fit_recovers_a_known_overhead_and_intake() -> None:
 
 
 def test_a_moe_measured_on_its_dummy_routers_is_shown_and_not_judged(tmp_path: Path) -> None:
+    from benchmarks.gpu_judged_table import table
     from benchmarks.gpu_judging import ROUTING_SIMULATED, dummy_routing
-    from benchmarks.gpu_sim_report import table
 
     # The fourth loan's DeepSeek-V2-Lite ran with its dummy weights' own routers; Llama has
     # no experts; a start that logs vLLM's routing simulator is judged.
@@ -177,7 +179,7 @@ def test_a_workload_that_shares_prefixes_is_judged_on_its_own_hits() -> None:
 
 
 def test_each_model_is_judged_on_its_own_cases_too() -> None:
-    from benchmarks.gpu_sim_report import table
+    from benchmarks.gpu_judged_table import table
 
     # Two models: one predicted exactly, one 30% slow on its first token. Together the
     # median hides which one misses; the per-model lines say it.
@@ -197,7 +199,7 @@ def test_each_model_is_judged_on_its_own_cases_too() -> None:
 
 
 def test_a_case_measured_on_two_loans_shows_how_far_apart_they_are() -> None:
-    from benchmarks.gpu_sim_report import table
+    from benchmarks.gpu_judged_table import table
 
     # a@1 measured on two loans, its first token 20% later the second time; b@1 10% earlier;
     # c@1 once. Against each other: 20% and 10%, median 15%.

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from servepilot.core.errors import FleetError
 from servepilot.fleet.serve import reserve_port
+from tests.unit.fake_upstream import free_port
 
 
 def _bind_plain(port: int) -> int:
@@ -23,15 +24,8 @@ def _bind_plain(port: int) -> int:
     return 0
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def test_the_port_is_held_for_the_gateway_and_from_everyone_else() -> None:
-    port = _free_port()
+    port = free_port()
 
     async def listen() -> None:
         app = web.Application()

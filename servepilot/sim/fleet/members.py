@@ -185,6 +185,16 @@ class FleetReplica:
         self.intake_free_s = _one_at_a_time(self.intake_free_s, reach_s, intake_s)
         return self.intake_free_s
 
+    def take_deferred(self, out_s: float) -> bool:
+        """Hand what reached the engine during its last step to its scheduler, all of it at
+        once (vLLM's loop reads its input queue whole, once that step's tokens are out at
+        `out_s`); whether there was any."""
+        late, self.deferred = self.deferred, []
+        for request in late:
+            request.queued_s = out_s
+            self.model.add(request)
+        return bool(late)
+
     def stream(
         self,
         step: StepResult,

@@ -218,12 +218,8 @@ class FleetSim:
         # vLLM's engine loop with async scheduling (EngineCore.step_with_batch_queue) had
         # already scheduled the step starting now when the last one started: what arrived
         # during the last one is scheduled with the step after, or now if the engine idles.
-        late, replica.deferred = replica.deferred, []
-        for request in late:  # all in one step, if the engine idles
-            request.queued_s = out_s  # vLLM's loop reads its input once the tokens are out
-            replica.model.add(request)
-        if late and replica.result is None:
-            self._step(replica, now_s)
+        if replica.take_deferred(out_s) and replica.result is None:
+            self._step(replica, now_s)  # all in one step
 
     def _finished(self, request: FleetRequest, now_s: float) -> None:
         replica = request.replica
