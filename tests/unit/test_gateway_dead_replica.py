@@ -168,8 +168,11 @@ def test_a_replica_whose_process_exited_is_down_at_once(
                 exited = _Exited({"a": 1, "b": -9})
                 backend = LocalBackend(exited, lambda info: None, poll_s=0.05)  # type: ignore[arg-type]
                 async with following(backend, gw.membership, lost_warning(_telling(warned))):
-                    await eventually(until(lambda: not gw.pool.get("a").healthy), timeout_s=0.5)
-                    assert not gw.pool.starting()
+                    # The watch reports the two exits one after the other: wait for both.
+                    await eventually(
+                        until(lambda: not gw.pool.get("a").healthy and not gw.pool.starting()),
+                        timeout_s=0.5,
+                    )
                     assert await _timed_503(client, url) < 0.5
         assert warned == [
             "replica a lost: its process exited with code 1; the gateway routes around it "
