@@ -37,10 +37,10 @@ def fit_profiles(folder: Path) -> dict[str, dict[str, Any]]:
       engine's steps, a fixed part and a part per prompt token (tokenising, in the gateway
       for the exact index and in vLLM's API server), solved on closed-short@1 and
       long-max@1 (prompts of 1,000 and up to 32,000 tokens);
-    - `prefill_scale` 1: the GPU's prefill is what the operators compose. The step trace of
-      2026-12-06 found the composed decode step within 5% of vLLM's at 1-256 sequences
-      (docs/benchmarks.md); a scale fitted to TTFTs took in the host's per-token time and
-      slowed every simulated step that carried a prefill.
+    - with the profile's `prefill_scale` as it stands: read before, from the full prefill
+      steps of the calibration bursts (gpu_prefill_fit.py), never fitted to TTFTs (a scale
+      fitted to them took in the host's per-token time and slowed every simulated step that
+      carried a prefill).
     Fitted on one model each, not the median over models: on 2026-12-06 one host term could
     not fit both Llama-3.1-8B (11 ms of TTFT beside the operators) and DeepSeek-V2-Lite
     (82 ms)."""
@@ -48,7 +48,7 @@ def fit_profiles(folder: Path) -> dict[str, dict[str, Any]]:
     for model, config in FIT_CONFIG.items():
         if not (folder / config / "long-max").is_dir():
             continue
-        base = {"step_overhead_ms": 0.0, "request_overhead_ms": 0.0, "prefill_scale": 1.0,
+        base = {"step_overhead_ms": 0.0, "request_overhead_ms": 0.0,
                 "intake_us_per_prompt_token": 0.0}  # fmt: skip
         step_ms = max(0.0, _gap(folder, config, "closed-short", "tpot_p50_ms", base))
         base["step_overhead_ms"] = step_ms
@@ -62,7 +62,6 @@ def fit_profiles(folder: Path) -> dict[str, dict[str, Any]]:
             "step_overhead_ms": round(step_ms, 3),
             "request_overhead_ms": round(max(0.0, request_ms), 2),
             "intake_us_per_prompt_token": round(max(0.0, intake_us), 3),
-            "prefill_scale": 1.0,
             "fitted_on": f"closed-short@1 and long-max@1 (calibration) of {config} in "
             f"{folder.name}",
         }

@@ -312,6 +312,10 @@ def main() -> int:
             print(f"eager steps of {model} {dtype} (host ms, from {len(args.eager_traces)} "
                   f"trace folder(s)): {host}")  # fmt: skip
     if args.fit:
+        from benchmarks.gpu_prefill_fit import fit_prefill_scales
+
+        for (model, dtype), fit in fit_prefill_scales(args.folders).items():
+            print(f"prefill scale of {model} {dtype}: {fit}")
         fits = {folder: fit_profiles(folder) for folder in args.folders}
         for folder, found in fits.items():
             for model, fit in found.items():
