@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from benchmarks.gpu_sim_cases import PROFILES, RUNS, Run
 from benchmarks.gpu_sim_report import measurements, write_meta
@@ -58,11 +58,13 @@ def step_times_s(
 
 def prefill_scale(steps: list[tuple[float, float, float]], eager_s: float) -> float | None:
     """From (measured, composed, decoders alone) per full step: the steps' prefill time
-    together over the operators' for it, at least 1. None for fewer than `MIN_STEPS` steps, or steps that
-    on average took no longer than the host's eager launch `eager_s`."""
+    together over the operators' for it, at least 1. None for fewer than `MIN_STEPS` steps,
+    or steps that on average took no longer than the host's eager launch `eager_s`."""
     if len(steps) < MIN_STEPS:
         return None
-    measured, composed, alone = (sum(column) for column in zip(*steps, strict=True))
+    measured = sum(step[0] for step in steps)
+    composed = sum(step[1] for step in steps)
+    alone = sum(step[2] for step in steps)
     if measured / len(steps) <= eager_s * 1.05:
         return None
     # Not below 1: the simulator's step model keeps the token operators as measured and fits
@@ -93,9 +95,9 @@ def fit_prefill_scales(folders: list[Path]) -> dict[tuple[str, str], dict[str, A
                 rows = read_token_times(arrivals)
                 for level in levels:
                     level_rows = [r for r in rows if r["load_value"] == float(level)]
-                    requests = [(float(r["sent_s"]), r["chunk_s"]) for r in level_rows
-                                if not r["warmup"]]  # fmt: skip
-                    found = full_steps(requests)  # type: ignore[arg-type]
+                    requests = [(cast(float, r["sent_s"]), cast(list[float], r["chunk_s"]))
+                                for r in level_rows if not r["warmup"]]  # fmt: skip
+                    found = full_steps(requests)
                     for step in found:
                         composed, alone = step_times_s(step, composer, budget, run)
                         steps.setdefault(key, []).append((step.period_s, composed, alone))

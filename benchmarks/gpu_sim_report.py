@@ -203,38 +203,6 @@ def sweet_spots(ladders: Ladders) -> list[dict[str, Any]]:
     return rows
 
 
-def eager_steps(trace_folders: list[Path]) -> dict[tuple[str, str], dict[str, float]]:
-    """Per profile (model, dtype), the host's time for an eager step from the burst traces:
-    `eager_step_ms` (a prefill alone) and `eager_mixed_step_ms` (with decoders), where
-    measured."""
-    from benchmarks.gpu_step_report import eager_step_ms
-
-    dirs: dict[tuple[str, str], list[Path]] = {}
-    for folder in trace_folders:
-        for config_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
-            dirs.setdefault(PROFILES[config_dir.name], []).append(config_dir)
-    found: dict[tuple[str, str], dict[str, float]] = {}
-    for profile, config_dirs in dirs.items():
-        for key, mixed in (("eager_step_ms", False), ("eager_mixed_step_ms", True)):
-            ms = eager_step_ms(config_dirs, mixed=mixed)
-            if ms is not None:
-                found.setdefault(profile, {})[key] = round(ms, 1)
-    return found
-
-
-def write_eager_steps(profiles: Path, found: dict[tuple[str, str], dict[str, float]]) -> None:
-    """Into each profile's meta, its own eager steps; a profile of a weight format no trace
-    measured takes another format's of the same model (one host launching the same model's
-    layers, with fewer or more kernels: FP8 adds its activations' quantisation)."""
-    for (model, dtype), host in sorted(found.items()):
-        write_meta(profiles, model, host, dtype=dtype)
-    for (model, _), host in sorted(found.items()):
-        for path in sorted(profiles.glob("*.json")):
-            doc = json.loads(path.read_text())
-            if doc["model"] == model and (model, doc["dtype"]) not in found:
-                write_meta(profiles, model, host, dtype=doc["dtype"])
-
-
 def lend_fits(fits: dict[Path, dict[str, dict[str, Any]]]) -> None:
     """Into a folder's profiles of a model it has no calibration cases of (a loan that
     measured Llama-3.1-8B FP8 alone), the fit of the first folder that fitted that model."""
@@ -284,6 +252,16 @@ def main() -> int:
         "of each folder's profiles of that model, before --fit",
     )
     parser.add_argument(
+        "--decode-traces",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="TRACES",
+        help="step-trace folders of decode steps (gpu_step_trace.py without --burst): write "
+        "each model's decode attention as vLLM's kernels ran it against its operators' "
+        "(gpu_step_report.attention_fit) into the meta of each folder's profiles, before --fit",
+    )
+    parser.add_argument(
         "--fit",
         "--fit-host",  # its name before the fit was per model
         action="store_true",
@@ -304,18 +282,27 @@ def main() -> int:
             print(f"streaming, the profiles of {name}: {fit}")
         if not streaming:
             print("streaming: no calibration case has token times")
+    if args.eager_traces or args.decode_traces:
+        from benchmarks.gpu_traced import decode_attention, eager_steps, write_traced
     if args.eager_traces:
-        found = eager_steps(args.eager_traces)
+        eager = eager_steps(args.eager_traces)
         for folder in args.folders:
-            write_eager_steps(folder / "profiles", found)
-        for (model, dtype), host in found.items():
-            print(f"eager steps of {model} {dtype} (host ms, from {len(args.eager_traces)} "
+            write_traced(folder / "profiles", eager)
+        for (model_name, dtype), host in eager.items():
+            print(f"eager steps of {model_name} {dtype} (host ms, from {len(args.eager_traces)} "
                   f"trace folder(s)): {host}")  # fmt: skip
+    if args.decode_traces:
+        attention = decode_attention(args.decode_traces, args.folders)
+        for folder in args.folders:
+            write_traced(folder / "profiles", attention)
+        for (model_name, dtype), measured in attention.items():
+            print(f"decode attention of {model_name} {dtype}, vLLM's against its operators': "
+                  f"{measured}")  # fmt: skip
     if args.fit:
         from benchmarks.gpu_prefill_fit import fit_prefill_scales
 
-        for (model, dtype), fit in fit_prefill_scales(args.folders).items():
-            print(f"prefill scale of {model} {dtype}: {fit}")
+        for (model_name, dtype), scale in fit_prefill_scales(args.folders).items():
+            print(f"prefill scale of {model_name} {dtype}: {scale}")
         fits = {folder: fit_profiles(folder) for folder in args.folders}
         for folder, found in fits.items():
             for model, fit in found.items():

@@ -18,6 +18,7 @@ import json
 import re
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +28,15 @@ from benchmarks.gpu_sim_cases import PROFILES
 from benchmarks.gpu_step_trace import PROMPT_TOKENS
 from servepilot.plan.costmodel import GPU_STEP_OVERHEAD_S, StepShape, prefill_pairs
 from servepilot.plan.gpu_profile.compose import StepComposer
-from servepilot.plan.gpu_profile.table import load_gpu_profile
+from servepilot.plan.gpu_profile.table import GpuProfile, load_gpu_profile
 
 STEP = re.compile(r"user_annotation:execute_context_(\d+)\(\d+\)_generation_(\d+)\(\d+\)")
 TIMELINE_STEP = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\(\d+\)")
 CONTEXT_TOKENS = PROMPT_TOKENS + 10
 """A decoder's context while profiled: the prompt and the few tokens after its prefill."""
+ATTENTION_KERNEL = "flash::"
+"""In the name of every kernel of vLLM's FlashAttention (FA3 on Hopper: GQA and, with the
+FLASH_ATTN backend, MLA), and of no other kernel a step runs."""
 GRAPH_MAX_TOKENS = 512
 """The largest step vLLM 0.22 runs as a CUDA graph at the suite's defaults (its largest
 capture size: servepilot/plan/memory.py `capture_sizes`); a larger step runs eagerly."""
@@ -113,6 +117,34 @@ def eager_step_ms(config_dirs: list[Path], *, mixed: bool = False) -> float | No
     if not times:
         return None
     return max(0.0, statistics.median(times) - (profiler_ms(config_dirs) or 0.0))
+
+
+def attention_fit(config_dirs: list[Path], profile: GpuProfile) -> tuple[float, float] | None:
+    """(fixed us, scale): vLLM's decode attention a step against what the profile's operators
+    compose for it, traced = fixed + scale x composed, a least-squares line over the decode
+    traces (not the bursts) in `config_dirs`: per level, the kernels of vLLM's FlashAttention
+    (`ATTENTION_KERNEL` in their names: the attention and its split-KV combine, not the KV
+    cache writes) a step, at the level's decoders and their context. None with fewer than
+    three levels."""
+    composer = StepComposer(replace(profile, decode_attention_fixed_s=0.0,
+                                    decode_attention_scale=1.0), 0.0, 0.0)  # fmt: skip
+    points = []
+    for config_dir in config_dirs:
+        for path in sorted(config_dir.glob("c*/step.json")):
+            step = json.loads(path.read_text())
+            if _burst(step) or "trace" not in step:
+                continue
+            trace = step["trace"]
+            decoders = max(int(m.group(2)) for name in trace["annotations"]
+                           if (m := STEP.match(name)))  # fmt: skip
+            traced_us = sum(k["us"] for k in trace["kernels"] if ATTENTION_KERNEL in k["name"])
+            composed_s = composer.decode_attention_s(decoders, CONTEXT_TOKENS)
+            points.append((composed_s * 1e6, traced_us / trace["steps"]))
+    if len(points) < 3:
+        return None
+    xs, ys = zip(*points, strict=True)
+    scale, fixed = statistics.linear_regression(xs, ys)
+    return fixed, scale
 
 
 def profiler_ms(config_dirs: list[Path]) -> float | None:

@@ -35,8 +35,10 @@ def test_the_recorded_calibration_bursts(monkeypatch: pytest.MonkeyPatch) -> Non
     group a burst at 16 in flight) and bf16 (no token arrivals) are not fitted."""
     written: list[tuple[Any, ...]] = []
     monkeypatch.setattr(prefill_fit, "write_meta", lambda *args, **kw: written.append(args))
-    folders = [RUNS_DIR / name for name in ("2026-12-06-sim-validate-h100-padded",
-               "2026-12-07-sim-validate-h100-qwen", "2026-12-07-sim-validate-h100-tokens")]  # fmt: skip
+    names = ("padded", "qwen", "tokens")
+    folders = [
+        RUNS_DIR / f"2026-12-0{6 if n == 'padded' else 7}-sim-validate-h100-{n}" for n in names
+    ]
     fits = prefill_fit.fit_prefill_scales(folders)
     assert set(fits) == {("deepseek-v2-lite", "bf16"), ("qwen2.5-32b", "bf16")}
     assert 1.2 < fits[("deepseek-v2-lite", "bf16")]["prefill_scale"] < 1.4

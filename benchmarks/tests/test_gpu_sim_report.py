@@ -223,7 +223,7 @@ def test_a_case_measured_on_two_loans_shows_how_far_apart_they_are() -> None:
 def test_eager_steps_go_to_their_own_profile_or_to_the_models_other_format(
     tmp_path: Path,
 ) -> None:
-    from benchmarks.gpu_sim_report import write_eager_steps
+    from benchmarks.gpu_traced import write_traced
 
     for model, dtype in (("llama-3.1-8b", "bf16"), ("llama-3.1-8b", "fp8"), ("qwen", "bf16")):
         doc = {"model": model, "dtype": dtype, "meta": {"step_overhead_ms": 0.2}}
@@ -233,13 +233,13 @@ def test_eager_steps_go_to_their_own_profile_or_to_the_models_other_format(
         return dict(json.loads((tmp_path / f"{name}.json").read_text())["meta"])
 
     bf16 = {"eager_step_ms": 26.3, "eager_mixed_step_ms": 21.5}
-    write_eager_steps(tmp_path, {("llama-3.1-8b", "bf16"): bf16})
+    write_traced(tmp_path, {("llama-3.1-8b", "bf16"): bf16})
     # FP8 was not traced: it takes bf16's; a model not traced keeps what it had.
     assert meta("llama-3.1-8b-fp8") == {"step_overhead_ms": 0.2, **bf16}
     assert meta("llama-3.1-8b-bf16") == {"step_overhead_ms": 0.2, **bf16}
     assert meta("qwen-bf16") == {"step_overhead_ms": 0.2}
     fp8 = {"eager_step_ms": 40.0}
-    write_eager_steps(tmp_path, {("llama-3.1-8b", "bf16"): bf16, ("llama-3.1-8b", "fp8"): fp8})
+    write_traced(tmp_path, {("llama-3.1-8b", "bf16"): bf16, ("llama-3.1-8b", "fp8"): fp8})
     assert meta("llama-3.1-8b-fp8")["eager_step_ms"] == 40.0  # its own, once traced
     assert meta("llama-3.1-8b-bf16")["eager_step_ms"] == 26.3
 

@@ -372,3 +372,22 @@ def test_a_prefill_scale_multiplies_what_the_prefill_adds_and_nothing_else() -> 
     assert gpu_profile_from(document, "t").prefill_scale == 1.0
     with pytest.raises(ConfigError, match="prefill_scale"):
         gpu_profile_from({**document, "meta": {"prefill_scale": 0}}, "t")
+
+
+def test_decode_attention_as_vllm_ran_it_corrects_the_operators_decode_attention_only() -> None:
+    """The known decode step: 600 us of flat linears and head, 100 us of decode attention
+    (10 x 10 us). With vLLM's decode attention traced as 150 us + 0.5 x the operators': 650 +
+    600 us. A prefill alone has no decode attention: unchanged."""
+    document = _known_profile()
+    meta = {"decode_attention_us": 150.0, "decode_attention_scale": 0.5}
+    traced = gpu_profile_from({**document, "meta": meta}, "t")
+    assert (traced.decode_attention_fixed_s, traced.decode_attention_scale) == (150e-6, 0.5)
+    step = StepComposer(traced, comm_token_s=0.0, comm_step_s=0.0)
+    assert step.gpu_time_s(StepShape(0, 0, 2, 3000, 0)) == pytest.approx(600e-6 + 200e-6)
+    assert step.decode_attention_s(2, 1500) == pytest.approx(200e-6)
+    prefill = StepShape(255, 1, 0, 0, 255 * 256 // 2)
+    assert step.gpu_time_s(prefill) == pytest.approx(3600e-6)
+    plain = gpu_profile_from(document, "t")
+    assert (plain.decode_attention_fixed_s, plain.decode_attention_scale) == (0.0, 1.0)
+    with pytest.raises(ConfigError, match="decode_attention_scale"):
+        gpu_profile_from({**document, "meta": {"decode_attention_scale": 0}}, "t")

@@ -85,13 +85,23 @@ class StepComposer:
             # to it is in prefill_pairs, so decode attention gets the decoders' share.
             seqs = shape.decode_seqs + shape.prefill_seqs
             per_seq = shape.context_tokens / seqs
-            total += sum(
-                op.count * op.at(shape.decode_seqs, per_seq) for op in self.profile.decode_attention
-            )
+            total += self.decode_attention_s(shape.decode_seqs, per_seq)
         total += sum(
             op.count * op.curve.at(shape.prefill_pairs) for op in self.profile.prefill_attention
         )
         return total
+
+    def decode_attention_s(self, decoders: int, context_tokens: float) -> float:
+        """Decode attention of `decoders` sequences of `context_tokens` each, as vLLM's
+        kernels run it: the operators' composition corrected by the profile's fixed part and
+        scale (1 and 0 where no trace measured them)."""
+        profile = self.profile
+        operators = sum(
+            op.count * op.at(decoders, context_tokens) for op in profile.decode_attention
+        )
+        if not profile.decode_attention:
+            return operators
+        return profile.decode_attention_fixed_s + profile.decode_attention_scale * operators
 
     def step_time_s(self, shape: StepShape) -> float:
         tokens = shape.prefill_tokens + shape.decode_seqs

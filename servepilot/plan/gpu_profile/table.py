@@ -113,6 +113,15 @@ class GpuProfile:
     add for them (`meta.prefill_scale`, fitted on a model's long-prompt calibration case):
     vLLM's own prefill path is not the operators alone (DeepSeek-V2-Lite's MLA prefill and
     grouped MoE took about 4x theirs on an H100)."""
+    decode_attention_fixed_s: float = 0.0
+    decode_attention_scale: float = 1.0
+    """vLLM's decode attention a step, as `decode_attention_fixed_s` + this x what the
+    measured operators compose (`meta.decode_attention_us` and `meta.decode_attention_scale`,
+    read from step traces of vLLM's own kernels: gpu_step_report.attention_fit). The
+    operators are not vLLM's kernels: DeepSeek-V2-Lite's MLA is composed as two GEMMs around
+    a softmax, which read the latent cache twice, where vLLM's fused kernel reads it once
+    (0.54 x the composition at 64-256 decoders); GQA through SDPA ran 1.07 x faster than
+    vLLM's paged FlashAttention, with a fixed 0.1-0.3 ms a step more in vLLM's."""
     eager_step_s: float = 0.0
     """The host's time to launch a step that runs without a CUDA graph, kernel by kernel
     (`meta.eager_step_ms`, from a step trace of a burst's first step: no step before it to
@@ -164,6 +173,8 @@ def gpu_profile_from(document: Any, where: str) -> GpuProfile:
             prefill_attention=prefill,
             step_overhead_s=_step_overhead_s(meta),
             prefill_scale=_meta_number(meta, "prefill_scale", 1.0, positive=True),
+            decode_attention_fixed_s=_meta_number(meta, "decode_attention_us", 0.0) / 1e6,
+            decode_attention_scale=_meta_number(meta, "decode_attention_scale", 1.0, positive=True),
             eager_step_s=eager_ms / 1000.0,
             eager_mixed_step_s=_meta_number(meta, "eager_mixed_step_ms", eager_ms) / 1000.0,
         )
