@@ -44,10 +44,12 @@ FIT_KEYS = (
     "intake_us_per_prompt_token",
     "prefill_scale",
     "output_us_per_token",
-    # Measured beside the fit (a step trace's host time for an eager step), and the fit was
-    # made with it: the two go together.
+    # Measured beside the fit (a step trace's host time for an eager step, its decode
+    # attention as vLLM's kernels ran it), and the fit was made with them: they go together.
     "eager_step_ms",
     "eager_mixed_step_ms",
+    "decode_attention_us",
+    "decode_attention_scale",
 )
 METRICS = (("ttft_p50_ms", "TTFT p50 ms"), ("tpot_p50_ms", "TPOT p50 ms"),
            ("output_tok_s", "output tok/s"))  # fmt: skip
