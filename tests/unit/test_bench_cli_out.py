@@ -156,9 +156,11 @@ def test_token_times_hold_every_token_at_the_replicas_step_pace(tmp_path: Path) 
     for line, row in zip(lines, rows, strict=True):
         chunks = line["chunk_s"]
         assert isinstance(chunks, list) and len(chunks) == 20
-        # Every token is its own step: 20 ms base + 0.5 ms a sequence + ~50 context tokens.
+        # Every token is its own step: 20 ms base + 0.5 ms a sequence + ~50 context tokens,
+        # no sooner. A busy machine (CI's four test workers) only makes the real-time replica's
+        # steps later (a median of 36 ms seen there).
         gaps = sorted(b - a for a, b in itertools.pairwise(chunks))
-        assert gaps[len(gaps) // 2] == pytest.approx(0.0206, abs=0.003)
+        assert 0.0206 - 0.003 < gaps[len(gaps) // 2] < 0.2
         ttft_ms = float(row.split(",")[10])
         assert (chunks[0] - line["sent_s"]) * 1000 == pytest.approx(ttft_ms, abs=0.01)
 
