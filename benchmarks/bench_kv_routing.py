@@ -25,7 +25,7 @@ The table: TTFT p50 (ms), throughput (requests/s and output tokens/s), goodput (
 within the TTFT SLO), the replicas' prefix cache hit rate (vLLM's counters, warm-up included),
 the first replica's share of prompt tokens, and the router's CPU per request (user and system
 time of its process over the run, less what it spends idle at the same time, measured for 10 s
-before the run, divided by the requests it answered; that idle CPU is shown too, as a share
+after the run, divided by the requests it answered; that idle CPU is shown too, as a share
 of a core: where it is much larger than the requests' own, the difference is noisy).
 Policies are named as
 `servepilot gateway --policy` takes them, so new ones join with --policies; P+exact runs P
@@ -140,15 +140,19 @@ def one_run(policy: str, b: Bench, run_dir: Path) -> Row:
         # request by request, so a session's turns land on any of them.
         front = urls[0] if gateways == 1 else start_router(
             "round_robin", b, run_dir, upstreams=urls, log="balancer.log")  # fmt: skip
-        idle_s_per_s = idle_cpu(routers)
         stats_before = [routing_stats(url) for url in urls]
         batches_before = sum(event_batches(url) for url in urls)
         before = [scrape(r) for r in b.replicas]
         cpu_before, sent_before = cpu_s(routers), sum(map(answered, urls))
         started = time.monotonic()
         run = bench(front, b.model, workload(b.args), run_dir)
-        busy_s = cpu_s(routers) - cpu_before - idle_s_per_s * (time.monotonic() - started)
+        run_cpu_s, run_s = cpu_s(routers) - cpu_before, time.monotonic() - started
         requests = sum(map(answered, urls)) - sent_before
+        # Idle after the run, not before it: what a gateway does once at its start (the exact
+        # index's first tokenisations, its first probes of the replicas) is not idle, and
+        # measured before, it put the exact router's CPU a request below 0 on light replicas.
+        idle_s_per_s = idle_cpu(routers)
+        busy_s = run_cpu_s - idle_s_per_s * run_s
         after = [scrape(r) for r in b.replicas]
         stats_after = [routing_stats(url) for url in urls]
         batches = sum(event_batches(url) for url in urls) - batches_before
