@@ -2,7 +2,8 @@
 and from the router's own metrics, for bench-kv-routing (and the GPU host probe's CPU split).
 
 A router's CPU per request is its process's CPU over the run, less what it spends with no
-request (measured before the run), divided by the requests it answered. A router on the exact
+request (`idle_cpu`, measured beside the run: after it, in bench-kv-routing), divided by the
+requests it answered. A router on the exact
 index also counts the prompt tokens it predicted its chosen replicas hold; over a run they
 are held against what vLLM reports it reused (issue 35: within 5%).
 """
