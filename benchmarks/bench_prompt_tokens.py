@@ -166,9 +166,8 @@ def agentic_turns(folder: Path, hashing: BlockHashing) -> None:
 
 
 def _rendered(tokenizer: PromptTokenizer, body: dict[str, Any]) -> str:
-    text: str = tokenizer.hf.apply_chat_template(
-        body["messages"], tokenize=False, add_generation_prompt=True
-    )
+    text = tokenizer.rendered(body["messages"])
+    assert text is not None, "the embedded model has a chat template"
     return text
 
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from servepilot.core.errors import ServepilotError
+from servepilot.engine.chat_template import ChatTemplate
 from servepilot.routing.kv_index import (
     BlockHashing,
     chained_hashes,
@@ -73,10 +75,25 @@ class PromptTokenizer:
     """Token ids of request bodies by the served model's tokenizer (a Hugging Face folder)."""
 
     def __init__(self, folder: str | Path, cache_chars: int = 4_000_000) -> None:
-        from transformers import AutoTokenizer  # heavy: only gateways with an index load it
+        """The folder's tokenizer.json and chat template, read without transformers (whose
+        import, with torch's, took 13 s of CPU and 420 MB; `engine.chat_template`). Raises
+        OSError when the folder has no tokenizer.json, ValueError when it is not one or its
+        template does not parse."""
+        from tokenizers import Tokenizer  # only gateways with an index load it
 
-        self._tok: Any = AutoTokenizer.from_pretrained(str(folder))
-        backend = self._tok.backend_tokenizer
+        folder = Path(folder)
+        file = folder / "tokenizer.json"
+        if not file.is_file():
+            raise FileNotFoundError(f"{file}: no such file (a Hugging Face tokenizer folder?)")
+        try:
+            backend = Tokenizer.from_file(str(file))
+            self._template = ChatTemplate.from_folder(folder)
+        except ServepilotError as exc:
+            raise ValueError(str(exc)) from None
+        except Exception as exc:  # the tokenizers library raises its own plain Exception
+            raise ValueError(
+                f"{file}: not a tokenizer the tokenizers library reads ({exc})"
+            ) from None
         self._backend = backend
         self._fast = hasattr(backend, "encode_batch_fast")
         spec = json.loads(backend.to_str())
@@ -96,10 +113,10 @@ class PromptTokenizer:
     def pieces(self) -> PieceCache:
         return self._pieces
 
-    @property
-    def hf(self) -> Any:
-        """The Hugging Face tokenizer itself (its chat template)."""
-        return self._tok
+    def rendered(self, messages: Sequence[Any], tools: Any = None) -> str | None:
+        """The chat prompt's text as vLLM renders it (the folder's chat template); None for
+        multimodal parts, and where the folder has no template."""
+        return self._rendered(messages, tools)
 
     def body_ids(self, doc: Mapping[str, Any]) -> list[int] | None:
         """The prompt's ids for a chat or completions body; None for what it cannot render
@@ -148,10 +165,9 @@ class PromptTokenizer:
     def _rendered(self, messages: Sequence[Any], tools: Any) -> str | None:
         if any(not isinstance(m.get("content", ""), str | None) for m in messages):
             return None  # multimodal parts: vLLM's placeholders are not ours to render
-        text: str = self._tok.apply_chat_template(
-            list(messages), tools=tools, tokenize=False, add_generation_prompt=True
-        )
-        return text
+        if self._template is None:
+            return None
+        return self._template.render(messages, tools=tools)
 
     def text_ids(self, text: str, *, add_special_tokens: bool) -> list[int]:
         if add_special_tokens or self._split is None:

@@ -80,18 +80,22 @@ def test_a_conversations_keys_equal_its_whole_prompts_tokenised(block_size: int)
     folder = embedded_model_dir()
     if not (folder / "tokenizer.json").exists():
         pytest.skip("the embedded model is not converted here (servepilot models pull)")
+    # The reference is transformers' own rendering and tokenising, as vLLM's API server runs
+    # them (the gateway reads the same files without transformers).
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(folder))
     hashing = BlockHashing(block_size=block_size)
     blocks = PromptBlocks(PromptTokenizer(folder), hashing)
-    reference = PromptTokenizer(folder, cache_chars=0)
     system = "You are a careful assistant. " * 30
     sessions = zip(_conversation(8, system, 1), _conversation(8, system, 2), strict=True)
     try:
         for one, other in sessions:
             for body in (one, other):
-                text = reference.hf.apply_chat_template(
+                text = hf.apply_chat_template(
                     body["messages"], tokenize=False, add_generation_prompt=True
                 )
-                ids = reference.whole_ids(text)
+                assert blocks.tokenizer.rendered(body["messages"]) == text
+                ids = hf(text, add_special_tokens=False).input_ids
                 expected = PromptKeys(len(ids), tuple(prompt_block_hashes(ids, hashing)))
                 assert blocks.keys(body) == expected
                 assert blocks.tokenizer.body_ids(body) == ids

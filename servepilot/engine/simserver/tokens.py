@@ -4,8 +4,8 @@ The replica model needs only how many tokens a prompt has (and, for prefix cachi
 prompts share their first blocks), but clients compare those counts with vLLM's, so:
 
 - `HfTokenizer` reads a Hugging Face folder's tokenizer.json with the `tokenizers` library
-  and renders its chat template with jinja2 exactly as transformers' `apply_chat_template`
-  does (same sandbox, trim_blocks/lstrip_blocks, special tokens): usage.prompt_tokens is
+  and renders its chat template as transformers' `apply_chat_template` does
+  (`engine.chat_template`): usage.prompt_tokens is
   what vLLM reports for the same request (tests/unit/test_sim_server.py checks it against
   transformers). Not transformers itself: importing it takes seconds of CPU, and dozens of
   simulated replicas start on one machine.
@@ -22,13 +22,13 @@ Generated text is filler: one word of `FILLER` per token, in turn.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from servepilot.core.errors import ConfigError
+from servepilot.engine.chat_template import ChatTemplate
 
 # Each word with its leading space is one token of SmolLM2's tokenizer, of the approximation
 # and of the usual English BPE vocabularies: a generated text re-tokenizes to as many tokens
@@ -132,12 +132,7 @@ class HfTokenizer:
             raise ConfigError(f"--tokenizer {folder}: no tokenizer.json in that folder")
         self.name = str(folder)
         self._tok = Tokenizer.from_file(str(file))
-        config = _read_json(folder / "tokenizer_config.json")
-        self._specials = {
-            key: _token_text(config.get(key))
-            for key in ("bos_token", "eos_token", "unk_token", "pad_token")
-        }
-        self._template = _compile_template(_chat_template(folder, config), folder)
+        self._template = ChatTemplate.from_folder(folder, where=f"--tokenizer {folder}")
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         ids: list[int] = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
@@ -151,15 +146,8 @@ class HfTokenizer:
         if self._template is None:
             raise ValueError(f"{self.name} has no chat template; use /v1/completions")
         conversation = [{**m, "content": message_text(m.get("content"))} for m in messages]
-        text = self._template.render(
-            messages=conversation,
-            add_generation_prompt=True,
-            tools=None,
-            documents=None,
-            **{k: v for k, v in self._specials.items() if v is not None},
-        )
         # vLLM tokenizes a rendered chat without adding special tokens: the template has them.
-        return self.encode(text, add_special_tokens=False)
+        return self.encode(self._template.render(conversation), add_special_tokens=False)
 
 
 def load_tokenizer(folder: Path | None) -> PromptTokenizer:
@@ -168,59 +156,3 @@ def load_tokenizer(folder: Path | None) -> PromptTokenizer:
     if not folder.is_dir():
         raise ConfigError(f"--tokenizer {folder}: no such folder")
     return HfTokenizer(folder)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path}: cannot read it ({exc})") from None
-    return doc if isinstance(doc, dict) else {}
-
-
-def _token_text(value: Any) -> str | None:
-    if isinstance(value, dict):  # AddedToken as saved by older transformers
-        content = value.get("content")
-        return content if isinstance(content, str) else None
-    return value if isinstance(value, str) else None
-
-
-def _chat_template(folder: Path, config: Mapping[str, Any]) -> str | None:
-    """transformers' order: chat_template.jinja, then tokenizer_config.json's field."""
-    file = folder / "chat_template.jinja"
-    if file.is_file():
-        return file.read_text(encoding="utf-8")
-    template = config.get("chat_template")
-    if isinstance(template, list):  # named templates: the default one
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = named.get("default")
-    return template if isinstance(template, str) else None
-
-
-def _compile_template(source: str | None, folder: Path) -> Any:
-    if source is None:
-        return None
-    import jinja2
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str) -> None:
-        raise ValueError(message)
-
-    def tojson(value: Any, indent: int | None = None, **_: Any) -> str:
-        return json.dumps(value, ensure_ascii=False, indent=indent)
-
-    # transformers' environment (utils/chat_template_utils.py): same options and helpers.
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
-    )
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    try:
-        return env.from_string(source)
-    except jinja2.TemplateError as exc:
-        raise ConfigError(
-            f"--tokenizer {folder}: the chat template does not parse: {exc}"
-        ) from None
