@@ -69,10 +69,11 @@ def freeze_when_started(
     """`on_started`, after moving every object alive to the collector's permanent generation.
 
     By then the gateway has built what it keeps for its life: the modules, and for the exact
-    index the model's tokenizer (transformers imports torch: about 390,000 objects). Each full
-    collection walked them all, about 260 ms with the event loop stopped, whenever the
-    caches had grown enough; a profile of the exact router under load found 14% of its CPU
-    there. Frozen, a collection walks only what serving has made since. For the process that
+    index the model's tokenizer. When that came through transformers (which imports torch:
+    about 390,000 objects), each full collection walked them all, about 260 ms with the event
+    loop stopped, whenever the caches had grown enough; a profile of the exact router under
+    load found 14% of its CPU there. Frozen, a collection walks only what serving has made
+    since. For the process that
     serves alone (`run_gateway`): a test or an embedding process keeps its collector."""
 
     def started(port: int) -> None:
