@@ -35,6 +35,8 @@ PROMPT = {"model": "llama-3.1-8b", "prompt": "hello " * 20, "max_tokens": 48, "s
 REPLICA_HEADER = "X-Servepilot-Replica"
 # The load: this many clients, each sending its next request when the last one ended.
 CLIENTS = 6
+IN_FLIGHT_WITHIN_S = 10.0
+"""How long the load may take to put two requests on the replica about to be lost."""
 BACK_WITHIN_S = 90.0
 
 
@@ -174,6 +176,10 @@ async def node_loss_under_load(
         async with aiohttp.ClientSession() as session:
             load = _Load(session, served.url)
             await asyncio.sleep(before_s)
+            # Lose the node while it streams: its replica holds two of the clients' requests
+            # (a CI run once lost it between two of them, and no stream was cut).
+            pool = served.gateway.pool
+            await _until(lambda: pool.get(lost_id).in_flight >= 2, IN_FLIGHT_WITHIN_S)
             lost_at = time.monotonic()
             dead = asyncio.ensure_future(_marked_dead_after(replicas.answers[lost_id], lost_at))
             await _lose_node(cluster, replicas.answers[lost_id])
