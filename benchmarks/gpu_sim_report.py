@@ -283,21 +283,9 @@ def main() -> int:
         if not streaming:
             print("streaming: no calibration case has token times")
     if args.eager_traces or args.decode_traces:
-        from benchmarks.gpu_traced import decode_attention, eager_steps, write_traced
-    if args.eager_traces:
-        eager = eager_steps(args.eager_traces)
-        for folder in args.folders:
-            write_traced(folder / "profiles", eager)
-        for (model_name, dtype), host in eager.items():
-            print(f"eager steps of {model_name} {dtype} (host ms, from {len(args.eager_traces)} "
-                  f"trace folder(s)): {host}")  # fmt: skip
-    if args.decode_traces:
-        attention = decode_attention(args.decode_traces, args.folders)
-        for folder in args.folders:
-            write_traced(folder / "profiles", attention)
-        for (model_name, dtype), measured in attention.items():
-            print(f"decode attention of {model_name} {dtype}, vLLM's against its operators': "
-                  f"{measured}")  # fmt: skip
+        from benchmarks.gpu_traced import write_traces
+
+        write_traces(args.eager_traces, args.decode_traces, args.folders)
     if args.fit:
         from benchmarks.gpu_prefill_fit import fit_prefill_scales
 

@@ -70,3 +70,18 @@ def decode_attention(
                 found[(model, dtype)] = {"decode_attention_us": round(fit[0], 1),
                                          "decode_attention_scale": round(fit[1], 3)}  # fmt: skip
     return found
+
+
+def write_traces(eager_traces: list[Path], decode_traces: list[Path], folders: list[Path]) -> None:
+    """What the burst traces (`eager_traces`: the host's eager steps) and the decode traces
+    (vLLM's decode attention) measured, into the profiles of every folder; each said."""
+    measured = [
+        ("eager steps (host ms)", eager_steps(eager_traces) if eager_traces else {}),
+        ("decode attention (vLLM's kernels against the operators)",
+         decode_attention(decode_traces, folders) if decode_traces else {}),
+    ]  # fmt: skip
+    for what, found in measured:
+        for folder in folders:
+            write_traced(folder / "profiles", found)
+        for (model, dtype), values in found.items():
+            print(f"{what} of {model} {dtype}: {values}")
