@@ -18,6 +18,7 @@ from benchmarks.gpu_sim_report import figures, measurements, predict, sim_fleet,
 from servepilot.bench.token_spread import step_spreads_s, us_per_token
 from servepilot.bench.token_times import FILE_NAME as TOKEN_TIMES
 from servepilot.bench.token_times import read_token_times
+from servepilot.sim.fleet.members import INTAKE_WAIT_S
 
 FIT_CONFIG = {"llama-3.1-8b": "llama-8b", "qwen2.5-32b": "qwen2.5-32b",
               "deepseek-v2-lite": "deepseek-v2-lite"}  # fmt: skip
@@ -58,6 +59,8 @@ def fit_profiles(folder: Path) -> dict[str, dict[str, Any]]:
             measured, simulated = _ttfts(folder, config, name, base)
             points.append((prompt_tokens(config, name), measured - simulated))
         request_ms, intake_us = solve_host(points[0], points[1])
+        if intake_us > 0:  # the simulated intake waits for more prompts first: not twice
+            request_ms -= INTAKE_WAIT_S * 1e3
         fits[model] = {
             "step_overhead_ms": round(step_ms, 3),
             "request_overhead_ms": round(max(0.0, request_ms), 2),

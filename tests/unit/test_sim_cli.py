@@ -21,6 +21,7 @@ from servepilot.load.workload import WorkloadKind, WorkloadSpec
 from servepilot.plan.costmodel import CostModel
 from servepilot.plan.costprofile import save_profile
 from servepilot.sim.engine.records import SchedulerConfig
+from servepilot.sim.fleet.members import INTAKE_WAIT_S
 from servepilot.sim.fleet.network import Delay, parse_network
 from servepilot.sim.fleet.records import FleetSpec
 from servepilot.sim.fleet.session import SimOptions, level_jobs, level_offsets, level_plan
@@ -134,7 +135,9 @@ def test_the_profiles_intake_per_prompt_token_delays_the_first_token(
     result = _sim(tmp_path / "sim", "--profile", str(profile), "--concurrency", "1",
                   "--requests", "5", "--input-tokens", "40", "--output-tokens", "3")  # fmt: skip
     prefill = 0.005 + 40 * 2e-5 + 1e-4
-    assert result.runs[0].ttft_ms.p50 == pytest.approx(prefill * 1000 + 40 * 0.25)
+    # After the tokenizer's wait for more prompts (INTAKE_WAIT_S), 250 us a prompt token.
+    intake_ms = INTAKE_WAIT_S * 1000 + 40 * 0.25
+    assert result.runs[0].ttft_ms.p50 == pytest.approx(prefill * 1000 + intake_ms)
     save_profile(PROFILE, profile, meta={"intake_us_per_prompt_token": -1})
     code = main(["sim", "--profile", str(profile), "--concurrency", "1", "--requests", "3"])
     assert code == 2

@@ -21,7 +21,15 @@ from servepilot.core.results import Load, LoadMode
 from servepilot.core.slo import Slo
 from servepilot.load.loadplan import LoadPlan
 from servepilot.sim import ReplicaModel, SimRequest
-from servepilot.sim.fleet.network import Delay, NetworkConfig
+from servepilot.sim.engine.steps import StepResult
+from servepilot.sim.fleet.members import (
+    INTAKE_BATCHED_PROMPT_TOKENS,
+    INTAKE_WAIT_S,
+    STREAM_LOAD_MAX,
+    FleetReplica,
+    FleetRequest,
+)
+from servepilot.sim.fleet.network import Delay, HopSampler, NetworkConfig
 from servepilot.sim.fleet.simulator import FleetSim, FleetSpec
 from servepilot.sim.fleet.traffic import Job, JobTable
 from tests.unit.sim_fleet_support import (
@@ -69,19 +77,63 @@ def test_cross_node_hops_apply_to_replicas_off_the_gateways_node() -> None:
     assert out.run.ttft_ms.mean == pytest.approx(sum(expected) / 2)
 
 
-def test_the_api_server_takes_in_one_prompt_at_a_time_at_its_cost_per_token() -> None:
-    """1 ms a prompt token: a request of 100 tokens reaches the engine 100 ms after it is
-    sent; of two sent together, the second after 200 ms, the first's intake and its own."""
+def test_the_api_server_takes_prompts_in_in_batches_at_its_cost_per_token() -> None:
+    """1 ms a prompt token: one request of 100 tokens reaches the engine 100 ms after the
+    tokenizer's 2 ms wait. Two sent together are one batch (100 ms for the longest, 100 more
+    for the other, under INTAKE_BATCHED_PROMPT_TOKENS) and reach the engine together; a third,
+    sent while that batch runs, waits for the next."""
+    assert INTAKE_BATCHED_PROMPT_TOKENS > 100
     spec = fleet_spec(intake_s_per_prompt_token=1e-3)
     prefill = alone_steps(100, 1)[0]
     _, one = run_open(spec, [Job(100, 1)], iter([0.0]), 1)
-    assert one.run.ttft_ms.p50 == pytest.approx((0.1 + prefill) * 1000, rel=1e-9)
-    # The first is prefilled alone by 121 ms; the second arrives at 200 ms (taken in in
-    # parallel, at 100 ms, it would be prefilled right after the first, by 142 ms).
+    assert one.run.ttft_ms.p50 == pytest.approx((INTAKE_WAIT_S + 0.1 + prefill) * 1000)
+    batch_out = INTAKE_WAIT_S + 0.2
+    # Both reach the idle engine at once: it starts a step with the first, then the second.
+    together = [batch_out + prefill, batch_out + 2 * prefill]
     _, two = run_open(spec, [Job(100, 1)] * 2, iter([0.0, 0.0]), 2)
-    assert two.run.ttft_ms.mean == pytest.approx(((0.1 + prefill) + (0.2 + prefill)) / 2 * 1000)
+    assert two.run.ttft_ms.mean == pytest.approx(sum(together) / 2 * 1000)
+    _, three = run_open(spec, [Job(100, 1)] * 3, iter([0.0, 0.0, 0.05]), 3)
+    third_out = batch_out + INTAKE_WAIT_S + 0.1  # the engine idles by then
+    third = third_out + prefill - 0.05
+    assert three.run.ttft_ms.mean == pytest.approx((sum(together) + third) / 3 * 1000)
     with pytest.raises(ConfigError, match="intake_s_per_prompt_token"):
         fleet_spec(intake_s_per_prompt_token=-1.0)
+
+
+def test_a_batch_of_intake_costs_its_longest_prompt_and_slows_beside_the_streaming() -> None:
+    """A batch costs its longest prompt, and each other prompt up to
+    INTAKE_BATCHED_PROMPT_TOKENS; over (1 - share)^2 of the time the last step's streaming
+    left the API server, while that reading holds (two of that step's durations)."""
+    rng = random.Random(0)
+    replica = FleetReplica(0, ReplicaModel(scheduler_config(), COST), 8,
+                           HopSampler(Delay(), rng), ready=True)  # fmt: skip
+    cap = INTAKE_BATCHED_PROMPT_TOKENS
+    requests = [FleetRequest(i, tokens, 1, 0.0) for i, tokens in enumerate((4000, 100, 2000))]
+    assert replica.reach_api(requests[0]) and not replica.reach_api(requests[1])
+    assert not replica.reach_api(requests[2])
+    batch, took_s = replica.intake_batch(0.0, 1e-6)
+    assert batch == requests and took_s == pytest.approx((4000 + 100 + cap) * 1e-6)
+    assert replica.intake_batch(0.0, 1e-6) == ([], 0.0) and not replica.intake_pending
+    # A step of 0.1 s whose 40 tokens took 1 ms each to stream: 40% of the server.
+    step = replace(_one_step(replica), duration_s=0.1, tokens=40)
+    replica.stream(step, 1.0, 1e-3, lambda request_id: None)
+    assert replica.reach_api(requests[1])
+    _, slowed = replica.intake_batch(1.1, 1e-6)
+    assert slowed == pytest.approx(100e-6 / 0.6**2)
+    replica.reach_api(requests[1])
+    assert replica.intake_batch(1.3, 1e-6)[1] == pytest.approx(100e-6)  # the reading is old
+    # Streaming that takes longer than its step counts as STREAM_LOAD_MAX of the server.
+    replica.stream(replace(step, tokens=1000), 2.0, 1e-3, lambda request_id: None)
+    replica.reach_api(requests[1])
+    free = 1.0 - STREAM_LOAD_MAX
+    assert replica.intake_batch(2.0, 1e-6)[1] == pytest.approx(100e-6 / free**2)
+
+
+def _one_step(replica: FleetReplica) -> StepResult:
+    replica.model.add(SimRequest(99, 10, 1, 0.0))
+    result = replica.model.step(0.0)
+    assert result is not None
+    return result
 
 
 def test_what_reached_a_busy_engine_is_scheduled_together_once_it_idles() -> None:
@@ -115,18 +167,20 @@ def test_the_api_server_streams_each_steps_tokens_at_its_cost_per_token() -> Non
         fleet_spec(output_s_per_token=-1.0)
 
 
-def test_prompts_are_taken_in_beside_the_streaming_and_steps_stream_one_after_another() -> None:
-    """vLLM tokenises prompts on a thread of their own and streams on its event loop. B's
-    prompt (100 tokens at 1 ms) reaches the API server while it streams A's token (0.5 s a
-    token): B's intake does not wait for that, but B's token waits for A's to be streamed."""
+def test_a_prompt_taken_in_beside_the_streaming_waits_longer_and_steps_stream_in_turn() -> None:
+    """B's prompt (100 tokens at 1 ms) reaches the API server while it streams A's first token
+    (0.5 s a token, over the whole of A's step: STREAM_LOAD_MAX of the server): B's intake
+    takes (1 - STREAM_LOAD_MAX)^-2 times its 100 ms, and B's token waits for A's to be
+    streamed."""
     spec = fleet_spec(intake_s_per_prompt_token=1e-3, output_s_per_token=0.5)
     prefill = alone_steps(100, 1)[0]
-    b_sent = 0.1 + prefill + 0.01
+    a_out = INTAKE_WAIT_S + 0.1 + prefill
+    b_sent = a_out + 0.01
     _, out = run_open(spec, [Job(100, 1)] * 2, iter([0.0, b_sent]), 2)
-    a_first = 0.1 + prefill + 0.5  # intake, prefill, one streaming turn
-    b_out = b_sent + 0.1 + prefill  # its own intake and prefill, before A's turn is over
-    assert b_out < a_first
-    b_first = a_first + 0.5
+    a_first = a_out + 0.5  # one streaming turn
+    b_intake = 0.1 / (1.0 - STREAM_LOAD_MAX) ** 2
+    b_out = b_sent + INTAKE_WAIT_S + b_intake + prefill
+    b_first = max(b_out, a_first) + 0.5
     assert out.run.ttft_ms.mean == pytest.approx((a_first + (b_first - b_sent)) / 2 * 1000)
 
 

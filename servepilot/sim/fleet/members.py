@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Final
 
 from servepilot.routing.admission import SHARED_TENANT, Ticket
 from servepilot.routing.base import RequestView
@@ -15,6 +16,20 @@ from servepilot.sim.engine.replica import ReplicaModel
 from servepilot.sim.engine.request import SimRequest
 from servepilot.sim.fleet.liveview import LiveView
 from servepilot.sim.fleet.network import HopSampler
+
+INTAKE_BATCH_MAX: Final = 32
+"""The most prompts vLLM's API server tokenises in one batch (AsyncMicrobatchTokenizer)."""
+INTAKE_WAIT_S: Final = 0.002
+"""How long its tokenizer waits for more prompts once one is there (batch_wait_timeout_s)."""
+INTAKE_BATCHED_PROMPT_TOKENS: Final = 580
+"""What each prompt of a batch beyond its longest costs, in prompt tokens taken in alone: the
+twelfth loan's warm-up bursts of 1,000-token prompts (no streaming) took 5.7 ms for one and
+2.6 ms more for each further prompt of a batch, where one prompt costs 4.48 us a token."""
+STREAM_LOAD_MAX: Final = 0.8
+"""The most of its API server's time streaming is taken to hold from its intake. Its intake
+slows by (1 - share)^-2: the twelfth loan's batches beside streaming that took 30-50% of the
+loop (at this host's 30.6 us a token) took 2.7-3.5 times their idle time (median of 136), where
+(1 - share)^-1 gives 1.4-2.0 and (1 - share)^-2 2.0-4.0."""
 
 Push = Callable[[float, int, object], None]
 """The simulator's event queue: (at_s, kind, what)."""
@@ -106,7 +121,8 @@ class FleetReplica:
         "host",
         "in_flight",
         "index",
-        "intake_free_s",
+        "intake_pending",
+        "intake_waiting",
         "kv_usage",
         "launched_s",
         "model",
@@ -118,6 +134,8 @@ class FleetReplica:
         "state",
         "stopped_s",
         "stream_free_s",
+        "stream_load",
+        "stream_load_until_s",
         "up_s",
         "view",
         "waiting",
@@ -141,11 +159,16 @@ class FleetReplica:
         self.hard_capacity = capacity
         """What its batch and KV cache hold: the most `capacity` is set to."""
         self.hop = hop
-        self.intake_free_s = 0.0
-        """When its API server is done taking in the requests handed to it so far: it
-        tokenises one prompt at a time."""
+        self.intake_waiting: list[FleetRequest] = []
+        """Requests at its API server waiting for the next batch of intake (`intake_batch`)."""
+        self.intake_pending = False
+        """Whether a batch of intake is running or due (the simulator's INTAKE event)."""
         self.stream_free_s = 0.0
         """When its API server is done streaming the steps' tokens handed to it so far."""
+        self.stream_load = 0.0
+        """The share of its API server's time the last step's streaming took (`stream`)."""
+        self.stream_load_until_s = 0.0
+        """Until when that share holds: two steps past the last one streamed."""
         self.state = ReplicaState.READY if ready else ReplicaState.STARTING
         self.engine_ready = ready
         self.launched_s = launched_s
@@ -178,12 +201,44 @@ class FleetReplica:
         self.view = LiveView(self.replica_id, 0, capacity=capacity)
         """What routing sees of it, updated in place by the gateway."""
 
-    def take_in(self, reach_s: float, intake_s: float) -> float:
-        """When a request that reaches its API server at `reach_s` and takes `intake_s` there
-        (tokenising its prompt) is handed to the engine: vLLM's API server takes prompts in
-        one at a time, so after every one handed to it before."""
-        self.intake_free_s = _one_at_a_time(self.intake_free_s, reach_s, intake_s)
-        return self.intake_free_s
+    def reach_api(self, request: FleetRequest) -> bool:
+        """`request` reached its API server; whether a batch of intake must be started (none
+        is running or due)."""
+        self.intake_waiting.append(request)
+        if self.intake_pending:
+            return False
+        self.intake_pending = True
+        return True
+
+    def intake_batch(
+        self, now_s: float, s_per_prompt_token: float
+    ) -> tuple[list[FleetRequest], float]:
+        """The requests whose intake starts at `now_s` and how long it takes. vLLM renders chat
+        templates and tokenises on one thread, in batches (its AsyncMicrobatchTokenizer: what
+        queued while the last batch ran, up to INTAKE_BATCH_MAX), and that thread shares one
+        core, through the GIL, with the event loop that streams. A batch takes its longest
+        prompt's time (the tokenizer encodes a batch's prompts in parallel), each other prompt
+        its own tokens' worth up to INTAKE_BATCHED_PROMPT_TOKENS (its template and its ids, in
+        Python), all over the square of the share of the core the streaming leaves (the thread
+        waits for the GIL, then for the loop to take its results back, both slowed by the
+        streaming). Measured on an H100 (2026-12-07, benchmarks/gpu_api_timeline): a batch of
+        1-3 prompts of 1,000 tokens took 5-9 ms beside no streaming, 17-40 ms beside
+        10,000-14,000 streamed tokens a second, and requests reached the engine in those
+        batches. An empty batch: none waiting, the thread idles."""
+        batch = self.intake_waiting[:INTAKE_BATCH_MAX]
+        del self.intake_waiting[:INTAKE_BATCH_MAX]
+        if not batch:
+            self.intake_pending = False
+            return batch, 0.0
+        longest = 0
+        others = 0
+        for request in batch:
+            tokens = request.prompt_tokens
+            longest = max(longest, tokens)
+            others += min(tokens, INTAKE_BATCHED_PROMPT_TOKENS)
+        tokens = longest + others - min(longest, INTAKE_BATCHED_PROMPT_TOKENS)
+        free = 1.0 - (self.stream_load if now_s < self.stream_load_until_s else 0.0)
+        return batch, tokens * s_per_prompt_token / (free * free)
 
     def take_deferred(self, out_s: float) -> bool:
         """Hand what reached the engine during its last step to its scheduler, all of it at
@@ -211,6 +266,9 @@ class FleetReplica:
         if output_s:
             work_s = step.tokens * output_s
             sent_s = self.stream_free_s = _one_at_a_time(self.stream_free_s, out_s, work_s)
+            if step.duration_s > 0.0:
+                self.stream_load = min(STREAM_LOAD_MAX, work_s / step.duration_s)
+                self.stream_load_until_s = out_s + 2.0 * step.duration_s
         for request_id in step.first_tokens:
             request = live(request_id)
             if request is not None:

@@ -48,7 +48,12 @@ from servepilot.sim.fleet.collect import RunCollector
 from servepilot.sim.fleet.gateway import SimGateway
 from servepilot.sim.fleet.gateways import routing_policy
 from servepilot.sim.fleet.kvevents import KvEventFeed
-from servepilot.sim.fleet.members import FleetReplica, FleetRequest, ReplicaState
+from servepilot.sim.fleet.members import (
+    INTAKE_WAIT_S,
+    FleetReplica,
+    FleetRequest,
+    ReplicaState,
+)
 from servepilot.sim.fleet.records import FleetSpec, FleetStats, LevelOutcome, Progress
 from servepilot.sim.fleet.replicas import FleetReplicas
 from servepilot.sim.fleet.requests import RequestFactory
@@ -68,6 +73,8 @@ READY: Final = 7
 COLD_TIMEOUT: Final = 8
 POOLED: Final = 9
 KV_EVENTS: Final = 10
+REACH: Final = 11
+INTAKE: Final = 12
 REFUSAL_S: Final = 0.001
 """The gateway's time to answer a 429/503: a closed loop facing refusals still moves on."""
 PROGRESS_EVERY: Final = 1 << 16
@@ -141,9 +148,9 @@ class FleetSim:
         request.replica = replica
         request.dispatched_s = now_s
         hop = replica.hop.draw()
-        if self._intake_s:  # a burst reaches the engine spread out (FleetReplica.take_in)
-            hop = replica.take_in(now_s + hop, request.prompt_tokens * self._intake_s) - now_s
-        if hop:
+        if self._intake_s:  # its API server takes it in first (FleetReplica.intake_batch)
+            self._push(now_s + hop, REACH, request)
+        elif hop:
             self._push(now_s + hop, DELIVER, request)
         else:
             self._deliver(request, now_s)
@@ -178,9 +185,6 @@ class FleetSim:
         if replica.result is not None and replica.model.async_scheduling:
             replica.deferred.append(request)
             return
-        self._admit(replica, request, now_s)
-
-    def _admit(self, replica: FleetReplica, request: FleetRequest, now_s: float) -> None:
         request.queued_s = now_s
         replica.model.add(request)
         if replica.result is None:
@@ -388,6 +392,31 @@ class FleetSim:
         elif kind == KV_EVENTS:
             assert self.kv_feed is not None
             self.kv_feed.deliver(obj)  # type: ignore[arg-type]
+        elif kind == REACH:
+            self._reach(obj, now_s)  # type: ignore[arg-type]
+        elif kind == INTAKE:
+            self._intake(obj, now_s)  # type: ignore[arg-type]
+
+    def _reach(self, request: FleetRequest, now_s: float) -> None:
+        """`request` reached its replica's API server: a batch of intake starts once its
+        tokenizer has waited for more (INTAKE_WAIT_S), unless one is running or due."""
+        replica = request.replica
+        assert replica is not None
+        if replica.reach_api(request):
+            self._push(now_s + INTAKE_WAIT_S, INTAKE, replica)
+
+    def _intake(self, replica: FleetReplica, now_s: float) -> None:
+        """A batch of intake starts at `now_s`: its requests reach the engine when it ends,
+        and the next batch gathers what came meanwhile (`FleetReplica.intake_batch`)."""
+        batch, took_s = replica.intake_batch(now_s, self._intake_s)
+        if not batch:
+            return
+        done_s = now_s + took_s
+        # Its requests reach the engine one after another as the event loop hands them on:
+        # an idle engine starts a step with the first; the rest wait for the next.
+        for request in batch:
+            self._push(done_s, DELIVER, request)
+        self._push(done_s + INTAKE_WAIT_S, INTAKE, replica)
 
     def _cancel_outstanding(self) -> None:
         """Requests still in flight when a duration-bound level's grace ran out."""
