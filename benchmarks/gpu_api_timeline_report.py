@@ -17,9 +17,11 @@ requests and prints, per run and level, the mean / median of each stage of a TTF
 
 and the tokenizer's batches: their size and time against the streaming beside them (the
 output processor's tokens a second in that window), from which the fleet simulator's intake
-(`FleetReplica.intake_batch`) is set.
+(`FleetReplica.intake_batch`) is set; with `--steps RUN@LEVEL`, the engine's steps while that
+level ran, on its core's clock, by the first tokens and outputs they carried.
 
-    python benchmarks/gpu_api_timeline_report.py benchmarks/gpu_runs/2026-12-07-api-timeline-h100
+    python benchmarks/gpu_api_timeline_report.py benchmarks/gpu_runs/2026-12-07-api-timeline-h100 \
+        [--steps open-high/rep1@40]
 
 Requests are matched to bench's in order: vLLM's stamps sorted by `create`, bench's runs in
 the order measured (the summary's, warm-ups first), each run's levels in order, each level's
@@ -32,6 +34,7 @@ import argparse
 import csv
 import gzip
 import io
+import itertools
 import json
 import statistics
 import sys
@@ -172,14 +175,59 @@ def batch_table(rows: list[tuple[int, float, float]]) -> str:
     return "\n".join(lines)
 
 
+def engine_steps(rows: list[Stamps], calls: list[dict[str, Any]]) -> list[tuple[int, int, float]]:
+    """The engine's steps while a level's requests (`rows`) ran, on the engine core's clock:
+    (first tokens in the step, outputs in it, seconds since the step before's outputs). With
+    async scheduling the next step is launched before a step's outputs are out, so a gap is a
+    step's time once the engine is busy."""
+    low = min(r["create"] for r in rows)
+    high = max(r["client"] for r in rows)
+    outputs: dict[float, int] = defaultdict(int)
+    for call in calls:
+        if low <= call["po"] <= high and call["ts"] is not None:
+            outputs[call["ts"]] += call["n"]
+    firsts: dict[float, int] = defaultdict(int)
+    for row in rows:
+        firsts[row["first_engine"]] += 1
+    stamps = sorted(outputs)
+    return [(firsts[b], outputs[b], b - a) for a, b in itertools.pairwise(stamps)]
+
+
+def step_table(steps: list[tuple[int, int, float]]) -> str:
+    """Median step time (count) by first tokens in the step and outputs, 50 at a time."""
+    cells: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for prefills, outputs, gap_s in steps:
+        cells[(min(prefills, 3), outputs // 50 * 50)].append(gap_s * 1e3)
+    lines = [f"{'first tokens':>12s} {'outputs':>9s} {'steps':>6s} {'median ms':>10s}"]
+    for (prefills, low), gaps in sorted(cells.items()):
+        if len(gaps) >= 8:
+            name = f"{prefills}+" if prefills == 3 else str(prefills)
+            lines.append(f"{name:>12s} {f'{low}-{low + 49}':>9s} {len(gaps):6d} "
+                         f"{statistics.median(gaps):10.1f}")  # fmt: skip
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path)
     parser.add_argument("--config", default="llama-8b-fp8")
+    parser.add_argument(
+        "--steps",
+        action="append",
+        default=[],
+        metavar="RUN@LEVEL",
+        help="also print the engine's step times while that level ran (e.g. open-high/rep1@40)",
+    )
     args = parser.parse_args()
     with gzip.open(args.folder / "timeline" / "api.jsonl.gz", "rt") as lines:
         requests, calls = read_timeline(lines)
-    print(stage_table(match(args.folder, args.config, requests)))
+    levels = match(args.folder, args.config, requests)
+    print(stage_table(levels))
+    for name in args.steps:
+        if name not in levels:
+            raise SystemExit(f"--steps {name}: not a measured level ({', '.join(levels)})")
+        print(f"\nthe engine's steps during {name} (its core's clock)")
+        print(step_table(engine_steps(levels[name], calls)))
     print("\nthe tokenizer's batches: median time (count), by size and the streaming beside them")
     print(batch_table(batches(requests, calls)))
     return 0

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.gpu_api_timeline_report import batches, read_timeline
+from benchmarks.gpu_api_timeline_report import batches, engine_steps, read_timeline, step_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "gpu_api_timeline"))
 import servepilot_api_timeline as plugin
@@ -41,6 +41,20 @@ def test_the_report_joins_a_requests_stamps_and_finds_the_tokenizers_batches() -
     # the 100 tokens streamed then; c alone, from its arrival (after that batch), beside 40.
     assert found == [(2, pytest.approx(0.0105), pytest.approx(100 / 0.0105)),
                      (1, pytest.approx(0.010), pytest.approx(40 / 0.010))]  # fmt: skip
+
+
+def test_the_engines_steps_are_read_on_its_clock_with_their_first_tokens() -> None:
+    """Three output batches at 10.00, 10.02 and 10.05 s of the engine's clock: the second
+    carried a's first token (a prefill) and 2 outputs in two chunks, the third 3 outputs."""
+    rows = [{"create": 9.9, "client": 10.2, "first_engine": 10.02}]
+    calls = [{"po": 10.001, "n": 1, "ts": 10.00}, {"po": 10.021, "n": 1, "ts": 10.02},
+             {"po": 10.022, "n": 1, "ts": 10.02}, {"po": 10.051, "n": 3, "ts": 10.05},
+             {"po": 11.0, "n": 9, "ts": 10.9}]  # fmt: skip
+    steps = engine_steps(rows, calls)
+    assert steps == [(1, 2, pytest.approx(0.02)), (0, 3, pytest.approx(0.03))]
+    rows = [line.split() for line in step_table(steps * 8).splitlines()[1:]]
+    assert rows == [["0", "0-49", "8", "30.0"], ["1", "0-49", "8", "20.0"]]
+    assert step_table(steps * 7).splitlines()[1:] == []  # under 8 steps: not shown
 
 
 class _Processor:
