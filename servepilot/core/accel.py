@@ -80,6 +80,7 @@ SIM = Group(
         "servepilot.sim.engine.replica",
         "servepilot.sim.engine.hostclock",
         "servepilot.sim.fleet.members",
+        "servepilot.sim.fleet.intake",
         "servepilot.sim.fleet.network",
         "servepilot.sim.fleet.kvevents",
         "servepilot.sim.fleet.traffic",

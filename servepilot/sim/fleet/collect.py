@@ -29,6 +29,8 @@ from servepilot.core.slo import Metric, Slo
 from servepilot.sim.fleet.records import FleetStats
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from servepilot.sim.fleet.members import FleetRequest
 
 EXACT_VALUES = 100_000
@@ -180,6 +182,12 @@ class RunCollector:
         self.errors[reason] += 1
         self.first_send_s = min(self.first_send_s, send_s)
         self.last_end_s = max(self.last_end_s, end_s)
+
+    def cancel(self, requests: Iterable[FleetRequest], end_s: float) -> None:
+        """`requests`, still unanswered at `end_s`, fail as cancelled (warm-ups not counted)."""
+        for request in requests:
+            if not request.warmup:
+                self.fail(request.arrival_s, end_s, "cancelled_at_end")
 
     @property
     def window_s(self) -> float:

@@ -47,13 +47,9 @@ from servepilot.sim.fleet.clients import SimClients
 from servepilot.sim.fleet.collect import RunCollector
 from servepilot.sim.fleet.gateway import SimGateway
 from servepilot.sim.fleet.gateways import routing_policy
+from servepilot.sim.fleet.intake import ApiIntake
 from servepilot.sim.fleet.kvevents import KvEventFeed
-from servepilot.sim.fleet.members import (
-    INTAKE_WAIT_S,
-    FleetReplica,
-    FleetRequest,
-    ReplicaState,
-)
+from servepilot.sim.fleet.members import FleetReplica, FleetRequest, ReplicaState
 from servepilot.sim.fleet.records import FleetSpec, FleetStats, LevelOutcome, Progress
 from servepilot.sim.fleet.replicas import FleetReplicas
 from servepilot.sim.fleet.requests import RequestFactory
@@ -113,6 +109,7 @@ class FleetSim:
         self._hop_rng = random.Random(f"{spec.seed}/network")
         self._cg = spec.network.client_gateway_s
         self._intake_s = spec.intake_s_per_prompt_token
+        self._api = ApiIntake(self._push, self._intake_s, DELIVER, INTAKE)
         self._output_s = spec.output_s_per_token
         self.fleet = FleetReplicas(self.gateway, spec, self._hop_rng, self._push, READY, POOLED)
         self.replicas = self.fleet.all  # every replica ever launched, in launch order
@@ -148,7 +145,7 @@ class FleetSim:
         request.replica = replica
         request.dispatched_s = now_s
         hop = replica.hop.draw()
-        if self._intake_s:  # its API server takes it in first (FleetReplica.intake_batch)
+        if self._intake_s:  # its API server takes it in first (intake.py)
             self._push(now_s + hop, REACH, request)
         elif hop:
             self._push(now_s + hop, DELIVER, request)
@@ -304,7 +301,9 @@ class FleetSim:
         gc.disable()
         try:
             events = self._loop(progress)
-            self._cancel_outstanding()
+            # Requests still in flight when a duration-bound level's grace ran out.
+            self._collector.cancel(self._live.values(), self.clients.deadline_s)
+            self._live.clear()
             run = self._collector.run(plan.load, self._peak_in_flight)
             if sessions is not None and plan.closed:
                 # Sessions wait between turns: the level ran at its load when that many were
@@ -393,35 +392,6 @@ class FleetSim:
             assert self.kv_feed is not None
             self.kv_feed.deliver(obj)  # type: ignore[arg-type]
         elif kind == REACH:
-            self._reach(obj, now_s)  # type: ignore[arg-type]
+            self._api.reached(obj, now_s)  # type: ignore[arg-type]
         elif kind == INTAKE:
-            self._intake(obj, now_s)  # type: ignore[arg-type]
-
-    def _reach(self, request: FleetRequest, now_s: float) -> None:
-        """`request` reached its replica's API server: a batch of intake starts once its
-        tokenizer has waited for more (INTAKE_WAIT_S), unless one is running or due."""
-        replica = request.replica
-        assert replica is not None
-        if replica.reach_api(request):
-            self._push(now_s + INTAKE_WAIT_S, INTAKE, replica)
-
-    def _intake(self, replica: FleetReplica, now_s: float) -> None:
-        """A batch of intake starts at `now_s`: its requests reach the engine when it ends,
-        and the next batch gathers what came meanwhile (`FleetReplica.intake_batch`)."""
-        batch, took_s = replica.intake_batch(now_s, self._intake_s)
-        if not batch:
-            return
-        done_s = now_s + took_s
-        # Its requests reach the engine one after another as the event loop hands them on:
-        # an idle engine starts a step with the first; the rest wait for the next.
-        for request in batch:
-            self._push(done_s, DELIVER, request)
-        self._push(done_s + INTAKE_WAIT_S, INTAKE, replica)
-
-    def _cancel_outstanding(self) -> None:
-        """Requests still in flight when a duration-bound level's grace ran out."""
-        end_s = self.clients.deadline_s
-        for request in self._live.values():
-            if not request.warmup:
-                self._collector.fail(request.arrival_s, end_s, "cancelled_at_end")
-        self._live.clear()
+            self._api.start(obj, now_s)  # type: ignore[arg-type]
