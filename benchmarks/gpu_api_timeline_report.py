@@ -162,6 +162,42 @@ def batches(requests: list[Stamps], calls: list[dict[str, Any]]) -> list[tuple[i
     return out
 
 
+def warmups(folder: Path, config: str, requests: list[Stamps]) -> list[Stamps]:
+    """The warm-up bursts' requests (the first measured, before any run's)."""
+    count = sum(len(_requests(folder / config / name)) for name in WARMUPS)
+    return requests[:count]
+
+
+def idle_cost(rows: list[tuple[int, float, float]]) -> tuple[float, float]:
+    """(seconds for a batch of one prompt, seconds more for each further prompt): the median
+    of the one-prompt batches, and the least-squares slope over all of them."""
+    one = statistics.median(took for n, took, _ in rows if n == 1)
+    sizes = [n - 1 for n, _, _ in rows]
+    took = [t for _, t, _ in rows]
+    mean_n, mean_t = statistics.mean(sizes), statistics.mean(took)
+    spread = sum((n - mean_n) ** 2 for n in sizes)
+    more = sum((n - mean_n) * (t - mean_t) for n, t in zip(sizes, took, strict=True)) / spread
+    return one, more
+
+
+def slowdown_table(
+    rows: list[tuple[int, float, float]], idle: tuple[float, float], s_per_token: float
+) -> str:
+    """Each batch's time over its idle cost (`idle_cost`), by the share of the API server the
+    streaming beside it took (tokens a second x `s_per_token`), a tenth at a time."""
+    one, more = idle
+    cells: dict[float, list[float]] = defaultdict(list)
+    for n, took, rate in rows:
+        share = rate * s_per_token
+        if 0.05 <= share < 0.9:
+            cells[round(share, 1)].append(took / (one + more * (n - 1)))
+    lines = [f"{'share':>6s} {'batches':>8s} {'slowdown':>9s} {'1/(1-s)':>8s} {'1/(1-s)^2':>10s}"]
+    for share, ratios in sorted(cells.items()):
+        lines.append(f"{share:6.1f} {len(ratios):8d} {statistics.median(ratios):9.2f} "
+                     f"{1 / (1 - share):8.2f} {1 / (1 - share) ** 2:10.2f}")  # fmt: skip
+    return "\n".join(lines)
+
+
 def batch_table(rows: list[tuple[int, float, float]]) -> str:
     sizes = [(1, 1), (2, 3), (4, 8), (9, 16), (17, 32)]
     rates = [(0, 2000), (2000, 6000), (6000, 10000), (10000, 20000)]
@@ -218,6 +254,13 @@ def main() -> int:
         metavar="RUN@LEVEL",
         help="also print the engine's step times while that level ran (e.g. open-high/rep1@40)",
     )
+    parser.add_argument(
+        "--us-per-token",
+        type=float,
+        default=30.6,
+        help="the API server's time per streamed token, for the streaming's share (default: "
+        "the eleventh loan's host, read from its token arrivals)",
+    )
     args = parser.parse_args()
     with gzip.open(args.folder / "timeline" / "api.jsonl.gz", "rt") as lines:
         requests, calls = read_timeline(lines)
@@ -229,7 +272,15 @@ def main() -> int:
         print(f"\nthe engine's steps during {name} (its core's clock)")
         print(step_table(engine_steps(levels[name], calls)))
     print("\nthe tokenizer's batches: median time (count), by size and the streaming beside them")
-    print(batch_table(batches(requests, calls)))
+    found = batches(requests, calls)
+    print(batch_table(found))
+    warm = batches(warmups(args.folder, args.config, requests), calls)
+    idle = idle_cost(warm)
+    print(f"\nthe warm-up bursts' {len(warm)} batches: one prompt {idle[0] * 1e3:.1f} ms "
+          f"(median), {idle[1] * 1e3:.2f} ms more a further one (least squares)")  # fmt: skip
+    print(f"each batch over that, by the streaming's share of the server at "
+          f"{args.us_per_token} us a streamed token:")  # fmt: skip
+    print(slowdown_table(found, idle, args.us_per_token / 1e6))
     return 0
 
 

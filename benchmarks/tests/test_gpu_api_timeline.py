@@ -11,7 +11,14 @@ from typing import Any
 
 import pytest
 
-from benchmarks.gpu_api_timeline_report import batches, engine_steps, read_timeline, step_table
+from benchmarks.gpu_api_timeline_report import (
+    batches,
+    engine_steps,
+    idle_cost,
+    read_timeline,
+    slowdown_table,
+    step_table,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "gpu_api_timeline"))
 import servepilot_api_timeline as plugin
@@ -55,6 +62,20 @@ def test_the_engines_steps_are_read_on_its_clock_with_their_first_tokens() -> No
     rows = [line.split() for line in step_table(steps * 8).splitlines()[1:]]
     assert rows == [["0", "0-49", "8", "30.0"], ["1", "0-49", "8", "20.0"]]
     assert step_table(steps * 7).splitlines()[1:] == []  # under 8 steps: not shown
+
+
+def test_a_batchs_idle_cost_and_its_slowing_beside_the_streaming() -> None:
+    """Idle batches of 1, 2 and 3 prompts in 6, 8 and 10 ms: 6 ms for one (the median of the
+    one-prompt batches) and 2 ms a further one. Beside 10,000 streamed tokens a second at
+    30 us a token (a share of 0.3), a one-prompt batch of 12 ms is slowed 2 times."""
+    idle_rows = [(1, 0.005, 0.0), (1, 0.006, 0.0), (1, 0.007, 0.0), (2, 0.008, 0.0),
+                 (3, 0.010, 0.0)]  # fmt: skip
+    one, more = idle_cost(idle_rows)
+    assert one == pytest.approx(0.006) and more == pytest.approx(0.002)
+    table = slowdown_table([(1, 0.012, 10_000.0), (2, 0.008, 100.0)], (one, more), 30e-6)
+    assert [line.split() for line in table.splitlines()[1:]] == [
+        ["0.3", "1", "2.00", "1.43", "2.04"]
+    ]  # the second batch, at a share of 0.003, is too idle to count
 
 
 class _Processor:

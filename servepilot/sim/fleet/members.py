@@ -23,12 +23,13 @@ INTAKE_WAIT_S: Final = 0.002
 """How long its tokenizer waits for more prompts once one is there (batch_wait_timeout_s)."""
 INTAKE_BATCHED_PROMPT_TOKENS: Final = 580
 """What each prompt of a batch beyond its longest costs, in prompt tokens taken in alone: the
-twelfth loan's warm-up bursts of 1,000-token prompts (no streaming) took 5.7 ms for one and
-2.6 ms more for each further prompt of a batch, where one prompt costs 4.48 us a token."""
+twelfth loan's warm-up bursts of 1,000-token prompts (no streaming) took 6.0 ms for one and
+2.6 ms more for each further prompt of a batch, where one prompt costs 4.48 us a token
+(`benchmarks/gpu_api_timeline_report.py`)."""
 STREAM_LOAD_MAX: Final = 0.8
 """The most of its API server's time streaming is taken to hold from its intake. Its intake
 slows by (1 - share)^-2: the twelfth loan's batches beside streaming that took 30-50% of the
-loop (at this host's 30.6 us a token) took 2.7-3.5 times their idle time (median of 136), where
+loop (at 30.6 us a token) took 2.85-3.70 times their idle time (medians, 137 batches), where
 (1 - share)^-1 gives 1.4-2.0 and (1 - share)^-2 2.0-4.0."""
 
 Push = Callable[[float, int, object], None]
@@ -222,8 +223,8 @@ class FleetReplica:
         Python), all over the square of the share of the core the streaming leaves (the thread
         waits for the GIL, then for the loop to take its results back, both slowed by the
         streaming). Measured on an H100 (2026-12-07, benchmarks/gpu_api_timeline): a batch of
-        1-3 prompts of 1,000 tokens took 5-9 ms beside no streaming, 17-40 ms beside
-        10,000-14,000 streamed tokens a second, and requests reached the engine in those
+        1-3 prompts of 1,000 tokens took 5.5-8.8 ms (medians) beside little streaming, 18-24 ms
+        beside 10,000-20,000 streamed tokens a second, and requests reached the engine in those
         batches. An empty batch: none waiting, the thread idles."""
         batch = self.intake_waiting[:INTAKE_BATCH_MAX]
         del self.intake_waiting[:INTAKE_BATCH_MAX]
