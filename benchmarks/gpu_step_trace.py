@@ -179,7 +179,7 @@ def sweep(
         # first-time cost from a steady one) gets its own folder.
         again = levels[:i].count(n)
         row = profile_level(replica, folder / (f"c{n}" + (f"-{again + 1}" if again else "")),
-                            n, load, deadline)  # fmt: skip
+                            n, load, deadline, again)  # fmt: skip
         t = row.get("trace", {})
         steps = max(1, t.get("steps", 0))
         print(f"  {n:4d} in flight: {t.get('steps')} steps, kernels "
@@ -191,15 +191,19 @@ def sweep(
 
 
 def profile_level(
-    replica: str, level: Path, n: int, load: Level, deadline: float
+    replica: str, level: Path, n: int, load: Level, deadline: float, again: int = 0
 ) -> dict[str, Any]:
     """One closed loop of `n` requests with the profiler on for `STEPS` (or --steps) of it:
-    bench's results and the reduced trace, also written to `level`/step.json."""
+    bench's results and the reduced trace, also written to `level`/step.json. `again`: how
+    many times this level ran before on the engine; each time draws other prompts, since
+    the same prompts would find their prefixes cached (a second burst of 16 traced on
+    2026-12-07 prefilled 128 tokens in all, not 15,744)."""
     level.mkdir(parents=True, exist_ok=True)
     before = _metric(replica, "vllm:prompt_tokens_total")
+    seed = 300_000 + n + 1_000 * again
     args = ["bench", "--url", replica, "--concurrency", str(n), "--requests", str(n),
             "--input-tokens", str(load.prompt_tokens), "--output-tokens",
-            str(load.output_tokens), "--warmup", "0", "--seed", str(300_000 + n), "--out",
+            str(load.output_tokens), "--warmup", "0", "--seed", str(seed), "--out",
             str(level)]  # fmt: skip
     row: dict[str, Any] = {"in_flight": n}
     started = time.time()
