@@ -34,6 +34,7 @@ from servepilot.gateway.kv_sources import (
     NoKvEvents,
     endpoint_from_sources,
 )
+from servepilot.gateway.zmq_reader import LoopReader
 from servepilot.routing.kv_index import (
     AllBlocksCleared,
     Applied,
@@ -141,27 +142,24 @@ class KvEventFeed:
             await asyncio.sleep(self._quiet_probe_s)
 
     async def _follow(self) -> None:
-        sub = self._context.socket(zmq.SUB)
+        sub: zmq.Socket[bytes] = zmq.Socket(self._context, zmq.SUB)
         sub.setsockopt(zmq.RCVHWM, _RECV_HWM)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
-        # A receive that waits this long fails with Again: one await a message, where a poll
-        # before each receive made two (kv_feed_cost.py).
-        sub.setsockopt(zmq.RCVTIMEO, int(self._quiet_probe_s * 1000))
         sub.connect(self.endpoint.publish)
+        reader = LoopReader(sub)
         try:
             await self._probe()
             while True:
-                try:
-                    frames = await sub.recv_multipart()
-                except zmq.Again:
+                messages = await reader.receive(self._quiet_probe_s)
+                if not messages:
                     await self._probe()
-                    continue
-                if len(frames) != 3:
-                    raise ValueError(f"a message of {len(frames)} frames, not 3")
-                await self._live(decode_batch(frames[1], frames[2]))
+                for frames in messages:
+                    if len(frames) != 3:
+                        raise ValueError(f"a message of {len(frames)} frames, not 3")
+                    await self._live(decode_batch(frames[1], frames[2]))
         finally:
-            sub.close(linger=0)
+            reader.close()
 
     async def _live(self, batch: Batch) -> None:
         applied = self._apply(batch)
