@@ -21,11 +21,13 @@ from servepilot.core.errors import ConfigError
 from servepilot.engine.metrics import EngineMetric, scrape
 from servepilot.engine.simserver.kvconfig import parse_kv_events_config
 from servepilot.engine.simserver.kvpublisher import encode_batch
+from servepilot.engine.simserver.prefixmap import PrefixMap
 from servepilot.gateway.kv_events import Batch, KvEventFeeds, decode_batch
 from servepilot.gateway.kv_sources import KvEventsEndpoint, ask_sources, endpoint_from_sources
 from servepilot.gateway.tokens import PromptBlocks, PromptTokenizer
 from servepilot.routing.kv_index import (
     AllBlocksCleared,
+    BlockHashing,
     BlockRemoved,
     BlockStored,
     KvEvent,
@@ -320,3 +322,22 @@ def test_a_batch_is_encoded_byte_for_byte_as_vllms() -> None:
     )  # fmt: skip
     encoder = msgspec.msgpack.Encoder()
     assert encode_batch(1234.5, ours, encoder) == encoder.encode(theirs)
+
+
+def test_a_group_the_prefix_map_forgets_is_published_as_removed() -> None:
+    """Past its capacity the map drops its least recently used group, which no prompt can
+    hit any more: its blocks are removed from the index, its later changes not published."""
+    heard: list[KvEvent] = []
+    prefixes = PrefixMap(BlockHashing(4), capacity=2, on_drop=heard.append)
+    first = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    group, shared = prefixes.assign(first)
+    assert group is not None and shared == 8
+    keys = prefixes.block_keys(group, 0, 2)
+    assert keys == [external_hash(d) for d in prompt_block_hashes(first, BlockHashing(4))]
+    assert prefixes.block_tokens(group, 1, 2) == (5, 6, 7, 8)
+    prefixes.assign([10, 11, 12, 13, 14])
+    prefixes.assign([20, 21, 22, 23, 24])
+    assert heard == [BlockRemoved(tuple(keys), "GPU")]
+    assert prefixes.block_keys(group, 0, 2) is None
+    prefixes.forget()
+    assert heard[-1] == AllBlocksCleared()

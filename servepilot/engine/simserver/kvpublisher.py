@@ -132,14 +132,16 @@ class KvEventPublisher:
             if len(frames) != 3:
                 log.warning("invalid KV event replay request: %d frames", len(frames))
                 continue
-            client, _, start_bytes = frames
-            start = int.from_bytes(start_bytes, "big")
-            # Copied first: the engine may publish while the answer waits on a full pipe.
-            for seq, payload in [kept for kept in self._buffer if kept[0] >= start]:
-                await router.send_multipart(
-                    (client, b"", self._topic, seq.to_bytes(8, "big"), payload)
-                )
-            await router.send_multipart((client, b"", b"", _END_SEQ, b""))
+            try:
+                await self._replay_to(router, frames[0], int.from_bytes(frames[2], "big"))
+            except zmq.ZMQError as exc:  # one subscriber's failed answer stops no other's
+                log.warning("KV event replay failed: %s", exc)
+
+    async def _replay_to(self, router: zmq.asyncio.Socket, client: bytes, start: int) -> None:
+        # Copied first: the engine may publish while the answer waits on a full pipe.
+        for seq, payload in [kept for kept in self._buffer if kept[0] >= start]:
+            await router.send_multipart((client, b"", self._topic, seq.to_bytes(8, "big"), payload))
+        await router.send_multipart((client, b"", b"", _END_SEQ, b""))
 
     async def close(self) -> None:
         task, self._task = self._task, None
