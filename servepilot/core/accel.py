@@ -75,6 +75,7 @@ SIM = Group(
         "servepilot.sim.engine.request",
         "servepilot.sim.engine.steps",
         "servepilot.sim.engine.kvblocks",
+        "servepilot.sim.engine.chainevents",
         "servepilot.sim.engine.sharing",
         "servepilot.sim.engine.scheduler",
         "servepilot.sim.engine.replica",

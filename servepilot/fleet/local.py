@@ -58,7 +58,7 @@ def replica_command(
     """One replica's server command: vLLM's, or the simulated replica's (`engine.kind: sim`);
     the Ray backend's actors start theirs with it too."""
     if isinstance(model, SimModel):
-        return sim_launch_command(config, model, host, port)
+        return sim_launch_command(config, model, host, port, kv_events)
     spec = ServerSpec(
         str(model.path), model.served_name, host, port, model.dummy, kv_events=kv_events
     )
@@ -69,8 +69,9 @@ def replica_command(
 def kv_events_ports(
     config: FleetConfig, model: ResolvedModel | SimModel, host: str
 ) -> KvEventsPorts | None:
-    """Two free ports for a vLLM replica's KV events (engine.kv_events); None for none."""
-    if isinstance(model, SimModel) or not config.engine.kv_events:
+    """Two free ports for a replica's KV events (engine.kv_events), simulated replicas' too;
+    None for none."""
+    if not config.engine.kv_events:
         return None
     return KvEventsPorts(free_port(host), free_port(host))
 

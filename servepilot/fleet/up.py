@@ -225,8 +225,16 @@ async def _local_fleet(
         access_log=run_dir / ACCESS_LOG,
         stop_line="draining the gateway and stopping the replicas",
         after_start=deferred,
-        tokenizer=None if isinstance(model, SimModel) else str(model.path),
+        tokenizer=_tokenizer(model),
     )
+
+
+def _tokenizer(model: ResolvedModel | SimModel) -> str | None:
+    """The folder whose tokenizer keys prompts for the gateway's exact index: the one the
+    replicas count tokens with (a simulated replica's may be none: it approximates)."""
+    if isinstance(model, SimModel):
+        return None if model.tokenizer is None else str(model.tokenizer)
+    return str(model.path)
 
 
 def _ray_fleet(config: FleetConfig) -> Prepare:

@@ -8,13 +8,12 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from servepilot.engine.simserver.app import SimApp
 from servepilot.engine.simserver.config import SimSetup, build_setup, parse_args
+from servepilot.engine.simserver.kvpublisher import KvEventPublisher
 from servepilot.engine.simserver.realtime import RealtimeEngine
-from servepilot.engine.simserver.sleep import sleep_times
+from servepilot.engine.simserver.server import sim_app
 from servepilot.engine.simserver.tokens import load_tokenizer
 from servepilot.http1 import HttpServer
-from servepilot.sim import ReplicaModel
 
 T = TypeVar("T")
 
@@ -29,28 +28,29 @@ BASE_ARGS = ["--model", "smollm2", "--dtype", "float32", "--max-model-len", "204
 
 
 class ThreadedSim:
-    """The simulated replica on its own event loop in a daemon thread."""
+    """The simulated replica on its own event loop in a daemon thread, built as its process
+    builds it (with its KV event publisher, given --kv-events-config)."""
 
     def __init__(self, argv: list[str]) -> None:
-        args, _ = parse_args(argv)
-        self.setup: SimSetup = build_setup(args)
-        self.sleep = sleep_times(args)
-        self.tokenizer = load_tokenizer(args.tokenizer)
+        self.args, _ = parse_args(argv)
+        self.setup: SimSetup = build_setup(self.args)
+        self.tokenizer = load_tokenizer(self.args.tokenizer)
         self.url = ""
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self.engine: RealtimeEngine | None = None
+        self.publisher: KvEventPublisher | None = None
         self._server: HttpServer | None = None
 
     def __enter__(self) -> ThreadedSim:
         self._thread.start()
 
         async def start() -> int:
-            self.engine = RealtimeEngine(ReplicaModel(self.setup.scheduler, self.setup.cost))
-            app = SimApp(self.engine, self.tokenizer, served_name=self.setup.served_name,
-                         max_model_len=self.setup.scheduler.max_model_len,
-                         sleep=self.sleep)  # fmt: skip
+            events = self.setup.kv_events
+            self.publisher = KvEventPublisher.start(events) if events.publishes else None
+            app = sim_app(self.setup, self.args, self.tokenizer, self.publisher)
+            self.engine = app.engine
             self._server = app.http_server()
             self.engine.start()
             return await self._server.start("127.0.0.1", 0)
@@ -86,6 +86,8 @@ class ThreadedSim:
             assert self._server is not None and self.engine is not None
             await self._server.close()
             await self.engine.close()
+            if self.publisher is not None:
+                await self.publisher.close()
 
         asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -22,6 +22,7 @@ from servepilot.engine.simserver.prefixmap import PrefixMap
 from servepilot.engine.simserver.server import startup_lines
 from servepilot.engine.simserver.tokens import ApproxTokenizer, HfTokenizer
 from servepilot.engine.startup_log import parse_kv_capacity
+from servepilot.routing.kv_index import BlockHashing
 from tests.unit.sim_support import BASE_ARGS, COST_FLAGS, ThreadedSim, chat_body
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,7 +123,7 @@ def test_real_tokenizer_counts_as_transformers_does() -> None:
 
 
 def test_prefix_map_shares_the_common_chain_only() -> None:
-    prefixes = PrefixMap(block_size=4)
+    prefixes = PrefixMap(BlockHashing(block_size=4))
     system = list(range(8))
     group, shared = prefixes.assign([*system, 100, 101, 102, 103, 104])
     assert (group, shared) == (0, 12)  # the first prompt starts the chain: its full blocks

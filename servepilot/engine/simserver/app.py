@@ -3,6 +3,7 @@
 POST /v1/chat/completions, /v1/completions   streamed (SSE) or not
 POST /v1/responses                            streamed (named SSE events) or not
 GET  /v1/models, /health, /metrics (vLLM's names), /version
+GET  /kv_event_sources                        where its KV events are published (kvconfig.py)
 POST /tokenize, /detokenize                   vLLM's request and answer shapes
 POST /sleep, /wake_up, GET /is_sleeping       with --enable-sleep-mode (sleep.py)
 
@@ -64,9 +65,11 @@ class SimApp:
         max_model_len: int,
         sleep: SleepTimes | None = None,
         drop_streams_after_tokens: int | None = None,
+        kv_event_sources: dict[str, Any] | None = None,
     ) -> None:
         """`sleep`: with --enable-sleep-mode, the sleep routes and what they take.
-        `drop_streams_after_tokens`: a fault for tests (--drop-streams-after-tokens)."""
+        `drop_streams_after_tokens`: a fault for tests (--drop-streams-after-tokens).
+        `kv_event_sources`: the answer to GET /kv_event_sources (None: `{}`, none published)."""
         self.drop_after = drop_streams_after_tokens
         self.engine = engine
         self.tokenizer = tokenizer
@@ -74,6 +77,7 @@ class SimApp:
         self.max_model_len = max_model_len
         self.draining = False
         self._created = int(time.time())
+        self._kv_event_sources = json.dumps(kv_event_sources or {}).encode()
         self._routes: dict[tuple[str, str], Route] = {
             ("POST", "/v1/chat/completions"): functools.partial(self._generate, chat=True),
             ("POST", "/v1/completions"): functools.partial(self._generate, chat=False),
@@ -82,6 +86,7 @@ class SimApp:
             ("GET", "/health"): self._health,
             ("GET", "/metrics"): self._metrics,
             ("GET", "/version"): self._version,
+            ("GET", "/kv_event_sources"): self._kv_sources,
             ("POST", "/tokenize"): self._tokenize,
             ("POST", "/detokenize"): self._detokenize,
         }
@@ -177,6 +182,9 @@ class SimApp:
 
     async def _version(self, request: HttpRequest) -> None:
         request.respond(200, b'{"version":"%s"}' % VLLM_VERSION.encode())
+
+    async def _kv_sources(self, request: HttpRequest) -> None:
+        request.respond(200, self._kv_event_sources)
 
     async def _models(self, request: HttpRequest) -> None:
         card = {

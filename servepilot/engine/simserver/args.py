@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servepilot.core.config import EMBEDDED_MODEL, FleetConfig, ModelConfig
-from servepilot.engine.args import LaunchCommand, ServerSpec, server_args
+from servepilot.engine.args import KvEventsPorts, LaunchCommand, ServerSpec, server_args
 from servepilot.engine.model_source import converted_embedded
 
 SIM_SERVER_MODULE = "servepilot.engine.simserver.server"
@@ -51,9 +51,16 @@ def sim_model(model: ModelConfig, tokenizer: str | None = None) -> SimModel:
     )
 
 
-def sim_launch_command(config: FleetConfig, model: SimModel, host: str, port: int) -> LaunchCommand:
+def sim_launch_command(
+    config: FleetConfig,
+    model: SimModel,
+    host: str,
+    port: int,
+    kv_events: KvEventsPorts | None = None,
+) -> LaunchCommand:
+    """`kv_events`: where it publishes its KV events, as a vLLM replica would (engine.kv_events)."""
     engine, hardware = config.engine, config.hardware
-    spec = ServerSpec(model.model_arg, model.served_name, host, port)
+    spec = ServerSpec(model.model_arg, model.served_name, host, port, kv_events=kv_events)
     args = server_args(engine, spec, hardware.device)
     args += ["--accelerator", hardware.accelerator]
     if hardware.catalog is not None:

@@ -11,11 +11,12 @@ ignored.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from servepilot.core.config import DEFAULT_GPU_MEMORY_UTILIZATION
 from servepilot.core.errors import ConfigError
+from servepilot.engine.simserver.kvconfig import KvEventsConfig, parse_kv_events_config
 from servepilot.plan.costmodel import COEFFICIENTS, CostModel, roofline_cost_model
 from servepilot.plan.costprofile import load_profile
 from servepilot.plan.dtypes import (
@@ -34,6 +35,7 @@ from servepilot.plan.hardware import (
 from servepilot.plan.kv import KvCacheShape
 from servepilot.plan.presets import load_model
 from servepilot.plan.spec import ModelSpec
+from servepilot.routing.kv_index import SUPPORTED_ALGOS
 from servepilot.sim.engine.records import SchedulerConfig
 from servepilot.sim.engine.setup import EngineKnobs, Precision, engine_setup
 
@@ -64,6 +66,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction)
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument(
+        "--kv-events-config", metavar="JSON",
+        help="publish KV cache events as vLLM does (its KVEventsConfig as JSON), and say "
+        "where in GET /kv_event_sources",
+    )  # fmt: skip
+    p.add_argument(
+        "--prefix-caching-hash-algo", default="sha256",
+        help="how blocks are hashed (vLLM's default, sha256, is the one simulated)",
+    )  # fmt: skip
     p.add_argument(
         "--enable-sleep-mode", action="store_true",
         help="serve POST /sleep, POST /wake_up and GET /is_sleeping (vLLM serves them with "
@@ -111,6 +122,8 @@ class SimSetup:
     max_concurrency: float
     device_label: str
     """vLLM's name for the KV pool's device in its log: GPU or CPU."""
+    kv_events: KvEventsConfig = field(default_factory=KvEventsConfig)
+    """--kv-events-config: where its KV events are published, if they are."""
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -125,6 +138,11 @@ def build_setup(args: argparse.Namespace) -> SimSetup:
     kv_dtype = parse_kv_dtype(args.kv_cache_dtype, field="--kv-cache-dtype")
     engine = engine_setup(spec, accelerator, _knobs(args), Precision(weights, compute, kv_dtype))
     model_len = engine.scheduler.max_model_len
+    if args.prefix_caching_hash_algo not in SUPPORTED_ALGOS:
+        raise ConfigError(
+            f"--prefix-caching-hash-algo {args.prefix_caching_hash_algo}: the simulated replica "
+            f"hashes blocks with {', '.join(SUPPORTED_ALGOS)} only (vLLM's default)"
+        )
     return SimSetup(
         spec=spec,
         served_name=args.served_model_name or args.model,
@@ -133,6 +151,7 @@ def build_setup(args: argparse.Namespace) -> SimSetup:
         kv_capacity_tokens=engine.kv_capacity_tokens,
         max_concurrency=engine.shape.max_concurrency(engine.kv_bytes, model_len),
         device_label="CPU" if accelerator.kind is AcceleratorKind.CPU else "GPU",
+        kv_events=parse_kv_events_config(args.kv_events_config),
     )
 
 

@@ -26,6 +26,7 @@ from typing import Any
 from servepilot.engine.simserver.tokens import FILLER, PromptTokenizer, filler_text
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest.max_tokens default
+_MAX_TOKEN_ID = 2**63
 # Each generated token's text as a JSON string, encoded once: a stream writes one per step.
 _TOKEN_JSON = tuple(json.dumps(" " + word).encode() for word in FILLER)
 
@@ -145,6 +146,12 @@ def _completion_ids(doc: dict[str, Any], tokenizer: PromptTokenizer) -> list[int
         )
     if not ids:
         raise bad_request("the prompt is empty", "prompt")
+    # vLLM refuses ids outside its vocabulary; no vocabulary here, but the prefix map keeps
+    # a prompt's ids as 64-bit ints (prefixmap.py).
+    lowest, highest = min(ids), max(ids)
+    if lowest < 0 or highest >= _MAX_TOKEN_ID:
+        out = lowest if lowest < 0 else highest
+        raise bad_request(f"Token id {out} is out of vocabulary", "prompt")
     return ids
 
 

@@ -14,6 +14,10 @@ model's times to within about a millisecond:
 - The sleep aims `EARLY_S` before a step's end: asyncio rounds a timer's wait up to a whole
   millisecond, so this centres the delivery error on zero instead of +0.5 ms.
 
+KV events (with a publisher): what a step stored and evicted leaves as one batch once the
+step has run, as vLLM publishes its scheduler's events after each step, with the prefix
+groups dropped since the step before (prefixmap.py).
+
 Requests that arrive while a step runs wait for the next one, as in vLLM. With async
 scheduling a step's tokens are handed out once the next step is launched (`HostClock`: a
 step too large for a CUDA graph holds back the tokens of the step before it). With nothing
@@ -25,11 +29,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from servepilot.engine.simserver.metrics import Gauges, ServerStats
 from servepilot.engine.simserver.prefixmap import PrefixMap
+from servepilot.routing.kv_index import DEFAULT_SEED, BlockHashing, KvEvent
+from servepilot.sim.engine.chainevents import chain_records
 from servepilot.sim.engine.hostclock import HostClock, hold_back
 from servepilot.sim.engine.records import StepResult
 from servepilot.sim.engine.replica import ReplicaModel
@@ -47,6 +53,13 @@ class TokenSink(Protocol):
 
     def finish(self) -> None:
         """The last token was generated (after its `token` call)."""
+
+
+class KvEventSink(Protocol):
+    """Where the replica's KV events go (its ZMQ publisher)."""
+
+    def publish(self, events: Sequence[KvEvent]) -> None:
+        """One batch of events, in order."""
 
 
 class _Live:
@@ -70,7 +83,11 @@ class RealtimeEngine:
         model: ReplicaModel,
         *,
         clock: Callable[[], float] = time.monotonic,
+        hash_seed: str = DEFAULT_SEED,
+        kv_events: KvEventSink | None = None,
     ) -> None:
+        """`hash_seed`: vLLM's NONE_HASH seed (the replica's PYTHONHASHSEED, if set), so its
+        blocks hash as the gateway keys them. `kv_events`: publish its KV events there."""
         self.model = model
         self.stats = ServerStats()
         self._clock = clock
@@ -79,7 +96,16 @@ class RealtimeEngine:
         self._host = HostClock(model.cost, model.async_scheduling)
         self._ids = itertools.count(1)
         config = model.config
-        self._prefixes = PrefixMap(config.block_size) if config.enable_prefix_caching else None
+        self._kv_events = kv_events
+        self._kv_queue: list[KvEvent] = []
+        """Events of the prefix map (groups dropped) waiting for the next batch."""
+        self._prefixes: PrefixMap | None = None
+        if config.enable_prefix_caching:
+            on_drop = None if kv_events is None else self._kv_queue.append
+            hashing = BlockHashing(config.block_size, hash_seed)
+            self._prefixes = PrefixMap(hashing, on_drop=on_drop)
+        if kv_events is not None:
+            model.listen_kv_events()
         self._wake = asyncio.Event()
         self._woken_by = 0.0
         """Arrival of the request that woke the idle engine (the model's clock)."""
@@ -163,6 +189,20 @@ class RealtimeEngine:
         left behind count as free already and are evicted as new requests need room."""
         if self._prefixes is not None:
             self._prefixes.forget()
+            self._publish_kv_events()  # no step may follow soon (a sleep)
+
+    def _publish_kv_events(self) -> None:
+        """What the model's chains stored and evicted, and the groups the prefix map dropped,
+        since the last batch: the next batch, if any."""
+        if self._kv_events is None:
+            return
+        events = list(self._kv_queue)
+        self._kv_queue.clear()
+        notes = self.model.take_kv_events()
+        if notes and self._prefixes is not None:
+            events += chain_records(notes, self.model.config.block_size, self._prefixes)
+        if events:
+            self._kv_events.publish(events)
 
     def abort(self, request_id: int) -> None:
         """The client went away: the request leaves the model (its blocks are freed)."""
@@ -218,6 +258,7 @@ class RealtimeEngine:
             delay = result.end_s - EARLY_S - self.now()
             if delay > 0:
                 await asyncio.sleep(delay)
+            self._publish_kv_events()
             last_end = result.end_s
             pending = (result, got_token)
 

@@ -12,30 +12,38 @@ once its KV cache is allocated:
     GPU KV cache size: 93,184 tokens, Maximum concurrency for 2,048 tokens per request: 45.50x
 
 (engine/startup_log.py reads it), then serves. SIGTERM or SIGINT drains: no new
-connections, requests in flight finish (up to --drain-timeout-s), then it exits.
+connections, requests in flight finish (up to --drain-timeout-s), then it exits. With
+`--kv-events-config` it publishes its KV cache events as vLLM does (kvpublisher.py), its
+sockets bound before it serves and closed after its engine stops.
 
 Modules: config (flags -> scheduler, KV blocks, cost model), realtime (the step loop), app
 (routes), sinks (tokens -> the HTTP answer), openai_api (request checks, response bytes),
-metrics (/metrics), tokens (token counts), prefixmap (prefix-cache groups); the HTTP/1.1
-server is servepilot.http1's.
+metrics (/metrics), tokens (token counts), prefixmap (prefix-cache groups), kvconfig and
+kvpublisher (KV events); the HTTP/1.1 server is servepilot.http1's.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 import time
 
+import zmq
+
 from servepilot.core.errors import ServepilotError
 from servepilot.engine.simserver.app import SimApp
 from servepilot.engine.simserver.config import SimSetup, build_setup, parse_args
+from servepilot.engine.simserver.kvpublisher import KvEventPublisher
 from servepilot.engine.simserver.realtime import RealtimeEngine
 from servepilot.engine.simserver.sleep import sleep_times
-from servepilot.engine.simserver.tokens import load_tokenizer
+from servepilot.engine.simserver.tokens import PromptTokenizer, load_tokenizer
 from servepilot.plan.costmodel import COEFFICIENTS
+from servepilot.routing.kv_index import DEFAULT_SEED
 from servepilot.sim.engine.replica import ReplicaModel
 
 log = logging.getLogger("servepilot.engine.simserver.server")
@@ -96,6 +104,45 @@ async def serve(app: SimApp, host: str, port: int, drain_s: float) -> bool:
     return True
 
 
+def sim_app(
+    setup: SimSetup,
+    args: argparse.Namespace,
+    tokenizer: PromptTokenizer,
+    publisher: KvEventPublisher | None,
+) -> SimApp:
+    """The replica's engine and routes; its KV events go to `publisher`, if any."""
+    engine = RealtimeEngine(
+        ReplicaModel(setup.scheduler, setup.cost),
+        # vLLM seeds its first block's hash with PYTHONHASHSEED when it is set.
+        hash_seed=os.environ.get("PYTHONHASHSEED", DEFAULT_SEED),
+        kv_events=publisher,
+    )
+    return SimApp(
+        engine,
+        tokenizer,
+        served_name=setup.served_name,
+        max_model_len=setup.scheduler.max_model_len,
+        sleep=sleep_times(args),
+        drop_streams_after_tokens=args.drop_streams_after_tokens,
+        kv_event_sources=None if publisher is None else publisher.config.sources(),
+    )
+
+
+async def _run(args: argparse.Namespace, setup: SimSetup, tokenizer: PromptTokenizer) -> bool:
+    """Publish (bound before serving), serve, then close the publisher after the engine."""
+    events = setup.kv_events
+    publisher = KvEventPublisher.start(events) if events.publishes else None
+    try:
+        app = sim_app(setup, args, tokenizer, publisher)
+        if publisher is not None:
+            bound = publisher.config
+            _print(f"KV events on {bound.endpoint}, replay on {bound.replay_endpoint}")
+        return await serve(app, args.host, args.port, args.drain_timeout_s)
+    finally:
+        if publisher is not None:
+            await publisher.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args, ignored = parse_args(sys.argv[1:] if argv is None else argv)
@@ -111,22 +158,13 @@ def main(argv: list[str] | None = None) -> int:
         _print(line)
     _print(f"tokenizer: {tokenizer.name}")
 
-    async def run() -> bool:
-        engine = RealtimeEngine(ReplicaModel(setup.scheduler, setup.cost))
-        app = SimApp(
-            engine,
-            tokenizer,
-            served_name=setup.served_name,
-            max_model_len=setup.scheduler.max_model_len,
-            sleep=sleep_times(args),
-            drop_streams_after_tokens=args.drop_streams_after_tokens,
-        )
-        return await serve(app, args.host, args.port, args.drain_timeout_s)
-
     try:
-        ok = asyncio.run(run())
+        ok = asyncio.run(_run(args, setup, tokenizer))
     except OSError as exc:  # the port is taken: vLLM's wording, which startup_log diagnoses
         print(f"OSError: [Errno {exc.errno}] {exc.strerror}", file=sys.stderr, flush=True)
+        return 1
+    except zmq.ZMQError as exc:  # a KV events endpoint taken or malformed
+        print(f"zmq.error.ZMQError: {exc}", file=sys.stderr, flush=True)
         return 1
     return 0 if ok else 1
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from servepilot.core.config import EngineKind, FleetConfig
 from servepilot.engine.model_source import local_tokenizer
+from servepilot.engine.simserver.args import sim_model
 from servepilot.fleet.autoscale.start import initial_replicas
 from servepilot.fleet.backend import ReplicaState
 from servepilot.fleet.ray import cluster
@@ -72,7 +73,8 @@ def _tokenizer(config: FleetConfig) -> str | None:
     """The tokenizer of the replicas' model, for the gateway's exact prefix index, where this
     node (the gateway's) has it; else their prefix caches are guessed."""
     if config.engine.kind is EngineKind.SIM:
-        return None  # simulated replicas publish no KV events
+        folder = sim_model(config.model, config.engine.sim_tokenizer).tokenizer
+        return None if folder is None else str(folder)
     folder = local_tokenizer(config.model)
     return None if folder is None else str(folder)
 

@@ -21,8 +21,8 @@ are findable. The group's chain only grows from its end.
 KV events (vLLM's BlockStored / BlockRemoved): with `events` set to a list, the pool notes
 each change of a group's chain as `(group key, first block, end block, stored)`. Only the
 chains are noted: they are the blocks another request's lookup can reach; a request's own
-blocks are never looked up by anyone else (sim/fleet/kvevents.py turns the notes into the
-records the gateway's index applies).
+blocks are never looked up by anyone else (chainevents.py turns the notes into the records
+the gateway's index applies).
 """
 
 from __future__ import annotations

@@ -24,13 +24,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from servepilot.routing.kv_index import (
-    BlockHashing,
-    BlockRemoved,
-    BlockStored,
-    KvEvent,
-    KvIndex,
-)
+from servepilot.routing.kv_index import BlockHashing, KvIndex
+from servepilot.sim.engine.chainevents import chain_records
 from servepilot.sim.engine.kvblocks import ChainNote
 from servepilot.sim.fleet.members import FleetReplica, Push
 from servepilot.sim.fleet.network import NetworkConfig
@@ -52,6 +47,20 @@ def prompt_keys(
     blocks = min(prefix_tokens, prompt_tokens - 1) // block_size
     base = block_key(group, 0)
     return tuple(range(base, base + blocks))
+
+
+class GroupKeys:
+    """The simulator's chains: block i of group g keyed (g, i); no token ids."""
+
+    def block_keys(self, group: int, first: int, end: int) -> range:
+        base = block_key(group, 0)
+        return range(base + first, base + end)
+
+    def block_tokens(self, group: int, first: int, end: int) -> tuple[int, ...]:
+        return ()
+
+
+_GROUP_KEYS: Final = GroupKeys()
 
 
 class KvEventFeed:
@@ -109,17 +118,4 @@ class KvEventFeed:
         rid, seq, notes = batch
         if rid not in self._delays:
             return
-        self.index.apply(rid, seq, self._records(notes))
-
-    def _records(self, notes: list[ChainNote]) -> list[KvEvent]:
-        size = self.block_size
-        records: list[KvEvent] = []
-        for group, first, end, stored in notes:
-            base = block_key(group, 0)
-            hashes = tuple(range(base + first, base + end))
-            if stored:
-                parent = base + first - 1 if first else None
-                records.append(BlockStored(hashes, parent, (), size))
-            else:
-                records.append(BlockRemoved(hashes))
-        return records
+        self.index.apply(rid, seq, chain_records(notes, self.block_size, _GROUP_KEYS))
