@@ -64,7 +64,11 @@ def test_the_gateway_reports_simulated_replicas_exact() -> None:
                 await gw.membership.join("c", c.url)
                 index = _feeds(gw).index
                 await eventually(lambda: set(index.exact_replicas()) == {"a", "b"})
-                await eventually(lambda: index.why_not_exact("c") != index.why_not_exact("b"))
+                # "c" is guessed from the start ("has not said where..."): wait for its answer.
+                feeds = _feeds(gw)
+                await eventually(
+                    lambda: "publishes no" in feeds.describe("c").get("prefix_index_why", "")
+                )
                 listed = await _replicas(client, url)
                 assert [listed[r]["prefix_index"] for r in "abc"] == ["exact", "exact", "guessed"]
                 assert listed["a"]["kv_events"] == f"tcp://127.0.0.1:{_ports(a)[0]}"
