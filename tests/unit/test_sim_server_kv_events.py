@@ -245,6 +245,33 @@ def test_a_sleep_clears_every_block() -> None:
         _run(server.url, test)
 
 
+def test_reset_prefix_cache_clears_every_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As vLLM's dev-mode route: the cache is emptied, AllBlocksCleared is published, and the
+    same prompt is not a hit; without VLLM_SERVER_DEV_MODE=1 there is no such route."""
+    with ThreadedSim(sim_args()) as plain:
+
+        async def refused(f: Follower) -> None:
+            async with f.session.post(f.url + "/reset_prefix_cache") as resp:
+                assert resp.status == 404
+
+        _run(plain.url, refused)
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
+    with ThreadedSim(sim_args()) as server:
+
+        async def test(f: Follower) -> None:
+            body = _ids_prompt(11, 4 * BS + 1)
+            await f.send(body)
+            await eventually(lambda: f.cached(body) == 4 * BS)
+            async with f.session.post(f.url + "/reset_prefix_cache") as resp:
+                assert resp.status == 200
+            await eventually(lambda: f.index.blocks_held("sim") == 0)
+            assert isinstance((await f.replay(0))[-1].events[-1], AllBlocksCleared)
+            assert await f.send(body) == 0  # nothing cached, as the index says
+            await eventually(lambda: f.cached(body) == 4 * BS)
+
+        _run(server.url, test)
+
+
 def test_kv_event_sources_answers_as_vllm_does(sim: ThreadedSim) -> None:
     async def test(f: Follower) -> None:
         async with f.session.get(f.url + "/kv_event_sources") as resp:

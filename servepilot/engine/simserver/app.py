@@ -66,8 +66,12 @@ class SimApp:
         sleep: SleepTimes | None = None,
         drop_streams_after_tokens: int | None = None,
         kv_event_sources: dict[str, Any] | None = None,
+        dev_routes: bool = False,
     ) -> None:
         """`sleep`: with --enable-sleep-mode, the sleep routes and what they take.
+        `dev_routes`: the routes vLLM serves with VLLM_SERVER_DEV_MODE=1 that a simulated
+        replica has a meaning for (POST /reset_prefix_cache, which benchmarks call between
+        runs).
         `drop_streams_after_tokens`: a fault for tests (--drop-streams-after-tokens).
         `kv_event_sources`: the answer to GET /kv_event_sources (None: `{}`, none published)."""
         self.drop_after = drop_streams_after_tokens
@@ -95,6 +99,8 @@ class SimApp:
             self._routes[("POST", "/sleep")] = self._sleep
             self._routes[("POST", "/wake_up")] = self._wake_up
             self._routes[("GET", "/is_sleeping")] = self._is_sleeping
+        if dev_routes:
+            self._routes[("POST", "/reset_prefix_cache")] = self._reset_prefix_cache
 
     def http_server(self) -> HttpServer:
         """The HTTP/1.1 server that answers with this app."""
@@ -176,6 +182,11 @@ class SimApp:
         assert self.sleep_mode is not None
         answer = {"is_sleeping": self.sleep_mode.is_sleeping}
         request.respond(200, json.dumps(answer).encode())
+
+    async def _reset_prefix_cache(self, request: HttpRequest) -> None:
+        # vLLM drops its cached blocks and publishes AllBlocksCleared; so does the replica.
+        self.engine.drop_prefix_cache()
+        request.respond(200, b"")
 
     async def _health(self, request: HttpRequest) -> None:
         request.respond(200, b"")

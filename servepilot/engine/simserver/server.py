@@ -36,6 +36,7 @@ import time
 import zmq
 
 from servepilot.core.errors import ServepilotError
+from servepilot.engine.args import SLEEP_ENDPOINTS_ENV
 from servepilot.engine.simserver.app import SimApp
 from servepilot.engine.simserver.config import SimSetup, build_setup, parse_args
 from servepilot.engine.simserver.kvpublisher import KvEventPublisher
@@ -125,6 +126,7 @@ def sim_app(
         sleep=sleep_times(args),
         drop_streams_after_tokens=args.drop_streams_after_tokens,
         kv_event_sources=None if publisher is None else publisher.config.sources(),
+        dev_routes=os.environ.get(SLEEP_ENDPOINTS_ENV) == "1",
     )
 
 
