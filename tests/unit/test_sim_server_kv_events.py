@@ -230,17 +230,7 @@ def test_a_sleep_clears_every_block() -> None:
     with ThreadedSim(sim_args(*sleepy)) as server:
 
         async def test(f: Follower) -> None:
-            body = _ids_prompt(7, 4 * BS + 1)
-            await f.send(body)
-            await eventually(lambda: f.cached(body) == 4 * BS)
-            async with f.session.post(f.url + "/sleep?level=1") as resp:
-                assert resp.status == 200
-            await eventually(lambda: f.index.blocks_held("sim") == 0)
-            assert isinstance((await f.replay(0))[-1].events[-1], AllBlocksCleared)
-            async with f.session.post(f.url + "/wake_up") as resp:
-                assert resp.status == 200
-            assert await f.send(body) == 0  # as the index said: nothing cached
-            await eventually(lambda: f.cached(body) == 4 * BS)
+            await _cleared_by(f, "/sleep?level=1", then="/wake_up")
 
         _run(server.url, test)
 
@@ -259,17 +249,25 @@ def test_reset_prefix_cache_clears_every_block(monkeypatch: pytest.MonkeyPatch) 
     with ThreadedSim(sim_args()) as server:
 
         async def test(f: Follower) -> None:
-            body = _ids_prompt(11, 4 * BS + 1)
-            await f.send(body)
-            await eventually(lambda: f.cached(body) == 4 * BS)
-            async with f.session.post(f.url + "/reset_prefix_cache") as resp:
-                assert resp.status == 200
-            await eventually(lambda: f.index.blocks_held("sim") == 0)
-            assert isinstance((await f.replay(0))[-1].events[-1], AllBlocksCleared)
-            assert await f.send(body) == 0  # nothing cached, as the index says
-            await eventually(lambda: f.cached(body) == 4 * BS)
+            await _cleared_by(f, "/reset_prefix_cache")
 
         _run(server.url, test)
+
+
+async def _cleared_by(f: Follower, path: str, then: str | None = None) -> None:
+    """A cached prompt's blocks, then POST `path` (and `then`): every block leaves the index
+    by an AllBlocksCleared, and the prompt is not a hit again until it is cached anew."""
+    body = _ids_prompt(7, 4 * BS + 1)
+    await f.send(body)
+    await eventually(lambda: f.cached(body) == 4 * BS)
+    for route in (path, then):
+        if route is not None:
+            async with f.session.post(f.url + route) as resp:
+                assert resp.status == 200
+    await eventually(lambda: f.index.blocks_held("sim") == 0)
+    assert isinstance((await f.replay(0))[-1].events[-1], AllBlocksCleared)
+    assert await f.send(body) == 0  # as the index said: nothing cached
+    await eventually(lambda: f.cached(body) == 4 * BS)
 
 
 def test_kv_event_sources_answers_as_vllm_does(sim: ThreadedSim) -> None:
