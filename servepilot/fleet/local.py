@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from pathlib import Path
 
 from servepilot.core.config import FleetConfig
@@ -24,7 +24,7 @@ from servepilot.engine.args import (
 )
 from servepilot.engine.gpu.inventory import GpuInventory
 from servepilot.engine.model_source import ResolvedModel
-from servepilot.engine.process import ReplicaInfo, ReplicaProcess, free_port
+from servepilot.engine.process import ReplicaInfo, ReplicaProcess, free_ports
 from servepilot.engine.simserver.args import SimModel, sim_launch_command
 from servepilot.fleet.autoscale.waits import StartWaits
 from servepilot.fleet.backend import (
@@ -66,14 +66,15 @@ def replica_command(
     return LaunchCommand(command.argv, weights_env(config) | command.env)
 
 
-def kv_events_ports(
-    config: FleetConfig, model: ResolvedModel | SimModel, host: str
-) -> KvEventsPorts | None:
-    """Two free ports for a replica's KV events (engine.kv_events), simulated replicas' too;
-    None for none."""
+def replica_ports(
+    config: FleetConfig, host: str, avoid: Collection[int] = ()
+) -> tuple[int, KvEventsPorts | None]:
+    """A replica's HTTP port and its KV events' two (engine.kv_events, simulated replicas'
+    too; None for none), all different and none of `avoid`."""
     if not config.engine.kv_events:
-        return None
-    return KvEventsPorts(free_port(host), free_port(host))
+        return free_ports(1, host, avoid=avoid)[0], None
+    port, publish, replay = free_ports(3, host, avoid=avoid)
+    return port, KvEventsPorts(publish, replay)
 
 
 class LocalReplicas:
@@ -96,6 +97,9 @@ class LocalReplicas:
         self._next_index = 0
         """The index of the next replica: an id (and its log file) is never given twice."""
         self._slot_of: dict[str, int] = {}
+        self._ports_given: set[int] = set()
+        """Every port handed to a replica of this `up`: the replicas bind theirs as they
+        start, so until then the OS may offer one of them again."""
         self.devices = replica_devices(config, gpus)
         """Each replica slot's GPUs (CUDA_VISIBLE_DEVICES); None without GPUs."""
         self._steps: dict[str, StartStep] = {}
@@ -111,11 +115,13 @@ class LocalReplicas:
 
     def _process(self, index: int) -> ReplicaProcess:
         host = self.config.replicas.host
-        port = free_port(host)
+        port, kv_events = replica_ports(self.config, host, avoid=self._ports_given)
+        self._ports_given.update(
+            [port] if kv_events is None else [port, kv_events.publish, kv_events.replay]
+        )
         replica_id = f"r{index}"
         slot = self._free_slot()
         self._slot_of[replica_id] = slot
-        kv_events = kv_events_ports(self.config, self.model, host)
         return ReplicaProcess(
             replica_id=replica_id,
             command=self._command(host, port, slot, kv_events),

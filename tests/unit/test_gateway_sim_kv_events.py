@@ -12,7 +12,7 @@ from servepilot.core.config import parse_config
 from servepilot.engine.args import KvEventsPorts
 from servepilot.engine.simserver.args import sim_model
 from servepilot.engine.simserver.config import build_setup, parse_args
-from servepilot.fleet.local import LocalBackend, LocalReplicas, kv_events_ports, replica_command
+from servepilot.fleet.local import LocalBackend, LocalReplicas, replica_command, replica_ports
 from servepilot.fleet.membership import MembershipFeed
 from servepilot.fleet.serve import kv_index_settings
 from servepilot.gateway import Gateway
@@ -107,16 +107,17 @@ async def _served_where_cached(gw: Gateway, client: aiohttp.ClientSession, url: 
 def test_up_starts_simulated_replicas_with_the_publisher() -> None:
     config = parse_config({"engine": {"kind": "sim", "sim_step_ms": 5}}, origin="test")
     model = sim_model(config.model)
-    ports = kv_events_ports(config, model, "127.0.0.1")
+    port, ports = replica_ports(config, "127.0.0.1", avoid={9001})
     assert ports is not None
-    argv = replica_command(config, model, "127.0.0.1", 9001, (), ports).argv
+    assert len({port, ports.publish, ports.replay, 9001}) == 4  # all different
+    argv = replica_command(config, model, "127.0.0.1", port, (), ports).argv
     setup = build_setup(parse_args(list(argv[3:]))[0])
     assert setup.kv_events.publishes
     assert (setup.kv_events.endpoint, setup.kv_events.replay_endpoint) == (
         f"tcp://*:{ports.publish}", f"tcp://*:{ports.replay}",
     )  # fmt: skip
     off = parse_config({"engine": {"kind": "sim", "kv_events": False}}, origin="test")
-    assert kv_events_ports(off, model, "127.0.0.1") is None
+    assert replica_ports(off, "127.0.0.1")[1] is None
     assert "--kv-events-config" not in replica_command(off, model, "127.0.0.1", 1, ()).argv
 
 

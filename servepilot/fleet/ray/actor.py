@@ -29,9 +29,9 @@ from servepilot.core.config import EngineKind, FleetConfig
 from servepilot.core.errors import EngineStartError
 from servepilot.engine.args import split_cores
 from servepilot.engine.model_source import ResolvedModel, resolve_model
-from servepilot.engine.process import ReplicaInfo, ReplicaProcess, free_port
+from servepilot.engine.process import ReplicaInfo, ReplicaProcess
 from servepilot.engine.simserver.args import SimModel, sim_model
-from servepilot.fleet.local import kv_events_ports, replica_command
+from servepilot.fleet.local import replica_command, replica_ports
 from servepilot.fleet.logs import replica_log_name
 
 # How often the actor looks at its server process once it serves.
@@ -164,9 +164,8 @@ def _start_server(spec: ActorSpec, host: str, gpu_ids: str) -> tuple[ReplicaProc
         model = sim_model(config.model, config.engine.sim_tokenizer)
     else:
         model = resolve_model(config.model)
-    port = free_port(host)
+    port, kv_events = replica_ports(config, host)
     cores = split_cores(os.cpu_count() or 1, 1, config.engine.cpu_threads)[0]
-    kv_events = kv_events_ports(config, model, host)
     command = replica_command(config, model, host, port, cores, kv_events)
     if gpu_ids:
         command = dataclasses.replace(command, env={**command.env, "CUDA_VISIBLE_DEVICES": gpu_ids})
