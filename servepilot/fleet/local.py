@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from servepilot.core.config import FleetConfig
@@ -16,16 +16,13 @@ from servepilot.core.errors import EngineStartError
 from servepilot.engine.args import (
     KvEventsPorts,
     LaunchCommand,
-    ServerSpec,
     cores_shared,
-    launch_command,
     split_cores,
-    weights_env,
 )
 from servepilot.engine.gpu.inventory import GpuInventory
 from servepilot.engine.model_source import ResolvedModel
-from servepilot.engine.process import ReplicaInfo, ReplicaProcess, free_ports
-from servepilot.engine.simserver.args import SimModel, sim_launch_command
+from servepilot.engine.process import ReplicaInfo, ReplicaProcess
+from servepilot.engine.simserver.args import SimModel
 from servepilot.fleet.autoscale.waits import StartWaits
 from servepilot.fleet.backend import (
     Joined,
@@ -38,43 +35,13 @@ from servepilot.fleet.backend import (
 )
 from servepilot.fleet.devices import replica_devices, replica_slots
 from servepilot.fleet.logs import replica_log_name
+from servepilot.fleet.replica_launch import replica_command, replica_ports
 from servepilot.fleet.start_order import StartStep, start_steps
 
 log = logging.getLogger(__name__)
 
 _EXIT_POLL_S = 1.0
 """How often the watch looks for replicas whose process exited."""
-
-
-def replica_command(
-    config: FleetConfig,
-    model: ResolvedModel | SimModel,
-    host: str,
-    port: int,
-    cores: tuple[int, ...],
-    kv_events: KvEventsPorts | None = None,
-    cores_shared: bool = False,
-) -> LaunchCommand:
-    """One replica's server command: vLLM's, or the simulated replica's (`engine.kind: sim`);
-    the Ray backend's actors start theirs with it too."""
-    if isinstance(model, SimModel):
-        return sim_launch_command(config, model, host, port, kv_events)
-    spec = ServerSpec(
-        str(model.path), model.served_name, host, port, model.dummy, kv_events=kv_events
-    )
-    command = launch_command(config.engine, spec, config.hardware.device, cores, cores_shared)
-    return LaunchCommand(command.argv, weights_env(config) | command.env)
-
-
-def replica_ports(
-    config: FleetConfig, host: str, avoid: Collection[int] = ()
-) -> tuple[int, KvEventsPorts | None]:
-    """A replica's HTTP port and its KV events' two (engine.kv_events, simulated replicas'
-    too; None for none), all different and none of `avoid`."""
-    if not config.engine.kv_events:
-        return free_ports(1, host, avoid=avoid)[0], None
-    port, publish, replay = free_ports(3, host, avoid=avoid)
-    return port, KvEventsPorts(publish, replay)
 
 
 class LocalReplicas:

@@ -20,7 +20,7 @@ from servepilot.engine.dummy_model import (
     dummy_model_folder,
     routes_experts,
 )
-from servepilot.fleet.local import replica_command
+from servepilot.fleet.replica_launch import replica_command
 from servepilot.fleet.up import UpStarted
 
 

@@ -12,8 +12,9 @@ from servepilot.core.config import parse_config
 from servepilot.engine.args import KvEventsPorts
 from servepilot.engine.simserver.args import sim_model
 from servepilot.engine.simserver.config import build_setup, parse_args
-from servepilot.fleet.local import LocalBackend, LocalReplicas, replica_command, replica_ports
+from servepilot.fleet.local import LocalBackend, LocalReplicas
 from servepilot.fleet.membership import MembershipFeed
+from servepilot.fleet.replica_launch import replica_command, replica_ports
 from servepilot.fleet.serve import kv_index_settings
 from servepilot.gateway import Gateway
 from servepilot.gateway.kv_events import KvEventFeeds

@@ -18,7 +18,7 @@ from servepilot.engine.args import KvEventsPorts
 from servepilot.engine.model_source import ResolvedModel
 from servepilot.fleet.detach import write_fleet_yaml
 from servepilot.fleet.launched import launched_fleet
-from servepilot.fleet.local import replica_command
+from servepilot.fleet.replica_launch import replica_command
 
 FLEETS = {
     "embedded": {},

@@ -1,6 +1,6 @@
 """The replica actor: runs on a Ray node in bundle 0 of its replica's placement group and owns
 the replica's server process there, started with the same command local replicas use
-(fleet/local.py `replica_command`, engine/process.py `ReplicaProcess`).
+(fleet/replica_launch.py `replica_command`, engine/process.py `ReplicaProcess`).
 
 Its life is the server's: when the server dies after it served, the actor exits so that Ray
 restarts it (max_restarts), in the same placement group; when its node dies, Ray reschedules
@@ -31,8 +31,8 @@ from servepilot.engine.args import split_cores
 from servepilot.engine.model_source import ResolvedModel, resolve_model
 from servepilot.engine.process import ReplicaInfo, ReplicaProcess
 from servepilot.engine.simserver.args import SimModel, sim_model
-from servepilot.fleet.local import replica_command, replica_ports
 from servepilot.fleet.logs import replica_log_name
+from servepilot.fleet.replica_launch import replica_command, replica_ports
 
 # How often the actor looks at its server process once it serves.
 _WATCH_S = 0.5
