@@ -41,8 +41,8 @@ def run(level: float, p99_ms: float, *, failed: int = 0, windows: tuple[SoakWind
     )  # fmt: skip
 
 
-def window(p99_ms: float) -> SoakWindow:
-    return SoakWindow(start_s=0, end_s=10, completed=10, failed=0, request_throughput=1.0,
+def window(p99_ms: float, completed: int = 100) -> SoakWindow:
+    return SoakWindow(start_s=0, end_s=10, completed=completed, failed=0, request_throughput=1.0,
                       output_throughput=10.0, ttft_p99_ms=p99_ms, e2e_p99_ms=p99_ms)  # fmt: skip
 
 
@@ -115,6 +115,12 @@ def test_the_soak_fails_on_a_leak_an_avalanche_or_a_drifting_p99() -> None:
     )
     drift = soak(run(4, 200, windows=(window(100), window(250))), 120, config)
     assert drift.verdict is FAIL and "E2E P99 drifted 2.5x" in drift.evidence
+    # Windows of 99 requests: their P99 is one slow request, and the drift is not judged.
+    short = soak(run(4, 200, windows=(window(100, 99), window(250, 99)), growth=1024.0,
+                     by_source={ENGINE: 2048.0}), 5, config)  # fmt: skip
+    assert short.verdict is PASS
+    assert "P99 drift not judged: fewer than two windows hold the 100 requests" in short.evidence
+    assert "not judged" not in soak(steady, 120, config).evidence
     assert "shorter than the 30 min acceptance soak" in soak(steady, 120, config).evidence
     assert "shorter" not in soak(steady, 1800, config).evidence
     assert soak(None, 120, config).verdict is FAIL

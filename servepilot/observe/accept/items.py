@@ -23,6 +23,9 @@ MAX_FAILED_SHARE = 0.01
 """A soak that fails more than 1% of its requests avalanched."""
 MAX_P99_DRIFT = 2.0
 """A soak whose last window's E2E P99 is more than twice its first drifted."""
+MIN_DRIFT_WINDOW_REQUESTS = 100
+"""Below a hundred requests a window's P99 is its slowest request or two: a drift between
+two such windows is one request's luck, not the fleet's (a short soak's windows)."""
 SEED_SOAK_S = 30 * 60.0
 """Seed 004 soaks for 30 minutes at least."""
 
@@ -243,10 +246,18 @@ def soak(run: Run | None, soak_s: float, config: FleetConfig) -> Item:
     drift = _p99_drift(run)
     if drift is not None and drift > MAX_P99_DRIFT:
         problems.append(f"E2E P99 drifted {drift:.1f}x from the first window to the last")
+    if drift is None and len(run.windows) >= 2:
+        drift_note = (
+            f"; P99 drift not judged: fewer than two windows hold the "
+            f"{MIN_DRIFT_WINDOW_REQUESTS} requests a P99 needs"
+        )
+    else:
+        drift_note = ""
     problems += [f"over the SLA: {b}" for b in slo_breaches(run, config)]
     seen = (
         f"{soak_s:,.0f} s at c={run.load.value:g}: {run.completed:,} ok, {run.failed} failed, "
         f"E2E p99 {_ms(run.e2e_ms.p99)}, {_memory_text(run)}, {len(run.windows)} windows"
+        f"{drift_note}"
     )
     if soak_s < SEED_SOAK_S:
         seen += (
@@ -288,7 +299,13 @@ def _memory_text(run: Run) -> str:
 
 
 def _p99_drift(run: Run) -> float | None:
-    p99s = [w.e2e_p99_ms for w in run.windows if w.e2e_p99_ms]
+    """The last window's E2E P99 over the first's, among windows with enough requests for a
+    P99; None where fewer than two have them."""
+    p99s = [
+        w.e2e_p99_ms
+        for w in run.windows
+        if w.e2e_p99_ms and w.completed >= MIN_DRIFT_WINDOW_REQUESTS
+    ]
     if len(p99s) < 2:
         return None
     return p99s[-1] / p99s[0]
