@@ -27,7 +27,7 @@ PUBLISHER = """
 import random, sys, time
 from vllm.distributed.kv_events import (BlockRemoved, BlockStored, KVEventBatch,
                                         ZmqEventPublisher)
-port, n, rate = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+port, n, rate, size = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 pub = ZmqEventPublisher(data_parallel_rank=0, endpoint=f"tcp://*:{port}",
                         replay_endpoint=f"tcp://*:{port + 1}", buffer_steps=10000)
 rng = random.Random(0)
@@ -36,7 +36,8 @@ print("go", flush=True)
 for i in range(n):
     events = [BlockStored(block_hashes=[rng.getrandbits(63) for _ in range(4)],
                           parent_block_hash=rng.getrandbits(63),
-                          token_ids=[rng.randrange(49152) for _ in range(64)], block_size=16,
+                          token_ids=[rng.randrange(49152) for _ in range(4 * size)],
+                          block_size=size,
                           lora_id=None, medium="GPU", lora_name=None)]
     if i % 5 == 0:
         events.append(BlockRemoved(block_hashes=[rng.getrandbits(63) for _ in range(8)],
@@ -48,6 +49,10 @@ pub.shutdown()
 """
 
 
+BLOCK_SIZE = [16]
+"""Tokens a published block holds (`--block-size`): 16 as on most GPUs, 128 on vLLM-CPU."""
+
+
 def cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -55,7 +60,8 @@ def cpu_s() -> float:
 
 def publisher(port: int, batches: int, rate: float) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-c", PUBLISHER, str(port), str(batches),
-                             str(rate)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+                             str(rate), str(BLOCK_SIZE[0])], stdout=subprocess.PIPE,
+                            text=True)  # fmt: skip
 
 
 async def feed_way(port: int, batches: int, rate: float) -> float:
@@ -64,7 +70,7 @@ async def feed_way(port: int, batches: int, rate: float) -> float:
     from servepilot.routing.kv_index import BlockHashing, KvIndex
 
     proc = publisher(port, batches, rate)
-    feeds = KvEventFeeds(KvIndex(BlockHashing(16)))
+    feeds = KvEventFeeds(KvIndex(BlockHashing(BLOCK_SIZE[0])))
     feeds.subscribe(
         "r0", KvEventsEndpoint(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}")
     )
@@ -119,7 +125,10 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=2000)
     parser.add_argument("--rate", type=float, default=100.0, help="batches a second")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--block-size", type=int, default=16,
+                        help="tokens a block (a batch stores 4): 16, or vLLM-CPU's 128")
     args = parser.parse_args()
+    BLOCK_SIZE[0] = args.block_size
     ways = {
         "gateway's feed": lambda port: feed_way(port, args.batches, args.rate),
         "bare zmq.asyncio": lambda port: bare_way(port, args.batches, args.rate, False),

@@ -1,10 +1,9 @@
 """The gateway's subscriptions to its replicas' KV events (vLLM's `--kv-events-config`, ZMQ).
 
-vLLM publishes on a PUB socket, one message per batch of events: `(topic, seq, payload)`,
-`seq` an 8-byte big-endian counter from 0, `payload` a msgpack `[ts, [event, ...], dp_rank]`
-whose events are maps tagged by `type` (BlockStored, BlockRemoved, AllBlocksCleared). Its
-ROUTER replay socket answers `(b"", start_seq)` with every buffered batch from `start_seq`, then
-an end marker whose seq is -1 (vllm/distributed/kv_events.py, ZmqEventPublisher).
+vLLM publishes on a PUB socket, one message per batch of events (`gateway.kv_wire` reads
+them). Its ROUTER replay socket answers `(b"", start_seq)` with every buffered batch from
+`start_seq`, then an end marker whose seq is -1 (vllm/distributed/kv_events.py,
+ZmqEventPublisher).
 
 One `KvEventFeed` per replica feeds the shared `KvIndex`. It asks the replay socket for the
 last batch it applied, on connecting and whenever the stream has been quiet a while: an answer
@@ -20,11 +19,8 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
 
-import msgspec
 import zmq
 import zmq.asyncio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -34,13 +30,10 @@ from servepilot.gateway.kv_sources import (
     NoKvEvents,
     endpoint_from_sources,
 )
+from servepilot.gateway.kv_wire import Batch, decode_batch
 from servepilot.gateway.zmq_reader import LoopReader
 from servepilot.routing.kv_index import (
-    AllBlocksCleared,
     Applied,
-    BlockRemoved,
-    BlockStored,
-    KvEvent,
     KvIndex,
 )
 
@@ -51,45 +44,6 @@ _RECV_HWM = 100_000
 
 Ask = Callable[[], Awaitable[tuple[int, bytes] | None]]
 """GET the replica's /kv_event_sources: its status and body, None when it did not answer."""
-
-
-@dataclass(frozen=True, slots=True)
-class Batch:
-    seq: int
-    ts: float
-    events: tuple[KvEvent, ...]
-
-
-def decode_batch(seq_bytes: bytes, payload: bytes) -> Batch:
-    """One published message as plain records; unknown event types are skipped."""
-    seq = int.from_bytes(seq_bytes, "big", signed=True)
-    doc = msgspec.msgpack.decode(payload)
-    ts, raw_events = float(doc[0]), doc[1]
-    return Batch(seq, ts, tuple(_events(raw_events)))
-
-
-def _events(raw_events: Sequence[Any]) -> list[KvEvent]:
-    events: list[KvEvent] = []
-    for raw in raw_events:
-        kind = raw.get("type") if isinstance(raw, dict) else None
-        if kind == "BlockStored":
-            extra_keys = raw.get("extra_keys") or ()
-            if raw.get("lora_name") or any(keys is not None for keys in extra_keys):
-                continue  # hashed with keys a plain prompt's hashes never carry
-            events.append(
-                BlockStored(
-                    tuple(raw["block_hashes"]),
-                    raw.get("parent_block_hash"),
-                    tuple(raw["token_ids"]),
-                    int(raw["block_size"]),
-                    raw.get("medium"),
-                )
-            )
-        elif kind == "BlockRemoved":
-            events.append(BlockRemoved(tuple(raw["block_hashes"]), raw.get("medium")))
-        elif kind == "AllBlocksCleared":
-            events.append(AllBlocksCleared())
-    return events
 
 
 class KvEventFeed:

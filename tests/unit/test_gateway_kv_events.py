@@ -14,11 +14,14 @@ import pytest
 
 from servepilot.engine.model_source import embedded_model_dir
 from servepilot.engine.process import free_port
-from servepilot.gateway.kv_events import KvEventFeeds, decode_batch
+from servepilot.gateway.kv_events import KvEventFeeds
 from servepilot.gateway.kv_sources import KvEventsEndpoint
+from servepilot.gateway.kv_wire import decode_batch
 from servepilot.gateway.tokens import PromptBlocks, PromptTokenizer
 from servepilot.routing.kv_index import (
+    AllBlocksCleared,
     BlockHashing,
+    BlockRemoved,
     BlockStored,
     KvIndex,
     external_hash,
@@ -208,6 +211,31 @@ def test_blocks_hashed_with_extra_keys_are_not_indexed() -> None:
     batch = decode_batch((7).to_bytes(8, "big"), payload)
     assert batch.seq == 7
     assert [e.block_hashes for e in batch.events if isinstance(e, BlockStored)] == [(1,)]
+
+
+def test_a_batch_is_read_for_what_the_index_needs_and_unknown_events_are_skipped() -> None:
+    stored = {"type": "BlockStored", "block_hashes": [11, b"\x01" * 32],
+              "parent_block_hash": b"\x02" * 32, "token_ids": list(range(8)), "block_size": 4,
+              "lora_id": None, "medium": "GPU", "lora_name": None, "extra_keys": [None, None],
+              "group_idx": 0, "kv_cache_spec_kind": "full_attention"}  # fmt: skip
+    later = {"type": "BlockMoved", "block_hashes": [11], "to": "CPU"}  # a later vLLM's
+    removed = {"type": "BlockRemoved", "block_hashes": [11], "medium": "GPU"}
+    cleared = {"type": "AllBlocksCleared"}
+    payload = msgspec.msgpack.encode([2.5, [stored, later, removed, cleared], 0])
+    batch = decode_batch((3).to_bytes(8, "big"), payload)
+    assert (batch.seq, batch.ts) == (3, 2.5)
+    assert batch.events == (
+        BlockStored((11, b"\x01" * 32), b"\x02" * 32, (), 4, "GPU"),  # type: ignore[arg-type]
+        BlockRemoved((11,), "GPU"),
+        AllBlocksCleared(),
+    )
+    with_ids = decode_batch((3).to_bytes(8, "big"), payload, token_ids=True)
+    assert isinstance(with_ids.events[0], BlockStored)
+    assert with_ids.events[0].token_ids == tuple(range(8))
+    # A known event that does not parse is an error (the feed detaches), not a skipped one.
+    broken = msgspec.msgpack.encode([2.5, [removed | {"block_hashes": "eleven"}], 0])
+    with pytest.raises(ValueError, match="block_hashes"):
+        decode_batch((4).to_bytes(8, "big"), broken)
 
 
 def test_a_long_prompt_is_tokenised_off_the_event_loop() -> None:

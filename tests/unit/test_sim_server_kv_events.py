@@ -22,8 +22,9 @@ from servepilot.engine.metrics import EngineMetric, scrape
 from servepilot.engine.simserver.kvconfig import parse_kv_events_config
 from servepilot.engine.simserver.kvpublisher import encode_batch
 from servepilot.engine.simserver.prefixmap import PrefixMap
-from servepilot.gateway.kv_events import Batch, KvEventFeeds, decode_batch
+from servepilot.gateway.kv_events import KvEventFeeds
 from servepilot.gateway.kv_sources import KvEventsEndpoint, ask_sources, endpoint_from_sources
+from servepilot.gateway.kv_wire import Batch, decode_batch
 from servepilot.gateway.tokens import PromptBlocks, PromptTokenizer
 from servepilot.routing.kv_index import (
     AllBlocksCleared,
@@ -104,7 +105,7 @@ class Follower:
                 frames = await asyncio.wait_for(dealer.recv_multipart(), 5.0)
                 if frames[2] == (-1).to_bytes(8, "big", signed=True):
                     return batches
-                batches.append(decode_batch(frames[2], frames[3]))
+                batches.append(decode_batch(frames[2], frames[3], token_ids=True))
         finally:
             dealer.close(linger=0)
             context.term()
