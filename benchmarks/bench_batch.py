@@ -45,7 +45,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
-from servepilot.engine.process import free_port  # noqa: E402
+from servepilot.engine.ports import free_port  # noqa: E402
 from servepilot.gateway.batch.client import BatchClient  # noqa: E402
 
 MODEL = "smollm2"

@@ -143,7 +143,8 @@ def measure(case: Case, index: int, args: argparse.Namespace) -> tuple[Capacity,
     from servepilot.core.errors import ServepilotError
     from servepilot.engine.args import ServerSpec, launch_command
     from servepilot.engine.model_source import resolve_model
-    from servepilot.engine.process import ReplicaProcess, free_port
+    from servepilot.engine.ports import free_port
+    from servepilot.engine.process import ReplicaProcess
 
     model = resolve_model(ModelConfig())
     engine = EngineConfig(

@@ -151,7 +151,8 @@ class Replica:
         from servepilot.core.config import Device, load_config
         from servepilot.engine.args import LaunchCommand, ServerSpec, launch_command
         from servepilot.engine.model_source import resolve_model
-        from servepilot.engine.process import ReplicaProcess, free_port
+        from servepilot.engine.ports import free_port
+        from servepilot.engine.process import ReplicaProcess
 
         config = load_config(fleet)
         model = resolve_model(config.model)

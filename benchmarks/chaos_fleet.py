@@ -25,7 +25,8 @@ from servepilot.core.config import FleetConfig
 from servepilot.core.errors import EngineStartError
 from servepilot.engine.args import unbound_cpu_env
 from servepilot.engine.model_source import resolve_model
-from servepilot.engine.process import ReplicaProcess, free_port
+from servepilot.engine.ports import free_port
+from servepilot.engine.process import ReplicaProcess
 from servepilot.engine.simserver.args import sim_model
 from servepilot.fleet.local import replica_command
 

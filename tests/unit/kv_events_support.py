@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import zmq
 
-from servepilot.engine.process import free_port
+from servepilot.engine.ports import free_port
 from servepilot.gateway.kv_sources import KvEventsEndpoint
 from servepilot.routing.kv_index import BlockHashing, external_hash, prompt_block_hashes
 

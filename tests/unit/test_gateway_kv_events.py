@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from servepilot.engine.model_source import embedded_model_dir
-from servepilot.engine.process import free_port
+from servepilot.engine.ports import free_port
 from servepilot.gateway.kv_events import KvEventFeeds
 from servepilot.gateway.kv_sources import KvEventsEndpoint
 from servepilot.gateway.kv_wire import decode_batch

@@ -12,7 +12,8 @@ import pytest
 
 from servepilot.core.errors import EngineStartError
 from servepilot.engine.args import LaunchCommand
-from servepilot.engine.process import ReplicaProcess, free_port
+from servepilot.engine.ports import free_port
+from servepilot.engine.process import ReplicaProcess
 from servepilot.engine.smoke import SMOKE_MAX_TOKENS, SmokeFailure, smoke_generation
 from tests.unit.fake_upstream import FakeUpstream
 
