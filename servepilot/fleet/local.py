@@ -82,7 +82,7 @@ class LocalReplicas:
 
     def _process(self, index: int) -> ReplicaProcess:
         host = self.config.replicas.host
-        port, kv_events = replica_ports(self.config, host, avoid=self._ports_given)
+        port, kv_events = replica_ports(self.config, avoid=self._ports_given)
         self._ports_given.update(
             [port] if kv_events is None else [port, kv_events.publish, kv_events.replay]
         )

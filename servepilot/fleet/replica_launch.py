@@ -39,12 +39,18 @@ def replica_command(
     return LaunchCommand(command.argv, weights_env(config) | command.env)
 
 
+ANY_ADDRESS = "0.0.0.0"
+"""Where a replica's ports are picked: vLLM binds its KV event sockets on every address
+(`tcp://*:port`), so a port free on the replica's own address alone is not enough (one in use
+on 127.0.0.1 failed a replica on another address: "Address already in use")."""
+
+
 def replica_ports(
-    config: FleetConfig, host: str, avoid: Collection[int] = ()
+    config: FleetConfig, avoid: Collection[int] = ()
 ) -> tuple[int, KvEventsPorts | None]:
     """A replica's HTTP port and its KV events' two (engine.kv_events, simulated replicas'
-    too; None for none), all different and none of `avoid`."""
+    too; None for none), all different, none of `avoid`, free on every address."""
     if not config.engine.kv_events:
-        return free_ports(1, host, avoid=avoid)[0], None
-    port, publish, replay = free_ports(3, host, avoid=avoid)
+        return free_ports(1, ANY_ADDRESS, avoid=avoid)[0], None
+    port, publish, replay = free_ports(3, ANY_ADDRESS, avoid=avoid)
     return port, KvEventsPorts(publish, replay)

@@ -9,7 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from servepilot.core.config import parse_config
 from servepilot.engine.ports import PortBook, free_port, free_ports
+from servepilot.fleet.replica_launch import replica_ports
 
 
 def test_ports_picked_together_are_all_different_and_free(tmp_path: Path) -> None:
@@ -61,3 +63,27 @@ def test_a_damaged_book_is_read_as_empty_and_written_anew(tmp_path: Path) -> Non
     path.write_text("{not json")
     picked = free_ports(2, book=PortBook(path))
     assert {int(p) for p in json.loads(path.read_text())} == set(picked)
+
+
+def test_a_replicas_ports_are_free_on_every_address() -> None:
+    """vLLM binds its KV event sockets on `*`: a port taken on another address (here
+    127.0.0.2, as another replica's or any server's) would fail it, so none is picked."""
+    config = parse_config({"engine": {"kind": "sim"}}, origin="test")
+    listeners = []
+    try:
+        for _ in range(400):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listeners.append(sock)
+            sock.bind(("127.0.0.2", 0))
+            sock.listen()
+        taken = {sock.getsockname()[1] for sock in listeners}
+        for _ in range(30):
+            port, kv = replica_ports(config)
+            assert kv is not None
+            for picked in (port, kv.publish, kv.replay):
+                assert picked not in taken
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                    sock.bind(("0.0.0.0", picked))  # as vLLM's tcp://*:port
+    finally:
+        for sock in listeners:
+            sock.close()

@@ -108,7 +108,7 @@ async def _served_where_cached(gw: Gateway, client: aiohttp.ClientSession, url: 
 def test_up_starts_simulated_replicas_with_the_publisher() -> None:
     config = parse_config({"engine": {"kind": "sim", "sim_step_ms": 5}}, origin="test")
     model = sim_model(config.model)
-    port, ports = replica_ports(config, "127.0.0.1", avoid={9001})
+    port, ports = replica_ports(config, avoid={9001})
     assert ports is not None
     assert len({port, ports.publish, ports.replay, 9001}) == 4  # all different
     argv = replica_command(config, model, "127.0.0.1", port, (), ports).argv
@@ -118,7 +118,7 @@ def test_up_starts_simulated_replicas_with_the_publisher() -> None:
         f"tcp://*:{ports.publish}", f"tcp://*:{ports.replay}",
     )  # fmt: skip
     off = parse_config({"engine": {"kind": "sim", "kv_events": False}}, origin="test")
-    assert replica_ports(off, "127.0.0.1")[1] is None
+    assert replica_ports(off)[1] is None
     assert "--kv-events-config" not in replica_command(off, model, "127.0.0.1", 1, ()).argv
 
 

@@ -164,7 +164,7 @@ def _start_server(spec: ActorSpec, host: str, gpu_ids: str) -> tuple[ReplicaProc
         model = sim_model(config.model, config.engine.sim_tokenizer)
     else:
         model = resolve_model(config.model)
-    port, kv_events = replica_ports(config, host)
+    port, kv_events = replica_ports(config)
     cores = split_cores(os.cpu_count() or 1, 1, config.engine.cpu_threads)[0]
     command = replica_command(config, model, host, port, cores, kv_events)
     if gpu_ids:
