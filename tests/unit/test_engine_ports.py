@@ -87,3 +87,9 @@ def test_a_replicas_ports_are_free_on_every_address() -> None:
     finally:
         for sock in listeners:
             sock.close()
+
+
+def test_without_a_book_the_picks_are_the_oss(tmp_path: Path) -> None:
+    book = PortBook(tmp_path / "no such folder" / "book.json")
+    assert len(set(free_ports(3, book=book))) == 3
+    assert book.held() == set()
