@@ -246,19 +246,16 @@ def soak(run: Run | None, soak_s: float, config: FleetConfig) -> Item:
     drift = _p99_drift(run)
     if drift is not None and drift > MAX_P99_DRIFT:
         problems.append(f"E2E P99 drifted {drift:.1f}x from the first window to the last")
-    if drift is None and len(run.windows) >= 2:
-        drift_note = (
-            f"; P99 drift not judged: fewer than two windows hold the "
-            f"{MIN_DRIFT_WINDOW_REQUESTS} requests a P99 needs"
-        )
-    else:
-        drift_note = ""
     problems += [f"over the SLA: {b}" for b in slo_breaches(run, config)]
     seen = (
         f"{soak_s:,.0f} s at c={run.load.value:g}: {run.completed:,} ok, {run.failed} failed, "
         f"E2E p99 {_ms(run.e2e_ms.p99)}, {_memory_text(run)}, {len(run.windows)} windows"
-        f"{drift_note}"
     )
+    if drift is None and len(run.windows) >= 2:
+        seen += (
+            f"; P99 drift not judged: fewer than two windows hold the "
+            f"{MIN_DRIFT_WINDOW_REQUESTS} requests a P99 needs"
+        )
     if soak_s < SEED_SOAK_S:
         seen += (
             f" (shorter than the {SEED_SOAK_S / 60:.0f} min acceptance soak: --soak 30m for "
