@@ -19,6 +19,7 @@ step, and the step's wall time from one step's first kernel to the next's.
 from __future__ import annotations
 
 import argparse
+import bisect
 import gzip
 import json
 import os
@@ -140,6 +141,7 @@ def reduce_trace(path: Path) -> dict[str, Any]:
         "step_timeline": [
             [round((ts - t0) / 1e3, 3), round(dur / 1e3, 3), name] for ts, dur, name in timeline
         ],
+        "step_gpu": _step_gpu(events, kernels, timeline, t0),
         "kernel_us": round(sum(sum(v) for v in groups.values()), 1),
         "kernel_launches": len(kernels),
         "span_us": round(span_us, 1),
@@ -151,6 +153,35 @@ def reduce_trace(path: Path) -> dict[str, Any]:
             for (name, grid), v in rows[:80]
         ],
     }
+
+
+def _step_gpu(
+    events: list[dict[str, Any]],
+    kernels: list[dict[str, Any]],
+    timeline: list[tuple[float, float, str]],
+    t0: float,
+) -> list[list[float] | None]:
+    """Per step of `timeline`, what its kernels took on the GPU: [their ms in all, when the
+    first began, when the last ended] (ms on the timeline's clock); None where none of its
+    kernels was traced. A kernel belongs to the step whose CPU span launched it (its runtime
+    or driver call, by correlation id; a CUDA graph's kernels share the graph launch's), so
+    an eager step's host time (its span) and its GPU time can be told apart."""
+    launched = {e["args"]["correlation"]: float(e["ts"]) for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver")
+                and "correlation" in e.get("args", {})}  # fmt: skip
+    starts = [ts for ts, _, _ in timeline]
+    per_step: list[list[float]] = [[0.0, float("inf"), 0.0] for _ in timeline]
+    for kernel in kernels:
+        at = launched.get(kernel.get("args", {}).get("correlation"))
+        i = bisect.bisect_right(starts, at) - 1 if at is not None else -1
+        if i < 0 or at is None or at > timeline[i][0] + timeline[i][1]:
+            continue
+        row = per_step[i]
+        row[0] += float(kernel["dur"])
+        row[1] = min(row[1], float(kernel["ts"]))
+        row[2] = max(row[2], float(kernel["ts"]) + float(kernel["dur"]))
+    return [[round(us / 1e3, 3), round((first - t0) / 1e3, 3), round((last - t0) / 1e3, 3)]
+            if us else None for us, first, last in per_step]  # fmt: skip
 
 
 def _annotation_counts(annotations: dict[str, list[float]]) -> dict[str, dict[str, float]]:

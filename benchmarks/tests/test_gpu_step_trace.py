@@ -19,24 +19,36 @@ def test_a_trace_is_reduced_to_kernels_by_shape_and_steps(tmp_path: Path) -> Non
     step = "execute_context_0(0)_generation_4(4)"
     events = []
     for t0 in (0.0, 100.0):
+        graph = {"correlation": int(t0) + 7}
         events.append({"cat": "user_annotation", "name": step, "ts": t0, "dur": 80.0})
         events += [
-            {"cat": "kernel", "name": "gemm", "ts": t0 + 1, "dur": 30.0, "args": {"grid": [4, 1]}},
-            {"cat": "kernel", "name": "gemm", "ts": t0 + 31, "dur": 30.0, "args": {"grid": [4, 1]}},
-            {"cat": "kernel", "name": "gemm", "ts": t0 + 61, "dur": 20.0, "args": {"grid": [8, 1]}},
-            {"cat": "kernel", "name": "rms_norm", "ts": t0 + 81, "dur": 9.0, "args": {}},
-            {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": t0, "dur": 1.0},
-        ]
+            {"cat": "kernel", "name": "gemm", "ts": t0 + 1, "dur": 30.0,
+             "args": {"grid": [4, 1], **graph}},
+            {"cat": "kernel", "name": "gemm", "ts": t0 + 31, "dur": 30.0,
+             "args": {"grid": [4, 1], **graph}},
+            {"cat": "kernel", "name": "gemm", "ts": t0 + 61, "dur": 20.0,
+             "args": {"grid": [8, 1], **graph}},
+            {"cat": "kernel", "name": "rms_norm", "ts": t0 + 81, "dur": 9.0, "args": graph},
+            {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": t0, "dur": 1.0,
+             "args": graph},
+        ]  # fmt: skip
+    # A kernel launched outside any step (a warm-up's) belongs to none.
+    events.append({"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 95.0, "dur": 1.0,
+                   "args": {"correlation": 3}})  # fmt: skip
+    events.append({"cat": "kernel", "name": "copy", "ts": 96.0, "dur": 2.0,
+                   "args": {"correlation": 3}})  # fmt: skip
     path = tmp_path / "rank0.pt.trace.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": events}, f)
     reduced = reduce_trace(path)
     assert reduced["steps"] == 2 and reduced["graph_launches"] == 2
-    assert reduced["kernel_us"] == 2 * (30 + 30 + 20 + 9)
+    assert reduced["kernel_us"] == 2 * (30 + 30 + 20 + 9) + 2
     assert reduced["span_us"] == 100 + 81 + 9 - 1  # first kernel at 1, last ends at 190
+    # Each step's own kernels: 89 us, from 1 us after its launch to 90 us after it.
+    assert reduced["step_gpu"] == [[0.089, 0.001, 0.09], [0.089, 0.101, 0.19]]
     by_shape = {(k["name"], k["grid"]): (k["count"], k["us"]) for k in reduced["kernels"]}
     assert by_shape == {("gemm", "4x1"): (4, 120.0), ("gemm", "8x1"): (2, 40.0),
-                        ("rms_norm", ""): (2, 18.0)}  # fmt: skip
+                        ("rms_norm", ""): (2, 18.0), ("copy", ""): (1, 2.0)}  # fmt: skip
     assert reduced["step_timeline"] == [[0.0, 0.08, step], [0.1, 0.08, step]]
 
 
