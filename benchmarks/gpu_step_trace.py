@@ -162,15 +162,16 @@ def _step_gpu(
     t0: float,
 ) -> list[list[float] | None]:
     """Per step of `timeline`, what its kernels took on the GPU: [their ms in all, when the
-    first began, when the last ended] (ms on the timeline's clock); None where none of its
-    kernels was traced. A kernel belongs to the step whose CPU span launched it (its runtime
-    or driver call, by correlation id; a CUDA graph's kernels share the graph launch's), so
-    an eager step's host time (its span) and its GPU time can be told apart."""
+    first began, when the last ended (ms on the timeline's clock), how many]; None where
+    none of its kernels was traced. A kernel belongs to the step whose CPU span launched it
+    (its runtime or driver call, by correlation id; a CUDA graph's kernels share the graph
+    launch's), so an eager step's host time (its span) and its GPU time can be told apart,
+    and the profiler's own cost, which grows with the launches, estimated."""
     launched = {e["args"]["correlation"]: float(e["ts"]) for e in events
                 if e.get("cat") in ("cuda_runtime", "cuda_driver")
                 and "correlation" in e.get("args", {})}  # fmt: skip
     starts = [ts for ts, _, _ in timeline]
-    per_step: list[list[float]] = [[0.0, float("inf"), 0.0] for _ in timeline]
+    per_step: list[list[float]] = [[0.0, float("inf"), 0.0, 0] for _ in timeline]
     for kernel in kernels:
         at = launched.get(kernel.get("args", {}).get("correlation"))
         i = bisect.bisect_right(starts, at) - 1 if at is not None else -1
@@ -180,8 +181,9 @@ def _step_gpu(
         row[0] += float(kernel["dur"])
         row[1] = min(row[1], float(kernel["ts"]))
         row[2] = max(row[2], float(kernel["ts"]) + float(kernel["dur"]))
-    return [[round(us / 1e3, 3), round((first - t0) / 1e3, 3), round((last - t0) / 1e3, 3)]
-            if us else None for us, first, last in per_step]  # fmt: skip
+        row[3] += 1
+    return [[round(us / 1e3, 3), round((first - t0) / 1e3, 3), round((last - t0) / 1e3, 3), n]
+            if n else None for us, first, last, n in per_step]  # fmt: skip
 
 
 def _annotation_counts(annotations: dict[str, list[float]]) -> dict[str, dict[str, float]]:

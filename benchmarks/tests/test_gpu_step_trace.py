@@ -44,8 +44,8 @@ def test_a_trace_is_reduced_to_kernels_by_shape_and_steps(tmp_path: Path) -> Non
     assert reduced["steps"] == 2 and reduced["graph_launches"] == 2
     assert reduced["kernel_us"] == 2 * (30 + 30 + 20 + 9) + 2
     assert reduced["span_us"] == 100 + 81 + 9 - 1  # first kernel at 1, last ends at 190
-    # Each step's own kernels: 89 us, from 1 us after its launch to 90 us after it.
-    assert reduced["step_gpu"] == [[0.089, 0.001, 0.09], [0.089, 0.101, 0.19]]
+    # Each step's own 4 kernels: 89 us, from 1 us after its launch to 90 us after it.
+    assert reduced["step_gpu"] == [[0.089, 0.001, 0.09, 4], [0.089, 0.101, 0.19, 4]]
     by_shape = {(k["name"], k["grid"]): (k["count"], k["us"]) for k in reduced["kernels"]}
     assert by_shape == {("gemm", "4x1"): (4, 120.0), ("gemm", "8x1"): (2, 40.0),
                         ("rms_norm", ""): (2, 18.0), ("copy", ""): (1, 2.0)}  # fmt: skip
