@@ -252,6 +252,17 @@ def main() -> int:
         "of each folder's profiles of that model, before --fit",
     )
     parser.add_argument(
+        "--host-traces",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="TRACES",
+        help="burst step-trace folders whose steps' kernels were joined to them: write each "
+        "model's host time between eager launches (gpu_step_report.eager_host_fit) into the "
+        "meta of each folder's profiles, before --fit. Not --eager-traces: their spans carry "
+        "the profiler's cost, which differs by host, and their GPU-bound steps no floor",
+    )
+    parser.add_argument(
         "--decode-traces",
         type=Path,
         nargs="+",
@@ -282,10 +293,10 @@ def main() -> int:
             print(f"streaming, the profiles of {name}: {fit}")
         if not streaming:
             print("streaming: no calibration case has token times")
-    if args.eager_traces or args.decode_traces:
+    if args.eager_traces or args.decode_traces or args.host_traces:
         from benchmarks.gpu_traced import write_traces
 
-        write_traces(args.eager_traces, args.decode_traces, args.folders)
+        write_traces(args.eager_traces, args.decode_traces, args.folders, args.host_traces)
     if args.fit:
         from benchmarks.gpu_prefill_fit import fit_prefill_scales
 

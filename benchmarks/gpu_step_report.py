@@ -40,6 +40,9 @@ FLASH_ATTN backend, MLA), and of no other kernel a step runs."""
 GRAPH_MAX_TOKENS = 512
 """The largest step vLLM 0.22 runs as a CUDA graph at the suite's defaults (its largest
 capture size: servepilot/plan/memory.py `capture_sizes`); a larger step runs eagerly."""
+HOST_BOUND_SLACK_MS = 2.0
+"""An eager step whose last kernel ended this soon after its launch's end was paced by the
+host (its kernels ran as they were launched)."""
 
 
 def level_row(step: dict[str, Any], composer: StepComposer) -> dict[str, float]:
@@ -117,6 +120,41 @@ def eager_step_ms(config_dirs: list[Path], *, mixed: bool = False) -> float | No
     if not times:
         return None
     return max(0.0, statistics.median(times) - (profiler_ms(config_dirs) or 0.0))
+
+
+def eager_host_fit(config_dirs: list[Path]) -> tuple[float, float] | None:
+    """(ms, us a sequence): the host's time between two launches beside the launch itself,
+    a least-squares line by the sequences the next step carries, over the `--burst` traces
+    in `config_dirs` whose steps' kernels were joined to them (`step_gpu`). Read after eager
+    steps whose GPU was done by the end of their launch (the host the bottleneck: the time
+    to the next launch is the host's own, taking the outputs in and scheduling, not a wait
+    for the GPU), and not after a burst's first step (no outputs before it). None with
+    fewer than three such steps or one sequence count only."""
+    points = []
+    for config_dir in config_dirs:
+        for path in sorted(config_dir.glob("c*/step.json")):
+            step = json.loads(path.read_text())
+            trace = step.get("trace", {})
+            if not _burst(step) or "step_gpu" not in trace:
+                continue
+            timeline, gpu = trace["step_timeline"], trace["step_gpu"]
+            for i in range(1, len(timeline) - 1):
+                (launch_ms, host_ms, name), (next_ms, _, next_name) = timeline[i], timeline[i + 1]
+                m, n = TIMELINE_STEP.fullmatch(name), TIMELINE_STEP.fullmatch(next_name)
+                if m is None or n is None or gpu[i] is None:
+                    continue
+                eager = int(m.group(2)) + int(m.group(3)) > GRAPH_MAX_TOKENS
+                if eager and gpu[i][2] <= launch_ms + host_ms + HOST_BOUND_SLACK_MS:
+                    seqs = int(n.group(1)) + int(n.group(3))
+                    points.append((seqs, next_ms - launch_ms - host_ms))
+    if len(points) < 3 or len({x for x, _ in points}) < 2:
+        return None
+    mean_x = statistics.fmean(x for x, _ in points)
+    mean_y = statistics.fmean(y for _, y in points)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum(
+        (x - mean_x) ** 2 for x, _ in points
+    )
+    return mean_y - slope * mean_x, slope * 1e3
 
 
 def attention_fit(config_dirs: list[Path], profile: GpuProfile) -> tuple[float, float] | None:

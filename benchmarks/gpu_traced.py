@@ -18,17 +18,35 @@ def eager_steps(trace_folders: list[Path]) -> dict[tuple[str, str], dict[str, fl
     measured."""
     from benchmarks.gpu_step_report import eager_step_ms
 
-    dirs: dict[tuple[str, str], list[Path]] = {}
-    for folder in trace_folders:
-        for config_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
-            dirs.setdefault(PROFILES[config_dir.name], []).append(config_dir)
     found: dict[tuple[str, str], dict[str, float]] = {}
-    for profile, config_dirs in dirs.items():
+    for profile, config_dirs in _by_profile(trace_folders).items():
         for key, mixed in (("eager_step_ms", False), ("eager_mixed_step_ms", True)):
             ms = eager_step_ms(config_dirs, mixed=mixed)
             if ms is not None:
                 found.setdefault(profile, {})[key] = round(ms, 1)
     return found
+
+
+def eager_hosts(trace_folders: list[Path]) -> dict[tuple[str, str], dict[str, float]]:
+    """Per profile (model, dtype), the host's time between eager launches
+    (`eager_host_ms`, `eager_host_us_per_seq`: gpu_step_report.eager_host_fit) from burst
+    traces whose steps' kernels were joined to them (gpu_step_trace.py since 2026-12-07)."""
+    from benchmarks.gpu_step_report import eager_host_fit
+
+    found: dict[tuple[str, str], dict[str, float]] = {}
+    for profile, config_dirs in _by_profile(trace_folders).items():
+        if (host := eager_host_fit(config_dirs)) is not None:
+            found[profile] = {"eager_host_ms": round(host[0], 2),
+                              "eager_host_us_per_seq": round(host[1], 1)}  # fmt: skip
+    return found
+
+
+def _by_profile(trace_folders: list[Path]) -> dict[tuple[str, str], list[Path]]:
+    dirs: dict[tuple[str, str], list[Path]] = {}
+    for folder in trace_folders:
+        for config_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
+            dirs.setdefault(PROFILES[config_dir.name], []).append(config_dir)
+    return dirs
 
 
 def write_traced(profiles: Path, found: dict[tuple[str, str], dict[str, float]]) -> None:
@@ -72,11 +90,18 @@ def decode_attention(
     return found
 
 
-def write_traces(eager_traces: list[Path], decode_traces: list[Path], folders: list[Path]) -> None:
-    """What the burst traces (`eager_traces`: the host's eager steps) and the decode traces
-    (vLLM's decode attention) measured, into the profiles of every folder; each said."""
+def write_traces(
+    eager_traces: list[Path],
+    decode_traces: list[Path],
+    folders: list[Path],
+    host_traces: list[Path],
+) -> None:
+    """What the burst traces (`eager_traces`: the host's eager steps; `host_traces`: its time
+    between them) and the decode traces (vLLM's decode attention) measured, into the
+    profiles of every folder; each said."""
     measured = [
         ("eager steps (host ms)", eager_steps(eager_traces) if eager_traces else {}),
+        ("between eager launches", eager_hosts(host_traces) if host_traces else {}),
         ("decode attention (vLLM's kernels against the operators)",
          decode_attention(decode_traces, folders) if decode_traces else {}),
     ]  # fmt: skip

@@ -152,3 +152,55 @@ def test_vllms_decode_attention_against_the_operators_on_the_recorded_traces() -
     fixed_us, scale = fits["llama-8b"]
     assert 1.0 < scale < 1.1 and 50 < fixed_us < 250
     assert attention_fit([RUNS / "2026-12-06-step-trace-h100-burst-deepseek"], profile) is None
+
+
+def _eager_burst(tmp_path: Path, steps: list[tuple[float, float, int, int, float]]) -> Path:
+    """A burst's traced steps: (launch ms, host ms, prompts, decoders, GPU's last end ms)."""
+    timeline = [[at, host, f"execute_context_{p}({p * 1000})_generation_{d}({d})"]
+                for at, host, p, d, _ in steps]  # fmt: skip
+    gpu = [[20.0, at + 1.0, end, 900] for at, _, _, _, end in steps]
+    folder = tmp_path / "deepseek-v2-lite" / "c256"
+    folder.mkdir(parents=True)
+    step = {"profile_started_s": 0.0, "trace": {"step_timeline": timeline, "step_gpu": gpu}}
+    (folder / "step.json").write_text(json.dumps(step))
+    return folder.parent
+
+
+def test_the_hosts_time_between_eager_launches_is_a_line_by_the_next_steps_sequences(
+    tmp_path: Path,
+) -> None:
+    """Between two eager launches the host takes 4 ms and 25 us for each sequence the next
+    step carries; read only after host-paced steps, and not after the burst's first."""
+    from benchmarks.gpu_step_report import eager_host_fit
+
+    def between(seqs: int) -> float:
+        return 4.0 + 0.025 * seqs
+
+    kinds = [(2, 0, False), (9, 10, False), (9, 50, True), (9, 100, False), (9, 200, False),
+             (0, 256, False)]  # fmt: skip
+    steps, at = [], 0.0
+    for i, (prompts, decoders, gpu_bound) in enumerate(kinds):
+        host = 50.0
+        # A GPU-paced step's kernels ran 30 ms past its launch, and the host waited for them.
+        waited = 30.0 if gpu_bound else 0.0
+        steps.append((at, host, prompts, decoders, at + host + (waited or 0.5)))
+        if i + 1 < len(kinds):
+            first = 99.0 if i == 0 else 0.0  # the burst's first step: no outputs before it
+            at += host + waited + first + between(kinds[i + 1][0] + kinds[i + 1][1])
+    fit = eager_host_fit([_eager_burst(tmp_path, steps)])
+    assert fit is not None
+    assert fit == (pytest.approx(4.0), pytest.approx(25.0))
+
+
+def test_deepseeks_host_between_eager_launches_on_the_recorded_burst() -> None:
+    """The fourteenth loan's burst of 256 (DeepSeek-V2-Lite, H100): 31 host-paced mixed steps
+    of 9-11 prompts beside 2-249 decoders, 3.8 ms and 24.7 us a sequence between launches."""
+    from benchmarks.gpu_step_report import eager_host_fit
+
+    folder = RUNS / "2026-12-07-step-trace-h100-burst-deepseek3/deepseek-v2-lite"
+    fit = eager_host_fit([folder])
+    assert fit is not None
+    assert fit == (pytest.approx(3.80, abs=0.01), pytest.approx(24.7, abs=0.1))
+    # The earlier loans' traces did not join kernels to their steps: nothing to read.
+    earlier = RUNS / "2026-12-06-step-trace-h100-burst-deepseek2/deepseek-v2-lite"
+    assert eager_host_fit([earlier]) is None

@@ -102,6 +102,13 @@ class CostModel:
     step, 72 ms traced, its kernels 20-40 ms). 0: none (a CPU replica, a roofline)."""
     eager_mixed_floor_s: float = 0.0
     """The same for a step that also carries decoders (the decode path's kernels too)."""
+    eager_host_s: float = 0.0
+    eager_host_per_seq_s: float = 0.0
+    """The host's time between two launches where it is the bottleneck (a step run without a
+    CUDA graph): taking the step before's outputs in and scheduling the next, a fixed part
+    and a part for each sequence the step carries (vLLM's scheduler and output handling go
+    request by request: DeepSeek-V2-Lite on an H100, 4 ms and 25 us a sequence, traced). A
+    graph's step hides it behind the GPU's. 0: not measured."""
     graph_max_tokens: int = 0
     """The largest step vLLM runs as a CUDA graph (its largest capture size)."""
 
@@ -118,16 +125,17 @@ class CostModel:
             + self.per_prefill_pair_s * shape.prefill_pairs
             + self.token_ops_s(tokens)
         )
-        floor = self.eager_launch_s(tokens, shape.decode_seqs)
+        floor = self.eager_launch_s(tokens, shape.decode_seqs, shape.prefill_seqs)
         return floor if duration < floor else duration
 
-    def eager_launch_s(self, tokens: int, decode_seqs: int) -> float:
-        """The host's time to launch a step of `tokens` kernel by kernel: 0 for one that
+    def eager_launch_s(self, tokens: int, decode_seqs: int, prefill_seqs: int) -> float:
+        """The host's time for a step of `tokens` launched kernel by kernel: 0 for one that
         replays a CUDA graph (at most `graph_max_tokens`), else the eager floor (with
-        decoders, the mixed one)."""
+        decoders, the mixed one) and the host's work beside the launch."""
         if tokens <= self.graph_max_tokens:
             return 0.0
-        return self.eager_mixed_floor_s if decode_seqs else self.eager_floor_s
+        floor = self.eager_mixed_floor_s if decode_seqs else self.eager_floor_s
+        return floor + self.eager_host_s + self.eager_host_per_seq_s * (prefill_seqs + decode_seqs)
 
     @classmethod
     def of(cls, coefficients: dict[str, float], *, source: str) -> CostModel:

@@ -343,6 +343,29 @@ def test_an_eager_steps_floor_reaches_the_simulator_to_the_last_bit() -> None:
     assert eager_model.step_time_s(StepShape(0, 0, 16, 16_000, 0)) == 0.06
 
 
+def test_the_hosts_time_between_eager_launches_reaches_the_simulator_to_the_last_bit() -> None:
+    """`meta.eager_host_ms` and `meta.eager_host_us_per_seq` (the host taking outputs in and
+    scheduling between two launches) lengthen every eager step by a fixed part and a part a
+    sequence it carries, in the model and in the simulated replica; a graph's step not."""
+    document = json.loads((H100 / "h100-llama-3.1-8b-bf16.json").read_text())
+    meta = {"eager_step_ms": 60.0, "eager_host_ms": 4.0, "eager_host_us_per_seq": 25.0}
+    profile = gpu_profile_from({**document, "meta": meta}, "t")
+    assert (profile.eager_host_s, profile.eager_host_per_seq_s) == (0.004, 25e-6)
+    for key in ("eager_host_ms", "eager_host_us_per_seq"):
+        with pytest.raises(ConfigError, match=key):
+            gpu_profile_from({**document, "meta": {**meta, key: -1}}, "t")
+    at = Operating(1000, 50, 16, 2048, 4096)
+    model = linearize(StepComposer(profile, comm_token_s=0.0, comm_step_s=0.0), at).model
+    # One prompt beside 8 decoders: 9 sequences, 60 + 4 + 9 x 0.025 ms.
+    mixed = StepShape(1000, 1, 8, 8_000, prefill_pairs(1000, 0))
+    assert model.step_time_s(mixed) == pytest.approx(0.064225, abs=1e-12)
+    decode = StepShape(0, 0, 16, 16_000, 0)  # a graph's: the host's work hides behind it
+    plain = replace(model, eager_host_s=0.0, eager_host_per_seq_s=0.0)
+    assert model.step_time_s(decode) == plain.step_time_s(decode) < 0.06
+    durations = _simulated_steps(model)  # each the model's own, to the last bit
+    assert sum(d >= 0.06 + 0.004 + 25e-6 for d in durations) >= 3  # the prefills' steps
+
+
 def test_a_profiles_meta_carries_the_fitted_step_overhead() -> None:
     document = json.loads((H100 / "h100-llama-3.1-8b-bf16.json").read_text())
     fitted = gpu_profile_from({**document, "meta": {"step_overhead_ms": 0.25}}, "t")

@@ -44,3 +44,14 @@ def test_without_async_scheduling_tokens_leave_at_each_steps_end() -> None:
     host.launched(_step(1000, 0), 0.5)  # a prefill alone: the plain floor
     assert host.launch_end_s == pytest.approx(0.55)
     assert host.emitted(0.55, True) == (pytest.approx(0.55), pytest.approx(0.55))
+
+
+def test_the_host_schedules_between_eager_launches_by_the_sequences() -> None:
+    """An eager step's launch holds the host for the floor and its work beside it: 4 ms and
+    25 us for each sequence the step carries (a prompt and 3 decoders here)."""
+    cost = replace(COST_EAGER, eager_host_s=0.004, eager_host_per_seq_s=25e-6)
+    host = HostClock(cost, async_scheduling=True)
+    host.launched(_step(1000, 3), 0.010)
+    assert host.launch_end_s == pytest.approx(0.010 + 0.080 + 0.004 + 4 * 25e-6)
+    host.launched(_step(0, 3), 0.2)  # a graph: launched at once
+    assert host.launch_end_s == 0.2

@@ -199,6 +199,8 @@ def linearize(step: StepComposer, at: Operating) -> Linearized:
         model,
         eager_floor_s=profile.eager_step_s,
         eager_mixed_floor_s=profile.eager_mixed_step_s,
+        eager_host_s=profile.eager_host_s,
+        eager_host_per_seq_s=profile.eager_host_per_seq_s,
         graph_max_tokens=at.graph_max_tokens,
     )
     return Linearized(model, errors[len(errors) // 2], errors[-1])

@@ -130,6 +130,11 @@ class GpuProfile:
     """The same for such a step that also carries decoders (`meta.eager_mixed_step_ms`):
     vLLM launches the decode path's kernels beside the prefill's. Where not measured,
     `eager_step_s`."""
+    eager_host_s: float = 0.0
+    eager_host_per_seq_s: float = 0.0
+    """The host's time between two eager launches beside the launches themselves, a fixed
+    part and a part a sequence (`meta.eager_host_ms`, `meta.eager_host_us_per_seq`: read
+    from a burst's traced steps, gpu_step_report.eager_host_fit). 0: not measured."""
 
     @property
     def source(self) -> str:
@@ -177,6 +182,8 @@ def gpu_profile_from(document: Any, where: str) -> GpuProfile:
             decode_attention_scale=_meta_number(meta, "decode_attention_scale", 1.0, positive=True),
             eager_step_s=eager_ms / 1000.0,
             eager_mixed_step_s=_meta_number(meta, "eager_mixed_step_ms", eager_ms) / 1000.0,
+            eager_host_s=_meta_number(meta, "eager_host_ms", 0.0) / 1000.0,
+            eager_host_per_seq_s=_meta_number(meta, "eager_host_us_per_seq", 0.0) / 1e6,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(

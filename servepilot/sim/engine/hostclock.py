@@ -49,7 +49,8 @@ class HostClock:
     def launched(self, step: StepResult, launch_s: float) -> None:
         """`step` was planned and its launch began at `launch_s`."""
         tokens = step.prefill_tokens + step.decode_seqs
-        self.launch_end_s = launch_s + self._cost.eager_launch_s(tokens, step.decode_seqs)
+        launch = self._cost.eager_launch_s(tokens, step.decode_seqs, step.prefill_seqs)
+        self.launch_end_s = launch_s + launch
 
     def emitted(self, end_s: float, launching: bool) -> tuple[float, float]:
         """The step that ended at `end_s` hands out its tokens: (when, the gap since the last

@@ -42,6 +42,7 @@ class SchedulerCore:
         self._coefficients = cost.coefficients
         self._token_table = cost.token_table_s
         self._eager_floors = (cost.eager_floor_s, cost.eager_mixed_floor_s)
+        self._eager_host = (cost.eager_host_s, cost.eager_host_per_seq_s)
         self._graph_max_tokens = cost.graph_max_tokens
         self._requests: dict[int, SimRequest] = {}
         self._waiting: deque[SimRequest] = deque()
@@ -115,7 +116,9 @@ class SchedulerCore:
             last = len(table) - 1
             duration += table[tokens] if tokens <= last else table[last] * tokens / last
         if tokens > self._graph_max_tokens:  # launched kernel by kernel as the GPU runs it
-            floor = self._eager_floors[decode_seqs > 0] - lead_s  # CostModel.step_time_s's
+            host_s, per_seq_s = self._eager_host  # CostModel.eager_launch_s's, in its order
+            seqs = len(scheduled) + decode_seqs
+            floor = self._eager_floors[decode_seqs > 0] + host_s + per_seq_s * seqs - lead_s
             if duration < floor:
                 duration = floor
         elif lead_s < 0.0:
