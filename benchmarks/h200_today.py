@@ -48,6 +48,8 @@ FIT_KEYS = (
     # attention as vLLM's kernels ran it), and the fit was made with them: they go together.
     "eager_step_ms",
     "eager_mixed_step_ms",
+    "eager_host_ms",
+    "eager_host_us_per_seq",
     "decode_attention_us",
     "decode_attention_scale",
 )
