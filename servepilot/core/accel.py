@@ -77,6 +77,7 @@ SIM = Group(
         "servepilot.sim.engine.kvblocks",
         "servepilot.sim.engine.chainevents",
         "servepilot.sim.engine.sharing",
+        "servepilot.sim.engine.steptime",
         "servepilot.sim.engine.scheduler",
         "servepilot.sim.engine.replica",
         "servepilot.sim.engine.hostclock",

@@ -113,8 +113,8 @@ class CostModel:
     """The largest step vLLM runs as a CUDA graph (its largest capture size)."""
 
     def step_time_s(self, shape: StepShape) -> float:
-        # The replica simulator inlines this same expression, in this order, so both agree
-        # to the last bit.
+        # The replica simulator computes this same expression, in this order
+        # (sim/engine/steptime.py), so both agree to the last bit.
         tokens = shape.prefill_tokens + shape.decode_seqs
         duration = (
             self.base_s

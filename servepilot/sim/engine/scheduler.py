@@ -23,6 +23,7 @@ from servepilot.sim.engine.kvblocks import BlockPool
 from servepilot.sim.engine.records import SchedulerConfig, StepResult
 from servepilot.sim.engine.request import RequestState, SimRequest
 from servepilot.sim.engine.sharing import SharedPrefixReads
+from servepilot.sim.engine.steptime import StepTime
 
 _WAITING: Final = RequestState.WAITING
 _PREFILLING: Final = RequestState.PREFILLING
@@ -39,11 +40,7 @@ class SchedulerCore:
         self._bs = config.block_size
         self._caching = config.enable_prefix_caching
         self._pool = BlockPool(config.num_blocks, config.block_size, caching=self._caching)
-        self._coefficients = cost.coefficients
-        self._token_table = cost.token_table_s
-        self._eager_floors = (cost.eager_floor_s, cost.eager_mixed_floor_s)
-        self._eager_host = (cost.eager_host_s, cost.eager_host_per_seq_s)
-        self._graph_max_tokens = cost.graph_max_tokens
+        self._time = StepTime(cost)
         self._requests: dict[int, SimRequest] = {}
         self._waiting: deque[SimRequest] = deque()
         self._num_waiting = 0
@@ -102,27 +99,9 @@ class SchedulerCore:
             chunk = request._chunk
             prefill_tokens += chunk
             pairs += chunk * request._computed + chunk * (chunk + 1) // 2  # prefill_pairs()
-        base, per_token, per_seq, per_decode, per_context, per_pair = self._coefficients
-        duration = (
-            base
-            + per_token * prefill_tokens
-            + per_seq * len(scheduled)
-            + per_decode * decode_seqs
-            + per_context * context
-            + per_pair * pairs
+        duration = self._time.duration_s(
+            prefill_tokens, len(scheduled), decode_seqs, context, pairs, lead_s
         )
-        tokens = prefill_tokens + decode_seqs
-        if table := self._token_table:
-            last = len(table) - 1
-            duration += table[tokens] if tokens <= last else table[last] * tokens / last
-        if tokens > self._graph_max_tokens:  # launched kernel by kernel as the GPU runs it
-            host_s, per_seq_s = self._eager_host  # CostModel.eager_launch_s's, in its order
-            seqs = len(scheduled) + decode_seqs
-            floor = self._eager_floors[decode_seqs > 0] + host_s + per_seq_s * seqs - lead_s
-            if duration < floor:
-                duration = floor
-        elif lead_s < 0.0:
-            duration -= lead_s  # a graph replays once it is launched
         end = now_s + duration
         self._decode_context += decode_seqs
         bucket = self._finishing.pop(self._step, None)
